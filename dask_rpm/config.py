@@ -1,0 +1,33 @@
+"""Shipped configuration defaults, merged into ``dask.config`` under the ``rpm`` key.
+
+Defaults live in ``rpm.yaml`` next to this module. They are merged with
+:func:`dask.config.update_defaults`, so a user's own dask configuration
+(files, environment variables such as ``DASK_RPM__DRPM__INTERVAL=10``, or
+``dask.config.set``) always wins. Nothing is written into the user's home.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import dask.config
+import yaml
+
+_FN = os.path.join(os.path.dirname(__file__), "rpm.yaml")
+
+with open(_FN) as _f:
+    _DEFAULTS: dict[str, Any] = yaml.safe_load(_f)
+
+dask.config.update_defaults(_DEFAULTS)
+
+
+def get(key: str, value: Any = None) -> Any:
+    """Return ``value`` unless it is ``None``, else ``rpm.<key>`` from dask config.
+
+    Keyword defaults in the public API are ``None`` and resolved here at call
+    time, so configuration changes made after import take effect.
+    """
+    if value is not None:
+        return value
+    return dask.config.get(f"rpm.{key}")

@@ -1,0 +1,510 @@
+"""The rectangle model: one rectangle of (samples x hidden units) per worker.
+
+The work of one BP iteration is the unit square: samples along the horizontal
+axis, hidden units along the vertical axis (SPEC section 3). A *plan* gives every
+worker a rectangle ``[s0, s1) x [m0, m1)``. Plans here are *column-fixed*:
+workers in one column share a sample range and split the hidden units, columns
+split the samples.
+
+This module is pure (numpy only). It holds
+
+* :class:`RealPartition` - the real-valued plan a planner produces (column
+  widths and per-worker heights as fractions of the unit square);
+* :class:`Rectangle` and :class:`Plan` - the integer plan the engine runs, with
+  exact-tiling validation;
+* :func:`snap_small_groups` - the conference paper's small-communication-group
+  rule (sec. 4.5);
+* :func:`to_integer` - the integer mapping.
+
+Integer mapping
+---------------
+We round *cut positions*, not sizes: the cut after the first ``j`` items sits at
+``round(s * cumulative_fraction_j)``. Every size is then within one unit of its
+real value, the sizes sum exactly to ``s`` (or ``m``), and - the reason for this
+choice over largest-remainder rounding of sizes - cuts that coincide in the real
+plan (columns whose row cuts were snapped together) stay identical after
+rounding, so rounding never re-creates a thin horizontal communication band.
+Rounding is half-up on exact ties so results do not depend on float parity.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+__all__ = [
+    "PlanError",
+    "RealPartition",
+    "Rectangle",
+    "Plan",
+    "snap_small_groups",
+    "to_integer",
+    "round_cuts",
+]
+
+
+class PlanError(ValueError):
+    """A plan or a planner input is invalid; the message says what and how to fix it."""
+
+
+@dataclass(frozen=True)
+class RealPartition:
+    """A real-valued column-fixed partition of the unit square.
+
+    Parameters
+    ----------
+    columns
+        Worker indices per column, left to right; inside a column, top to bottom.
+    widths
+        Fraction of the samples per column; sums to 1.
+    heights
+        Per column, the fraction of the hidden units of each worker; each sums to 1.
+    """
+
+    columns: tuple[tuple[int, ...], ...]
+    widths: tuple[float, ...]
+    heights: tuple[tuple[float, ...], ...]
+
+    def __post_init__(self) -> None:
+        if len(self.columns) != len(self.widths) or len(self.columns) != len(self.heights):
+            raise PlanError(
+                f"columns, widths and heights must have one entry per column; got "
+                f"{len(self.columns)}, {len(self.widths)}, {len(self.heights)}"
+            )
+        for col, hs in zip(self.columns, self.heights):
+            if len(col) != len(hs):
+                raise PlanError(f"column {col} has {len(hs)} heights; expected {len(col)}")
+
+    def row_cuts(self) -> list[list[float]]:
+        """Interior row-cut positions (fractions of m) per column."""
+        return [list(np.cumsum(hs)[:-1]) for hs in self.heights]
+
+
+def round_cuts(fractions: Sequence[float], total: int) -> list[int]:
+    """Integer sizes summing to ``total`` by rounding cumulative cut positions.
+
+    Each size is at least 1 when ``total >= len(fractions)``: cuts that collide
+    after rounding are pushed apart (forward, then backward from the end), which
+    moves any cut by the minimum needed.
+
+    Raises
+    ------
+    PlanError
+        If ``total < len(fractions)`` (not every part can get one unit).
+    """
+    k = len(fractions)
+    if k == 0:
+        raise PlanError("cannot split into zero parts")
+    if total < k:
+        raise PlanError(f"cannot give {k} parts at least one unit each out of {total}")
+    fr = np.asarray(fractions, dtype=float)
+    cum = np.cumsum(fr) / fr.sum()
+    cuts = [int(math.floor(total * c + 0.5)) for c in cum[:-1]]
+    # Keep every part non-empty: cut j must lie in [j+1, total-(k-1-j)].
+    for j in range(len(cuts)):
+        lo = (cuts[j - 1] + 1) if j else 1
+        cuts[j] = max(cuts[j], lo)
+    for j in range(len(cuts) - 1, -1, -1):
+        hi = (cuts[j + 1] - 1) if j + 1 < len(cuts) else total - 1
+        cuts[j] = min(cuts[j], hi)
+    edges = [0, *cuts, total]
+    return [b - a for a, b in zip(edges[:-1], edges[1:])]
+
+
+def snap_small_groups(part: RealPartition, threshold: float) -> RealPartition:
+    """Merge thin horizontal communication bands (conference paper, sec. 4.5).
+
+    The interior row cuts of all columns, taken together, split the hidden
+    units into bands; the workers holding one band across the columns form a
+    horizontal communication group. A band thinner than ``threshold`` (a
+    fraction of m) costs a message per column for very little data. We remove
+    it by moving the cut that bounds it on one side onto the other cut, in the
+    column that owns the moved cut. Cuts are processed bottom-up and a moved cut
+    is only allowed if it keeps every rectangle in its column non-empty.
+
+    ``threshold <= 0`` returns ``part`` unchanged.
+    """
+    if threshold <= 0 or len(part.columns) < 2:
+        return part
+    cuts = [list(c) for c in part.row_cuts()]
+    changed = True
+    guard = 0
+    while changed and guard < 10_000:
+        changed = False
+        guard += 1
+        allc = sorted({(round(v, 12)) for cs in cuts for v in cs})
+        for a, b in zip(allc[:-1], allc[1:]):
+            if b - a <= threshold + 1e-12:
+                # Move the cuts at b onto a where possible (the earlier
+                # columns' cut wins); fall back to moving a onto b.
+                if _move_cuts(cuts, b, a) or _move_cuts(cuts, a, b):
+                    changed = True
+                    break
+    heights = []
+    for cs in cuts:
+        edges = [0.0, *cs, 1.0]
+        heights.append(tuple(e1 - e0 for e0, e1 in zip(edges[:-1], edges[1:])))
+    return RealPartition(part.columns, part.widths, tuple(heights))
+
+
+def _move_cuts(cuts: list[list[float]], src: float, dst: float) -> bool:
+    """Move every cut equal to ``src`` onto ``dst`` if the column stays valid."""
+    moved = False
+    for cs in cuts:
+        for j, v in enumerate(cs):
+            if abs(v - src) < 1e-12:
+                lo = cs[j - 1] if j else 0.0
+                hi = cs[j + 1] if j + 1 < len(cs) else 1.0
+                if lo + 1e-12 < dst < hi - 1e-12:
+                    cs[j] = dst
+                    moved = True
+    return moved
+
+
+@dataclass(frozen=True)
+class Rectangle:
+    """One worker's share of an iteration: samples ``[s0, s1)``, hidden units ``[m0, m1)``."""
+
+    worker: int
+    column: int
+    samples: tuple[int, int]
+    hidden: tuple[int, int]
+
+    @property
+    def area(self) -> int:
+        return (self.samples[1] - self.samples[0]) * (self.hidden[1] - self.hidden[0])
+
+    @property
+    def n_samples(self) -> int:
+        return self.samples[1] - self.samples[0]
+
+    @property
+    def n_hidden(self) -> int:
+        return self.hidden[1] - self.hidden[0]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "worker": self.worker,
+            "column": self.column,
+            "samples": list(self.samples),
+            "hidden": list(self.hidden),
+        }
+
+
+@dataclass(frozen=True)
+class Plan:
+    """An integer, column-fixed plan for one BP iteration.
+
+    Worker indices refer to positions in ``abilities`` (the order the user gave
+    them). ``columns`` lists, left to right, the workers of each column top to
+    bottom. ``excluded`` are workers deliberately left out (too slow to get one
+    hidden unit); ``notes`` says why.
+
+    Attributes
+    ----------
+    method : str
+        Name of the planner that produced the plan.
+    abilities : tuple of float
+        Normalised abilities (sum 1) of *all* workers, including excluded ones.
+    shape : tuple of int
+        Network shape ``(n, m, l)``.
+    samples : int
+        Number of samples ``s``.
+    columns : tuple of tuple of int
+    rectangles : tuple of Rectangle
+        One per planned worker, ordered as in ``columns``.
+    t_comm : float
+        The paper's element-count communication cost of this (integer) plan.
+    t_comm_by_columns : tuple of float
+        SRPM's ``t_comm(C)`` for C = 1..N (empty for other planners).
+    excluded : tuple of int
+    notes : tuple of str
+    workers : tuple of str, optional
+        Dask worker addresses or names, index-aligned with ``abilities``.
+    """
+
+    method: str
+    abilities: tuple[float, ...]
+    shape: tuple[int, int, int]
+    samples: int
+    columns: tuple[tuple[int, ...], ...]
+    rectangles: tuple[Rectangle, ...]
+    t_comm: float = float("nan")
+    t_comm_by_columns: tuple[float, ...] = ()
+    excluded: tuple[int, ...] = ()
+    notes: tuple[str, ...] = ()
+    workers: tuple[str, ...] | None = None
+    meta: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    # ------------------------------------------------------------------ access
+    @property
+    def n(self) -> int:
+        return self.shape[0]
+
+    @property
+    def m(self) -> int:
+        return self.shape[1]
+
+    @property
+    def l(self) -> int:  # noqa: E743 - the paper's name for the output size
+        return self.shape[2]
+
+    @property
+    def n_columns(self) -> int:
+        return len(self.columns)
+
+    @property
+    def planned_workers(self) -> tuple[int, ...]:
+        return tuple(w for col in self.columns for w in col)
+
+    def rectangle(self, worker: int) -> Rectangle:
+        """The rectangle of plan worker ``worker``."""
+        for r in self.rectangles:
+            if r.worker == worker:
+                return r
+        raise KeyError(f"worker {worker} has no rectangle in this plan")
+
+    def column_of(self, worker: int) -> int:
+        return self.rectangle(worker).column
+
+    def column_samples(self, column: int) -> tuple[int, int]:
+        return self.rectangle(self.columns[column][0]).samples
+
+    def bands(self) -> list[tuple[int, int]]:
+        """Horizontal communication bands: hidden ranges between consecutive cuts of all columns."""
+        cuts = sorted({r.hidden[0] for r in self.rectangles} | {self.m})
+        return [(a, b) for a, b in zip(cuts[:-1], cuts[1:])]
+
+    def holders(self, band: tuple[int, int]) -> list[int]:
+        """Workers (one per column, left to right) whose rows contain ``band``."""
+        out = []
+        for col in self.columns:
+            for w in col:
+                r = self.rectangle(w)
+                if r.hidden[0] <= band[0] and band[1] <= r.hidden[1]:
+                    out.append(w)
+                    break
+        return out
+
+    def imbalance(self) -> float:
+        """Load imbalance: max over planned workers of area share / ability share.
+
+        1.0 is perfect balance; 1.1 means the most overloaded worker has 10 %
+        more work than its ability warrants (and sets the pace).
+        """
+        planned = self.planned_workers
+        p = np.array([self.abilities[w] for w in planned], dtype=float)
+        p = p / p.sum()
+        total = self.samples * self.m
+        a = np.array([self.rectangle(w).area / total for w in planned])
+        return float(np.max(a / p))
+
+    # -------------------------------------------------------------- validation
+    def validate(self) -> "Plan":
+        """Check that the rectangles tile ``[0, s) x [0, m)`` exactly, column-fixed.
+
+        Returns the plan itself so it can be chained; raises :class:`PlanError`.
+        """
+        s, m = self.samples, self.m
+        if s < 1 or m < 1:
+            raise PlanError(f"plan needs samples >= 1 and hidden >= 1, got s={s}, m={m}")
+        seen: set[int] = set()
+        by_worker = {}
+        for r in self.rectangles:
+            if r.worker in seen:
+                raise PlanError(f"worker {r.worker} has more than one rectangle")
+            seen.add(r.worker)
+            by_worker[r.worker] = r
+            (s0, s1), (m0, m1) = r.samples, r.hidden
+            if not (0 <= s0 < s1 <= s and 0 <= m0 < m1 <= m):
+                raise PlanError(
+                    f"rectangle of worker {r.worker} is samples [{s0}, {s1}) x hidden "
+                    f"[{m0}, {m1}); each must be non-empty and inside [0, {s}) x [0, {m})"
+                )
+        if seen != set(self.planned_workers) or len(self.planned_workers) != len(seen):
+            raise PlanError(
+                f"columns {self.columns} must list each rectangle's worker exactly once; "
+                f"rectangles are for workers {sorted(seen)}"
+            )
+        if set(self.excluded) & seen:
+            raise PlanError(f"excluded workers {sorted(set(self.excluded) & seen)} also have rectangles")
+        n_all = len(self.abilities)
+        for w in seen | set(self.excluded):
+            if not 0 <= w < n_all:
+                raise PlanError(f"worker index {w} is outside 0..{n_all - 1} (one per ability)")
+        s_edge = 0
+        for c, col in enumerate(self.columns):
+            if not col:
+                raise PlanError(f"column {c} is empty")
+            rs = [by_worker[w] for w in col]
+            srange = rs[0].samples
+            if srange[0] != s_edge:
+                raise PlanError(f"column {c} starts at sample {srange[0]}; expected {s_edge} (gap or overlap)")
+            m_edge = 0
+            for r in rs:
+                if r.column != c:
+                    raise PlanError(f"rectangle of worker {r.worker} says column {r.column}, listed in {c}")
+                if r.samples != srange:
+                    raise PlanError(
+                        f"worker {r.worker} has samples {list(r.samples)} but its column {c} "
+                        f"spans {list(srange)}: plans must be column-fixed"
+                    )
+                if r.hidden[0] != m_edge:
+                    raise PlanError(
+                        f"worker {r.worker} in column {c} starts at hidden unit {r.hidden[0]}; "
+                        f"expected {m_edge} (gap or overlap)"
+                    )
+                m_edge = r.hidden[1]
+            if m_edge != m:
+                raise PlanError(f"column {c} covers hidden units [0, {m_edge}); must cover [0, {m})")
+            s_edge = srange[1]
+        if s_edge != s:
+            raise PlanError(f"columns cover samples [0, {s_edge}); must cover [0, {s})")
+        return self
+
+    # ---------------------------------------------------------- construction
+    @classmethod
+    def from_columns(
+        cls,
+        columns: Sequence[Sequence[int]],
+        sample_sizes: Sequence[int],
+        hidden_sizes: Sequence[Sequence[int]],
+        *,
+        abilities: Sequence[float] | None = None,
+        shape: tuple[int, int, int],
+        method: str = "custom",
+        **kwargs: Any,
+    ) -> "Plan":
+        """Build and validate a plan from per-column sample counts and per-worker unit counts."""
+        cols = tuple(tuple(int(w) for w in c) for c in columns)
+        n_workers = max(w for c in cols for w in c) + 1
+        if abilities is None:
+            abilities = [1.0] * n_workers
+        ab = np.asarray(abilities, dtype=float)
+        ab = tuple(float(a) for a in ab / ab.sum())
+        rects = []
+        s0 = 0
+        for c, (col, sc, hs) in enumerate(zip(cols, sample_sizes, hidden_sizes)):
+            m0 = 0
+            for w, h in zip(col, hs):
+                rects.append(Rectangle(w, c, (s0, s0 + int(sc)), (m0, m0 + int(h))))
+                m0 += int(h)
+            s0 += int(sc)
+        plan = cls(
+            method=method,
+            abilities=ab,
+            shape=(int(shape[0]), int(shape[1]), int(shape[2])),
+            samples=int(s0),
+            columns=cols,
+            rectangles=tuple(rects),
+            **kwargs,
+        )
+        plan.validate()
+        if math.isnan(plan.t_comm):
+            from .cost import t_comm  # local import: cost imports partition
+
+            plan = replace(plan, t_comm=t_comm(plan))
+        return plan
+
+    def with_workers(self, workers: Sequence[str]) -> "Plan":
+        """Return a copy bound to Dask worker addresses (index-aligned with abilities)."""
+        if len(workers) != len(self.abilities):
+            raise PlanError(
+                f"plan has {len(self.abilities)} workers but {len(workers)} addresses were given"
+            )
+        return replace(self, workers=tuple(workers))
+
+    # ----------------------------------------------------------- serialising
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "abilities": list(self.abilities),
+            "shape": list(self.shape),
+            "samples": self.samples,
+            "columns": [list(c) for c in self.columns],
+            "t_comm": self.t_comm,
+            "t_comm_by_columns": list(self.t_comm_by_columns),
+            "imbalance": self.imbalance(),
+            "excluded": list(self.excluded),
+            "notes": list(self.notes),
+            "workers": list(self.workers) if self.workers is not None else None,
+            "rectangles": [r.to_dict() for r in self.rectangles],
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Plan":
+        rects = tuple(
+            Rectangle(int(r["worker"]), int(r["column"]), tuple(r["samples"]), tuple(r["hidden"]))  # type: ignore[arg-type]
+            for r in d["rectangles"]
+        )
+        plan = cls(
+            method=d.get("method", "custom"),
+            abilities=tuple(float(a) for a in d["abilities"]),
+            shape=tuple(int(v) for v in d["shape"]),  # type: ignore[arg-type]
+            samples=int(d["samples"]),
+            columns=tuple(tuple(int(w) for w in c) for c in d["columns"]),
+            rectangles=rects,
+            t_comm=float(d.get("t_comm", float("nan"))),
+            t_comm_by_columns=tuple(d.get("t_comm_by_columns", ())),
+            excluded=tuple(d.get("excluded", ())),
+            notes=tuple(d.get("notes", ())),
+            workers=tuple(d["workers"]) if d.get("workers") else None,
+        )
+        return plan.validate()
+
+    def __repr__(self) -> str:
+        cols = " | ".join("{" + ",".join(f"P{w + 1}" for w in c) + "}" for c in self.columns)
+        return (
+            f"<Plan {self.method}: {len(self.rectangles)} workers in {self.n_columns} columns "
+            f"{cols}; s={self.samples}, n-m-l={self.n}-{self.m}-{self.l}, "
+            f"t_comm={self.t_comm:.1f}, imbalance={self.imbalance():.3f}>"
+        )
+
+
+def to_integer(
+    part: RealPartition,
+    *,
+    abilities: Sequence[float],
+    shape: tuple[int, int, int],
+    samples: int,
+    method: str,
+    **kwargs: Any,
+) -> Plan:
+    """Map a real-valued partition to whole samples and whole hidden units (see module doc)."""
+    n, m, l = shape
+    if samples < len(part.columns):
+        raise PlanError(
+            f"samples={samples} is fewer than the {len(part.columns)} columns of the plan; "
+            f"each column needs at least one sample (use more samples or fewer workers)"
+        )
+    for c, col in enumerate(part.columns):
+        if len(col) > m:
+            raise PlanError(
+                f"column {c} has {len(col)} workers but the network has only hidden={m} units; "
+                f"each worker needs at least one (use more hidden units or fewer workers)"
+            )
+    sample_sizes = round_cuts(part.widths, samples)
+    hidden_sizes = [round_cuts(hs, m) for hs in part.heights]
+    return Plan.from_columns(
+        part.columns,
+        sample_sizes,
+        hidden_sizes,
+        abilities=abilities,
+        shape=shape,
+        method=method,
+        **kwargs,
+    )
+
+
+def iter_rectangles(plan: Plan) -> Iterable[Rectangle]:
+    """Rectangles in column order (left to right, top to bottom)."""
+    for col in plan.columns:
+        for w in col:
+            yield plan.rectangle(w)
