@@ -1,0 +1,204 @@
+"""Training data: numpy arrays, xarray Datasets, or a netCDF file the workers read.
+
+Storage format: **netCDF-4 (HDF5) through h5netcdf**. One self-describing file
+is what HPC users already keep on their shared file systems; HDF5 reads a
+hyperslab ``x[s0:s1]`` without touching the rest, so each worker reads only its
+column's sample range; and one file can be replaced atomically with
+``os.replace``, which the result and checkpoint writers rely on. (zarr would
+also slice well, but a directory store cannot be swapped in atomically.)
+
+A dataset holds ``x(sample, input)`` and ``d(sample, output)``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "DataError",
+    "as_arrays",
+    "data_shape",
+    "check_training_args",
+    "load_slice",
+    "write_dataset",
+    "atomic_to_netcdf",
+]
+
+# HDF5's file locks fail on some parallel file systems and are not needed for
+# read-only access by many workers.
+os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")
+
+
+class DataError(ValueError):
+    """Training data or arguments are invalid; the message says how to fix them."""
+
+
+def _is_path(obj: Any) -> bool:
+    return isinstance(obj, (str, os.PathLike))
+
+
+def _open(path: str | os.PathLike) -> Any:
+    import xarray as xr
+
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise DataError(f"data file {path!r} does not exist; pass a netCDF file with variables x(sample, input) and d(sample, output)")
+    return xr.open_dataset(path, engine="h5netcdf")
+
+
+def _check_dataset(ds: Any, where: str) -> None:
+    missing = [v for v in ("x", "d") if v not in ds.variables]
+    if missing:
+        raise DataError(
+            f"{where} has variables {sorted(map(str, ds.data_vars))}; it needs x(sample, input) and "
+            f"d(sample, output) (missing: {', '.join(missing)})"
+        )
+    if ds["x"].ndim != 2 or ds["d"].ndim != 2:
+        raise DataError(f"{where}: x and d must be 2-D (sample, feature); got x{ds['x'].dims}, d{ds['d'].dims}")
+
+
+def data_shape(x: Any, d: Any = None) -> tuple[int, int, int]:
+    """``(s, n, l)`` of the training data without loading it."""
+    if _is_path(x):
+        with _open(x) as ds:
+            _check_dataset(ds, f"data file {os.fspath(x)!r}")
+            s, n = ds["x"].shape
+            return int(s), int(n), int(ds["d"].shape[1])
+    xa, da = as_arrays(x, d)
+    return xa.shape[0], xa.shape[1], da.shape[1]
+
+
+def as_arrays(x: Any, d: Any = None) -> tuple[np.ndarray, np.ndarray]:
+    """Load ``x`` and ``d`` as numpy arrays from any accepted form."""
+    try:
+        import xarray as xr
+    except ImportError:  # pragma: no cover - xarray is a dependency
+        xr = None
+    if _is_path(x):
+        with _open(x) as ds:
+            _check_dataset(ds, f"data file {os.fspath(x)!r}")
+            return np.asarray(ds["x"].values), np.asarray(ds["d"].values)
+    if xr is not None and isinstance(x, xr.Dataset):
+        _check_dataset(x, "the dataset")
+        return np.asarray(x["x"].values), np.asarray(x["d"].values)
+    if d is None:
+        raise DataError("d (teacher signals, shape (samples, outputs)) is required when x is an array")
+    xa, da = np.asarray(x), np.asarray(d)
+    if xa.ndim != 2 or da.ndim != 2:
+        raise DataError(f"x must be (samples, inputs) and d (samples, outputs); got x{xa.shape}, d{da.shape}")
+    return xa, da
+
+
+def check_training_args(
+    x: np.ndarray | None,
+    d: np.ndarray | None,
+    *,
+    hidden: int | None,
+    iterations: int,
+    learning_rate: float,
+    init: tuple[np.ndarray, np.ndarray] | None,
+    seed: int,
+    dtype: str,
+    shape: tuple[int, int, int] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Validate training arguments before any work starts; return ``(W0, V0)``.
+
+    ``shape`` is ``(s, n, l)`` when the data are not loaded (path input).
+    """
+    from . import config
+    from .kernels import init_weights
+
+    if shape is None:
+        assert x is not None and d is not None
+        if x.shape[0] != d.shape[0]:
+            raise DataError(
+                f"x has {x.shape[0]} samples but d has {d.shape[0]}; they must have the same number of rows"
+            )
+        for name, arr in (("x", x), ("d", d)):
+            if not np.issubdtype(arr.dtype, np.number):
+                raise DataError(f"{name} has dtype {arr.dtype}; it must be numeric")
+            if not np.all(np.isfinite(arr)):
+                bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
+                raise DataError(f"{name} contains {bad} NaN or infinite values; clean or drop those samples first")
+        s, n, l = x.shape[0], x.shape[1], d.shape[1]
+    else:
+        s, n, l = shape
+    if s < 1:
+        raise DataError("the data have no samples")
+    if not (isinstance(iterations, (int, np.integer)) and iterations >= 1):
+        raise DataError(f"iterations={iterations!r}; it must be a positive integer")
+    if not (np.isfinite(learning_rate) and learning_rate > 0):
+        raise DataError(f"learning_rate={learning_rate!r}; it must be a finite number > 0")
+    try:
+        np.dtype(dtype)
+    except TypeError as e:
+        raise DataError(f"dtype={dtype!r} is not a numpy dtype; use 'float64' or 'float32'") from e
+    if np.dtype(dtype) not in (np.dtype("float64"), np.dtype("float32")):
+        raise DataError(f"dtype={dtype!r}; use 'float64' (exact comparisons) or 'float32' (speed)")
+    if init is not None:
+        try:
+            W0, V0 = (np.asarray(a) for a in init)
+        except (TypeError, ValueError) as e:
+            raise DataError("init must be a pair (W0, V0) of arrays") from e
+        if W0.ndim != 2 or V0.ndim != 2 or W0.shape[1] != n or V0.shape[0] != l or V0.shape[1] != W0.shape[0]:
+            raise DataError(
+                f"init has W0{W0.shape} and V0{V0.shape}; with {n} inputs and {l} outputs they must be "
+                f"W0 (m, {n}) and V0 ({l}, m)"
+            )
+        if hidden is not None and W0.shape[0] != hidden:
+            raise DataError(f"hidden={hidden} but init W0 has {W0.shape[0]} rows; make them agree")
+        if not (np.all(np.isfinite(W0)) and np.all(np.isfinite(V0))):
+            raise DataError("init weights contain NaN or infinite values")
+        return W0.astype(dtype, copy=True), V0.astype(dtype, copy=True)
+    if hidden is None or not isinstance(hidden, (int, np.integer)) or hidden < 1:
+        raise DataError(f"hidden={hidden!r}; give the number of hidden units as a positive integer")
+    return init_weights(n, int(hidden), l, seed=seed, scale=float(config.get("train.init-scale")), dtype=dtype)
+
+
+def load_slice(path: str, s0: int, s1: int, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """Read samples ``[s0, s1)`` of ``x`` and ``d`` from a netCDF file (runs on a worker)."""
+    with _open(path) as ds:
+        x = np.ascontiguousarray(ds["x"][s0:s1].values, dtype=dtype)
+        d = np.ascontiguousarray(ds["d"][s0:s1].values, dtype=dtype)
+    return x, d
+
+
+def write_dataset(path: str | os.PathLike, x: np.ndarray, d: np.ndarray, **attrs: Any) -> str:
+    """Write ``x`` and ``d`` as a training dataset (netCDF, atomically)."""
+    import xarray as xr
+
+    ds = xr.Dataset(
+        {
+            "x": (("sample", "input"), np.asarray(x), {"description": "network inputs"}),
+            "d": (("sample", "output"), np.asarray(d), {"description": "teacher signals"}),
+        },
+        attrs=attrs,
+    )
+    return atomic_to_netcdf(ds, path)
+
+
+def atomic_to_netcdf(ds: Any, path: str | os.PathLike) -> str:
+    """Write an xarray Dataset to ``path`` so readers see the old file or the new, never a partial one.
+
+    The file is written to a temporary name in the same directory, flushed to
+    disk, and renamed over ``path`` (``os.replace`` is atomic on POSIX).
+    """
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".nc", dir=directory)
+    os.close(fd)
+    try:
+        ds.to_netcdf(tmp, engine="h5netcdf", invalid_netcdf=True)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path

@@ -1,0 +1,730 @@
+"""Batch back-propagation as Dask tasks, one rectangle per worker.
+
+Each worker holds its weight shard ``W[m0:m1]``, ``V[:, m0:m1]`` and its
+column's samples as futures pinned to it (hard worker restrictions); per
+iteration the graph is::
+
+    rpm-forward (i)     f_i = sigma(x_c W_i^T), partial p_i = f_i V_i^T   [f_i stays on the worker]
+    rpm-vertical (c)    sum the partials of column c, output deltas        [l x s_c in, l x s_c out]
+    rpm-backward (i)    dW_i, dV_i over the column's samples
+    rpm-horizontal      per band of rows held by several columns: slices
+                        from the other columns are summed on one holder,
+                        the sum goes back                                   [(n + l) x band rows]
+    rpm-modify (i)      W_i -= eps * sum dW, V_i -= eps * sum dV
+
+so exactly what the paper's communication model counts crosses the network.
+Iterations are submitted in blocks (up to the next DRPM check); the client
+never touches weights until the end.
+
+The sync :func:`fit` wraps the async core :meth:`Trainer.run` with
+``client.sync``, as Dask-native libraries do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import config
+from .data import DataError, as_arrays, check_training_args, data_shape, load_slice
+from .kernels import backward_partial, forward_partial, output_delta
+from .partition import Plan, PlanError
+from .plugin import PLUGIN_NAME, TOPIC, RPMSchedulerPlugin
+
+__all__ = ["fit", "FitResult", "TrainingError", "WorkerLostError", "ordered_workers"]
+
+logger = logging.getLogger("dask_rpm")
+
+PHASES = ("forward", "vertical_wait", "backward", "horizontal", "modify")
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (e.g. divergence, a failed task)."""
+
+
+class WorkerLostError(TrainingError):
+    """A worker holding a weight shard left the cluster during training."""
+
+    def __init__(self, workers: Sequence[str], iteration: int) -> None:
+        self.workers = list(workers)
+        self.iteration = iteration
+        super().__init__(
+            f"worker(s) {', '.join(self.workers)} left the cluster during iteration {iteration}; "
+            f"their weight shards are gone from this run"
+        )
+
+
+# --------------------------------------------------------------------------
+# Task functions (run on the workers)
+# --------------------------------------------------------------------------
+
+# Hidden activations f_i live from a forward task to the backward task of the
+# same iteration on the same worker. They are the largest intermediate
+# (s_c x m_i) and must not travel, but a Dask task result travels whole, so
+# they are kept in worker-process memory keyed by (run, iteration, worker).
+_ACTIVATIONS: dict[tuple[str, int, int], np.ndarray] = {}
+
+
+def _pace(iteration: int):
+    """Emulated-speed padding if this worker emulates a speed, else a no-op."""
+    try:
+        from .emulation import pace
+    except ImportError:  # pragma: no cover - emulation ships with the package
+        import contextlib
+
+        return contextlib.nullcontext()
+    return pace(iteration)
+
+
+def _t_load(path: str, s0: int, s1: int, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    return load_slice(path, s0, s1, dtype)
+
+
+def _t_forward(run: str, it: int, w: int, weights: tuple, data: tuple) -> np.ndarray:
+    W, V = weights
+    with _pace(it):
+        f, partial = forward_partial(data[0], W, V)
+    _ACTIVATIONS[(run, it, w)] = f
+    return partial
+
+
+def _t_vertical(run: str, it: int, c: int, data: tuple, *partials: np.ndarray) -> np.ndarray:
+    with _pace(it):
+        u = partials[0].copy()
+        for p in partials[1:]:
+            u += p
+        delta2, err = output_delta(u, data[1])
+    try:
+        from distributed import get_worker
+
+        get_worker().log_event(TOPIC, {"kind": "error", "run": run, "iteration": it, "column": c, "error": err})
+    except ValueError:  # pragma: no cover - not on a worker
+        pass
+    return delta2
+
+
+def _t_backward(run: str, it: int, w: int, weights: tuple, data: tuple, delta2: np.ndarray) -> tuple:
+    f = _ACTIVATIONS.pop((run, it, w))
+    with _pace(it):
+        return backward_partial(data[0], f, weights[1], delta2)
+
+
+def _t_slice(grad: tuple, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+    dW, dV = grad
+    return dW[a:b].copy(), np.ascontiguousarray(dV[:, a:b])
+
+
+def _t_reduce(it: int, offsets: list, *grads: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """Sum one band over the columns, in column order (so every holder gets identical bits)."""
+    with _pace(it):
+        acc_w = acc_v = None
+        for off, (dW, dV) in zip(offsets, grads):
+            if off is not None:
+                dW, dV = dW[off[0] : off[1]], dV[:, off[0] : off[1]]
+            if acc_w is None:
+                acc_w, acc_v = dW.copy(), dV.copy()
+            else:
+                acc_w += dW
+                acc_v += dV
+    return acc_w, acc_v
+
+
+def _t_modify(it: int, weights: tuple, eps: float, offsets: list, *grads: tuple) -> tuple[np.ndarray, np.ndarray]:
+    W, V = weights
+    with _pace(it):
+        W, V = W.copy(), V.copy()
+        for (a, b), (dW, dV) in zip(offsets, grads):
+            W[a:b] -= eps * dW
+            V[:, a:b] -= eps * dV
+    return W, V
+
+
+def _t_assemble(pieces: list, *blocks: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """Build a weight shard from row blocks ``(W_rows, V_cols)`` of old shards."""
+    Ws, Vs = [], []
+    for (a, b), (W, V) in zip(pieces, blocks):
+        Ws.append(W[a:b])
+        Vs.append(V[:, a:b])
+    return np.concatenate(Ws, axis=0), np.concatenate(Vs, axis=1)
+
+
+def _t_clear(run: str) -> int:
+    stale = [k for k in _ACTIVATIONS if k[0] == run]
+    for k in stale:
+        del _ACTIVATIONS[k]
+    return len(stale)
+
+
+# --------------------------------------------------------------------------
+# Results
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class FitResult:
+    """Outcome of :func:`fit`.
+
+    Attributes
+    ----------
+    W, V : numpy.ndarray
+        Final weights, ``(m, n)`` and ``(l, m)``.
+    history : xarray.Dataset
+        Error per iteration and per-worker phase times (dims ``iteration``, ``worker``).
+    plan : Plan
+        The plan in use at the end.
+    plans : list of Plan
+        Every plan used, in order (more than one after remaps).
+    remaps : list of dict
+        One entry per remap (iteration, kind, bytes moved, seconds).
+    stopped : str or None
+        Why training stopped early (e.g. divergence), else None.
+    emulation : str or None
+        The emulation label when the cluster emulated heterogeneity.
+    """
+
+    W: np.ndarray
+    V: np.ndarray
+    history: Any
+    plan: Plan
+    plans: list[Plan] = field(default_factory=list)
+    remaps: list[dict[str, Any]] = field(default_factory=list)
+    stopped: str | None = None
+    emulation: str | None = None
+    probe: Any = None
+
+    @property
+    def error(self) -> float:
+        """Error of the last completed iteration."""
+        err = self.history["error"].values
+        return float(err[-1]) if err.size else float("nan")
+
+    @property
+    def seconds_per_iteration(self) -> float:
+        """Median measured iteration time (seconds)."""
+        t = self.history["iteration_time"].values
+        t = t[np.isfinite(t)]
+        return float(np.median(t)) if t.size else float("nan")
+
+    def __repr__(self) -> str:
+        return (
+            f"<FitResult {self.history.sizes.get('iteration', 0)} iterations, error {self.error:.6g}, "
+            f"{self.seconds_per_iteration * 1e3:.1f} ms/iteration, {len(self.plans)} plan(s), "
+            f"{len(self.remaps)} remap(s)>"
+        )
+
+
+# --------------------------------------------------------------------------
+# Driver
+# --------------------------------------------------------------------------
+
+
+def ordered_workers(info: dict[str, Any]) -> list[str]:
+    """Worker addresses in a stable order: by group/name, numbers compared as numbers.
+
+    Index ``i`` in this order is worker ``i`` of a plan (and ``speeds[i]`` of
+    :func:`dask_rpm.local_cluster`).
+    """
+    ws = info["workers"]
+    return sorted(ws, key=lambda a: _sort_key(ws[a].get("name", a)))
+
+
+def _sort_key(name: Any) -> tuple:
+    s = str(name)
+    head = s.rstrip("0123456789")
+    tail = s[len(head) :]
+    return (head, int(tail) if tail else -1, s)
+
+
+class Trainer:
+    """State of one distributed training run (async; driven by :func:`fit`)."""
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        run: str,
+        plan: Plan,
+        source: Any,
+        arrays: tuple[np.ndarray, np.ndarray] | None,
+        W0: np.ndarray,
+        V0: np.ndarray,
+        learning_rate: float,
+        dtype: str,
+    ) -> None:
+        self.client = client
+        self.run = run
+        self.plan = plan
+        self.source = source  # path to a netCDF file, or None when arrays are given
+        self.arrays = arrays
+        self.W0, self.V0 = W0, V0
+        self.eps = learning_rate
+        self.dtype = dtype
+        self.version = 0
+        self.weights: dict[int, Any] = {}
+        self.data: dict[int, Any] = {}
+        self.iteration = 0
+        self.seq = 0
+        self.errors: dict[int, dict[int, float]] = {}
+        self.timings: dict[tuple[int, int], dict[str, tuple[float, float]]] = {}
+        self.addresses: list[str] = list(plan.workers or ())
+
+    # ---------------------------------------------------------------- setup
+    def _key(self, phase: str, it: int, idx: Any) -> tuple[str, int, Any]:
+        return (f"rpm-{phase}-{self.run}", it, idx)
+
+    def _submit(self, fn: Any, *args: Any, key: tuple, worker: int) -> Any:
+        return self.client.submit(
+            fn, *args, key=key, workers=[self.addresses[worker]], allow_other_workers=False, pure=False
+        )
+
+    async def _load_data(self, plan: Plan, workers: Sequence[int] | None = None) -> None:
+        """Give each worker its column's samples (read by the worker itself from a file)."""
+        todo = plan.planned_workers if workers is None else workers
+        for w in todo:
+            s0, s1 = plan.rectangle(w).samples
+            if self.source is not None:
+                self.data[w] = self._submit(
+                    _t_load, self.source, s0, s1, self.dtype, key=self._key("data", self.version, w), worker=w
+                )
+            else:
+                x, d = self.arrays  # type: ignore[misc]
+                [self.data[w]] = await self.client.scatter(
+                    [(x[s0:s1], d[s0:s1])], workers=[self.addresses[w]], hash=False
+                )
+
+    async def _scatter_weights(self, plan: Plan, W: np.ndarray, V: np.ndarray) -> None:
+        for w in plan.planned_workers:
+            m0, m1 = plan.rectangle(w).hidden
+            [self.weights[w]] = await self.client.scatter(
+                [(np.ascontiguousarray(W[m0:m1]), np.ascontiguousarray(V[:, m0:m1]))],
+                workers=[self.addresses[w]],
+                hash=False,
+            )
+
+    async def start(self) -> None:
+        await self._load_data(self.plan)
+        await self._scatter_weights(self.plan, self.W0, self.V0)
+
+    # ------------------------------------------------------------ iterations
+    def submit_iteration(self, it: int) -> None:
+        """Submit the tasks of one iteration; weight futures advance to the modify outputs."""
+        plan = self.plan
+        fw = {
+            w: self._submit(_t_forward, self.run, it, w, self.weights[w], self.data[w], key=self._key("forward", it, w), worker=w)
+            for w in plan.planned_workers
+        }
+        vt = {}
+        for c, col in enumerate(plan.columns):
+            leader = self._leader(col)
+            vt[c] = self._submit(
+                _t_vertical, self.run, it, c, self.data[leader], *[fw[w] for w in col],
+                key=self._key("vertical", it, c), worker=leader,
+            )
+        bw = {
+            w: self._submit(
+                _t_backward, self.run, it, w, self.weights[w], self.data[w], vt[plan.column_of(w)],
+                key=self._key("backward", it, w), worker=w,
+            )
+            for w in plan.planned_workers
+        }
+        if plan.n_columns == 1:
+            for w in plan.planned_workers:
+                r = plan.rectangle(w)
+                self.weights[w] = self._submit(
+                    _t_modify, it, self.weights[w], self.eps, [(0, r.n_hidden)], bw[w],
+                    key=self._key("modify", it, w), worker=w,
+                )
+            return
+        # Horizontal exchange, band by band: gather on one holder, sum, send back.
+        sums: dict[int, list[tuple[tuple[int, int], Any]]] = {w: [] for w in plan.planned_workers}
+        for b, band in enumerate(plan.bands()):
+            holders = plan.holders(band)
+            reducer = holders[b % len(holders)]
+            offsets, grads = [], []
+            for c, h in enumerate(holders):
+                r = plan.rectangle(h)
+                off = (band[0] - r.hidden[0], band[1] - r.hidden[0])
+                if h == reducer or off == (0, r.n_hidden):
+                    # local to the reducer, or the whole shard is the band: no slicing task
+                    offsets.append(None if off == (0, r.n_hidden) else off)
+                    grads.append(bw[h])
+                else:
+                    offsets.append(None)
+                    grads.append(
+                        self._submit(_t_slice, bw[h], off[0], off[1], key=self._key("horizontal", it, f"s{b}c{c}"), worker=h)
+                    )
+            total = self._submit(_t_reduce, it, offsets, *grads, key=self._key("horizontal", it, f"b{b}"), worker=reducer)
+            for h in holders:
+                r = plan.rectangle(h)
+                sums[h].append(((band[0] - r.hidden[0], band[1] - r.hidden[0]), total))
+        for w in plan.planned_workers:
+            offs = [o for o, _ in sums[w]]
+            self.weights[w] = self._submit(
+                _t_modify, it, self.weights[w], self.eps, offs, *[t for _, t in sums[w]],
+                key=self._key("modify", it, w), worker=w,
+            )
+
+    def _leader(self, column: Sequence[int]) -> int:
+        """Column worker that sums the partial products: the one with the largest ability."""
+        return max(column, key=lambda w: (self.plan.abilities[w], -w))
+
+    async def _wait(self, futures: list[Any], iteration: int) -> None:
+        """Wait for ``futures``; raise clearly if a plan worker leaves or a task fails."""
+        from distributed import wait
+
+        needed = {self.addresses[w] for w in self.plan.planned_workers}
+        while True:
+            try:
+                await wait(futures, timeout=0.5)
+                break
+            except TimeoutError:
+                alive = set(await self.client.scheduler.ncores())
+                lost = sorted(needed - alive)
+                if lost:
+                    raise WorkerLostError(lost, iteration) from None
+        for f in futures:
+            if f.status == "error":
+                exc = await f.exception()
+                raise TrainingError(f"task {f.key} failed: {exc!r}") from exc
+
+    async def run_block(self, n_iterations: int) -> list[int]:
+        """Run ``n_iterations`` iterations; return the iterations whose error is not finite."""
+        first = self.iteration
+        for it in range(first, first + n_iterations):
+            self.submit_iteration(it)
+        self.iteration = first + n_iterations
+        await self._wait(list(self.weights.values()), self.iteration - 1)
+        await self._pull(first, self.iteration)
+        return [it for it in range(first, self.iteration) if not math.isfinite(self.error(it))]
+
+    async def _pull(self, first: int, stop: int) -> None:
+        """Fetch timings and errors for iterations ``[first, stop)`` from the scheduler plugin."""
+        n_cols = self.plan.n_columns
+        for attempt in range(100):
+            got = await self.client.scheduler.rpm_pull(run=self.run, since=self.seq)
+            self.seq = got["seq"]
+            for _, phase, it, idx, worker, t0, t1, transfer in got["timings"]:
+                self.timings.setdefault((it, idx), {})[phase] = (t0, t1)
+            for _, it, c, err in got["errors"]:
+                self.errors.setdefault(it, {})[c] = err
+            if all(len(self.errors.get(it, ())) >= n_cols for it in range(first, stop)):
+                return
+            await asyncio.sleep(0.01 * (attempt + 1))
+        raise TrainingError(f"scheduler plugin did not report errors for iterations {first}..{stop - 1}")
+
+    def error(self, it: int) -> float:
+        return float(sum(self.errors[it].values()))
+
+    async def gather(self) -> tuple[np.ndarray, np.ndarray]:
+        """Full weights from the first column (every column holds a full, identical copy)."""
+        col = self.plan.columns[0]
+        shards = await self.client.gather([self.weights[w] for w in col])
+        return np.concatenate([s[0] for s in shards], axis=0), np.concatenate([s[1] for s in shards], axis=1)
+
+    async def replay(self, start: Any, first: int, stop: int) -> None:
+        """Recompute iterations ``[first, stop)`` from block-start weights ``start`` (deterministic)."""
+        self.weights = dict(start)
+        saved_run = self.run
+        self.run = f"{saved_run}r{first}"
+        try:
+            for it in range(first, stop):
+                self.submit_iteration(it)
+            if stop > first:
+                await self._wait(list(self.weights.values()), stop - 1)
+        finally:
+            self.run = saved_run
+
+    async def close(self) -> None:
+        try:
+            await self.client.run(_t_clear, self.run)
+        except Exception:  # pragma: no cover - best effort on shutdown
+            logger.debug("could not clear worker caches", exc_info=True)
+
+
+# --------------------------------------------------------------------------
+# Public API
+# --------------------------------------------------------------------------
+
+
+def _resolve_plan(
+    mapping: Any,
+    abilities: Any,
+    *,
+    addresses: list[str],
+    shape: tuple[int, int, int],
+    samples: int,
+) -> Plan:
+    """Turn ``mapping`` (a method name or a Plan) into a plan bound to worker addresses."""
+    if isinstance(mapping, Plan):
+        plan = mapping
+        n_plan = len(plan.abilities)
+        if plan.workers is not None:
+            missing = [a for a in plan.workers if a not in addresses]
+            if missing:
+                raise PlanError(
+                    f"the plan names worker(s) {missing} that the cluster does not have; "
+                    f"cluster workers are {addresses}"
+                )
+        elif n_plan > len(addresses):
+            raise PlanError(
+                f"the plan needs {n_plan} workers but the cluster has {len(addresses)}; "
+                f"start more workers or plan for fewer"
+            )
+        else:
+            plan = plan.with_workers(addresses[:n_plan])
+        if plan.shape != shape or plan.samples != samples:
+            raise PlanError(
+                f"the plan is for n-m-l {'-'.join(map(str, plan.shape))} and {plan.samples} samples; "
+                f"the data and network are {'-'.join(map(str, shape))} with {samples} samples"
+            )
+        return plan.validate()
+    from .planners import make_plan
+
+    method = str(mapping)
+    if abilities is None:
+        abilities = [1.0] * len(addresses)
+    abilities = list(abilities)
+    if len(abilities) != len(addresses):
+        raise PlanError(
+            f"{len(abilities)} abilities given for {len(addresses)} workers; give one per worker "
+            f"(in the order of dask_rpm.ordered_workers)"
+        )
+    if method == "grid":
+        method = "grid-hrev"
+    return make_plan(abilities, shape, samples, method=method, workers=addresses)
+
+
+def fit(
+    x: Any,
+    d: Any = None,
+    *,
+    hidden: int | None = None,
+    iterations: int | None = None,
+    learning_rate: float | None = None,
+    mapping: Any = None,
+    abilities: Any = None,
+    init: tuple[np.ndarray, np.ndarray] | None = None,
+    seed: int | None = None,
+    dtype: str | None = None,
+    client: Any = None,
+    interval: int | None = None,
+) -> FitResult:
+    """Train a 3-layer perceptron by batch BP on the workers of a Dask cluster.
+
+    Parameters
+    ----------
+    x : numpy.ndarray, xarray.Dataset or path
+        Inputs ``(s, n)``; or a Dataset with ``x(sample, input)`` and
+        ``d(sample, output)``; or the path of such a dataset as a netCDF file
+        the workers can read (each worker then reads only its samples).
+    d : numpy.ndarray, optional
+        Teacher signals ``(s, l)`` when ``x`` is an array.
+    hidden : int
+        Hidden units ``m`` (taken from ``init`` when given).
+    iterations : int, default ``rpm.train.iterations``
+    learning_rate : float, default ``rpm.train.learning-rate``
+    mapping : {"drpm", "srpm", "uniform", "grid", "grid-h", "grid-hrev"} or Plan
+        How work is mapped to workers; default ``rpm.train.mapping``.
+    abilities : sequence of float, "probe" or None
+        Relative worker abilities in :func:`ordered_workers` order. ``None``
+        means equal abilities for static mappings.
+    init : (W0, V0), optional
+        Initial weights; default a seeded uniform init (:func:`dask_rpm.kernels.init_weights`).
+    seed : int, default ``rpm.train.seed``
+    dtype : {"float64", "float32"}, default ``rpm.train.dtype``
+    client : distributed.Client, optional
+        Defaults to the current client (:func:`distributed.get_client`).
+    interval : int, optional
+        Iterations submitted per block (and between DRPM checks); default ``rpm.drpm.interval``.
+
+    Returns
+    -------
+    FitResult
+    """
+    from distributed import get_client
+
+    client = client if client is not None else get_client()
+    return client.sync(
+        _fit_async,
+        client,
+        x,
+        d,
+        hidden=hidden,
+        iterations=iterations,
+        learning_rate=learning_rate,
+        mapping=mapping,
+        abilities=abilities,
+        init=init,
+        seed=seed,
+        dtype=dtype,
+        interval=interval,
+    )
+
+
+async def _ensure_plugin(client: Any) -> None:
+    plugins = await client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.plugins))
+    if PLUGIN_NAME not in plugins:
+        await client.register_plugin(RPMSchedulerPlugin())
+
+
+async def _fit_async(
+    client: Any,
+    x: Any,
+    d: Any,
+    *,
+    hidden: int | None,
+    iterations: int | None,
+    learning_rate: float | None,
+    mapping: Any,
+    abilities: Any,
+    init: Any,
+    seed: int | None,
+    dtype: str | None,
+    interval: int | None,
+) -> FitResult:
+    dtype = config.get("train.dtype", dtype)
+    iterations = config.get("train.iterations", iterations)
+    learning_rate = float(config.get("train.learning-rate", learning_rate))
+    seed = int(config.get("train.seed", seed))
+    mapping = config.get("train.mapping", mapping)
+    interval = config.get("drpm.interval", interval)
+    if interval == "auto" or interval is None:
+        interval = 20
+    interval = int(interval)
+
+    # ---- validate everything before any work starts
+    if isinstance(x, (str,)) or hasattr(x, "__fspath__"):
+        import os
+
+        source: str | None = os.path.abspath(os.fspath(x))
+        s, n, l = data_shape(source)
+        arrays = None
+        W0, V0 = check_training_args(
+            None, None, hidden=hidden, iterations=iterations, learning_rate=learning_rate,
+            init=init, seed=seed, dtype=dtype, shape=(s, n, l),
+        )
+    else:
+        source = None
+        xa, da = as_arrays(x, d)
+        W0, V0 = check_training_args(
+            xa, da, hidden=hidden, iterations=iterations, learning_rate=learning_rate,
+            init=init, seed=seed, dtype=dtype,
+        )
+        arrays = (np.ascontiguousarray(xa, dtype=dtype), np.ascontiguousarray(da, dtype=dtype))
+        s, n, l = xa.shape[0], xa.shape[1], da.shape[1]
+    m = W0.shape[0]
+    info = await client.scheduler.identity(n_workers=-1)
+    addresses = ordered_workers(info)
+    if not addresses:
+        raise TrainingError("the cluster has no workers; start some (e.g. dask_rpm.local_cluster()) and retry")
+    if mapping == "drpm":
+        # Adaptive remapping is wired in by the DRPM driver; the static part starts from SRPM.
+        mapping = "srpm"
+    plan = _resolve_plan(mapping, abilities, addresses=addresses, shape=(n, m, l), samples=s)
+
+    await _ensure_plugin(client)
+    run = uuid.uuid4().hex[:10]
+    trainer = Trainer(
+        client, run=run, plan=plan, source=source, arrays=arrays, W0=W0, V0=V0,
+        learning_rate=learning_rate, dtype=dtype,
+    )
+    stopped = None
+    try:
+        await trainer.start()
+        await client.scheduler.rpm_update(run=run, info={"plan": plan.to_dict(), "iterations_total": iterations})
+        done = 0
+        while done < iterations:
+            block = min(interval, iterations - done)
+            start_weights = dict(trainer.weights)
+            bad = await trainer.run_block(block)
+            if bad:
+                # The error of iteration j is computed from the weights after
+                # iteration j-1, so the last finite weights are those after j-2.
+                j = bad[0]
+                keep = max(j - 1, 0)
+                await trainer.replay(start_weights, done, keep)
+                trainer.iteration = keep
+                stopped = (
+                    f"training diverged: the error of iteration {j} is not finite "
+                    f"(learning_rate={learning_rate} is probably too large); returning the weights "
+                    f"after iteration {keep - 1}" if keep else
+                    f"training diverged at iteration {j}: the error is not finite; returning the initial weights"
+                )
+                logger.warning(stopped)
+                for it in range(keep, done + block):
+                    trainer.errors.pop(it, None)
+                break
+            done += block
+        W, V = await trainer.gather()
+    finally:
+        await trainer.close()
+    history = _history(trainer, plan)
+    emulation = await _emulation_label(client)
+    if emulation:
+        history.attrs["emulation"] = emulation
+    return FitResult(W=W, V=V, history=history, plan=plan, plans=[plan], stopped=stopped, emulation=emulation)
+
+
+async def _emulation_label(client: Any) -> str | None:
+    cluster = getattr(client, "cluster", None)
+    return getattr(cluster, "emulation_label", None)
+
+
+def _history(trainer: Trainer, plan: Plan) -> Any:
+    """Assemble the per-iteration, per-worker history as an xarray Dataset."""
+    import xarray as xr
+
+    its = sorted(it for it in trainer.errors)
+    n_workers = len(plan.abilities)
+    shape = (len(its), n_workers)
+    phases = {p: np.full(shape, np.nan) for p in PHASES}
+    ends = np.full(len(its), np.nan)
+    starts = np.full(len(its), np.nan)
+    for i, it in enumerate(its):
+        for w in range(n_workers):
+            t = trainer.timings.get((it, w))
+            if not t or "forward" not in t or "backward" not in t:
+                continue
+            f0, f1 = t["forward"]
+            b0, b1 = t["backward"]
+            phases["forward"][i, w] = f1 - f0
+            phases["vertical_wait"][i, w] = b0 - f1
+            phases["backward"][i, w] = b1 - b0
+            if "modify" in t:
+                m0, m1 = t["modify"]
+                phases["horizontal"][i, w] = m0 - b1
+                phases["modify"][i, w] = m1 - m0
+                ends[i] = np.nanmax([ends[i], m1])
+            starts[i] = np.nanmin([starts[i], f0])
+    iteration_time = np.diff(np.concatenate([[starts[0] if len(its) else np.nan], ends])) if len(its) else ends
+    desc = {
+        "forward": "compute 1: hidden outputs and partial products",
+        "vertical_wait": "from forward end to backward start: vertical exchange incl. waiting",
+        "backward": "compute 2: deltas and weight-update sums",
+        "horizontal": "from backward end to modify start: horizontal exchange incl. waiting",
+        "modify": "compute 3: applying the summed update",
+    }
+    data_vars = {
+        "error": (("iteration",), np.array([trainer.error(it) for it in its]),
+                  {"units": "1", "description": "0.5 * sum over samples of ||h - d||^2, before the iteration's update"}),
+        "iteration_time": (("iteration",), iteration_time,
+                           {"units": "s", "description": "wall time between the ends of consecutive iterations"}),
+    }
+    for p in PHASES:
+        data_vars[p] = (("iteration", "worker"), phases[p], {"units": "s", "description": desc[p]})
+    t1 = phases["forward"] + phases["vertical_wait"] + phases["backward"]
+    data_vars["t1"] = (("iteration", "worker"), t1, {"units": "s", "description": "DRPM t1: forward start to backward end"})
+    data_vars["t2"] = (("iteration", "worker"), phases["backward"], {"units": "s", "description": "DRPM t2: backward compute"})
+    coords = {
+        "iteration": ("iteration", np.array(its, dtype=int)),
+        "worker": ("worker", np.arange(n_workers)),
+        "address": ("worker", np.array(list(plan.workers or [""] * n_workers), dtype=object)),
+    }
+    return xr.Dataset(data_vars, coords=coords, attrs={"run": trainer.run, "method": plan.method})
