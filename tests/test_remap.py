@@ -375,7 +375,7 @@ def test_sample_changes_column_remap():
 
 # ---------------------------------------------------------------- whole remap
 def _planners():
-    return pytest.importorskip("dask_rpm.planners")
+    return pytest.importorskip("dask_rpm.planners", exc_type=ImportError)
 
 
 def test_whole_remap_replans_with_srpm():
