@@ -15,7 +15,7 @@ Cost rule (``policy="cost"``, beyond the paper)
 The paper's thresholds ignore how long the run still has to go and what a remap
 costs. The cost rule builds the candidate plans (column remap on the ``t1``
 speeds, whole remap on the ``t2`` speeds), predicts one iteration of each with
-the current speeds (:func:`predict_iteration_seconds`: the slowest worker's
+the current speeds (:func:`predict_step_seconds`: the slowest worker's
 ``area / speed`` plus optional communication seconds), and remaps only if::
 
     (T_current - T_new) * remaining_iterations  >  migration_seconds(current -> new)
@@ -49,7 +49,7 @@ __all__ = [
     "decide",
     "imbalance_ratio",
     "paper_decision",
-    "predict_iteration_seconds",
+    "predict_step_seconds",
     "predict_worker_seconds",
 ]
 
@@ -158,12 +158,18 @@ def predict_worker_seconds(plan: Plan, speeds: Abilities) -> dict[int, float]:
     return {w: plan.rectangle(w).area / float(vec[w]) for w in plan.planned_workers}
 
 
-def predict_iteration_seconds(plan: Plan, speeds: Abilities, comm_seconds: CommSeconds = 0.0) -> float:
-    """Predicted seconds of one iteration: the slowest worker's compute plus communication.
+def predict_step_seconds(plan: Plan, speeds: Abilities, comm_seconds: CommSeconds = 0.0) -> float:
+    """Predicted seconds of one iteration: the slowest worker's ``area / speed`` plus communication.
 
     Workers synchronise at the vertical and horizontal exchanges, so the
     slowest one sets the pace. ``comm_seconds`` is a number or a function of the
     plan (communication differs between plans of different structure).
+
+    This is deliberately simpler than the alpha-beta model
+    :func:`dask_rpm.cost.predict_iteration_seconds`: DRPM's ``t1`` speeds already
+    contain the vertical exchange and its waiting, so adding a modelled vertical
+    exchange would count it twice. To add the modelled horizontal exchange pass
+    ``comm_seconds=lambda p: dask_rpm.cost.predict_breakdown(p, speeds)["horizontal"]``.
     """
     comm = comm_seconds(plan) if callable(comm_seconds) else float(comm_seconds)
     return max(predict_worker_seconds(plan, speeds).values()) + comm
@@ -215,7 +221,7 @@ def cost_decision(
     if remaining < 0:
         raise ValueError(f"remaining iterations must be >= 0, got {remaining}")
     min_gain = float(config.get("drpm.min-gain", min_gain))
-    t_cur = predict_iteration_seconds(plan, speeds, comm_seconds)
+    t_cur = predict_step_seconds(plan, speeds, comm_seconds)
     ratio = (
         imbalance_ratio(times)
         if times is not None
@@ -229,7 +235,7 @@ def cost_decision(
             new = whole_remap(plan, whole_speeds if whole_speeds is not None else speeds, **(whole_kwargs or {}))
         else:
             raise ValueError(f"unknown remap kind {kind!r}; use 'column' or 'whole'")
-        t_new = predict_iteration_seconds(new, speeds, comm_seconds)
+        t_new = predict_step_seconds(new, speeds, comm_seconds)
         saving = (t_cur - t_new) * remaining
         moves = migration(plan, new, itemsize)
         cost = migration_seconds(moves, latency=latency, bandwidth=bandwidth, concurrent=concurrent)

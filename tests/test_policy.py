@@ -17,7 +17,7 @@ from dask_rpm.policy import (
     decide,
     imbalance_ratio,
     paper_decision,
-    predict_iteration_seconds,
+    predict_step_seconds,
     predict_worker_seconds,
 )
 from dask_rpm.remap import column_remap, migration, migration_seconds
@@ -96,9 +96,19 @@ def skewed():
 def test_predictor(skewed):
     plan, speeds = skewed
     assert predict_worker_seconds(plan, speeds) == {0: 1.0, 1: 1.0, 2: 1.0, 3: 4.0}
-    assert predict_iteration_seconds(plan, speeds) == 4.0
-    assert predict_iteration_seconds(plan, speeds, 0.5) == 4.5
-    assert predict_iteration_seconds(plan, speeds, lambda p: 0.25 * p.n_columns) == 4.5
+    assert predict_step_seconds(plan, speeds) == 4.0
+    assert predict_step_seconds(plan, speeds, 0.5) == 4.5
+    assert predict_step_seconds(plan, speeds, lambda p: 0.25 * p.n_columns) == 4.5
+
+
+def test_predictor_with_modelled_horizontal_exchange(skewed):
+    from dask_rpm.cost import predict_breakdown
+
+    plan, speeds = skewed
+    h = predict_breakdown(plan, speeds, latency=1e-3, bandwidth=1e6)["horizontal"]
+    assert h > 0
+    comm = lambda p: predict_breakdown(p, speeds, latency=1e-3, bandwidth=1e6)["horizontal"]  # noqa: E731
+    assert predict_step_seconds(plan, speeds, comm) == pytest.approx(4.0 + h)
 
 
 def test_cost_rule_remaps_when_saving_beats_migration(skewed):
@@ -107,7 +117,7 @@ def test_cost_rule_remaps_when_saving_beats_migration(skewed):
     assert d.kind == "column" and d.plan is not None
     # Column remap: widths 2000 : 1250 -> 62 / 38 samples; column 1 heights 32 / 8.
     assert d.plan.columns == plan.columns
-    assert predict_iteration_seconds(d.plan, speeds) == pytest.approx(1.24)
+    assert predict_step_seconds(d.plan, speeds) == pytest.approx(1.24)
     assert d.saving == pytest.approx((4.0 - 1.24) * 10)
     # Rows 20..32 move from worker 3 to worker 2: 12 rows in one message.
     assert migration(plan, d.plan) == [migration(plan, d.plan)[0]]
