@@ -280,9 +280,10 @@ def decide(
             times, first_check=first_check, initial_abilities=initial_abilities, t_whole=t_whole, t_line=t_line
         )
     if policy == "cost":
-        plan = cost_kw.pop("plan")
-        speeds = cost_kw.pop("speeds")
-        return cost_decision(plan, speeds, times=times, **cost_kw)
+        missing = [k for k in ("plan", "speeds", "remaining") if k not in cost_kw]
+        if missing:
+            raise TypeError(f"the cost policy needs {', '.join(missing)}=")
+        return cost_decision(cost_kw.pop("plan"), cost_kw.pop("speeds"), times=times, **cost_kw)
     raise ValueError(f"unknown remap policy {policy!r}; use 'paper' or 'cost'")
 
 

@@ -312,7 +312,6 @@ def migration(
             need = [(x, y) for x, y in ((a, min(b, c0)), (max(a, c1), b)) if x < y]
         for x, e in need:
             while x < e:
-                cands = [(c, holder_at(c, x)) for c in range(len(holders))]
                 pick = None
                 cap = e
                 if own_col is not None:
@@ -322,7 +321,7 @@ def migration(
                     else:
                         cap = min(e, h[1])  # back to the own column once the lost range ends
                 if pick is None:
-                    alive = [(c, h) for c, h in cands if h[3]]
+                    alive = [(c, h) for c in range(len(holders)) if (h := holder_at(c, x))[3]]
                     if not alive:
                         raise MigrationError(
                             f"hidden rows from {x} (needed by worker {dst!r}) are held by no surviving "

@@ -169,6 +169,8 @@ def test_decide_cost_policy(skewed):
     assert d.kind == "column" and d.ratio == 0.25
     with dask.config.set({"rpm.drpm.policy": "cost"}):
         assert decide([1.0, 4.0], **kw).kind == "column"
+    with pytest.raises(TypeError, match="needs remaining="):
+        decide([1.0, 4.0], policy="cost", plan=plan, speeds=speeds)
 
 
 def test_cost_rule_with_whole_candidate(skewed):
