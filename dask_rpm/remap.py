@@ -108,8 +108,8 @@ def ability_vector(plan: Plan, abilities: Abilities) -> np.ndarray:
         for key, val in abilities.items():
             idx = addr.get(key, key)
             if not (isinstance(idx, (int, np.integer)) and 0 <= idx < n_all):
-                raise PlanError(f"ability given for unknown worker {key!r}; the plan has workers 0..{n_all - 1}"
-                                + (f" / {list(plan.workers)}" if plan.workers else ""))
+                known = list(plan.workers) if plan.workers else f"0..{n_all - 1}"
+                raise PlanError(f"ability given for unknown worker {key!r}; the plan has workers {known}")
             vec[int(idx)] = float(val)
         missing = [w for w in planned if math.isnan(vec[w])]
         if missing:
