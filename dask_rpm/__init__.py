@@ -1,8 +1,39 @@
-"""dask_rpm: heterogeneity-aware batch back-propagation on Dask by rectangular partitioning."""
+"""dask_rpm: heterogeneity-aware batch back-propagation on Dask by rectangular partitioning.
+
+Public API
+----------
+fit, fit_serial       train on a Dask cluster / the serial reference
+make_plan, Plan       plan rectangles (SRPM and the paper's baselines)
+local_cluster         a local cluster with EMULATED heterogeneous worker speeds
+RPMSchedulerPlugin    the scheduler plugin that records rpm-* task timings
+"""
 
 from . import config  # noqa: F401  (registers the rpm.yaml defaults)
+from . import kernels
+from .emulation import local_cluster
+from .engine import FitResult, TrainingError, WorkerLostError, fit, ordered_workers
+from .kernels import fit_serial
 from .partition import Plan, PlanError, Rectangle
+from .planners import PLANNERS, make_plan, register_planner
+from .plugin import RPMSchedulerPlugin
 
 __version__ = "0.1.0.dev0"
 
-__all__ = ["Plan", "PlanError", "Rectangle", "__version__"]
+__all__ = [
+    "FitResult",
+    "PLANNERS",
+    "Plan",
+    "PlanError",
+    "RPMSchedulerPlugin",
+    "Rectangle",
+    "TrainingError",
+    "WorkerLostError",
+    "__version__",
+    "fit",
+    "fit_serial",
+    "kernels",
+    "local_cluster",
+    "make_plan",
+    "ordered_workers",
+    "register_planner",
+]

@@ -13,6 +13,11 @@ iteration the graph is::
     rpm-modify (i)      W_i -= eps * sum dW, V_i -= eps * sum dV
 
 so exactly what the paper's communication model counts crosses the network.
+
+Keys are ``("rpm-<phase>-<run>", iteration, index)``. The backward phase is
+keyed ``rpm-backwards``: Dask's ``key_split`` (which names task groups and
+colours the task stream) drops any 8-letter word that starts with hex letters,
+and "backward" is one, so ``rpm-backward-...`` would show up as plain ``rpm``.
 Iterations are submitted in blocks (up to the next DRPM check); the client
 never touches weights until the end.
 
@@ -101,12 +106,7 @@ def _t_vertical(run: str, it: int, c: int, data: tuple, *partials: np.ndarray) -
         for p in partials[1:]:
             u += p
         delta2, err = output_delta(u, data[1])
-    try:
-        from distributed import get_worker
-
-        get_worker().log_event(TOPIC, {"kind": "error", "run": run, "iteration": it, "column": c, "error": err})
-    except ValueError:  # pragma: no cover - not on a worker
-        pass
+    _log({"kind": "error", "run": run, "iteration": it, "column": c, "error": err})
     return delta2
 
 
@@ -136,14 +136,26 @@ def _t_reduce(it: int, offsets: list, *grads: tuple) -> tuple[np.ndarray, np.nda
     return acc_w, acc_v
 
 
-def _t_modify(it: int, weights: tuple, eps: float, offsets: list, *grads: tuple) -> tuple[np.ndarray, np.ndarray]:
+def _t_modify(run: str, it: int, weights: tuple, eps: float, offsets: list, *grads: tuple) -> tuple[np.ndarray, np.ndarray]:
     W, V = weights
     with _pace(it):
         W, V = W.copy(), V.copy()
         for (a, b), (dW, dV) in zip(offsets, grads):
             W[a:b] -= eps * dW
             V[:, a:b] -= eps * dV
+        finite = bool(np.isfinite(W).all() and np.isfinite(V).all())
+    if not finite:
+        _log({"kind": "nonfinite", "run": run, "iteration": it})
     return W, V
+
+
+def _log(msg: dict) -> None:
+    try:
+        from distributed import get_worker
+
+        get_worker().log_event(TOPIC, msg)
+    except ValueError:  # pragma: no cover - not on a worker
+        pass
 
 
 def _t_assemble(pieces: list, *blocks: tuple) -> tuple[np.ndarray, np.ndarray]:
@@ -272,6 +284,7 @@ class Trainer:
         self.iteration = 0
         self.seq = 0
         self.errors: dict[int, dict[int, float]] = {}
+        self.nonfinite: set[int] = set()
         self.timings: dict[tuple[int, int], dict[str, tuple[float, float]]] = {}
         self.addresses: list[str] = list(plan.workers or ())
 
@@ -330,7 +343,7 @@ class Trainer:
         bw = {
             w: self._submit(
                 _t_backward, self.run, it, w, self.weights[w], self.data[w], vt[plan.column_of(w)],
-                key=self._key("backward", it, w), worker=w,
+                key=self._key("backwards", it, w), worker=w,
             )
             for w in plan.planned_workers
         }
@@ -338,7 +351,7 @@ class Trainer:
             for w in plan.planned_workers:
                 r = plan.rectangle(w)
                 self.weights[w] = self._submit(
-                    _t_modify, it, self.weights[w], self.eps, [(0, r.n_hidden)], bw[w],
+                    _t_modify, self.run, it, self.weights[w], self.eps, [(0, r.n_hidden)], bw[w],
                     key=self._key("modify", it, w), worker=w,
                 )
             return
@@ -367,7 +380,7 @@ class Trainer:
         for w in plan.planned_workers:
             offs = [o for o, _ in sums[w]]
             self.weights[w] = self._submit(
-                _t_modify, it, self.weights[w], self.eps, offs, *[t for _, t in sums[w]],
+                _t_modify, self.run, it, self.weights[w], self.eps, offs, *[t for _, t in sums[w]],
                 key=self._key("modify", it, w), worker=w,
             )
 
@@ -379,30 +392,49 @@ class Trainer:
         """Wait for ``futures``; raise clearly if a plan worker leaves or a task fails."""
         from distributed import wait
 
-        needed = {self.addresses[w] for w in self.plan.planned_workers}
         while True:
             try:
                 await wait(futures, timeout=0.5)
                 break
             except TimeoutError:
-                alive = set(await self.client.scheduler.ncores())
-                lost = sorted(needed - alive)
-                if lost:
-                    raise WorkerLostError(lost, iteration) from None
+                await self._check_workers(iteration)
+            except Exception as exc:  # cancelled because a dependency's worker died
+                await self._check_workers(iteration, grace=2.0)
+                raise TrainingError(f"training failed in iteration <= {iteration}: {exc}") from exc
         for f in futures:
             if f.status == "error":
                 exc = await f.exception()
                 raise TrainingError(f"task {f.key} failed: {exc!r}") from exc
 
-    async def run_block(self, n_iterations: int) -> list[int]:
-        """Run ``n_iterations`` iterations; return the iterations whose error is not finite."""
+    async def _check_workers(self, iteration: int, grace: float = 0.0) -> None:
+        """Raise :class:`WorkerLostError` if a worker of the plan has left the cluster."""
+        needed = {self.addresses[w] for w in self.plan.planned_workers}
+        deadline = time.monotonic() + grace
+        while True:
+            lost = sorted(needed - set(await self.client.scheduler.ncores()))
+            if lost:
+                raise WorkerLostError(lost, iteration)
+            if time.monotonic() >= deadline:
+                return
+            await asyncio.sleep(0.1)
+
+    async def run_block(self, n_iterations: int) -> int | None:
+        """Run ``n_iterations`` iterations.
+
+        Returns the number of updates after which the weights were last
+        usable if this block diverged (a non-finite error or weights), else None.
+        """
         first = self.iteration
         for it in range(first, first + n_iterations):
             self.submit_iteration(it)
         self.iteration = first + n_iterations
         await self._wait(list(self.weights.values()), self.iteration - 1)
         await self._pull(first, self.iteration)
-        return [it for it in range(first, self.iteration) if not math.isfinite(self.error(it))]
+        # Error of iteration k is computed from the weights after k updates;
+        # a non-finite update in iteration k spoils the weights after k + 1.
+        bad = [it for it in range(first, self.iteration) if not math.isfinite(self.error(it))]
+        keep = [it - 1 for it in bad] + [it for it in self.nonfinite if it >= first]
+        return max(min(keep), 0) if keep else None
 
     async def _pull(self, first: int, stop: int) -> None:
         """Fetch timings and errors for iterations ``[first, stop)`` from the scheduler plugin."""
@@ -413,7 +445,10 @@ class Trainer:
             for _, phase, it, idx, worker, t0, t1, transfer in got["timings"]:
                 self.timings.setdefault((it, idx), {})[phase] = (t0, t1)
             for _, it, c, err in got["errors"]:
-                self.errors.setdefault(it, {})[c] = err
+                if c is None:  # an update made the weights non-finite
+                    self.nonfinite.add(it)
+                else:
+                    self.errors.setdefault(it, {})[c] = err
             if all(len(self.errors.get(it, ())) >= n_cols for it in range(first, stop)):
                 return
             await asyncio.sleep(0.01 * (attempt + 1))
@@ -640,26 +675,15 @@ async def _fit_async(
         await trainer.start()
         await client.scheduler.rpm_update(run=run, info={"plan": plan.to_dict(), "iterations_total": iterations})
         done = 0
+        # Weights at the start of the current and the previous block, to
+        # return the last finite weights if training diverges.
+        prev_start = cur_start = (0, dict(trainer.weights))
         while done < iterations:
             block = min(interval, iterations - done)
-            start_weights = dict(trainer.weights)
-            bad = await trainer.run_block(block)
-            if bad:
-                # The error of iteration j is computed from the weights after
-                # iteration j-1, so the last finite weights are those after j-2.
-                j = bad[0]
-                keep = max(j - 1, 0)
-                await trainer.replay(start_weights, done, keep)
-                trainer.iteration = keep
-                stopped = (
-                    f"training diverged: the error of iteration {j} is not finite "
-                    f"(learning_rate={learning_rate} is probably too large); returning the weights "
-                    f"after iteration {keep - 1}" if keep else
-                    f"training diverged at iteration {j}: the error is not finite; returning the initial weights"
-                )
-                logger.warning(stopped)
-                for it in range(keep, done + block):
-                    trainer.errors.pop(it, None)
+            prev_start, cur_start = cur_start, (done, dict(trainer.weights))
+            keep = await trainer.run_block(block)
+            if keep is not None:
+                stopped = await _stop_diverged(trainer, keep, cur_start, prev_start, learning_rate)
                 break
             done += block
         W, V = await trainer.gather()
@@ -670,6 +694,28 @@ async def _fit_async(
     if emulation:
         history.attrs["emulation"] = emulation
     return FitResult(W=W, V=V, history=history, plan=plan, plans=[plan], stopped=stopped, emulation=emulation)
+
+
+async def _stop_diverged(
+    trainer: Trainer, keep: int, cur_start: tuple[int, dict], prev_start: tuple[int, dict], learning_rate: float
+) -> str:
+    """Roll back to the last finite weights, those after ``keep`` updates.
+
+    They are recomputed (deterministically) from the start of the block that
+    contains them; the history keeps the errors of the ``keep`` iterations.
+    """
+    start_it, start_w = cur_start if keep >= cur_start[0] else prev_start
+    await trainer.replay(start_w, start_it, keep)
+    trainer.iteration = keep
+    for it in [k for k in trainer.errors if k >= keep]:
+        del trainer.errors[it]
+    msg = (
+        f"training diverged: iteration {keep} produced a non-finite error or non-finite weights "
+        f"(learning_rate={learning_rate} is probably too large); returning the last finite weights, "
+        f"after {keep} iteration(s)"
+    )
+    logger.warning(msg)
+    return msg
 
 
 async def _emulation_label(client: Any) -> str | None:
@@ -685,8 +731,8 @@ def _history(trainer: Trainer, plan: Plan) -> Any:
     n_workers = len(plan.abilities)
     shape = (len(its), n_workers)
     phases = {p: np.full(shape, np.nan) for p in PHASES}
-    ends = np.full(len(its), np.nan)
-    starts = np.full(len(its), np.nan)
+    # Per worker: when it started iteration 0, and when each modify ended.
+    ends = np.full((len(its) + 1, n_workers), np.nan)
     for i, it in enumerate(its):
         for w in range(n_workers):
             t = trainer.timings.get((it, w))
@@ -697,13 +743,22 @@ def _history(trainer: Trainer, plan: Plan) -> Any:
             phases["forward"][i, w] = f1 - f0
             phases["vertical_wait"][i, w] = b0 - f1
             phases["backward"][i, w] = b1 - b0
+            if i == 0:
+                ends[0, w] = f0
             if "modify" in t:
                 m0, m1 = t["modify"]
                 phases["horizontal"][i, w] = m0 - b1
                 phases["modify"][i, w] = m1 - m0
-                ends[i] = np.nanmax([ends[i], m1])
-            starts[i] = np.nanmin([starts[i], f0])
-    iteration_time = np.diff(np.concatenate([[starts[0] if len(its) else np.nan], ends])) if len(its) else ends
+                ends[i + 1, w] = m1
+    # Iterations overlap a little (a worker may start iteration k+1 before
+    # another finishes k), so an iteration is timed per worker, from the end
+    # of its previous modify to the end of this one; the slowest worker counts.
+    cycle = np.diff(ends, axis=0)
+    iteration_time = np.full(len(its), np.nan)
+    for i in range(len(its)):
+        row = cycle[i][np.isfinite(cycle[i])]
+        if row.size:
+            iteration_time[i] = row.max()
     desc = {
         "forward": "compute 1: hidden outputs and partial products",
         "vertical_wait": "from forward end to backward start: vertical exchange incl. waiting",
@@ -715,7 +770,7 @@ def _history(trainer: Trainer, plan: Plan) -> Any:
         "error": (("iteration",), np.array([trainer.error(it) for it in its]),
                   {"units": "1", "description": "0.5 * sum over samples of ||h - d||^2, before the iteration's update"}),
         "iteration_time": (("iteration",), iteration_time,
-                           {"units": "s", "description": "wall time between the ends of consecutive iterations"}),
+                           {"units": "s", "description": "per worker, end of previous modify to end of this one; slowest worker"}),
     }
     for p in PHASES:
         data_vars[p] = (("iteration", "worker"), phases[p], {"units": "s", "description": desc[p]})

@@ -31,6 +31,10 @@ PLUGIN_NAME = "rpm"
 TOPIC = "rpm"
 
 
+# Key prefix -> phase name (see dask_rpm.engine on why "backwards").
+_PHASE_ALIASES = {"backwards": "backward"}
+
+
 def parse_key(key: Any) -> tuple[str, str, int, Any] | None:
     """``(phase, run, iteration, index)`` of an rpm task key, or ``None`` for other keys."""
     if type(key) is not tuple or len(key) != 3:
@@ -41,7 +45,8 @@ def parse_key(key: Any) -> tuple[str, str, int, Any] | None:
     parts = name.split("-", 2)
     if len(parts) != 3:
         return None
-    return parts[1], parts[2], key[1], key[2]
+    phase = _PHASE_ALIASES.get(parts[1], parts[1])
+    return phase, parts[2], key[1], key[2]
 
 
 class _Run:
@@ -127,11 +132,17 @@ class RPMSchedulerPlugin(SchedulerPlugin):
         )
 
     def log_event(self, topic: str, msg: Any) -> None:
-        if topic != TOPIC or not isinstance(msg, dict) or msg.get("kind") != "error":
+        if topic != TOPIC or not isinstance(msg, dict):
             return
-        rec = self._run(msg["run"])
-        rec.seq += 1
-        rec.errors.append((rec.seq, msg["iteration"], msg["column"], msg["error"]))
+        kind = msg.get("kind")
+        if kind == "error":
+            rec = self._run(msg["run"])
+            rec.seq += 1
+            rec.errors.append((rec.seq, msg["iteration"], msg["column"], msg["error"]))
+        elif kind == "nonfinite":  # an update produced non-finite weights
+            rec = self._run(msg["run"])
+            rec.seq += 1
+            rec.errors.append((rec.seq, msg["iteration"], None, float("nan")))
 
     # ----------------------------------------------------------- handlers
     def pull(self, run: str, since: int = 0) -> dict[str, Any]:

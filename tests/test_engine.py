@@ -1,0 +1,205 @@
+"""Distributed BP by rectangles equals serial BP, for every kind of plan."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+from distributed import Client, LocalCluster
+
+import dask_rpm
+from dask_rpm.data import DataError, write_dataset
+from dask_rpm.engine import TrainingError, WorkerLostError, fit, ordered_workers
+from dask_rpm.kernels import fit_serial
+from dask_rpm.partition import Plan, PlanError
+
+RTOL = 1e-10
+
+
+def _problem(s=61, n=9, l=4, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(s, n))
+    x[:, -1] = 1.0  # constant input gives a bias
+    d = rng.uniform(0.1, 0.9, size=(s, l))
+    return x, d
+
+
+def _random_plan(rng, n_workers, s, shape):
+    """A random valid column-fixed plan over workers 0..n_workers-1."""
+    n, m, l = shape
+    order = list(rng.permutation(n_workers))
+    n_cols = int(rng.integers(1, n_workers + 1))
+    cuts = sorted(rng.choice(np.arange(1, n_workers), size=n_cols - 1, replace=False)) if n_cols > 1 else []
+    columns = [order[a:b] for a, b in zip([0, *cuts], [*cuts, n_workers])]
+    scuts = sorted(rng.choice(np.arange(1, s), size=n_cols - 1, replace=False)) if n_cols > 1 else []
+    sample_sizes = np.diff([0, *scuts, s])
+    hidden = []
+    for col in columns:
+        k = len(col)
+        mc = sorted(rng.choice(np.arange(1, m), size=k - 1, replace=False)) if k > 1 else []
+        hidden.append(list(np.diff([0, *mc, m])))
+    ab = rng.uniform(0.2, 1.0, size=n_workers)
+    return Plan.from_columns(columns, sample_sizes, hidden, shape=shape, abilities=ab, method="random")
+
+
+def _assert_equal_serial(result, x, d, m, iterations, lr, seed=0):
+    W, V, err = fit_serial(x, d, hidden=m, iterations=iterations, learning_rate=lr, seed=seed)
+    np.testing.assert_allclose(result.W, W, rtol=RTOL, atol=0)
+    np.testing.assert_allclose(result.V, V, rtol=RTOL, atol=0)
+    np.testing.assert_allclose(result.history["error"].values, err, rtol=RTOL, atol=0)
+
+
+@pytest.fixture(scope="module")
+def client6():
+    with LocalCluster(n_workers=6, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
+        with Client(cluster) as client:
+            yield client
+
+
+def test_one_worker_cluster_equals_serial():
+    x, d = _problem()
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster:
+        with Client(cluster) as client:
+            r = fit(x, d, hidden=7, iterations=50, learning_rate=0.05, mapping="uniform", client=client)
+    assert r.plan.n_columns == 1 and len(r.plan.rectangles) == 1
+    _assert_equal_serial(r, x, d, 7, 50, 0.05)
+    assert r.history.sizes == {"iteration": 50, "worker": 1}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_plans_equal_serial(client6, seed):
+    rng = np.random.default_rng(100 + seed)
+    x, d = _problem(s=int(rng.integers(20, 80)), n=int(rng.integers(2, 12)), l=int(rng.integers(1, 6)), seed=seed)
+    m = int(rng.integers(6, 15))
+    n_workers = 1 + seed % 6
+    plan = _random_plan(rng, n_workers, x.shape[0], (x.shape[1], m, d.shape[1]))
+    r = fit(x, d, hidden=m, iterations=50, learning_rate=0.03, mapping=plan, seed=seed, client=client6)
+    _assert_equal_serial(r, x, d, m, 50, 0.03, seed=seed)
+    # Only the plan's workers worked.
+    assert int(np.isfinite(r.history["forward"].values).any(axis=0).sum()) == n_workers
+
+
+def test_every_column_count_equals_serial(client6):
+    """One column, N columns, and everything in between, uneven sizes."""
+    x, d = _problem(s=50, n=6, l=3, seed=4)
+    m = 12
+    for cols in ([[0, 1, 2, 3, 4, 5]], [[0], [1], [2], [3], [4], [5]], [[0, 1], [2, 3, 4], [5]]):
+        k = len(cols)
+        sizes = [50 // k + (1 if i < 50 % k else 0) for i in range(k)]
+        hidden = [[m // len(c) + (1 if i < m % len(c) else 0) for i in range(len(c))] for c in cols]
+        plan = Plan.from_columns(cols, sizes, hidden, shape=(6, m, 3), abilities=[1, 2, 3, 4, 5, 6])
+        r = fit(x, d, hidden=m, iterations=50, learning_rate=0.05, mapping=plan, client=client6)
+        _assert_equal_serial(r, x, d, m, 50, 0.05)
+
+
+@pytest.mark.parametrize(
+    "mapping, abilities",
+    [
+        ("srpm", [0.05, 0.10, 0.20, 0.30, 0.35, 0.5]),
+        ("srpm", None),
+        ("uniform", None),
+        ("grid", [1.0, 1.5, 2.0, 2.5, 3.0, 3.5]),
+        ("grid-h", [1.0, 1.5, 2.0, 2.5, 3.0, 3.5]),
+    ],
+)
+def test_planner_mappings_equal_serial(client6, mapping, abilities):
+    x, d = _problem(s=64, n=8, l=3, seed=7)
+    r = fit(x, d, hidden=16, iterations=50, learning_rate=0.05, mapping=mapping, abilities=abilities, client=client6)
+    _assert_equal_serial(r, x, d, 16, 50, 0.05)
+
+
+def test_xarray_and_netcdf_inputs(client6, tmp_path):
+    import xarray as xr
+
+    x, d = _problem(s=40, n=5, l=2, seed=11)
+    plan = Plan.from_columns([[0, 1], [2]], [25, 15], [[3, 5], [8]], shape=(5, 8, 2))
+    ds = xr.Dataset({"x": (("sample", "input"), x), "d": (("sample", "output"), d)})
+    r1 = fit(ds, hidden=8, iterations=20, learning_rate=0.05, mapping=plan, client=client6)
+    path = write_dataset(tmp_path / "train.nc", x, d)
+    r2 = fit(path, hidden=8, iterations=20, learning_rate=0.05, mapping=plan, client=client6)
+    W, V, _ = fit_serial(x, d, hidden=8, iterations=20, learning_rate=0.05)
+    for r in (r1, r2):
+        np.testing.assert_allclose(r.W, W, rtol=RTOL)
+        np.testing.assert_allclose(r.V, V, rtol=RTOL)
+
+
+def test_history_and_task_keys(client6):
+    x, d = _problem(s=30, n=4, l=2)
+    plan = Plan.from_columns([[0, 1], [2, 3]], [15, 15], [[2, 4], [4, 2]], shape=(4, 6, 2))
+    r = fit(x, d, hidden=6, iterations=5, learning_rate=0.1, mapping=plan, client=client6, interval=2)
+    h = r.history
+    for var in ("error", "iteration_time", "forward", "vertical_wait", "backward", "horizontal", "modify", "t1", "t2"):
+        assert var in h and "units" in h[var].attrs and "description" in h[var].attrs
+    assert h["forward"].dims == ("iteration", "worker")
+    assert np.all(h["forward"].values > 0) and np.all(h["modify"].values > 0)
+    assert np.all(h["iteration_time"].values > 0)
+    np.testing.assert_allclose(h["t1"], h["forward"] + h["vertical_wait"] + h["backward"])
+    # Readable phase keys reached the scheduler's task groups.
+    prefixes = client6.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.task_prefixes))
+    for phase in ("rpm-forward", "rpm-vertical", "rpm-backwards", "rpm-horizontal", "rpm-modify"):
+        assert phase in prefixes
+
+
+def test_bad_inputs_fail_before_work(client6):
+    x, d = _problem(s=20, n=4, l=2)
+    with pytest.raises(DataError, match="same number of rows"):
+        fit(x, d[:-1], hidden=4, iterations=2, client=client6)
+    xn = x.copy()
+    xn[3, 1] = np.nan
+    with pytest.raises(DataError, match="NaN or infinite"):
+        fit(xn, d, hidden=4, iterations=2, client=client6)
+    with pytest.raises(DataError, match="learning_rate"):
+        fit(x, d, hidden=4, iterations=2, learning_rate=0.0, client=client6)
+    with pytest.raises(DataError, match="learning_rate"):
+        fit(x, d, hidden=4, iterations=2, learning_rate=-1.0, client=client6)
+    plan7 = Plan.from_columns([[0, 1, 2, 3, 4, 5, 6]], [20], [[1, 1, 1, 1, 1, 1, 2]], shape=(4, 8, 2))
+    with pytest.raises(PlanError, match="needs 7 workers but the cluster has 6"):
+        fit(x, d, hidden=8, iterations=2, mapping=plan7, client=client6)
+    plan2 = Plan.from_columns([[0, 1]], [20], [[2, 2]], shape=(4, 4, 2)).with_workers(["tcp://10.0.0.1:1", "tcp://10.0.0.2:1"])
+    with pytest.raises(PlanError, match="does not have"):
+        fit(x, d, hidden=4, iterations=2, mapping=plan2, client=client6)
+    with pytest.raises(PlanError, match="abilities given for 6 workers"):
+        fit(x, d, hidden=8, iterations=2, mapping="srpm", abilities=[1, 2], client=client6)
+
+
+@pytest.mark.parametrize("interval", [1, 5])
+def test_divergence_returns_last_finite_weights(client6, interval):
+    # Targets all 1 on one output and 0 on the other: lr * dV overflows V to
+    # +-inf in the first update, then 0 * inf makes W NaN.
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(100, 4))
+    d = np.column_stack([np.ones(100), np.zeros(100)])
+    plan = Plan.from_columns([[0], [1]], [50, 50], [[6], [6]], shape=(4, 6, 2))
+    W0, V0 = dask_rpm.kernels.init_weights(4, 6, 2, seed=0, scale=0.1)
+    r = fit(x, d, hidden=6, iterations=30, learning_rate=1e308, mapping=plan, client=client6, interval=interval)
+    assert r.stopped is not None and "diverged" in r.stopped and "after 0 iteration" in r.stopped
+    # The last finite weights are the initial ones (the first update overflowed).
+    np.testing.assert_array_equal(r.W, W0)
+    np.testing.assert_array_equal(r.V, V0)
+    assert r.history.sizes["iteration"] == 0
+
+
+def test_worker_loss_raises_naming_the_worker():
+    x, d = _problem(s=40, n=4, l=2)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
+        with Client(cluster) as client:
+            victim = ordered_workers(client.scheduler_info())[1]
+            plan = Plan.from_columns([[0, 1]], [40], [[3, 3]], shape=(4, 6, 2))
+
+            def kill():
+                time.sleep(1.5)
+                client.run(os._exit, 1, workers=[victim])
+
+            t = threading.Thread(target=kill)
+            t.start()
+            with pytest.raises(WorkerLostError, match=victim.replace(".", r"\.")):
+                fit(x, d, hidden=6, iterations=100_000, learning_rate=0.01, mapping=plan, client=client)
+            t.join()
+
+
+def test_public_api_exports():
+    for name in ("fit", "fit_serial", "FitResult", "Plan"):
+        assert hasattr(dask_rpm, name)
