@@ -190,7 +190,7 @@ start_munged() {
     fi
     chmod 0400 "$MUNGE_DIR/munge.key"
     rm -f "$MUNGE_SOCKET" "$MUNGE_SOCKET.lock"
-    munged --key-file="$MUNGE_DIR/munge.key" \
+    munged 9>&- --key-file="$MUNGE_DIR/munge.key" \
         --socket="$MUNGE_SOCKET" \
         --pid-file="$MUNGE_DIR/munged.pid" \
         --log-file="$MUNGE_DIR/munged.log" \
@@ -204,7 +204,7 @@ start_slurmctld() {
         return 0
     fi
     # -c: forget jobs from an earlier run; stale worker jobs are never wanted.
-    slurmctld -c -f "$CONF" || { show_logs; die "slurmctld failed to start"; }
+    slurmctld -c -f "$CONF" 9>&- || { show_logs; die "slurmctld failed to start"; }
     info "started slurmctld (port $CTLD_PORT)"
 }
 
@@ -212,7 +212,7 @@ start_slurmd() {
     if alive "$RUN_DIR/slurmd.pid" slurmd; then
         return 0
     fi
-    slurmd -f "$CONF" -N "$NODE" || { show_logs; die "slurmd failed to start"; }
+    slurmd -f "$CONF" -N "$NODE" 9>&- || { show_logs; die "slurmd failed to start"; }
     info "started slurmd (port $SLURMD_PORT)"
 }
 
@@ -316,11 +316,21 @@ cmd_status() {
     return "$rc"
 }
 
+# Serialise start/stop: two test sessions starting the cluster at once must not
+# race to launch two slurmctlds on one port.
+lock() {
+    mkdir -p "$DIR"
+    exec 9>"$DIR/.lock"
+    if command -v flock >/dev/null 2>&1; then
+        flock -w 300 9 || die "another start/stop holds $DIR/.lock for over 300s"
+    fi
+}
+
 case ${1:-} in
-start) cmd_start ;;
-stop) cmd_stop ;;
+start) lock && cmd_start ;;
+stop) lock && cmd_stop ;;
 status) cmd_status ;;
-restart) cmd_stop && cmd_start ;;
+restart) lock && cmd_stop && cmd_start ;;
 *)
     echo "usage: $PROG start|stop|status|restart" >&2
     exit 2
