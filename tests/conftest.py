@@ -1,0 +1,71 @@
+"""Shared pytest fixtures for dask_rpm's tests.
+
+Each fixture lives in its own section below; keep sections self-contained.
+"""
+
+import pytest
+
+
+# ---------------------------------------------------------------------------
+# slurm_cluster: the local single-node SLURM of slurm/local-cluster.sh (issue #5)
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """Ensure the local SLURM (``slurm/local-cluster.sh``) runs; set ``SLURM_CONF``.
+
+    Starts it when it is not running (as root; installs ``slurm-wlm munge``
+    with apt-get when missing). When that is impossible - not root, no
+    apt-get, install or start failing - the test is *skipped* with the reason,
+    except when ``CI=true``: then it *fails*, so CI never silently drops the
+    SLURM tests. The cluster is left running afterwards (other sessions may
+    share it); stop it with ``slurm/local-cluster.sh stop``.
+
+    Yields a namespace with ``conf`` (path of slurm.conf), ``directory``
+    (state directory) and ``partitions`` (``("fast", "slow")``).
+    """
+    import os
+    import subprocess
+    import types
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "slurm" / "local-cluster.sh"
+    directory = Path(os.environ.get("DASK_RPM_SLURM_DIR", "/tmp/dask-rpm-slurm"))
+    conf = directory / "slurm.conf"
+    in_ci = os.environ.get("CI", "").lower() == "true"
+
+    def unavailable(reason: str):
+        if in_ci:
+            pytest.fail(f"local SLURM unavailable in CI (CI=true, so this fails instead of skipping): {reason}")
+        pytest.skip(f"local SLURM unavailable: {reason}")
+
+    def run(command: str, timeout: float) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["bash", str(script), command], capture_output=True, text=True, timeout=timeout
+        )
+
+    # Already running (perhaps started by root earlier): use it as it is.
+    if run("status", 60).returncode != 0:
+        if os.geteuid() != 0:
+            unavailable(f"it is not running and starting it needs root; run 'sudo {script} start' first")
+        have_slurm = all(
+            subprocess.run(["bash", "-c", f"command -v {c}"], capture_output=True).returncode == 0
+            for c in ("slurmctld", "slurmd", "sbatch", "munged")
+        )
+        have_apt = subprocess.run(["bash", "-c", "command -v apt-get"], capture_output=True).returncode == 0
+        if not have_slurm and not have_apt:
+            unavailable("SLURM is not installed and apt-get is not available to install it")
+        try:
+            started = run("start", 900)
+        except subprocess.TimeoutExpired:
+            unavailable(f"'{script} start' did not finish within 900 s")
+        if started.returncode != 0:
+            unavailable(
+                f"'{script} start' failed (exit {started.returncode}):\n"
+                f"{started.stdout[-2000:]}\n{started.stderr[-4000:]}"
+            )
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SLURM_CONF", str(conf))
+        yield types.SimpleNamespace(conf=str(conf), directory=str(directory), partitions=("fast", "slow"))
