@@ -463,9 +463,14 @@ class Trainer:
         shards = await self.client.gather([self.weights[w] for w in col])
         return np.concatenate([s[0] for s in shards], axis=0), np.concatenate([s[1] for s in shards], axis=1)
 
-    async def replay(self, start: Any, first: int, stop: int) -> None:
-        """Recompute iterations ``[first, stop)`` from block-start weights ``start`` (deterministic)."""
-        self.weights = dict(start)
+    def snapshot(self) -> tuple[int, Plan, dict[int, Any], dict[int, Any]]:
+        """What is needed to recompute from here: iteration, plan, weight and data futures."""
+        return (self.iteration, self.plan, dict(self.weights), dict(self.data))
+
+    async def replay(self, snap: tuple, stop: int) -> None:
+        """Recompute from snapshot ``snap`` up to iteration ``stop`` (deterministic)."""
+        first, self.plan, weights, data = snap
+        self.weights, self.data = dict(weights), dict(data)
         saved_run = self.run
         self.run = f"{saved_run}r{first}"
         try:
@@ -475,6 +480,90 @@ class Trainer:
                 await self._wait(list(self.weights.values()), stop - 1)
         finally:
             self.run = saved_run
+
+    async def remap(self, new: Plan, kind: str, lost: Sequence[str] = ()) -> dict[str, Any]:
+        """Switch to plan ``new`` between iterations, moving only the weight rows that change owner.
+
+        Each worker keeps the rows it already holds; the others come from the
+        holder chosen by :func:`dask_rpm.remap.migration` (every column holds a
+        full copy of the weights), sliced on the source so only those rows
+        travel. Workers whose sample range changed read their new samples
+        themselves (from the dataset file; from the client for in-memory arrays).
+        """
+        from .remap import migration, sample_changes
+
+        t0 = time.perf_counter()
+        old = self.plan
+        transfers = migration(old, new, itemsize=np.dtype(self.dtype).itemsize, lost=lost)
+        index = {a: i for i, a in enumerate(self.addresses)}
+
+        def idx(ident: Any) -> int:
+            return index[ident] if isinstance(ident, str) else int(ident)
+
+        self.version += 1
+        incoming: dict[int, list[tuple[int, int, int]]] = {w: [] for w in new.planned_workers}
+        for t in transfers:
+            incoming[idx(t.dst)].append((t.rows[0], t.rows[1], idx(t.src)))
+        old_rows = {w: old.rectangle(w).hidden for w in old.planned_workers}
+        weights: dict[int, Any] = {}
+        for w in new.planned_workers:
+            m0, m1 = new.rectangle(w).hidden
+            pieces = list(incoming[w])
+            if w in old_rows and self.addresses[w] not in lost:
+                a, b = max(m0, old_rows[w][0]), min(m1, old_rows[w][1])
+                if a < b:
+                    pieces.append((a, b, w))
+            pieces.sort()
+            edges = [(a, b) for a, b, _ in pieces]
+            if not edges or edges[0][0] != m0 or edges[-1][1] != m1 or any(
+                p[1] != q[0] for p, q in zip(edges[:-1], edges[1:])
+            ):
+                raise TrainingError(f"internal error: migration does not cover rows [{m0}, {m1}) of worker {w}: {edges}")
+            if len(pieces) == 1 and pieces[0][2] == w and old_rows[w] == (m0, m1):
+                weights[w] = self.weights[w]  # unchanged shard: nothing to do
+                continue
+            offsets, blocks = [], []
+            for a, b, src in pieces:
+                o0, o1 = old_rows[src]
+                rel = (a - o0, b - o0)
+                if src == w or (a, b) == (o0, o1):
+                    offsets.append(rel)
+                    blocks.append(self.weights[src])
+                else:  # slice on the source so only these rows travel
+                    offsets.append((0, b - a))
+                    blocks.append(
+                        self._submit(_t_slice, self.weights[src], rel[0], rel[1],
+                                     key=self._key("remap", self.version, f"s{src}-{w}-{a}"), worker=src)
+                    )
+            weights[w] = self._submit(_t_assemble, offsets, *blocks, key=self._key("remap", self.version, w), worker=w)
+        changed = [idx(c.worker) for c in sample_changes(old, new)]
+        self.plan = new
+        for w in list(self.data):
+            if w not in new.planned_workers:
+                del self.data[w]
+        await self._load_data(new, changed)
+        self.weights = weights
+        await self._wait(list(weights.values()) + [self.data[w] for w in new.planned_workers], self.iteration)
+        return {
+            "iteration": self.iteration,
+            "kind": kind,
+            "bytes": int(sum(t.nbytes for t in transfers)),
+            "seconds": time.perf_counter() - t0,
+            "transfers": len(transfers),
+            "samples_reloaded": len(changed),
+        }
+
+    def observations(self, first: int, stop: int) -> list[tuple[int, int, float, float]]:
+        """``(worker, work, t1, t2)`` for iterations ``[first, stop)`` of the current plan."""
+        out = []
+        for it in range(first, stop):
+            for w in self.plan.planned_workers:
+                t = self.timings.get((it, w), {})
+                if "forward" in t and "backward" in t:
+                    f0 = t["forward"][0]
+                    b0, b1 = t["backward"]
+                    out.append((w, self.plan.rectangle(w).area, b1 - f0, b1 - b0))
+        return out
 
     async def close(self) -> None:
         try:
@@ -630,9 +719,11 @@ async def _fit_async(
     seed = int(config.get("train.seed", seed))
     mapping = config.get("train.mapping", mapping)
     interval = config.get("drpm.interval", interval)
-    if interval == "auto" or interval is None:
-        interval = 20
-    interval = int(interval)
+    auto_interval = interval == "auto"
+    # With R="auto" the first check comes after one estimation window.
+    interval = max(int(config.get("drpm.window")), 2) if auto_interval else int(interval)
+    if interval < 1:
+        raise DataError(f"interval={interval}; it must be a positive number of iterations or 'auto'")
 
     # ---- validate everything before any work starts
     if isinstance(x, (str,)) or hasattr(x, "__fspath__"):
@@ -659,10 +750,19 @@ async def _fit_async(
     addresses = ordered_workers(info)
     if not addresses:
         raise TrainingError("the cluster has no workers; start some (e.g. dask_rpm.local_cluster()) and retry")
-    if mapping == "drpm":
-        # Adaptive remapping is wired in by the DRPM driver; the static part starts from SRPM.
-        mapping = "srpm"
-    plan = _resolve_plan(mapping, abilities, addresses=addresses, shape=(n, m, l), samples=s)
+    drpm = mapping == "drpm"
+    probe_result = None
+    if isinstance(abilities, str):
+        if abilities != "probe":
+            raise PlanError(f"abilities={abilities!r}; give a sequence of numbers, None, or 'probe'")
+        from .probe import _probe_async
+
+        probe_result = await _probe_async(client, shape=(n, m, l), samples=s, dtype=dtype, workers=addresses)
+        abilities = [float(v) for v in probe_result["throughput"].values]
+    initial_abilities = abilities is not None
+    # Without initial abilities DRPM starts from a uniform mapping (SPEC section 6).
+    first_mapping = ("srpm" if initial_abilities else "uniform") if drpm else mapping
+    plan = _resolve_plan(first_mapping, abilities, addresses=addresses, shape=(n, m, l), samples=s)
 
     await _ensure_plugin(client)
     run = uuid.uuid4().hex[:10]
@@ -670,42 +770,153 @@ async def _fit_async(
         client, run=run, plan=plan, source=source, arrays=arrays, W0=W0, V0=V0,
         learning_rate=learning_rate, dtype=dtype,
     )
+    drpm_state = _DRPMState(initial_abilities=initial_abilities, auto=auto_interval) if drpm else None
     stopped = None
+    plans = [plan]
     try:
         await trainer.start()
-        await client.scheduler.rpm_update(run=run, info={"plan": plan.to_dict(), "iterations_total": iterations})
+        await client.scheduler.rpm_update(
+            run=run,
+            info={"plan": plan.to_dict(), "iterations_total": iterations, "emulation": await _emulation_label(client)},
+        )
         done = 0
-        # Weights at the start of the current and the previous block, to
-        # return the last finite weights if training diverges.
-        prev_start = cur_start = (0, dict(trainer.weights))
+        # Snapshots (iteration, plan, weights, data) at the start of the current
+        # and the previous block, to return the last finite weights on divergence.
+        prev_start = cur_start = trainer.snapshot()
         while done < iterations:
             block = min(interval, iterations - done)
-            prev_start, cur_start = cur_start, (done, dict(trainer.weights))
+            prev_start, cur_start = cur_start, trainer.snapshot()
             keep = await trainer.run_block(block)
             if keep is not None:
                 stopped = await _stop_diverged(trainer, keep, cur_start, prev_start, learning_rate)
                 break
             done += block
+            await _push_progress(trainer, done - block, done)
+            if drpm_state is not None and done < iterations:
+                interval = await drpm_state.check(trainer, done - block, done, iterations - done, interval)
+                if trainer.plan is not plans[-1]:
+                    plans.append(trainer.plan)
         W, V = await trainer.gather()
     finally:
         await trainer.close()
-    history = _history(trainer, plan)
+    history = _history(trainer, trainer.plan)
+    if drpm_state is not None:
+        drpm_state.add_to_history(history)
     emulation = await _emulation_label(client)
     if emulation:
         history.attrs["emulation"] = emulation
-    return FitResult(W=W, V=V, history=history, plan=plan, plans=[plan], stopped=stopped, emulation=emulation)
+    return FitResult(
+        W=W, V=V, history=history, plan=trainer.plan, plans=plans, stopped=stopped, emulation=emulation,
+        remaps=drpm_state.remaps if drpm_state is not None else [], probe=probe_result,
+    )
+
+
+async def _push_progress(trainer: Trainer, first: int, stop: int) -> None:
+    """Send the block's errors and iteration times to the scheduler plugin (dashboard)."""
+    rows = []
+    for it in range(first, stop):
+        ends = [trainer.timings.get((it, w), {}).get("modify", (np.nan, np.nan))[1] for w in trainer.plan.planned_workers]
+        rows.append({"iteration": it, "error": trainer.error(it), "end": float(np.nanmax(ends)) if ends else None})
+    for prev, row in zip([None, *rows[:-1]], rows):
+        row["time"] = (row["end"] - prev["end"]) if prev is not None and prev["end"] and row["end"] else None
+    await trainer.client.scheduler.rpm_update(run=trainer.run, info={"iterations": rows})
+
+
+class _DRPMState:
+    """DRPM between blocks: estimate abilities from task timings, decide, remap (SPEC section 6)."""
+
+    def __init__(self, *, initial_abilities: bool, auto: bool) -> None:
+        from .estimator import AbilityEstimator
+
+        self.estimator = AbilityEstimator(window=config.get("drpm.window"))
+        self.initial_abilities = initial_abilities
+        self.auto = auto
+        self.checks: list[tuple[int, np.ndarray]] = []
+        self.remaps: list[dict[str, Any]] = []
+
+    async def check(self, trainer: Trainer, first: int, stop: int, remaining: int, interval: int) -> int:
+        from .policy import auto_interval, decide
+        from .remap import column_remap, whole_remap
+
+        for w, work, t1, t2 in trainer.observations(first, stop):
+            self.estimator.observe(w, work, t1, t2)
+        planned = trainer.plan.planned_workers
+        times = self.estimator.recent_times("t1", workers=planned)
+        speeds_t1 = self.estimator.estimate("t1", workers=planned)
+        speeds_t2 = self.estimator.estimate("t2", workers=planned)
+        policy = config.get("drpm.policy")
+        kw: dict[str, Any] = {}
+        if policy == "cost":
+            kw = {"plan": trainer.plan, "speeds": speeds_t1, "whole_speeds": speeds_t2, "remaining": remaining}
+        decision = decide(times, policy=policy, first_check=not self.checks, initial_abilities=self.initial_abilities, **kw)
+        vec = np.full(len(trainer.plan.abilities), np.nan)
+        for w, v in speeds_t2.items():
+            vec[w] = v
+        self.checks.append((stop, vec))
+        new = getattr(decision, "plan", None)
+        if decision.kind == "whole" and new is None:
+            new = whole_remap(trainer.plan, speeds_t2)
+        elif decision.kind == "column" and new is None:
+            new = column_remap(trainer.plan, speeds_t1)
+        line = f"check at iteration {stop}: t_min/t_max = {decision.ratio:.2f}; {decision.reason}"
+        if new is not None and decision.kind:
+            rec = await trainer.remap(new, decision.kind)
+            rec["reason"] = decision.reason
+            self.remaps.append(rec)
+            line += f" -> {decision.kind} remap, {rec['bytes']} bytes in {rec['seconds']:.3f} s"
+            await trainer.client.scheduler.rpm_update(
+                run=trainer.run, info={"plan": new.to_dict(), "remaps": [_jsonable(rec)]}
+            )
+        logger.info(line)
+        total = float(np.nansum(vec))
+        await trainer.client.scheduler.rpm_update(
+            run=trainer.run,
+            info={"abilities": [{"check": len(self.checks) - 1, "iteration": stop,
+                                 "abilities": [None if not np.isfinite(v) else float(v / total) for v in vec]}]},
+        )
+        if self.auto:
+            secs = self._iteration_seconds(trainer, first, stop)
+            if np.isfinite(secs) and secs > 0:
+                interval = auto_interval(secs)
+        return interval
+
+    @staticmethod
+    def _iteration_seconds(trainer: Trainer, first: int, stop: int) -> float:
+        ends = []
+        for it in range(first, stop):
+            e = [trainer.timings.get((it, w), {}).get("modify", (np.nan, np.nan))[1] for w in trainer.plan.planned_workers]
+            ends.append(np.nanmax(e) if e else np.nan)
+        d = np.diff(np.asarray(ends, dtype=float))
+        d = d[np.isfinite(d)]
+        return float(np.median(d)) if d.size else float("nan")
+
+    def add_to_history(self, history: Any) -> None:
+        if not self.checks:
+            return
+        ab = np.array([v for _, v in self.checks])
+        with np.errstate(invalid="ignore"):
+            ab = ab / np.nansum(ab, axis=1, keepdims=True)
+        history["ability"] = (
+            ("check", "worker"), ab,
+            {"units": "1", "description": "estimated ability (t2 least squares), normalised to sum 1 at each check"},
+        )
+        history.coords["check_iteration"] = ("check", np.array([it for it, _ in self.checks]))
+
+
+def _jsonable(rec: dict[str, Any]) -> dict[str, Any]:
+    return {k: (float(v) if isinstance(v, (np.floating,)) else v) for k, v in rec.items()}
 
 
 async def _stop_diverged(
-    trainer: Trainer, keep: int, cur_start: tuple[int, dict], prev_start: tuple[int, dict], learning_rate: float
+    trainer: Trainer, keep: int, cur_start: tuple, prev_start: tuple, learning_rate: float
 ) -> str:
     """Roll back to the last finite weights, those after ``keep`` updates.
 
     They are recomputed (deterministically) from the start of the block that
     contains them; the history keeps the errors of the ``keep`` iterations.
     """
-    start_it, start_w = cur_start if keep >= cur_start[0] else prev_start
-    await trainer.replay(start_w, start_it, keep)
+    snap = cur_start if keep >= cur_start[0] else prev_start
+    await trainer.replay(snap, keep)
     trainer.iteration = keep
     for it in [k for k in trainer.errors if k >= keep]:
         del trainer.errors[it]
