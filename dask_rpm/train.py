@@ -123,20 +123,20 @@ def add_train_parser(subparsers: Any) -> None:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    from .cli import CLIError
+
     speeds = None
     if args.speeds:
         try:
             speeds = [float(v) for v in args.speeds.split(",")]
         except ValueError:
-            raise SystemExit(_usage_error(f"--speeds {args.speeds!r} is not a comma-separated list of numbers, e.g. 1,0.5,0.25"))
-        if not speeds or any(not np.isfinite(v) or v <= 0 for v in speeds):
-            raise SystemExit(_usage_error(f"--speeds {args.speeds!r}: every speed must be a finite number > 0"))
+            raise CLIError(f"--speeds {args.speeds!r} is not a comma-separated list of numbers; use e.g. 1,0.5,0.25") from None
+        if any(not np.isfinite(v) or v <= 0 for v in speeds):
+            raise CLIError(f"--speeds {args.speeds!r}: every speed must be a finite number > 0")
     if args.iterations is not None and args.iterations < 1:
-        raise SystemExit(_usage_error(f"--iterations {args.iterations}: must be a positive integer"))
+        raise CLIError(f"--iterations {args.iterations}: must be a positive integer")
+    valid = ("drpm", "srpm", "uniform", "grid", "grid-h", "grid-hrev")
+    if args.mapping is not None and args.mapping not in valid:
+        raise CLIError(f"--mapping {args.mapping!r} is not one of {', '.join(valid)}")
     run_demo(speeds=speeds, iterations=args.iterations, mapping=args.mapping, as_json=args.json)
     return 0
-
-
-def _usage_error(msg: str) -> int:
-    print(f"dask-rpm train: error: {msg}", file=sys.stderr)
-    return 2
