@@ -209,7 +209,9 @@ def validate_abilities(abilities: Iterable[Any]) -> np.ndarray:
     out = np.empty(len(items))
     for i, a in enumerate(items):
         where = f"ability #{i + 1} ({_label(i)})"
-        if isinstance(a, bool) or not isinstance(a, (numbers.Real, np.floating, np.integer)):
+        if isinstance(a, (bool, np.bool_)):
+            raise PlanError(f"{where} is {a!r}, not a number: abilities must be positive finite numbers")
+        if not isinstance(a, (numbers.Real, np.floating, np.integer)):
             try:
                 a = float(a)  # numeric strings and 0-d arrays are fine
             except (TypeError, ValueError):
@@ -286,8 +288,9 @@ def _check_count(name: str, value: Any, hint: str) -> int:
 
 
 def _normalise(p: np.ndarray) -> np.ndarray:
+    # fsum is exactly rounded, so the result does not depend on the workers' order.
     p = np.asarray(p, dtype=float)
-    return p / p.sum()
+    return p / math.fsum(p)
 
 
 # --------------------------------------------------------------------- SRPM
@@ -374,16 +377,24 @@ def _next_row(prefix: np.ndarray, tprev: np.ndarray, c: int, cap: int) -> tuple[
     take_before = has_before & (f_before <= f_star)
     vals = np.where(take_before, f_before, f_star)
     args = np.where(take_before, before, star)
-    # Left of q'* the objective equals w, which may repeat in floats; the plain
-    # DP takes the first index of the minimum, so move left over any plateau.
+    # Left of q'* the objective equals w. The plain DP takes the first index of
+    # the minimum, so where w repeats in floats (or is inf in an infeasible
+    # row) move left to the first q' with w(q', q) <= the minimum; w is
+    # non-increasing, so this is another binary search.
     more = take_before & (args - 1 >= c - 1)
     if more.any():
         idx = np.nonzero(more)[0]
-        for i in idx[_block_cost(prefix, args[idx] - 1, q[idx], cap) <= vals[idx]]:
-            j = int(args[i])
-            while j - 1 >= c - 1 and _block_cost(prefix, j - 1, q[i], cap) <= vals[i]:
-                j -= 1
-            args[i] = j
+        idx = idx[_block_cost(prefix, args[idx] - 1, q[idx], cap) <= vals[idx]]
+        if idx.size:
+            qi, vi = q[idx], vals[idx]
+            lo2 = np.full(idx.shape, c - 1)
+            hi2 = args[idx] - 1  # predicate w <= v holds here
+            for _ in range(max(1, int(n - c + 1).bit_length())):
+                mid = (lo2 + hi2) >> 1
+                ok = _block_cost(prefix, mid, qi, cap) <= vi
+                hi2 = np.where(ok, mid, hi2)
+                lo2 = np.where(ok, lo2, mid + 1)
+            args[idx] = lo2
     row = np.full(n + 1, np.inf)
     row[c:] = vals
     return row, args
@@ -762,9 +773,12 @@ def make_plan(
     -------
     Plan
         Validated integer plan. ``t_comm`` is the model value of the real
-        partition; workers whose real share would be below
-        ``rpm.planner.min-units`` hidden units are listed in ``excluded`` (the
-        plan is recomputed without them) and explained in ``notes``.
+        partition (before snapping and rounding). Workers too slow for one
+        whole unit - whose real rectangle would be thinner than
+        ``rpm.planner.min-units`` hidden units, or narrower than that many
+        samples (rounding would then overload them by 2x or more) - are left
+        out: the plan is recomputed without them, they are listed in
+        ``excluded`` and explained in ``notes``.
 
     Raises
     ------
@@ -800,23 +814,30 @@ def make_plan(
             if excluded:
                 raise PlanError(f"after leaving out {_names(excluded)} (too slow for one hidden unit): {e}") from None
             raise
+        # A worker's real rectangle, in whole units along each axis.
         shares = [
-            (active[i], m * h)
-            for col, hs in zip(res.partition.columns, res.partition.heights)
+            (active[i], m * h, samples * wd)
+            for col, hs, wd in zip(res.partition.columns, res.partition.heights, res.partition.widths)
             for i, h in zip(col, hs)
         ]
-        low = [(w, sh) for w, sh in shares if sh < min_units]
+        low = [(w, hu, su) for w, hu, su in shares if hu < min_units or su < min_units]
         if not low or len(low) == len(active):
             break
-        # All offenders at once: they are the slowest of their columns, and
-        # dropping them barely changes the others' normalised shares.
-        for w, sh in sorted(low):
+        # Leave out the slowest offenders (within a factor 2 of the slowest)
+        # and replan: faster offenders are usually only victims of sharing a
+        # column or row with them (grid baselines) and recover in the replan.
+        # Factor-2 bands bound the number of replans by log2(max/min ability).
+        floor = 2 * min(p_all[w] for w, _, _ in low)
+        low = [x for x in low if p_all[x[0]] <= floor]
+        for w, hu, su in sorted(low):
             notes.append(
-                f"excluded {_label(w)} (ability {p_all[w]:.4g}): its share would be {sh:.3g} hidden "
-                f"units, below rpm.planner.min-units={min_units:g}; planned without it"
+                f"excluded {_label(w)} (ability {p_all[w]:.4g}): its rectangle would be {hu:.3g} hidden "
+                f"units x {su:.3g} samples, below rpm.planner.min-units={min_units:g} of a unit; "
+                f"planned without it"
             )
-        excluded += [w for w, _ in low]
-        active = [w for w in active if w not in {w for w, _ in low}]
+        gone = {w for w, _, _ in low}
+        excluded += sorted(gone)
+        active = [w for w in active if w not in gone]
 
     part = res.partition
     mapped = RealPartition(
