@@ -9,7 +9,7 @@ RPMSchedulerPlugin    the scheduler plugin that records rpm-* task timings
 """
 
 from . import config  # noqa: F401  (registers the rpm.yaml defaults)
-from . import kernels
+from . import kernels, train
 from .emulation import local_cluster
 from .engine import FitResult, TrainingError, WorkerLostError, fit, ordered_workers
 from .kernels import fit_serial
@@ -32,6 +32,7 @@ __all__ = [
     "fit",
     "fit_serial",
     "kernels",
+    "train",
     "local_cluster",
     "make_plan",
     "ordered_workers",
