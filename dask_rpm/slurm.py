@@ -446,6 +446,21 @@ def dask_setup(worker: Any) -> None:
 # --------------------------------------------------------------------------
 
 
+class _MarkFailedOnStart:
+    """Job mixin: a job whose submission raised is marked failed.
+
+    Otherwise it stays "created", and SpecCluster's close asserts that every
+    job it made is closing, closed or failed.
+    """
+
+    async def start(self) -> None:
+        try:
+            await super().start()  # type: ignore[misc]
+        except BaseException:
+            self.status = Status.failed  # type: ignore[attr-defined]
+            raise
+
+
 class HeterogeneousSLURMCluster(SLURMCluster):
     """One Dask scheduler fed by SLURM jobs of several kinds (:class:`WorkerGroup`).
 
@@ -508,15 +523,19 @@ class HeterogeneousSLURMCluster(SLURMCluster):
         first = next(iter(self._groups.values()))
         # The base class validates job keywords by building one job; give it
         # the first group so the check is real. Its own new_spec is unused.
-        self._building = True
         super().__init__(n_workers=0, **self._job_options(first, kwargs))
-        self._building = False
+        self.job_cls = type(self.job_cls.__name__, (_MarkFailedOnStart, self.job_cls), {})
         common = {k: v for k, v in self._job_kwargs.items() if k not in _JOB_FIELDS}
         self._group_specs = {name: self._make_spec(g, common) for name, g in self._groups.items()}
-        if submit:
+        if submit and any(g.jobs for g in self._groups.values()):
             for g in self._groups.values():
-                if g.jobs:
-                    self.scale_group(g.name, g.jobs)
+                self._set_jobs(g.name, g.jobs)
+            if not self.asynchronous:  # an asynchronous cluster submits when awaited
+                try:
+                    self.sync(self._correct_state_checked)
+                except Exception:
+                    self.close()  # cancels the jobs that were submitted
+                    raise
 
     # -- building job specs ------------------------------------------------
 
@@ -623,14 +642,8 @@ class HeterogeneousSLURMCluster(SLURMCluster):
 
     # -- scaling ------------------------------------------------------------
 
-    def scale_group(self, name: str, jobs: int) -> Any:
-        """Ask for exactly ``jobs`` jobs of group ``name``.
-
-        Jobs are added with fresh names. When shrinking, jobs whose workers
-        have not connected yet (still queued in SLURM) go first, then the
-        newest. Returns at once (awaitable when ``asynchronous``); use
-        :meth:`wait_for_groups` to wait until the workers match.
-        """
+    def _set_jobs(self, name: str, jobs: int) -> None:
+        """Edit the job spec of group ``name`` to hold ``jobs`` jobs (submits nothing)."""
         g = self._group(name)
         if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 0:
             raise SlurmConfigError(f"scale_group({name!r}, jobs={jobs!r}): jobs must be an integer >= 0")
@@ -638,29 +651,79 @@ class HeterogeneousSLURMCluster(SLURMCluster):
             raise RuntimeError(f"cannot add {name!r} jobs: the cluster is {self.status.name}")
         mine = [job for job in self.worker_spec if self._job_group.get(job) == name]
         if len(mine) > jobs:
-            connected = {self._job_of(v.get("name")) for v in self.scheduler_info.get("workers", {}).values()}
-            # Newest first, unconnected before connected.
+            info = self.scheduler_info.get("workers", {}) if self.scheduler_info else {}
+            connected = {self._job_of(v.get("name")) for v in info.values()}
+            # Drop jobs still queued in SLURM before jobs whose workers work;
+            # among equals, the newest.
             order = sorted(mine, key=lambda j: (j in connected, -int(j.rsplit("-", 1)[1])))
             for job in order[: len(mine) - jobs]:
                 del self.worker_spec[job]
         while len(mine) < jobs:
+            # Fresh numbers only: a retiring worker never shares a name with its successor.
             job = f"{g.name}-{self._next_index[name]}"
             self._next_index[name] += 1
             self._job_group[job] = name
             self.worker_spec[job] = self._group_specs[name]
             mine.append(job)
-        self.loop.add_callback(self._correct_state)
+
+    def _forget_failed_jobs(self) -> list[str]:
+        # A job whose submission raised stays in self.workers; SpecCluster
+        # would never retry it. Drop it from the spec so the cluster stays
+        # consistent and a later scale_group submits a fresh job.
+        failed = [name for name, job in self.workers.items() if job.status in (Status.created, Status.failed)]
+        for name in failed:
+            self.workers.pop(name).status = Status.failed
+            self.worker_spec.pop(name, None)
+        if failed:
+            logger.warning("submission failed for jobs %s; removed them from the cluster", failed)
+        return failed
+
+    async def _correct_state_checked(self) -> None:
+        try:
+            await self._correct_state()
+        except Exception:
+            self._forget_failed_jobs()
+            raise
+
+    def _apply(self) -> Any:
+        # Submit/cancel now rather than in a background callback, so sbatch
+        # and scancel errors reach the caller instead of only the log.
         if self.asynchronous:
-            return NoOpAwaitable()
-        return None
+            return self._correct_state_checked()
+        return self.sync(self._correct_state_checked)
+
+    def scale_group(self, name: str, jobs: int) -> Any:
+        """Ask for exactly ``jobs`` jobs of group ``name``.
+
+        Jobs are added with fresh names. When shrinking, jobs whose workers
+        have not connected yet (still queued in SLURM) go first, then the
+        newest; their workers are retired before the jobs are cancelled.
+
+        Returns once the jobs are submitted or cancelled (an awaitable when
+        ``asynchronous``), not when the workers have connected: use
+        :meth:`wait_for_groups` for that.
+
+        Raises
+        ------
+        KeyError
+            Unknown group.
+        SlurmConfigError
+            ``jobs`` is not an integer >= 0.
+        RuntimeError
+            Submission failed (the message holds sbatch's output).
+        """
+        self._set_jobs(name, jobs)
+        return self._apply()
 
     def scale_groups(self, jobs: Mapping[str, int]) -> Any:
-        """:meth:`scale_group` for several groups, e.g. ``{"fast": 2, "slow": 0}``."""
-        for name in jobs:
-            self._group(name)  # check every name before changing anything
+        """:meth:`scale_group` for several groups at once, e.g. ``{"fast": 2, "slow": 0}``."""
+        for name, n in jobs.items():  # check everything before changing anything
+            self._group(name)
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                raise SlurmConfigError(f"scale_groups: jobs for {name!r} is {n!r}; give an integer >= 0")
         for name, n in jobs.items():
-            self.scale_group(name, n)
-        return NoOpAwaitable() if self.asynchronous else None
+            self._set_jobs(name, n)
+        return self._apply()
 
     def scale(self, n: int | None = None, jobs: int = 0, memory: str | None = None, cores: int | None = None) -> Any:
         """Only ``scale(0)`` (stop every job) is supported; use :meth:`scale_group`.
@@ -672,9 +735,12 @@ class HeterogeneousSLURMCluster(SLURMCluster):
                 f"scale(n={n!r}, jobs={jobs!r}, memory={memory!r}, cores={cores!r}) is ambiguous on a heterogeneous "
                 f"cluster; use scale_group(name, jobs) or scale_groups({{name: jobs}}) with groups {list(self._groups)}"
             )
-        if getattr(self, "_building", False):
-            return super().scale(0)
-        return self.scale_groups({name: 0 for name in self._groups})
+        # Also called by SpecCluster._close on the event loop, which then
+        # applies the change itself: only edit the spec here.
+        for name in self._groups:
+            self._set_jobs(name, 0)
+        self.loop.add_callback(self._correct_state)
+        return NoOpAwaitable() if self.asynchronous else None
 
     def adapt(self, *args: Any, **kwargs: Any) -> Any:
         """Refused: the trainer decides the worker set, so adaptive scaling is off.

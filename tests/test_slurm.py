@@ -8,6 +8,7 @@ scripts and the cluster's bookkeeping with a stand-in job class. Tests marked
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import time
@@ -266,6 +267,44 @@ def test_scale_group_bookkeeping_with_stand_in_jobs():
         # The stand-in jobs never connect, so waiting must time out with counts.
         with pytest.raises(TimeoutError, match="wanted"):
             cluster.wait_for_groups(timeout=0.5)
+
+
+class _FailingJob(SLURMJob):
+    """Stand-in job whose submission fails, as sbatch does on a bad partition."""
+
+    submit_command = "sh -c 'echo sbatch: error: invalid partition specified >&2; exit 1' --"
+    cancel_command = "true"
+
+
+def test_submission_errors_reach_the_caller():
+    with pytest.raises(RuntimeError, match="invalid partition"):
+        HeterogeneousSLURMCluster(two_groups(), job_cls=_FailingJob, **LOCAL)
+    with HeterogeneousSLURMCluster(two_groups(), submit=False, job_cls=_FailingJob, **LOCAL) as cluster:
+        with pytest.raises(RuntimeError, match="invalid partition"):
+            cluster.scale_group("slow", 1)
+        assert cluster.requested_jobs() == {"fast": 0, "slow": 0}  # the failed job is forgotten
+
+    async def main() -> None:
+        async with HeterogeneousSLURMCluster(two_groups(), job_cls=_FailingJob, asynchronous=True, **LOCAL):
+            pass
+
+    with pytest.raises(RuntimeError, match="invalid partition"):
+        asyncio.run(main())
+
+
+def test_asynchronous_cluster_scales_with_await():
+    async def main() -> dict[str, int]:
+        async with HeterogeneousSLURMCluster(
+            two_groups(), job_cls=_EchoJob, asynchronous=True, **LOCAL
+        ) as cluster:
+            assert set(cluster.workers) == {"fast-0", "slow-0"}
+            await cluster.scale_group("fast", 2)
+            assert set(cluster.workers) == {"fast-0", "fast-1", "slow-0"}
+            await cluster.scale_groups({"fast": 0, "slow": 0})
+            assert not cluster.workers
+            return cluster.requested_jobs()
+
+    assert asyncio.run(main()) == {"fast": 0, "slow": 0}
 
 
 def test_scheduler_preload_passes_through(tmp_path):
