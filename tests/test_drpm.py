@@ -1,0 +1,135 @@
+"""DRPM in the driver: remaps keep training exact, and emulated speeds are recovered."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from distributed import Client, LocalCluster
+
+import dask
+import dask_rpm
+from dask_rpm.engine import Trainer, _ensure_plugin, fit, ordered_workers
+from dask_rpm.kernels import fit_serial, init_weights
+from dask_rpm.partition import Plan
+from dask_rpm.planners import make_plan
+from dask_rpm.remap import column_remap
+from dask_rpm.train import demo_data
+
+RTOL = 1e-10
+
+
+def _random_plan(rng, addresses, s, shape):
+    n_workers = len(addresses)
+    n, m, l = shape
+    order = [int(v) for v in rng.permutation(n_workers)]
+    n_cols = int(rng.integers(1, n_workers + 1))
+    cuts = sorted(int(c) for c in rng.choice(np.arange(1, n_workers), size=n_cols - 1, replace=False)) if n_cols > 1 else []
+    columns = [order[a:b] for a, b in zip([0, *cuts], [*cuts, n_workers])]
+    scuts = sorted(int(c) for c in rng.choice(np.arange(1, s), size=n_cols - 1, replace=False)) if n_cols > 1 else []
+    hidden = []
+    for col in columns:
+        mc = sorted(int(c) for c in rng.choice(np.arange(1, m), size=len(col) - 1, replace=False)) if len(col) > 1 else []
+        hidden.append(list(np.diff([0, *mc, m])))
+    plan = Plan.from_columns(columns, np.diff([0, *scuts, s]), hidden, shape=shape,
+                             abilities=rng.uniform(0.2, 1, n_workers), method="random")
+    return plan.with_workers(addresses)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_any_sequence_of_remaps_equals_serial(seed):
+    """Random plans one after another (whole remaps) and column remaps between blocks."""
+    rng = np.random.default_rng(seed)
+    s, n, m, l = 57, 7, 13, 3
+    x = rng.normal(size=(s, n))
+    d = rng.uniform(0.1, 0.9, size=(s, l))
+    W0, V0 = init_weights(n, m, l, seed=seed)
+    eps, block = 0.05, 4
+    with LocalCluster(n_workers=5, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster:
+        with Client(cluster) as client:
+            addresses = ordered_workers(client.scheduler_info())
+
+            async def run() -> tuple[np.ndarray, np.ndarray, int, list[int]]:
+                await _ensure_plugin(client)
+                plan = _random_plan(rng, addresses, s, (n, m, l))
+                tr = Trainer(client, run=f"t{seed}", plan=plan, source=None, arrays=(x, d), W0=W0, V0=V0,
+                             learning_rate=eps, dtype="float64")
+                await tr.start()
+                moved = []
+                for step in range(6):
+                    assert await tr.run_block(block) is None
+                    if step % 2 == 0:
+                        new = _random_plan(rng, addresses, s, (n, m, l))
+                        kind = "whole"
+                    else:
+                        new = column_remap(tr.plan, rng.uniform(0.1, 1.0, len(addresses)))
+                        kind = "column"
+                    rec = await tr.remap(new, kind)
+                    moved.append(rec["bytes"])
+                assert await tr.run_block(block) is None
+                W, V = await tr.gather()
+                await tr.close()
+                return W, V, tr.iteration, moved
+
+            W, V, iterations, moved = client.sync(run)
+    Ws, Vs, _ = fit_serial(x, d, iterations=iterations, learning_rate=eps, init=(W0, V0))
+    np.testing.assert_allclose(W, Ws, rtol=RTOL)
+    np.testing.assert_allclose(V, Vs, rtol=RTOL)
+    assert iterations == 7 * block
+    # A row moves (n + l) * 8 bytes: remaps never move more than the whole model per worker.
+    assert all(0 <= b <= (n + l) * m * 8 * 5 for b in moved)
+
+
+def test_drpm_fit_with_remaps_equals_serial():
+    x, d = demo_data(512, (17, 24, 4))
+    speeds = [1.0, 0.3, 0.6]
+    with dask_rpm.local_cluster(speeds, scale=0.5, processes=False) as cluster, Client(cluster) as client:
+        with dask.config.set({"rpm.drpm.t-line": 1.0}):  # remap at every check (t_min < t_max)
+            r = fit(x, d, hidden=24, iterations=40, learning_rate=2e-3, mapping="drpm", client=client, interval=8)
+    assert len(r.remaps) == 4 and r.remaps[0]["kind"] == "whole"
+    assert all(rec["kind"] in ("whole", "column") for rec in r.remaps)
+    assert "ability" in r.history and r.history["ability"].dims == ("check", "worker")
+    assert r.emulation and "EMULATED" in r.history.attrs["emulation"]
+    W, V, err = fit_serial(x, d, hidden=24, iterations=40, learning_rate=2e-3)
+    np.testing.assert_allclose(r.W, W, rtol=RTOL)
+    np.testing.assert_allclose(r.V, V, rtol=RTOL)
+    np.testing.assert_allclose(r.history["error"].values, err, rtol=RTOL)
+
+
+@pytest.mark.slow
+def test_condition_a_without_initial_abilities_recovers_speeds():
+    """SPEC section 7, condition A, 4 workers: estimates within 10 %, time within 15 % of SRPM with true speeds."""
+    speeds = [0.25, 0.31, 0.63, 1.0]
+    x, d = demo_data(4096, (257, 384, 16))
+    with dask_rpm.local_cluster(speeds, scale=0.35) as cluster, Client(cluster) as client:
+        r = fit(x, d, hidden=384, iterations=40, learning_rate=1e-4, mapping="drpm", client=client, interval=20)
+        ref = fit(x, d, hidden=384, iterations=20, learning_rate=1e-4, mapping="srpm", abilities=speeds,
+                  client=client, interval=20)
+    first = r.history["ability"].isel(check=0).values
+    truth = np.array(speeds) / sum(speeds)
+    np.testing.assert_allclose(first, truth, rtol=0.10)
+    assert r.remaps and r.remaps[0]["kind"] == "whole"
+    after = float(np.median(r.history["iteration_time"].values[22:]))
+    best = float(np.median(ref.history["iteration_time"].values[2:]))
+    assert after <= 1.15 * best, (after, best)
+
+
+@pytest.mark.slow
+def test_step_change_is_detected_and_remapped():
+    """One worker becomes 3x slower at iteration 30: the next check remaps, time returns near the new optimum."""
+    speeds = [1.0, 1.0, 0.5, 0.5]
+    new_speeds = [1.0, 1.0 / 3.0, 0.5, 0.5]
+    x, d = demo_data(4096, (257, 384, 16))
+    schedule = {1: [(30, 1.0 / 3.0)]}
+    with dask_rpm.local_cluster(speeds, scale=0.35, schedule=schedule) as cluster, Client(cluster) as client:
+        r = fit(x, d, hidden=384, iterations=80, learning_rate=1e-4, mapping="drpm", abilities=speeds,
+                client=client, interval=20)
+    with dask_rpm.local_cluster(new_speeds, scale=0.35) as cluster, Client(cluster) as client:
+        ref = fit(x, d, hidden=384, iterations=20, learning_rate=1e-4, mapping="srpm", abilities=new_speeds,
+                  client=client, interval=20)
+    kinds = {rec["iteration"]: rec["kind"] for rec in r.remaps}
+    assert 40 in kinds, r.remaps  # the first check after the change
+    est = r.history["ability"].sel(check=r.history["check_iteration"] == 40).values[0]
+    assert est[1] < 0.6 * est[0]
+    after = float(np.median(r.history["iteration_time"].values[62:]))
+    best = float(np.median(ref.history["iteration_time"].values[2:]))
+    assert after <= 1.15 * best, (after, best)
