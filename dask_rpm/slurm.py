@@ -8,8 +8,10 @@ sees every worker and can give each a rectangle sized to its ability.
 :class:`WorkerGroup` describes one kind of job (partition, cores, memory, ...).
 :class:`HeterogeneousSLURMCluster` is a :class:`~dask_jobqueue.SLURMCluster`
 whose ``worker_spec`` holds jobs of several groups. dask-jobqueue has no public
-API for this; the semi-private parts of ``SpecCluster`` (``worker_spec``,
-``new_spec``, ``_correct_state``) are touched only inside that class.
+API for this; the semi-private parts of ``SpecCluster`` and
+``JobQueueCluster`` (``worker_spec``, ``workers``, ``_correct_state``,
+``_job_kwargs``) are touched only inside that class, and its tests pin the
+behaviour (dask-jobqueue is pinned to 0.9.0).
 
 How a worker carries its group
 ------------------------------
@@ -40,8 +42,9 @@ Emulated speed
 --------------
 ``WorkerGroup.speed`` exists **only to emulate heterogeneity on one machine**
 (tests, demos, the local SLURM of ``slurm/local-cluster.sh``). It is exported
-to the job as ``DASK_RPM_EMULATED_SPEED=<speed>`` (:data:`SPEED_ENV`) where the
-emulation layer slows the worker down accordingly. On real hardware leave it
+to the job as ``DASK_RPM_EMULATED_SPEED=<speed>`` (:data:`SPEED_ENV`) and the
+job's workers also preload :mod:`dask_rpm.emulation`, which reads the variable
+and paces the kernels to that relative speed. On real hardware leave it
 ``None``: abilities are then measured (probe, DRPM), never assumed.
 """
 
@@ -54,7 +57,7 @@ import math
 import os
 import re
 import shlex
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import KW_ONLY, dataclass, fields
 from typing import Any
 
@@ -187,9 +190,13 @@ class WorkerGroup:
     speed
         **EMULATION ONLY.** Relative speed this group pretends to have when
         heterogeneity is emulated on one machine; exported to the job as
-        ``DASK_RPM_EMULATED_SPEED``. On real, heterogeneous hardware leave it
-        ``None`` - abilities are then *measured*, and a made-up speed here
-        would slow real workers down for no reason.
+        ``DASK_RPM_EMULATED_SPEED`` and applied by the
+        :mod:`dask_rpm.emulation` preload. A job cannot run faster than its
+        cores, so keep speeds at most 1 (e.g. 1.0 and 0.5) unless the
+        prologue also sets ``DASK_RPM_EMULATED_SCALE``. On real,
+        heterogeneous hardware leave it ``None`` - abilities are then
+        *measured*, and a made-up speed here would slow real workers down
+        for no reason.
     """
 
     name: str

@@ -23,7 +23,9 @@ def slurm_cluster():
     share it); stop it with ``slurm/local-cluster.sh stop``.
 
     Yields a namespace with ``conf`` (path of slurm.conf), ``directory``
-    (state directory) and ``partitions`` (``("fast", "slow")``).
+    (state directory) and ``partitions`` (``("fast", "slow")`` unless
+    ``DASK_RPM_SLURM_PARTITIONS`` says otherwise). Honours the script's
+    ``DASK_RPM_SLURM_*`` settings.
     """
     import os
     import subprocess
@@ -68,4 +70,5 @@ def slurm_cluster():
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SLURM_CONF", str(conf))
-        yield types.SimpleNamespace(conf=str(conf), directory=str(directory), partitions=("fast", "slow"))
+        partitions = tuple(os.environ.get("DASK_RPM_SLURM_PARTITIONS", "fast slow").split())
+        yield types.SimpleNamespace(conf=str(conf), directory=str(directory), partitions=partitions)
