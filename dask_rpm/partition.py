@@ -139,6 +139,7 @@ def round_cuts(fractions: Sequence[float], total: int) -> list[int]:
 
 
 _EPS = 1e-12
+_TOL = 1e-9  # slack on threshold comparisons: 0.56 - 0.5 is 0.06000000000000005 in floats
 
 
 def snap_small_groups(part: RealPartition, threshold: float) -> RealPartition:
@@ -221,7 +222,7 @@ def _snap(part: RealPartition, threshold: float) -> tuple[RealPartition, int]:
         """Worst overload if group ``src`` moves onto ``dst``; None if not allowed."""
         worst = 0.0
         for c, j in members[src]:
-            if abs(value[dst] - orig[c][j]) > threshold + _EPS:
+            if abs(value[dst] - orig[c][j]) > threshold + _TOL:
                 return None
             e = edges[c]
             for r, (lo, hi) in ((j - 1, (e[j - 1], value[dst])), (j, (value[dst], e[j + 1]))):
@@ -234,7 +235,7 @@ def _snap(part: RealPartition, threshold: float) -> tuple[RealPartition, int]:
     merged = 0
     while heap:
         gap, _, a, b = heapq.heappop(heap)
-        if gap > threshold + _EPS:
+        if gap > threshold + _TOL:
             break
         if not (alive[a] and alive[b] and nxt[a] == b) or abs(value[b] - value[a] - gap) > _EPS:
             continue  # stale entry
