@@ -339,16 +339,18 @@ def _wait_squeue(job_ids: list[str], predicate, timeout: float = 30.0) -> dict[s
 
 @pytest.mark.slurm
 def test_two_groups_on_real_slurm(slurm_cluster, tmp_path):
+    fast_p, slow_p = slurm_cluster.partitions[0], slurm_cluster.partitions[-1]
     groups = two_groups(speed=1.0)
     # --exclusive would give one job the whole (only) node and queue the rest.
-    groups[0] = replace(groups[0], job_extra_directives=["--comment=rpm-test"])
+    groups[0] = replace(groups[0], queue=fast_p, job_extra_directives=["--comment=rpm-test"])
+    groups[1] = replace(groups[1], queue=slow_p)  # keeps -A proj1: no accounting, so accepted
     with HeterogeneousSLURMCluster(groups, log_directory=str(tmp_path / "jobs"), **LOCAL) as cluster:
         assert cluster.wait_for_groups(timeout=120) == {"fast": 1, "slow": 2}
         jobs = {name: job.job_id for name, job in cluster.workers.items()}
         assert set(jobs) == {"fast-0", "slow-0"}
         seen = _squeue(list(jobs.values()))
-        assert seen[jobs["fast-0"]] == ("RUNNING", "fast")
-        assert seen[jobs["slow-0"]] == ("RUNNING", "slow")
+        assert seen[jobs["fast-0"]] == ("RUNNING", fast_p)
+        assert seen[jobs["slow-0"]] == ("RUNNING", slow_p)
 
         # One scheduler, named workers, group known on the scheduler too.
         workers = cluster.scheduler_info["workers"]
@@ -388,8 +390,8 @@ def test_two_groups_on_real_slurm(slurm_cluster, tmp_path):
 @pytest.mark.slurm
 def test_groups_from_config_on_real_slurm(slurm_cluster, tmp_path):
     groups = [
-        {"name": "a", "jobs": 1, "cores": 1, "memory": "512MiB", "partition": "fast"},
-        {"name": "b", "jobs": 0, "cores": 1, "memory": "512MiB", "partition": "slow"},
+        {"name": "a", "jobs": 1, "cores": 1, "memory": "512MiB", "partition": slurm_cluster.partitions[0]},
+        {"name": "b", "jobs": 0, "cores": 1, "memory": "512MiB", "partition": slurm_cluster.partitions[-1]},
     ]
     with dask.config.set({"rpm.slurm.groups": groups}):
         with HeterogeneousSLURMCluster(log_directory=str(tmp_path / "jobs"), **LOCAL) as cluster:
