@@ -432,3 +432,7 @@ def _make_dask_cli() -> Any:
 
 
 dask_cli = _make_dask_cli()
+
+
+if __name__ == "__main__":  # python -m dask_rpm.cli
+    sys.exit(main())

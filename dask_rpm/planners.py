@@ -90,6 +90,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
@@ -244,7 +245,11 @@ def parse_shape(shape: Any) -> tuple[int, int, int]:
     """
     hint = "shape must be three positive integers n-m-l (inputs-hidden-outputs), e.g. 203-80-26"
     if isinstance(shape, str):
-        parts = shape.strip().replace("x", "-").replace(",", "-").split("-")
+        text = shape.strip()
+        if "-" in text.lstrip("-"):
+            parts = re.split(r"(?<=[^-])-", text)  # keeps a leading minus with its number
+        else:
+            parts = re.split(r"[x,]", text)
     else:
         try:
             parts = list(shape)
