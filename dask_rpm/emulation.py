@@ -814,39 +814,85 @@ def _sort_key(item: tuple[str, dict[str, Any] | None, Any]) -> tuple:
     return (idx is None, idx if idx is not None else 0, str(name), addr)
 
 
+def _call(client: Any, afunc: Any, *args: Any) -> Any:
+    """Run ``afunc(client, *args)`` for a sync client, or return its awaitable
+    for an asynchronous one (so the helpers work in both kinds of code)."""
+    return client.sync(afunc, client, *args)
+
+
+async def _a_info(client: Any) -> dict[str, dict[str, Any] | None]:
+    raw = await client.run(_info_on_worker)
+    items = sorted(((a, info, name) for a, (name, info) in raw.items()), key=_sort_key)
+    return {a: info for a, info, _ in items}
+
+
+async def _a_addresses(client: Any) -> list[str]:
+    return list(await _a_info(client))
+
+
+async def _a_resolve(client: Any, worker: int | str) -> str:
+    if isinstance(worker, str) and "://" in worker:
+        return worker
+    info = await _a_info(client)
+    if isinstance(worker, int) and not isinstance(worker, bool):
+        for addr, d in info.items():
+            if d is not None and d.get("index") == worker:
+                return addr
+    for addr, d in info.items():
+        if d is not None and str(d.get("name")) == str(worker):
+            return addr
+    raise KeyError(f"no emulated worker {worker!r}")
+
+
+async def _a_set_speed(client: Any, worker: int | str, speed: float | None) -> None:
+    addr = await _a_resolve(client, worker)
+    done = await client.run(_set_speed_on_worker, speed, workers=[addr])
+    if not done.get(addr):
+        raise KeyError(f"worker {addr} has no emulation plugin")
+
+
+async def _a_reset_clock(client: Any, t0: float) -> None:
+    await client.run(_reset_clock_on_worker, t0)
+
+
+async def _a_label(client: Any) -> str | None:
+    info = await _a_info(client)
+    emu = [d for d in info.values() if d is not None]
+    if not emu:
+        return None
+    hosts = {d.get("host") for d in emu}
+    where = "on one machine" if len(hosts) <= 1 else f"on {len(hosts)} hosts"
+    sched = {d["index"] if d["index"] is not None else k: d["schedule"]
+             for k, d in enumerate(emu) if d["schedule"]}
+    text = _label([d["speed"] for d in emu], [d["scale"] for d in emu], where, sched)
+    if len(emu) < len(info):
+        text += f" ({len(info) - len(emu)} of {len(info)} workers not emulated)"
+    return text
+
+
+async def _a_report(client: Any) -> list[dict[str, Any]]:
+    return [d for d in (await _a_info(client)).values() if d is not None]
+
+
 def emulation_info(client: Any) -> dict[str, dict[str, Any] | None]:
     """Emulation state of every worker, ``{address: info or None}``, in index order.
 
-    ``info`` holds speed, current_speed, scale, schedule and the counters
-    (blocks, cpu_s, wall_s, sleep_s, overruns, overrun_s); ``None`` marks a
-    worker without emulation.
+    ``info`` holds index, name, speed, current_speed, scale, schedule and the
+    counters (blocks, cpu_s, wall_s, sleep_s, overruns, overrun_s); ``None``
+    marks a worker without emulation. Like all helpers below it works with
+    any cluster, and returns an awaitable for an asynchronous client.
     """
-    raw = client.run(_info_on_worker)
-    items = sorted(((a, info, name) for a, (name, info) in raw.items()), key=_sort_key)
-    return {a: info for a, info, _ in items}
+    return _call(client, _a_info)
 
 
 def worker_addresses(client: Any) -> list[str]:
     """Worker addresses of any cluster in emulation-index order.
 
     Workers are ordered by their emulation index (``speeds[i]`` of
-    :func:`local_cluster`, or ``DASK_RPM_EMULATED_INDEX``), then by name.
+    :func:`local_cluster`, or ``DASK_RPM_EMULATED_INDEX``), then integer
+    name, then name.
     """
-    return list(emulation_info(client))
-
-
-def _resolve(client: Any, worker: int | str) -> str:
-    if isinstance(worker, str) and "://" in worker:
-        return worker
-    info = emulation_info(client)
-    if isinstance(worker, int) and not isinstance(worker, bool):
-        for addr, d in info.items():
-            if d is not None and d.get("index") == worker:
-                return addr
-    for addr, d in info.items():
-        if d is not None and (d.get("name") == worker or str(d.get("name")) == str(worker)):
-            return addr
-    raise KeyError(f"no emulated worker {worker!r}")
+    return _call(client, _a_addresses)
 
 
 def set_speed(client: Any, worker: int | str, speed: float | None) -> None:
@@ -863,10 +909,7 @@ def set_speed(client: Any, worker: int | str, speed: float | None) -> None:
     """
     if speed is not None:
         _check_speed(speed)
-    addr = _resolve(client, worker)
-    done = client.run(_set_speed_on_worker, speed, workers=[addr])
-    if not done.get(addr):
-        raise KeyError(f"worker {addr} has no emulation plugin")
+    return _call(client, _a_set_speed, worker, speed)
 
 
 def reset_clock(client: Any, t0: float | None = None) -> None:
@@ -874,38 +917,27 @@ def reset_clock(client: Any, t0: float | None = None) -> None:
 
     Parameters
     ----------
+    client : distributed.Client
     t0 : float, optional
         Epoch seconds (``time.time()``); default now. Call it at the start of
         a run to time schedule entries from there.
     """
     t0 = time.time() if t0 is None else float(t0)
-    client.run(_reset_clock_on_worker, t0)
+    return _call(client, _a_reset_clock, t0)
 
 
 def emulation_label(client: Any) -> str | None:
     """One-line EMULATED label for results obtained through ``client``.
 
-    Returns ``None`` when no worker is emulated.
+    Works for any cluster, including workers emulated through
+    ``DASK_RPM_EMULATED_SPEED``. Returns ``None`` when no worker is emulated.
     """
-    info = emulation_info(client)
-    emu = [d for d in info.values() if d is not None]
-    if not emu:
-        return None
-    hosts = {d.get("host") for d in emu}
-    where = "on one machine" if len(hosts) <= 1 else f"on {len(hosts)} hosts"
-    text = _label([d["speed"] for d in emu], [d["scale"] for d in emu], where)
-    if len(emu) < len(info):
-        text += f" ({len(info) - len(emu)} of {len(info)} workers not emulated)"
-    sched = {d["index"] if d["index"] is not None else k: d["schedule"]
-             for k, d in enumerate(emu) if d["schedule"]}
-    if sched:
-        text += f"; schedule: {_fmt_schedule(sched)}"
-    return text
+    return _call(client, _a_label)
 
 
 def emulation_report(client: Any) -> list[dict[str, Any]]:
     """Per-worker emulation counters, in index order (see :func:`emulation_info`)."""
-    return [d for d in emulation_info(client).values() if d is not None]
+    return _call(client, _a_report)
 
 
 def format_report(rows: Sequence[Mapping[str, Any]], label: str | None = None) -> str:

@@ -1,0 +1,301 @@
+"""Tests of EMULATED heterogeneity (dask_rpm.emulation) on real local clusters.
+
+Timing assertions compare medians of interleaved repetitions and use scales
+well below one core, so that other load on the machine causes no overruns.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import time
+
+import dask
+import numpy as np
+import pytest
+from distributed import Client, LocalCluster
+
+from dask_rpm import emulation as emu
+from dask_rpm.emulation import (
+    EmulationPlugin,
+    auto_scale,
+    current_speed,
+    emulation_label,
+    emulation_report,
+    local_cluster,
+    pace,
+    set_speed,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+# the paper's condition A profile (8 workers)
+PROFILE_A = (0.25, 0.31, 0.63, 1.0, 1.0, 0.42, 0.67, 0.63)
+
+
+def _gemm_block(iteration: int | None = None, reps: int = 12) -> tuple[float, float]:
+    """A fixed numpy workload inside pace(); returns (wall, cpu) of the block."""
+    rng = np.random.default_rng(0)
+    a = rng.random((256, 256))
+    a @ a  # warm caches outside the timed block
+    wall0, cpu0 = time.perf_counter(), time.thread_time()
+    with pace(iteration):
+        for _ in range(reps):
+            a @ a
+    return time.perf_counter() - wall0, time.thread_time() - cpu0
+
+
+def _check_paced(client, worker: str, rate: float, iteration: int | None = None,
+                 tries: int = 6) -> float:
+    """Run paced blocks on ``worker`` until one lasts cpu / rate (within 10%).
+
+    A paced block never ends early; it can end late when the machine is busy
+    (an overrun), so a few tries are allowed. Returns the best wall / target.
+    """
+    best = math.inf
+    for _ in range(tries):
+        wall, cpu = client.submit(_gemm_block, iteration, workers=[worker], pure=False).result()
+        target = cpu / rate
+        assert wall >= 0.98 * target - 1e-4, "a paced block ended early"
+        best = min(best, wall / target)
+        if best <= 1.1:
+            break
+    assert best <= 1.1, f"every paced block overran: best wall/target {best:.2f}"
+    return best
+
+
+def _blas_threads() -> list[int]:
+    from threadpoolctl import threadpool_info
+
+    return [d["num_threads"] for d in threadpool_info() if d.get("user_api") == "blas"]
+
+
+# ---------------------------------------------------------------- no worker
+
+
+def test_pace_is_noop_outside_workers():
+    assert current_speed() is None
+    assert current_speed(5) is None
+    assert isinstance(pace(1), emu._NoPace)
+    cpu0 = time.thread_time()
+    for i in range(20_000):
+        with pace(i):
+            pass
+    # cheap: CPU time (immune to other load) well under 10 us per block
+    assert (time.thread_time() - cpu0) / 20_000 < 1e-5
+
+
+def test_pace_is_noop_on_plain_worker():
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        assert client.submit(current_speed, 3).result() is None
+        assert emulation_label(client) is None
+        assert emulation_report(client) == []
+
+
+# ---------------------------------------------------------------- scale
+
+
+def test_auto_scale_leaves_headroom_for_eight_workers_on_two_cores():
+    scale = auto_scale(PROFILE_A, cores=2)
+    assert scale * sum(PROFILE_A) <= 0.8 * 2 + 1e-12
+    assert scale == pytest.approx(0.8 * 2 / sum(PROFILE_A))
+    # threads count: two threads per worker halve the scale
+    assert auto_scale(PROFILE_A, 2, cores=2) == pytest.approx(scale / 2)
+    # few slow workers: never more than one core per unit speed, nor per thread
+    assert auto_scale([0.5], cores=8) == 1.0
+    assert auto_scale([4.0, 1.0], cores=64) == pytest.approx(0.25)
+    with dask.config.set({"rpm.emulation.headroom": 0.5}):
+        assert auto_scale(PROFILE_A, cores=2) == pytest.approx(0.5 * 2 / sum(PROFILE_A))
+    with pytest.raises(ValueError):
+        auto_scale([1.0, 0.0])
+
+
+def test_cluster_of_eight_reports_scale_and_label():
+    with local_cluster(PROFILE_A, processes=False, dashboard_address=None) as cluster:
+        cores = emu.CPU_COUNT
+        assert cluster.speeds == PROFILE_A
+        assert cluster.scale_factor * sum(PROFILE_A) <= 0.8 * cores + 1e-9
+        assert cluster.scale_factor <= 1.0
+        label = cluster.emulation_label
+        assert label.startswith("EMULATED heterogeneity on one machine: speeds 0.25, 0.31,")
+        assert f"x scale {cluster.scale_factor:.3g} of a core" in label
+        assert "\n" not in label
+        assert cluster.emulation_metadata["emulated"] is True
+        with Client(cluster) as client:
+            addrs = cluster.worker_names()
+            assert addrs == emu.worker_addresses(client)
+            speeds = [client.submit(current_speed, workers=[a], pure=False).result()
+                      for a in addrs]
+            assert speeds == list(PROFILE_A)
+            assert emulation_label(client) == label
+            with pytest.raises(ValueError):
+                cluster.scale(9)
+
+
+def test_defaults_and_validation():
+    assert tuple(dask.config.get("rpm.emulation.speeds")) == emu.DEFAULT_SPEEDS == (1.0, 0.5, 0.25)
+    with pytest.raises(ValueError):
+        local_cluster((1.0, -1.0), processes=False)
+    with pytest.raises(ValueError):
+        local_cluster((1.0, 0.5), processes=False, schedule={2: [(1, 0.5)]})
+    with pytest.raises(ValueError):
+        local_cluster((1.0, 0.5), processes=False, schedule={0: [("x", 1, 0.5)]})
+
+
+# ---------------------------------------------------------------- speeds
+
+
+def test_wall_time_ratios_follow_speeds_on_nanny_workers():
+    speeds, scale = (1.0, 0.5, 0.25), 0.3
+    # scale well below a core: robust to other load on a shared machine
+    with local_cluster(speeds, scale=scale, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        addrs = cluster.worker_names()
+        assert len(addrs) == 3 and all(a.startswith("tcp://127.0.0.1:") for a in addrs)
+        # BLAS pinned to the worker's one thread, so thread_time sees all the work
+        for threads in client.run(_blas_threads).values():
+            assert threads and all(t == 1 for t in threads)
+        walls: list[list[float]] = [[], [], []]
+        ratios: list[float] = []
+        for rnd in range(12):  # interleaved and sequential: no contention between them
+            for i, a in enumerate(addrs):
+                wall, cpu = client.submit(_gemm_block, pure=False, workers=[a]).result()
+                assert wall >= 0.98 * cpu / (speeds[i] * scale) - 1e-4  # never early
+                walls[i].append(wall)
+            # the least disturbed run of each worker (other load only adds time)
+            ratios = [min(walls[i]) / min(walls[0]) for i in range(3)]
+            good = all(abs(ratios[i] * speeds[i] - 1) < 0.15 for i in (1, 2))
+            if rnd >= 2 and good:
+                break
+        print(f"EMULATED wall-time ratios after {rnd + 1} rounds: "
+              f"{ratios[1]:.3f} (expect 2), {ratios[2]:.3f} (expect 4)")
+        # fixed work: the wall-time ratios follow the speed ratios
+        assert ratios[1] == pytest.approx(2.0, rel=0.15)
+        assert ratios[2] == pytest.approx(4.0, rel=0.15)
+        rows = emulation_report(client)
+        assert [r["index"] for r in rows] == [0, 1, 2]
+        assert all(r["blocks"] == rnd + 1 for r in rows)
+        assert "EMULATED" in emu.format_report(rows, cluster.emulation_label)
+
+
+def test_schedule_by_iteration_and_time():
+    schedule = {1: [(3, 0.125)], 0: [("t", 1.0, 0.25)]}
+    with local_cluster((1.0, 0.5), scale=0.5, processes=False, schedule=schedule,
+                       dashboard_address=None) as cluster, Client(cluster) as client:
+        assert "w1->0.125 from iteration 3" in cluster.emulation_label
+        assert "w0->0.25 after 1 s" in cluster.emulation_label
+        w0, w1 = cluster.worker_names()
+
+        def by_iteration() -> list[float | None]:
+            return [current_speed(i) for i in range(6)] + [current_speed(), current_speed(0)]
+
+        got = client.submit(by_iteration, workers=[w1], pure=False).result()
+        # from iteration 3 on; a new run (iteration 0) starts over
+        assert got == [0.5, 0.5, 0.5, 0.125, 0.125, 0.125, 0.125, 0.5]
+        # the slowdown is applied by pace, too
+        _check_paced(client, w1, 0.125 * 0.5, iteration=5)
+        _check_paced(client, w1, 0.5 * 0.5, iteration=0)
+
+        # time entries count from the worker's first paced block
+        def first_block() -> tuple[float | None, float | None]:
+            before = current_speed()
+            _gemm_block()
+            return before, current_speed()
+
+        assert client.submit(first_block, workers=[w0], pure=False).result() == (1.0, 1.0)
+        time.sleep(1.1)
+        assert client.submit(current_speed, workers=[w0], pure=False).result() == 0.25
+        emu.reset_clock(client)
+        assert client.submit(current_speed, workers=[w0], pure=False).result() == 1.0
+
+
+def test_set_speed_at_run_time():
+    with local_cluster((1.0, 0.5), scale=0.5, processes=False,
+                       dashboard_address=None) as cluster, Client(cluster) as client:
+        w0, w1 = cluster.worker_names()
+        set_speed(client, 0, 0.2)
+        assert client.submit(current_speed, workers=[w0], pure=False).result() == 0.2
+        _check_paced(client, w0, 0.2 * 0.5)
+        set_speed(client, w1, 1.0)  # by address
+        info = emu.emulation_info(client)
+        assert [info[w0]["current_speed"], info[w1]["current_speed"]] == [0.2, 1.0]
+        set_speed(client, 0, None)  # back to the base speed
+        assert client.submit(current_speed, workers=[w0], pure=False).result() == 1.0
+        with pytest.raises(ValueError):
+            set_speed(client, 0, 0.0)
+        with pytest.raises(KeyError):
+            set_speed(client, 7, 0.5)
+
+
+def test_overruns_nesting_and_errors_are_accounted():
+    def blocks() -> None:
+        with pace(0):
+            time.sleep(0.02)  # wall time without cpu time: an overrun
+        with pace(1):
+            with pace(1):  # nested: paced once, by the outer block
+                a = np.ones((200, 200))
+                for _ in range(10):
+                    a @ a
+        with pytest.raises(RuntimeError), pace(2):
+            raise RuntimeError("not paced")
+
+    with local_cluster((0.5,), scale=0.5, processes=False,
+                       dashboard_address=None) as cluster, Client(cluster) as client:
+        client.submit(blocks, pure=False).result()
+        (row,) = emulation_report(client)
+        assert row["blocks"] == 2
+        # the sleeping block overran; the GEMM block may too if the machine is busy
+        assert 1 <= row["overruns"] <= 2 and row["overrun_s"] >= 0.015
+        # the nested GEMM block was slowed to cpu / 0.25, not twice that
+        assert row["wall_s"] >= 0.02 + 0.98 * row["cpu_s"] * 4
+        if row["overruns"] == 1:
+            assert row["wall_s"] == pytest.approx(0.02 + row["cpu_s"] * 4, rel=0.2, abs=0.01)
+        assert row["last_iteration"] == 2
+
+
+# ---------------------------------------------------------------- preload
+
+
+def test_plugin_from_env():
+    assert emu.plugin_from_env({}) is None
+    p = emu.plugin_from_env({emu.ENV_SPEED: "0.5", emu.ENV_SCALE: "0.25",
+                             emu.ENV_SCHEDULE: '[[10, 0.2], ["t", 5, 1.0]]', emu.ENV_INDEX: "3"})
+    assert isinstance(p, EmulationPlugin)
+    assert (p.speed, p.scale, p.index) == (0.5, 0.25, 3)
+    assert p.speed_at(9) == 0.5 and p.speed_at(10) == 0.2
+    # survives pickling (Nanny) with runtime state rebuilt
+    import pickle
+
+    q = pickle.loads(pickle.dumps(p))
+    assert q.speed_at(12) == 0.2 and q.blocks == 0
+
+
+def test_env_var_preload_on_a_worker_started_elsewhere():
+    with LocalCluster(n_workers=0, processes=True, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        # like a batch job on a shared file system: the job sees the same code
+        path = os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])
+        env = dict(os.environ, **{emu.ENV_SPEED: "0.5", emu.ENV_SCALE: "0.25",
+                                  "OPENBLAS_NUM_THREADS": "2", "PYTHONPATH": path})
+        cmd = [sys.executable, "-m", "distributed.cli.dask_worker", cluster.scheduler_address,
+               "--nthreads", "1", "--no-nanny", "--no-dashboard", "--name", "slurm-job-0",
+               "--preload", "dask_rpm.emulation"]
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        try:
+            client.wait_for_workers(1, timeout=60)
+            assert proc.poll() is None
+            (row,) = emulation_report(client)
+            assert (row["speed"], row["scale"], row["name"]) == (0.5, 0.25, "slurm-job-0")
+            assert client.submit(current_speed, pure=False).result() == 0.5
+            # BLAS pinned to the worker's thread count despite the environment
+            assert all(t == 1 for t in client.run(_blas_threads)[row["address"]])
+            _check_paced(client, row["address"], 0.5 * 0.25)
+            label = emulation_label(client)
+            assert label == "EMULATED heterogeneity on one machine: speeds 0.5 x scale 0.25 of a core"
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
