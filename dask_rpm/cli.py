@@ -433,6 +433,9 @@ def _make_dask_cli() -> Any:
 
 dask_cli = _make_dask_cli()
 
+# Subcommands defined in their own modules (picked up by _parser_hooks).
+from .train import add_train_parser  # noqa: E402
+
 
 if __name__ == "__main__":  # python -m dask_rpm.cli
     sys.exit(main())
