@@ -527,6 +527,7 @@ class HeterogeneousSLURMCluster(SLURMCluster):
         self._job_group: dict[str, str] = {}  # job (spec) name -> group name
         self._next_index: dict[str, int] = {name: 0 for name in self._groups}
         self._group_specs: dict[str, dict[str, Any]] = {}
+        self._retiring: set[str] = set()  # worker names of removed jobs, retired before scancel
         first = next(iter(self._groups.values()))
         # The base class validates job keywords by building one job; give it
         # the first group so the check is real. Its own new_spec is unused.
@@ -665,6 +666,8 @@ class HeterogeneousSLURMCluster(SLURMCluster):
             order = sorted(mine, key=lambda j: (j in connected, -int(j.rsplit("-", 1)[1])))
             for job in order[: len(mine) - jobs]:
                 del self.worker_spec[job]
+                suffixes = self._group_specs.get(name, {}).get("group", [""])
+                self._retiring.update(f"{job}{suffix}" for suffix in suffixes)
         while len(mine) < jobs:
             # Fresh numbers only: a retiring worker never shares a name with its successor.
             job = f"{g.name}-{self._next_index[name]}"
@@ -686,6 +689,12 @@ class HeterogeneousSLURMCluster(SLURMCluster):
         return failed
 
     async def _correct_state_checked(self) -> None:
+        # SpecCluster asks the scheduler to retire workers by *job* name, which
+        # the scheduler reads as addresses and ignores; retire by worker name
+        # first so their data moves to the remaining workers before scancel.
+        names, self._retiring = sorted(self._retiring), set()
+        if names and self.scheduler_comm is not None and self.status == Status.running:
+            await self.scheduler_comm.retire_workers(names=names)
         try:
             await self._correct_state()
         except Exception:

@@ -375,8 +375,13 @@ def test_two_groups_on_real_slurm(slurm_cluster, tmp_path):
             # Scale the groups independently.
             cluster.scale_group("fast", 2)
             assert cluster.wait_for_groups(timeout=120) == {"fast": 2, "slow": 2}
+            # Data on a slow worker survives its group being scaled away
+            # (workers are retired gracefully before their job is cancelled).
+            payload = bytes(range(256)) * 4
+            kept = client.scatter(payload, workers=[names["slow-0-1"]])
             cluster.scale_group("slow", 0)
             assert cluster.wait_for_groups(timeout=120) == {"fast": 2, "slow": 0}
+            assert kept.result(timeout=30) == payload
             assert sorted(w["name"] for w in cluster.scheduler_info["workers"].values()) == ["fast-0", "fast-1"]
             gone = _wait_squeue([jobs["slow-0"]], lambda s: jobs["slow-0"] not in s)
             assert jobs["slow-0"] not in gone, f"slow job still in squeue: {gone}"
