@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -365,12 +366,22 @@ class Plan:
     def planned_workers(self) -> tuple[int, ...]:
         return tuple(w for col in self.columns for w in col)
 
+    @cached_property
+    def _by_worker(self) -> dict[int, Rectangle]:
+        # Index built once per (immutable) plan: rectangle() is called per
+        # worker by imbalance(), t_comm() and the engine, O(N^2) without it.
+        # cached_property writes the instance __dict__, which frozen allows.
+        out: dict[int, Rectangle] = {}
+        for r in self.rectangles:
+            out.setdefault(r.worker, r)
+        return out
+
     def rectangle(self, worker: int) -> Rectangle:
         """The rectangle of plan worker ``worker``."""
-        for r in self.rectangles:
-            if r.worker == worker:
-                return r
-        raise KeyError(f"worker {worker} has no rectangle in this plan")
+        try:
+            return self._by_worker[worker]
+        except KeyError:
+            raise KeyError(f"worker {worker} has no rectangle in this plan") from None
 
     def column_of(self, worker: int) -> int:
         return self.rectangle(worker).column

@@ -57,9 +57,11 @@ is bit-for-bit the table of the plain DP (:func:`srpm_dp_reference`, kept as the
 reference) with the same argmins: among several ``q'`` reaching the minimum both
 take the smallest.
 
-Each row ``C`` is one binary search vectorised over every ``q`` with numpy:
-``O(N log N)`` work per row and ``O(N^2 log N)`` in all, against ``O(N^3)`` for
-the plain DP, with ``O(N)`` memory per row. (``q'*`` is also non-decreasing in
+Each row ``C`` is one binary search vectorised over every ``q`` with numpy.
+A column holds at most ``m`` workers (see below), so only ``q' >= q - m`` can
+be optimal and each search spans ``min(N, m)`` candidates: ``O(N log min(N, m))``
+work per row and ``O(N^2 log min(N, m))`` in all, against ``O(N^3)`` for the
+plain DP, with ``O(N)`` memory per row. (``q'*`` is also non-decreasing in
 ``q`` by 1., which would give ``O(N^2)`` with two pointers, but a Python-level
 pointer walk is slower than the vectorised search.) We keep the argmin rows
 only while ``C`` can still win: ``2 (l + n) m (C - 1)`` is a lower bound of
@@ -362,44 +364,56 @@ def _first_row(prefix: np.ndarray, cap: int) -> np.ndarray:
     return row
 
 
+def _w(prefix: np.ndarray, pq: np.ndarray, qp: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """``w(q', q)`` without the cap (callers stay within ``q - q' <= cap``); same floats as
+    :func:`_block_cost`."""
+    return (pq - prefix[qp]) * (q - qp - 1)
+
+
+def _search(pred: Callable[[np.ndarray], np.ndarray], lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Vectorised binary search: first index in ``[lo, hi]`` where ``pred`` holds (it holds at hi)."""
+    lo, hi = lo.copy(), hi.copy()
+    span = int((hi - lo).max(initial=0))
+    for _ in range(span.bit_length()):
+        mid = (lo + hi) >> 1
+        ok = pred(mid)
+        np.copyto(hi, mid, where=ok)
+        np.copyto(lo, mid + 1, where=~ok)
+    return lo
+
+
 def _next_row(prefix: np.ndarray, tprev: np.ndarray, c: int, cap: int) -> tuple[np.ndarray, np.ndarray]:
-    """Row ``c >= 2`` of the table and its argmins, by vectorised binary search (module doc)."""
+    """Row ``c >= 2`` of the table and its argmins, by vectorised binary search (module doc).
+
+    Only ``q' >= q - cap`` can hold a finite optimum (a longer last column costs
+    inf), so each search runs over at most ``cap`` candidates. In infeasible
+    cells (value inf) the argmin may differ from the plain DP's; those cells
+    are never on a backtracking path.
+    """
     n = len(prefix) - 1
     q = np.arange(c, n + 1)
-    lo = np.full(q.shape, c - 1)
-    hi = q - 1  # invariant: the predicate t(c-1, q') >= w(q', q) holds at hi
-    for _ in range(max(1, int(n - c + 1).bit_length())):
-        mid = (lo + hi) >> 1
-        ok = tprev[mid] >= _block_cost(prefix, mid, q, cap)
-        hi = np.where(ok, mid, hi)
-        lo = np.where(ok, lo, mid + 1)
-    star = lo
+    pq = prefix[c:]
+    first = np.maximum(q - cap, c - 1)
+    # q'*: first q' with t(c-1, q') >= w(q', q); true at q' = q - 1 where w = 0.
+    star = _search(lambda mid: tprev[mid] >= _w(prefix, pq, mid, q), first, q - 1)
     before = star - 1
-    has_before = before >= c - 1
-    safe = np.maximum(before, c - 1)
-    f_before = np.where(has_before, np.maximum(_block_cost(prefix, safe, q, cap), tprev[safe]), np.inf)
-    f_star = np.maximum(_block_cost(prefix, star, q, cap), tprev[star])
+    has_before = before >= first
+    safe = np.maximum(before, first)
+    f_before = np.where(has_before, np.maximum(_w(prefix, pq, safe, q), tprev[safe]), np.inf)
+    f_star = np.maximum(_w(prefix, pq, star, q), tprev[star])
     take_before = has_before & (f_before <= f_star)
     vals = np.where(take_before, f_before, f_star)
     args = np.where(take_before, before, star)
     # Left of q'* the objective equals w. The plain DP takes the first index of
-    # the minimum, so where w repeats in floats (or is inf in an infeasible
-    # row) move left to the first q' with w(q', q) <= the minimum; w is
-    # non-increasing, so this is another binary search.
-    more = take_before & (args - 1 >= c - 1)
+    # the minimum, so where w repeats in floats move left to the first q' with
+    # w(q', q) <= the minimum; w is non-increasing, so this is another search.
+    more = take_before & (args - 1 >= first)
     if more.any():
         idx = np.nonzero(more)[0]
-        idx = idx[_block_cost(prefix, args[idx] - 1, q[idx], cap) <= vals[idx]]
+        idx = idx[_w(prefix, pq[idx], args[idx] - 1, q[idx]) <= vals[idx]]
         if idx.size:
-            qi, vi = q[idx], vals[idx]
-            lo2 = np.full(idx.shape, c - 1)
-            hi2 = args[idx] - 1  # predicate w <= v holds here
-            for _ in range(max(1, int(n - c + 1).bit_length())):
-                mid = (lo2 + hi2) >> 1
-                ok = _block_cost(prefix, mid, qi, cap) <= vi
-                hi2 = np.where(ok, mid, hi2)
-                lo2 = np.where(ok, lo2, mid + 1)
-            args[idx] = lo2
+            pqi, qi, vi = pq[idx], q[idx], vals[idx]
+            args[idx] = _search(lambda mid: _w(prefix, pqi, mid, qi) <= vi, first[idx], args[idx] - 1)
     row = np.full(n + 1, np.inf)
     row[c:] = vals
     return row, args
@@ -472,7 +486,7 @@ def srpm_dp(
     columns: int | None = None,
     early_stop: bool = False,
 ) -> SRPMResult:
-    """SRPM's dynamic programme, ``O(N^2 log N)`` (see the module docstring).
+    """SRPM's dynamic programme, ``O(N^2 log min(N, m))`` (see the module docstring).
 
     Parameters
     ----------
