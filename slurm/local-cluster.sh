@@ -158,6 +158,8 @@ write_conf() {
         echo "SelectType=select/cons_tres"
         echo "SelectTypeParameters=CR_CPU_Memory"
         echo "SlurmdParameters=config_overrides"
+        # Jobs without --mem would otherwise claim the whole node's memory.
+        echo "DefMemPerCPU=1024"
         echo "ReturnToService=2"
         echo "SchedulerType=sched/backfill"
         echo "SchedulerParameters=sched_interval=1"
@@ -286,7 +288,7 @@ cmd_stop() {
                 [[ -z $(squeue -h -t RUNNING,COMPLETING,PENDING -o %i 2>/dev/null || true) ]] && break
                 sleep 0.25
             done
-            info "cancelled jobs: $(echo $ids)"
+            info "cancelled jobs: ${ids//$'\n'/ }"
         fi
     fi
     stop_daemon "$RUN_DIR/slurmd.pid" slurmd
