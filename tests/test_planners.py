@@ -377,7 +377,7 @@ def test_integer_plans_tile_exactly_and_round_closely(ab, m, s, method, sg):
     # Compare against the planner's real partition (no snapping: sg = 0 only).
     if sg:
         return
-    p = np.asarray(ab) / np.sum(ab)
+    p = np.asarray(ab) / math.fsum(ab)  # the same floats make_plan uses
     real = get_planner(method)(p, shape, s).partition
     assert real.columns == plan.columns
     widths = np.array(real.widths) * s
