@@ -2,7 +2,7 @@
 
 A *planner* turns normalised abilities into a real-valued
 :class:`~dask_rpm.partition.RealPartition`; :func:`make_plan` validates the
-input, leaves out workers too slow to hold one hidden unit, snaps thin
+input, leaves out workers too slow to hold one hidden unit or one sample, snaps thin
 horizontal bands (:func:`~dask_rpm.partition.snap_small_groups`) and maps the
 result to whole samples and hidden units
 (:func:`~dask_rpm.partition.to_integer`).
@@ -54,8 +54,8 @@ Three facts make it fast (``p_i > 0`` throughout):
 The same three facts hold for the float values exactly: prefix sums of
 positive floats are non-decreasing, and rounding is monotone, so the fast table
 is bit-for-bit the table of the plain DP (:func:`srpm_dp_reference`, kept as the
-reference) with the same argmins: among several ``q'`` reaching the minimum both
-take the smallest.
+reference) with the same argmins in every feasible cell: among several ``q'``
+reaching the minimum both take the smallest.
 
 Each row ``C`` is one binary search vectorised over every ``q`` with numpy.
 A column holds at most ``m`` workers (see below), so only ``q' >= q - m`` can
