@@ -287,6 +287,11 @@ class EmulationPlugin(WorkerPlugin):
         with self._lock:
             self.t0 = time.time() if t0 is None else float(t0)
 
+    @property
+    def last_block(self) -> tuple[float, float, float] | None:
+        """``(cpu_s, wall_s, target_s)`` of the calling thread's last paced block."""
+        return getattr(self._local, "last", None)
+
     # -- accounting
     def _record(self, cpu: float, wall: float, slept: float, late: float) -> None:
         with self._lock:
@@ -410,9 +415,10 @@ class _Pace:
             slept = time.perf_counter() - self.wall0 - wall
             p._record(cpu, wall, slept, 0.0)
         else:
+            slept = 0.0
             late = wall - target
-            counted = late if late > p.overrun_tolerance * target else 0.0
-            p._record(cpu, wall, 0.0, counted)
+            p._record(cpu, wall, 0.0, late if late > p.overrun_tolerance * target else 0.0)
+        p._local.last = (cpu, wall + slept, target)
         return None
 
 
@@ -952,6 +958,11 @@ def format_report(rows: Sequence[Mapping[str, Any]], label: str | None = None) -
             f"{r['cpu_s']:>8.3f} {r['wall_s']:>8.3f} {r['sleep_s']:>8.3f} "
             f"{r['overruns']:>8d} {r['overrun_s']:>7.3f}"
         )
+    blocks = sum(r["blocks"] for r in rows)
+    over = sum(r["overruns"] for r in rows)
+    if blocks and over > 0.05 * blocks:
+        lines.append(f"WARNING: {over} of {blocks} paced blocks overran their target: the "
+                     "timings include contention (lower the scale or the machine's load)")
     return "\n".join(lines)
 
 

@@ -47,6 +47,12 @@ def _gemm_block(iteration: int | None = None, reps: int = 12) -> tuple[float, fl
     return time.perf_counter() - wall0, time.thread_time() - cpu0
 
 
+def _paced_block(iteration: int | None = None) -> tuple[float, float, float]:
+    """Run :func:`_gemm_block` and return pace's own (cpu, wall, target)."""
+    _gemm_block(iteration)
+    return emu._plugin().last_block
+
+
 def _check_paced(client, worker: str, rate: float, iteration: int | None = None,
                  tries: int = 6) -> float:
     """Run paced blocks on ``worker`` until one lasts cpu / rate (within 10%).
@@ -56,9 +62,10 @@ def _check_paced(client, worker: str, rate: float, iteration: int | None = None,
     """
     best = math.inf
     for _ in range(tries):
-        wall, cpu = client.submit(_gemm_block, iteration, workers=[worker], pure=False).result()
-        target = cpu / rate
-        assert wall >= 0.98 * target - 1e-4, "a paced block ended early"
+        cpu, wall, target = client.submit(_paced_block, iteration, workers=[worker],
+                                          pure=False).result()
+        assert target == pytest.approx(cpu / rate)
+        assert wall >= target, "a paced block ended early"
         best = min(best, wall / target)
         if best <= 1.1:
             break
@@ -149,7 +156,7 @@ def test_defaults_and_validation():
 
 
 def test_wall_time_ratios_follow_speeds_on_nanny_workers():
-    speeds, scale = (1.0, 0.5, 0.25), 0.3
+    speeds, scale = (1.0, 0.5, 0.25), 0.15
     # scale well below a core: robust to other load on a shared machine
     with local_cluster(speeds, scale=scale, dashboard_address=None) as cluster, \
             Client(cluster) as client:
@@ -158,16 +165,17 @@ def test_wall_time_ratios_follow_speeds_on_nanny_workers():
         # BLAS pinned to the worker's one thread, so thread_time sees all the work
         for threads in client.run(_blas_threads).values():
             assert threads and all(t == 1 for t in threads)
+        for i, a in enumerate(addrs):  # each block lasts cpu / (speed * scale)
+            _check_paced(client, a, speeds[i] * scale)
         walls: list[list[float]] = [[], [], []]
         ratios: list[float] = []
         for rnd in range(12):  # interleaved and sequential: no contention between them
             for i, a in enumerate(addrs):
-                wall, cpu = client.submit(_gemm_block, pure=False, workers=[a]).result()
-                assert wall >= 0.98 * cpu / (speeds[i] * scale) - 1e-4  # never early
+                wall, _ = client.submit(_gemm_block, pure=False, workers=[a]).result()
                 walls[i].append(wall)
             # the least disturbed run of each worker (other load only adds time)
             ratios = [min(walls[i]) / min(walls[0]) for i in range(3)]
-            good = all(abs(ratios[i] * speeds[i] - 1) < 0.15 for i in (1, 2))
+            good = all(abs(ratios[i] * speeds[i] - 1) < 0.1 for i in (1, 2))
             if rnd >= 2 and good:
                 break
         print(f"EMULATED wall-time ratios after {rnd + 1} rounds: "
@@ -177,7 +185,7 @@ def test_wall_time_ratios_follow_speeds_on_nanny_workers():
         assert ratios[2] == pytest.approx(4.0, rel=0.15)
         rows = emulation_report(client)
         assert [r["index"] for r in rows] == [0, 1, 2]
-        assert all(r["blocks"] == rnd + 1 for r in rows)
+        assert all(r["blocks"] >= rnd + 2 for r in rows)
         assert "EMULATED" in emu.format_report(rows, cluster.emulation_label)
 
 
