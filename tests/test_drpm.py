@@ -18,6 +18,25 @@ from dask_rpm.train import demo_data
 RTOL = 1e-10
 
 
+def _skip_if_emulation_violated(client, limit: float = 0.10) -> None:
+    """Timing claims only hold if the machine could keep the EMULATED speeds.
+
+    When other processes load the cores, compute blocks overrun their emulated
+    duration and every worker looks equally slow; the ratios then measure the
+    machine's load, not DRPM. Skip (visibly) in that case.
+    """
+    from dask_rpm.emulation import emulation_report
+
+    rows = emulation_report(client)
+    late = sum(r["overrun_s"] for r in rows)
+    wall = sum(r["wall_s"] for r in rows) or 1.0
+    if late / wall > limit:
+        pytest.skip(
+            f"machine too loaded to keep the EMULATED speeds: {late:.1f} s of {wall:.1f} s of paced "
+            f"compute overran its emulated duration (> {limit:.0%})"
+        )
+
+
 def _random_plan(rng, addresses, s, shape):
     n_workers = len(addresses)
     n, m, l = shape
@@ -104,6 +123,7 @@ def test_condition_a_without_initial_abilities_recovers_speeds():
         r = fit(x, d, hidden=384, iterations=40, learning_rate=1e-4, mapping="drpm", client=client, interval=20)
         ref = fit(x, d, hidden=384, iterations=20, learning_rate=1e-4, mapping="srpm", abilities=speeds,
                   client=client, interval=20)
+        _skip_if_emulation_violated(client)
     first = r.history["ability"].isel(check=0).values
     truth = np.array(speeds) / sum(speeds)
     np.testing.assert_allclose(first, truth, rtol=0.10)
@@ -123,9 +143,11 @@ def test_step_change_is_detected_and_remapped():
     with dask_rpm.local_cluster(speeds, scale=0.35, schedule=schedule) as cluster, Client(cluster) as client:
         r = fit(x, d, hidden=384, iterations=80, learning_rate=1e-4, mapping="drpm", abilities=speeds,
                 client=client, interval=20)
+        _skip_if_emulation_violated(client)
     with dask_rpm.local_cluster(new_speeds, scale=0.35) as cluster, Client(cluster) as client:
         ref = fit(x, d, hidden=384, iterations=20, learning_rate=1e-4, mapping="srpm", abilities=new_speeds,
                   client=client, interval=20)
+        _skip_if_emulation_violated(client)
     kinds = {rec["iteration"]: rec["kind"] for rec in r.remaps}
     assert 40 in kinds, r.remaps  # the first check after the change
     est = r.history["ability"].sel(check=r.history["check_iteration"] == 40).values[0]
