@@ -74,6 +74,7 @@ __all__ = [
     "format_report",
     "local_cluster",
     "pace",
+    "plugin_from_env",
     "reset_clock",
     "set_speed",
     "worker_addresses",
@@ -681,7 +682,7 @@ class EmulatedCluster(SpecCluster):
                 self._limiter.restore_original_limits()
                 self._limiter = None
 
-    def worker_names(self) -> list[str]:
+    def worker_names(self) -> list[str | None]:
         """Worker *addresses* in index order: element ``i`` runs at ``speeds[i]``.
 
         Returns
