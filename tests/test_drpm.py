@@ -28,30 +28,13 @@ def _skip_if_emulation_violated(client, limit: float = 0.10) -> None:
     from dask_rpm.emulation import emulation_report
 
     rows = emulation_report(client)
-    late = sum(r["overrun_s"] for r in rows)
-    wall = sum(r["wall_s"] for r in rows) or 1.0
-    if late / wall > limit:
+    worst = max(rows, key=lambda r: r["overrun_s"] / max(r["wall_s"], 1e-9))
+    frac = worst["overrun_s"] / max(worst["wall_s"], 1e-9)
+    if frac > limit:
         pytest.skip(
-            f"machine too loaded to keep the EMULATED speeds: {late:.1f} s of {wall:.1f} s of paced "
-            f"compute overran its emulated duration (> {limit:.0%})"
+            f"machine too loaded to keep the EMULATED speeds: worker {worst['index']} (speed {worst['speed']}) "
+            f"overran its emulated duration for {frac:.0%} of its paced time (> {limit:.0%})"
         )
-
-
-def _random_plan(rng, addresses, s, shape):
-    n_workers = len(addresses)
-    n, m, l = shape
-    order = [int(v) for v in rng.permutation(n_workers)]
-    n_cols = int(rng.integers(1, n_workers + 1))
-    cuts = sorted(int(c) for c in rng.choice(np.arange(1, n_workers), size=n_cols - 1, replace=False)) if n_cols > 1 else []
-    columns = [order[a:b] for a, b in zip([0, *cuts], [*cuts, n_workers])]
-    scuts = sorted(int(c) for c in rng.choice(np.arange(1, s), size=n_cols - 1, replace=False)) if n_cols > 1 else []
-    hidden = []
-    for col in columns:
-        mc = sorted(int(c) for c in rng.choice(np.arange(1, m), size=len(col) - 1, replace=False)) if len(col) > 1 else []
-        hidden.append(list(np.diff([0, *mc, m])))
-    plan = Plan.from_columns(columns, np.diff([0, *scuts, s]), hidden, shape=shape,
-                             abilities=rng.uniform(0.2, 1, n_workers), method="random")
-    return plan.with_workers(addresses)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -119,7 +102,7 @@ def test_condition_a_without_initial_abilities_recovers_speeds():
     """SPEC section 7, condition A, 4 workers: estimates within 10 %, time within 15 % of SRPM with true speeds."""
     speeds = [0.25, 0.31, 0.63, 1.0]
     x, d = demo_data(4096, (257, 384, 16))
-    with dask_rpm.local_cluster(speeds, scale=0.35) as cluster, Client(cluster) as client:
+    with dask_rpm.local_cluster(speeds, scale=0.25) as cluster, Client(cluster) as client:
         r = fit(x, d, hidden=384, iterations=40, learning_rate=1e-4, mapping="drpm", client=client, interval=20)
         ref = fit(x, d, hidden=384, iterations=20, learning_rate=1e-4, mapping="srpm", abilities=speeds,
                   client=client, interval=20)
@@ -140,11 +123,11 @@ def test_step_change_is_detected_and_remapped():
     new_speeds = [1.0, 1.0 / 3.0, 0.5, 0.5]
     x, d = demo_data(4096, (257, 384, 16))
     schedule = {1: [(30, 1.0 / 3.0)]}
-    with dask_rpm.local_cluster(speeds, scale=0.35, schedule=schedule) as cluster, Client(cluster) as client:
+    with dask_rpm.local_cluster(speeds, scale=0.25, schedule=schedule) as cluster, Client(cluster) as client:
         r = fit(x, d, hidden=384, iterations=80, learning_rate=1e-4, mapping="drpm", abilities=speeds,
                 client=client, interval=20)
         _skip_if_emulation_violated(client)
-    with dask_rpm.local_cluster(new_speeds, scale=0.35) as cluster, Client(cluster) as client:
+    with dask_rpm.local_cluster(new_speeds, scale=0.25) as cluster, Client(cluster) as client:
         ref = fit(x, d, hidden=384, iterations=20, learning_rate=1e-4, mapping="srpm", abilities=new_speeds,
                   client=client, interval=20)
         _skip_if_emulation_violated(client)
