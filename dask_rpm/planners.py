@@ -99,7 +99,7 @@ from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 import numpy as np
 
 from . import config
-from .cost import t_comm_model, t_comm_partition
+from .cost import t_comm_partition
 from .partition import Plan, PlanError, RealPartition, _snap, to_integer
 
 __all__ = [
