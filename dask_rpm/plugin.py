@@ -160,8 +160,9 @@ class RPMSchedulerPlugin(SchedulerPlugin):
         """Driver pushes what only it knows (plan, abilities, remaps, iteration times)."""
         rec = self._run(run)
         for k, v in info.items():
-            if isinstance(v, list) and k in ("abilities", "remaps", "iterations") and k in rec.info:
-                rec.info[k].extend(v)
+            # RPC decodes lists as tuples: append those too, and keep a list to extend.
+            if isinstance(v, (list, tuple)) and k in ("abilities", "remaps", "iterations"):
+                rec.info.setdefault(k, []).extend(v)
                 # bounded like the timing buffers
                 del rec.info[k][: max(0, len(rec.info[k]) - self.max_records)]
             else:
