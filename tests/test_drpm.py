@@ -37,6 +37,23 @@ def _skip_if_emulation_violated(client, limit: float = 0.10) -> None:
         )
 
 
+def _random_plan(rng, addresses, s, shape):
+    n_workers = len(addresses)
+    n, m, l = shape
+    order = [int(v) for v in rng.permutation(n_workers)]
+    n_cols = int(rng.integers(1, n_workers + 1))
+    cuts = sorted(int(c) for c in rng.choice(np.arange(1, n_workers), size=n_cols - 1, replace=False)) if n_cols > 1 else []
+    columns = [order[a:b] for a, b in zip([0, *cuts], [*cuts, n_workers])]
+    scuts = sorted(int(c) for c in rng.choice(np.arange(1, s), size=n_cols - 1, replace=False)) if n_cols > 1 else []
+    hidden = []
+    for col in columns:
+        mc = sorted(int(c) for c in rng.choice(np.arange(1, m), size=len(col) - 1, replace=False)) if len(col) > 1 else []
+        hidden.append(list(np.diff([0, *mc, m])))
+    plan = Plan.from_columns(columns, np.diff([0, *scuts, s]), hidden, shape=shape,
+                             abilities=rng.uniform(0.2, 1, n_workers), method="random")
+    return plan.with_workers(addresses)
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_any_sequence_of_remaps_equals_serial(seed):
     """Random plans one after another (whole remaps) and column remaps between blocks."""
