@@ -14,7 +14,8 @@ from .emulation import local_cluster
 from .engine import FitResult, TrainingError, WorkerLostError, fit, ordered_workers
 from .kernels import fit_serial
 from .partition import Plan, PlanError, Rectangle
-from .planners import PLANNERS, make_plan, register_planner
+from .cost import predict_iteration_seconds, t_comm
+from .planners import PLANNERS, get_planner, make_plan, register_planner
 from .plugin import RPMSchedulerPlugin
 
 __version__ = "0.1.0.dev0"
@@ -31,6 +32,9 @@ __all__ = [
     "__version__",
     "fit",
     "fit_serial",
+    "get_planner",
+    "predict_iteration_seconds",
+    "t_comm",
     "kernels",
     "train",
     "local_cluster",
