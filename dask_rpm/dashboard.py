@@ -429,9 +429,17 @@ def _palette(n: int) -> list[str]:
 
 
 def _short(address: Any) -> str:
-    """``tcp://10.0.0.5:40123`` -> ``10.0.0.5:40123`` (labels must stay short)."""
+    """``tcp://10.0.0.5:40123`` -> ``10.0.0.5:40123`` (legends must stay short)."""
     s = str(address)
     return s.split("://", 1)[-1]
+
+
+def _tail(address: Any) -> str:
+    """What tells workers apart inside a rectangle: ``:40123`` for TCP, else the last path part."""
+    s = _short(address)
+    if ":" in s:
+        return ":" + s.rsplit(":", 1)[-1]
+    return s.rsplit("/", 1)[-1]
 
 
 class _RPMPage:
@@ -464,7 +472,7 @@ class _RPMPage:
         self.y_range = Range1d(1, 0)
         p = figure(
             title="Rectangles of the current plan (area = work)", x_range=self.x_range, y_range=self.y_range,
-            height=380, sizing_mode="stretch_width", tools="pan,wheel_zoom,box_zoom,reset,save",
+            height=330, sizing_mode="stretch_width", tools="pan,wheel_zoom,box_zoom,reset,save",
             x_axis_label="samples", y_axis_label="hidden units",
         )
         quads = p.quad(
@@ -486,7 +494,7 @@ class _RPMPage:
 
         # Abilities over time: estimates (solid) and the current plan (dashed).
         a = figure(
-            title="Ability per worker: estimates (solid) and current plan (dashed)", height=380,
+            title="Ability per worker: estimates (solid) and current plan (dashed)", height=330,
             sizing_mode="stretch_width", x_axis_label="iteration", y_axis_label="normalised ability",
             tools="pan,wheel_zoom,box_zoom,reset,save",
         )
@@ -498,7 +506,7 @@ class _RPMPage:
         self.abil_fig = a
 
         t = figure(
-            title="Iteration time", height=300, sizing_mode="stretch_width", x_axis_label="iteration",
+            title="Iteration time", height=260, sizing_mode="stretch_width", x_axis_label="iteration",
             y_axis_label="seconds", tools="pan,wheel_zoom,box_zoom,reset,save",
         )
         t.line(x="iteration", y="time", source=self.it, line_width=1.5)
@@ -506,7 +514,7 @@ class _RPMPage:
         self.time_fig = t
 
         e = figure(
-            title="Training error", height=300, sizing_mode="stretch_width", x_axis_label="iteration",
+            title="Training error", height=260, sizing_mode="stretch_width", x_axis_label="iteration",
             y_axis_label="error (0.5 sum ||h - d||^2)", x_range=t.x_range, y_axis_type="log",
             tools="pan,wheel_zoom,box_zoom,reset,save",
         )
@@ -618,7 +626,7 @@ class _RPMPage:
             i = w if isinstance(w, int) else 0
             est, abil = r.get("estimate"), r.get("ability")
             ability_text = f"p\u0302 {est:.2f}" if est is not None else (f"p {abil:.2f} (plan)" if abil is not None else "")
-            name = f"w{w}" + (f" :{_short(r['address']).rsplit(':', 1)[-1]}" if r.get("address") else "")
+            name = f"w{w}" + (f" {_tail(r['address'])}" if r.get("address") else "")
             group = r.get("group")
             label = "\n".join(x for x in (name, ability_text, str(group) if group is not None else "") if x)
             for k, v in dict(
