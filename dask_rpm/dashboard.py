@@ -625,7 +625,11 @@ class _RPMPage:
             w = r.get("worker")
             i = w if isinstance(w, int) else 0
             est, abil = r.get("estimate"), r.get("ability")
-            ability_text = f"p\u0302 {est:.2f}" if est is not None else (f"p {abil:.2f} (plan)" if abil is not None else "")
+            # The estimate may differ from the planned area until the next remap: show both.
+            ability_text = " \u00b7 ".join(
+                t for t in (f"p\u0302 {est:.2f}" if est is not None else "",
+                            f"area {abil:.2f}" if abil is not None else "") if t
+            )
             name = f"w{w}" + (f" {_tail(r['address'])}" if r.get("address") else "")
             group = r.get("group")
             label = "\n".join(x for x in (name, ability_text, str(group) if group is not None else "") if x)

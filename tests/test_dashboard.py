@@ -58,7 +58,7 @@ def trained():
             for attempt in range(3):
                 try:
                     result = dask_rpm.fit(
-                        x, d, hidden=48, iterations=ITERATIONS, learning_rate=0.05, mapping="drpm", seed=0,
+                        x, d, hidden=48, iterations=ITERATIONS, learning_rate=0.005, mapping="drpm", seed=0,
                         client=client,
                     )
                     break
@@ -263,8 +263,8 @@ def _webdriver(base: str, method: str, path: str, body: dict | None = None) -> A
         return json.loads(f.read())["value"]
 
 
-def _screenshot(url: str, size: tuple[int, int] = (1400, 1000)) -> bytes:
-    """PNG of ``url`` once its Bokeh document has drawn the rectangles (headless Chromium)."""
+def _screenshot(url: str, size: tuple[int, int] = (1400, 1000)) -> tuple[bytes, int]:
+    """PNG of ``url`` once its Bokeh document has the rectangles, and how many it has (headless Chromium)."""
     port = _free_port()
     driver = subprocess.Popen(
         [shutil.which("chromedriver"), f"--port={port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -303,7 +303,7 @@ def _screenshot(url: str, size: tuple[int, int] = (1400, 1000)) -> bytes:
                 assert time.monotonic() < deadline, "the /rpm Bokeh document never showed its rectangles"
                 time.sleep(0.2)
             time.sleep(1.5)
-            return base64.b64decode(_webdriver(wd, "GET", f"/session/{sid}/screenshot"))
+            return base64.b64decode(_webdriver(wd, "GET", f"/session/{sid}/screenshot")), n
         finally:
             _webdriver(wd, "DELETE", f"/session/{sid}")
     finally:
@@ -322,8 +322,9 @@ def test_screenshot(trained, tmp_path):
         pytest.skip(reason)
     from PIL import Image
 
-    _, _, _, base = trained
-    png = _screenshot(base + "/rpm")
+    _, _, result, base = trained
+    png, shown = _screenshot(base + "/rpm")
+    assert shown == len(result.plan.planned_workers)  # the browser got one rectangle per planned worker
     (tmp_path / "dashboard.png").write_bytes(png)
     if os.environ.get("DASK_RPM_SAVE_SCREENSHOT"):
         (REPO / "docs" / "img").mkdir(parents=True, exist_ok=True)
