@@ -28,7 +28,7 @@ from distributed import Client
 import dask_rpm
 
 
-def make_data(samples: int = 1024, inputs: int = 16, outputs: int = 4, seed: int = 4) -> tuple[np.ndarray, np.ndarray]:
+def make_data(samples: int = 4096, inputs: int = 16, outputs: int = 4, seed: int = 4) -> tuple[np.ndarray, np.ndarray]:
     """A fixed, learnable task: ``d_k = 1`` when a random linear form of ``x`` is positive."""
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(samples, inputs))
@@ -75,7 +75,7 @@ def main() -> None:
         print(f"dashboard: {base}/rpm   (Dask's own pages: {base}/status; JSON: {base}/rpm/state.json)")
         print(cluster.emulation_label)
         result = dask_rpm.fit(
-            x, d, hidden=48, iterations=args.iterations, learning_rate=0.002, mapping="drpm", seed=0, client=client
+            x, d, hidden=96, iterations=args.iterations, learning_rate=0.0005, mapping="drpm", seed=0, client=client
         )
         print(result)
         summarise(fetch_state(base))
