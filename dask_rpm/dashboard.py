@@ -67,9 +67,11 @@ class _Installed:
         return snapshot(self.plugin, run=run, known_workers=self.workers, scheduler=self.scheduler_ref(), **kw)
 
 
-# One entry per scheduler: install() is idempotent and a re-registered plugin
-# replaces the old one without adding routes twice.
-_INSTALLED: weakref.WeakKeyDictionary[Any, _Installed] = weakref.WeakKeyDictionary()
+# install() leaves its _Installed on the scheduler's HTTP application under
+# this name, so a second call (a re-registered plugin) finds it and adds no
+# routes twice. (Not a WeakKeyDictionary keyed by the scheduler: the value
+# refers back to it through the plugin, which would keep it alive forever.)
+_MARK = "_dask_rpm_dashboard"
 
 
 def _clean(obj: Any) -> Any:
@@ -312,16 +314,17 @@ def install(scheduler: Any, plugin: Any) -> None:
     plugin : RPMSchedulerPlugin
     """
     try:
-        installed = _INSTALLED.get(scheduler)
-        if installed is not None:
-            installed.plugin = plugin
-            _register_collector(installed)
-            return
         http_app = getattr(scheduler, "http_application", None)
         if http_app is None:
             logger.info("rpm dashboard: the scheduler has no HTTP server; /rpm not added")
             return
-        installed = _INSTALLED[scheduler] = _Installed(scheduler, plugin, _find_prefix(http_app))
+        installed = getattr(http_app, _MARK, None)
+        if installed is not None:
+            installed.plugin = plugin
+            _register_collector(installed)
+            return
+        installed = _Installed(scheduler, plugin, _find_prefix(http_app))
+        setattr(http_app, _MARK, installed)
     except Exception:
         logger.exception("rpm dashboard: install failed; the scheduler continues without it")
         return
