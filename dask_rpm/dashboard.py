@@ -213,8 +213,12 @@ def snapshot(
     }
     if since is not None:
         # Rows are in iteration order: scan back from the end (cheap on long runs).
+        def after(row: Any) -> bool:
+            it = _finite(row.get("iteration")) if isinstance(row, Mapping) else None
+            return it is not None and it > since
+
         first = len(iterations)
-        while first > 0 and (_finite(iterations[first - 1].get("iteration")) or -1.0) > since:
+        while first > 0 and after(iterations[first - 1]):
             first -= 1
         iterations = iterations[first:]
     if tail is not None and tail >= 0:

@@ -247,6 +247,33 @@ def test_snapshot_tolerates_missing_keys():
     assert early["rectangles"] == [] and early["summary"]["iterations_done"] == 0
 
 
+def test_page_model_with_groups_and_remaps():
+    """The Bokeh page's data sources, filled from a recorded state (no server, no browser)."""
+    plugin = RPMSchedulerPlugin()
+    plugin.update("r1", {
+        "plan": _plan(["tcp://a:1", "tcp://b:2", "tcp://c:3"]), "iterations_total": 10,
+        "groups": {"tcp://a:1": "fast", "tcp://b:2": "slow", "tcp://c:3": "slow"},
+        "emulation": "EMULATED heterogeneity on one machine: test",
+    })
+    plugin.update("r1", {"iterations": [{"iteration": i, "error": 10.0 - i, "time": 0.1} for i in range(5)]})
+    plugin.update("r1", {"abilities": [{"check": 0, "iteration": 5, "abilities": [0.6, 0.3, None]}],
+                         "remaps": [{"iteration": 5, "kind": "column", "bytes": 64, "seconds": 0.01}]})
+    page = dashboard._RPMPage(dashboard._Installed(type("S", (), {})(), plugin, ""))
+    page._update()
+    rects = page.rects.data
+    assert rects["worker"] == ["2", "1", "0"]
+    assert rects["group"] == ["slow", "slow", "fast"] and len(set(rects["hatch"])) == 2
+    assert rects["label"][2].startswith("w0 :1") and "p\u0302 0.60" in rects["label"][2] and "fast" in rects["label"][2]
+    assert (page.x_range.end, page.y_range.start) == (100, 10)
+    assert page.it.data["iteration"] == [0, 1, 2, 3, 4] and page.remap.data["kind"] == ["column remap"]
+    assert len(page.est.data["xs"]) == 2 and len(page.planned.data["xs"]) == 3
+    assert "EMULATED" in page.header.text
+
+    plugin.update("r1", {"iterations": [{"iteration": 5, "error": 4.0, "time": None}]})
+    page._update()  # streams only the new row
+    assert page.it.data["iteration"] == [0, 1, 2, 3, 4, 5] and np.isnan(page.it.data["time"][-1])
+
+
 # --------------------------------------------------------------------------- browser
 
 
