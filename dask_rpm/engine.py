@@ -494,6 +494,8 @@ class Trainer:
 
         t0 = time.perf_counter()
         old = self.plan
+        if new.workers is None:  # keep the plan bound to addresses (dashboard, results)
+            new = new.with_workers(self.addresses)
         transfers = migration(old, new, itemsize=np.dtype(self.dtype).itemsize, lost=lost)
         index = {a: i for i, a in enumerate(self.addresses)}
 
@@ -560,9 +562,13 @@ class Trainer:
             for w in self.plan.planned_workers:
                 t = self.timings.get((it, w), {})
                 if "forward" in t and "backward" in t:
-                    f0 = t["forward"][0]
+                    f0, f1 = t["forward"]
                     b0, b1 = t["backward"]
-                    out.append((w, self.plan.rectangle(w).area, b1 - f0, b1 - b0))
+                    # Timestamps of two tasks carry the worker's jittering clock
+                    # offset to the scheduler; never let t1 drop below the
+                    # compute it contains (or go negative).
+                    t1 = max(b1 - f0, (f1 - f0) + (b1 - b0))
+                    out.append((w, self.plan.rectangle(w).area, t1, max(b1 - b0, 0.0)))
         return out
 
     async def close(self) -> None:
