@@ -390,11 +390,13 @@ class Trainer:
 
     async def _wait(self, futures: list[Any], iteration: int) -> None:
         """Wait for ``futures``; raise clearly if a plan worker leaves or a task fails."""
-        from distributed import wait
+        # The coroutine, not distributed.wait: that one routes through the
+        # *default* client and breaks when several clients are open.
+        from distributed.client import _wait
 
         while True:
             try:
-                await wait(futures, timeout=0.5)
+                await _wait(futures, timeout=0.5)
                 break
             except TimeoutError:
                 await self._check_workers(iteration)
