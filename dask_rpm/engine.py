@@ -647,6 +647,7 @@ def fit(
     dtype: str | None = None,
     client: Any = None,
     interval: int | None = None,
+    progress: Any = None,
 ) -> FitResult:
     """Train a 3-layer perceptron by batch BP on the workers of a Dask cluster.
 
@@ -675,6 +676,9 @@ def fit(
         Defaults to the current client (:func:`distributed.get_client`).
     interval : int, optional
         Iterations submitted per block (and between DRPM checks); default ``rpm.drpm.interval``.
+    progress : {"auto", "bar", "log", "none"} or bool, default ``rpm.train.progress``
+        A progress bar on stderr in an interactive session, plain lines in
+        logs (``"auto"``); ``"none"`` / ``False`` is silent (:mod:`dask_rpm.progress`).
 
     Returns
     -------
@@ -697,6 +701,7 @@ def fit(
         seed=seed,
         dtype=dtype,
         interval=interval,
+        progress=progress,
     )
 
 
@@ -720,7 +725,11 @@ async def _fit_async(
     seed: int | None,
     dtype: str | None,
     interval: int | None,
+    progress: Any = None,
 ) -> FitResult:
+    from .progress import Progress
+
+    reporter = Progress(progress)  # validates progress= before any work
     dtype = config.get("train.dtype", dtype)
     iterations = config.get("train.iterations", iterations)
     learning_rate = float(config.get("train.learning-rate", learning_rate))
@@ -804,8 +813,10 @@ async def _fit_async(
                 interval = await drpm_state.check(trainer, done - block, done, iterations - done, interval)
                 if trainer.plan is not plans[-1]:
                     plans.append(trainer.plan)
+            reporter.block(trainer, done - block, done, iterations, drpm_state.remaps if drpm_state else None)
         W, V = await trainer.gather()
     finally:
+        reporter.close(stopped)
         await trainer.close()
     history = _history(trainer, trainer.plan)
     if drpm_state is not None:
