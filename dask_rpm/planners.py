@@ -24,6 +24,9 @@ name           what it does
                hidden units split equally
 ``grid-hrev``  method H_rev: as H, hidden units in the ability ratio of the
                slowest group (alias ``grid``)
+``split-1d``   proportional 1-D batch split: every worker a column of its own
+               holding all hidden units, samples in proportion to ability
+               (what heterogeneity-aware data-parallel systems do)
 =============  ===============================================================
 
 SRPM and its speed
@@ -118,6 +121,7 @@ __all__ = [
     "uniform",
     "grid_h",
     "grid_hrev",
+    "split_1d",
     "validate_abilities",
 ]
 
@@ -745,11 +749,46 @@ def grid_hrev(
     return _grid(abilities, shape, samples, dp, rev=True)
 
 
+def split_1d(
+    abilities: np.ndarray, shape: tuple[int, int, int], samples: int, *, dp: int | None = None
+) -> PlannerResult:
+    """Proportional 1-D batch split: pure data parallelism, samples by ability.
+
+    Every worker is a column of its own (all ``m`` hidden units, no vertical
+    exchange) and gets a share of the samples proportional to its ability;
+    the weight updates are exchanged among all ``N`` columns. ``dp`` must be
+    ``None`` or ``N`` (the number of columns is fixed).
+    """
+    p = _normalise(abilities)
+    n = len(p)
+    if dp is not None and dp != n:
+        raise PlanError(
+            f"dp={dp} but split-1d always has one column per worker ({n}); leave dp out"
+        )
+    if samples < n:
+        raise PlanError(
+            f"samples={samples} is fewer than the {n} workers; split-1d gives each worker "
+            f"at least one sample: use more samples or fewer workers"
+        )
+    part = RealPartition(
+        tuple((i,) for i in range(n)), tuple(float(v) for v in p), tuple((1.0,) for _ in range(n))
+    )
+    return PlannerResult(
+        part,
+        t_comm_partition(part, shape, samples),
+        (),
+        method="split-1d",
+        notes=(f"split-1d: {n} columns of one worker each, samples by ability",),
+        meta={"dp": n},
+    )
+
+
 register_planner("srpm", srpm)
 register_planner("uniform", uniform)
 register_planner("grid-h", grid_h)
 register_planner("grid-hrev", grid_hrev)
 register_planner("grid", grid_hrev)
+register_planner("split-1d", split_1d)
 
 
 # ------------------------------------------------------------ entry point

@@ -541,3 +541,24 @@ def test_plan_round_trips_through_dict():
     plan = make_plan(P_EX, SHAPE_EX, 1024)
     again = Plan.from_dict(plan.to_dict())
     assert again == plan
+
+
+# ------------------------------------------------------------------ split-1d
+def test_split_1d_one_column_per_worker_samples_by_ability():
+    plan = make_plan([0.25, 0.5, 1.0, 0.25], "203-80-26", 2000, method="split-1d")
+    assert plan.method == "split-1d"
+    assert plan.columns == ((0,), (1,), (2,), (3,))
+    for w in range(4):
+        r = plan.rectangle(w)
+        assert r.hidden == (0, 80)
+    widths = [plan.rectangle(w).n_samples for w in range(4)]
+    assert widths == [250, 500, 1000, 250]
+    # no vertical exchange; horizontal exchange among all N columns
+    assert plan.t_comm == pytest.approx(2 * (26 + 203) * 80 * 3)
+
+
+def test_split_1d_rejects_a_different_dp_and_too_few_samples():
+    with pytest.raises(PlanError, match="one column per worker"):
+        make_plan([1, 1, 1], "10-8-2", 30, method="split-1d", dp=2)
+    with pytest.raises(PlanError, match="fewer than the 3 workers"):
+        make_plan([1, 1, 1], "10-8-2", 2, method="split-1d")
