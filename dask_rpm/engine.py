@@ -224,6 +224,18 @@ class FitResult:
         t = t[np.isfinite(t)]
         return float(np.median(t)) if t.size else float("nan")
 
+    def plans_dataset(self) -> Any:
+        """Every plan used, as one ``xarray.Dataset`` along ``plan`` (:func:`dask_rpm.results.plans_dataset`)."""
+        from .results import plans_dataset
+
+        return plans_dataset(self.plans or [self.plan], self.remaps)
+
+    def plot(self, path: Any = None, **kwargs: Any) -> Any:
+        """Error curve, per-worker times and rectangles as a matplotlib Figure (:func:`dask_rpm.results.plot_result`)."""
+        from .results import plot_result
+
+        return plot_result(self, path, **kwargs)
+
     def __repr__(self) -> str:
         return (
             f"<FitResult {self.history.sizes.get('iteration', 0)} iterations, error {self.error:.6g}, "
@@ -819,6 +831,9 @@ async def _fit_async(
         reporter.close(stopped)
         await trainer.close()
     history = _history(trainer, trainer.plan)
+    from .results import describe_history
+
+    describe_history(history, trainer.plan)
     if drpm_state is not None:
         drpm_state.add_to_history(history)
     emulation = await _emulation_label(client)

@@ -553,6 +553,19 @@ class Plan:
     def to_json(self) -> str:
         return json.dumps(self.to_dict())
 
+    def to_dataset(self) -> Any:
+        """The plan as an ``xarray.Dataset`` per worker, with units (:func:`dask_rpm.results.plan_dataset`)."""
+        from .results import plan_dataset  # local import: keeps this module numpy-only
+
+        return plan_dataset(self)
+
+    @classmethod
+    def from_dataset(cls, ds: Any) -> "Plan":
+        """The plan stored by :meth:`to_dataset` (exact round trip)."""
+        from .results import plan_from_dataset
+
+        return plan_from_dataset(ds)
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Plan":
         rects = tuple(
