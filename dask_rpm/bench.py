@@ -1,0 +1,977 @@
+"""``dask-rpm bench``: every mapping method side by side on EMULATED heterogeneous workers.
+
+Reproduces the paper's efficiency experiment (SPEC section 7) on
+:func:`dask_rpm.local_cluster` and measures it against what users run today.
+**All figures are EMULATED heterogeneity on one machine**: every worker runs on
+the same cores and slow workers sleep in proportion to the CPU time they used
+(docs/emulation.md). They show how each method copes with a speed profile;
+they are not hardware measurements.
+
+For every *case* (workload x condition x N) one cluster is started and, in one
+run on that cluster:
+
+1. ``T_series(i)``: the same job (same network, all samples) on worker ``i``
+   alone, a one-rectangle plan, for every worker;
+2. the methods, one after the other on the same workers:
+
+   ================  ============================================================
+   ``uniform``       method 1, equal work (heterogeneity ignored), best N_DP
+   ``hrev``          method H_rev on the assumed abilities, best N_DP
+   ``srpm-assumed``  SRPM on the paper's *assumed* abilities (clock and job
+                     count: the SPEC profile), not the emulated truth
+   ``srpm-probed``   SRPM on abilities measured by :func:`dask_rpm.probe.probe`
+   ``drpm-init``     DRPM starting from SRPM on the assumed abilities
+   ``drpm``          DRPM without initial abilities (starts uniform)
+   ``split-1d``      proportional 1-D batch split on the probed abilities
+   ``ddp``           plain PyTorch DistributedDataParallel (gloo, CPU), the same
+                     MLP, equal sample shares, ranks paced to the same EMULATED
+                     speeds; needs torch (``pip install .[bench]``), else skipped
+   ================  ============================================================
+
+Truth versus assumption: the SPEC profiles are what the paper *assumed*
+(0.63 for a Pentium III 500 MHz against 800 MHz = 1.0); the paper then
+*measured* about 0.5 for those machines (condition B estimates 0.49-0.52). The
+emulated truth is therefore the profile with every 0.63 replaced by 0.5;
+``srpm-assumed``, ``hrev`` and ``drpm-init`` get the profile as listed.
+
+Best N_DP: the baselines are run at the N_DP (divisor of N) with the smallest
+iteration time predicted by :func:`dask_rpm.cost.predict_iteration_seconds`
+from the measured ``T_series`` speeds (``dp_search="model"``), or at every
+N_DP keeping the fastest measured (``dp_search="measured"``, slower).
+
+Metric: ``gamma = (1 / T_parallel) / sum_i (1 / T_series(i))`` with
+``T_parallel`` the median iteration time over the second half of the run
+(steady state, same rule for every method) and ``ratio_to_drpm`` that time
+over DRPM's. ``ddp``'s gamma uses the same ``T_series`` (numpy kernels), so
+gammas compare iteration times directly; torch's kernels are not numpy's.
+
+Load step (conditions ``A-step``/``B-step``): the fastest worker slows to a
+third of its speed from iteration ``step_at`` (an emulation schedule, every
+run). Its ``T_series`` is measured at the slowed speed, so gamma refers to the
+capacity after the step, and the steady-state window starts after it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+__all__ = [
+    "CONDITIONS",
+    "WORKLOADS",
+    "METHODS",
+    "BenchCase",
+    "run_bench",
+    "summary_rows",
+    "markdown_table",
+    "plot_bench",
+    "write_outputs",
+    "add_bench_parser",
+    "gamma",
+]
+
+#: SPEC section 7: the paper's assumed ability profiles (use the first N).
+CONDITIONS: dict[str, tuple[float, ...]] = {
+    "A": (0.25, 0.31, 0.63, 1.0, 1.0, 0.42, 0.67, 0.63),
+    "B": (0.63, 0.63, 0.63, 1.0, 0.63, 1.0, 1.0, 0.63),
+}
+#: Assumed 0.63 (clock ratio 500/800 MHz), measured about 0.5 by the paper.
+ASSUMED_TO_TRUE = {0.63: 0.5}
+#: name -> (n, m, l, s)
+WORKLOADS: dict[str, tuple[int, int, int, int]] = {
+    # The paper's NETtalk size: about 5 ms of compute per iteration on one core
+    # here, far below Dask's per-task latency, so it measures the engine.
+    "paper": (203, 80, 26, 1024),
+    # Same inputs/outputs, 1024 hidden units and 32768 samples: about 1.3 s of
+    # float64 compute per iteration on one core (0.8 s per iteration on 8
+    # EMULATED workers at auto scale), against ~0.05-0.13 s of Dask latency.
+    "compute": (203, 1024, 26, 32768),
+}
+METHODS = ("uniform", "hrev", "srpm-assumed", "srpm-probed", "drpm-init", "drpm", "split-1d", "ddp")
+STEP_FACTOR = 3.0
+MAX_N = len(CONDITIONS["A"])
+
+
+class BenchError(ValueError):
+    """Bad benchmark arguments."""
+
+
+@dataclass
+class BenchCase:
+    """One cluster: a workload, a condition and a worker count."""
+
+    workload: str
+    condition: str
+    n: int
+    shape: tuple[int, int, int]
+    samples: int
+    speeds: tuple[float, ...]  # EMULATED truth
+    assumed: tuple[float, ...]  # what the paper assumed
+    step_worker: int | None = None
+    step_at: int | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.workload}/{self.condition}/N={self.n}"
+
+    def schedule(self) -> dict[int, list[tuple[int, float]]] | None:
+        if self.step_worker is None:
+            return None
+        return {self.step_worker: [(int(self.step_at), self.speeds[self.step_worker] / STEP_FACTOR)]}
+
+
+@dataclass
+class MethodResult:
+    """What one method measured on one case."""
+
+    seconds_per_iteration: float = math.nan
+    seconds_mean: float = math.nan
+    iteration_time: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    iterations: int = 0
+    remaps: int = 0
+    n_columns: int = 0
+    final_error: float = math.nan
+    plan: str = ""
+    skipped: str = ""
+    wall: float = math.nan
+
+
+# ----------------------------------------------------------------- helpers
+def gamma(seconds_parallel: float, series_seconds: Sequence[float]) -> float:
+    """Parallel efficiency ``(1 / T_parallel) / sum_i (1 / T_series(i))`` (SPEC section 7)."""
+    ts = np.asarray(series_seconds, dtype=float)
+    if not (np.isfinite(seconds_parallel) and seconds_parallel > 0) or ts.size == 0 or not np.all(ts > 0):
+        return math.nan
+    return float((1.0 / seconds_parallel) / np.sum(1.0 / ts))
+
+
+def steady_seconds(iteration_time: np.ndarray, start: int) -> float:
+    """Median iteration time from iteration ``start`` on (NaNs ignored)."""
+    t = np.asarray(iteration_time, dtype=float)[start:]
+    t = t[np.isfinite(t)]
+    return float(np.median(t)) if t.size else math.nan
+
+
+def true_profile(condition: str, n: int) -> tuple[float, ...]:
+    base = CONDITIONS[condition.split("-")[0]][:n]
+    return tuple(ASSUMED_TO_TRUE.get(v, v) for v in base)
+
+
+def make_cases(
+    workloads: Sequence[str],
+    conditions: Sequence[str],
+    ns: Sequence[int],
+    *,
+    step_at: int,
+    custom: tuple[int, int, int, int] | None = None,
+) -> list[BenchCase]:
+    cases = []
+    for wl in workloads:
+        n_, m_, l_, s_ = custom if wl == "custom" and custom is not None else WORKLOADS[wl]
+        for cond in conditions:
+            base = cond.split("-")[0]
+            for n in ns:
+                speeds = true_profile(cond, n)
+                assumed = CONDITIONS[base][:n]
+                step_worker = int(np.argmax(speeds)) if cond.endswith("-step") else None
+                cases.append(BenchCase(
+                    wl, cond, n, (n_, m_, l_), s_, speeds, assumed,
+                    step_worker=step_worker, step_at=step_at if step_worker is not None else None,
+                ))
+    return cases
+
+
+def _log(msg: str, quiet: bool = False) -> None:
+    if not quiet:
+        print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def _pin_clock_offset(dask_worker: Any) -> bool:
+    """Stamp task start/stop with the worker's own clock (offset 0).
+
+    Dask shifts task times by ``scheduler_delay``, re-estimated at every
+    heartbeat; on one host the true offset is 0 and the estimate only adds
+    jumps of up to a few hundred ms to cross-task phases (docs/benchmarks.md,
+    Engine, measurement notes). Every process here shares one clock.
+    """
+    cls = type(dask_worker)
+    if getattr(cls, "_rpm_bench_clock", False):
+        return True
+    dask_worker.__dict__.pop("scheduler_delay", None)
+    dask_worker.__class__ = type(cls.__name__, (cls,), {
+        "scheduler_delay": property(lambda self: 0.0, lambda self, value: None),
+        "_rpm_bench_clock": True,
+    })
+    return True
+
+
+def _loadavg() -> float:
+    try:
+        return float(os.getloadavg()[0])
+    except OSError:  # pragma: no cover
+        return math.nan
+
+
+def _single_plan(shape: tuple[int, int, int], samples: int, address: str) -> Any:
+    from .partition import Plan
+
+    return Plan.from_columns(
+        [[0]], [samples], [[shape[1]]], abilities=[1.0], shape=shape, method="series"
+    ).with_workers([address])
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+# ------------------------------------------------------------------ the run
+def _fit_record(client: Any, x: np.ndarray, d: np.ndarray, *, m: int, iterations: int, lr: float,
+                mapping: Any, abilities: Any, interval: int, start: int) -> MethodResult:
+    from .engine import fit
+
+    t0 = time.perf_counter()
+    res = fit(x, d, hidden=m, iterations=iterations, learning_rate=lr, mapping=mapping,
+              abilities=abilities, client=client, seed=0, interval=interval)
+    wall = time.perf_counter() - t0
+    it = np.asarray(res.history["iteration_time"].values, dtype=float)
+    return MethodResult(
+        seconds_per_iteration=steady_seconds(it, min(start, max(it.size - 1, 0))),
+        seconds_mean=float(np.nanmean(it)) if it.size else math.nan,
+        iteration_time=it,
+        iterations=int(it.size),
+        remaps=len(res.remaps),
+        n_columns=res.plan.n_columns,
+        final_error=res.error,
+        plan=res.plan.to_json(),
+        wall=wall,
+    )
+
+
+def _series(client: Any, case: BenchCase, addresses: list[str], x: np.ndarray, d: np.ndarray, *,
+            iterations: int, lr: float, quiet: bool) -> np.ndarray:
+    from .emulation import set_speed
+
+    out = np.full(case.n, np.nan)
+    for i, addr in enumerate(addresses):
+        stepped = case.step_worker == i
+        if stepped:
+            set_speed(client, i, case.speeds[i] / STEP_FACTOR)
+        try:
+            r = _fit_record(client, x, d, m=case.shape[1], iterations=iterations, lr=lr,
+                            mapping=_single_plan(case.shape, case.samples, addr), abilities=None,
+                            interval=iterations, start=0)
+        finally:
+            if stepped:
+                set_speed(client, i, None)
+        out[i] = r.seconds_per_iteration
+        _log(f"  T_series({i}) speed {case.speeds[i] / (STEP_FACTOR if stepped else 1):.3g}: "
+             f"{out[i]:.3f} s/iteration", quiet)
+    return out
+
+
+def _best_dp(method: str, case: BenchCase, abilities: Sequence[float], rates: np.ndarray,
+             latency: float | None, bandwidth: float | None) -> tuple[int, float]:
+    """N_DP with the smallest predicted iteration time (cost model, measured speeds)."""
+    from .cost import predict_iteration_seconds
+    from .partition import PlanError
+    from .planners import make_plan
+
+    best = (0, math.inf)
+    for dp in _divisors(case.n):
+        try:
+            plan = make_plan(abilities, case.shape, case.samples, method=method, dp=dp)
+        except PlanError:
+            continue
+        t = predict_iteration_seconds(plan, list(rates), latency=latency, bandwidth=bandwidth)
+        if t < best[1]:
+            best = (dp, t)
+    return best
+
+
+def _run_case(case: BenchCase, methods: Sequence[str], *, iterations: int, series_iterations: int,
+              interval: int, dp_search: str, quiet: bool) -> dict[str, Any]:
+    from distributed import Client
+
+    from .emulation import emulation_report, local_cluster, worker_addresses
+    from .planners import make_plan
+    from .train import demo_data
+
+    n_, m, l_ = case.shape
+    x, d = demo_data(case.samples, case.shape, seed=0)
+    lr = 0.5 / case.samples
+    start = iterations // 2
+    if case.step_at is not None:
+        start = max(start, case.step_at + 1)
+    load0 = _loadavg()
+    out: dict[str, Any] = {"case": case, "methods": {}, "load_start": load0}
+    with local_cluster(case.speeds, schedule=case.schedule(), dashboard_address=None,
+                       silence_logs=50) as cluster, Client(cluster) as client:
+        client.run(_pin_clock_offset)
+        addresses = worker_addresses(client)
+        out["label"] = cluster.emulation_label
+        out["scale"] = float(cluster.scale_factor)
+        _log(f"{case.name}: {cluster.emulation_label}", quiet)
+        series = _series(client, case, addresses, x, d, iterations=series_iterations, lr=lr, quiet=quiet)
+        out["series"] = series
+        rates = (m * case.samples) / series
+        probed = None
+        lat = bw = math.nan
+        if {"srpm-probed", "split-1d"} & set(methods):
+            from .probe import probe
+
+            pr = probe(client, shape=case.shape, samples=case.samples, workers=addresses)
+            probed = [float(v) for v in pr["throughput"].values]
+            lat, bw = float(pr.attrs.get("latency", math.nan)), float(pr.attrs.get("bandwidth", math.nan))
+            _log(f"  probed abilities {', '.join(f'{v / max(probed):.2f}' for v in probed)}; "
+                 f"link latency {lat * 1e3:.2f} ms, bandwidth {bw / 1e6:.0f} MB/s", quiet)
+        out["probed"] = probed
+        out["latency"], out["bandwidth"] = lat, bw
+        common = dict(m=m, iterations=iterations, lr=lr, interval=interval, start=start)
+        for method in methods:
+            t0 = time.perf_counter()
+            if method == "ddp":
+                r = _run_ddp_method(case, x, d, iterations=iterations, lr=lr, scale=out["scale"], start=start)
+            elif method in ("uniform", "hrev"):
+                planner = "uniform" if method == "uniform" else "grid-hrev"
+                ab = [1.0] * case.n if method == "uniform" else list(case.assumed)
+                if dp_search == "measured":
+                    r = MethodResult()
+                    for dp in _divisors(case.n):
+                        try:
+                            plan = make_plan(ab, case.shape, case.samples, method=planner, dp=dp)
+                        except Exception:  # noqa: BLE001 - an infeasible N_DP is skipped
+                            continue
+                        cand = _fit_record(client, x, d, mapping=plan.with_workers(addresses), abilities=None,
+                                           **common)
+                        if not (cand.seconds_per_iteration >= r.seconds_per_iteration):
+                            r = cand
+                else:
+                    dp, _ = _best_dp(planner, case, ab, rates, None, None)
+                    plan = make_plan(ab, case.shape, case.samples, method=planner, dp=dp)
+                    r = _fit_record(client, x, d, mapping=plan.with_workers(addresses), abilities=None, **common)
+            elif method == "srpm-assumed":
+                r = _fit_record(client, x, d, mapping="srpm", abilities=list(case.assumed), **common)
+            elif method == "srpm-probed":
+                r = _fit_record(client, x, d, mapping="srpm", abilities=probed, **common)
+            elif method == "drpm-init":
+                r = _fit_record(client, x, d, mapping="drpm", abilities=list(case.assumed), **common)
+            elif method == "drpm":
+                r = _fit_record(client, x, d, mapping="drpm", abilities=None, **common)
+            elif method == "split-1d":
+                r = _fit_record(client, x, d, mapping="split-1d", abilities=probed, **common)
+            else:  # pragma: no cover - validated before
+                raise BenchError(f"unknown method {method!r}")
+            if not math.isfinite(r.wall):
+                r.wall = time.perf_counter() - t0
+            out["methods"][method] = r
+            if r.skipped:
+                _log(f"  {method}: skipped ({r.skipped})", quiet)
+            else:
+                _log(f"  {method}: {r.seconds_per_iteration:.3f} s/iteration "
+                     f"(gamma {gamma(r.seconds_per_iteration, series):.3f}, {r.n_columns} column(s), "
+                     f"{r.remaps} remap(s), {r.wall:.1f} s)", quiet)
+        rows = emulation_report(client)
+        blocks = sum(r["blocks"] for r in rows)
+        out["overrun_fraction"] = (sum(r["overruns"] for r in rows) / blocks) if blocks else math.nan
+    out["load_end"] = _loadavg()
+    return out
+
+
+# ---------------------------------------------------------------- DDP peer
+def torch_available() -> tuple[bool, str]:
+    """Whether the DDP peer can run; the reason when it cannot."""
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError:
+        return False, "torch is not installed (pip install '.[bench]' adds torch==2.13.0)"
+    if not dist.is_available() or not dist.is_gloo_available():
+        return False, f"torch {torch.__version__} has no gloo backend for torch.distributed"
+    return True, ""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _ddp_rank(rank: int, cfg: dict[str, Any], queue: Any) -> None:
+    """One DDP rank: gloo on loopback, CPU, one thread, paced to its EMULATED speed."""
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = "1"
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.set_num_threads(1)
+    world = cfg["world"]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{cfg['port']}", rank=rank, world_size=world)
+    try:
+        x_all = np.load(cfg["x"], mmap_mode="r")
+        d_all = np.load(cfg["d"], mmap_mode="r")
+        bounds = np.linspace(0, x_all.shape[0], world + 1).round().astype(int)  # equal shares
+        x = torch.from_numpy(np.array(x_all[bounds[rank]:bounds[rank + 1]]))
+        d = torch.from_numpy(np.array(d_all[bounds[rank]:bounds[rank + 1]]))
+        W0 = torch.from_numpy(np.load(cfg["W0"]))
+        V0 = torch.from_numpy(np.load(cfg["V0"]))
+
+        class MLP(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.W = torch.nn.Parameter(W0.clone())
+                self.V = torch.nn.Parameter(V0.clone())
+
+            def forward(self, inp: Any) -> Any:
+                return torch.sigmoid(torch.sigmoid(inp @ self.W.T) @ self.V.T)
+
+        model = DDP(MLP())
+        speed, scale = float(cfg["speeds"][rank]), float(cfg["scale"])
+        step = cfg.get("step")  # (rank, iteration, factor)
+        clock = {"cpu": 0.0, "wall": 0.0, "speed": speed}
+
+        def paced_allreduce(state: Any, bucket: Any) -> Any:
+            # Pad this rank's compute so far (forward + backward up to this
+            # bucket) to cpu / (speed * scale) before its gradients go out.
+            cpu = time.thread_time() - clock["cpu"]
+            target = cpu / (clock["speed"] * scale)
+            late = target - (time.perf_counter() - clock["wall"])
+            if late > 0:
+                time.sleep(late)
+            return default_hooks.allreduce_hook(dist.group.WORLD, bucket)
+
+        model.register_comm_hook(None, paced_allreduce)
+        opt = torch.optim.SGD(model.parameters(), lr=cfg["lr"])
+        times, errors = [], []
+        dist.barrier()
+        last = time.perf_counter()
+        for it in range(cfg["iterations"]):
+            if step is not None and rank == step[0] and it >= step[1]:
+                clock["speed"] = speed / step[2]
+            clock["cpu"], clock["wall"] = time.thread_time(), time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            h = model(x)
+            # DDP averages gradients over ranks; x world makes it the batch sum (SPEC section 1).
+            loss = 0.5 * ((h - d) ** 2).sum()
+            (loss * world).backward()
+            opt.step()
+            now = time.perf_counter()
+            times.append(now - last)
+            last = now
+            errors.append(float(loss.detach()))
+        if rank == 0:
+            queue.put({"times": times, "error": errors[-1]})
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ddp(x: np.ndarray, d: np.ndarray, *, hidden: int, speeds: Sequence[float], scale: float,
+            iterations: int, learning_rate: float, step: tuple[int, int, float] | None = None,
+            seed: int = 0, timeout: float = 1800.0) -> dict[str, Any]:
+    """Train the same MLP with plain DDP, one process per EMULATED speed; rank 0's iteration times."""
+    import multiprocessing as mp
+
+    from .kernels import init_weights
+
+    ctx = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory(prefix="rpm-ddp-") as tmp:
+        W0, V0 = init_weights(x.shape[1], hidden, d.shape[1], seed=seed)
+        paths = {k: os.path.join(tmp, f"{k}.npy") for k in ("x", "d", "W0", "V0")}
+        for k, v in (("x", x), ("d", d), ("W0", W0), ("V0", V0)):
+            np.save(paths[k], np.ascontiguousarray(v, dtype="float64"))
+        cfg = {**paths, "world": len(speeds), "port": _free_port(), "speeds": list(speeds), "scale": scale,
+               "lr": learning_rate, "iterations": iterations, "step": step}
+        queue = ctx.Queue()
+        procs = [ctx.Process(target=_ddp_rank, args=(r, cfg, queue), daemon=True) for r in range(len(speeds))]
+        for p in procs:
+            p.start()
+        try:
+            result = queue.get(timeout=timeout)
+        except Exception as e:  # noqa: BLE001
+            codes = [p.exitcode for p in procs]
+            raise RuntimeError(f"the DDP peer produced no result (rank exit codes {codes}): {e!r}") from None
+        finally:
+            for p in procs:
+                p.join(timeout=30)
+                if p.is_alive():
+                    p.terminate()
+    return result
+
+
+def _run_ddp_method(case: BenchCase, x: np.ndarray, d: np.ndarray, *, iterations: int, lr: float,
+                    scale: float, start: int) -> MethodResult:
+    ok, why = torch_available()
+    if not ok:
+        return MethodResult(skipped=why)
+    step = None
+    if case.step_worker is not None:
+        step = (case.step_worker, int(case.step_at), STEP_FACTOR)
+    t0 = time.perf_counter()
+    res = run_ddp(x, d, hidden=case.shape[1], speeds=case.speeds, scale=scale, iterations=iterations,
+                  learning_rate=lr, step=step)
+    it = np.asarray(res["times"], dtype=float)
+    return MethodResult(
+        seconds_per_iteration=steady_seconds(it, min(start, it.size - 1)),
+        seconds_mean=float(np.mean(it)),
+        iteration_time=it,
+        iterations=int(it.size),
+        n_columns=case.n,
+        final_error=float(res["error"]),
+        plan=json.dumps({"method": "ddp", "samples_per_rank": "equal", "ranks": case.n}),
+        wall=time.perf_counter() - t0,
+    )
+
+
+# ------------------------------------------------------------ the dataset
+def run_bench(
+    *,
+    workloads: Sequence[str] = ("paper", "compute"),
+    conditions: Sequence[str] = ("A", "B"),
+    ns: Sequence[int] = (4, 5, 6, 7, 8),
+    methods: Sequence[str] = METHODS,
+    iterations: int = 40,
+    series_iterations: int = 2,
+    interval: int | None = None,
+    step_at: int | None = None,
+    dp_search: str = "model",
+    custom: tuple[int, int, int, int] | None = None,
+    quiet: bool = False,
+) -> Any:
+    """Run the benchmark; returns an ``xarray.Dataset`` (see :func:`write_outputs`).
+
+    Parameters
+    ----------
+    workloads
+        Names in :data:`WORKLOADS`, or ``"custom"`` with ``custom=(n, m, l, s)``.
+    conditions
+        ``"A"``, ``"B"``, ``"A-step"``, ``"B-step"`` (SPEC section 7; ``-step``:
+        the fastest worker slows 3x from iteration ``step_at``).
+    ns
+        Worker counts, 1..8 (the first N values of the profile).
+    methods
+        A subset of :data:`METHODS`, run in this order on every case.
+    iterations
+        BP iterations per method run; the steady-state time is the median over
+        the second half.
+    series_iterations
+        Iterations of each ``T_series`` run.
+    interval
+        Iterations per submitted block and between DRPM checks (R); default
+        ``max(2, iterations // 4)``.
+    step_at
+        Iteration of the load step; default ``iterations // 4`` (at least
+        ``series_iterations + 1``, so series runs stay before it).
+    dp_search
+        ``"model"`` or ``"measured"`` (see the module docstring).
+    """
+    import xarray as xr
+
+    workloads, conditions, ns, methods = list(workloads), list(conditions), list(ns), list(methods)
+    _validate(workloads, conditions, ns, methods, iterations, series_iterations, interval, dp_search, custom)
+    interval = int(interval) if interval is not None else max(2, iterations // 4)
+    step_at = int(step_at) if step_at is not None else max(series_iterations + 1, iterations // 4)
+    if any(c.endswith("-step") for c in conditions) and not (series_iterations < step_at < iterations // 2 + 1):
+        raise BenchError(
+            f"step_at={step_at} must lie after the series runs ({series_iterations} iterations) and in the "
+            f"first half of the run ({iterations} iterations); give more iterations or another step_at"
+        )
+    cases = make_cases(workloads, conditions, ns, step_at=step_at, custom=custom)
+    started = time.perf_counter()
+    results = []
+    for case in cases:
+        results.append(_run_case(case, methods, iterations=iterations, series_iterations=series_iterations,
+                                 interval=interval, dp_search=dp_search, quiet=quiet))
+    wall = time.perf_counter() - started
+
+    C, M, W = len(cases), len(methods), max(ns)
+    def full(*shape: int, fill: Any = np.nan, dtype: Any = float) -> np.ndarray:
+        return np.full(shape, fill, dtype=dtype)
+
+    spi, mean, gam, ratio = full(C, M), full(C, M), full(C, M), full(C, M)
+    its, remaps, cols = full(C, M, fill=0, dtype=int), full(C, M, fill=0, dtype=int), full(C, M, fill=0, dtype=int)
+    err = full(C, M)
+    plan = full(C, M, fill="", dtype=object)
+    skipped = full(C, M, fill="", dtype=object)
+    itime = full(C, M, iterations)
+    series, speeds, assumed, probed = full(C, W), full(C, W), full(C, W), full(C, W)
+    scale, overrun, lat, bw, load0, load1 = (full(C) for _ in range(6))
+    labels = []
+    for c, res in enumerate(results):
+        case = res["case"]
+        series[c, :case.n] = res["series"]
+        speeds[c, :case.n] = case.speeds
+        assumed[c, :case.n] = case.assumed
+        if res["probed"] is not None:
+            p = np.asarray(res["probed"], dtype=float)
+            probed[c, :case.n] = p / p.max()
+        scale[c], overrun[c], lat[c], bw[c] = res["scale"], res["overrun_fraction"], res["latency"], res["bandwidth"]
+        load0[c], load1[c] = res["load_start"], res["load_end"]
+        labels.append(res["label"])
+        for k, method in enumerate(methods):
+            r: MethodResult = res["methods"][method]
+            spi[c, k], mean[c, k] = r.seconds_per_iteration, r.seconds_mean
+            gam[c, k] = gamma(r.seconds_per_iteration, res["series"])
+            its[c, k], remaps[c, k], cols[c, k], err[c, k] = r.iterations, r.remaps, r.n_columns, r.final_error
+            plan[c, k], skipped[c, k] = r.plan, r.skipped
+            n_it = min(iterations, r.iteration_time.size)
+            itime[c, k, :n_it] = r.iteration_time[:n_it]
+        if "drpm" in methods:
+            ratio[c] = spi[c] / spi[c, methods.index("drpm")]
+    ds = xr.Dataset(
+        {
+            "seconds_per_iteration": (("case", "method"), spi, {
+                "units": "s", "description": "median iteration time over the second half of the run (steady state)"}),
+            "seconds_per_iteration_mean": (("case", "method"), mean, {
+                "units": "s", "description": "mean iteration time over the whole run (DRPM's learning included)"}),
+            "gamma": (("case", "method"), gam, {
+                "units": "1", "description": "parallel efficiency (1/T_parallel) / sum_i 1/T_series(i) (SPEC 7)"}),
+            "ratio_to_drpm": (("case", "method"), ratio, {
+                "units": "1", "description": "seconds_per_iteration / DRPM's (above 1: slower than DRPM)"}),
+            "iterations": (("case", "method"), its, {"units": "1"}),
+            "remaps": (("case", "method"), remaps, {"units": "1"}),
+            "n_columns": (("case", "method"), cols, {"units": "1", "description": "columns of the final plan"}),
+            "final_error": (("case", "method"), err, {"units": "1"}),
+            "plan": (("case", "method"), plan, {"description": "final plan as JSON"}),
+            "skipped": (("case", "method"), skipped, {"description": "why the method did not run, else empty"}),
+            "iteration_time": (("case", "method", "iteration"), itime, {"units": "s"}),
+            "series_seconds": (("case", "worker"), series, {
+                "units": "s", "description": "T_series(i): the same job on worker i alone, s/iteration"}),
+            "speed": (("case", "worker"), speeds, {"units": "1", "description": "EMULATED true relative speed"}),
+            "ability_assumed": (("case", "worker"), assumed, {
+                "units": "1", "description": "the paper's assumed profile (SPEC 7)"}),
+            "ability_probed": (("case", "worker"), probed, {"units": "1", "description": "probed, max 1"}),
+            "scale": (("case",), scale, {"units": "core", "description": "EMULATED: what speed 1.0 stands for"}),
+            "overrun_fraction": (("case",), overrun, {
+                "units": "1", "description": "paced blocks that overran their target (contention)"}),
+            "latency": (("case",), lat, {"units": "s", "description": "probed worker-to-worker latency"}),
+            "bandwidth": (("case",), bw, {"units": "bytes/s", "description": "probed bandwidth"}),
+            "load_start": (("case",), load0, {"units": "1", "description": "1-minute load average"}),
+            "load_end": (("case",), load1, {"units": "1"}),
+            "emulation_label": (("case",), np.asarray(labels, dtype=object)),
+        },
+        coords={
+            "case": [c.name for c in cases],
+            "workload": ("case", [c.workload for c in cases]),
+            "condition": ("case", [c.condition for c in cases]),
+            "N": ("case", [c.n for c in cases]),
+            "shape": ("case", ["-".join(map(str, c.shape)) for c in cases]),
+            "samples": ("case", [c.samples for c in cases]),
+            "step_worker": ("case", [-1 if c.step_worker is None else c.step_worker for c in cases]),
+            "step_at": ("case", [-1 if c.step_at is None else c.step_at for c in cases]),
+            "method": methods,
+            "worker": np.arange(W),
+            "iteration": np.arange(iterations),
+        },
+        attrs={
+            "title": "dask-rpm bench: EMULATED heterogeneity on one machine (not hardware figures)",
+            "emulation": "EMULATED heterogeneity on one machine: workers share the cores; slow workers sleep "
+                         "in proportion to their CPU time (docs/emulation.md)",
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_implementation()} "
+                       f"{platform.python_version()}",
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "iterations": iterations,
+            "series_iterations": series_iterations,
+            "interval": interval,
+            "dp_search": dp_search,
+            "wall_seconds": wall,
+            "truth": "EMULATED speeds = SPEC profile with 0.63 -> 0.5 (the paper measured ~0.5 where it assumed 0.63)",
+        },
+    )
+    return ds
+
+
+def _validate(workloads: list[str], conditions: list[str], ns: list[int], methods: list[str], iterations: int,
+              series_iterations: int, interval: int | None, dp_search: str,
+              custom: tuple[int, int, int, int] | None) -> None:
+    valid_wl = [*WORKLOADS, "custom"]
+    for wl in workloads:
+        if wl not in valid_wl:
+            raise BenchError(f"workload {wl!r} is not one of {', '.join(valid_wl)}")
+        if wl == "custom" and custom is None:
+            raise BenchError("workload 'custom' needs a shape and samples (--shape N-M-L --samples S)")
+    valid_cond = [*CONDITIONS, *(f"{c}-step" for c in CONDITIONS)]
+    for c in conditions:
+        if c not in valid_cond:
+            raise BenchError(f"condition {c!r} is not one of {', '.join(valid_cond)}")
+    for n in ns:
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= MAX_N:
+            raise BenchError(f"N={n!r}: worker counts must be whole numbers from 1 to {MAX_N} "
+                             f"(the profiles of SPEC section 7 have {MAX_N} values)")
+    for m in methods:
+        if m not in METHODS:
+            raise BenchError(f"method {m!r} is not one of {', '.join(METHODS)}")
+    if len(set(methods)) != len(methods):
+        raise BenchError(f"methods {methods} repeat a name; give each once")
+    if not methods or not workloads or not conditions or not ns:
+        raise BenchError("give at least one workload, condition, N and method")
+    if iterations < 2:
+        raise BenchError(f"iterations={iterations}: need at least 2 (the steady state is the second half)")
+    if series_iterations < 1:
+        raise BenchError(f"series_iterations={series_iterations}: need at least 1")
+    if interval is not None and interval < 1:
+        raise BenchError(f"interval={interval}: must be a positive number of iterations")
+    if dp_search not in ("model", "measured"):
+        raise BenchError(f"dp_search={dp_search!r} is not one of model, measured")
+
+
+# ---------------------------------------------------------------- outputs
+def summary_rows(ds: Any) -> list[dict[str, Any]]:
+    """One row per (case, method) that ran: the ``--json`` list."""
+    def num(v: Any) -> float | None:
+        v = float(v)
+        return v if math.isfinite(v) else None
+
+    rows = []
+    for c in range(ds.sizes["case"]):
+        for k, method in enumerate(ds["method"].values.tolist()):
+            if str(ds["skipped"].values[c, k]):
+                continue
+            rows.append({
+                "method": method,
+                "condition": str(ds["condition"].values[c]),
+                "N": int(ds["N"].values[c]),
+                "gamma": num(ds["gamma"].values[c, k]),
+                "seconds_per_iteration": num(ds["seconds_per_iteration"].values[c, k]),
+                "workload": str(ds["workload"].values[c]),
+                "ratio_to_drpm": num(ds["ratio_to_drpm"].values[c, k]),
+            })
+    return rows
+
+
+def markdown_table(ds: Any) -> str:
+    """The summary as a markdown table headed by the EMULATED label."""
+    lines = [
+        "**EMULATED heterogeneity on one machine** (not hardware figures): "
+        f"{ds.attrs.get('machine', '')}, {ds.attrs.get('date', '')}, {ds.attrs.get('iterations')} iterations "
+        f"per method (steady state: median of the second half), T_series over "
+        f"{ds.attrs.get('series_iterations')} iteration(s), R = {ds.attrs.get('interval')}.",
+        "",
+        "| workload | condition | N | method | s/iteration | gamma | vs DRPM | columns | remaps |",
+        "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    notes = []
+    for c in range(ds.sizes["case"]):
+        wl, cond, n = str(ds["workload"].values[c]), str(ds["condition"].values[c]), int(ds["N"].values[c])
+        for k, method in enumerate(ds["method"].values.tolist()):
+            why = str(ds["skipped"].values[c, k])
+            if why:
+                lines.append(f"| {wl} | {cond} | {n} | {method} | skipped | | | | |")
+                notes.append(f"{method} skipped: {why}")
+                continue
+            r = float(ds["ratio_to_drpm"].values[c, k])
+            lines.append(
+                f"| {wl} | {cond} | {n} | {method} | {float(ds['seconds_per_iteration'].values[c, k]):.3f} | "
+                f"{float(ds['gamma'].values[c, k]):.3f} | {'' if not math.isfinite(r) else f'{r:.2f}x'} | "
+                f"{int(ds['n_columns'].values[c, k])} | {int(ds['remaps'].values[c, k])} |"
+            )
+    lines.append("")
+    for c in range(ds.sizes["case"]):
+        n = int(ds["N"].values[c])
+        ts = ", ".join(f"{v:.2f}" for v in ds["series_seconds"].values[c, :n])
+        sp = ", ".join(f"{v:g}" for v in ds["speed"].values[c, :n])
+        lines.append(
+            f"* {ds['case'].values[c]} ({ds['shape'].values[c]}, s = {int(ds['samples'].values[c])}): "
+            f"EMULATED speeds {sp} x scale {float(ds['scale'].values[c]):.3f} of a core; T_series {ts} s; "
+            f"paced blocks overrun {100 * float(ds['overrun_fraction'].values[c]):.0f} %; "
+            f"load {float(ds['load_start'].values[c]):.1f} -> {float(ds['load_end'].values[c]):.1f}"
+        )
+    for note in dict.fromkeys(notes):
+        lines.append(f"* {note}")
+    return "\n".join(lines) + "\n"
+
+
+def plot_bench(ds: Any, path: str) -> str:
+    """Bar charts of gamma and s/iteration per case and method (PNG); returns the path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = ds["method"].values.tolist()
+    cases = ds["case"].values.tolist()
+    steps = [c for c in range(len(cases)) if int(ds["step_worker"].values[c]) >= 0]
+    ncols = 3 if steps else 2
+    fig, axes = plt.subplots(1, ncols, figsize=(6 * ncols, 4.8))
+    xs = np.arange(len(cases))
+    width = 0.8 / max(len(methods), 1)
+    for k, method in enumerate(methods):
+        for ax, var in zip(axes[:2], ("gamma", "seconds_per_iteration")):
+            ax.bar(xs + (k - (len(methods) - 1) / 2) * width, ds[var].values[:, k], width, label=method)
+    for ax, title in zip(axes[:2], ("parallel efficiency gamma", "seconds per iteration (steady state)")):
+        ax.set_xticks(xs, [c.replace("/", "\n") for c in cases], fontsize=8)
+        ax.set_title(title)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].axhline(0.85, color="k", lw=0.8, ls="--")
+    axes[0].legend(fontsize=7, ncol=2)
+    if steps:
+        c = steps[0]
+        ax = axes[2]
+        for k, method in enumerate(methods):
+            ax.plot(ds["iteration"].values, ds["iteration_time"].values[c, k], marker=".", label=method)
+        ax.axvline(int(ds["step_at"].values[c]), color="k", lw=0.8, ls="--")
+        ax.set_title(f"load step: {cases[c]}")
+        ax.set_xlabel("iteration")
+        ax.set_ylabel("s")
+        ax.legend(fontsize=7, ncol=2)
+    fig.suptitle("EMULATED heterogeneity on one machine (not hardware figures) - dask-rpm bench")
+    fig.tight_layout()
+    _atomic(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    plt.close(fig)
+    return path
+
+
+def _atomic(path: str, write: Any) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.basename(path))
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_outputs(ds: Any, out_dir: str, *, plot: bool = True) -> dict[str, str]:
+    """Write ``bench.nc`` (netCDF), ``bench.md`` and ``bench.png`` into ``out_dir`` atomically."""
+    os.makedirs(out_dir, exist_ok=True)
+    paths = {"netcdf": os.path.join(out_dir, "bench.nc"), "markdown": os.path.join(out_dir, "bench.md")}
+    _atomic(paths["netcdf"], lambda tmp: ds.to_netcdf(tmp, engine="h5netcdf"))
+    table = markdown_table(ds)
+    _atomic(paths["markdown"], lambda tmp: open(tmp, "w").write(table))
+    if plot:
+        paths["png"] = plot_bench(ds, os.path.join(out_dir, "bench.png"))
+    return paths
+
+
+# --------------------------------------------------------------------- CLI
+_EPILOG = """\
+examples:
+  dask-rpm bench --quick                      # condition A, N = 4 and 8, compute workload: a few minutes
+  dask-rpm bench --quick --json               # the summary as a JSON list of rows
+  dask-rpm bench --conditions A,B --n 4-8 --workloads paper,compute     # the full set (hours)
+  dask-rpm bench --conditions A-step --n 8 --iterations 40             # one worker slows 3x mid-run
+  dask-rpm bench --workloads custom --shape 20-16-4 --samples 512 --n 3 --methods srpm-assumed,drpm
+
+All figures are EMULATED heterogeneity on one machine (docs/emulation.md).
+"""
+
+
+def add_bench_parser(subparsers: Any) -> None:
+    """Register ``dask-rpm bench``."""
+    p = subparsers.add_parser(
+        "bench",
+        help="every mapping method side by side on an EMULATED heterogeneous local cluster",
+        description=(
+            "Run uniform, H_rev, SRPM (assumed and probed abilities), DRPM (with and without initial "
+            "abilities), the proportional 1-D split and a PyTorch DDP peer side by side on "
+            "dask_rpm.local_cluster with EMULATED speeds; write bench.nc, bench.md and bench.png."
+        ),
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--quick", action="store_true",
+                   help="condition A, N = 4 and 8, compute workload, 16 iterations (a few minutes)")
+    p.add_argument("--conditions", help="comma-separated: A, B, A-step, B-step (default A,B)")
+    p.add_argument("--n", dest="ns", metavar="N", help="worker counts, e.g. 4,8 or 4-8 (default 4-8)")
+    p.add_argument("--workloads", help="comma-separated: paper, compute, custom (default paper,compute)")
+    p.add_argument("--methods", help=f"comma-separated subset of {','.join(METHODS)} (default all)")
+    p.add_argument("--iterations", type=int, help="iterations per method run (default 40; --quick 16)")
+    p.add_argument("--series-iterations", type=int, default=None, help="iterations per T_series run (default 2)")
+    p.add_argument("--interval", type=int, default=None, help="R: iterations between DRPM checks (default iterations/4)")
+    p.add_argument("--step-at", type=int, default=None, help="iteration of the load step (default iterations/4)")
+    p.add_argument("--dp-search", choices=("model", "measured"), default="model",
+                   help="how the baselines' best N_DP is found (default model)")
+    p.add_argument("--shape", help="custom workload network n-m-l")
+    p.add_argument("--samples", type=int, help="custom workload samples")
+    p.add_argument("--out", default="rpm-bench", help="output directory (default ./rpm-bench)")
+    p.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    p.add_argument("--json", action="store_true", help="print the summary rows as JSON on stdout")
+    p.set_defaults(func=_cmd_bench)
+
+
+def _split(text: str | None, default: Sequence[str]) -> list[str]:
+    if text is None:
+        return list(default)
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _parse_ns(text: str | None, default: Sequence[int]) -> list[int]:
+    from .cli import CLIError
+
+    if text is None:
+        return list(default)
+    out: list[int] = []
+    for tok in _split(text, ()):
+        try:
+            if "-" in tok:
+                a, b = (int(v) for v in tok.split("-", 1))
+                out.extend(range(a, b + 1))
+            else:
+                out.append(int(tok))
+        except ValueError:
+            raise CLIError(f"--n {text!r}: give whole numbers from 1 to {MAX_N}, e.g. 4,8 or 4-8") from None
+    if not out:
+        raise CLIError(f"--n {text!r} is empty: give whole numbers from 1 to {MAX_N}, e.g. 4,8 or 4-8")
+    return out
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from .cli import CLIError
+    from .planners import parse_shape
+
+    if args.quick:
+        conditions, ns, workloads, iterations = ["A"], [4, 8], ["compute"], 16
+    else:
+        conditions, ns, workloads, iterations = ["A", "B"], [4, 5, 6, 7, 8], ["paper", "compute"], 40
+    conditions = _split(args.conditions, conditions)
+    ns = _parse_ns(args.ns, ns)
+    workloads = _split(args.workloads, workloads)
+    methods = _split(args.methods, METHODS)
+    iterations = args.iterations if args.iterations is not None else iterations
+    custom = None
+    if (args.shape is None) != (args.samples is None):
+        raise CLIError("--shape and --samples go together (a custom workload); give both or neither")
+    if args.shape is not None:
+        n, m, l = parse_shape(args.shape)
+        if args.samples < 1:
+            raise CLIError(f"--samples {args.samples}: must be a positive number of samples")
+        custom = (n, m, l, int(args.samples))
+        if args.workloads is None:
+            workloads = ["custom"]
+    if "ddp" in methods:
+        ok, why = torch_available()
+        if not ok:
+            print(f"dask-rpm bench: ddp will be skipped: {why}", file=sys.stderr)
+    out_dir = args.out
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise CLIError(f"--out {out_dir!r} exists and is not a directory; give a directory path")
+    try:
+        ds = run_bench(
+            workloads=workloads, conditions=conditions, ns=ns, methods=methods, iterations=iterations,
+            series_iterations=args.series_iterations if args.series_iterations is not None else 2,
+            interval=args.interval, step_at=args.step_at, dp_search=args.dp_search, custom=custom,
+        )
+    except BenchError as e:
+        raise CLIError(str(e)) from None
+    paths = write_outputs(ds, out_dir, plot=not args.no_plot)
+    if args.json:
+        print(json.dumps(summary_rows(ds)))
+    else:
+        print(markdown_table(ds))
+        print("wrote " + ", ".join(paths.values()) + "  (EMULATED heterogeneity on one machine)")
+    return 0
