@@ -435,6 +435,7 @@ dask_cli = _make_dask_cli()
 
 # Subcommands defined in their own modules (picked up by _parser_hooks).
 from .train import add_train_parser  # noqa: E402
+from .probe_cli import add_probe_parser  # noqa: E402
 from .bench import add_bench_parser  # noqa: E402
 
 
