@@ -168,7 +168,8 @@ def _t_assemble(pieces: list, *blocks: tuple) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _t_clear(run: str) -> int:
-    stale = [k for k in _ACTIVATIONS if k[0] == run]
+    # Also the run's generations after a worker loss ("<run>g<n>") and replays ("<run>r<k>").
+    stale = [k for k in _ACTIVATIONS if k[0].startswith(run)]
     for k in stale:
         del _ACTIVATIONS[k]
     return len(stale)
@@ -299,6 +300,13 @@ class Trainer:
         self.nonfinite: set[int] = set()
         self.timings: dict[tuple[int, int], dict[str, tuple[float, float]]] = {}
         self.addresses: list[str] = list(plan.workers or ())
+        # Worker indices are positions in ``addresses``, which only grows: a
+        # worker that joins is appended, one that is lost stays (in ``gone``)
+        # but is never planned again, so indices in timings, estimates and
+        # history stay valid across changes of the worker set.
+        self.gone: set[int] = set()
+        self.base_run = run
+        self.generation = 0
 
     # ---------------------------------------------------------------- setup
     def _key(self, phase: str, it: int, idx: Any) -> tuple[str, int, Any]:
@@ -585,9 +593,110 @@ class Trainer:
                     out.append((w, self.plan.rectangle(w).area, t1, max(b1 - b0, 0.0)))
         return out
 
+    # ------------------------------------------------- elastic / fault tolerant
+    def restore(self, snap: tuple) -> None:
+        """Go back to snapshot ``snap`` (from :meth:`snapshot`), forgetting later records.
+
+        Starts a new *generation*: tasks get a fresh run name, so results and
+        log events of the abandoned iterations still in flight cannot mix
+        with the recomputed ones.
+        """
+        first, self.plan, weights, data = snap
+        self.iteration = first
+        self.weights, self.data = dict(weights), dict(data)
+        self._forget_from(first)
+
+    def _forget_from(self, first: int) -> None:
+        for it in [k for k in self.errors if k >= first]:
+            del self.errors[it]
+        for key in [k for k in self.timings if k[0] >= first]:
+            del self.timings[key]
+        self.nonfinite = {it for it in self.nonfinite if it < first}
+        self.generation += 1
+        self.run = f"{self.base_run}g{self.generation}"
+        self.seq = 0
+
+    def whole_plan(self, abilities: dict[int, float] | None = None, note: str = "whole remap") -> Plan:
+        """SRPM over every worker not lost (joined ones included), indexed like ``addresses``.
+
+        ``abilities`` maps worker index to ability; workers without one get the
+        ability they have in the current plan, workers new to the run the mean
+        of the planned workers' abilities.
+        """
+        from .planners import make_plan
+
+        active = [i for i in range(len(self.addresses)) if i not in self.gone]
+        if not active:
+            raise TrainingError("no workers left to train on: every worker of the run was lost")
+        cur = self.plan.abilities
+        planned = [cur[w] for w in self.plan.planned_workers if w not in self.gone] or [1.0]
+        fill = float(np.mean(planned))
+        abilities = dict(abilities or {})
+        vec = []
+        for i in active:
+            v = abilities.get(i, cur[i] if i < len(cur) and cur[i] > 0 else fill)
+            vec.append(float(v) if np.isfinite(v) and v > 0 else fill)
+        compact = make_plan(vec, self.plan.shape, self.plan.samples, method="srpm")
+        full = np.zeros(len(self.addresses))
+        full[active] = np.asarray(vec) / np.sum(vec)
+        lift = dict(enumerate(active))
+        new = replace(
+            compact,
+            abilities=tuple(float(v) for v in full),
+            columns=tuple(tuple(lift[w] for w in col) for col in compact.columns),
+            rectangles=tuple(replace(r, worker=lift[r.worker]) for r in compact.rectangles),
+            excluded=tuple(lift[w] for w in compact.excluded),
+            notes=(*compact.notes, note),
+            workers=tuple(self.addresses),
+        )
+        return new.validate()
+
+    async def rebalance(self, alive: Sequence[str], fallback: tuple[int, np.ndarray, np.ndarray], reason: str) -> dict[str, Any]:
+        """Whole remap onto the workers ``alive`` now: absorb new ones, drop lost ones.
+
+        Rows a lost worker held come from another column holding the same rows
+        (every column holds a full copy of W and V). When no column does (a
+        single column, or every holder lost), training restarts from
+        ``fallback`` = ``(iteration, W, V)``, the last checkpoint, and the
+        iterations since are computed again.
+        """
+        from .remap import MigrationError
+
+        t0 = time.perf_counter()
+        alive_set = set(alive)
+        lost = [a for i, a in enumerate(self.addresses) if i not in self.gone and a not in alive_set]
+        self.gone |= {self.addresses.index(a) for a in lost}
+        known = set(self.addresses)
+        joined = [a for a in alive if a not in known]
+        self.addresses.extend(joined)
+        new = self.whole_plan(note=reason)
+        source = "columns"
+        at = self.iteration
+        try:
+            rec = await self.remap(new, "whole", lost=lost)
+        except MigrationError:
+            k, W, V = fallback
+            self.iteration = k
+            self._forget_from(k)
+            self.version += 1
+            self.plan, self.weights, self.data = new, {}, {}
+            await self._load_data(new)
+            await self._scatter_weights(new, W, V)
+            await self._wait(list(self.weights.values()) + list(self.data.values()), k)
+            source = "checkpoint"
+            rec = {
+                "iteration": k, "kind": "whole", "bytes": int(W.nbytes + V.nbytes),
+                "transfers": len(new.planned_workers), "samples_reloaded": len(new.planned_workers),
+            }
+        rec.update(
+            seconds=time.perf_counter() - t0, reason=reason, lost=lost, joined=joined,
+            recovered_from=source if lost else None, replayed=at - self.iteration,
+        )
+        return rec
+
     async def close(self) -> None:
         try:
-            await self.client.run(_t_clear, self.run)
+            await self.client.run(_t_clear, self.base_run)
         except Exception:  # pragma: no cover - best effort on shutdown
             logger.debug("could not clear worker caches", exc_info=True)
 
@@ -660,6 +769,14 @@ def fit(
     client: Any = None,
     interval: int | None = None,
     progress: Any = None,
+    on_worker_loss: str | None = None,
+    min_workers: int | None = None,
+    elastic: bool | None = None,
+    target_error: float | None = None,
+    checkpoint_every: int | None = None,
+    on_checkpoint: Any = None,
+    should_stop: Any = None,
+    callback: Any = None,
 ) -> FitResult:
     """Train a 3-layer perceptron by batch BP on the workers of a Dask cluster.
 
@@ -691,6 +808,35 @@ def fit(
     progress : {"auto", "bar", "log", "none"} or bool, default ``rpm.train.progress``
         A progress bar on stderr in an interactive session, plain lines in
         logs (``"auto"``); ``"none"`` / ``False`` is silent (:mod:`dask_rpm.progress`).
+    on_worker_loss : {"recover", "raise"}, default ``rpm.train.on-worker-loss``
+        ``"recover"``: when a worker holding a weight shard leaves, go on with
+        a whole remap onto the workers left; its rows come from another column
+        holding them, or (single column) from the last checkpoint with the
+        iterations since computed again. Final weights are those of an
+        uninterrupted run. ``"raise"``: raise :class:`WorkerLostError`.
+    min_workers : int, default ``rpm.train.min-workers``
+        Start once this many workers are connected (waiting at most
+        ``rpm.train.wait-workers`` seconds).
+    elastic : bool, default ``rpm.train.elastic``
+        Take in workers that connect during training with a whole remap at the
+        next block boundary. Ignored when ``mapping`` is a Plan.
+    target_error : float, optional
+        Stop after the block in which the error falls below this; ``iterations``
+        is then the maximum.
+    checkpoint_every : int, default ``rpm.checkpoint.every``
+        Gather the weights to the client every this many iterations (0: never).
+        They are the recovery point when no column holds a lost worker's rows.
+    on_checkpoint : callable, optional
+        ``on_checkpoint(state)`` with a dict ``iteration``, ``W``, ``V``,
+        ``errors`` (per iteration so far), ``plan``; called in a thread at each
+        checkpoint (e.g. to write it to disk).
+    should_stop : callable, optional
+        ``should_stop() -> bool`` polled after every block (e.g. a walltime
+        signal); when true training stops there and ``FitResult.stopped`` says so.
+    callback : callable, optional
+        ``callback(info)`` after every block with a dict: ``iteration``,
+        ``iterations``, ``error``, ``seconds_per_iteration``, ``workers``
+        (addresses planned), ``plan`` and ``remaps`` (remaps at this boundary).
 
     Returns
     -------
@@ -714,6 +860,14 @@ def fit(
         dtype=dtype,
         interval=interval,
         progress=progress,
+        on_worker_loss=on_worker_loss,
+        min_workers=min_workers,
+        elastic=elastic,
+        target_error=target_error,
+        checkpoint_every=checkpoint_every,
+        on_checkpoint=on_checkpoint,
+        should_stop=should_stop,
+        callback=callback,
     )
 
 
@@ -738,6 +892,14 @@ async def _fit_async(
     dtype: str | None,
     interval: int | None,
     progress: Any = None,
+    on_worker_loss: str | None = None,
+    min_workers: int | None = None,
+    elastic: bool | None = None,
+    target_error: float | None = None,
+    checkpoint_every: int | None = None,
+    on_checkpoint: Any = None,
+    should_stop: Any = None,
+    callback: Any = None,
 ) -> FitResult:
     from .progress import Progress
 
@@ -753,6 +915,18 @@ async def _fit_async(
     interval = max(int(config.get("drpm.window")), 2) if auto_interval else int(interval)
     if interval < 1:
         raise DataError(f"interval={interval}; it must be a positive number of iterations or 'auto'")
+    on_worker_loss = config.get("train.on-worker-loss", on_worker_loss)
+    if on_worker_loss not in ("recover", "raise"):
+        raise DataError(f"on_worker_loss={on_worker_loss!r}; use 'recover' (go on without the worker) or 'raise'")
+    min_workers = config.get("train.min-workers", min_workers)
+    if isinstance(min_workers, bool) or not isinstance(min_workers, (int, np.integer)) or min_workers < 1:
+        raise DataError(f"min_workers={min_workers!r}; it must be a positive integer")
+    elastic = bool(config.get("train.elastic", elastic)) and not isinstance(mapping, Plan)
+    every = config.get("checkpoint.every", checkpoint_every)
+    if isinstance(every, bool) or not isinstance(every, (int, np.integer)) or every < 0:
+        raise DataError(f"checkpoint_every={every!r}; it must be an integer >= 0 (0: no checkpoints)")
+    if target_error is not None and not (np.isfinite(target_error) and target_error >= 0):
+        raise DataError(f"target_error={target_error!r}; it must be a finite number >= 0, or None")
 
     # ---- validate everything before any work starts
     if isinstance(x, (str,)) or hasattr(x, "__fspath__"):
@@ -775,7 +949,7 @@ async def _fit_async(
         arrays = (np.ascontiguousarray(xa, dtype=dtype), np.ascontiguousarray(da, dtype=dtype))
         s, n, l = xa.shape[0], xa.shape[1], da.shape[1]
     m = W0.shape[0]
-    info = await client.scheduler.identity(n_workers=-1)
+    info = await _wait_for_workers(client, int(min_workers))
     addresses = ordered_workers(info)
     if not addresses:
         raise TrainingError("the cluster has no workers; start some (e.g. dask_rpm.local_cluster()) and retry")
@@ -800,6 +974,7 @@ async def _fit_async(
         learning_rate=learning_rate, dtype=dtype,
     )
     drpm_state = _DRPMState(initial_abilities=initial_abilities, auto=auto_interval) if drpm else None
+    remaps: list[dict[str, Any]] = drpm_state.remaps if drpm_state is not None else []
     stopped = None
     plans = [plan]
     try:
@@ -810,22 +985,68 @@ async def _fit_async(
         )
         done = 0
         # Snapshots (iteration, plan, weights, data) at the start of the current
-        # and the previous block, to return the last finite weights on divergence.
-        prev_start = cur_start = trainer.snapshot()
+        # and the previous block, to return the last finite weights on divergence;
+        # ``safe``: the last consistent state (after a block or a remap), to go
+        # back to when a worker is lost; ``ckpt``: the last weights on the client.
+        prev_start = cur_start = safe = trainer.snapshot()
+        ckpt = (0, W0, V0)
         while done < iterations:
             block = min(interval, iterations - done)
+            if every:
+                block = min(block, every - done % every)
             prev_start, cur_start = cur_start, trainer.snapshot()
-            keep = await trainer.run_block(block)
-            if keep is not None:
-                stopped = await _stop_diverged(trainer, keep, cur_start, prev_start, learning_rate)
+            n_remaps = len(remaps)
+            try:
+                keep = await trainer.run_block(block)
+                if keep is not None:
+                    stopped = await _stop_diverged(trainer, keep, cur_start, prev_start, learning_rate)
+                    break
+                done += block
+                safe = trainer.snapshot()
+                await _push_progress(trainer, done - block, done)
+                if every and done % every == 0:
+                    ckpt = await _checkpoint(trainer, done, on_checkpoint)
+                alive = ordered_workers(await client.scheduler.identity(n_workers=-1)) if elastic else []
+                joined = [a for a in alive if a not in trainer.addresses]
+                if joined and done < iterations:
+                    rec = await trainer.rebalance(alive, ckpt, f"{len(joined)} worker(s) joined")
+                    remaps.append(rec)
+                    safe = trainer.snapshot()
+                    logger.info(f"iteration {done}: worker(s) {', '.join(joined)} joined -> whole remap, "
+                                f"{rec['bytes']} bytes in {rec['seconds']:.3f} s")
+                elif drpm_state is not None and done < iterations:
+                    interval = await drpm_state.check(trainer, done - block, done, iterations - done, interval)
+                    safe = trainer.snapshot()
+            except WorkerLostError as exc:
+                if on_worker_loss == "raise":
+                    raise
+                rec = await _recover(trainer, exc, safe, ckpt)
+                remaps.append(rec)
+                done = trainer.iteration
+                prev_start = cur_start = safe = trainer.snapshot()
+                stopped = None
+            if trainer.plan is not plans[-1]:
+                plans.append(trainer.plan)
+            for rec in remaps[n_remaps:]:
+                if "lost" in rec:  # membership remaps (DRPM's own are pushed by its check)
+                    await client.scheduler.rpm_update(
+                        run=trainer.run, info={"plan": trainer.plan.to_dict(), "remaps": [_jsonable(rec)]}
+                    )
+            if trainer.iteration > cur_start[0]:
+                reporter.block(trainer, cur_start[0], trainer.iteration, iterations, remaps)
+            if callback is not None:
+                callback(_block_info(trainer, cur_start[0], iterations, remaps[n_remaps:]))
+            reached = [] if target_error is None else [
+                it for it in range(cur_start[0], trainer.iteration) if trainer.error(it) <= target_error
+            ]
+            if reached:
+                stopped = f"target error {target_error:g} reached at iteration {reached[0]}"
+                logger.info(stopped)
                 break
-            done += block
-            await _push_progress(trainer, done - block, done)
-            if drpm_state is not None and done < iterations:
-                interval = await drpm_state.check(trainer, done - block, done, iterations - done, interval)
-                if trainer.plan is not plans[-1]:
-                    plans.append(trainer.plan)
-            reporter.block(trainer, done - block, done, iterations, drpm_state.remaps if drpm_state else None)
+            if should_stop is not None and done < iterations and should_stop():
+                stopped = f"stop requested after iteration {done}"
+                logger.info(stopped)
+                break
         W, V = await trainer.gather()
     finally:
         reporter.close(stopped)
@@ -841,8 +1062,81 @@ async def _fit_async(
         history.attrs["emulation"] = emulation
     return FitResult(
         W=W, V=V, history=history, plan=trainer.plan, plans=plans, stopped=stopped, emulation=emulation,
-        remaps=drpm_state.remaps if drpm_state is not None else [], probe=probe_result,
+        remaps=remaps, probe=probe_result,
     )
+
+
+async def _wait_for_workers(client: Any, min_workers: int) -> dict[str, Any]:
+    """Scheduler identity once ``min_workers`` workers are connected (``rpm.train.wait-workers`` s at most)."""
+    timeout = float(config.get("train.wait-workers"))
+    deadline = time.monotonic() + timeout
+    while True:
+        info = await client.scheduler.identity(n_workers=-1)
+        have = len(info.get("workers", {}))
+        if have >= min_workers:
+            return info
+        if time.monotonic() > deadline:
+            raise TrainingError(
+                f"only {have} of min_workers={min_workers} workers connected within {timeout:g} s "
+                f"(rpm.train.wait-workers); start more workers, lower min_workers, or wait longer"
+            )
+        await asyncio.sleep(0.25)
+
+
+async def _checkpoint(trainer: Trainer, done: int, on_checkpoint: Any) -> tuple[int, np.ndarray, np.ndarray]:
+    """Gather the weights after ``done`` iterations; hand them to ``on_checkpoint`` (in a thread)."""
+    W, V = await trainer.gather()
+    if on_checkpoint is not None:
+        state = {
+            "iteration": done, "W": W, "V": V, "plan": trainer.plan,
+            "errors": np.array([trainer.error(it) for it in range(done)]),
+        }
+        await asyncio.get_running_loop().run_in_executor(None, on_checkpoint, state)
+    return done, W, V
+
+
+async def _recover(trainer: Trainer, exc: WorkerLostError, safe: tuple, ckpt: tuple) -> dict[str, Any]:
+    """Go back to the last consistent state and remap onto the workers left (see Trainer.rebalance)."""
+    failed_at = trainer.iteration
+    for attempt in range(len(trainer.addresses) + 1):
+        trainer.restore(safe)
+        await asyncio.sleep(0.5 if attempt else 0.0)
+        alive = ordered_workers(await trainer.client.scheduler.identity(n_workers=-1))
+        # A worker named lost is gone even if its address is still listed (closing).
+        alive = [a for a in alive if a not in exc.workers]
+        try:
+            rec = await trainer.rebalance(alive, ckpt, f"worker(s) {', '.join(exc.workers)} lost")
+            break
+        except WorkerLostError as again:  # another worker left during recovery
+            exc = WorkerLostError([*exc.workers, *again.workers], again.iteration)
+    else:  # pragma: no cover - every attempt lost a worker
+        raise exc
+    rec["replayed"] = failed_at - trainer.iteration
+    logger.warning(
+        f"iteration {failed_at}: {exc}; recovered from the {rec['recovered_from']} -> whole remap onto "
+        f"{len(trainer.plan.planned_workers)} worker(s), {rec['bytes']} bytes in {rec['seconds']:.3f} s, "
+        f"continuing from iteration {trainer.iteration}"
+    )
+    return rec
+
+
+def _block_info(trainer: Trainer, first: int, iterations: int, remaps: list[dict[str, Any]]) -> dict[str, Any]:
+    stop = trainer.iteration
+    ends = []
+    for it in range(first, stop):
+        e = [trainer.timings.get((it, w), {}).get("modify", (np.nan, np.nan))[1] for w in trainer.plan.planned_workers]
+        ends.append(np.nanmax(e) if e and np.isfinite(e).any() else np.nan)
+    d = np.diff(np.asarray(ends, dtype=float))
+    d = d[np.isfinite(d)]
+    return {
+        "iteration": stop,
+        "iterations": iterations,
+        "error": trainer.error(stop - 1) if stop > 0 and (stop - 1) in trainer.errors else float("nan"),
+        "seconds_per_iteration": float(np.median(d)) if d.size else float("nan"),
+        "workers": [trainer.addresses[w] for w in trainer.plan.planned_workers],
+        "plan": trainer.plan,
+        "remaps": list(remaps),
+    }
 
 
 async def _push_progress(trainer: Trainer, first: int, stop: int) -> None:
@@ -872,12 +1166,18 @@ class _DRPMState:
         from .policy import auto_interval, decide
         from .remap import column_remap, whole_remap
 
+        from .estimator import EstimatorError
+
         for w, work, t1, t2 in trainer.observations(first, stop):
             self.estimator.observe(w, work, t1, t2)
         planned = trainer.plan.planned_workers
-        times = self.estimator.recent_times("t1", workers=planned)
-        speeds_t1 = self.estimator.estimate("t1", workers=planned)
-        speeds_t2 = self.estimator.estimate("t2", workers=planned)
+        try:
+            times = self.estimator.recent_times("t1", workers=planned)
+            speeds_t1 = self.estimator.estimate("t1", workers=planned)
+            speeds_t2 = self.estimator.estimate("t2", workers=planned)
+        except EstimatorError as exc:  # e.g. a worker that just joined has no times yet
+            logger.info(f"check at iteration {stop}: skipped ({exc})")
+            return interval
         policy = config.get("drpm.policy")
         kw: dict[str, Any] = {}
         if policy == "cost":
@@ -888,8 +1188,11 @@ class _DRPMState:
             vec[w] = v
         self.checks.append((stop, vec))
         new = getattr(decision, "plan", None)
+        if trainer.gone and new is not None and set(new.planned_workers) & trainer.gone:
+            new = None  # planned from abilities that still count lost workers: plan again below
         if decision.kind == "whole" and new is None:
-            new = whole_remap(trainer.plan, speeds_t2)
+            # After a worker loss, plan only the workers still there.
+            new = trainer.whole_plan(speeds_t2) if trainer.gone else whole_remap(trainer.plan, speeds_t2)
         elif decision.kind == "column" and new is None:
             new = column_remap(trainer.plan, speeds_t1)
         line = f"check at iteration {stop}: t_min/t_max = {decision.ratio:.2f}; {decision.reason}"
@@ -927,7 +1230,9 @@ class _DRPMState:
     def add_to_history(self, history: Any) -> None:
         if not self.checks:
             return
-        ab = np.array([v for _, v in self.checks])
+        # Workers that joined during the run make later vectors longer: pad with NaN.
+        width = max(max(v.size for _, v in self.checks), int(history.sizes.get("worker", 0)))
+        ab = np.array([np.pad(v, (0, width - v.size), constant_values=np.nan) for _, v in self.checks])
         with np.errstate(invalid="ignore"):
             ab = ab / np.nansum(ab, axis=1, keepdims=True)
         history["ability"] = (

@@ -196,7 +196,8 @@ def test_worker_loss_raises_naming_the_worker():
             t = threading.Thread(target=kill)
             t.start()
             with pytest.raises(WorkerLostError, match=victim.replace(".", r"\.")):
-                fit(x, d, hidden=6, iterations=100_000, learning_rate=0.01, mapping=plan, client=client)
+                fit(x, d, hidden=6, iterations=100_000, learning_rate=0.01, mapping=plan, client=client,
+                    on_worker_loss="raise")
             t.join()
 
 
