@@ -1,0 +1,122 @@
+"""Tutorial 3: train on SLURM worker groups of different node types.
+
+On a real site the groups would be partitions of different node types. Here
+we use the private single-node SLURM of ``slurm/local-cluster.sh`` (two
+partitions, ``fast`` and ``slow``, on loopback) and make the difference by
+EMULATION: the ``slow`` group's workers run the BP kernels at half speed.
+
+The script
+
+1. describes two worker groups and prints the job script SLURM receives for one;
+2. starts ``dask_rpm.slurm.HeterogeneousSLURMCluster``: one Dask scheduler
+   here, the workers as SLURM jobs (``squeue`` shows them while it runs);
+3. trains with ``dask_rpm.fit`` (DRPM) and prints the plan with each
+   rectangle's worker group;
+4. closes the cluster, which cancels its jobs.
+
+It needs SLURM: ``sbatch`` on the PATH and ``SLURM_CONF`` pointing at a
+running cluster. Without them it prints ``SKIPPED: ...`` with the reason and
+exits 0. To start the local one::
+
+    sudo slurm/local-cluster.sh start
+    export SLURM_CONF=/tmp/dask-rpm-slurm/slurm.conf
+    python tutorials/03_slurm.py
+
+Takes about half a minute (mostly waiting for the jobs to start).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+PARTITIONS = os.environ.get("DASK_RPM_SLURM_PARTITIONS", "fast slow").split()
+
+
+def slurm_unavailable() -> str | None:
+    """Why SLURM cannot be used here, or None."""
+    if not shutil.which("sbatch"):
+        return "sbatch is not on the PATH (install SLURM, or run slurm/local-cluster.sh start as root)"
+    conf = os.environ.get("SLURM_CONF")
+    if not conf:
+        return ("SLURM_CONF is not set; for the local cluster: "
+                "export SLURM_CONF=/tmp/dask-rpm-slurm/slurm.conf (after sudo slurm/local-cluster.sh start)")
+    if not os.path.isfile(conf):
+        return f"SLURM_CONF={conf} does not exist; start the cluster with sudo slurm/local-cluster.sh start"
+    try:
+        p = subprocess.run(["sinfo", "-h", "-o", "%P %a"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"sinfo did not answer ({e})"
+    if p.returncode != 0:
+        return f"sinfo failed: {p.stderr.strip()[:200]}"
+    return None
+
+
+def make_data(samples: int = 2048, inputs: int = 16, outputs: int = 4, seed: int = 3) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(samples, inputs))
+    x[:, -1] = 1.0
+    d = (x @ rng.normal(size=(inputs, outputs)) > 0).astype(float)
+    return x, d
+
+
+def main() -> int:
+    reason = slurm_unavailable()
+    if reason:
+        print(f"SKIPPED: this tutorial needs SLURM: {reason}")
+        return 0
+
+    from distributed import Client
+
+    import dask_rpm
+    from dask_rpm.slurm import HeterogeneousSLURMCluster, WorkerGroup
+
+    fast_p, slow_p = PARTITIONS[0], PARTITIONS[-1]
+    # 1. Two node types = two groups. `speed` is EMULATION ONLY (one machine);
+    #    on real hardware leave it unset and let DRPM measure the abilities.
+    groups = [
+        WorkerGroup("fast", jobs=1, cores=1, memory="1GiB", queue=fast_p, walltime="00:10:00", speed=1.0),
+        WorkerGroup("slow", jobs=2, cores=1, memory="1GiB", queue=slow_p, walltime="00:10:00", speed=0.5),
+    ]
+    logs = tempfile.mkdtemp(prefix="rpm-tutorial-slurm-")
+    options = dict(interface="lo", scheduler_options={"host": "127.0.0.1", "dashboard_address": ":0"},
+                   python=sys.executable, log_directory=logs)
+    with HeterogeneousSLURMCluster(groups, submit=False, **options) as dry:
+        script = dry.job_script("slow")
+    print("the job script of the 'slow' group (first lines):")
+    for line in script.splitlines()[:8]:
+        print("  " + line)
+
+    # 2. Start the jobs; wait until every group has its workers.
+    x, d = make_data()
+    with HeterogeneousSLURMCluster(groups, **options) as cluster:
+        print(f"\nsubmitted {cluster.requested_jobs()} jobs; job logs in {logs}")
+        print("workers per group:", cluster.wait_for_groups(timeout=180))
+        with Client(cluster) as client:
+            label = dask_rpm.emulation.emulation_label(client)
+            print(label or "no emulation: real hardware")
+            # 3. Train: DRPM estimates each worker's ability and remaps.
+            result = dask_rpm.fit(x, d, hidden=48, iterations=40, learning_rate=0.002, client=client)
+            print(result)
+            groups_of = cluster.worker_groups()
+            print("final plan (samples x hidden units per worker):")
+            for r in result.plan.rectangles:
+                address = result.plan.workers[r.worker]
+                print(f"  {groups_of.get(address, '?'):<5} {address}: {r.n_samples} x {r.n_hidden}")
+            for rec in result.remaps:
+                print(f"remap at iteration {rec['iteration']}: {rec['kind']}")
+            print(f"error {float(result.history['error'][0]):.1f} -> {result.error:.1f}")
+    # 4. Leaving the `with` block cancelled the jobs.
+    print("cluster closed: its SLURM jobs are cancelled")
+    if os.path.exists(os.path.join(os.path.dirname(__file__), os.pardir, "slurm", "train.sbatch")):
+        print("to run training itself as a batch job, see slurm/train.sbatch")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
