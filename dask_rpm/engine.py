@@ -1052,11 +1052,11 @@ async def _fit_async(
         reporter.close(stopped)
         await trainer.close()
     history = _history(trainer, trainer.plan)
+    if drpm_state is not None:
+        drpm_state.add_to_history(history)
     from .results import describe_history
 
     describe_history(history, trainer.plan)
-    if drpm_state is not None:
-        drpm_state.add_to_history(history)
     emulation = await _emulation_label(client)
     if emulation:
         history.attrs["emulation"] = emulation
