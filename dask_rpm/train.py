@@ -1,5 +1,10 @@
 """``dask-rpm train``: the main job.
 
+With ``--config FILE`` it runs the training job described in a YAML file
+(:mod:`dask_rpm.job`: data, network, iterations or target error, workers -
+SLURM worker groups, a local EMULATED cluster or an existing scheduler - and
+the output file); ``--resume`` continues from the job's checkpoint.
+
 Without ``--config`` it trains on an embedded default: a local cluster of
 workers with EMULATED heterogeneous speeds (no SLURM needed) and a seeded
 synthetic data set, then prints the final error and the iteration time.
@@ -113,8 +118,12 @@ def add_train_parser(subparsers: Any) -> None:
             "  dask-rpm train                      # embedded demo, 4 emulated workers\n"
             "  dask-rpm train --speeds 1,0.5,0.25 --iterations 100 --mapping srpm\n"
             "  dask-rpm train --json               # machine-readable summary\n"
+            "  dask-rpm train --config job.yaml    # a job file (docs/slurm.md); output to one netCDF\n"
+            "  dask-rpm train --config job.yaml --resume   # continue from its checkpoint\n"
         ),
     )
+    p.add_argument("--config", metavar="FILE", help="YAML job file: data, network, workers, output (see dask_rpm.job)")
+    p.add_argument("--resume", action="store_true", help="with --config: continue from the job's checkpoint")
     p.add_argument("--speeds", help="comma-separated EMULATED relative worker speeds (demo)")
     p.add_argument("--iterations", type=int, help="number of BP iterations")
     p.add_argument("--mapping", help="drpm | srpm | uniform | grid | grid-h | grid-hrev")
@@ -124,6 +133,9 @@ def add_train_parser(subparsers: Any) -> None:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from .cli import CLIError
+
+    if args.config is not None or args.resume:
+        return _cmd_job(args)
 
     speeds = None
     if args.speeds:
@@ -139,4 +151,24 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.mapping is not None and args.mapping not in valid:
         raise CLIError(f"--mapping {args.mapping!r} is not one of {', '.join(valid)}")
     run_demo(speeds=speeds, iterations=args.iterations, mapping=args.mapping, as_json=args.json)
+    return 0
+
+
+def _cmd_job(args: argparse.Namespace) -> int:
+    from .cli import CLIError
+    from .engine import TrainingError
+    from .job import JobError, run_job
+
+    if args.config is None:
+        raise CLIError("--resume needs --config FILE (the job whose checkpoint to continue)")
+    demo = [f"--{k}" for k in ("speeds", "iterations", "mapping") if getattr(args, k) is not None]
+    if demo or args.json:
+        raise CLIError(f"{', '.join(demo + (['--json'] if args.json else []))} belong to the demo; with --config put them in the job file")
+    try:
+        run_job(args.config, resume=args.resume)
+    except JobError as e:
+        raise CLIError(str(e)) from None
+    except TrainingError as e:
+        print(f"dask-rpm train: training failed: {' '.join(str(e).split())}; no output written", file=sys.stderr)
+        return 1
     return 0
