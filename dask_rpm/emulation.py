@@ -21,6 +21,27 @@ wall time is ``cpu_time / (speed * scale)``. A block that already took longer
 (contention) is not slowed further and is counted as an *overrun*. Outside an
 emulated worker (client, serial fit, plain clusters) :func:`pace` is a no-op.
 
+The CPU time of identical work is itself noisy on a shared machine: measured
+on a 2-core VM, the same GEMM block varied by 35 % between its 10th and 90th
+percentile, and its median differed by 12 % between four processes (SMT
+siblings, cache and memory-bandwidth contention, CPU time charged while
+another thread of the core runs). Pacing on it would add that noise to the
+emulated speeds; worse, a worker that sleeps most of the time runs its next
+block on cold caches and spends 10-30 % more CPU on it, so slow workers looked
+slower than their speed. The BP kernels therefore tell :func:`pace` how much
+work a block is (``work``, flop equivalents from
+:func:`dask_rpm.kernels.block_work`), and the block lasts
+``work / (rate * speed * scale)``, where ``rate`` is one warm core's
+throughput on these kernels, measured once per cluster
+(:func:`calibrate_rate`, times ``rpm.emulation.rate-fraction``, 0.5: a
+block run on cold caches next to other workers takes up to twice its warm
+time, and must still finish within its target) and shared by all its
+workers. Blocks also pass a *key* naming their work (kernel and shapes): the
+worker paces on the smallest CPU time it has seen for that key when that is
+longer (tiny blocks, where per-call overhead rather than flops sets the
+time), and blocks that state no work pace on it alone; blocks with neither
+pace on their own CPU time.
+
 ``scale`` converts relative speeds into fractions of a core. It is chosen so
 that all workers running at once still fit in the machine::
 
@@ -46,9 +67,10 @@ import math
 import os
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 from dask.system import CPU_COUNT
 from distributed import Nanny, Scheduler, SpecCluster, Worker
 from distributed.diagnostics.plugin import WorkerPlugin
@@ -66,6 +88,7 @@ __all__ = [
     "EmulatedCluster",
     "EmulationPlugin",
     "auto_scale",
+    "calibrate_rate",
     "current_speed",
     "dask_setup",
     "emulation_info",
@@ -92,6 +115,8 @@ ENV_SCALE = "DASK_RPM_EMULATED_SCALE"
 ENV_SCHEDULE = "DASK_RPM_EMULATED_SCHEDULE"
 ENV_INDEX = "DASK_RPM_EMULATED_INDEX"
 _BLAS_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+#: Block keys whose reference CPU time a worker remembers (least recently used dropped).
+_MAX_KEYS = 512
 
 # --------------------------------------------------------------------------
 # schedule parsing
@@ -172,6 +197,11 @@ class EmulationPlugin(WorkerPlugin):
     overrun_tolerance : float, optional
         A block counts as an overrun when its wall time exceeds the target by
         more than this fraction (``rpm.emulation.overrun-tolerance``).
+    rate : float or dict, optional
+        Flop equivalents per second of one warm core on the BP kernels
+        (:func:`calibrate_rate`), per dtype name (a float means float64);
+        blocks that state their ``work`` last ``work / (rate * speed * scale)``.
+        A dtype without a rate is measured on the worker when first used.
 
     Notes
     -----
@@ -192,8 +222,11 @@ class EmulationPlugin(WorkerPlugin):
         index: int | None = None,
         pin_blas: bool = False,
         overrun_tolerance: float | None = None,
+        rate: float | None = None,
     ) -> None:
         self.speed = _check_speed(speed)
+        rates = {} if rate is None else rate if isinstance(rate, Mapping) else {"float64": rate}
+        self.rates = {str(k): _check_speed(v, "rate") for k, v in rates.items()}
         self.scale = _check_speed(scale, "scale")
         self.schedule = tuple(tuple(e) for e in schedule)
         self._by_iter, self._by_time = _parse_entries(self.schedule)
@@ -216,6 +249,9 @@ class EmulationPlugin(WorkerPlugin):
         self._iter_since = -math.inf
         self._override: float | None = None
         self._override_since = -math.inf
+        # smallest CPU time seen per block key (bounded: keys are kernel shapes,
+        # a handful per plan; the oldest are dropped past _MAX_KEYS)
+        self.reference_cpu: dict[Any, float] = {}
         self.blocks = 0
         self.cpu_s = 0.0
         self.wall_s = 0.0
@@ -225,7 +261,7 @@ class EmulationPlugin(WorkerPlugin):
 
     def __getstate__(self) -> dict[str, Any]:
         keep = ("speed", "scale", "schedule", "_by_iter", "_by_time", "index", "pin_blas",
-                "overrun_tolerance")
+                "overrun_tolerance", "rates")
         return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -294,6 +330,29 @@ class EmulationPlugin(WorkerPlugin):
         return getattr(self._local, "last", None)
 
     # -- accounting
+    def _reference(self, key: Hashable, cpu: float, work: float | None = None,
+                   dtype: str = "float64") -> float:
+        """CPU time to pace a block on.
+
+        The smallest CPU time seen for ``key`` (``cpu`` itself without a key);
+        with ``work``, at least ``work / rate``, which decides for all but
+        tiny blocks (there per-call overhead, not flops, sets the time).
+        """
+        ref = cpu
+        if key is not None:
+            with self._lock:
+                ref = min(cpu, self.reference_cpu.pop(key, cpu))
+                self.reference_cpu[key] = ref  # re-inserted: most recently used last
+                while len(self.reference_cpu) > _MAX_KEYS:
+                    del self.reference_cpu[next(iter(self.reference_cpu))]
+        if work is not None:
+            rate = self.rates.get(dtype)
+            if rate is None:  # a dtype the cluster did not calibrate: measure it here, once
+                rate = float(config.get("emulation.rate-fraction")) * calibrate_rate(dtype=dtype)
+                rate = self.rates.setdefault(dtype, rate)
+            ref = max(ref, work / rate)
+        return ref
+
     def _record(self, cpu: float, wall: float, slept: float, late: float) -> None:
         with self._lock:
             self.blocks += 1
@@ -380,14 +439,58 @@ class _NoPace:
 _NO_PACE = _NoPace()
 
 
+def calibrate_rate(repeats: int = 7, shape: tuple[int, int, int, int] = (256, 256, 16, 1024),
+                   dtype: Any = "float64") -> float:
+    """Throughput of one warm core on the BP kernels, in flop equivalents per second.
+
+    Runs :func:`~dask_rpm.kernels.forward_partial` and
+    :func:`~dask_rpm.kernels.backward_partial` on a ``(n, m, l, s)`` block a
+    few times after a warm-up and divides their work
+    (:func:`~dask_rpm.kernels.block_work`) by the median process CPU time
+    with BLAS limited to one thread (process time, so that a BLAS that could
+    not be limited is counted whole). About 0.1-0.3 s. EMULATED workers of one cluster share the result, so their
+    speeds differ by exactly their ratios.
+    """
+    from .kernels import backward_partial, block_work, forward_partial
+
+    n, m, l, s = shape
+    rng = np.random.default_rng(0)
+    x, W, V, delta2 = (a.astype(dtype) for a in (rng.normal(size=(s, n)), rng.normal(size=(m, n)) * 0.1,
+                                                 rng.normal(size=(l, m)) * 0.1, rng.normal(size=(s, l))))
+    work = block_work("forward", s, m, n, l) + block_work("backward", s, m, n, l)
+    try:  # one BLAS thread, as on the workers
+        from threadpoolctl import threadpool_limits
+
+        limiter: Any = threadpool_limits(limits=1)
+    except ImportError:  # pragma: no cover - then process time counts every BLAS thread
+        limiter = None
+    cpu = []
+    try:
+        for i in range(repeats + 1):
+            c0 = time.process_time()
+            f, _ = forward_partial(x, W, V)
+            backward_partial(x, f, V, delta2)
+            if i:  # the first pass warms caches and BLAS up
+                cpu.append(time.process_time() - c0)
+    finally:
+        if limiter is not None:
+            limiter.restore_original_limits()
+    cpu.sort()
+    return work / max(cpu[len(cpu) // 2], 1e-9)
+
+
 class _Pace:
     """One paced block; state lives here so concurrent threads don't share it."""
 
-    __slots__ = ("plugin", "iteration", "speed", "cpu0", "wall0", "outer")
+    __slots__ = ("plugin", "iteration", "key", "work", "dtype", "speed", "cpu0", "wall0", "outer")
 
-    def __init__(self, plugin: EmulationPlugin, iteration: int | None) -> None:
+    def __init__(self, plugin: EmulationPlugin, iteration: int | None, key: Hashable = None,
+                 work: float | None = None, dtype: str = "float64") -> None:
         self.plugin = plugin
         self.iteration = iteration
+        self.key = key
+        self.work = work
+        self.dtype = dtype
 
     def __enter__(self) -> None:
         p = self.plugin
@@ -410,7 +513,7 @@ class _Pace:
             return None
         cpu = time.thread_time() - self.cpu0
         wall = time.perf_counter() - self.wall0
-        target = cpu / (self.speed * p.scale)
+        target = p._reference(self.key, cpu, self.work, self.dtype) / (self.speed * p.scale)
         if wall < target:
             time.sleep(target - wall)
             slept = time.perf_counter() - self.wall0 - wall
@@ -423,20 +526,32 @@ class _Pace:
         return None
 
 
-def pace(iteration: int | None = None) -> _Pace | _NoPace:
+def pace(iteration: int | None = None, key: Hashable = None, work: float | None = None,
+         dtype: Any = "float64") -> _Pace | _NoPace:
     """Context manager that runs the enclosed compute at the worker's EMULATED speed.
 
     Measures the calling thread's CPU time in the block and sleeps so that the
-    block's wall time is ``cpu_time / (speed * scale)``. If the block already
-    took longer (contention) it does not sleep and counts an overrun. A cheap
-    no-op outside a worker carrying the ``"rpm-emulation"`` plugin. Nested
-    blocks are paced once, by the outermost. A block that raises is not paced.
+    block's wall time is ``cpu_time / (speed * scale)``, where ``cpu_time`` is
+    ``work / rate`` when the block states its work, else the smallest CPU time
+    this worker has seen for ``key`` (the block's own when no key is given; see
+    the module notes). If the block already took
+    longer (contention) it does not sleep and counts an overrun. A cheap no-op
+    outside a worker carrying the ``"rpm-emulation"`` plugin. Nested blocks are
+    paced once, by the outermost. A block that raises is not paced.
 
     Parameters
     ----------
     iteration : int, optional
         Training iteration the block belongs to; selects the speed from an
         iteration schedule.
+    key : hashable, optional
+        What the block computes, e.g. ``("backward", x.shape, W.shape)``:
+        blocks with equal keys must do the same work.
+    work : float, optional
+        The block's work in flop equivalents
+        (:func:`dask_rpm.kernels.block_work`).
+    dtype : str or numpy dtype
+        Floating-point type of the work (float32 runs about twice as fast).
 
     Examples
     --------
@@ -446,7 +561,7 @@ def pace(iteration: int | None = None) -> _Pace | _NoPace:
     p = _plugin()
     if p is None:
         return _NO_PACE
-    return _Pace(p, iteration)
+    return _Pace(p, iteration, key, work, str(np.dtype(dtype)) if work is not None else "float64")
 
 
 def current_speed(iteration: int | None = None) -> float | None:
@@ -630,9 +745,12 @@ class EmulatedCluster(SpecCluster):
         base = dict(host=host, nthreads=t, protocol=protocol, dashboard=False,
                     silence_logs=silence_logs, **worker_kwargs)
         workers: dict[int, dict[str, Any]] = {}
+        # one kernel throughput for all workers: their speeds then differ by exactly their ratios
+        fraction = float(config.get("emulation.rate-fraction"))
+        self.rates = {dt: fraction * calibrate_rate(dtype=dt) for dt in ("float64", "float32")}
         for i, speed in enumerate(self.speeds):
             plugin = EmulationPlugin(speed, self.scale_factor, self.schedule.get(i, ()),
-                                     index=i, pin_blas=processes)
+                                     index=i, pin_blas=processes, rate=self.rates)
             opts = dict(base, plugins=(plugin,))
             if processes:
                 # set before the worker starts importing numpy in the child

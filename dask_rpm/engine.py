@@ -39,7 +39,7 @@ import numpy as np
 
 from . import config
 from .data import DataError, as_arrays, check_training_args, data_shape, load_slice
-from .kernels import backward_partial, forward_partial, output_delta
+from .kernels import backward_partial, block_work, forward_partial, output_delta
 from .partition import Plan, PlanError
 from .plugin import PLUGIN_NAME, TOPIC, RPMSchedulerPlugin
 
@@ -77,15 +77,20 @@ class WorkerLostError(TrainingError):
 _ACTIVATIONS: dict[tuple[str, int, int], np.ndarray] = {}
 
 
-def _pace(iteration: int):
-    """Emulated-speed padding if this worker emulates a speed, else a no-op."""
+def _pace(iteration: int, key: Any = None, work: float | None = None, dtype: Any = "float64"):
+    """Emulated-speed padding if this worker emulates a speed, else a no-op.
+
+    ``key`` names the block's work (kernel and shapes) and ``work`` counts it
+    (:func:`~dask_rpm.kernels.block_work`), so that emulation paces on the
+    work rather than on the noisy CPU time (see :mod:`dask_rpm.emulation`).
+    """
     try:
         from .emulation import pace
     except ImportError:  # pragma: no cover - emulation ships with the package
         import contextlib
 
         return contextlib.nullcontext()
-    return pace(iteration)
+    return pace(iteration, key, work, dtype)
 
 
 def _t_load(path: str, s0: int, s1: int, dtype: str) -> tuple[np.ndarray, np.ndarray]:
@@ -94,14 +99,15 @@ def _t_load(path: str, s0: int, s1: int, dtype: str) -> tuple[np.ndarray, np.nda
 
 def _t_forward(run: str, it: int, w: int, weights: tuple, data: tuple) -> np.ndarray:
     W, V = weights
-    with _pace(it):
+    (s, n), (m, l) = data[0].shape, (W.shape[0], V.shape[0])
+    with _pace(it, ("forward", s, m, n, l), block_work("forward", s, m, n, l), W.dtype):
         f, partial = forward_partial(data[0], W, V)
     _ACTIVATIONS[(run, it, w)] = f
     return partial
 
 
 def _t_vertical(run: str, it: int, c: int, data: tuple, *partials: np.ndarray) -> np.ndarray:
-    with _pace(it):
+    with _pace(it, ("vertical", len(partials), partials[0].shape)):
         u = partials[0].copy()
         for p in partials[1:]:
             u += p
@@ -112,7 +118,8 @@ def _t_vertical(run: str, it: int, c: int, data: tuple, *partials: np.ndarray) -
 
 def _t_backward(run: str, it: int, w: int, weights: tuple, data: tuple, delta2: np.ndarray) -> tuple:
     f = _ACTIVATIONS.pop((run, it, w))
-    with _pace(it):
+    (s, n), (l, m) = data[0].shape, weights[1].shape
+    with _pace(it, ("backward", s, m, n, l), block_work("backward", s, m, n, l), f.dtype):
         return backward_partial(data[0], f, weights[1], delta2)
 
 
@@ -123,7 +130,8 @@ def _t_slice(grad: tuple, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _t_reduce(it: int, offsets: list, *grads: tuple) -> tuple[np.ndarray, np.ndarray]:
     """Sum one band over the columns, in column order (so every holder gets identical bits)."""
-    with _pace(it):
+    with _pace(it, ("reduce", tuple(None if o is None else o[1] - o[0] for o in offsets),
+                    tuple(g[0].shape for g in grads))):
         acc_w = acc_v = None
         for off, (dW, dV) in zip(offsets, grads):
             if off is not None:
@@ -138,7 +146,7 @@ def _t_reduce(it: int, offsets: list, *grads: tuple) -> tuple[np.ndarray, np.nda
 
 def _t_modify(run: str, it: int, weights: tuple, eps: float, offsets: list, *grads: tuple) -> tuple[np.ndarray, np.ndarray]:
     W, V = weights
-    with _pace(it):
+    with _pace(it, ("modify", W.shape, tuple(offsets))):
         W, V = W.copy(), V.copy()
         for (a, b), (dW, dV) in zip(offsets, grads):
             W[a:b] -= eps * dW

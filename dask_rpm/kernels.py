@@ -21,7 +21,12 @@ __all__ = [
     "backward_partial",
     "init_weights",
     "fit_serial",
+    "block_work",
 ]
+
+#: Cost of one sigmoid (exp, add, reciprocal) in multiply-add equivalents; only
+#: the forward/backward balance depends on it (EMULATED pacing, dask_rpm.emulation).
+_SIGMOID_COST = 20.0
 
 
 def sigmoid(u: np.ndarray) -> np.ndarray:
@@ -45,6 +50,25 @@ def forward_partial(x: np.ndarray, W: np.ndarray, V: np.ndarray) -> tuple[np.nda
     """
     f = sigmoid(x @ W.T)
     return f, f @ V.T
+
+
+def block_work(kind: str, s: int, m: int, n: int, l: int) -> float:
+    """Floating-point work of one rectangle kernel, in flop equivalents.
+
+    ``kind`` is ``"forward"`` (:func:`forward_partial`) or ``"backward"``
+    (:func:`backward_partial`) on ``s`` samples and ``m`` hidden units of an
+    ``n``-``m``-``l`` network. Both are proportional to ``s * m`` (SPEC
+    section 1), which is what lets EMULATED workers run a block for exactly
+    ``work / (rate * speed)`` seconds, free of the CPU-time noise of a shared
+    machine.
+    """
+    if kind == "forward":
+        per = 2.0 * n + 2.0 * l + _SIGMOID_COST
+    elif kind == "backward":
+        per = 2.0 * n + 4.0 * l + 3.0
+    else:
+        raise ValueError(f"kind={kind!r}; expected 'forward' or 'backward'")
+    return float(s) * float(m) * per
 
 
 def output_delta(u: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, float]:

@@ -63,7 +63,7 @@ from typing import Any
 import numpy as np
 
 from . import config
-from .kernels import backward_partial, forward_partial, init_weights, output_delta
+from .kernels import backward_partial, block_work, forward_partial, init_weights, output_delta
 
 __all__ = ["probe"]
 
@@ -133,7 +133,8 @@ def _t_probe(block: tuple[int, int, int, int], loops: int, dtype: str, seed: int
         plugin = _worker_plugin(PLUGIN_NAME)
         overruns0 = getattr(plugin, "overruns", 0)
         t0, c0 = time.perf_counter(), time.thread_time()
-        with pace():
+        work = loops * (block_work("forward", s, m, n, l) + block_work("backward", s, m, n, l))
+        with pace(key=("probe", block, loops, dtype), work=work, dtype=dtype):
             for _ in range(loops):
                 _kernel_pass(x, d, W, V)
         seconds = time.perf_counter() - t0
