@@ -82,3 +82,20 @@ def test_check_reports_a_stale_page_and_write_fixes_it(tmp_path):
     p = subprocess.run([sys.executable, "-m", "dask_rpm.docgen", "--root", str(tmp_path)], capture_output=True, text=True)
     assert p.returncode == 0 and docgen.stale(str(tmp_path)) == []
     assert sorted(f.name for f in (tmp_path / "docs").iterdir()) == ["api.md", "configuration.md"]
+
+
+def test_concepts_page_and_its_picture(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    page = (ROOT / "docs" / "concepts.md").read_text()
+    assert "![Three plans of the same five workers](img/concepts.png)" in page
+    assert (ROOT / "docs" / "img" / "concepts.png").is_file()
+    out = tmp_path / "concepts.png"
+    p = subprocess.run([sys.executable, str(ROOT / "docs" / "make_figures.py"), "--out", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    img = np.asarray(Image.open(out).convert("RGB"), dtype=float)
+    assert img.shape[1] > 2 * img.shape[0] > 400 and img.std() > 20  # three panels side by side, not blank
+    for rel in ("planner.md", "drpm.md", "configuration.md", "api.md", "../tutorials/01_planning.py"):
+        assert f"]({rel}" in page, rel
