@@ -99,6 +99,7 @@ def test_history_and_plans_of_a_run_are_described(drpm_result):
     h = drpm_result.history
     assert "title" in h.attrs and h.attrs["samples"] == 64
     assert h.iteration.attrs["units"] == "iterations"
+    assert h.check_iteration.attrs["units"] == "iterations"
     for name, var in h.data_vars.items():
         assert var.attrs.get("description") and "units" in var.attrs, name
     ds = drpm_result.plans_dataset()
