@@ -50,7 +50,7 @@ def add_probe_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "probe",
         help="measure worker abilities (BP kernel throughput) and links",
-        description=__doc__,
+        description=__doc__.replace("``", ""),
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
