@@ -583,6 +583,9 @@ class Trainer:
             "seconds": time.perf_counter() - t0,
             "transfers": len(transfers),
             "samples_reloaded": len(changed),
+            # each of those workers re-reads its column's samples (x and d rows) from the dataset
+            "sample_bytes": int(sum(new.rectangle(w).n_samples for w in changed)
+                                * (new.n + new.l) * np.dtype(self.dtype).itemsize),
         }
 
     def observations(self, first: int, stop: int) -> list[tuple[int, int, float, float]]:
@@ -693,8 +696,11 @@ class Trainer:
             await self._wait(list(self.weights.values()) + list(self.data.values()), k)
             source = "checkpoint"
             rec = {
-                "iteration": k, "kind": "whole", "bytes": int(W.nbytes + V.nbytes),
+                "iteration": k, "kind": "whole",  # every shard is sent from the client
+                "bytes": int(sum(new.rectangle(w).n_hidden for w in new.planned_workers) * (new.n + new.l) * W.itemsize),
                 "transfers": len(new.planned_workers), "samples_reloaded": len(new.planned_workers),
+                "sample_bytes": int(sum(new.rectangle(w).n_samples for w in new.planned_workers)
+                                    * (new.n + new.l) * np.dtype(self.dtype).itemsize),
             }
         rec.update(
             seconds=time.perf_counter() - t0, reason=reason, lost=lost, joined=joined,

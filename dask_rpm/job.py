@@ -323,7 +323,7 @@ def write_checkpoint(job: Job, state: dict[str, Any]) -> str:
             "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         },
     )
-    return atomic_to_netcdf(ds, job.checkpoint_path)
+    return _write(ds, job.checkpoint_path)
 
 
 def read_checkpoint(job: Job) -> dict[str, Any]:
@@ -382,7 +382,17 @@ def write_output(job: Job, result: Any, *, start: int, errors_before: np.ndarray
     for k, v in list(ds.attrs.items()):
         if v is None:
             ds.attrs[k] = ""
-    return atomic_to_netcdf(ds, job.output)
+    return _write(ds, job.output)
+
+
+def _write(ds: Any, path: str) -> str:
+    import warnings
+
+    from .data import atomic_to_netcdf
+
+    with warnings.catch_warnings():  # h5netcdf's note on string attributes/variables; readers here use h5netcdf
+        warnings.filterwarnings("ignore", message=".*invalid netcdf features.*")
+        return atomic_to_netcdf(ds, path)
 
 
 def _flatten(d: dict[str, Any], prefix: str) -> Iterator[tuple[str, Any]]:

@@ -192,3 +192,176 @@ def test_time_limit_stops_cleanly(tmp_path, digits):
     ck = _open(tmp_path / "result.checkpoint.nc")
     assert ck.attrs["iteration"] == summary["iterations"] > 0
     assert not (tmp_path / "result.nc").exists()
+
+
+# --------------------------------------------------------------------------
+# Through real SLURM: slurm/train.sbatch runs the driver, which submits the
+# worker jobs (two groups) to the local SLURM of slurm/local-cluster.sh.
+# --------------------------------------------------------------------------
+
+SBATCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "slurm", "train.sbatch")
+# Full digits set: 1797 samples, 65-24-10. Serial BP reaches error 120 at iteration 181.
+DIGITS_JOB = {"hidden": 24, "learning-rate": 0.005, "mapping": "drpm", "config": {"drpm": {"interval": 10}}}
+
+
+def slurm_job(tmp_path, partitions, groups, **over):
+    data = tmp_path / "digits.nc"
+    if not data.exists():
+        digits_dataset(data)
+    fast_p, slow_p = partitions[0], partitions[-1]
+    job = {
+        "data": str(data), "output": str(tmp_path / "result.nc"), **DIGITS_JOB,
+        "workers": {"slurm": {
+            "groups": [{"partition": fast_p if g["name"] == "big" else slow_p, "cores": 1, "memory": "1GiB",
+                        "walltime": "00:15:00", **g} for g in groups],
+            "cluster": {"interface": "lo", "python": sys.executable,
+                        "scheduler-options": {"host": "127.0.0.1", "dashboard_address": ":0"},
+                        "log-directory": str(tmp_path / "jobs")},
+        }},
+    }
+    job["config"] = {**job["config"], "train": {"wait-workers": 180}}
+    job.update(over)
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    return path
+
+
+def _squeue(fmt="%i %j %T"):
+    out = subprocess.run(["squeue", "-h", "-o", fmt], capture_output=True, text=True, check=True).stdout
+    return [line.split() for line in out.splitlines() if line.strip()]
+
+
+class Driver:
+    """The driver job submitted with ``sbatch slurm/train.sbatch``; its output file is the log."""
+
+    def __init__(self, tmp_path, job_file, *args):
+        self.log = tmp_path / "driver.out"
+        self.t0 = time.monotonic()
+        self.id = subprocess.run(
+            ["sbatch", "--parsable", f"--output={self.log}", "--job-name=dask-rpm-train-test", SBATCH, str(job_file), *args],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip().split(";")[0]
+        self.marks = {}
+
+    def text(self):
+        return self.log.read_text() if self.log.exists() else ""
+
+    def wait_for(self, needle, timeout=240):
+        deadline = time.monotonic() + timeout
+        while needle not in self.text():
+            assert self.running() and time.monotonic() < deadline, f"no {needle!r} in the driver log:\n{self.text()}"
+            time.sleep(0.1)
+        self.marks[needle] = time.monotonic() - self.t0
+
+    def running(self):
+        return any(row[0] == self.id for row in _squeue())
+
+    def finish(self, timeout=300):
+        deadline = time.monotonic() + timeout
+        while self.running():
+            if time.monotonic() > deadline:
+                subprocess.run(["scancel", self.id])
+                pytest.fail(f"driver job {self.id} still running after {timeout} s:\n{self.text()}")
+            time.sleep(0.5)
+        self.seconds = time.monotonic() - self.t0
+        return self.text()
+
+    def worker_jobs(self, group):
+        return [row[0] for row in _squeue() if row[1] == f"dask-rpm-{group}"]
+
+
+def _serial_check(ds, x, d, iterations):
+    W, V, err = fit_serial(x, d, hidden=24, iterations=iterations, learning_rate=0.005, seed=0)
+    np.testing.assert_allclose(ds["W"].values, W, rtol=RTOL, atol=0)
+    np.testing.assert_allclose(ds["V"].values, V, rtol=RTOL, atol=0)
+    np.testing.assert_allclose(ds["error"].values, err, rtol=RTOL, atol=0)
+
+
+def _digits_arrays(tmp_path):
+    from dask_rpm.data import as_arrays
+
+    return as_arrays(str(tmp_path / "digits.nc"))
+
+
+@pytest.mark.slurm
+def test_sbatch_driver_two_groups_reaches_target_error(slurm_cluster, tmp_path):
+    groups = [{"name": "big", "jobs": 2, "speed": 1.0}, {"name": "small", "jobs": 2, "speed": 0.5}]
+    path = slurm_job(tmp_path, slurm_cluster.partitions, groups, iterations=400,
+                     **{"target-error": 120.0, "min-workers": 4, "checkpoint": {"every": 50}})
+    drv = Driver(tmp_path, path)
+    drv.wait_for("iteration 10/400")
+    assert len(drv.worker_jobs("big")) == 2 and len(drv.worker_jobs("small")) == 2
+    log = drv.finish()
+    print(f"\n[slurm] two groups, 4 worker jobs, digits to error 120: {drv.seconds:.1f} s from sbatch to done "
+          f"(first iteration block logged after {drv.marks['iteration 10/400']:.1f} s)")
+    assert "workers: SLURM groups big: 2 job(s) x 1 worker(s), small: 2 job(s) x 1 worker(s)" in log
+    assert "done: 190 iterations, error 113.918 (target 120)" in log, log
+    ds = _open(tmp_path / "result.nc")
+    assert ds.attrs["status"] == "complete" and ds.attrs["final_error"] <= 120.0
+    names = sorted(str(a) for a in ds["address"].values)
+    assert len(names) == 4
+    x, d = _digits_arrays(tmp_path)
+    _serial_check(ds, x, d, 190)
+    # The trained net classifies most digits right (argmax of the outputs).
+    from dask_rpm.kernels import forward_partial, sigmoid
+
+    _, u = forward_partial(x, ds["W"].values, ds["V"].values)
+    accuracy = float(np.mean(sigmoid(u).argmax(1) == d.argmax(1)))
+    assert accuracy > 0.9, accuracy
+    assert not [row for row in _squeue() if row[1] in ("dask-rpm-big", "dask-rpm-small")]  # workers cancelled
+
+
+@pytest.mark.slurm
+def test_scancel_of_a_worker_job_still_ends_serial_equal(slurm_cluster, tmp_path):
+    groups = [{"name": "big", "jobs": 2, "speed": 1.0}, {"name": "small", "jobs": 2, "speed": 0.5}]
+    path = slurm_job(tmp_path, slurm_cluster.partitions, groups, iterations=300,
+                     **{"min-workers": 4, "checkpoint": {"every": 50}})
+    drv = Driver(tmp_path, path)
+    drv.wait_for("iteration 60/300")
+    victim = drv.worker_jobs("small")[0]
+    t_cancel = time.monotonic()
+    subprocess.run(["scancel", victim], check=True)
+    drv.wait_for("lost; rows from the")
+    detect = time.monotonic() - t_cancel
+    log = drv.finish()
+    ds = _open(tmp_path / "result.nc")
+    assert ds.attrs["status"] == "complete" and ds.sizes["iteration"] == 300
+    x, d = _digits_arrays(tmp_path)
+    _serial_check(ds, x, d, 300)
+    import json
+
+    (rec,) = [r for r in json.loads(ds.attrs["remaps"]) if r.get("lost")]
+    assert rec["recovered_from"] in ("columns", "checkpoint") and rec["kind"] == "whole"
+    spi = float(np.nanmedian(ds["iteration_time"].values))
+    print(f"\n[slurm] scancel of worker job {victim}: recovered from the {rec['recovered_from']}, "
+          f"{rec['bytes']} weight bytes + {rec['sample_bytes']} sample bytes re-read, remap {rec['seconds']:.3f} s, {rec['replayed']} iteration(s) recomputed "
+          f"(~{rec['replayed'] * spi:.2f} s at {spi * 1e3:.1f} ms/iteration); scancel -> recovery logged in "
+          f"{detect:.1f} s; whole test run {drv.seconds:.1f} s")
+    assert "worker(s) 1 of" not in log  # sanity: the log names addresses, not counts
+
+
+@pytest.mark.slurm
+def test_late_worker_job_is_absorbed(slurm_cluster, tmp_path):
+    # The small group's job is submitted held (a real queued job that cannot start yet);
+    # training starts with min-workers=2 and the job is released once it runs.
+    groups = [{"name": "big", "jobs": 2, "speed": 1.0},
+              {"name": "small", "jobs": 1, "speed": 0.5, "job-extra-directives": ["--hold"]}]
+    path = slurm_job(tmp_path, slurm_cluster.partitions, groups, iterations=300, **{"min-workers": 2})
+    drv = Driver(tmp_path, path)
+    drv.wait_for("iteration 20/300")
+    (late,) = drv.worker_jobs("small")
+    states = {row[0]: row[2] for row in _squeue()}
+    assert states[late] == "PENDING"
+    subprocess.run(["scontrol", "release", late], check=True)
+    drv.wait_for("joined), ")
+    log = drv.finish()
+    ds = _open(tmp_path / "result.nc")
+    import json
+
+    joins = [r for r in json.loads(ds.attrs["remaps"]) if r.get("joined")]
+    assert joins and joins[0]["kind"] == "whole", log
+    assert ds.sizes["worker"] == 3 and ds.sizes["iteration"] == 300
+    x, d = _digits_arrays(tmp_path)
+    _serial_check(ds, x, d, 300)
+    print(f"\n[slurm] late job absorbed at iteration {joins[0]['iteration']}: {joins[0]['bytes']} bytes, "
+          f"{joins[0]['seconds']:.3f} s; whole test run {drv.seconds:.1f} s")
