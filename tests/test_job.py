@@ -237,9 +237,13 @@ class Driver:
     def __init__(self, tmp_path, job_file, *args):
         self.log = tmp_path / "driver.out"
         self.t0 = time.monotonic()
+        # The driver job gets this environment (sbatch exports it); point train.sbatch at
+        # this interpreter's dask-rpm even when its bin directory is not on PATH.
+        exe = os.path.join(os.path.dirname(sys.executable), "dask-rpm")
+        env = dict(os.environ, DASK_RPM=exe if os.path.exists(exe) else "dask-rpm")
         self.id = subprocess.run(
             ["sbatch", "--parsable", f"--output={self.log}", "--job-name=dask-rpm-train-test", SBATCH, str(job_file), *args],
-            capture_output=True, text=True, check=True,
+            capture_output=True, text=True, check=True, env=env,
         ).stdout.strip().split(";")[0]
         self.marks = {}
 
@@ -365,3 +369,30 @@ def test_late_worker_job_is_absorbed(slurm_cluster, tmp_path):
     _serial_check(ds, x, d, 300)
     print(f"\n[slurm] late job absorbed at iteration {joins[0]['iteration']}: {joins[0]['bytes']} bytes, "
           f"{joins[0]['seconds']:.3f} s; whole test run {drv.seconds:.1f} s")
+
+
+@pytest.mark.slurm
+def test_walltime_signal_checkpoints_and_sbatch_resume_finishes(slurm_cluster, tmp_path):
+    # What #SBATCH --signal=B:TERM@120 does before the walltime, sent by hand.
+    groups = [{"name": "big", "jobs": 1, "speed": 1.0}, {"name": "small", "jobs": 1, "speed": 0.5}]
+    path = slurm_job(tmp_path, slurm_cluster.partitions, groups, iterations=200,
+                     **{"min-workers": 2, "checkpoint": {"every": 25}})
+    drv = Driver(tmp_path, path)
+    drv.wait_for("checkpoint at iteration 50")
+    subprocess.run(["scancel", "--batch", "--signal=TERM", drv.id], check=True)
+    log = drv.finish()
+    stop = [line for line in log.splitlines() if line.startswith("stopped at iteration")]
+    assert stop and "SIGTERM" in stop[0], log
+    k = int(stop[0].split()[3])
+    assert not (tmp_path / "result.nc").exists()
+    assert _open(tmp_path / "result.checkpoint.nc").attrs["iteration"] == k
+    first = drv.seconds
+
+    drv = Driver(tmp_path, path, "--resume")
+    log = drv.finish()
+    assert f"at iteration {k}" in log and "done: 200 iterations" in log, log
+    ds = _open(tmp_path / "result.nc")
+    assert ds.attrs["resumed_from_iteration"] == k
+    x, d = _digits_arrays(tmp_path)
+    _serial_check(ds, x, d, 200)
+    print(f"\n[slurm] SIGTERM at iteration {k}, resumed with sbatch ... --resume: {first:.1f} s + {drv.seconds:.1f} s")
