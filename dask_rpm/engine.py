@@ -639,10 +639,13 @@ class Trainer:
         active = [i for i in range(len(self.addresses)) if i not in self.gone]
         if not active:
             raise TrainingError("no workers left to train on: every worker of the run was lost")
-        cur = self.plan.abilities
+        abilities = dict(abilities or {})
+        cur = np.asarray(self.plan.abilities, dtype=float)
+        known = [w for w in abilities if w < cur.size and cur[w] > 0]
+        if known:  # measured abilities (work per second): bring the plan's shares to their scale
+            cur = cur * (sum(abilities[w] for w in known) / cur[known].sum())
         planned = [cur[w] for w in self.plan.planned_workers if w not in self.gone] or [1.0]
         fill = float(np.mean(planned))
-        abilities = dict(abilities or {})
         vec = []
         for i in active:
             v = abilities.get(i, cur[i] if i < len(cur) and cur[i] > 0 else fill)

@@ -171,3 +171,19 @@ def test_target_error_and_should_stop():
                     interval=10, should_stop=stop, progress="none")
             assert r.stopped == "stop requested after iteration 30"
             _assert_serial(r, x, d, 6, 0.05)
+
+
+def test_drpm_goes_on_after_a_loss_without_planning_the_lost_worker(cluster4):
+    cluster, client = cluster4
+    x, d = _problem(s=64)
+    victim = ordered_workers(client.scheduler_info())[2]
+    cb = _killer(client, victim, at=10)
+    r = fit(x, d, hidden=9, iterations=80, learning_rate=0.05, mapping="drpm", client=client,
+            interval=5, callback=cb, checkpoint_every=20, progress="none")
+    assert [rec["lost"] for rec in r.remaps if rec.get("lost")] == [[victim]]
+    after = r.plans[[i for i, rec in enumerate(r.remaps) if rec.get("lost")][0] + 1:]
+    for plan in after:  # no later plan (DRPM's own remaps included) gives the lost worker work
+        assert victim not in [plan.workers[w] for w in plan.planned_workers]
+    # The restarted worker (new address) is taken in by a later whole remap.
+    assert any(rec.get("joined") for rec in r.remaps)
+    _assert_serial(r, x, d, 9, 0.05)
