@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 TUTORIALS = Path(__file__).resolve().parents[1] / "tutorials"
-COVERED = {"01_planning.py", "02_local_training.py", "03_slurm.py", "04_dashboard.py"}
+COVERED = {"01_planning.py", "02_local_training.py", "03_slurm.py", "04_dashboard.py", "05_sbatch_job.py"}
 
 
 def _run(name: str, *args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -87,3 +87,20 @@ def test_04_dashboard():
     assert "<FitResult 60 iterations" in out
     assert "current plan (" in out and "estimated ability" in out
     assert "EMULATED heterogeneity" in out
+
+
+def test_05_sbatch_job_skips_visibly_without_slurm():
+    env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
+    out = _run("05_sbatch_job.py", env=env, timeout=120).stdout
+    assert out.startswith("SKIPPED: this tutorial needs SLURM: SLURM_CONF is not set")
+
+
+@pytest.mark.slurm
+def test_05_sbatch_job(slurm_cluster):
+    out = _run("05_sbatch_job.py").stdout
+    assert "SKIPPED" not in out
+    assert "slurm/train.sbatch job.yaml   -> driver job" in out
+    assert "  | workers: SLURM groups fast: 2 job(s) x 1 worker(s), slow: 1 job(s) x 1 worker(s)" in out
+    assert "  | done: 190 iterations, error 113.918 (target 120)" in out
+    assert "status complete, 190 iterations, error 1449.8 -> 113.9 (target error 120 reached at iteration 181)" in out
+    assert "digits classified right by the trained net: 95.2%" in out
