@@ -186,8 +186,9 @@ def whole_remap(plan: Plan, abilities: Abilities, **kw: Any) -> Plan:
     abilities
         A sequence (one per worker of the *new* plan; when its length equals the
         old plan's and the old plan has addresses, they are kept), or a mapping.
-        A mapping naming every planned worker of the old plan and nobody else
-        (excluded workers may be missing) is aligned with it, see
+        A mapping naming every planned worker of the old plan and nobody else,
+        by address or by index (excluded workers may be missing), is aligned
+        with it, see
         :func:`ability_vector`; any other mapping - e.g. addresses after a worker
         was lost or added - defines the new worker set in its key order, and
         string keys become the new plan's ``workers``.
@@ -199,9 +200,11 @@ def whole_remap(plan: Plan, abilities: Abilities, **kw: Any) -> Plan:
     workers: tuple[Hashable, ...] | None = None
     if isinstance(abilities, Mapping):
         keys = tuple(abilities)
-        known = set(plan.workers) if plan.workers is not None else set(range(len(plan.abilities)))
+        indices = set(range(len(plan.abilities)))
+        known = set(plan.workers) if plan.workers is not None else indices
         planned = {plan.workers[w] if plan.workers else w for w in plan.planned_workers}
-        if planned <= set(keys) <= known:
+        same_by_index = set(plan.planned_workers) <= set(keys) <= indices  # what the estimator returns
+        if same_by_index or planned <= set(keys) <= known:
             # The same workers (excluded ones may lack an estimate): keep indices and addresses.
             vec = ability_vector(plan, abilities)
             workers = plan.workers

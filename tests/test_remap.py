@@ -394,6 +394,21 @@ def test_whole_remap_replans_with_srpm():
     assert again.columns == new.columns and again.workers == new.workers
 
 
+def test_whole_remap_index_keyed_mapping_in_any_order_keeps_each_workers_ability():
+    """The estimator returns {worker index: ability} in column order, not index order."""
+    _planners()
+    ws = [f"tcp://w{i}" for i in range(4)]
+    plan = _plan([[2, 3], [0, 1]], [40, 60], [[20, 20], [20, 20]], workers=ws)
+    measured = {2: 0.216, 3: 0.216, 0: 0.43, 1: 0.143}  # insertion order = plan.planned_workers
+    new = whole_remap(plan, measured).validate()
+    assert new.workers == tuple(ws)
+    np.testing.assert_allclose(np.asarray(new.abilities) / sum(new.abilities),
+                               [measured[w] / sum(measured.values()) for w in range(4)])
+    # every worker's area follows its own ability
+    areas = [new.rectangle(w).n_samples * new.rectangle(w).n_hidden for w in range(4)]
+    assert areas.index(max(areas)) == 0 and areas.index(min(areas)) == 1
+
+
 def test_whole_remap_after_losing_a_worker():
     _planners()
     ws = [f"tcp://w{i}" for i in range(4)]
