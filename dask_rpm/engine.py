@@ -990,6 +990,7 @@ async def _fit_async(
         client, run=run, plan=plan, source=source, arrays=arrays, W0=W0, V0=V0,
         learning_rate=learning_rate, dtype=dtype,
     )
+    names = {a: w.get("name", a) for a, w in info["workers"].items()}  # worker names (SLURM: <group>-<n>)
     drpm_state = _DRPMState(initial_abilities=initial_abilities, auto=auto_interval) if drpm else None
     remaps: list[dict[str, Any]] = drpm_state.remaps if drpm_state is not None else []
     stopped = None
@@ -1023,7 +1024,9 @@ async def _fit_async(
                 await _push_progress(trainer, done - block, done)
                 if every and done % every == 0:
                     ckpt = await _checkpoint(trainer, done, on_checkpoint)
-                alive = ordered_workers(await client.scheduler.identity(n_workers=-1)) if elastic else []
+                ident = await client.scheduler.identity(n_workers=-1) if elastic else {"workers": {}}
+                names.update({a: w.get("name", a) for a, w in ident["workers"].items()})
+                alive = ordered_workers(ident) if elastic else []
                 joined = [a for a in alive if a not in trainer.addresses]
                 if joined and done < iterations:
                     rec = await trainer.rebalance(alive, ckpt, f"{len(joined)} worker(s) joined")
@@ -1074,6 +1077,8 @@ async def _fit_async(
     from .results import describe_history
 
     describe_history(history, trainer.plan)
+    history.coords["name"] = ("worker", np.array([str(names.get(a, a)) for a in history["address"].values], dtype=object),
+                              {"description": "Dask worker name (on SLURM <group>-<n>)"})
     emulation = await _emulation_label(client)
     if emulation:
         history.attrs["emulation"] = emulation

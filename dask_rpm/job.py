@@ -358,6 +358,12 @@ def write_output(job: Job, result: Any, *, start: int, errors_before: np.ndarray
         hist = hist.reindex(iteration=np.arange(total))
         hist["error"] = ("iteration", np.concatenate([errors_before[:start], result.history["error"].values]),
                          result.history["error"].attrs)
+    if "slurm" in job.workers and "name" in hist.coords:
+        from .slurm import group_from_name
+
+        groups = [g.name for g in job.workers["slurm"]["groups"]]
+        hist.coords["group"] = ("worker", np.array([group_from_name(n, groups) or "" for n in hist["name"].values]),
+                                {"description": "SLURM worker group"})
     for name in list(hist.coords):
         if hist[name].dtype == object:
             hist[name] = hist[name].astype(str)

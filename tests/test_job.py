@@ -302,8 +302,8 @@ def test_sbatch_driver_two_groups_reaches_target_error(slurm_cluster, tmp_path):
     assert "done: 190 iterations, error 113.918 (target 120)" in log, log
     ds = _open(tmp_path / "result.nc")
     assert ds.attrs["status"] == "complete" and ds.attrs["final_error"] <= 120.0
-    names = sorted(str(a) for a in ds["address"].values)
-    assert len(names) == 4
+    assert sorted(ds["name"].values) == ["big-0", "big-1", "small-0", "small-1"]
+    assert sorted(ds["group"].values) == ["big", "big", "small", "small"]
     x, d = _digits_arrays(tmp_path)
     _serial_check(ds, x, d, 190)
     # The trained net classifies most digits right (argmax of the outputs).
