@@ -490,6 +490,8 @@ class Trainer:
     async def gather(self) -> tuple[np.ndarray, np.ndarray]:
         """Full weights from the first column (every column holds a full, identical copy)."""
         col = self.plan.columns[0]
+        # Wait first: it notices a lost worker (WorkerLostError) instead of waiting forever.
+        await self._wait([self.weights[w] for w in col], self.iteration)
         shards = await self.client.gather([self.weights[w] for w in col])
         return np.concatenate([s[0] for s in shards], axis=0), np.concatenate([s[1] for s in shards], axis=1)
 
@@ -1067,7 +1069,8 @@ async def _fit_async(
                 stopped = f"stop requested after iteration {done}"
                 logger.info(stopped)
                 break
-        W, V = await trainer.gather()
+        W, V = await _final_weights(trainer, None if stopped and "diverged" in stopped else safe, ckpt,
+                                    on_worker_loss, remaps)
     finally:
         reporter.close(stopped)
         await trainer.close()
@@ -1140,6 +1143,29 @@ async def _recover(trainer: Trainer, exc: WorkerLostError, safe: tuple, ckpt: tu
         f"continuing from iteration {trainer.iteration}"
     )
     return rec
+
+
+async def _final_weights(
+    trainer: Trainer, safe: tuple | None, ckpt: tuple, on_worker_loss: str, remaps: list[dict[str, Any]]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Gather the final weights; a worker lost now is recovered from like one lost mid-run."""
+    target = trainer.iteration
+    for _ in range(len(trainer.addresses) + 1):
+        try:
+            try:
+                if trainer.iteration < target:  # recovered from a checkpoint: compute up to where we were
+                    await trainer.run_block(target - trainer.iteration)
+                return await trainer.gather()
+            except WorkerLostError:
+                raise
+            except Exception:  # e.g. a shard cancelled because its worker just died
+                await trainer._check_workers(trainer.iteration, grace=2.0)
+                raise
+        except WorkerLostError as exc:
+            if on_worker_loss == "raise" or safe is None:
+                raise
+            remaps.append(await _recover(trainer, exc, safe, ckpt))
+    raise TrainingError("could not gather the final weights: workers kept leaving")  # pragma: no cover
 
 
 def _block_info(trainer: Trainer, first: int, iterations: int, remaps: list[dict[str, Any]]) -> dict[str, Any]:

@@ -187,3 +187,18 @@ def test_drpm_goes_on_after_a_loss_without_planning_the_lost_worker(cluster4):
     # The restarted worker (new address) is taken in by a later whole remap.
     assert any(rec.get("joined") for rec in r.remaps)
     _assert_serial(r, x, d, 9, 0.05)
+
+
+def test_worker_lost_after_the_last_block_is_recovered_too(cluster4):
+    cluster, client = cluster4
+    x, d = _problem()
+    addrs = ordered_workers(client.scheduler_info())
+    plan = Plan.from_columns([[0, 1, 2]], [48], [[3, 3, 3]], shape=(6, 9, 3))
+    cb = _killer(client, addrs[0], at=45)  # fires after the final block, before the weights are gathered
+    r = fit(x, d, hidden=9, iterations=45, learning_rate=0.05, mapping=plan, client=client,
+            interval=5, checkpoint_every=20, callback=cb, progress="none")
+    assert cb.fired == [45]
+    (rec,) = [rec for rec in r.remaps if rec.get("lost")]
+    assert rec["recovered_from"] == "checkpoint" and rec["iteration"] == 40 and rec["replayed"] == 5
+    assert r.history.sizes["iteration"] == 45
+    _assert_serial(r, x, d, 9, 0.05)
