@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dask_rpm.estimator import AbilityEstimator, EstimatorError, Observation, fit_slope
+from dask_rpm.estimator import AbilityEstimator, EstimatorError, Observation, fit_slope, inliers
 
 
 def test_fit_slope_exact():
@@ -175,3 +175,43 @@ def test_slope_matches_numpy_lstsq_and_scales(pts, scale):
     ref = np.linalg.lstsq(t[:, None], work, rcond=None)[0][0]
     assert fit_slope(work, t) == pytest.approx(ref, rel=1e-9)
     assert fit_slope(work * scale, t) == pytest.approx(ref * scale, rel=1e-9)
+
+
+# ---------------------------------------------------------------- outliers
+
+
+def test_plain_fit_when_outlier_is_zero_matches_fit_slope():
+    work, times = [100.0] * 6, [1.0, 1.0, 1.0, 1.0, 1.0, 1.7]
+    est = AbilityEstimator(window=6, outlier=0)
+    for t in times:
+        est.observe("w", 100.0, t1=t, t2=t)
+    assert est.estimate("t2")["w"] == pytest.approx(fit_slope(work, times))
+    # the paper's fit is pulled about 12 % low by one stalled iteration
+    assert est.estimate("t2")["w"] == pytest.approx(100.0 * 6.7 / 7.89)
+
+
+def test_default_fit_drops_one_stalled_iteration():
+    est = AbilityEstimator(window=6)  # rpm.drpm.outlier = 0.25
+    for t in [1.0, 1.02, 0.98, 1.0, 1.7, 1.0]:
+        est.observe("w", 100.0, t1=t, t2=t)
+    assert est.estimate("t2")["w"] == pytest.approx(100.0, rel=0.01)
+
+
+def test_outlier_filter_follows_a_load_change_the_majority_shows():
+    est = AbilityEstimator(window=6, outlier=0.25)
+    for t in [1.0, 1.0, 3.0, 3.0, 3.0, 3.0]:  # 3x slower for the last four iterations
+        est.observe("w", 90.0, t1=t, t2=t)
+    assert est.estimate("t1")["w"] == pytest.approx(30.0)
+
+
+def test_inliers_never_drops_half_or_more():
+    # three and three: no majority, every point is kept (the plain fit)
+    assert inliers([1.0] * 6, [1.0, 1.0, 1.0, 3.0, 3.0, 3.0], 0.25).all()
+    assert inliers([1.0] * 2, [1.0, 5.0], 0.25).all()
+    assert inliers([1.0, 1.0, 1.0], [1.0, 1.0, 5.0], 0.25).tolist() == [True, True, False]
+    assert inliers([1.0] * 4, [1.0, 1.0, 1.0, 5.0], 0).all()
+
+
+def test_negative_outlier_is_rejected_with_the_fix():
+    with pytest.raises(EstimatorError, match="outlier must be a finite factor >= 0"):
+        AbilityEstimator(window=6, outlier=-1)
