@@ -33,7 +33,8 @@ work a block is (``work``, flop equivalents from
 :func:`dask_rpm.kernels.block_work`), and the block lasts
 ``work / (rate * speed * scale)``, where ``rate`` is one warm core's
 throughput on these kernels, measured once per cluster
-(:func:`calibrate_rate`, times ``rpm.emulation.rate-fraction``, 0.5: a
+(:func:`calibrate_rate`, once per process, times
+``rpm.emulation.rate-fraction``, 0.5: a
 block run on cold caches next to other workers takes up to twice its warm
 time, and must still finish within its target) and shared by all its
 workers. Blocks also pass a *key* naming their work (kernel and shapes): the
@@ -479,6 +480,18 @@ def calibrate_rate(repeats: int = 7, shape: tuple[int, int, int, int] = (256, 25
     return work / max(cpu[len(cpu) // 2], 1e-9)
 
 
+_RATES: dict[str, float] = {}
+
+
+def _process_rate(dtype: str) -> float:
+    """:func:`calibrate_rate` once per process and dtype: every emulated cluster a
+    session starts then runs at the same absolute speeds, so their timings
+    compare (a benchmark's arms, a test's reference run)."""
+    if dtype not in _RATES:
+        _RATES[dtype] = calibrate_rate(dtype=dtype)
+    return _RATES[dtype]
+
+
 class _Pace:
     """One paced block; state lives here so concurrent threads don't share it."""
 
@@ -747,7 +760,7 @@ class EmulatedCluster(SpecCluster):
         workers: dict[int, dict[str, Any]] = {}
         # one kernel throughput for all workers: their speeds then differ by exactly their ratios
         fraction = float(config.get("emulation.rate-fraction"))
-        self.rates = {dt: fraction * calibrate_rate(dtype=dt) for dt in ("float64", "float32")}
+        self.rates = {dt: fraction * _process_rate(dt) for dt in ("float64", "float32")}
         for i, speed in enumerate(self.speeds):
             plugin = EmulationPlugin(speed, self.scale_factor, self.schedule.get(i, ()),
                                      index=i, pin_blas=processes, rate=self.rates)
