@@ -129,7 +129,9 @@ def test_help_has_examples(capsys):
 
 def test_no_command_is_an_error(capsys):
     code, out, err = _run([], capsys)
-    assert code == 2 and len(err.strip().splitlines()) == 1 and "choose a command: plan" in err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "choose a command: " in err
+    listed = err.split("choose a command: ")[1].split(" (")[0].split(", ")
+    assert {"plan", "train", "probe"} <= set(listed) and listed == sorted(listed)
 
 
 # ------------------------------------------------------------- bad input
