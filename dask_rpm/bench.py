@@ -443,7 +443,7 @@ def _ddp_rank(rank: int, cfg: dict[str, Any], queue: Any) -> None:
         step = cfg.get("step")  # (rank, iteration, factor)
         clock = {"cpu": 0.0, "wall": 0.0, "speed": speed}
 
-        def paced_allreduce(state: Any, bucket: Any) -> Any:
+        def paced_allreduce(state, bucket):  # no annotations: DDP checks them against GradBucket
             # Pad this rank's compute so far (forward + backward up to this
             # bucket) to cpu / (speed * scale) before its gradients go out.
             cpu = time.thread_time() - clock["cpu"]
@@ -498,11 +498,20 @@ def run_ddp(x: np.ndarray, d: np.ndarray, *, hidden: int, speeds: Sequence[float
         procs = [ctx.Process(target=_ddp_rank, args=(r, cfg, queue), daemon=True) for r in range(len(speeds))]
         for p in procs:
             p.start()
+        import queue as queue_mod
+
+        deadline = time.monotonic() + timeout
         try:
-            result = queue.get(timeout=timeout)
-        except Exception as e:  # noqa: BLE001
-            codes = [p.exitcode for p in procs]
-            raise RuntimeError(f"the DDP peer produced no result (rank exit codes {codes}): {e!r}") from None
+            while True:
+                try:
+                    result = queue.get(timeout=1.0)
+                    break
+                except queue_mod.Empty:
+                    codes = [p.exitcode for p in procs]
+                    if any(c not in (None, 0) for c in codes) or time.monotonic() > deadline:
+                        raise RuntimeError(
+                            f"the DDP peer produced no result (rank exit codes {codes}; see their stderr)"
+                        ) from None
         finally:
             for p in procs:
                 p.join(timeout=30)
@@ -591,9 +600,12 @@ def run_bench(
     cases = make_cases(workloads, conditions, ns, step_at=step_at, custom=custom)
     started = time.perf_counter()
     results = []
-    for case in cases:
-        results.append(_run_case(case, methods, iterations=iterations, series_iterations=series_iterations,
-                                 interval=interval, dp_search=dp_search, quiet=quiet))
+    import dask
+
+    with dask.config.set({"rpm.train.progress": "none"}):
+        for case in cases:
+            results.append(_run_case(case, methods, iterations=iterations, series_iterations=series_iterations,
+                                     interval=interval, dp_search=dp_search, quiet=quiet))
     wall = time.perf_counter() - started
 
     C, M, W = len(cases), len(methods), max(ns)
