@@ -437,6 +437,7 @@ dask_cli = _make_dask_cli()
 from .train import add_train_parser  # noqa: E402
 from .probe_cli import add_probe_parser  # noqa: E402
 from .bench import add_bench_parser  # noqa: E402
+from .simulate import add_simulate_parser  # noqa: E402
 
 
 if __name__ == "__main__":  # python -m dask_rpm.cli
