@@ -694,6 +694,7 @@ def run_bench(
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_implementation()} "
                        f"{platform.python_version()}",
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "cores": int(os.cpu_count() or 0),
             "iterations": iterations,
             "series_iterations": series_iterations,
             "interval": interval,
@@ -838,7 +839,8 @@ def plot_bench(ds: Any, path: str) -> str:
         ax.set_xlabel("iteration")
         ax.set_ylabel("s")
         ax.legend(fontsize=7, ncol=2)
-    fig.suptitle("EMULATED heterogeneity on one machine (not hardware figures) - dask-rpm bench")
+    fig.suptitle(f"EMULATED heterogeneity on one {ds.attrs.get('cores', os.cpu_count())}-core machine "
+                 f"(not hardware figures) - dask-rpm bench")
     fig.tight_layout()
     _atomic(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     plt.close(fig)
@@ -873,7 +875,7 @@ def write_outputs(ds: Any, out_dir: str, *, plot: bool = True) -> dict[str, str]
 # --------------------------------------------------------------------- CLI
 _EPILOG = """\
 examples:
-  dask-rpm bench --quick                      # condition A, N = 4 and 8, compute workload: a few minutes
+  dask-rpm bench --quick                      # condition A, N = 4 and 8, compute workload (~15 min on 2 cores)
   dask-rpm bench --quick --json               # the summary as a JSON list of rows
   dask-rpm bench --conditions A,B --n 4-8 --workloads paper,compute     # the full set (hours)
   dask-rpm bench --conditions A-step --n 8 --iterations 40             # one worker slows 3x mid-run
@@ -897,7 +899,7 @@ def add_bench_parser(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--quick", action="store_true",
-                   help="condition A, N = 4 and 8, compute workload, 16 iterations (a few minutes)")
+                   help="condition A, N = 4 and 8, compute workload, 16 iterations (14 min on 2 loaded cores)")
     p.add_argument("--conditions", help="comma-separated: A, B, A-step, B-step (default A,B)")
     p.add_argument("--n", dest="ns", metavar="N", help="worker counts, e.g. 4,8 or 4-8 (default 4-8)")
     p.add_argument("--workloads", help="comma-separated: paper, compute, custom (default paper,compute)")
