@@ -4,7 +4,8 @@
 #  1. as root with apt-get: installs the Debian packages the tests need
 #     (slurm-wlm + munge for the real-SLURM tests, chromium + chromium-driver
 #     for the dashboard screenshot test);
-#  2. installs dask_rpm with its test extras (pip);
+#  2. installs dask_rpm with its test and bench extras (pip; torch 2.13 CPU
+#     for the DDP peer of dask-rpm bench);
 #  3. starts the private single-node SLURM on loopback (slurm/local-cluster.sh);
 #  4. runs pytest over every test, including those marked slow, slurm, browser.
 #
@@ -27,7 +28,8 @@ else
     echo "tests/run.sh: not root or no apt-get: SLURM and browser tests will skip (they fail under CI=true)"
 fi
 
-"$PY" -m pip install -q --disable-pip-version-check -e ".[test]"
+# bench: torch==2.13.0 (CPU build) for the DistributedDataParallel peer of dask-rpm bench
+"$PY" -m pip install -q --disable-pip-version-check -e ".[test,bench]"
 
 if [ "$(id -u)" = 0 ]; then
     # The slurm_cluster fixture (tests/conftest.py) sets SLURM_CONF; a failed
