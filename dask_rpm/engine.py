@@ -590,8 +590,12 @@ class Trainer:
                                 * (new.n + new.l) * np.dtype(self.dtype).itemsize),
         }
 
-    def observations(self, first: int, stop: int) -> list[tuple[int, int, float, float]]:
-        """``(worker, work, t1, t2)`` for iterations ``[first, stop)`` of the current plan."""
+    def observations(self, first: int, stop: int) -> list[tuple[int, int, float, float, float]]:
+        """``(worker, work, t1, t2, tc)`` for iterations ``[first, stop)`` of the current plan.
+
+        ``tc`` is the forward plus backward compute, without the wait at the
+        vertical exchange (see :mod:`dask_rpm.estimator`).
+        """
         out = []
         for it in range(first, stop):
             for w in self.plan.planned_workers:
@@ -602,8 +606,9 @@ class Trainer:
                     # Timestamps of two tasks carry the worker's jittering clock
                     # offset to the scheduler; never let t1 drop below the
                     # compute it contains (or go negative).
-                    t1 = max(b1 - f0, (f1 - f0) + (b1 - b0))
-                    out.append((w, self.plan.rectangle(w).area, t1, max(b1 - b0, 0.0)))
+                    tc = max(f1 - f0, 0.0) + max(b1 - b0, 0.0)
+                    t1 = max(b1 - f0, tc)
+                    out.append((w, self.plan.rectangle(w).area, t1, max(b1 - b0, 0.0), tc))
         return out
 
     # ------------------------------------------------- elastic / fault tolerant
@@ -1216,12 +1221,18 @@ class _DRPMState:
 
         from .estimator import EstimatorError
 
-        for w, work, t1, t2 in trainer.observations(first, stop):
-            self.estimator.observe(w, work, t1, t2)
+        for w, work, t1, t2, tc in trainer.observations(first, stop):
+            self.estimator.observe(w, work, t1, t2, tc)
         planned = trainer.plan.planned_workers
+        column_times = str(config.get("drpm.column-times"))
+        if column_times not in ("tc", "t1"):
+            raise ValueError(
+                f"rpm.drpm.column-times must be 'tc' (compute without the wait) or 't1' (the paper's), "
+                f"got {column_times!r}"
+            )
         try:
             times = self.estimator.recent_times("t1", workers=planned)
-            speeds_t1 = self.estimator.estimate("t1", workers=planned)
+            speeds_col = self.estimator.estimate(column_times, workers=planned)  # type: ignore[arg-type]
             speeds_t2 = self.estimator.estimate("t2", workers=planned)
         except EstimatorError as exc:  # e.g. a worker that just joined has no times yet
             logger.info(f"check at iteration {stop}: skipped ({exc})")
@@ -1229,7 +1240,7 @@ class _DRPMState:
         policy = config.get("drpm.policy")
         kw: dict[str, Any] = {}
         if policy == "cost":
-            kw = {"plan": trainer.plan, "speeds": speeds_t1, "whole_speeds": speeds_t2, "remaining": remaining}
+            kw = {"plan": trainer.plan, "speeds": speeds_col, "whole_speeds": speeds_t2, "remaining": remaining}
         decision = decide(times, policy=policy, first_check=not self.checks, initial_abilities=self.initial_abilities, **kw)
         vec = np.full(len(trainer.plan.abilities), np.nan)
         for w, v in speeds_t2.items():
@@ -1242,7 +1253,7 @@ class _DRPMState:
             # After a worker loss, plan only the workers still there.
             new = trainer.whole_plan(speeds_t2) if trainer.gone else whole_remap(trainer.plan, speeds_t2)
         elif decision.kind == "column" and new is None:
-            new = column_remap(trainer.plan, speeds_t1)
+            new = column_remap(trainer.plan, speeds_col)
         line = f"check at iteration {stop}: t_min/t_max = {decision.ratio:.2f}; {decision.reason}"
         if new is not None and decision.kind:
             rec = await trainer.remap(new, decision.kind)
@@ -1375,6 +1386,8 @@ def _history(trainer: Trainer, plan: Plan) -> Any:
     t1 = phases["forward"] + phases["vertical_wait"] + phases["backward"]
     data_vars["t1"] = (("iteration", "worker"), t1, {"units": "s", "description": "DRPM t1: forward start to backward end"})
     data_vars["t2"] = (("iteration", "worker"), phases["backward"], {"units": "s", "description": "DRPM t2: backward compute"})
+    data_vars["tc"] = (("iteration", "worker"), phases["forward"] + phases["backward"],
+                       {"units": "s", "description": "DRPM tc: forward + backward compute, without the vertical wait"})
     coords = {
         "iteration": ("iteration", np.array(its, dtype=int)),
         "worker": ("worker", np.arange(n_workers)),

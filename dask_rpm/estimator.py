@@ -8,6 +8,8 @@ its rectangle in that iteration) and two times:
   remaps and for the imbalance check.
 * ``t2`` - backward compute only (pure compute); used for whole remaps, whose
   new communication pattern the old waiting times would not describe.
+* ``tc`` - forward compute + backward compute, without the wait between them
+  (beyond the paper; see below).
 
 A worker's ability is the slope ``p`` of ``work = p * time`` fitted by least
 squares through the origin over its last ``L`` observations::
@@ -28,6 +30,19 @@ fit drops the points whose rate ``w_j / t_j`` is off the window's median rate
 by more than a factor ``1 + r`` - but never more than half the window, so a
 load change that a majority of the window already shows is followed, not
 discarded. ``outlier = 0`` is the paper's plain fit.
+
+Column speeds without the wait (beyond the paper)
+-------------------------------------------------
+``t1`` of a worker includes waiting at the vertical exchange for the slowest
+worker of its column. A fast worker that shares a column with a slow one
+therefore looks slow by about the slow one's forward time, and a column remap
+planned on ``t1`` speeds moves only part of the way to balance. With the
+paper's thresholds the remaps then stop once ``t_min / t_max`` passes
+``T_line`` - in our measurements about 15-20 % above the balanced optimum
+after a 3x step change. ``tc`` measures the same two compute phases without
+the wait, so one column remap lands on balance. ``rpm.drpm.column-times``
+chooses which times the column remap uses (``tc`` by default, ``t1`` for the
+paper's reading); the imbalance check always compares ``t1``.
 
 Observations across a remap
 ---------------------------
@@ -58,7 +73,8 @@ from . import config
 
 __all__ = ["AbilityEstimator", "EstimatorError", "Observation", "fit_slope", "inliers"]
 
-Kind = Literal["t1", "t2"]
+Kind = Literal["t1", "t2", "tc"]
+KINDS: tuple[str, ...] = ("t1", "t2", "tc")
 
 
 class EstimatorError(ValueError):
@@ -67,14 +83,15 @@ class EstimatorError(ValueError):
 
 @dataclass(frozen=True)
 class Observation:
-    """One iteration of one worker: work units done and the two measured times (seconds).
+    """One iteration of one worker: work units done and the measured times (seconds).
 
-    ``t2`` is NaN when it was not measured.
+    ``t2`` and ``tc`` are NaN when they were not measured.
     """
 
     work: float
     t1: float
     t2: float
+    tc: float = math.nan
 
 
 def fit_slope(work: Iterable[float], times: Iterable[float]) -> float:
@@ -197,7 +214,9 @@ class AbilityEstimator:
         return f"<AbilityEstimator L={self._window} observations={{{counts}}}>"
 
     # -------------------------------------------------------------- updates
-    def observe(self, worker: Hashable, work: float, t1: float, t2: float | None = None) -> None:
+    def observe(
+        self, worker: Hashable, work: float, t1: float, t2: float | None = None, tc: float | None = None
+    ) -> None:
         """Record one iteration of ``worker``.
 
         Parameters
@@ -210,11 +229,14 @@ class AbilityEstimator:
             Forward + vertical exchange + backward seconds (>= 0).
         t2
             Backward compute seconds (>= 0), or ``None``/NaN if not measured.
+        tc
+            Forward + backward compute seconds without the wait between them
+            (>= 0), or ``None``/NaN if not measured.
 
         Raises
         ------
         EstimatorError
-            On a negative, infinite or NaN work or ``t1``, or a negative/infinite ``t2``.
+            On a negative, infinite or NaN work or ``t1``, or a negative/infinite ``t2`` or ``tc``.
         """
         w = float(work)
         if not math.isfinite(w) or w < 0:
@@ -223,6 +245,7 @@ class AbilityEstimator:
             w,
             _check_time("t1", t1, worker, optional=False),
             _check_time("t2", t2, worker, optional=True),  # type: ignore[arg-type]
+            _check_time("tc", tc, worker, optional=True),  # type: ignore[arg-type]
         )
         self._obs.setdefault(worker, deque(maxlen=self._window)).append(obs)
 
@@ -251,8 +274,8 @@ class AbilityEstimator:
         return ws
 
     def _points(self, worker: Hashable, kind: Kind) -> tuple[list[float], list[float]]:
-        if kind not in ("t1", "t2"):
-            raise EstimatorError(f"kind must be 't1' or 't2', got {kind!r}")
+        if kind not in KINDS:
+            raise EstimatorError(f"kind must be one of {', '.join(map(repr, KINDS))}, got {kind!r}")
         pts = [(o.work, getattr(o, kind)) for o in self._obs[worker]]
         pts = [(w, t) for w, t in pts if not math.isnan(t)]
         if not pts:
@@ -265,7 +288,8 @@ class AbilityEstimator:
         Parameters
         ----------
         kind
-            ``"t1"`` (column remaps, checks) or ``"t2"`` (whole remaps).
+            ``"t1"`` (checks; column remaps in the paper), ``"t2"`` (whole
+            remaps) or ``"tc"`` (column remaps by default).
         workers
             Workers to estimate; ``None`` means every worker with observations.
 

@@ -37,6 +37,17 @@ def test_estimate_t1_and_t2_separately():
     assert est.workers == (0, "tcp://b") and len(est) == 2
 
 
+def test_tc_is_a_third_optional_kind():
+    est = AbilityEstimator(window=6)
+    est.observe("a", work=100, t1=3.0, t2=0.5, tc=1.0)
+    est.observe("a", work=200, t1=5.0, t2=1.0)  # tc not measured: left out of the tc fit only
+    assert est.estimate("tc") == {"a": 100.0}
+    assert est.estimate("t1")["a"] == pytest.approx((300 + 1000) / (9 + 25))
+    assert est.observations("a")[1].tc != est.observations("a")[1].tc  # NaN
+    with pytest.raises(EstimatorError, match="tc=-1"):
+        est.observe("a", 1, 1.0, 1.0, -1.0)
+
+
 def test_window_bounds_observations():
     est = AbilityEstimator(window=3)
     for k in range(1, 11):

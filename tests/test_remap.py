@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dask_rpm.partition import Plan, PlanError
+from dask_rpm.planners import make_plan
 from dask_rpm.remap import (
     MigrationError,
     SampleChange,
@@ -417,3 +418,44 @@ def test_whole_remap_after_losing_a_worker():
     new = whole_remap(plan, survivors).validate()
     assert new.workers == (ws[0], ws[2], ws[3])
     check_migration(plan, new, migration(plan, new), lost=[ws[1]])
+
+
+def _column_t1(plan, true):
+    """Modelled t1 per worker: wait for the column's slowest forward, then own backward.
+
+    Forward and backward are half the work each (as for n >> l); the model has no
+    communication, so the wait is the only difference between t1 and tc.
+    """
+    out = {}
+    for col in plan.columns:
+        slowest = max(plan.rectangle(w).area / true[w] / 2 for w in col)
+        for w in col:
+            out[w] = slowest + plan.rectangle(w).area / true[w] / 2
+    return out
+
+
+def test_column_remap_on_t1_stops_short_of_balance_and_tc_reaches_it():
+    """Why rpm.drpm.column-times defaults to tc: t1 feeds the column's wait back into the speeds.
+
+    A 3x step of one worker in a two-column plan: column remaps planned on t1
+    speeds approach balance only geometrically, and the paper's T_line = 0.8
+    stops them while the plan is still more than 10 % slower than balanced; one
+    remap on the wait-free compute speeds (tc) is balanced at once.
+    """
+    from dask_rpm.policy import imbalance_ratio, predict_step_seconds
+
+    plan = make_plan([1.0, 1.0, 0.5, 0.5], (257, 384, 16), 4096, "srpm")
+    assert len(plan.columns) == 2
+    true = [1.0, 1.0 / 3.0, 0.5, 0.5]
+    best = predict_step_seconds(column_remap(plan, true), true)
+    p = plan
+    for _ in range(10):  # the paper's rule with t1 speeds
+        t1 = _column_t1(p, true)
+        if imbalance_ratio(t1) >= 0.8:
+            break
+        p = column_remap(p, {w: p.rectangle(w).area / t for w, t in t1.items()})
+    assert predict_step_seconds(p, true) > 1.10 * best
+    tc = {w: plan.rectangle(w).area / true[w] for w in plan.planned_workers}
+    one = column_remap(plan, {w: plan.rectangle(w).area / t for w, t in tc.items()})
+    assert predict_step_seconds(one, true) == pytest.approx(best, rel=1e-3)
+    assert imbalance_ratio(_column_t1(one, true)) > 0.95
