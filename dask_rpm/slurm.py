@@ -57,6 +57,8 @@ import math
 import os
 import re
 import shlex
+import shutil
+import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import KW_ONLY, dataclass, fields
 from typing import Any
@@ -81,6 +83,7 @@ __all__ = [
     "dask_setup",
     "group_from_name",
     "load_groups",
+    "slurm_unavailable",
 ]
 
 logger = logging.getLogger(__name__)
@@ -406,6 +409,37 @@ def load_groups(groups: Iterable[WorkerGroup | Mapping[str, Any]] | None = None)
     if dup:
         raise SlurmConfigError(f"worker group names must be unique; repeated: {dup}. Rename or merge those groups.")
     return out
+
+
+def slurm_unavailable(partitions: Iterable[str] = ()) -> str | None:
+    """Say why SLURM cannot take jobs from here, or return ``None`` when it can.
+
+    Checks, in order: ``sbatch`` on the ``PATH``; ``SLURM_CONF`` set (the
+    local cluster of ``slurm/local-cluster.sh`` is not on the default path)
+    and pointing at a file; ``sinfo`` answering; and each of ``partitions``
+    known to it. Every reason says how to fix it, so scripts can print it and
+    exit (the tutorials do).
+    """
+    if not shutil.which("sbatch"):
+        return "sbatch is not on the PATH (install SLURM, or run slurm/local-cluster.sh start as root)"
+    conf = os.environ.get("SLURM_CONF")
+    if not conf:
+        return ("SLURM_CONF is not set; for the local cluster: "
+                "export SLURM_CONF=/tmp/dask-rpm-slurm/slurm.conf (after sudo slurm/local-cluster.sh start)")
+    if not os.path.isfile(conf):
+        return f"SLURM_CONF={conf} does not exist; start the cluster with sudo slurm/local-cluster.sh start"
+    try:
+        p = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"sinfo did not answer ({e}); is slurmctld running? (slurm/local-cluster.sh status)"
+    if p.returncode != 0:
+        return f"sinfo failed: {p.stderr.strip()[:200]}"
+    known = {name.rstrip("*") for name in p.stdout.split()}
+    missing = [q for q in partitions if q not in known]
+    if missing:
+        return (f"partition(s) {', '.join(missing)} not in this SLURM (it has: {', '.join(sorted(known)) or 'none'}); "
+                f"set DASK_RPM_SLURM_PARTITIONS or edit the worker groups")
+    return None
 
 
 def group_from_name(worker_name: Any, groups: Iterable[str]) -> str | None:

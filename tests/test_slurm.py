@@ -31,6 +31,7 @@ from dask_rpm.slurm import (
     dask_setup,
     group_from_name,
     load_groups,
+    slurm_unavailable,
 )
 
 # Loopback only, random dashboard port: never clash with other test sessions.
@@ -405,3 +406,25 @@ def test_groups_from_config_on_real_slurm(slurm_cluster, tmp_path):
             assert cluster.wait_for_groups(timeout=120) == {"a": 0, "b": 1}
             (name,) = [w["name"] for w in cluster.scheduler_info["workers"].values()]
             assert name == "b-0" and cluster.group_of(name) == "b"
+
+
+def test_slurm_unavailable_says_how_to_fix(monkeypatch, tmp_path):
+    """Without a usable SLURM the reason names what is missing and the fix (no SLURM needed)."""
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    monkeypatch.setenv("PATH", str(fake_bin))
+    assert "sbatch is not on the PATH" in slurm_unavailable()
+    sbatch = fake_bin / "sbatch"
+    sbatch.write_text("#!/bin/sh\nexit 0\n")
+    sbatch.chmod(0o755)
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    assert "export SLURM_CONF=" in slurm_unavailable()
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "nope.conf"))
+    assert "does not exist" in slurm_unavailable()
+
+
+@pytest.mark.slurm
+def test_slurm_unavailable_on_real_slurm(slurm_cluster):
+    assert slurm_unavailable(slurm_cluster.partitions) is None
+    reason = slurm_unavailable(["no-such-partition"])
+    assert "no-such-partition" in reason and slurm_cluster.partitions[0] in reason

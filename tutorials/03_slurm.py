@@ -28,33 +28,14 @@ Takes about half a minute (mostly waiting for the jobs to start).
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
 
 import numpy as np
 
+from dask_rpm.slurm import slurm_unavailable
+
 PARTITIONS = os.environ.get("DASK_RPM_SLURM_PARTITIONS", "fast slow").split()
-
-
-def slurm_unavailable() -> str | None:
-    """Why SLURM cannot be used here, or None."""
-    if not shutil.which("sbatch"):
-        return "sbatch is not on the PATH (install SLURM, or run slurm/local-cluster.sh start as root)"
-    conf = os.environ.get("SLURM_CONF")
-    if not conf:
-        return ("SLURM_CONF is not set; for the local cluster: "
-                "export SLURM_CONF=/tmp/dask-rpm-slurm/slurm.conf (after sudo slurm/local-cluster.sh start)")
-    if not os.path.isfile(conf):
-        return f"SLURM_CONF={conf} does not exist; start the cluster with sudo slurm/local-cluster.sh start"
-    try:
-        p = subprocess.run(["sinfo", "-h", "-o", "%P %a"], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"sinfo did not answer ({e})"
-    if p.returncode != 0:
-        return f"sinfo failed: {p.stderr.strip()[:200]}"
-    return None
 
 
 def make_data(samples: int = 2048, inputs: int = 16, outputs: int = 4, seed: int = 3) -> tuple[np.ndarray, np.ndarray]:
@@ -66,7 +47,7 @@ def make_data(samples: int = 2048, inputs: int = 16, outputs: int = 4, seed: int
 
 
 def main() -> int:
-    reason = slurm_unavailable()
+    reason = slurm_unavailable(PARTITIONS)
     if reason:
         print(f"SKIPPED: this tutorial needs SLURM: {reason}")
         return 0

@@ -39,25 +39,11 @@ import time
 
 import numpy as np
 
+from dask_rpm.slurm import slurm_unavailable
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SBATCH = os.path.join(HERE, os.pardir, "slurm", "train.sbatch")
 PARTITIONS = os.environ.get("DASK_RPM_SLURM_PARTITIONS", "fast slow").split()
-
-
-def slurm_unavailable() -> str | None:
-    """Why SLURM cannot be used here, or None."""
-    if not shutil.which("sbatch"):
-        return "sbatch is not on the PATH (install SLURM, or run slurm/local-cluster.sh start as root)"
-    conf = os.environ.get("SLURM_CONF")
-    if not conf:
-        return ("SLURM_CONF is not set; for the local cluster: "
-                "export SLURM_CONF=/tmp/dask-rpm-slurm/slurm.conf (after sudo slurm/local-cluster.sh start)")
-    if not os.path.isfile(conf):
-        return f"SLURM_CONF={conf} does not exist; start the cluster with sudo slurm/local-cluster.sh start"
-    p = subprocess.run(["sinfo", "-h"], capture_output=True, text=True, timeout=20)
-    if p.returncode != 0:
-        return f"sinfo failed: {p.stderr.strip()[:200]}"
-    return None
 
 
 def write_digits(path: str) -> None:
@@ -102,7 +88,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--keep", metavar="DIR", help="write the files here and keep them")
     args = ap.parse_args()
-    reason = slurm_unavailable()
+    reason = slurm_unavailable(PARTITIONS)
     if reason:
         print(f"SKIPPED: this tutorial needs SLURM: {reason}")
         return 0
