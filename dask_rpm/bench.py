@@ -342,7 +342,8 @@ def _run_case(case: BenchCase, methods: Sequence[str], *, iterations: int, serie
         for method in methods:
             t0 = time.perf_counter()
             if method == "ddp":
-                r = _run_ddp_method(case, x, d, iterations=iterations, lr=lr, scale=out["scale"], start=start)
+                r = _run_ddp_method(case, x, d, iterations=iterations, lr=lr, scale=out["scale"], start=start,
+                                    rate=float(cluster.rates["float64"]))
             elif method in ("uniform", "hrev"):
                 planner = "uniform" if method == "uniform" else "grid-hrev"
                 ab = [1.0] * case.n if method == "uniform" else list(case.assumed)
@@ -414,6 +415,8 @@ def _ddp_rank(rank: int, cfg: dict[str, Any], queue: Any) -> None:
         os.environ[var] = "1"
     import torch
     import torch.distributed as dist
+
+    from .kernels import block_work
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -442,12 +445,19 @@ def _ddp_rank(rank: int, cfg: dict[str, Any], queue: Any) -> None:
         speed, scale = float(cfg["speeds"][rank]), float(cfg["scale"])
         step = cfg.get("step")  # (rank, iteration, factor)
         clock = {"cpu": 0.0, "wall": 0.0, "speed": speed}
+        # The same work model and kernel rate as the Dask workers' pace():
+        # forward + backward of this rank's samples x all hidden units.
+        n_in, m_h, l_out = W0.shape[1], W0.shape[0], V0.shape[0]
+        rows = int(x.shape[0])
+        work = block_work("forward", rows, m_h, n_in, l_out) + block_work("backward", rows, m_h, n_in, l_out)
+        rate = float(cfg["rate"])
 
         def paced_allreduce(state, bucket):  # no annotations: DDP checks them against GradBucket
             # Pad this rank's compute so far (forward + backward up to this
-            # bucket) to cpu / (speed * scale) before its gradients go out.
+            # bucket) to max(cpu, work / rate) / (speed * scale) before its
+            # gradients go out, as pace() does for a Dask worker's block.
             cpu = time.thread_time() - clock["cpu"]
-            target = cpu / (clock["speed"] * scale)
+            target = max(cpu, work / rate) / (clock["speed"] * scale)
             late = target - (time.perf_counter() - clock["wall"])
             if late > 0:
                 time.sleep(late)
@@ -480,8 +490,17 @@ def _ddp_rank(rank: int, cfg: dict[str, Any], queue: Any) -> None:
 
 def run_ddp(x: np.ndarray, d: np.ndarray, *, hidden: int, speeds: Sequence[float], scale: float,
             iterations: int, learning_rate: float, step: tuple[int, int, float] | None = None,
-            seed: int = 0, timeout: float = 1800.0) -> dict[str, Any]:
-    """Train the same MLP with plain DDP, one process per EMULATED speed; rank 0's iteration times."""
+            seed: int = 0, timeout: float = 1800.0, rate: float | None = None) -> dict[str, Any]:
+    """Train the same MLP with plain DDP, one process per EMULATED speed; rank 0's iteration times.
+
+    Each rank's forward + backward is paced like a Dask worker's kernel block
+    (:func:`dask_rpm.emulation.pace`): to ``max(cpu, work / rate) / (speed *
+    scale)`` with the flop model :func:`dask_rpm.kernels.block_work`, so both
+    systems run at the same EMULATED speeds whatever their kernels cost.
+    ``rate`` (flop equivalents per second at speed 1, scale 1) defaults to this
+    process's calibrated rate x ``rpm.emulation.rate-fraction``, the rate
+    :func:`dask_rpm.local_cluster` gives its workers.
+    """
     import multiprocessing as mp
 
     from .kernels import init_weights
@@ -492,8 +511,13 @@ def run_ddp(x: np.ndarray, d: np.ndarray, *, hidden: int, speeds: Sequence[float
         paths = {k: os.path.join(tmp, f"{k}.npy") for k in ("x", "d", "W0", "V0")}
         for k, v in (("x", x), ("d", d), ("W0", W0), ("V0", V0)):
             np.save(paths[k], np.ascontiguousarray(v, dtype="float64"))
+        if rate is None:
+            from . import config
+            from .emulation import _process_rate
+
+            rate = float(config.get("emulation.rate-fraction")) * _process_rate("float64")
         cfg = {**paths, "world": len(speeds), "port": _free_port(), "speeds": list(speeds), "scale": scale,
-               "lr": learning_rate, "iterations": iterations, "step": step}
+               "lr": learning_rate, "iterations": iterations, "step": step, "rate": float(rate)}
         queue = ctx.Queue()
         procs = [ctx.Process(target=_ddp_rank, args=(r, cfg, queue), daemon=True) for r in range(len(speeds))]
         for p in procs:
@@ -521,7 +545,7 @@ def run_ddp(x: np.ndarray, d: np.ndarray, *, hidden: int, speeds: Sequence[float
 
 
 def _run_ddp_method(case: BenchCase, x: np.ndarray, d: np.ndarray, *, iterations: int, lr: float,
-                    scale: float, start: int) -> MethodResult:
+                    scale: float, start: int, rate: float | None = None) -> MethodResult:
     ok, why = torch_available()
     if not ok:
         return MethodResult(skipped=why)
@@ -530,7 +554,7 @@ def _run_ddp_method(case: BenchCase, x: np.ndarray, d: np.ndarray, *, iterations
         step = (case.step_worker, int(case.step_at), STEP_FACTOR)
     t0 = time.perf_counter()
     res = run_ddp(x, d, hidden=case.shape[1], speeds=case.speeds, scale=scale, iterations=iterations,
-                  learning_rate=lr, step=step)
+                  learning_rate=lr, step=step, rate=rate)
     it = np.asarray(res["times"], dtype=float)
     return MethodResult(
         seconds_per_iteration=steady_seconds(it, min(start, it.size - 1)),

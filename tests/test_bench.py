@@ -129,3 +129,20 @@ def test_ddp_peer_runs_with_torch():
     W, V, _ = fit_serial(x, d, hidden=4, iterations=2, learning_rate=0.01)
     h = sigmoid(sigmoid(x[:32] @ W.T) @ V.T)
     assert res["error"] == pytest.approx(0.5 * float(((h - d[:32]) ** 2).sum()), rel=1e-9)
+
+
+@pytest.mark.slow
+def test_ddp_peer_is_paced_on_the_same_work_model():
+    """Each DDP rank lasts work / (rate x speed x scale), like a Dask worker's paced block."""
+    pytest.importorskip("torch")
+    from dask_rpm.kernels import block_work
+    from dask_rpm.train import demo_data
+
+    x, d = demo_data(64, (6, 4, 2))
+    rows = 32  # two ranks, equal shares
+    work = block_work("forward", rows, 4, 6, 2) + block_work("backward", rows, 4, 6, 2)
+    rate = work / 0.2  # speed 1, scale 1: 0.2 s of forward + backward per iteration
+    res = bench.run_ddp(x, d, hidden=4, speeds=[1.0, 0.5], scale=1.0, iterations=4, learning_rate=0.01, rate=rate)
+    # the speed-0.5 rank needs 0.4 s and everyone waits for it at the all-reduce
+    steady = sorted(res["times"][1:])
+    assert 0.38 <= steady[len(steady) // 2] <= 0.8, res["times"]
