@@ -37,13 +37,18 @@ pytestmark = pytest.mark.timeout(120)
 PROFILE_A = (0.25, 0.31, 0.63, 1.0, 1.0, 0.42, 0.67, 0.63)
 
 
-def _gemm_block(iteration: int | None = None, reps: int = 12) -> tuple[float, float]:
-    """A fixed numpy workload inside pace(); returns (wall, cpu) of the block."""
+def _gemm_block(iteration: int | None = None, reps: int = 12, stated: bool = False) -> tuple[float, float]:
+    """A fixed numpy workload inside pace(); returns (wall, cpu) of the block.
+
+    ``stated``: the block tells pace() its work (2 n^3 flops per product), as
+    the BP kernels do, so it is paced on work / rate instead of its own,
+    noisy, CPU time.
+    """
     rng = np.random.default_rng(0)
     a = rng.random((256, 256))
     a @ a  # warm caches outside the timed block
     wall0, cpu0 = time.perf_counter(), time.thread_time()
-    with pace(iteration):
+    with pace(iteration, work=reps * 2.0 * 256**3 if stated else None):
         for _ in range(reps):
             a @ a
     return time.perf_counter() - wall0, time.thread_time() - cpu0
@@ -56,8 +61,8 @@ def _paced_block(iteration: int | None = None) -> tuple[float, float, float]:
 
 
 def _timed_paced_block() -> tuple[float, tuple[float, float, float]]:
-    """Outer wall time of :func:`_gemm_block` and pace's own (cpu, wall, target)."""
-    wall, _ = _gemm_block()
+    """Outer wall time of a work-stating :func:`_gemm_block` and pace's own (cpu, wall, target)."""
+    wall, _ = _gemm_block(stated=True)
     return wall, emu._plugin().last_block
 
 
