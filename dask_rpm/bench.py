@@ -232,10 +232,6 @@ def _single_plan(shape: tuple[int, int, int], samples: int, address: str) -> Any
     ).with_workers([address])
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 # ------------------------------------------------------------------ the run
 def _fit_record(client: Any, x: np.ndarray, d: np.ndarray, *, m: int, iterations: int, lr: float,
                 mapping: Any, abilities: Any, interval: int, start: int) -> MethodResult:
@@ -281,31 +277,12 @@ def _series(client: Any, case: BenchCase, addresses: list[str], x: np.ndarray, d
     return out
 
 
-def _best_dp(method: str, case: BenchCase, abilities: Sequence[float], rates: np.ndarray,
-             latency: float | None, bandwidth: float | None) -> tuple[int, float]:
-    """N_DP with the smallest predicted iteration time (cost model, measured speeds)."""
-    from .cost import predict_iteration_seconds
-    from .partition import PlanError
-    from .planners import make_plan
-
-    best = (0, math.inf)
-    for dp in _divisors(case.n):
-        try:
-            plan = make_plan(abilities, case.shape, case.samples, method=method, dp=dp)
-        except PlanError:
-            continue
-        t = predict_iteration_seconds(plan, list(rates), latency=latency, bandwidth=bandwidth)
-        if t < best[1]:
-            best = (dp, t)
-    return best
-
-
 def _run_case(case: BenchCase, methods: Sequence[str], *, iterations: int, series_iterations: int,
               interval: int, dp_search: str, quiet: bool) -> dict[str, Any]:
     from distributed import Client
 
     from .emulation import emulation_report, local_cluster, worker_addresses
-    from .planners import make_plan
+    from .planners import _divisors, fastest_grid, make_plan
     from .train import demo_data
 
     n_, m, l_ = case.shape
@@ -358,9 +335,8 @@ def _run_case(case: BenchCase, methods: Sequence[str], *, iterations: int, serie
                                            **common)
                         if not (cand.seconds_per_iteration >= r.seconds_per_iteration):
                             r = cand
-                else:
-                    dp, _ = _best_dp(planner, case, ab, rates, None, None)
-                    plan = make_plan(ab, case.shape, case.samples, method=planner, dp=dp)
+                else:  # N_DP by the cost model with the measured T_series speeds
+                    plan, _ = fastest_grid(ab, case.shape, case.samples, planner, list(rates))
                     r = _fit_record(client, x, d, mapping=plan.with_workers(addresses), abilities=None, **common)
             elif method == "srpm-assumed":
                 r = _fit_record(client, x, d, mapping="srpm", abilities=list(case.assumed), **common)

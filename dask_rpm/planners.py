@@ -102,7 +102,7 @@ from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 import numpy as np
 
 from . import config
-from .cost import t_comm_partition
+from .cost import predict_iteration_seconds, t_comm_partition
 from .partition import Plan, PlanError, RealPartition, _snap, to_integer
 
 __all__ = [
@@ -110,6 +110,7 @@ __all__ = [
     "Planner",
     "PlannerResult",
     "SRPMResult",
+    "fastest_grid",
     "get_planner",
     "make_plan",
     "parse_shape",
@@ -935,3 +936,45 @@ def _fraction(name: str, v: Any) -> float:
     if not (math.isfinite(f) and 0 <= f < 1):
         raise PlanError(f"{name}={v!r} must be a fraction of m in [0, 1), e.g. 0.06 (0 disables snapping)")
     return f
+
+
+def fastest_grid(
+    abilities: Sequence[float],
+    shape: Any,
+    samples: int,
+    method: str,
+    speeds: Sequence[float] | Mapping[Any, float],
+    *,
+    latency: float | None = None,
+    bandwidth: float | None = None,
+) -> tuple[Plan, float]:
+    """The ``N_DP`` plan of a grid baseline predicted fastest in seconds.
+
+    ``dp=None`` in :func:`make_plan` picks ``N_DP`` by the element-count
+    ``t_comm``; this picks it by :func:`~dask_rpm.cost.predict_iteration_seconds`
+    with the workers' ``speeds`` (work units per second), which also counts
+    compute imbalance. Every divisor of N is tried; infeasible ones are
+    skipped; ties go to the smaller ``N_DP``.
+
+    Returns
+    -------
+    (Plan, float)
+        The plan and its predicted seconds per iteration.
+
+    Raises
+    ------
+    PlanError
+        No ``N_DP`` gives a feasible plan.
+    """
+    best: tuple[Plan, float] | None = None
+    for dp in _divisors(len(abilities)):
+        try:
+            plan = make_plan(abilities, shape, samples, method=method, dp=dp)
+        except PlanError:
+            continue
+        t = predict_iteration_seconds(plan, speeds, latency=latency, bandwidth=bandwidth)
+        if best is None or t < best[1]:
+            best = (plan, t)
+    if best is None:
+        raise PlanError(f"{method}: no N_DP dividing {len(abilities)} workers gives a feasible plan")
+    return best

@@ -79,23 +79,14 @@ def _gamma(seconds: float, work: float, rates: np.ndarray) -> float:
 def _predict(method: str, speeds: np.ndarray, shape: tuple[int, int, int], samples: int, rates: np.ndarray,
              latency: float, bandwidth: float) -> tuple[float, Any]:
     from .cost import predict_iteration_seconds
-    from .partition import PlanError
-    from .planners import make_plan
+    from .planners import fastest_grid, make_plan
 
     if method != "uniform":
         plan = make_plan(speeds, shape, samples, method=method)
         return predict_iteration_seconds(plan, list(rates), latency=latency, bandwidth=bandwidth), plan
-    best: tuple[float, Any] = (math.inf, None)
-    n = len(speeds)
-    for dp in (d for d in range(1, n + 1) if n % d == 0):
-        try:
-            plan = make_plan(np.ones(n), shape, samples, method="uniform", dp=dp)
-        except PlanError:
-            continue
-        t = predict_iteration_seconds(plan, list(rates), latency=latency, bandwidth=bandwidth)
-        if t < best[0]:
-            best = (t, plan)
-    return best
+    plan, t = fastest_grid(np.ones(len(speeds)), shape, samples, "uniform", list(rates),
+                           latency=latency, bandwidth=bandwidth)
+    return t, plan
 
 
 def simulate(

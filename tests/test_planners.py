@@ -562,3 +562,16 @@ def test_split_1d_rejects_a_different_dp_and_too_few_samples():
         make_plan([1, 1, 1], "10-8-2", 30, method="split-1d", dp=2)
     with pytest.raises(PlanError, match="fewer than the 3 workers"):
         make_plan([1, 1, 1], "10-8-2", 2, method="split-1d")
+
+
+def test_fastest_grid_picks_the_n_dp_with_the_least_predicted_seconds():
+    from dask_rpm.cost import predict_iteration_seconds
+    from dask_rpm.planners import fastest_grid
+
+    speeds = [1.0, 1.0, 0.25, 0.25, 1.0, 0.25]  # work units / s; N = 6: N_DP in 1, 2, 3, 6
+    plan, t = fastest_grid([1.0] * 6, (20, 12, 3), 60, "uniform", speeds, latency=1e-3, bandwidth=1e6)
+    each = {dp: predict_iteration_seconds(make_plan([1.0] * 6, (20, 12, 3), 60, "uniform", dp=dp), speeds,
+                                          latency=1e-3, bandwidth=1e6) for dp in (1, 2, 3, 6)}
+    assert t == min(each.values()) and plan.n_columns == min(each, key=each.get)
+    with pytest.raises(PlanError, match="no N_DP"):
+        fastest_grid([1.0] * 4, (20, 1, 3), 1, "uniform", [1.0] * 4)  # 1 hidden unit, 1 sample: nothing fits
