@@ -1210,6 +1210,13 @@ class _DRPMState:
         from .estimator import AbilityEstimator
 
         self.estimator = AbilityEstimator(window=config.get("drpm.window"))
+        # Validated here, before any iteration runs, not at the first check.
+        self.column_times = str(config.get("drpm.column-times"))
+        if self.column_times not in ("tc", "t1"):
+            raise ValueError(
+                f"rpm.drpm.column-times must be 'tc' (compute without the wait) or 't1' (the paper's), "
+                f"got {self.column_times!r}"
+            )
         self.initial_abilities = initial_abilities
         self.auto = auto
         self.checks: list[tuple[int, np.ndarray]] = []
@@ -1224,15 +1231,9 @@ class _DRPMState:
         for w, work, t1, t2, tc in trainer.observations(first, stop):
             self.estimator.observe(w, work, t1, t2, tc)
         planned = trainer.plan.planned_workers
-        column_times = str(config.get("drpm.column-times"))
-        if column_times not in ("tc", "t1"):
-            raise ValueError(
-                f"rpm.drpm.column-times must be 'tc' (compute without the wait) or 't1' (the paper's), "
-                f"got {column_times!r}"
-            )
         try:
             times = self.estimator.recent_times("t1", workers=planned)
-            speeds_col = self.estimator.estimate(column_times, workers=planned)  # type: ignore[arg-type]
+            speeds_col = self.estimator.estimate(self.column_times, workers=planned)  # type: ignore[arg-type]
             speeds_t2 = self.estimator.estimate("t2", workers=planned)
         except EstimatorError as exc:  # e.g. a worker that just joined has no times yet
             logger.info(f"check at iteration {stop}: skipped ({exc})")

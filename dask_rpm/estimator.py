@@ -38,8 +38,8 @@ worker of its column. A fast worker that shares a column with a slow one
 therefore looks slow by about the slow one's forward time, and a column remap
 planned on ``t1`` speeds moves only part of the way to balance. With the
 paper's thresholds the remaps then stop once ``t_min / t_max`` passes
-``T_line`` - in our measurements about 15-20 % above the balanced optimum
-after a 3x step change. ``tc`` measures the same two compute phases without
+``T_line`` - 15-35 % above the balanced optimum after a 3x step change in
+our runs. ``tc`` measures the same two compute phases without
 the wait, so one column remap lands on balance. ``rpm.drpm.column-times``
 chooses which times the column remap uses (``tc`` by default, ``t1`` for the
 paper's reading); the imbalance check always compares ``t1``.
@@ -65,7 +65,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Hashable, Iterable, Literal
+from typing import Hashable, Iterable, Literal, get_args
 
 import numpy as np
 
@@ -74,7 +74,7 @@ from . import config
 __all__ = ["AbilityEstimator", "EstimatorError", "Observation", "fit_slope", "inliers"]
 
 Kind = Literal["t1", "t2", "tc"]
-KINDS: tuple[str, ...] = ("t1", "t2", "tc")
+KINDS: tuple[str, ...] = get_args(Kind)
 
 
 class EstimatorError(ValueError):

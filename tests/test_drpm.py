@@ -99,11 +99,13 @@ def test_any_sequence_of_remaps_equals_serial(seed):
     assert all(0 <= b <= (n + l) * m * 8 * 5 for b in moved)
 
 
-def test_drpm_fit_with_remaps_equals_serial():
+@pytest.mark.parametrize("column_times", ["tc", "t1"])
+def test_drpm_fit_with_remaps_equals_serial(column_times):
     x, d = demo_data(512, (17, 24, 4))
     speeds = [1.0, 0.3, 0.6]
     with dask_rpm.local_cluster(speeds, scale=0.5, processes=False) as cluster, Client(cluster) as client:
-        with dask.config.set({"rpm.drpm.t-line": 1.0}):  # remap at every check (t_min < t_max)
+        # t-line 1.0: remap at every check (t_min < t_max)
+        with dask.config.set({"rpm.drpm.t-line": 1.0, "rpm.drpm.column-times": column_times}):
             r = fit(x, d, hidden=24, iterations=40, learning_rate=2e-3, mapping="drpm", client=client, interval=8)
     assert len(r.remaps) == 4 and r.remaps[0]["kind"] == "whole"
     assert all(rec["kind"] in ("whole", "column") for rec in r.remaps)
@@ -113,6 +115,19 @@ def test_drpm_fit_with_remaps_equals_serial():
     np.testing.assert_allclose(r.W, W, rtol=RTOL)
     np.testing.assert_allclose(r.V, V, rtol=RTOL)
     np.testing.assert_allclose(r.history["error"].values, err, rtol=RTOL)
+
+
+def test_bad_column_times_is_refused_before_training():
+    x, d = demo_data(64, (5, 6, 2))
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster, \
+            Client(cluster) as client, dask.config.set({"rpm.drpm.column-times": "t3"}):
+        with pytest.raises(ValueError, match="column-times must be 'tc'.*or 't1'.*got 't3'"):
+            fit(x, d, hidden=6, iterations=4, learning_rate=1e-2, mapping="drpm", client=client, progress="none")
+        # no BP task ran: the scheduler plugin (registered by fit) recorded none
+        recorded = client.run_on_scheduler(
+            lambda dask_scheduler: sum(len(r.timings) for r in dask_scheduler.plugins["rpm"].runs.values())
+        )
+        assert recorded == 0
 
 
 @pytest.mark.slow
