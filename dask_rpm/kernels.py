@@ -12,6 +12,9 @@ Shapes: ``x`` is ``(s, n)``, ``d`` is ``(s, l)``, ``W`` is ``(m, n)``,
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import numpy as np
 
 __all__ = [
@@ -22,6 +25,8 @@ __all__ = [
     "init_weights",
     "fit_serial",
     "block_work",
+    "Workspace",
+    "all_finite",
 ]
 
 #: Cost of one sigmoid (exp, add, reciprocal) in multiply-add equivalents; only
@@ -97,6 +102,91 @@ def backward_partial(
     return delta1.T @ x, delta2.T @ f
 
 
+class Workspace:
+    """Buffers for the kernels of one rectangle, kept across iterations.
+
+    Every kernel writes into buffers allocated once (``out=``, in-place
+    sigmoid), so an iteration allocates nothing: no page faults from memory
+    that Dask's ``MALLOC_TRIM_THRESHOLD_`` hands back to the system after
+    every iteration, and the GEMMs run at BLAS speed. The arithmetic is that
+    of :func:`forward_partial`, :func:`output_delta` and
+    :func:`backward_partial`, operation for operation.
+
+    Parameters
+    ----------
+    s, m, n, l : int
+        Samples and hidden units of the rectangle, inputs and outputs.
+    dtype : numpy dtype
+    """
+
+    def __init__(self, s: int, m: int, n: int, l: int, dtype: Any = "float64") -> None:  # noqa: E741
+        self.key = (s, m, n, l, np.dtype(dtype).str)
+        dt = np.dtype(dtype)
+        self.f = np.empty((s, m), dt)  # hidden outputs; 1 - f after backward
+        self.partial = np.empty((s, l), dt)  # f V^T
+        self.u = np.empty((s, l), dt)  # summed pre-activation of the column
+        self.h = np.empty((s, l), dt)
+        self.diff = np.empty((s, l), dt)
+        self.delta2 = np.empty((s, l), dt)
+        self.delta1 = np.empty((s, m), dt)
+        self.dW = np.empty((m, n), dt)
+        self.dV = np.empty((l, m), dt)
+
+    def fits(self, s: int, m: int, n: int, l: int, dtype: Any) -> bool:  # noqa: E741
+        return self.key == (s, m, n, l, np.dtype(dtype).str)
+
+    @staticmethod
+    def _sigmoid(a: np.ndarray) -> np.ndarray:
+        # the arithmetic of sigmoid(): exp(-a), + 1, reciprocal, in place
+        np.negative(a, out=a)
+        with np.errstate(over="ignore"):
+            np.exp(a, out=a)
+        a += 1.0
+        np.reciprocal(a, out=a)
+        return a
+
+    def forward(self, x: np.ndarray, W: np.ndarray, V: np.ndarray) -> np.ndarray:
+        """Hidden outputs into ``self.f``; returns the partial product ``f V^T`` (``self.partial``)."""
+        np.matmul(x, W.T, out=self.f)
+        self._sigmoid(self.f)
+        np.matmul(self.f, V.T, out=self.partial)
+        return self.partial
+
+    def output_delta(self, u: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, float]:
+        """Output deltas (``self.delta2``) and the error of the summed pre-activation ``u``."""
+        h = self.h
+        np.copyto(h, u)
+        self._sigmoid(h)
+        np.subtract(h, d, out=self.diff)
+        err = 0.5 * float(np.vdot(self.diff, self.diff))
+        np.multiply(self.diff, h, out=self.delta2)
+        np.subtract(1.0, h, out=h)
+        self.delta2 *= h
+        return self.delta2, err
+
+    def backward(self, x: np.ndarray, V: np.ndarray, delta2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Weight-update sums ``(dW, dV)`` of the rectangle (``self.dW``, ``self.dV``); uses ``self.f``."""
+        f, d1 = self.f, self.delta1
+        np.matmul(delta2, V, out=d1)
+        d1 *= f
+        np.matmul(delta2.T, f, out=self.dV)
+        np.subtract(1.0, f, out=f)  # f is not needed after dV: reuse it for 1 - f
+        d1 *= f
+        np.matmul(d1.T, x, out=self.dW)
+        return self.dW, self.dV
+
+
+def all_finite(a: np.ndarray) -> bool:
+    """Whether every element of ``a`` is finite, without a temporary the size of ``a``.
+
+    A sum of finite numbers is finite unless it overflows; only then (or when
+    something is NaN or infinite) the exact, allocating check runs.
+    """
+    if math.isfinite(float(np.add.reduce(a, axis=None))):
+        return True
+    return bool(np.isfinite(a).all())
+
+
 def init_weights(
     n: int, m: int, l: int, *, seed: int = 0, scale: float = 0.1, dtype: str | np.dtype = "float64"
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -158,10 +248,14 @@ def fit_serial(
     x = np.ascontiguousarray(x, dtype=dtype)
     d = np.ascontiguousarray(d, dtype=dtype)
     err = np.empty(iterations)
+    ws = Workspace(x.shape[0], W.shape[0], x.shape[1], d.shape[1], dtype)
+    W, V = W.copy(), V.copy()
     for k in range(iterations):
-        f, u = forward_partial(x, W, V)
-        delta2, err[k] = output_delta(u, d)
-        dW, dV = backward_partial(x, f, V, delta2)
-        W = W - learning_rate * dW
-        V = V - learning_rate * dV
+        u = ws.forward(x, W, V)
+        delta2, err[k] = ws.output_delta(u, d)
+        dW, dV = ws.backward(x, V, delta2)
+        dW *= learning_rate  # W - eps * dW, in place
+        dV *= learning_rate
+        W -= dW
+        V -= dV
     return W, V, err

@@ -1,0 +1,35 @@
+"""The training engine: batch BP by rectangles on a Dask cluster, with a direct worker-to-worker data plane.
+
+* :mod:`~dask_rpm.engine.fit` - :func:`fit`, its options and the block loop;
+* :mod:`~dask_rpm.engine.driver` - the driver: shards, blocks, remaps (client side);
+* :mod:`~dask_rpm.engine.worker`, :mod:`~dask_rpm.engine.block`,
+  :mod:`~dask_rpm.engine.tasks` - the worker side: run state, messages, the iteration loop;
+* :mod:`~dask_rpm.engine.callbacks` - per-block hooks;
+* :mod:`~dask_rpm.engine.timing` - the one timing log;
+* :mod:`~dask_rpm.engine.scheduler_plugin` - what the scheduler records (``/rpm`` page);
+* :mod:`~dask_rpm.engine.layout`, :mod:`~dask_rpm.engine.records` - pure plan views and record types.
+
+See docs/architecture.md for the path of one iteration's data.
+"""
+
+from __future__ import annotations
+
+from .callbacks import BlockInfo, TrainingCallback
+from .driver import Driver, ordered_workers
+from .errors import TrainingError, WorkerLostError
+from .fit import ensure_plugins, fit
+from .records import PHASES
+from .result import FitResult
+
+__all__ = [
+    "fit",
+    "FitResult",
+    "TrainingError",
+    "WorkerLostError",
+    "ordered_workers",
+    "Driver",
+    "TrainingCallback",
+    "BlockInfo",
+    "ensure_plugins",
+    "PHASES",
+]

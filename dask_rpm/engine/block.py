@@ -1,0 +1,239 @@
+"""The block loop: one worker's iterations of batch BP, exchanging with its peers directly.
+
+Runs inside one Dask task per worker per block (:func:`dask_rpm.engine.tasks.t_block`).
+Per iteration::
+
+    forward      f_i = sigma(x_c W_i^T), p_i = f_i V_i^T              (paced: EMULATED speed)
+    vertical     partials of the column summed in column order -> u; output deltas, column error
+    backward     dW_i, dV_i over the column's samples                 (paced)
+    horizontal   rows of dW_i, dV_i that overlap each worker of the other columns go to it;
+                 the received rows are summed in column order          -> sum dW, sum dV of my rows
+    modify       W_i -= eps * sum dW, V_i -= eps * sum dV            (into the spare buffers)
+
+Every holder of a row sums the same numbers in the same order, so the
+replicas of a row stay bit-identical and the result equals serial BP to
+rounding. The column errors ride along with the horizontal messages, so
+every worker knows the total error of every iteration (identical bits) and
+all of them take the same decision to stop: divergence (a non-finite error
+or non-finite weights, before the update) or a reached target error (after
+it). Each worker also tells its column whether its weights are finite.
+
+The loop is a coroutine on the worker's event loop (see
+:mod:`dask_rpm.engine.worker`); the exchanges only need ``state.send``,
+``state.receive`` and ``state.flush``, so this module does not import
+``distributed``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import numpy as np
+
+from ..kernels import block_work
+from .errors import BlockAborted, PeerError
+from .records import BlockResult, BlockSpec, TimingRecord
+
+__all__ = ["run_block"]
+
+
+def _pace(iteration: int, key: Any = None, work: float | None = None, dtype: Any = "float64") -> Any:
+    """EMULATED-speed padding on an emulating worker, else a no-op (see :mod:`dask_rpm.emulation`)."""
+    from ..emulation import pace
+
+    return pace(iteration, key, work, dtype)
+
+
+class _Exchange:
+    """One block's view of the messages: deadline, names, epoch."""
+
+    def __init__(self, state: Any, spec: BlockSpec) -> None:
+        self.state = state
+        self.epoch = spec.epoch
+        self.timeout = spec.receive_timeout
+        lay = state.layout
+        self.names = {p.worker: p.address for p in lay.members}
+        for col in lay.partners:
+            self.names.update({p.worker: p.address for p in col})
+
+    def deadline(self) -> float:
+        return time.monotonic() + self.timeout
+
+    def send(self, address: str, it: int, phase: str, payload: tuple) -> None:
+        self.state.send(address, self.epoch, it, phase, payload)
+
+    async def receive(self, it: int, phase: str, senders: list[int], deadline: float) -> dict[int, Any]:
+        return await self.state.receive(self.epoch, it, phase, senders, deadline, self.names, self.timeout)
+
+
+async def _vertical(ex: _Exchange, it: int, partial: np.ndarray, ws: Any, d: np.ndarray,
+              finite: bool, deadline: float) -> tuple[np.ndarray, float, bool]:
+    """Output deltas, column error and "every member's weights are finite" for iteration ``it``."""
+    lay = ex.state.layout
+    me = lay.worker
+    others = [p for p in lay.members if p.worker != me]
+    if not others:
+        delta2, err = ws.output_delta(partial, d)
+        return delta2, err, finite
+    if lay.vertical == "leader" and me != lay.leader:
+        leader = next(p for p in lay.members if p.worker == lay.leader)
+        ex.send(leader.address, it, "v", (partial, finite))
+        (delta2, err, ok), = (await ex.receive(it, "vd", [lay.leader], deadline)).values()
+        return delta2, float(err), bool(ok)
+    if lay.vertical == "leader":
+        got = await ex.receive(it, "v", [p.worker for p in others], deadline)
+    else:  # allgather: everyone sends to everyone, everyone sums
+        for p in others:
+            ex.send(p.address, it, "v", (partial, finite))
+        got = await ex.receive(it, "v", [p.worker for p in others], deadline)
+    u = ws.u
+    ok = finite
+    for i, p in enumerate(lay.members):  # column order: identical bits on every member
+        part, flag = (partial, finite) if p.worker == me else got[p.worker]
+        ok = ok and bool(flag)
+        if i == 0:
+            np.copyto(u, part)
+        else:
+            u += part
+    delta2, err = ws.output_delta(u, d)
+    if lay.vertical == "leader":
+        for p in others:
+            ex.send(p.address, it, "vd", (delta2, err, ok))
+    return delta2, err, ok
+
+
+async def _horizontal(ex: _Exchange, it: int, dW: np.ndarray, dV: np.ndarray, sums: Any,
+                err: float, ok: bool, deadline: float) -> tuple[np.ndarray, np.ndarray, list[float], bool]:
+    """Sum the weight updates of my rows over all columns; every column's error and status."""
+    lay = ex.state.layout
+    if lay.n_columns == 1:
+        return dW, dV, [err], ok
+    m0 = lay.rows[0]
+    for col in lay.partners:
+        for p in col:
+            a, b = p.rows[0] - m0, p.rows[1] - m0
+            ex.send(p.address, it, "h", (dW[a:b], np.ascontiguousarray(dV[:, a:b]), err, ok))
+    senders = [p.worker for col in lay.partners for p in col]
+    got = await ex.receive(it, "h", senders, deadline)
+    sW, sV = sums
+    errors, all_ok = [], True
+    for c, col in enumerate(lay.partners):  # column order: identical bits on every holder of a row
+        if c == lay.column:
+            pieces = [((0, lay.n_hidden), dW, dV)]
+            col_err, col_ok = err, ok
+        else:
+            pieces = []
+            for p in col:
+                gW, gV, col_err, col_ok = got[p.worker]
+                pieces.append(((p.rows[0] - m0, p.rows[1] - m0), gW, gV))
+        for (a, b), gW, gV in pieces:
+            if c == 0:
+                np.copyto(sW[a:b], gW)
+                np.copyto(sV[:, a:b], gV)
+            else:
+                sW[a:b] += gW
+                sV[:, a:b] += gV
+        errors.append(float(col_err))
+        all_ok = all_ok and bool(col_ok)
+    return sW, sV, errors, all_ok
+
+
+class _Reporter:
+    """Streams timing records and errors to the scheduler plugin, at most every ``seconds``."""
+
+    def __init__(self, log: Any, run: str, seconds: float) -> None:
+        self.log, self.run, self.seconds = log, run, seconds
+        self.records: list[tuple] = []
+        self.errors: list[tuple[int, float]] = []
+        self.last = time.monotonic()
+
+    def add(self, rec: TimingRecord, it: int, error: float) -> None:
+        self.records.append(tuple(rec))
+        self.errors.append((it, error))
+        if time.monotonic() - self.last >= self.seconds:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.records and self.log is not None:
+            self.log({"kind": "iterations", "run": self.run, "records": self.records, "errors": self.errors})
+        self.records, self.errors = [], []
+        self.last = time.monotonic()
+
+
+async def run_block(state: Any, spec: BlockSpec, log: Any = None, inline_work: float = 2e7) -> BlockResult:
+    """Run iterations ``spec.first`` .. ``spec.first + spec.count - 1`` on this worker.
+
+    ``log(msg)`` streams progress (the worker's ``log_event``); None: silent.
+    Kernels of at most ``inline_work`` flop equivalents per iteration run on
+    the event loop, larger ones in the run's compute thread.
+    """
+    lay = state.layout
+    if state.iteration != spec.first:
+        raise RuntimeError(
+            f"block starts at iteration {spec.first} but worker {lay.address} is at {state.iteration}"
+        )
+    state.begin(spec.epoch)
+    ex = _Exchange(state, spec)
+    ws = state.kernels()
+    x, d = state.x, state.d
+    shard = state.shard
+    shard.snapshot(spec.first)
+    n, _, l = lay.shape
+    s, m = lay.n_samples, lay.n_hidden
+    fkey, bkey = ("forward", s, m, n, l), ("backward", s, m, n, l)
+    fwork, bwork = block_work("forward", s, m, n, l), block_work("backward", s, m, n, l)
+    inline = fwork + bwork <= inline_work
+
+    def forward(it: int) -> np.ndarray:
+        with _pace(it, fkey, fwork, x.dtype):
+            return ws.forward(x, shard.W, shard.V)
+
+    def backward(it: int, delta2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        with _pace(it, bkey, bwork, x.dtype):
+            return ws.backward(x, shard.V, delta2)
+
+    # scratch for the summed updates (one column: the worker's own dW, dV are the sums)
+    sums = (np.empty_like(shard.W), np.empty_like(shard.V)) if lay.n_columns > 1 else None
+    reporter = _Reporter(log, state.run, spec.report_seconds)
+    records: list[TimingRecord] = []
+    errors: dict[int, float] = {}
+    status, message = "ok", ""
+    try:
+        for it in range(spec.first, spec.first + spec.count):
+            state.check_abort(spec.epoch)
+            await state.flush(spec.receive_timeout)  # last iteration's messages are out: buffers are free
+            t_f0 = time.monotonic()
+            partial = await state.compute(inline, forward, it)
+            t_f1 = time.monotonic()
+            delta2, err, ok = await _vertical(ex, it, partial, ws, d, shard.finite, ex.deadline())
+            t_b0 = time.monotonic()
+            dW, dV = await state.compute(inline, backward, it, delta2)
+            t_b1 = time.monotonic()
+            sW, sV, col_errors, ok = await _horizontal(ex, it, dW, dV, sums, err, ok, ex.deadline())
+            total = 0.0
+            for e in col_errors:  # column order: identical on every worker
+                total += e
+            if not ok or not math.isfinite(total):
+                status = "diverged"
+                break
+            errors[it] = total
+            t_m0 = time.monotonic()
+            with _pace(it, ("modify", shard.W.shape)):
+                shard.update(sW, sV, spec.learning_rate)
+            t_m1 = time.monotonic()
+            state.iteration = it + 1
+            rec = TimingRecord(it, lay.worker, t_f0, t_f1, t_b0, t_b1, t_m0, t_m1)
+            records.append(rec)
+            reporter.add(rec, it, total)
+            if spec.target_error is not None and total <= spec.target_error:
+                status = "target"
+                break
+        await state.flush(spec.receive_timeout)
+    except BlockAborted as exc:
+        status, message = "aborted", str(exc)
+    except PeerError as exc:
+        status, message = "failed", str(exc)
+    reporter.flush()
+    return BlockResult(lay.worker, status, state.iteration, errors, records, shard.finite, message)

@@ -1,0 +1,221 @@
+"""Per-block hooks of the training loop, as objects with one small protocol.
+
+Like xgboost's ``TrainingCallback``: the loop calls every callback's
+:meth:`~TrainingCallback.after_block` when a block of iterations ends, and
+stops training when one returns a reason (a string). :func:`dask_rpm.fit`
+builds the built-in ones from its keywords (``progress``, ``checkpoint_every``
+and ``on_checkpoint``, ``target_error``, ``should_stop``, ``callback``); pass
+your own with ``fit(..., callbacks=[...])``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..partition import Plan
+from .driver import Driver
+
+__all__ = [
+    "BlockInfo",
+    "TrainingCallback",
+    "ProgressCallback",
+    "CheckpointCallback",
+    "TargetError",
+    "ShouldStop",
+    "FunctionCallback",
+    "DashboardCallback",
+    "call",
+]
+
+
+@dataclass
+class BlockInfo:
+    """What the loop tells callbacks after a block.
+
+    ``first``/``iteration`` bound the iterations of the block just run
+    (``iteration`` is the number done so far); ``remaps`` are the remaps made
+    at this boundary; ``status`` is the block's (``ok``, ``target``,
+    ``diverged``) or ``recovered`` after a worker loss.
+    """
+
+    driver: Driver
+    first: int
+    iteration: int
+    iterations: int
+    status: str
+    remaps: list[dict[str, Any]] = field(default_factory=list)
+    all_remaps: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def plan(self) -> Plan:
+        return self.driver.plan
+
+    @property
+    def error(self) -> float:
+        return self.driver.log.error(self.iteration - 1) if self.iteration > 0 else float("nan")
+
+    @property
+    def seconds_per_iteration(self) -> float:
+        return self.driver.log.median_iteration_time(self.first, self.iteration)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The dict :func:`dask_rpm.fit`'s ``callback`` receives."""
+        d = self.driver
+        return {
+            "iteration": self.iteration,
+            "iterations": self.iterations,
+            "error": self.error,
+            "seconds_per_iteration": self.seconds_per_iteration,
+            "workers": [d.addresses[w] for w in d.plan.planned_workers],
+            "plan": d.plan,
+            "remaps": list(self.remaps),
+        }
+
+
+class TrainingCallback:
+    """Base class: override what you need. Methods may be ``async``."""
+
+    #: Stop inside a block as soon as the error is at most this (checked by the workers).
+    target_error: float | None = None
+
+    def before_training(self, driver: Driver, total: int) -> Any:
+        return None
+
+    def boundary(self, done: int) -> int | None:
+        """Iterations from ``done`` until this callback needs a block to end (None: no need)."""
+        return None
+
+    def on_progress(self, driver: Driver) -> None:
+        """Called while a block runs, whenever new iterations were streamed (keep it cheap)."""
+
+    def after_block(self, info: BlockInfo) -> Any:
+        """Return a reason (str) to stop training after this block, else None."""
+        return None
+
+    def after_training(self, driver: Driver, stopped: str | None) -> Any:
+        return None
+
+
+async def call(result: Any) -> Any:
+    """Await ``result`` if a callback method was ``async``."""
+    if inspect.isawaitable(result):
+        return await result
+    return result
+
+
+class ProgressCallback(TrainingCallback):
+    """The progress bar / log lines (:class:`dask_rpm.progress.Progress`), updated every streamed iteration."""
+
+    def __init__(self, reporter: Any, remaps: list[dict[str, Any]]) -> None:
+        self.reporter = reporter
+        self.remaps = remaps
+
+    def on_progress(self, driver: Driver) -> None:
+        last = driver.log.last_iteration()
+        if last is None:
+            return
+        self.reporter.update(
+            last + 1, error=driver.log.error(last),
+            iteration_time=driver.log.median_iteration_time(max(last - 9, 0), last + 1, skip_first=False),
+            remaps=self.remaps,
+        )
+
+    def after_block(self, info: BlockInfo) -> None:
+        self.on_progress(info.driver)
+
+    def after_training(self, driver: Driver, stopped: str | None) -> None:
+        self.reporter.close(stopped)
+
+
+class CheckpointCallback(TrainingCallback):
+    """Every ``every`` iterations: gather the weights to the client (the recovery point) and
+    hand them to ``on_checkpoint(state)`` in a thread."""
+
+    def __init__(self, every: int, on_checkpoint: Callable[[dict[str, Any]], None] | None,
+                 initial: tuple[int, np.ndarray, np.ndarray]) -> None:
+        self.every = int(every)
+        self.on_checkpoint = on_checkpoint
+        self.latest = initial
+
+    def boundary(self, done: int) -> int | None:
+        return self.every - done % self.every if self.every else None
+
+    async def after_block(self, info: BlockInfo) -> None:
+        done = info.iteration
+        if not self.every or done % self.every or info.status not in ("ok", "target") or done == self.latest[0]:
+            return None
+        W, V = await info.driver.gather()
+        self.latest = (done, W, V)
+        if self.on_checkpoint is not None:
+            log = info.driver.log
+            state = {"iteration": done, "W": W, "V": V, "plan": info.driver.plan,
+                     "errors": np.array([log.error(it) for it in range(done)])}
+            await asyncio.get_running_loop().run_in_executor(None, self.on_checkpoint, state)
+        return None
+
+
+class TargetError(TrainingCallback):
+    """Stop at the first iteration whose error is at most ``target`` (the workers check it in-block)."""
+
+    def __init__(self, target: float) -> None:
+        self.target_error = float(target)
+
+    def after_block(self, info: BlockInfo) -> str | None:
+        if info.status != "target":
+            return None
+        return f"target error {self.target_error:g} reached at iteration {info.iteration - 1}"
+
+
+class ShouldStop(TrainingCallback):
+    """Stop when ``should_stop()`` is true after a block (e.g. a walltime signal)."""
+
+    def __init__(self, should_stop: Callable[[], bool]) -> None:
+        self.should_stop = should_stop
+
+    def after_block(self, info: BlockInfo) -> str | None:
+        if info.iteration < info.iterations and self.should_stop():
+            return f"stop requested after iteration {info.iteration}"
+        return None
+
+
+class FunctionCallback(TrainingCallback):
+    """Call ``fn(info_dict)`` after every block (``fit(callback=...)``)."""
+
+    def __init__(self, fn: Callable[[dict[str, Any]], Any]) -> None:
+        self.fn = fn
+
+    def after_block(self, info: BlockInfo) -> None:
+        self.fn(info.as_dict())
+
+
+class DashboardCallback(TrainingCallback):
+    """Tell the scheduler plugin (``/rpm`` page) the plan and the remaps; iterations it gets from the workers."""
+
+    def __init__(self, emulation: str | None) -> None:
+        self.emulation = emulation
+        self.plan: Plan | None = None
+
+    async def before_training(self, driver: Driver, total: int) -> None:
+        self.plan = driver.plan
+        await driver.client.scheduler.rpm_update(
+            run=driver.run,
+            info={"plan": driver.plan.to_dict(), "iterations_total": total, "emulation": self.emulation},
+        )
+
+    async def after_block(self, info: BlockInfo) -> None:
+        from .drpm import jsonable
+
+        update: dict[str, Any] = {}
+        if info.driver.plan is not self.plan:
+            self.plan = info.driver.plan
+            update["plan"] = self.plan.to_dict()
+        if info.remaps:
+            update["remaps"] = [jsonable(r) for r in info.remaps]
+        if update:
+            await info.driver.client.scheduler.rpm_update(run=info.driver.run, info=update)

@@ -1,0 +1,376 @@
+"""Driver side of the engine: one :class:`Driver` per training run (async, on the client).
+
+The driver places shards, submits one task per worker per block, watches the
+block (worker loss, failed peers, progress streamed through the scheduler
+plugin) and moves rows between workers at remaps. It never touches the
+weights inside a block: the workers exchange partial products and
+weight-update sums among themselves (:mod:`dask_rpm.engine.block`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import config
+from ..partition import Plan
+from ..remap import migration, sample_changes
+from .errors import TrainingError, WorkerLostError
+from .layout import layouts
+from .records import BlockResult, BlockSpec
+from .tasks import run_abort, run_clear, run_commit, run_revert, run_rollback, t_block, t_gather, t_setup, t_stage
+from .timing import TimingLog
+
+__all__ = ["Driver", "BlockOutcome", "ordered_workers"]
+
+logger = logging.getLogger("dask_rpm")
+
+
+def ordered_workers(info: dict[str, Any]) -> list[str]:
+    """Worker addresses in a stable order: by group/name, numbers compared as numbers.
+
+    Index ``i`` in this order is worker ``i`` of a plan (and ``speeds[i]`` of
+    :func:`dask_rpm.local_cluster`).
+    """
+    ws = info["workers"]
+    return sorted(ws, key=lambda a: _sort_key(ws[a].get("name", a)))
+
+
+def _sort_key(name: Any) -> tuple:
+    s = str(name)
+    head = s.rstrip("0123456789")
+    tail = s[len(head) :]
+    return (head, int(tail) if tail else -1, s)
+
+
+@dataclass
+class BlockOutcome:
+    """How a block ended, as the driver reads it from every worker's :class:`BlockResult`.
+
+    ``keep`` is set on divergence: the number of updates after which the
+    weights were last finite (the workers hold those weights again).
+    """
+
+    status: str
+    first: int
+    stop: int
+    keep: int | None = None
+
+
+class Driver:
+    """State and actions of one distributed training run (async; see :func:`dask_rpm.fit`).
+
+    Worker indices are positions in ``addresses``, which only grows: a worker
+    that joins is appended, one that is lost stays (in ``gone``) but is never
+    planned again, so indices in timings, estimates and history stay valid.
+    """
+
+    def __init__(
+        self, client: Any, *, run: str, plan: Plan, source: str | None,
+        arrays: tuple[np.ndarray, np.ndarray] | None, learning_rate: float, dtype: str,
+    ) -> None:
+        self.client = client
+        self.run = run
+        self.plan = plan
+        self.source = source  # a netCDF path the workers read, or None (arrays on the client)
+        self.arrays = arrays
+        self.eps = learning_rate
+        self.dtype = dtype
+        self.addresses: list[str] = list(plan.workers or ())
+        self.gone: set[int] = set()
+        self.log = TimingLog()
+        self.iteration = 0
+        self.version = 0
+        self.epoch = 0
+        self.seq = 0  # last batch pulled from the scheduler plugin
+        self.tasks_submitted = 0
+        self.on_progress: Callable[[Driver], None] | None = None
+
+    # ------------------------------------------------------------ placing
+    def _submit(self, fn: Any, *args: Any, key: tuple, worker: int) -> Any:
+        self.tasks_submitted += 1
+        return self.client.submit(
+            fn, *args, key=key, workers=[self.addresses[worker]], allow_other_workers=False, pure=False
+        )
+
+    def _key(self, what: str, n: int, worker: int) -> tuple[str, int, int]:
+        return (f"rpm-{what}-{self.run}", n, worker)
+
+    def _layouts(self, plan: Plan) -> dict[int, Any]:
+        return layouts(plan, self.addresses, run=self.run, version=self.version)
+
+    async def _samples(self, plan: Plan, w: int) -> Any:
+        """What a worker needs to get its samples: the dataset path, or its rows scattered to it."""
+        if self.source is not None:
+            return self.source
+        s0, s1 = plan.rectangle(w).samples
+        x, d = self.arrays  # type: ignore[misc]
+        [fut] = await self.client.scatter([(x[s0:s1], d[s0:s1])], workers=[self.addresses[w]], hash=False)
+        return fut
+
+    async def install(self, plan: Plan, W: np.ndarray, V: np.ndarray, iteration: int) -> int:
+        """Send every planned worker its shard of ``W``, ``V`` and its samples; returns bytes sent."""
+        self.version += 1
+        lays = self._layouts(plan)
+        futures, sent = [], 0
+        for w, lay in lays.items():
+            m0, m1 = lay.rows
+            shard = (np.ascontiguousarray(W[m0:m1]), np.ascontiguousarray(V[:, m0:m1]))
+            sent += shard[0].nbytes + shard[1].nbytes
+            [weights] = await self.client.scatter([shard], workers=[self.addresses[w]], hash=False)
+            data = await self._samples(plan, w)
+            futures.append(self._submit(t_setup, lay, weights, data, self.dtype, iteration,
+                                        key=self._key("setup", self.version, w), worker=w))
+        await self._wait_all(futures, plan)
+        others = [self.addresses[i] for i in range(len(self.addresses)) if i not in lays and i not in self.gone]
+        if others:  # workers of an earlier plan that have no rectangle now
+            await self.client.run(run_clear, self.run, workers=others, on_error="ignore")
+        self.plan, self.iteration = plan, iteration
+        return sent
+
+    # ------------------------------------------------------------ blocks
+    def _receive_timeout(self) -> float:
+        value = config.get("engine.receive-timeout")
+        floor = float(config.get("engine.receive-timeout-min"))
+        if value != "auto":
+            return float(value)
+        # a generous multiple of the slowest iteration seen so far
+        recent = self.log.iteration_times(range(max(self.iteration - 20, 0), self.iteration))
+        recent = recent[np.isfinite(recent)]
+        return max(floor, 20.0 * float(recent.max())) if recent.size else floor
+
+    async def run_block(self, count: int, target_error: float | None = None) -> BlockOutcome:
+        """Run ``count`` iterations (fewer if the target error is reached or training diverges).
+
+        Raises :class:`WorkerLostError` when a planned worker left (the
+        survivors are aborted and rolled back to the block's start) and
+        :class:`TrainingError` when a peer failed otherwise.
+        """
+        spec = BlockSpec(
+            epoch=self.epoch, first=self.iteration, count=int(count), learning_rate=self.eps,
+            target_error=target_error, receive_timeout=self._receive_timeout(),
+            report_seconds=float(config.get("engine.report-seconds")),
+        )
+        self.epoch += 1
+        futures = {
+            w: self._submit(t_block, self.run, spec, key=self._key("block", spec.epoch, w), worker=w)
+            for w in self.plan.planned_workers
+        }
+        results = await self._watch_block(futures, spec)
+        return await self._conclude(spec, results)
+
+    async def _watch_block(self, futures: dict[int, Any], spec: BlockSpec) -> dict[int, BlockResult]:
+        """Wait for a block's tasks; abort the block on the first failure or lost worker."""
+        from distributed.client import FIRST_COMPLETED, _wait
+
+        pending = set(futures.values())
+        results: dict[int, BlockResult] = {}
+        by_key = {f.key: w for w, f in futures.items()}
+        poll = float(config.get("engine.poll-seconds"))
+        last_check = time.monotonic()
+        while pending:
+            try:
+                await _wait(list(pending), timeout=poll, return_when=FIRST_COMPLETED)
+            except TimeoutError:
+                pass
+            for f in [f for f in pending if f.status != "pending"]:
+                pending.discard(f)
+                try:
+                    res = await f
+                except Exception as exc:  # the task itself failed (or its worker died)
+                    await self._abort(spec, f"task {f.key} failed: {exc!r}", futures)
+                    await self._raise_lost(spec.first, grace=2.0)
+                    raise TrainingError(f"block task {f.key} failed: {exc!r}") from exc
+                results[by_key[f.key]] = res
+                if res.status in ("failed", "aborted"):
+                    await self._abort(spec, res.message, futures)
+                    await self._raise_lost(spec.first, grace=2.0)
+                    raise TrainingError(f"training failed in iterations {spec.first}.. : {res.message}")
+            if pending and time.monotonic() - last_check >= 0.5:
+                last_check = time.monotonic()
+                lost = await self._lost()
+                if lost:
+                    await self._abort(spec, f"worker(s) {', '.join(lost)} left the cluster", futures)
+                    raise WorkerLostError(lost, spec.first)
+                await self.pull_progress()
+        return results
+
+    async def _abort(self, spec: BlockSpec, reason: str, futures: dict[int, Any]) -> None:
+        """Make every worker of the block stop, wait for them, roll the survivors back to the block start."""
+        alive = set(await self.client.scheduler.ncores())
+        targets = [self.addresses[w] for w in futures if self.addresses[w] in alive]
+        await self.client.run(run_abort, self.run, spec.epoch, reason, workers=targets, on_error="ignore")
+        live = [f for w, f in futures.items() if self.addresses[w] in alive]
+        from distributed.client import _wait
+
+        try:
+            await _wait(live, timeout=max(spec.receive_timeout, 5.0))
+        except Exception:  # a task that errs or a worker dying meanwhile: nothing left to wait for
+            pass
+        await self.client.cancel(list(futures.values()))
+        await self.client.run(run_rollback, self.run, spec.first, workers=targets, on_error="ignore")
+        self.iteration = spec.first
+        self.log.forget_from(spec.first)
+        await self.client.scheduler.rpm_update(run=self.run, info={"forget_from": spec.first})
+
+    async def _conclude(self, spec: BlockSpec, results: dict[int, BlockResult]) -> BlockOutcome:
+        """Merge the workers' results; agree on where the block stopped; revert on divergence."""
+        statuses = {(r.status, r.stop) for r in results.values()}
+        if len(statuses) != 1:
+            raise TrainingError(f"internal error: workers ended block {spec.epoch} differently: {sorted(statuses)}")
+        (status, stop), = statuses
+        for r in results.values():
+            self.log.add(r.records)
+            self.log.add_errors(r.errors)
+        self.iteration = stop
+        finite = all(r.finite for r in results.values())
+        keep = None
+        if status == "diverged" or not finite:
+            keep = stop
+            if not finite:  # the last update made the weights non-finite: go back one
+                await self.client.run(run_revert, self.run, workers=self._planned_addresses())
+                keep = stop - 1
+            self.iteration = keep
+            self.log.forget_from(keep)
+            status = "diverged"
+        if self.on_progress is not None:
+            self.on_progress(self)
+        return BlockOutcome(status, spec.first, self.iteration, keep)
+
+    async def pull_progress(self) -> None:
+        """Fetch what the workers streamed since the last pull (progress bar, dashboard)."""
+        got = await self.client.scheduler.rpm_pull(run=self.run, since=self.seq)
+        self.seq = got["seq"]
+        self.log.add(got["records"])
+        self.log.add_errors(got["errors"])
+        if self.on_progress is not None:
+            self.on_progress(self)
+
+    # ------------------------------------------------------------ workers
+    def _planned_addresses(self) -> list[str]:
+        return [self.addresses[w] for w in self.plan.planned_workers]
+
+    async def _lost(self) -> list[str]:
+        alive = set(await self.client.scheduler.ncores())
+        return sorted(set(self._planned_addresses()) - alive)
+
+    async def _raise_lost(self, iteration: int, grace: float = 0.0) -> None:
+        """Raise :class:`WorkerLostError` if a planned worker left (waiting up to ``grace`` s to notice)."""
+        deadline = time.monotonic() + grace
+        while True:
+            lost = await self._lost()
+            if lost:
+                raise WorkerLostError(lost, iteration)
+            if time.monotonic() >= deadline:
+                return
+            await asyncio.sleep(0.1)
+
+    async def _wait_all(self, futures: Sequence[Any], plan: Plan) -> list[Any]:
+        """Wait for setup/remap/gather tasks; a lost worker raises :class:`WorkerLostError`."""
+        from distributed.client import _wait
+
+        while True:
+            try:
+                await _wait(list(futures), timeout=0.5)
+                break
+            except TimeoutError:
+                await self._raise_lost(self.iteration)
+            except Exception as exc:
+                await self._raise_lost(self.iteration, grace=2.0)
+                raise TrainingError(f"training failed at iteration {self.iteration}: {exc}") from exc
+        out = []
+        for f in futures:
+            if f.status == "error":
+                await self._raise_lost(self.iteration, grace=2.0)
+                exc = await f.exception()
+                raise TrainingError(f"task {f.key} failed: {exc!r}") from exc
+            out.append(await f)
+        return out
+
+    # ------------------------------------------------------------ weights
+    async def gather(self) -> tuple[np.ndarray, np.ndarray]:
+        """Full weights from the first column (every column holds a full, identical copy)."""
+        col = sorted(self.plan.columns[0], key=lambda w: self.plan.rectangle(w).hidden[0])
+        futures = [self._submit(t_gather, self.run, key=self._key("gather", self.iteration, w), worker=w)
+                   for w in col]
+        shards = await self._wait_all(futures, self.plan)
+        its = {it for _, _, it in shards}
+        if its != {self.iteration}:
+            raise TrainingError(f"internal error: shards are at iterations {sorted(its)}, not {self.iteration}")
+        return np.concatenate([s[0] for s in shards], axis=0), np.concatenate([s[1] for s in shards], axis=1)
+
+    async def remap(self, new: Plan, kind: str, lost: Sequence[str] = ()) -> dict[str, Any]:
+        """Switch to plan ``new`` between blocks, moving only the rows that change owner, worker to worker.
+
+        Each worker keeps the rows it already holds and fetches the others from
+        the holder :func:`dask_rpm.remap.migration` chooses (every column holds
+        a full copy); workers whose sample range changed read their new samples
+        (from the dataset file; from the client for in-memory arrays). The new
+        shards are staged on every worker first and switched to together.
+        """
+        t0 = time.perf_counter()
+        old = self.plan
+        if new.workers is None:  # keep the plan bound to addresses (dashboard, results)
+            new = new.with_workers(self.addresses)
+        itemsize = np.dtype(self.dtype).itemsize
+        transfers = migration(old, new, itemsize=itemsize, lost=lost)
+        index = {a: i for i, a in enumerate(self.addresses)}
+        changed = {index[c.worker] if isinstance(c.worker, str) else int(c.worker) for c in sample_changes(old, new)}
+        self.version += 1
+        lays = self._layouts(new)
+        futures = []
+        for w, lay in lays.items():
+            pieces = self._pieces(old, new, w, transfers, index, lost)
+            data = await self._samples(new, w) if w in changed else None
+            futures.append(self._submit(t_stage, self.run, lay, pieces, data, self.dtype, self.iteration,
+                                        key=self._key("remap", self.version, w), worker=w))
+        await self._wait_all(futures, old)
+        involved = sorted({self.addresses[w] for w in (*old.planned_workers, *new.planned_workers)} - set(lost))
+        await self.client.run(run_commit, self.run, self.version, self.iteration, workers=involved, on_error="ignore")
+        self.plan = new
+        n, _, l = new.shape
+        return {
+            "iteration": self.iteration,
+            "kind": kind,
+            "bytes": int(sum(t.nbytes for t in transfers)),
+            "seconds": time.perf_counter() - t0,
+            "transfers": len(transfers),
+            "samples_reloaded": len(changed),
+            # each of those workers reads its column's samples (x and d rows) again
+            "sample_bytes": int(sum(new.rectangle(w).n_samples for w in changed) * (n + l) * itemsize),
+        }
+
+    def _pieces(self, old: Plan, new: Plan, w: int, transfers: Sequence[Any], index: dict[str, int],
+                lost: Sequence[str]) -> list[tuple[int, int, str | None]]:
+        """Row ranges of worker ``w``'s new shard and where each comes from (None: kept locally)."""
+        m0, m1 = new.rectangle(w).hidden
+        me = self.addresses[w]
+        pieces: list[tuple[int, int, str | None]] = []
+        for t in transfers:
+            dst = t.dst if isinstance(t.dst, str) else self.addresses[int(t.dst)]
+            if dst == me:
+                src = t.src if isinstance(t.src, str) else self.addresses[int(t.src)]
+                pieces.append((t.rows[0], t.rows[1], src))
+        if w in old.planned_workers and me not in lost:
+            a, b = max(m0, old.rectangle(w).hidden[0]), min(m1, old.rectangle(w).hidden[1])
+            if a < b:
+                pieces.append((a, b, None))
+        pieces.sort(key=lambda p: p[0])
+        edges = [(a, b) for a, b, _ in pieces]
+        if not edges or edges[0][0] != m0 or edges[-1][1] != m1 or any(
+            p[1] != q[0] for p, q in zip(edges[:-1], edges[1:])
+        ):
+            raise TrainingError(f"internal error: migration does not cover rows [{m0}, {m1}) of worker {w}: {edges}")
+        return pieces
+
+    async def close(self) -> None:
+        try:
+            await self.client.run(run_clear, self.run, on_error="ignore")
+        except Exception:  # pragma: no cover - best effort on shutdown
+            logger.debug("could not clear the run's state on the workers", exc_info=True)

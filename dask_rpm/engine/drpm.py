@@ -1,0 +1,112 @@
+"""DRPM between blocks: estimate abilities from the timing log, decide, remap (docs/drpm.md)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+
+from .. import config
+from ..estimator import AbilityEstimator, EstimatorError
+from ..policy import auto_interval, decide
+from ..remap import column_remap, whole_remap
+from .driver import Driver
+from .recovery import whole_plan
+
+__all__ = ["DRPMState", "jsonable"]
+
+logger = logging.getLogger("dask_rpm")
+
+
+def jsonable(rec: dict[str, Any]) -> dict[str, Any]:
+    return {k: (float(v) if isinstance(v, np.floating) else v) for k, v in rec.items()}
+
+
+class DRPMState:
+    """Estimator, checks and remaps of one DRPM run."""
+
+    def __init__(self, *, initial_abilities: bool, auto: bool) -> None:
+        self.estimator = AbilityEstimator(window=config.get("drpm.window"))
+        # Validated here, before any iteration runs, not at the first check.
+        self.column_times = str(config.get("drpm.column-times"))
+        if self.column_times not in ("tc", "t1"):
+            raise ValueError(
+                f"rpm.drpm.column-times must be 'tc' (compute without the wait) or 't1' (the paper's), "
+                f"got {self.column_times!r}"
+            )
+        self.initial_abilities = initial_abilities
+        self.auto = auto
+        self.checks: list[tuple[int, np.ndarray]] = []
+        self.remaps: list[dict[str, Any]] = []
+
+    def _observe(self, driver: Driver, first: int, stop: int) -> None:
+        plan = driver.plan
+        for ob in driver.log.observations(first, stop, plan.planned_workers, lambda w: plan.rectangle(w).area):
+            self.estimator.observe(ob.worker, ob.work, ob.t1, ob.t2, ob.tc)
+
+    def _new_plan(self, driver: Driver, decision: Any, speeds_col: dict, speeds_t2: dict) -> Any:
+        new = getattr(decision, "plan", None)
+        if driver.gone and new is not None and set(new.planned_workers) & driver.gone:
+            new = None  # planned from abilities that still count lost workers: plan again below
+        if decision.kind == "whole" and new is None:
+            # After a worker loss, plan only the workers still there.
+            new = whole_plan(driver, speeds_t2) if driver.gone else whole_remap(driver.plan, speeds_t2)
+        elif decision.kind == "column" and new is None:
+            new = column_remap(driver.plan, speeds_col)
+        return new
+
+    async def check(self, driver: Driver, first: int, stop: int, remaining: int, interval: int) -> int:
+        """One DRPM check after iterations ``[first, stop)``; returns the interval to the next one."""
+        self._observe(driver, first, stop)
+        planned = driver.plan.planned_workers
+        try:
+            times = self.estimator.recent_times("t1", workers=planned)
+            speeds_col = self.estimator.estimate(self.column_times, workers=planned)  # type: ignore[arg-type]
+            speeds_t2 = self.estimator.estimate("t2", workers=planned)
+        except EstimatorError as exc:  # e.g. a worker that just joined has no times yet
+            logger.info(f"check at iteration {stop}: skipped ({exc})")
+            return interval
+        policy = config.get("drpm.policy")
+        kw: dict[str, Any] = {}
+        if policy == "cost":
+            kw = {"plan": driver.plan, "speeds": speeds_col, "whole_speeds": speeds_t2, "remaining": remaining}
+        decision = decide(times, policy=policy, first_check=not self.checks,
+                          initial_abilities=self.initial_abilities, **kw)
+        vec = np.full(len(driver.plan.abilities), np.nan)
+        for w, v in speeds_t2.items():
+            vec[w] = v
+        self.checks.append((stop, vec))
+        new = self._new_plan(driver, decision, speeds_col, speeds_t2)
+        line = f"check at iteration {stop}: t_min/t_max = {decision.ratio:.2f}; {decision.reason}"
+        if new is not None and decision.kind:
+            rec = await driver.remap(new, decision.kind)
+            rec["reason"] = decision.reason
+            self.remaps.append(rec)
+            line += f" -> {decision.kind} remap, {rec['bytes']} weight bytes in {rec['seconds']:.3f} s"
+        logger.info(line)
+        total = float(np.nansum(vec))
+        await driver.client.scheduler.rpm_update(
+            run=driver.run,
+            info={"abilities": [{"check": len(self.checks) - 1, "iteration": stop,
+                                 "abilities": [None if not np.isfinite(v) else float(v / total) for v in vec]}]},
+        )
+        if self.auto:
+            secs = driver.log.median_iteration_time(first, stop)
+            if np.isfinite(secs) and secs > 0:
+                interval = auto_interval(secs)
+        return interval
+
+    def add_to_history(self, history: Any) -> None:
+        if not self.checks:
+            return
+        # Workers that joined during the run make later vectors longer: pad with NaN.
+        width = max(max(v.size for _, v in self.checks), int(history.sizes.get("worker", 0)))
+        ab = np.array([np.pad(v, (0, width - v.size), constant_values=np.nan) for _, v in self.checks])
+        with np.errstate(invalid="ignore"):
+            ab = ab / np.nansum(ab, axis=1, keepdims=True)
+        history["ability"] = (
+            ("check", "worker"), ab,
+            {"units": "1", "description": "estimated ability (t2 least squares), normalised to sum 1 at each check"},
+        )
+        history.coords["check_iteration"] = ("check", np.array([it for it, _ in self.checks]))

@@ -1,0 +1,464 @@
+"""The public entry point :func:`fit`: options, data, plan, and the block loop.
+
+The sync :func:`fit` wraps the async core with ``client.sync`` (as
+xgboost.dask does); the loop does the plumbing (blocks, remaps, recovery,
+callbacks) and leaves every decision to pure functions (planners, DRPM
+policy, estimator).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .. import config
+from ..data import DataError, as_arrays, check_training_args, data_shape
+from ..partition import Plan, PlanError
+from ..progress import Progress
+from . import callbacks as cb
+from .driver import Driver, ordered_workers
+from .drpm import DRPMState
+from .errors import TrainingError, WorkerLostError
+from .history import build_history
+from .recovery import rebalance, recover
+from .result import FitResult
+from .scheduler_plugin import PLUGIN_NAME, RPMSchedulerPlugin
+from .worker import PLUGIN_NAME as WORKER_PLUGIN_NAME
+from .worker import RPMEnginePlugin
+
+__all__ = ["fit"]
+
+logger = logging.getLogger("dask_rpm")
+
+
+@dataclass
+class _Options:
+    """``fit``'s keywords after defaults (``rpm.*`` config) and validation."""
+
+    iterations: int
+    learning_rate: float
+    seed: int
+    dtype: str
+    mapping: Any
+    interval: int
+    auto_interval: bool
+    on_worker_loss: str
+    min_workers: int
+    elastic: bool
+    checkpoint_every: int
+    target_error: float | None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _options(kw: dict[str, Any]) -> _Options:
+    mapping = config.get("train.mapping", kw["mapping"])
+    interval = config.get("drpm.interval", kw["interval"])
+    auto = interval == "auto"
+    # With R="auto" the first check comes after one estimation window.
+    interval = max(int(config.get("drpm.window")), 2) if auto else int(interval)
+    if interval < 1:
+        raise DataError(f"interval={interval}; it must be a positive number of iterations or 'auto'")
+    on_loss = config.get("train.on-worker-loss", kw["on_worker_loss"])
+    if on_loss not in ("recover", "raise"):
+        raise DataError(f"on_worker_loss={on_loss!r}; use 'recover' (go on without the worker) or 'raise'")
+    min_workers = config.get("train.min-workers", kw["min_workers"])
+    if isinstance(min_workers, bool) or not isinstance(min_workers, (int, np.integer)) or min_workers < 1:
+        raise DataError(f"min_workers={min_workers!r}; it must be a positive integer")
+    every = config.get("checkpoint.every", kw["checkpoint_every"])
+    if isinstance(every, bool) or not isinstance(every, (int, np.integer)) or every < 0:
+        raise DataError(f"checkpoint_every={every!r}; it must be an integer >= 0 (0: no checkpoints)")
+    target = kw["target_error"]
+    if target is not None and not (np.isfinite(target) and target >= 0):
+        raise DataError(f"target_error={target!r}; it must be a finite number >= 0, or None")
+    return _Options(
+        iterations=config.get("train.iterations", kw["iterations"]),
+        learning_rate=float(config.get("train.learning-rate", kw["learning_rate"])),
+        seed=int(config.get("train.seed", kw["seed"])),
+        dtype=config.get("train.dtype", kw["dtype"]),
+        mapping=mapping, interval=interval, auto_interval=auto, on_worker_loss=on_loss,
+        min_workers=int(min_workers),
+        elastic=bool(config.get("train.elastic", kw["elastic"])) and not isinstance(mapping, Plan),
+        checkpoint_every=int(every), target_error=target,
+    )
+
+
+@dataclass
+class _Data:
+    source: str | None
+    arrays: tuple[np.ndarray, np.ndarray] | None
+    W0: np.ndarray
+    V0: np.ndarray
+    shape: tuple[int, int, int]
+    samples: int
+
+
+def _data(x: Any, d: Any, opts: _Options, hidden: int | None, init: Any) -> _Data:
+    """Validate the training data and initial weights before any work starts."""
+    common = dict(hidden=hidden, iterations=opts.iterations, learning_rate=opts.learning_rate,
+                  init=init, seed=opts.seed, dtype=opts.dtype)
+    if isinstance(x, str) or hasattr(x, "__fspath__"):
+        source = os.path.abspath(os.fspath(x))
+        s, n, l = data_shape(source)
+        W0, V0 = check_training_args(None, None, shape=(s, n, l), **common)
+        return _Data(source, None, W0, V0, (n, W0.shape[0], l), s)
+    xa, da = as_arrays(x, d)
+    W0, V0 = check_training_args(xa, da, **common)
+    arrays = (np.ascontiguousarray(xa, dtype=opts.dtype), np.ascontiguousarray(da, dtype=opts.dtype))
+    return _Data(None, arrays, W0, V0, (xa.shape[1], W0.shape[0], da.shape[1]), xa.shape[0])
+
+
+def _resolve_plan(mapping: Any, abilities: Any, *, addresses: list[str], shape: tuple[int, int, int],
+                  samples: int) -> Plan:
+    """Turn ``mapping`` (a method name or a Plan) into a plan bound to worker addresses."""
+    if not isinstance(mapping, Plan):
+        from ..planners import make_plan
+
+        abilities = [1.0] * len(addresses) if abilities is None else list(abilities)
+        if len(abilities) != len(addresses):
+            raise PlanError(
+                f"{len(abilities)} abilities given for {len(addresses)} workers; give one per worker "
+                f"(in the order of dask_rpm.ordered_workers)"
+            )
+        method = "grid-hrev" if str(mapping) == "grid" else str(mapping)
+        return make_plan(abilities, shape, samples, method=method, workers=addresses)
+    plan = mapping
+    if plan.workers is not None:
+        missing = [a for a in plan.workers if a not in addresses]
+        if missing:
+            raise PlanError(f"the plan names worker(s) {missing} that the cluster does not have; "
+                            f"cluster workers are {addresses}")
+    elif len(plan.abilities) > len(addresses):
+        raise PlanError(f"the plan needs {len(plan.abilities)} workers but the cluster has {len(addresses)}; "
+                        f"start more workers or plan for fewer")
+    else:
+        plan = plan.with_workers(addresses[: len(plan.abilities)])
+    if plan.shape != shape or plan.samples != samples:
+        raise PlanError(
+            f"the plan is for n-m-l {'-'.join(map(str, plan.shape))} and {plan.samples} samples; "
+            f"the data and network are {'-'.join(map(str, shape))} with {samples} samples"
+        )
+    return plan.validate()
+
+
+async def _wait_for_workers(client: Any, min_workers: int) -> dict[str, Any]:
+    """Scheduler identity once ``min_workers`` workers are connected (``rpm.train.wait-workers`` s at most)."""
+    timeout = float(config.get("train.wait-workers"))
+    deadline = time.monotonic() + timeout
+    while True:
+        info = await client.scheduler.identity(n_workers=-1)
+        have = len(info.get("workers", {}))
+        if have >= min_workers:
+            return info
+        if time.monotonic() > deadline:
+            raise TrainingError(
+                f"only {have} of min_workers={min_workers} workers connected within {timeout:g} s "
+                f"(rpm.train.wait-workers); start more workers, lower min_workers, or wait longer"
+            )
+        await asyncio.sleep(0.25)
+
+
+async def ensure_plugins(client: Any) -> None:
+    """Register the scheduler plugin (records) and the worker plugin (data plane) once per cluster."""
+    plugins = await client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.plugins))
+    if PLUGIN_NAME not in plugins:
+        await client.register_plugin(RPMSchedulerPlugin())
+    have = await client.run(lambda dask_worker: WORKER_PLUGIN_NAME in dask_worker.plugins)
+    if not have or not all(have.values()):
+        await client.register_plugin(RPMEnginePlugin(), name=WORKER_PLUGIN_NAME)
+
+
+async def _emulation_label(client: Any) -> str | None:
+    """The EMULATED label of the cluster (asked of the workers when the client has no cluster object)."""
+    label = getattr(getattr(client, "cluster", None), "emulation_label", None)
+    if label is not None:
+        return label
+    from ..emulation import _a_label
+
+    return await _a_label(client)
+
+
+def fit(
+    x: Any,
+    d: Any = None,
+    *,
+    hidden: int | None = None,
+    iterations: int | None = None,
+    learning_rate: float | None = None,
+    mapping: Any = None,
+    abilities: Any = None,
+    init: tuple[np.ndarray, np.ndarray] | None = None,
+    seed: int | None = None,
+    dtype: str | None = None,
+    client: Any = None,
+    interval: int | None = None,
+    progress: Any = None,
+    on_worker_loss: str | None = None,
+    min_workers: int | None = None,
+    elastic: bool | None = None,
+    target_error: float | None = None,
+    checkpoint_every: int | None = None,
+    on_checkpoint: Any = None,
+    should_stop: Any = None,
+    callback: Any = None,
+    callbacks: Any = None,
+) -> FitResult:
+    """Train a 3-layer perceptron by batch BP on the workers of a Dask cluster.
+
+    Parameters
+    ----------
+    x : numpy.ndarray, xarray.Dataset or path
+        Inputs ``(s, n)``; or a Dataset with ``x(sample, input)`` and
+        ``d(sample, output)``; or the path of such a dataset as a netCDF file
+        the workers can read (each worker then reads only its samples).
+    d : numpy.ndarray, optional
+        Teacher signals ``(s, l)`` when ``x`` is an array.
+    hidden : int
+        Hidden units ``m`` (taken from ``init`` when given).
+    iterations : int, default ``rpm.train.iterations``
+    learning_rate : float, default ``rpm.train.learning-rate``
+    mapping : {"drpm", "srpm", "uniform", "grid", "grid-h", "grid-hrev"} or Plan
+        How work is mapped to workers; default ``rpm.train.mapping``.
+    abilities : sequence of float, "probe" or None
+        Relative worker abilities in :func:`ordered_workers` order. ``None``
+        means equal abilities for static mappings.
+    init : (W0, V0), optional
+        Initial weights; default a seeded uniform init (:func:`dask_rpm.kernels.init_weights`).
+    seed : int, default ``rpm.train.seed``
+    dtype : {"float64", "float32"}, default ``rpm.train.dtype``
+    client : distributed.Client, optional
+        Defaults to the current client (:func:`distributed.get_client`).
+    interval : int, optional
+        Iterations per block (one Dask task per worker; DRPM checks between
+        blocks); default ``rpm.drpm.interval``.
+    progress : {"auto", "bar", "log", "none"} or bool, default ``rpm.train.progress``
+        A progress bar on stderr in an interactive session, plain lines in
+        logs (``"auto"``); ``"none"`` / ``False`` is silent (:mod:`dask_rpm.progress`).
+    on_worker_loss : {"recover", "raise"}, default ``rpm.train.on-worker-loss``
+        ``"recover"``: when a worker holding a weight shard leaves, go on with
+        a whole remap onto the workers left; its rows come from another column
+        holding them, or (single column) from the last checkpoint with the
+        iterations since computed again. Final weights are those of an
+        uninterrupted run. ``"raise"``: raise :class:`WorkerLostError`.
+    min_workers : int, default ``rpm.train.min-workers``
+        Start once this many workers are connected (waiting at most
+        ``rpm.train.wait-workers`` seconds).
+    elastic : bool, default ``rpm.train.elastic``
+        Take in workers that connect during training with a whole remap at the
+        next block boundary. Ignored when ``mapping`` is a Plan.
+    target_error : float, optional
+        Stop right after the first iteration whose error is at most this (the
+        workers check it every iteration); ``iterations`` is then the maximum.
+    checkpoint_every : int, default ``rpm.checkpoint.every``
+        Gather the weights to the client every this many iterations (0: never).
+        They are the recovery point when no column holds a lost worker's rows.
+    on_checkpoint : callable, optional
+        ``on_checkpoint(state)`` with a dict ``iteration``, ``W``, ``V``,
+        ``errors`` (per iteration so far), ``plan``; called in a thread at each
+        checkpoint (e.g. to write it to disk).
+    should_stop : callable, optional
+        ``should_stop() -> bool`` polled after every block (e.g. a walltime
+        signal); when true training stops there and ``FitResult.stopped`` says so.
+    callback : callable, optional
+        ``callback(info)`` after every block with a dict: ``iteration``,
+        ``iterations``, ``error``, ``seconds_per_iteration``, ``workers``
+        (addresses planned), ``plan`` and ``remaps`` (remaps at this boundary).
+    callbacks : sequence of TrainingCallback, optional
+        Hook objects (:mod:`dask_rpm.engine.callbacks`), called after the
+        built-in ones.
+
+    Returns
+    Returns
+    -------
+    FitResult
+    """
+    from distributed import get_client
+
+    if client is None:
+        try:
+            client = get_client()
+        except ValueError as exc:
+            raise TrainingError(
+                "fit() found no Dask client: start one first, e.g. "
+                "`client = distributed.Client(dask_rpm.local_cluster())`, or pass client=..."
+            ) from exc
+    kw = dict(hidden=hidden, iterations=iterations, learning_rate=learning_rate, mapping=mapping,
+              abilities=abilities, init=init, seed=seed, dtype=dtype, interval=interval, progress=progress,
+              on_worker_loss=on_worker_loss, min_workers=min_workers, elastic=elastic, target_error=target_error,
+              checkpoint_every=checkpoint_every, on_checkpoint=on_checkpoint, should_stop=should_stop,
+              callback=callback, callbacks=callbacks)
+    return client.sync(_fit_async, client, x, d, kw)
+
+
+async def _plan(client: Any, opts: _Options, data: _Data, abilities: Any) -> tuple[Plan, dict[str, Any], Any, bool]:
+    """The first plan (probing first when asked); returns it, the scheduler identity, the probe, and
+    whether abilities were given."""
+    info = await _wait_for_workers(client, opts.min_workers)
+    addresses = ordered_workers(info)
+    if not addresses:
+        raise TrainingError("the cluster has no workers; start some (e.g. dask_rpm.local_cluster()) and retry")
+    probe_result = None
+    if isinstance(abilities, str):
+        if abilities != "probe":
+            raise PlanError(f"abilities={abilities!r}; give a sequence of numbers, None, or 'probe'")
+        from ..probe import _probe_async
+
+        probe_result = await _probe_async(client, shape=data.shape, samples=data.samples, dtype=opts.dtype,
+                                          workers=addresses)
+        abilities = [float(v) for v in probe_result["throughput"].values]
+    given = abilities is not None
+    # Without initial abilities DRPM starts from a uniform mapping (docs/drpm.md).
+    first = ("srpm" if given else "uniform") if opts.mapping == "drpm" else opts.mapping
+    plan = _resolve_plan(first, abilities, addresses=addresses, shape=data.shape, samples=data.samples)
+    return plan, info, probe_result, given
+
+
+def _callbacks(kw: dict[str, Any], opts: _Options, data: _Data, reporter: Progress, remaps: list,
+               emulation: str | None) -> tuple[list[cb.TrainingCallback], cb.CheckpointCallback]:
+    ckpt = cb.CheckpointCallback(opts.checkpoint_every, kw["on_checkpoint"], (0, data.W0, data.V0))
+    out: list[cb.TrainingCallback] = [cb.DashboardCallback(emulation), ckpt, cb.ProgressCallback(reporter, remaps)]
+    if opts.target_error is not None:
+        out.append(cb.TargetError(opts.target_error))
+    if kw["callback"] is not None:
+        out.append(cb.FunctionCallback(kw["callback"]))
+    if kw["should_stop"] is not None:
+        out.append(cb.ShouldStop(kw["should_stop"]))
+    out.extend(kw["callbacks"] or ())
+    return out, ckpt
+
+
+async def _fit_async(client: Any, x: Any, d: Any, kw: dict[str, Any]) -> FitResult:
+    reporter = Progress(kw["progress"])  # validates progress= before any work
+    opts = _options(kw)
+    data = _data(x, d, opts, kw["hidden"], kw["init"])
+    plan, info, probe_result, given = await _plan(client, opts, data, kw["abilities"])
+    await ensure_plugins(client)
+    driver = Driver(client, run=uuid.uuid4().hex[:10], plan=plan, source=data.source, arrays=data.arrays,
+                    learning_rate=opts.learning_rate, dtype=opts.dtype)
+    drpm = DRPMState(initial_abilities=given, auto=opts.auto_interval) if opts.mapping == "drpm" else None
+    remaps: list[dict[str, Any]] = drpm.remaps if drpm is not None else []
+    emulation = await _emulation_label(client)
+    hooks, ckpt = _callbacks(kw, opts, data, reporter, remaps, emulation)
+    loop = _Loop(driver, opts, hooks, ckpt, drpm, remaps)
+    names = {a: w.get("name", a) for a, w in info["workers"].items()}  # worker names (SLURM: <group>-<n>)
+    plans = [plan]
+    stopped = None
+    try:
+        await driver.install(plan, data.W0, data.V0, 0)
+        for h in hooks:
+            await cb.call(h.before_training(driver, opts.iterations))
+        driver.on_progress = loop.progress
+        stopped = await loop.run(plans, names)
+        W, V = await loop.final_weights(stopped)
+    finally:
+        for h in hooks:
+            await cb.call(h.after_training(driver, stopped))
+        await driver.close()
+    history = build_history(driver.log, driver.plan, driver.addresses, driver.run)
+    if drpm is not None:
+        drpm.add_to_history(history)
+    from ..results import describe_history
+
+    describe_history(history, driver.plan)
+    history.coords["name"] = ("worker", np.array([str(names.get(a, a)) for a in history["address"].values],
+                                                 dtype=object),
+                              {"description": "Dask worker name (on SLURM <group>-<n>)"})
+    if emulation:
+        history.attrs["emulation"] = emulation
+    return FitResult(W=W, V=V, history=history, plan=driver.plan, plans=plans, stopped=stopped,
+                     emulation=emulation, remaps=remaps, probe=probe_result,
+                     stats={"tasks": driver.tasks_submitted, "blocks": driver.epoch})
+
+
+class _Loop:
+    """The block loop: run a block, then membership changes or a DRPM check, then the callbacks."""
+
+    def __init__(self, driver: Driver, opts: _Options, hooks: list[cb.TrainingCallback],
+                 ckpt: cb.CheckpointCallback, drpm: DRPMState | None, remaps: list[dict[str, Any]]) -> None:
+        self.driver, self.opts, self.hooks, self.ckpt, self.drpm, self.remaps = driver, opts, hooks, ckpt, drpm, remaps
+        self.interval = opts.interval
+        self.target = next((h.target_error for h in hooks if h.target_error is not None), None)
+
+    def progress(self, driver: Driver) -> None:
+        for h in self.hooks:
+            h.on_progress(driver)
+
+    def _block_size(self, done: int) -> int:
+        sizes = [self.interval, self.opts.iterations - done]
+        sizes += [b for h in self.hooks if (b := h.boundary(done))]
+        return max(min(sizes), 1)
+
+    async def run(self, plans: list[Plan], names: dict[str, Any]) -> str | None:
+        """Train to the end; returns why training stopped early, or None."""
+        driver, total = self.driver, self.opts.iterations
+        while driver.iteration < total:
+            first, n_remaps = driver.iteration, len(self.remaps)
+            try:
+                outcome = await driver.run_block(self._block_size(first), self.target)
+                status = outcome.status
+                if status == "diverged":
+                    return self._diverged(outcome.keep)
+                if status == "ok" and driver.iteration < total:
+                    await self._between_blocks(first, names)
+            except WorkerLostError as exc:
+                if self.opts.on_worker_loss == "raise":
+                    raise
+                self.remaps.append(await recover(driver, exc, self.ckpt.latest))
+                status = "recovered"
+            if driver.plan is not plans[-1]:
+                plans.append(driver.plan)
+            info = cb.BlockInfo(driver, first, driver.iteration, total, status, self.remaps[n_remaps:], self.remaps)
+            for h in self.hooks:
+                reason = await cb.call(h.after_block(info))
+                if reason:
+                    logger.info(reason)
+                    return str(reason)
+        return None
+
+    async def _between_blocks(self, first: int, names: dict[str, Any]) -> None:
+        """Take in workers that joined (elastic), else let DRPM check."""
+        driver = self.driver
+        if self.opts.elastic:
+            ident = await driver.client.scheduler.identity(n_workers=-1)
+            names.update({a: w.get("name", a) for a, w in ident["workers"].items()})
+            alive = ordered_workers(ident)
+            joined = [a for a in alive if a not in driver.addresses]
+            if joined:
+                rec = await rebalance(driver, alive, self.ckpt.latest, f"{len(joined)} worker(s) joined")
+                self.remaps.append(rec)
+                logger.info(f"iteration {driver.iteration}: worker(s) {', '.join(joined)} joined -> whole remap, "
+                            f"{rec['bytes']} weight bytes in {rec['seconds']:.3f} s")
+                return
+        if self.drpm is not None:
+            self.interval = await self.drpm.check(driver, first, driver.iteration,
+                                                  self.opts.iterations - driver.iteration, self.interval)
+
+    def _diverged(self, keep: int | None) -> str:
+        msg = (
+            f"training diverged: iteration {keep} produced a non-finite error or non-finite weights "
+            f"(learning_rate={self.opts.learning_rate} is probably too large); returning the last finite "
+            f"weights, after {keep} iteration(s)"
+        )
+        logger.warning(msg)
+        return msg
+
+    async def final_weights(self, stopped: str | None) -> tuple[np.ndarray, np.ndarray]:
+        """Gather the final weights; a worker lost now is recovered from like one lost mid-run."""
+        driver = self.driver
+        target = driver.iteration
+        for _ in range(len(driver.addresses) + 1):
+            try:
+                while driver.iteration < target:  # recovered from a checkpoint: compute up to where we were
+                    await driver.run_block(target - driver.iteration)
+                return await driver.gather()
+            except WorkerLostError as exc:
+                if self.opts.on_worker_loss == "raise" or (stopped and "diverged" in stopped):
+                    raise
+                self.remaps.append(await recover(driver, exc, self.ckpt.latest))
+        raise TrainingError("could not gather the final weights: workers kept leaving")  # pragma: no cover

@@ -1,0 +1,145 @@
+"""Record types shared by the driver, the workers and the scheduler plugin.
+
+Named tuples rather than positional tuples: they cross process boundaries
+(msgpack turns them into lists; ``Record(*row)`` restores them) and every
+reader names the field it wants. Nothing here imports ``distributed``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+__all__ = [
+    "PHASES",
+    "TimingRecord",
+    "Observation",
+    "Peer",
+    "Layout",
+    "BlockSpec",
+    "BlockResult",
+    "BLOCK_STATUSES",
+]
+
+#: Phases of one iteration as the history names them (seconds each).
+PHASES = ("forward", "vertical_wait", "backward", "horizontal", "modify")
+
+#: How a block ended: ``ok`` (all iterations done), ``target`` (the error
+#: reached the target error; stopped after that iteration's update),
+#: ``diverged`` (a non-finite error or weights; stopped before the update),
+#: ``aborted`` (the driver aborted the block), ``failed`` (a peer did not
+#: answer in time or could not be reached; ``message`` says which).
+BLOCK_STATUSES = ("ok", "target", "diverged", "aborted", "failed")
+
+
+class TimingRecord(NamedTuple):
+    """One worker's clock readings for one iteration (``time.monotonic``, seconds).
+
+    All readings of a record come from one worker's clock, so differences
+    between them are exact on any cluster; records of different workers are
+    never subtracted from each other.
+    """
+
+    iteration: int
+    worker: int
+    forward_start: float
+    forward_end: float
+    backward_start: float
+    backward_end: float
+    modify_start: float
+    modify_end: float
+
+    @property
+    def phases(self) -> tuple[float, float, float, float, float]:
+        """Seconds in each of :data:`PHASES`."""
+        return (
+            self.forward_end - self.forward_start,
+            self.backward_start - self.forward_end,
+            self.backward_end - self.backward_start,
+            self.modify_start - self.backward_end,
+            self.modify_end - self.modify_start,
+        )
+
+
+class Observation(NamedTuple):
+    """What DRPM's estimator learns from one worker in one iteration.
+
+    ``t1`` is forward start to backward end (the paper's), ``t2`` the backward
+    compute, ``tc`` forward plus backward compute without the vertical wait.
+    """
+
+    worker: int
+    work: int
+    t1: float
+    t2: float
+    tc: float
+
+
+class Peer(NamedTuple):
+    """Another worker of the plan as one worker sees it."""
+
+    worker: int
+    address: str
+    rows: tuple[int, int]
+    """Hidden rows: a column member's own rows, or (horizontal partner) the overlap with ours."""
+
+
+class Layout(NamedTuple):
+    """What one worker needs to know of a plan to run its rectangle.
+
+    ``members`` is its column top to bottom (itself included); ``partners[c]``
+    the workers of column ``c`` whose rows overlap its own, top to bottom, with
+    the overlap (empty for its own column). ``vertical`` names the algorithm
+    of the in-column exchange (``"allgather"`` or ``"leader"``).
+    """
+
+    run: str
+    version: int
+    worker: int
+    address: str
+    shape: tuple[int, int, int]
+    column: int
+    n_columns: int
+    samples: tuple[int, int]
+    rows: tuple[int, int]
+    members: tuple[Peer, ...]
+    partners: tuple[tuple[Peer, ...], ...]
+    vertical: str
+    leader: int
+
+    @property
+    def n_hidden(self) -> int:
+        return self.rows[1] - self.rows[0]
+
+    @property
+    def n_samples(self) -> int:
+        return self.samples[1] - self.samples[0]
+
+
+class BlockSpec(NamedTuple):
+    """The driver's order for one block of iterations (the same for every worker)."""
+
+    epoch: int
+    first: int
+    count: int
+    learning_rate: float
+    target_error: float | None
+    receive_timeout: float
+    report_seconds: float
+
+
+class BlockResult(NamedTuple):
+    """What a worker's block task returns.
+
+    ``stop`` is the number of iterations done when the block ended (the next
+    iteration to run); ``errors`` the total error of each iteration of the
+    block that ran its forward pass (identical on every worker); ``finite``
+    whether the worker's weights after the block are finite.
+    """
+
+    worker: int
+    status: str
+    stop: int
+    errors: dict[int, float]
+    records: list[TimingRecord]
+    finite: bool
+    message: str = ""

@@ -1,0 +1,82 @@
+"""What :func:`dask_rpm.fit` returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..partition import Plan
+
+__all__ = ["FitResult"]
+
+
+@dataclass
+class FitResult:
+    """Outcome of :func:`dask_rpm.fit`.
+
+    Attributes
+    ----------
+    W, V : numpy.ndarray
+        Final weights, ``(m, n)`` and ``(l, m)``.
+    history : xarray.Dataset
+        Error per iteration and per-worker phase times (dims ``iteration``, ``worker``).
+    plan : Plan
+        The plan in use at the end.
+    plans : list of Plan
+        Every plan used, in order (more than one after remaps).
+    remaps : list of dict
+        One entry per remap (iteration, kind, bytes moved, seconds).
+    stopped : str or None
+        Why training stopped early (e.g. divergence), else None.
+    emulation : str or None
+        The emulation label when the cluster emulated heterogeneity.
+    probe : xarray.Dataset or None
+        The probe's measurements when ``abilities="probe"``.
+    stats : dict
+        Engine counters: ``tasks`` (Dask tasks submitted), ``blocks``.
+    """
+
+    W: np.ndarray
+    V: np.ndarray
+    history: Any
+    plan: Plan
+    plans: list[Plan] = field(default_factory=list)
+    remaps: list[dict[str, Any]] = field(default_factory=list)
+    stopped: str | None = None
+    emulation: str | None = None
+    probe: Any = None
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def error(self) -> float:
+        """Error of the last completed iteration."""
+        err = self.history["error"].values
+        return float(err[-1]) if err.size else float("nan")
+
+    @property
+    def seconds_per_iteration(self) -> float:
+        """Median measured iteration time (seconds)."""
+        t = self.history["iteration_time"].values
+        t = t[np.isfinite(t)]
+        return float(np.median(t)) if t.size else float("nan")
+
+    def plans_dataset(self) -> Any:
+        """Every plan used, as one ``xarray.Dataset`` along ``plan`` (:func:`dask_rpm.results.plans_dataset`)."""
+        from ..results import plans_dataset
+
+        return plans_dataset(self.plans or [self.plan], self.remaps)
+
+    def plot(self, path: Any = None, **kwargs: Any) -> Any:
+        """Error curve, per-worker times and rectangles as a matplotlib Figure (:func:`dask_rpm.results.plot_result`)."""
+        from ..results import plot_result
+
+        return plot_result(self, path, **kwargs)
+
+    def __repr__(self) -> str:
+        return (
+            f"<FitResult {self.history.sizes.get('iteration', 0)} iterations, error {self.error:.6g}, "
+            f"{self.seconds_per_iteration * 1e3:.1f} ms/iteration, {len(self.plans)} plan(s), "
+            f"{len(self.remaps)} remap(s)>"
+        )

@@ -1,0 +1,155 @@
+"""Scheduler plugin: records what the workers stream about each training run.
+
+The workers time every iteration on their own clocks and stream the records
+and the errors as ``rpm`` events (batched, at most every
+``rpm.engine.report-seconds`` per worker); the plugin only *records* them
+(O(1) per record, bounded buffers, one :class:`~dask_rpm.engine.timing.TimingLog`
+per run) and serves them to the driver (``rpm_pull``) and to the ``/rpm``
+dashboard page (``rpm_state``). Estimating abilities and deciding remaps live
+in pure modules (:mod:`dask_rpm.estimator`, :mod:`dask_rpm.policy`) that the
+driver calls between blocks; the dashboard only displays what is recorded.
+
+Use it from a client session (:func:`dask_rpm.fit` registers it for you)::
+
+    client.register_plugin(RPMSchedulerPlugin())
+
+or as a scheduler preload, e.g. in dask-jobqueue's
+``scheduler_options={"preload": ["dask_rpm.plugin"]}`` or
+``dask scheduler --preload dask_rpm.plugin``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict, deque
+from typing import Any
+
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+from .timing import TimingLog
+
+__all__ = ["RPMSchedulerPlugin", "PLUGIN_NAME", "TOPIC", "dask_setup"]
+
+PLUGIN_NAME = "rpm"
+TOPIC = "rpm"
+
+
+class _Run:
+    """What is recorded for one training run (bounded)."""
+
+    __slots__ = ("log", "pulls", "info", "seq", "started", "updated")
+
+    def __init__(self, maxlen: int) -> None:
+        self.log = TimingLog(max_records=maxlen)
+        # (seq, records, errors) batches for the driver's incremental pulls
+        self.pulls: deque[tuple[int, list, list]] = deque(maxlen=max(maxlen // 16, 64))
+        self.info: dict[str, Any] = {}
+        self.seq = 0
+        self.started = time.time()
+        self.updated = self.started
+
+
+class RPMSchedulerPlugin(SchedulerPlugin):
+    """Record the timing records and errors that training workers stream.
+
+    Parameters
+    ----------
+    max_records : int
+        Bound on timing and error records kept per run (oldest dropped first).
+    max_runs : int
+        Number of runs remembered (oldest forgotten first).
+    """
+
+    name = PLUGIN_NAME
+
+    def __init__(self, max_records: int = 200_000, max_runs: int = 8) -> None:
+        self.max_records = int(max_records)
+        self.max_runs = int(max_runs)
+        self.runs: OrderedDict[str, _Run] = OrderedDict()
+        self.scheduler: Any = None
+
+    # ------------------------------------------------------------- lifecycle
+    async def start(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+        scheduler.handlers.update(
+            {
+                "rpm_pull": self.pull,
+                "rpm_update": self.update,
+                "rpm_state": self.state,
+            }
+        )
+        # Dashboard page and metrics, if the dashboard module is present.
+        try:
+            from .. import dashboard
+
+            dashboard.install(scheduler, self)
+        except ImportError:  # pragma: no cover - dashboard is optional
+            pass
+
+    def _run(self, run: str) -> _Run:
+        rec = self.runs.get(run)
+        if rec is None:
+            rec = self.runs[run] = _Run(self.max_records)
+            while len(self.runs) > self.max_runs:
+                self.runs.popitem(last=False)
+        return rec
+
+    # -------------------------------------------------------------- recording
+    def log_event(self, topic: str, msg: Any) -> None:
+        if topic != TOPIC or not isinstance(msg, dict) or msg.get("kind") != "iterations":
+            return
+        rec = self._run(msg["run"])
+        records, errors = list(msg.get("records") or ()), list(msg.get("errors") or ())
+        rec.log.add(records)
+        rec.log.add_errors(errors)
+        rec.seq += 1
+        rec.pulls.append((rec.seq, records, errors))
+        rec.updated = time.time()
+
+    # ----------------------------------------------------------- handlers
+    def pull(self, run: str, since: int = 0) -> dict[str, Any]:
+        """Timing records and errors of ``run`` streamed after batch number ``since``."""
+        rec = self.runs.get(run)
+        if rec is None:
+            return {"seq": since, "records": [], "errors": []}
+        records: list = []
+        errors: list = []
+        for seq, r, e in rec.pulls:
+            if seq > since:
+                records.extend(r)
+                errors.extend(e)
+        return {"seq": rec.seq, "records": records, "errors": errors}
+
+    def update(self, run: str, info: dict[str, Any]) -> None:
+        """Driver pushes what only it knows (plan, abilities, remaps, iteration times)."""
+        rec = self._run(run)
+        if "forget_from" in info:  # recovery went back to an earlier iteration
+            rec.log.forget_from(int(info.pop("forget_from")))
+        for k, v in info.items():
+            # RPC decodes lists as tuples: append those too, and keep a list to extend.
+            if isinstance(v, (list, tuple)) and k in ("abilities", "remaps"):
+                rec.info.setdefault(k, []).extend(v)
+                # bounded like the timing buffers
+                del rec.info[k][: max(0, len(rec.info[k]) - self.max_records)]
+            else:
+                rec.info[k] = v
+        rec.updated = time.time()
+
+    def state(self, run: str | None = None) -> dict[str, Any]:
+        """JSON-able state of one run (default: the most recently updated)."""
+        if not self.runs:
+            return {"run": None}
+        if run is None:
+            run = max(self.runs, key=lambda r: self.runs[r].updated)
+        rec = self.runs.get(run)
+        if rec is None:
+            return {"run": None}
+        out = {"run": run, "started": rec.started, "updated": rec.updated}
+        out.update(rec.info)
+        out["iterations"] = rec.log.rows()
+        return out
+
+
+def dask_setup(scheduler: Any) -> None:
+    """Scheduler preload entry point: ``--preload dask_rpm.plugin``."""
+    scheduler.add_plugin(RPMSchedulerPlugin())

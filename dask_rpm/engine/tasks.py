@@ -1,0 +1,185 @@
+"""Functions the driver runs on the workers: Dask tasks (pinned) and ``client.run`` calls.
+
+Tasks carry data (weights, samples, results) and are keyed
+``("rpm-<what>-<run>", <block or version>, <worker>)`` so the task stream
+shows ``rpm-block``, ``rpm-setup``, ``rpm-remap`` and ``rpm-gather``; the
+``run_*`` functions are small control calls executed on the worker's event
+loop through ``client.run`` (they touch only flags and buffer pointers).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .. import config
+from ..data import load_slice
+from .block import run_block
+from .records import BlockResult, BlockSpec, Layout
+from .worker import PLUGIN_NAME, RunState, Shard, get_state
+
+__all__ = [
+    "t_setup", "t_block", "t_stage", "t_gather",
+    "run_commit", "run_rollback", "run_revert", "run_abort", "run_clear",
+]
+
+
+def _worker() -> Any:
+    from distributed import get_worker
+
+    return get_worker()
+
+
+def _samples(data: Any, layout: Layout, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """The column's samples: read from a dataset file, or given as arrays."""
+    if isinstance(data, str):
+        return load_slice(data, layout.samples[0], layout.samples[1], dtype)
+    x, d = data
+    return np.ascontiguousarray(x, dtype=dtype), np.ascontiguousarray(d, dtype=dtype)
+
+
+def t_setup(layout: Layout, weights: tuple[np.ndarray, np.ndarray], data: Any, dtype: str, iteration: int) -> int:
+    """Create this worker's state for a run: its shard, its samples (``data``: path or arrays)."""
+    worker = _worker()
+    plugin = worker.plugins[PLUGIN_NAME]
+    x, d = _samples(data, layout, dtype)
+    state = RunState(worker, layout, Shard(*weights), x, d)
+    state.iteration = iteration
+    old = plugin.runs.get(layout.run)
+    if old is not None:  # a recovery from a checkpoint: keep the epoch floor
+        state.epoch = old.epoch
+    plugin.runs[layout.run] = state
+    return layout.worker
+
+
+async def t_block(run: str, spec: BlockSpec) -> BlockResult:
+    """One block of iterations on this worker (:func:`dask_rpm.engine.block.run_block`), on its event loop."""
+    worker = _worker()
+    state = get_state(run, worker)
+    async with state.busy:
+        return await run_block(state, spec, log=lambda msg: worker.log_event("rpm", msg),
+                               inline_work=float(config.get("engine.inline-work")))
+
+
+def t_stage(run: str, layout: Layout, pieces: list[tuple[int, int, str | None]], data: Any,
+            dtype: str, iteration: int) -> int:
+    """Build this worker's shard of a new plan: keep own rows, fetch the others from their holders.
+
+    ``pieces`` are ``(a, b, source)`` covering the new rows in order, ``source``
+    ``None`` for rows held here; the others are fetched worker to worker
+    (``rpm_rows`` on the source, which serves its *current* shard until every
+    stage task is done and the new shards are committed). ``data`` is None when
+    the sample range is unchanged.
+    """
+    from distributed.utils import sync
+
+    worker = _worker()
+    plugin = worker.plugins[PLUGIN_NAME]
+    state = plugin.runs.get(run)
+    n, _, l = layout.shape
+    m = layout.n_hidden
+    W = np.empty((m, n), dtype)
+    V = np.empty((l, m), dtype)
+    m0 = layout.rows[0]
+
+    async def fetch(a: int, b: int, src: str) -> dict[str, Any]:
+        return await worker.rpc(src).rpm_rows(run=run, a=a, b=b)
+
+    for a, b, src in pieces:
+        if src is None:
+            o0 = state.layout.rows[0]
+            rows_W = state.shard.W[a - o0 : b - o0]
+            rows_V = state.shard.V[:, a - o0 : b - o0]
+        else:
+            got = sync(worker.loop, fetch, a, b, src)
+            rows_W, rows_V = got["W"], got["V"]
+        W[a - m0 : b - m0] = rows_W
+        V[:, a - m0 : b - m0] = rows_V
+    if data is None:
+        x, d = state.x, state.d
+    else:
+        x, d = _samples(data, layout, dtype)
+    if state is None:  # a worker new to the run
+        state = RunState(worker, layout, Shard(W, V), x, d)
+        state.iteration = iteration
+        state.staged[layout.version] = (layout, state.shard, x, d)
+        plugin.runs[run + "#staged"] = state
+    else:
+        state.staged[layout.version] = (layout, Shard(W, V), x, d)
+    return layout.worker
+
+
+def t_gather(run: str) -> tuple[np.ndarray, np.ndarray, int]:
+    """This worker's current shard (copies) and the iteration it is at."""
+    state = get_state(run)
+    return state.shard.W.copy(), state.shard.V.copy(), state.iteration
+
+
+# ------------------------------------------------------------ control calls
+def _plugin(dask_worker: Any) -> Any:
+    return dask_worker.plugins[PLUGIN_NAME]
+
+
+def run_commit(run: str, version: int, iteration: int, dask_worker: Any = None) -> bool:
+    """Switch to the staged shard of plan ``version`` (or drop the run if this worker has none)."""
+    plugin = _plugin(dask_worker)
+    state: RunState | None = plugin.runs.get(run)
+    fresh = plugin.runs.pop(run + "#staged", None)
+    if fresh is not None and state is None:
+        state = plugin.runs[run] = fresh
+    if state is None:
+        return False
+    staged = state.staged.pop(version, None)
+    state.staged.clear()
+    if staged is None:
+        plugin.runs.pop(run).close()  # not in the new plan
+        return False
+    state.layout, state.shard, state.x, state.d = staged
+    state.iteration = iteration
+    return True
+
+
+def run_rollback(run: str, first: int, dask_worker: Any = None) -> int | None:
+    """Back to the weights of iteration ``first``, the start of an aborted block (None: no state).
+
+    A worker whose block never started is already there; one that got further
+    goes back to the snapshot its block took at ``first``.
+    """
+    state = _plugin(dask_worker).runs.get(run)
+    if state is None:
+        return None
+    if state.iteration != first:
+        if state.shard.snap_iteration != first:
+            raise RuntimeError(
+                f"worker is at iteration {state.iteration} with a snapshot of {state.shard.snap_iteration}; "
+                f"cannot go back to {first}"
+            )
+        state.iteration = state.shard.rollback()
+    return state.iteration
+
+
+def run_revert(run: str, dask_worker: Any = None) -> int:
+    """Back to the weights before the last update (divergence); returns the iteration."""
+    state = get_state(run, dask_worker)
+    state.shard.revert()
+    state.iteration -= 1
+    return state.iteration
+
+
+def run_abort(run: str, epoch: int, reason: str, dask_worker: Any = None) -> bool:
+    """Make block ``epoch`` of ``run`` stop waiting (all of its receives fail at once)."""
+    state = _plugin(dask_worker).runs.get(run)
+    if state is None:
+        return False
+    state.abort(epoch, reason)
+    return True
+
+
+def run_clear(run: str, dask_worker: Any = None) -> int:
+    """Forget ``run`` on this worker."""
+    plugin = _plugin(dask_worker)
+    gone = [r for r in plugin.runs if r == run or r.startswith(run + "#")]
+    for r in gone:
+        plugin.runs.pop(r).close()
+    return len(gone)

@@ -1,0 +1,308 @@
+"""Worker side of the data plane: a worker plugin that owns each run's state.
+
+Modelled on distributed's P2P shuffle (``distributed/shuffle/_worker_plugin.py``):
+:class:`RPMEnginePlugin` is registered on every worker by :func:`dask_rpm.fit`,
+registers ``worker.handlers`` for messages from other workers, and keeps one
+:class:`RunState` per training run: the worker's weight shard ``W_i``,
+``V_i`` (with the previous update's copy and the block's starting copy), its
+column's samples, the kernel buffers and the receive slots.
+
+Messages travel worker to worker over Dask's own comm layer
+(``worker.rpc(address).rpm_put(...)``: TCP, or UCX where the cluster is
+configured for it), never through the scheduler or the client. The block
+loop runs as an ``async`` Dask task on the worker's event loop, next to the
+``rpm_put`` handler that fills its receive slots, so a message costs no thread
+hand-off (measured on this 2-core machine: 0.2 ms of CPU per exchange less
+than a block loop in a worker thread); large kernels go to a compute thread
+so the event loop stays responsive. Every receive has a deadline, so a lost
+peer never leaves anyone waiting forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import logging
+import time
+from typing import Any
+
+import numpy as np
+from distributed.diagnostics.plugin import WorkerPlugin
+from distributed.protocol import to_serialize
+
+from ..kernels import Workspace, all_finite
+from .errors import BlockAborted, PeerError
+from .records import Layout
+
+__all__ = ["RPMEnginePlugin", "RunState", "PLUGIN_NAME", "get_state"]
+
+logger = logging.getLogger("dask_rpm")
+
+PLUGIN_NAME = "rpm-engine"
+
+
+class Shard:
+    """A worker's weight rows: current, after the previous update, at the block start."""
+
+    __slots__ = ("W", "V", "W_prev", "V_prev", "prev_valid", "W_snap", "V_snap", "snap_iteration", "finite")
+
+    def __init__(self, W: np.ndarray, V: np.ndarray) -> None:
+        self.W = np.array(W, copy=True, order="C")
+        self.V = np.array(V, copy=True, order="C")
+        self.W_prev = np.empty_like(self.W)
+        self.V_prev = np.empty_like(self.V)
+        self.prev_valid = False
+        self.W_snap = np.empty_like(self.W)
+        self.V_snap = np.empty_like(self.V)
+        self.snap_iteration: int | None = None
+        self.finite = all_finite(self.W) and all_finite(self.V)
+
+    def snapshot(self, iteration: int) -> None:
+        np.copyto(self.W_snap, self.W)
+        np.copyto(self.V_snap, self.V)
+        self.snap_iteration = iteration
+
+    def update(self, sum_W: np.ndarray, sum_V: np.ndarray, eps: float) -> bool:
+        """``W <- W - eps * sum_W`` (likewise V) into the spare buffers, then swap; returns finiteness.
+
+        The sums are scaled in place (they are scratch), and the previous
+        weights stay in the spare buffers: on divergence the last finite
+        weights are still there.
+        """
+        sum_W *= eps
+        sum_V *= eps
+        np.subtract(self.W, sum_W, out=self.W_prev)
+        np.subtract(self.V, sum_V, out=self.V_prev)
+        self.W, self.W_prev = self.W_prev, self.W
+        self.V, self.V_prev = self.V_prev, self.V
+        self.prev_valid = True
+        self.finite = all_finite(self.W) and all_finite(self.V)
+        return self.finite
+
+    def rollback(self) -> int:
+        """Back to the block's starting weights; returns that iteration."""
+        if self.snap_iteration is None:
+            raise RuntimeError("no block snapshot to roll back to")
+        np.copyto(self.W, self.W_snap)
+        np.copyto(self.V, self.V_snap)
+        self.prev_valid = False
+        self.finite = True
+        return self.snap_iteration
+
+    def revert(self) -> None:
+        """Back to the weights before the last update (divergence)."""
+        if not self.prev_valid:
+            raise RuntimeError("no previous weights to revert to")
+        self.W, self.W_prev = self.W_prev, self.W
+        self.V, self.V_prev = self.V_prev, self.V
+        self.prev_valid = False
+        self.finite = all_finite(self.W) and all_finite(self.V)
+
+
+class RunState:
+    """Everything one worker holds for one training run.
+
+    Receive slots are keyed ``(epoch, iteration, phase, sender)``; ``epoch``
+    numbers blocks (a retried block gets a new one), so messages of an
+    aborted block still in flight are dropped instead of being mistaken for
+    the retry's. The block loop, the message handler and the control calls
+    all run on the worker's event loop, so the slots need no lock.
+    """
+
+    def __init__(self, worker: Any, layout: Layout, shard: Shard, x: np.ndarray, d: np.ndarray) -> None:
+        self.worker = worker
+        self.run = layout.run
+        self.layout = layout
+        self.shard = shard
+        self.x, self.d = x, d
+        self.iteration = 0
+        self.staged: dict[int, tuple[Layout, Shard, np.ndarray, np.ndarray]] = {}
+        self.workspace: Workspace | None = None
+        self.slots: dict[tuple[int, int, str, int], Any] = {}
+        self.epoch = -1
+        self.aborted: dict[int, str] = {}
+        self.pending: list[asyncio.Future] = []
+        self.send_error: str | None = None
+        self._waiting: tuple[list[tuple[int, int, str, int]], asyncio.Future] | None = None
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self.busy = asyncio.Lock()  # one block at a time
+
+    # ----------------------------------------------------------- compute
+    def kernels(self) -> Workspace:
+        n, _, l = self.layout.shape
+        s, m = self.layout.n_samples, self.layout.n_hidden
+        if self.workspace is None or not self.workspace.fits(s, m, n, l, self.x.dtype):
+            self.workspace = Workspace(s, m, n, l, self.x.dtype)
+        return self.workspace
+
+    async def compute(self, inline: bool, fn: Any, *args: Any) -> Any:
+        """Run ``fn(*args)`` on the event loop (small work: no thread hand-off) or in this run's
+        compute thread (large work: the worker's event loop stays responsive)."""
+        if inline:
+            return fn(*args)
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rpm-compute")
+        ctx = contextvars.copy_context()  # get_worker() (EMULATED pacing) works in the thread too
+        return await asyncio.get_running_loop().run_in_executor(self._executor, ctx.run, fn, *args)
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+            self._executor = None
+
+    # ----------------------------------------------------------- messages
+    def begin(self, epoch: int) -> None:
+        """Start block ``epoch``: forget slots of older epochs and any send error."""
+        self.epoch = epoch
+        for key in [k for k in self.slots if k[0] < epoch]:
+            del self.slots[key]
+        self.send_error = None
+        self.pending = []
+
+    def _wake(self, exc: BaseException | None = None) -> None:
+        if self._waiting is None:
+            return
+        keys, fut = self._waiting
+        if fut.done():
+            return
+        if exc is not None:
+            fut.set_exception(exc)
+        elif all(k in self.slots for k in keys):
+            fut.set_result(None)
+
+    def deliver(self, epoch: int, iteration: int, phase: str, sender: int, payload: Any) -> None:
+        """Called by the ``rpm_put`` handler."""
+        if epoch < self.epoch:  # from an aborted block
+            return
+        self.slots[(epoch, iteration, phase, sender)] = payload
+        self._wake()
+
+    def abort(self, epoch: int, reason: str) -> None:
+        self.aborted[epoch] = reason
+        if epoch == self.epoch:
+            self._wake(BlockAborted(reason))
+
+    def check_abort(self, epoch: int) -> None:
+        reason = self.aborted.get(epoch)
+        if reason is not None:
+            raise BlockAborted(reason)
+
+    def send(self, address: str, epoch: int, iteration: int, phase: str, payload: tuple) -> None:
+        """Send a message (in the background); ``payload``'s arrays must stay unchanged until
+        :meth:`flush` returns."""
+        msg = {
+            "run": self.run, "epoch": epoch, "iteration": iteration, "phase": phase,
+            "sender": self.layout.worker,
+            "payload": tuple(to_serialize(p) if isinstance(p, np.ndarray) else p for p in payload),
+        }
+        self.pending.append(asyncio.ensure_future(self._send(address, msg)))
+
+    async def _send(self, address: str, msg: dict[str, Any]) -> None:
+        try:
+            # one way (no reply): a lost peer shows as a failed write, a deadline, or the driver's abort
+            await self.worker.rpc(address).rpm_put(reply=False, **msg)
+        except Exception as exc:  # a peer that is gone or cannot be reached
+            if self.send_error is None:
+                self.send_error = (
+                    f"worker {self.layout.address} could not send {msg['phase']} data of iteration "
+                    f"{msg['iteration']} to {address}: {type(exc).__name__}: {exc}"
+                )
+            self._wake(PeerError(self.send_error))
+
+    async def flush(self, timeout: float) -> None:
+        """Wait until every message sent so far has been written (its buffers may then be reused)."""
+        if self.pending:
+            pending, self.pending = self.pending, []
+            done, not_done = await asyncio.wait(pending, timeout=timeout)
+            if not_done:
+                raise PeerError(f"worker {self.layout.address}: {len(not_done)} message(s) could not be "
+                                f"written within {timeout:g} s")
+        if self.send_error is not None:
+            raise PeerError(self.send_error)
+
+    async def receive(
+        self, epoch: int, iteration: int, phase: str, senders: list[int], deadline: float,
+        names: dict[int, str], timeout: float,
+    ) -> dict[int, Any]:
+        """The payloads of ``senders`` for one phase; raises if aborted, a send failed or the deadline passed."""
+        keys = [(epoch, iteration, phase, s) for s in senders]
+        if not all(k in self.slots for k in keys):
+            self.check_abort(epoch)
+            if self.send_error is not None:
+                raise PeerError(self.send_error)
+            fut = asyncio.get_running_loop().create_future()
+            self._waiting = (keys, fut)
+            try:
+                await asyncio.wait_for(fut, max(deadline - time.monotonic(), 0.0))
+            except TimeoutError:
+                missing = [k[3] for k in keys if k not in self.slots]
+                who = ", ".join(f"worker {w} ({names.get(w, '?')})" for w in missing)
+                raise PeerError(
+                    f"worker {self.layout.address} received no {phase} data of iteration {iteration} "
+                    f"from {who} within {timeout:g} s (rpm.engine.receive-timeout)"
+                ) from None
+            finally:
+                self._waiting = None
+        return {k[3]: self.slots.pop(k) for k in keys}
+
+
+class RPMEnginePlugin(WorkerPlugin):
+    """Holds the per-run state of dask_rpm training on a worker and its message handlers.
+
+    Registered by :func:`dask_rpm.fit` (``client.register_plugin``); idempotent,
+    so every ``fit`` on the same cluster reuses the one installed.
+    """
+
+    name = PLUGIN_NAME
+    idempotent = True
+
+    def __init__(self) -> None:
+        self.runs: dict[str, RunState] = {}
+        self.worker: Any = None
+
+    def setup(self, worker: Any) -> None:
+        self.worker = worker
+        self.runs = {}
+        worker.handlers["rpm_put"] = self.put
+        worker.handlers["rpm_rows"] = self.rows
+
+    def teardown(self, worker: Any) -> None:
+        for state in self.runs.values():
+            state.close()
+        self.runs.clear()
+
+    # ----------------------------------------------------------- handlers
+    def put(self, run: str, epoch: int, iteration: int, phase: str, sender: int, payload: Any) -> None:
+        state = self.runs.get(run)
+        if state is not None:
+            state.deliver(epoch, iteration, phase, sender, payload)
+
+    def rows(self, run: str, a: int, b: int) -> dict[str, Any]:
+        """Hidden rows ``[a, b)`` (global numbering) of this worker's current shard, for a remap."""
+        state = self.runs.get(run)
+        if state is None:
+            raise KeyError(f"run {run!r} has no state on this worker")
+        m0, m1 = state.layout.rows
+        if not (m0 <= a < b <= m1):
+            raise ValueError(f"rows [{a}, {b}) are not within this worker's rows [{m0}, {m1})")
+        sh = state.shard
+        return {
+            "W": to_serialize(np.ascontiguousarray(sh.W[a - m0 : b - m0])),
+            "V": to_serialize(np.ascontiguousarray(sh.V[:, a - m0 : b - m0])),
+        }
+
+
+def get_state(run: str, worker: Any = None) -> RunState:
+    """The :class:`RunState` of ``run`` on the current worker."""
+    if worker is None:
+        from distributed import get_worker
+
+        worker = get_worker()
+    plugin = worker.plugins.get(PLUGIN_NAME)
+    if plugin is None:
+        raise RuntimeError("the dask_rpm engine plugin is not installed on this worker")
+    state = plugin.runs.get(run)
+    if state is None:
+        raise KeyError(f"run {run!r} has no state on worker {worker.address}")
+    return state
