@@ -24,7 +24,7 @@ block at a time. The iteration time shown is the median over the block, per
 iteration from the end of the slowest worker's previous update to the end of
 this one - the ``iteration_time`` of ``result.history``.
 
-This module decides and formats only: it reads the trainer's recorded
+This module decides and formats only: it reads the run's timing log
 timings and errors and never talks to the cluster.
 """
 
@@ -36,7 +36,6 @@ import sys
 import time
 from typing import Any, TextIO
 
-import numpy as np
 
 from . import config
 
@@ -146,34 +145,6 @@ class Progress:
         self._last_line = -math.inf
         self._drawn = False
         self.lines = 0  # lines written (log mode) or redraws (bar mode)
-
-    # ------------------------------------------------------------ engine hook
-    def block(
-        self, trainer: Any, first: int, stop: int, total: int | None = None,
-        remaps: list[dict[str, Any]] | None = None,
-    ) -> None:
-        """Report iterations ``[first, stop)`` (of ``total``) from a trainer's recorded errors and timings."""
-        if self.mode == "none":
-            return
-        if total is not None:
-            self.total = int(total)
-        ends = []
-        for it in range(first, stop):
-            e = [trainer.timings.get((it, w), {}).get("modify", (math.nan, math.nan))[1]
-                 for w in trainer.plan.planned_workers]
-            e = [v for v in e if v is not None and math.isfinite(v)]
-            ends.append(max(e) if e else math.nan)
-        cycle = np.diff(np.asarray([self._last_end, *ends], dtype=float))
-        cycle = cycle[np.isfinite(cycle)]
-        if ends and math.isfinite(ends[-1]):
-            self._last_end = ends[-1]
-        errors = [trainer.error(it) for it in range(first, stop) if it in trainer.errors]
-        self.update(
-            stop,
-            error=errors[-1] if errors else math.nan,
-            iteration_time=float(np.median(cycle)) if cycle.size else math.nan,
-            remaps=remaps,
-        )
 
     # -------------------------------------------------------------- reporting
     def update(

@@ -31,6 +31,7 @@ import pytest
 import dask_rpm
 from dask_rpm import dashboard
 from dask_rpm.estimator import EstimatorError
+from dask_rpm.engine.records import TimingRecord
 from dask_rpm.plugin import RPMSchedulerPlugin
 
 SPEEDS = [1.0, 0.5, 0.25]
@@ -255,7 +256,11 @@ def test_page_model_with_groups_and_remaps():
         "groups": {"tcp://a:1": "fast", "tcp://b:2": "slow", "tcp://c:3": "slow"},
         "emulation": "EMULATED heterogeneity on one machine: test",
     })
-    plugin.update("r1", {"iterations": [{"iteration": i, "error": 10.0 - i, "time": 0.1} for i in range(5)]})
+    # What the workers stream: timing records 0.1 s apart (worker clocks) and the errors.
+    records = [TimingRecord(i, 0, 0.1 * i, 0.1 * i + 0.03, 0.1 * i + 0.04, 0.1 * i + 0.07, 0.1 * i + 0.08,
+                            0.1 * (i + 1)) for i in range(5)]
+    plugin.log_event("rpm", {"kind": "iterations", "run": "r1", "records": [tuple(r) for r in records],
+                             "errors": [(i, 10.0 - i) for i in range(5)]})
     plugin.update("r1", {"abilities": [{"check": 0, "iteration": 5, "abilities": [0.6, 0.3, None]}],
                          "remaps": [{"iteration": 5, "kind": "column", "bytes": 64, "seconds": 0.01}]})
     page = dashboard._RPMPage(dashboard._Installed(type("S", (), {})(), plugin, ""))
@@ -266,11 +271,12 @@ def test_page_model_with_groups_and_remaps():
     assert rects["label"][2].startswith("w0 :1") and "p\u0302 0.60" in rects["label"][2] and "fast" in rects["label"][2]
     assert (page.x_range.end, page.y_range.start) == (100, 10)
     assert page.it.data["iteration"] == [0, 1, 2, 3, 4] and page.remap.data["kind"] == ["column remap"]
+    np.testing.assert_allclose(page.it.data["time"], [0.1] * 5)
     assert len(page.est.data["xs"]) == 2 and len(page.planned.data["xs"]) == 3
     assert "EMULATED" in page.header.text
 
-    plugin.update("r1", {"iterations": [{"iteration": 5, "error": 4.0, "time": None}]})
-    page._update()  # streams only the new row
+    plugin.log_event("rpm", {"kind": "iterations", "run": "r1", "records": [], "errors": [(5, 4.0)]})
+    page._update()  # streams only the new row (no timing record yet: no time)
     assert page.it.data["iteration"] == [0, 1, 2, 3, 4, 5] and np.isnan(page.it.data["time"][-1])
 
 

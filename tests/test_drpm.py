@@ -9,7 +9,7 @@ from distributed import Client, LocalCluster
 import dask
 import dask_rpm
 from dask_rpm.emulation import emulation_report, set_speed
-from dask_rpm.engine import Trainer, _ensure_plugin, fit, ordered_workers
+from dask_rpm.engine import Driver, ensure_plugins, fit, ordered_workers
 from dask_rpm.kernels import fit_serial, init_weights
 from dask_rpm.partition import Plan
 from dask_rpm.planners import make_plan
@@ -69,14 +69,14 @@ def test_any_sequence_of_remaps_equals_serial(seed):
             addresses = ordered_workers(client.scheduler_info())
 
             async def run() -> tuple[np.ndarray, np.ndarray, int, list[int]]:
-                await _ensure_plugin(client)
+                await ensure_plugins(client)
                 plan = _random_plan(rng, addresses, s, (n, m, l))
-                tr = Trainer(client, run=f"t{seed}", plan=plan, source=None, arrays=(x, d), W0=W0, V0=V0,
-                             learning_rate=eps, dtype="float64")
-                await tr.start()
+                tr = Driver(client, run=f"t{seed}", plan=plan, source=None, arrays=(x, d),
+                            learning_rate=eps, dtype="float64")
+                await tr.install(plan, W0, V0, 0)
                 moved = []
                 for step in range(6):
-                    assert await tr.run_block(block) is None
+                    assert (await tr.run_block(block)).status == "ok"
                     if step % 2 == 0:
                         new = _random_plan(rng, addresses, s, (n, m, l))
                         kind = "whole"
@@ -85,7 +85,7 @@ def test_any_sequence_of_remaps_equals_serial(seed):
                         kind = "column"
                     rec = await tr.remap(new, kind)
                     moved.append(rec["bytes"])
-                assert await tr.run_block(block) is None
+                assert (await tr.run_block(block)).status == "ok"
                 W, V = await tr.gather()
                 await tr.close()
                 return W, V, tr.iteration, moved
@@ -125,7 +125,7 @@ def test_bad_column_times_is_refused_before_training():
             fit(x, d, hidden=6, iterations=4, learning_rate=1e-2, mapping="drpm", client=client, progress="none")
         # no BP task ran: the scheduler plugin (registered by fit) recorded none
         recorded = client.run_on_scheduler(
-            lambda dask_scheduler: sum(len(r.timings) for r in dask_scheduler.plugins["rpm"].runs.values())
+            lambda dask_scheduler: sum(len(r.log) for r in dask_scheduler.plugins["rpm"].runs.values())
         )
         assert recorded == 0
 

@@ -110,16 +110,21 @@ async def call(result: Any) -> Any:
 
 
 class ProgressCallback(TrainingCallback):
-    """The progress bar / log lines (:class:`dask_rpm.progress.Progress`), updated every streamed iteration."""
+    """The progress bar / log lines (:class:`dask_rpm.progress.Progress`), updated as iterations stream in."""
 
     def __init__(self, reporter: Any, remaps: list[dict[str, Any]]) -> None:
         self.reporter = reporter
         self.remaps = remaps
+        self._shown: tuple[int, int] | None = None
+
+    def before_training(self, driver: Driver, total: int) -> None:
+        self.reporter.total = int(total)
 
     def on_progress(self, driver: Driver) -> None:
         last = driver.log.last_iteration()
-        if last is None:
+        if last is None or self._shown == (last, len(self.remaps)):
             return
+        self._shown = (last, len(self.remaps))
         self.reporter.update(
             last + 1, error=driver.log.error(last),
             iteration_time=driver.log.median_iteration_time(max(last - 9, 0), last + 1, skip_first=False),

@@ -93,7 +93,7 @@ def t_stage(run: str, layout: Layout, pieces: list[tuple[int, int, str | None]],
             rows_V = state.shard.V[:, a - o0 : b - o0]
         else:
             got = sync(worker.loop, fetch, a, b, src)
-            rows_W, rows_V = got["W"], got["V"]
+            rows_W, rows_V = (getattr(got[k], "data", got[k]) for k in ("W", "V"))  # inproc: still wrapped
         W[a - m0 : b - m0] = rows_W
         V[:, a - m0 : b - m0] = rows_V
     if data is None:

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 from distributed.diagnostics.plugin import WorkerPlugin
-from distributed.protocol import to_serialize
+from distributed.protocol import Serialize, to_serialize
 
 from ..kernels import Workspace, all_finite
 from .errors import BlockAborted, PeerError
@@ -191,6 +191,10 @@ class RunState:
     def send(self, address: str, epoch: int, iteration: int, phase: str, payload: tuple) -> None:
         """Send a message (in the background); ``payload``'s arrays must stay unchanged until
         :meth:`flush` returns."""
+        if address.startswith("inproc://"):
+            # the in-process transport hands over the object itself, not a copy, and the
+            # receiver may read it after this worker has reused the buffer
+            payload = tuple(p.copy() if isinstance(p, np.ndarray) else p for p in payload)
         msg = {
             "run": self.run, "epoch": epoch, "iteration": iteration, "phase": phase,
             "sender": self.layout.worker,
@@ -276,6 +280,8 @@ class RPMEnginePlugin(WorkerPlugin):
     def put(self, run: str, epoch: int, iteration: int, phase: str, sender: int, payload: Any) -> None:
         state = self.runs.get(run)
         if state is not None:
+            # the in-process transport (processes=False clusters) hands over the wrappers themselves
+            payload = tuple(p.data if isinstance(p, Serialize) else p for p in payload)
             state.deliver(epoch, iteration, phase, sender, payload)
 
     def rows(self, run: str, a: int, b: int) -> dict[str, Any]:
