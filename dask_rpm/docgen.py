@@ -48,6 +48,7 @@ API_MODULES: tuple[tuple[str, str], ...] = (
     ("dask_rpm", "training, planning and the emulated local cluster"),
     ("dask_rpm.probe", "measure worker abilities and links before planning"),
     ("dask_rpm.results", "plans and histories as xarray Datasets, pictures of runs"),
+    ("dask_rpm.engine.callbacks", "per-block training hooks (fit(callbacks=...))"),
     ("dask_rpm.progress", "the progress bar / log lines of fit"),
     ("dask_rpm.slurm", "heterogeneous SLURM worker groups"),
     ("dask_rpm.emulation", "EMULATED heterogeneity on one machine"),
