@@ -24,8 +24,12 @@ __all__ = ["demo_data", "run_demo", "add_train_parser"]
 
 #: The embedded default job: four emulated workers of speeds 1 : 0.6 : 0.4 : 0.25.
 DEMO_SPEEDS = (1.0, 0.6, 0.4, 0.25)
-DEMO_SHAPE = (33, 48, 8)  # n (incl. a constant bias input), m, l
-DEMO_SAMPLES = 2048
+#: n (incl. a constant bias input), m, l: large enough that an iteration is compute, not latency
+#: (about 0.1 s on the fastest EMULATED worker alone on a 2-core machine), so the timings show the method.
+DEMO_SHAPE = (33, 128, 8)
+DEMO_SAMPLES = 4096
+#: Iterations of each same-run comparison (the fastest worker alone, a uniform plan).
+DEMO_COMPARE_ITERATIONS = 12
 
 
 def demo_data(samples: int = DEMO_SAMPLES, shape: Sequence[int] = DEMO_SHAPE, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -46,6 +50,24 @@ def demo_data(samples: int = DEMO_SAMPLES, shape: Sequence[int] = DEMO_SHAPE, se
     return x, sigmoid(u)
 
 
+def _compare(client: Any, x: np.ndarray, d: np.ndarray, m: int, lr: float, speeds: Sequence[float],
+             iterations: int) -> dict[str, float]:
+    """Seconds per iteration, on the same cluster and data, of the fastest worker alone and of a uniform plan."""
+    from .engine import fit, ordered_workers
+    from .partition import Plan
+
+    addresses = ordered_workers(client.scheduler_info())
+    fastest = int(np.argmax(speeds))
+    n, l = x.shape[1], d.shape[1]
+    alone = Plan.from_columns([[0]], [x.shape[0]], [[m]], shape=(n, m, l), method="single worker")
+    alone = alone.with_workers([addresses[fastest]])
+    kw = dict(hidden=m, iterations=iterations, learning_rate=lr, client=client, seed=0, progress="none",
+              elastic=False)
+    t_alone = fit(x, d, mapping=alone, **kw).seconds_per_iteration
+    t_uniform = fit(x, d, mapping="uniform", **kw).seconds_per_iteration
+    return {"fastest_alone": t_alone, "uniform": t_uniform}
+
+
 def run_demo(
     *,
     speeds: Sequence[float] | None = None,
@@ -53,9 +75,15 @@ def run_demo(
     mapping: str | None = None,
     samples: int = DEMO_SAMPLES,
     as_json: bool = False,
+    compare: bool = True,
     out: Any = None,
 ) -> Any:
-    """Train the embedded default job on a local EMULATED heterogeneous cluster."""
+    """Train the embedded default job on a local EMULATED heterogeneous cluster.
+
+    With ``compare`` the same cluster then runs a few iterations on the fastest
+    worker alone and with a uniform plan, so the output shows what the
+    mapping bought, measured in the same run.
+    """
     from distributed import Client
 
     from .emulation import local_cluster
@@ -66,18 +94,28 @@ def run_demo(
     iterations = int(iterations or 60)
     x, d = demo_data(samples)
     n, m, l = DEMO_SHAPE
+    lr = 2.0 / samples
     t0 = time.perf_counter()
     with local_cluster(speeds, dashboard_address=":0") as cluster, Client(cluster) as client:
         if not as_json:
             print(cluster.emulation_label, file=out)
             print(f"dashboard: {client.dashboard_link}", file=out)
-        result = fit(
-            x, d, hidden=m, iterations=iterations, learning_rate=2.0 / samples, mapping=mapping,
-            client=client, seed=0,
-        )
-    wall = time.perf_counter() - t0
+        result = fit(x, d, hidden=m, iterations=iterations, learning_rate=lr, mapping=mapping, client=client, seed=0)
+        wall = time.perf_counter() - t0
+        others = _compare(client, x, d, m, lr, speeds, DEMO_COMPARE_ITERATIONS) if compare else {}
+    summary = _summary(result, speeds, samples, wall, others)
+    if as_json:
+        print(json.dumps(summary), file=out)
+    else:
+        _print_summary(result, summary, out)
+    return result
+
+
+def _summary(result: Any, speeds: Sequence[float], samples: int, wall: float, others: dict[str, float]) -> dict:
+    n, m, l = DEMO_SHAPE
     err = result.history["error"].values
-    summary = {
+    t = result.seconds_per_iteration
+    summary: dict[str, Any] = {
         "emulation": result.emulation,
         "workers": len(speeds),
         "speeds": list(speeds),
@@ -86,24 +124,46 @@ def run_demo(
         "iterations": int(err.size),
         "initial_error": float(err[0]) if err.size else None,
         "final_error": result.error,
-        "seconds_per_iteration": result.seconds_per_iteration,
+        "seconds_per_iteration": t,
         "wall_seconds": wall,
         "plan": result.plan.to_dict(),
         "remaps": result.remaps,
     }
-    if as_json:
-        print(json.dumps(summary), file=out)
-    else:
-        print(repr(result.plan), file=out)
-        for r in result.remaps:
-            print(f"remap at iteration {r['iteration']}: {r['kind']}, {r['bytes']} bytes, {r['seconds']:.3f} s", file=out)
+    if others:
+        alone = others["fastest_alone"]
+        # gamma = (1 / T) / sum_i (1 / T_i alone); T_i from the fastest worker's and the EMULATED speed ratios
+        summary.update({
+            "seconds_per_iteration_fastest_alone": alone,
+            "seconds_per_iteration_uniform": others["uniform"],
+            "speedup_vs_fastest_alone": alone / t,
+            "speedup_vs_uniform": others["uniform"] / t,
+            "gamma": (1.0 / t) / ((1.0 / alone) * sum(speeds) / max(speeds)),
+        })
+    return summary
+
+
+def _print_summary(result: Any, summary: dict[str, Any], out: Any) -> None:
+    print(f"final plan: {result.plan!r}", file=out)
+    for r in result.remaps:
+        print(f"remap at iteration {r['iteration']}: {r['kind']}, {r['bytes']} weight bytes, "
+              f"{r.get('sample_bytes', 0)} sample bytes re-read, {r['seconds']:.3f} s", file=out)
+    k = summary["workers"]
+    print(
+        f"trained {summary['network']} on {summary['samples']} samples for {summary['iterations']} iterations on "
+        f"{k} emulated worker{'s' if k != 1 else ''}: error {summary['initial_error']:.4f} -> "
+        f"{summary['final_error']:.4f}, {summary['seconds_per_iteration'] * 1e3:.1f} ms/iteration "
+        f"({summary['wall_seconds']:.1f} s wall incl. cluster start)",
+        file=out,
+    )
+    if "gamma" in summary:
         print(
-            f"trained {n}-{m}-{l} on {samples} samples for {err.size} iterations on {len(speeds)} "
-            f"emulated workers: error {summary['initial_error']:.4f} -> {result.error:.4f}, "
-            f"{result.seconds_per_iteration * 1e3:.1f} ms/iteration ({wall:.1f} s wall incl. cluster start)",
+            f"measured in this run, per iteration: this plan {summary['seconds_per_iteration'] * 1e3:.1f} ms | "
+            f"fastest worker alone {summary['seconds_per_iteration_fastest_alone'] * 1e3:.1f} ms "
+            f"({summary['speedup_vs_fastest_alone']:.2f}x faster here) | uniform plan "
+            f"{summary['seconds_per_iteration_uniform'] * 1e3:.1f} ms ({summary['speedup_vs_uniform']:.2f}x) | "
+            f"parallel efficiency gamma {summary['gamma']:.2f} (1 = every worker's speed used; EMULATED speeds)",
             file=out,
         )
-    return result
 
 
 def add_train_parser(subparsers: Any) -> None:

@@ -209,3 +209,63 @@ def test_worker_loss_raises_naming_the_worker():
 def test_public_api_exports():
     for name in ("fit", "fit_serial", "FitResult", "Plan"):
         assert hasattr(dask_rpm, name)
+
+
+@pytest.mark.parametrize("vertical", ["allgather", "leader"])
+def test_vertical_algorithms_equal_serial(client6, vertical):
+    import dask.config
+
+    rng = np.random.default_rng(5)
+    x, d = _problem(s=45, n=7, l=3, seed=5)
+    plan = Plan.from_columns([[0, 1, 2], [3, 4], [5]], [15, 18, 12], [[3, 4, 5], [7, 5], [12]],
+                             shape=(7, 12, 3), abilities=rng.uniform(0.2, 1, 6))
+    with dask.config.set({"rpm.engine.vertical": vertical}):
+        r = fit(x, d, hidden=12, iterations=40, learning_rate=0.05, mapping=plan, client=client6, progress="none")
+    _assert_equal_serial(r, x, d, 12, 40, 0.05)
+
+
+def test_a_peer_that_does_not_answer_fails_the_block_naming_it(client6):
+    """Receive deadline: worker 1 is kept busy by another task, so its block never starts;
+    worker 0 gives up after rpm.engine.receive-timeout and the error names worker 1."""
+    import dask.config
+
+    x, d = _problem(s=30, n=4, l=2)
+    addrs = ordered_workers(client6.scheduler_info())
+    plan = Plan.from_columns([[0], [1]], [15, 15], [[6], [6]], shape=(4, 6, 2))
+    busy = client6.submit(time.sleep, 4.0, workers=[addrs[1]], pure=False)
+    t0 = time.monotonic()
+    with dask.config.set({"rpm.engine.receive-timeout": 1.0}):
+        with pytest.raises(TrainingError, match=rf"no horizontal data of iteration 0 from worker 1 \({addrs[1]}\) within 1 s"):
+            fit(x, d, hidden=6, iterations=5, learning_rate=0.05, mapping=plan, client=client6, progress="none",
+                on_worker_loss="raise")
+    assert time.monotonic() - t0 < 30
+    busy.result()
+
+
+@pytest.mark.timeout(120)
+def test_sigkill_mid_block_recovers_to_serial_weights():
+    """A worker process SIGKILLed in the middle of a long block: no hang, survivors aborted and
+    rolled back, rows rebuilt from the other column, final weights equal serial BP."""
+    import signal
+
+    x, d = _problem(s=64, n=6, l=3, seed=2)
+    with LocalCluster(n_workers=4, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
+        with Client(cluster) as client:
+            addrs = ordered_workers(client.scheduler_info())
+            pids = client.run(os.getpid)
+            plan = Plan.from_columns([[0, 1], [2, 3]], [32, 32], [[4, 5], [6, 3]], shape=(6, 9, 3))
+            started = []
+
+            def callback(info):  # after the first block, arm a kill that lands inside the next one
+                if not started:
+                    started.append(info["iteration"])
+                    threading.Timer(0.5, os.kill, args=(pids[addrs[1]], signal.SIGKILL)).start()
+
+            r = fit(x, d, hidden=9, iterations=4000, learning_rate=0.05, mapping=plan, client=client,
+                    interval=2000, callback=callback, progress="none")
+    (rec,) = [rec for rec in r.remaps if rec.get("lost")]
+    assert rec["lost"] == [addrs[1]] and rec["recovered_from"] == "columns"
+    # the kill landed inside the second block (iterations 2000..3999), which was rolled back to 2000
+    assert rec["iteration"] == 2000
+    assert r.history.sizes["iteration"] == 4000
+    _assert_equal_serial(r, x, d, 9, 4000, 0.05)

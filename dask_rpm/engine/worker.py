@@ -41,6 +41,9 @@ logger = logging.getLogger("dask_rpm")
 
 PLUGIN_NAME = "rpm-engine"
 
+#: Message phases (short on the wire) as errors name them.
+_PHASE_NAMES = {"v": "vertical", "vd": "vertical", "h": "horizontal"}
+
 
 class Shard:
     """A worker's weight rows: current, after the previous update, at the block start."""
@@ -209,7 +212,8 @@ class RunState:
         except Exception as exc:  # a peer that is gone or cannot be reached
             if self.send_error is None:
                 self.send_error = (
-                    f"worker {self.layout.address} could not send {msg['phase']} data of iteration "
+                    f"worker {self.layout.address} could not send {_PHASE_NAMES.get(msg['phase'], msg['phase'])} "
+                    f"data of iteration "
                     f"{msg['iteration']} to {address}: {type(exc).__name__}: {exc}"
                 )
             self._wake(PeerError(self.send_error))
@@ -243,7 +247,8 @@ class RunState:
                 missing = [k[3] for k in keys if k not in self.slots]
                 who = ", ".join(f"worker {w} ({names.get(w, '?')})" for w in missing)
                 raise PeerError(
-                    f"worker {self.layout.address} received no {phase} data of iteration {iteration} "
+                    f"worker {self.layout.address} received no {_PHASE_NAMES.get(phase, phase)} data of "
+                    f"iteration {iteration} "
                     f"from {who} within {timeout:g} s (rpm.engine.receive-timeout)"
                 ) from None
             finally:
