@@ -225,21 +225,29 @@ def test_vertical_algorithms_equal_serial(client6, vertical):
 
 
 def test_a_peer_that_does_not_answer_fails_the_block_naming_it(client6):
-    """Receive deadline: worker 1 is kept busy by another task, so its block never starts;
-    worker 0 gives up after rpm.engine.receive-timeout and the error names worker 1."""
+    """Receive deadline: after the first block, worker 1's event loop is blocked for 4 s (a stalled
+    process); worker 0 gives up after rpm.engine.receive-timeout = 1 s, the driver aborts the
+    block, and the error names worker 1."""
     import dask.config
 
     x, d = _problem(s=30, n=4, l=2)
     addrs = ordered_workers(client6.scheduler_info())
     plan = Plan.from_columns([[0], [1]], [15, 15], [[6], [6]], shape=(4, 6, 2))
-    busy = client6.submit(time.sleep, 4.0, workers=[addrs[1]], pure=False)
+    stalls = []
+
+    def stall(info):
+        if not stalls:  # the loop of worker 1 sleeps: it neither computes nor answers
+            stalls.append(threading.Thread(target=client6.run, args=(time.sleep, 4.0), kwargs={"workers": [addrs[1]]}))
+            stalls[0].start()
+
     t0 = time.monotonic()
     with dask.config.set({"rpm.engine.receive-timeout": 1.0}):
-        with pytest.raises(TrainingError, match=rf"no horizontal data of iteration 0 from worker 1 \({addrs[1]}\) within 1 s"):
-            fit(x, d, hidden=6, iterations=5, learning_rate=0.05, mapping=plan, client=client6, progress="none",
-                on_worker_loss="raise")
+        with pytest.raises(TrainingError, match=rf"no horizontal data of iteration \d+ from worker 1 "
+                                                rf"\({addrs[1]}\) within 1 s"):
+            fit(x, d, hidden=6, iterations=100_000, learning_rate=0.01, mapping=plan, client=client6,
+                interval=5, progress="none", on_worker_loss="raise", callback=stall, elastic=False)
     assert time.monotonic() - t0 < 30
-    busy.result()
+    stalls[0].join()
 
 
 @pytest.mark.timeout(120)

@@ -23,7 +23,7 @@ def test_local_emulated_probe_prints_a_table_and_the_plan_command():
     assert p.returncode == 0, p.stderr[-3000:]
     out = p.stdout
     assert "EMULATED" in out.splitlines()[0]
-    assert "probe of 2 worker(s) for a 33-48-8 job on 2048 samples" in out
+    assert "probe of 2 worker(s) for a 33-128-8 job on 4096 samples" in out
     rows = [ln.split() for ln in out.splitlines() if ln.strip().startswith(("P1 ", "P2 "))]
     assert [r[0] for r in rows] == ["P1", "P2"]
     ability = [float(r[3]) for r in rows]
