@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 from distributed.diagnostics.plugin import WorkerPlugin
-from distributed.protocol import Serialize, to_serialize
+from distributed.protocol import to_serialize
 
 from ..kernels import Workspace, all_finite
 from .errors import BlockAborted, PeerError
@@ -43,6 +43,26 @@ PLUGIN_NAME = "rpm-engine"
 
 #: Message phases (short on the wire) as errors name them.
 _PHASE_NAMES = {"v": "vertical", "vd": "vertical", "h": "horizontal"}
+
+
+def _pack(value: Any) -> Any:
+    """An array as ``[bytes, dtype, shape]`` for the wire.
+
+    Plain bytes go through msgpack as they are; wrapping the array for Dask's
+    serializers instead costs about 0.1-0.2 ms of CPU per message on this
+    machine (dispatch and metering), more than copying a 200 KB partial
+    product twice. The copy also means the receiver never sees a buffer the
+    sender reuses (the in-process transport passes objects by reference).
+    """
+    if isinstance(value, np.ndarray):
+        return ["nd", value.tobytes(), value.dtype.str, list(value.shape)]
+    return value
+
+
+def _unpack(value: Any) -> Any:
+    if isinstance(value, (list, tuple)) and len(value) == 4 and value[0] == "nd":
+        return np.frombuffer(value[1], dtype=value[2]).reshape(value[3])
+    return value
 
 
 class Shard:
@@ -194,14 +214,9 @@ class RunState:
     def send(self, address: str, epoch: int, iteration: int, phase: str, payload: tuple) -> None:
         """Send a message (in the background); ``payload``'s arrays must stay unchanged until
         :meth:`flush` returns."""
-        if address.startswith("inproc://"):
-            # the in-process transport hands over the object itself, not a copy, and the
-            # receiver may read it after this worker has reused the buffer
-            payload = tuple(p.copy() if isinstance(p, np.ndarray) else p for p in payload)
         msg = {
             "run": self.run, "epoch": epoch, "iteration": iteration, "phase": phase,
-            "sender": self.layout.worker,
-            "payload": tuple(to_serialize(p) if isinstance(p, np.ndarray) else p for p in payload),
+            "sender": self.layout.worker, "payload": tuple(_pack(p) for p in payload),
         }
         self.pending.append(asyncio.ensure_future(self._send(address, msg)))
 
@@ -285,9 +300,7 @@ class RPMEnginePlugin(WorkerPlugin):
     def put(self, run: str, epoch: int, iteration: int, phase: str, sender: int, payload: Any) -> None:
         state = self.runs.get(run)
         if state is not None:
-            # the in-process transport (processes=False clusters) hands over the wrappers themselves
-            payload = tuple(p.data if isinstance(p, Serialize) else p for p in payload)
-            state.deliver(epoch, iteration, phase, sender, payload)
+            state.deliver(epoch, iteration, phase, sender, tuple(_unpack(p) for p in payload))
 
     def rows(self, run: str, a: int, b: int) -> dict[str, Any]:
         """Hidden rows ``[a, b)`` (global numbering) of this worker's current shard, for a remap."""
