@@ -434,51 +434,18 @@ def bench_floor(client: Any, *, iterations: int, dtype: str, workers: int) -> di
                            dtype=dtype, client=client, interval=iterations)
     st = history_stats(res, skip=1)
     st.update({"size": [n, m, l, s], "iterations": iterations, "plan": repr(res.plan),
-               "tasks_per_iteration": _tasks_per_iteration(res.plan)})
+               "tasks_per_iteration": res.stats["tasks"] / iterations})
     return st
 
 
-def transfer_times(client: Any, run: str, skip: int = 1) -> dict[str, float]:
-    """Seconds spent fetching task inputs from peers, per iteration and phase (median over iterations).
-
-    From the ``transfer`` start/stops the scheduler plugin records for each
-    rpm task (summed over the tasks of a phase; iterations before ``skip`` dropped).
-    """
-    got = client.sync(client.scheduler.rpm_pull, run=run, since=0)
-    per: dict[str, dict[int, float]] = {}
-    for _, phase, it, _idx, _worker, _t0, _t1, transfer in got["timings"]:
-        if it >= skip:
-            per.setdefault(phase, {}).setdefault(it, 0.0)
-            per[phase][it] += float(transfer)
-    out = {phase: med(list(v.values())) for phase, v in per.items()}
-    out["total"] = med([sum(per[p].get(it, 0.0) for p in per) for it in {i for v in per.values() for i in v}])
-    return out
-
-
 def exchange_bytes(plan: Any, itemsize: int) -> dict[str, int]:
-    """Bytes that cross between workers per iteration (gather-then-broadcast, as the engine does)."""
+    """Bytes that cross between workers per iteration (the paper's gather-then-broadcast count)."""
     n, m, l = plan.shape
     vertical = sum(2 * (len(col) - 1) * (plan.column_samples(c)[1] - plan.column_samples(c)[0]) * l
                    for c, col in enumerate(plan.columns))
     horizontal = sum(2 * (len(plan.holders(b)) - 1) * (b[1] - b[0]) * (n + l) for b in plan.bands()) \
         if plan.n_columns > 1 else 0
     return {"vertical": vertical * itemsize, "horizontal": horizontal * itemsize}
-
-
-def _tasks_per_iteration(plan: Any) -> int:
-    """Number of tasks the engine submits per iteration for ``plan`` (mirrors submit_iteration)."""
-    workers = len(plan.planned_workers)
-    n = 3 * workers + plan.n_columns  # forward, backward, modify + vertical per column
-    if plan.n_columns > 1:
-        for band in plan.bands():
-            holders = plan.holders(band)
-            reducer = holders[plan.bands().index(band) % len(holders)]
-            n += 1  # reduce
-            for h in holders:
-                r = plan.rectangle(h)
-                if h != reducer and (band[0] - r.hidden[0], band[1] - r.hidden[0]) != (0, r.n_hidden):
-                    n += 1  # slice
-    return n
 
 
 def bench_multi(
@@ -513,10 +480,6 @@ def bench_multi(
                 delays[w].extend(v)
         counters = counters_delta(before, emulation_counters(client))
         st = history_stats(res, skip=1)
-        try:
-            st["transfer_s_per_iteration"] = transfer_times(client, res.history.attrs["run"])
-        except Exception as exc:  # pragma: no cover - plugin API changed
-            st["transfer_s_per_iteration"] = {"error": repr(exc)}
         log(f"part 2 {kind}: {st['iteration_time_median']:.3f} s/it, slowest compute "
             f"{st['max_compute_median']:.3f} s, overhead {100 * st['overhead_fraction_median']:.1f} %")
         floor = None
@@ -530,7 +493,7 @@ def bench_multi(
             "scale": cluster.scale_factor,
             "cores_demanded": cluster.scale_factor * 4,
             "plan": repr(res.plan),
-            "tasks_per_iteration": _tasks_per_iteration(res.plan),
+            "tasks_per_iteration": res.stats["tasks"] / iterations,  # one per worker per block (+ setup, gather)
             "exchange_bytes_per_iteration": exchange_bytes(res.plan, np.dtype(dtype).itemsize),
             "iterations": iterations,
             "loadavg_after": os.getloadavg()[0],
@@ -642,15 +605,13 @@ def format_report(out: dict[str, Any]) -> str:
             "     phases (slowest worker, median s): " + ", ".join(
                 f"{k} {v:.3f}" for k, v in r["phase_max_over_workers_median"].items())
             + f"; CPU per worker-iteration {r['cpu_s_per_worker_iteration']:.3f} s",
-            "     peer transfers per iteration (s, summed over tasks): " + ", ".join(
-                f"{k} {v:.3f}" for k, v in r["transfer_s_per_iteration"].items() if isinstance(v, float)),
         ]
     r = out.get("padded")
     if r:
         ok2 = "MET" if r["overhead_fraction_median"] <= GOAL_OVERHEAD else "MISSED"
         ex = r["exchange_bytes_per_iteration"]
         lines += [
-            f"   plan: {r['plan']}; {r['tasks_per_iteration']} tasks/iteration; exchanged per iteration: "
+            f"   plan: {r['plan']}; {r['tasks_per_iteration']:.2f} tasks/iteration; exchanged per iteration: "
             f"vertical {ex['vertical'] / 1e6:.1f} MB, horizontal {ex['horizontal'] / 1e6:.1f} MB",
             f"   EMULATED overhead fraction: {100 * r['overhead_fraction_median']:.1f} % median "
             f"({100 * r['overhead_fraction_total']:.1f} % of total time; goal <= {100 * GOAL_OVERHEAD:.0f} %: {ok2})",
