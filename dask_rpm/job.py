@@ -533,8 +533,9 @@ def run_job(
                 what = f"worker(s) {', '.join(rec['joined'])} joined"
             else:
                 what = rec.get("reason", "")
-            print(f"remap at iteration {start + rec['iteration']}: {rec['kind']} ({what}), {rec['bytes']} bytes, "
-                  f"{rec['seconds']:.3f} s", file=out, flush=True)
+            print(f"remap at iteration {start + rec['iteration']}: {rec['kind']} ({what}), {rec['bytes']} weight "
+                  f"bytes, {rec.get('sample_bytes', 0)} sample bytes re-read, {rec['seconds']:.3f} s",
+                  file=out, flush=True)
         spi = info["seconds_per_iteration"]
         print(
             f"iteration {start + info['iteration']}/{job.iterations}: error {info['error']:.6g}, "

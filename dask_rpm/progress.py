@@ -195,7 +195,9 @@ class Progress:
         return "-" if r is None else f"{r.get('kind', '?')}@{r.get('iteration', '?')}"
 
     def _remap_line(self, rec: dict[str, Any]) -> str:
-        extra = f", {rec['bytes']} bytes moved" if "bytes" in rec else ""
+        extra = f", {rec['bytes']} weight bytes moved" if "bytes" in rec else ""
+        if rec.get("sample_bytes"):
+            extra += f", {rec['sample_bytes']} sample bytes re-read"
         reason = f" ({rec['reason']})" if rec.get("reason") else ""
         return f"dask-rpm fit: {rec.get('kind', '?')} remap at iteration {rec.get('iteration', '?')}{extra}{reason}"
 

@@ -66,14 +66,16 @@ def test_log_lines_are_throttled_but_keep_first_last_and_remaps():
     p.update(20, error=12.5, iteration_time=0.0123)
     p.update(40, error=10.0, iteration_time=0.0120)  # throttled
     p.update(60, error=8.0, iteration_time=0.0119,
-             remaps=[{"iteration": 60, "kind": "column", "bytes": 640, "reason": "t_min/t_max < 0.8"}])
+             remaps=[{"iteration": 60, "kind": "column", "bytes": 640, "sample_bytes": 4096,
+                      "reason": "t_min/t_max < 0.8"}])
     p.update(80, error=7.0, iteration_time=0.0118, remaps=[{"iteration": 60, "kind": "column", "bytes": 640}])
     p.update(100, error=6.0, iteration_time=0.0117, remaps=[{"iteration": 60, "kind": "column", "bytes": 640}])
     p.close()
     lines = out.getvalue().splitlines()
     assert "\r" not in out.getvalue()
     assert lines[0].startswith("dask-rpm fit: iteration 20/100 (20%), error 12.5, 12.3 ms/iteration, last remap -")
-    assert lines[1] == "dask-rpm fit: column remap at iteration 60, 640 bytes moved (t_min/t_max < 0.8)"
+    assert lines[1] == ("dask-rpm fit: column remap at iteration 60, 640 weight bytes moved, "
+                        "4096 sample bytes re-read (t_min/t_max < 0.8)")
     assert lines[2].startswith("dask-rpm fit: iteration 60/100 (60%), error 8,") and "last remap column@60" in lines[2]
     assert lines[3].startswith("dask-rpm fit: iteration 100/100 (100%), error 6,")
     assert len(lines) == 4  # 40 and 80 were throttled; the remap list repeated is not reported twice
