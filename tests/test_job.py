@@ -353,9 +353,10 @@ def test_late_worker_job_is_absorbed(slurm_cluster, tmp_path):
     # training starts with min-workers=2 and the job is released once it runs.
     groups = [{"name": "big", "jobs": 2, "speed": 1.0},
               {"name": "small", "jobs": 1, "speed": 0.5, "job-extra-directives": ["--hold"]}]
-    path = slurm_job(tmp_path, slurm_cluster.partitions, groups, iterations=300, **{"min-workers": 2})
+    # enough iterations to outlast the late job's start (an iteration takes ~3 ms on the direct data plane)
+    path = slurm_job(tmp_path, slurm_cluster.partitions, groups, iterations=6000, **{"min-workers": 2})
     drv = Driver(tmp_path, path)
-    drv.wait_for("iteration 20/300")
+    drv.wait_for("iteration 20/6000")
     (late,) = drv.worker_jobs("small")
     states = {row[0]: row[2] for row in _squeue()}
     assert states[late] == "PENDING"
@@ -367,9 +368,9 @@ def test_late_worker_job_is_absorbed(slurm_cluster, tmp_path):
 
     joins = [r for r in json.loads(ds.attrs["remaps"]) if r.get("joined")]
     assert joins and joins[0]["kind"] == "whole", log
-    assert ds.sizes["worker"] == 3 and ds.sizes["iteration"] == 300
+    assert ds.sizes["worker"] == 3 and ds.sizes["iteration"] == 6000
     x, d = _digits_arrays(tmp_path)
-    _serial_check(ds, x, d, 300)
+    _serial_check(ds, x, d, 6000)
     print(f"\n[slurm] late job absorbed at iteration {joins[0]['iteration']}: {joins[0]['bytes']} bytes, "
           f"{joins[0]['seconds']:.3f} s; whole test run {drv.seconds:.1f} s")
 

@@ -182,7 +182,10 @@ class Driver:
             for f in [f for f in pending if f.status != "pending"]:
                 pending.discard(f)
                 try:
-                    res = await f
+                    res = await self._result(f)
+                except WorkerLostError as exc:
+                    await self._abort(spec, str(exc), futures)
+                    raise WorkerLostError(exc.workers, spec.first) from None
                 except Exception as exc:  # the task itself failed (or its worker died)
                     await self._abort(spec, f"task {f.key} failed: {exc!r}", futures)
                     await self._raise_lost(spec.first, grace=2.0)
@@ -290,8 +293,28 @@ class Driver:
                 await self._raise_lost(self.iteration, grace=2.0)
                 exc = await f.exception()
                 raise TrainingError(f"task {f.key} failed: {exc!r}") from exc
-            out.append(await f)
+            out.append(await self._result(f))
         return out
+
+    async def _result(self, future: Any) -> Any:
+        """A finished task's result; :class:`WorkerLostError` if a planned worker leaves meanwhile.
+
+        Fetching a result whose holder has just died would wait for a recomputation that
+        can never happen (the task is pinned to that worker), so the fetch is watched.
+        """
+
+        async def fetch() -> Any:
+            return await future
+
+        task = asyncio.ensure_future(fetch())
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=0.5)
+            if done:
+                return task.result()
+            lost = await self._lost()
+            if lost:
+                task.cancel()
+                raise WorkerLostError(lost, self.iteration)
 
     # ------------------------------------------------------------ weights
     async def gather(self) -> tuple[np.ndarray, np.ndarray]:
