@@ -186,7 +186,7 @@ def add_train_parser(subparsers: Any) -> None:
     p.add_argument("--resume", action="store_true", help="with --config: continue from the job's checkpoint")
     p.add_argument("--speeds", help="comma-separated EMULATED relative worker speeds (demo)")
     p.add_argument("--iterations", type=int, help="number of BP iterations")
-    p.add_argument("--mapping", help="drpm | srpm | uniform | grid | grid-h | grid-hrev")
+    p.add_argument("--mapping", help="drpm, or a planner: srpm, uniform, split-1d, grid (= grid-hrev), grid-h, grid-hrev")
     p.add_argument("--json", action="store_true", help="print a JSON summary")
     p.set_defaults(func=_cmd_train)
 
@@ -207,7 +207,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
             raise CLIError(f"--speeds {args.speeds!r}: every speed must be a finite number > 0")
     if args.iterations is not None and args.iterations < 1:
         raise CLIError(f"--iterations {args.iterations}: must be a positive integer")
-    valid = ("drpm", "srpm", "uniform", "grid", "grid-h", "grid-hrev")
+    from .planners import PLANNERS
+
+    # the same names fit() and job files accept: drpm, every registered planner, and the alias grid
+    valid = ("drpm", *sorted(PLANNERS), *(["grid"] if "grid" not in PLANNERS else []))
     if args.mapping is not None and args.mapping not in valid:
         raise CLIError(f"--mapping {args.mapping!r} is not one of {', '.join(valid)}")
     run_demo(speeds=speeds, iterations=args.iterations, mapping=args.mapping, as_json=args.json)

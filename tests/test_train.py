@@ -31,6 +31,15 @@ def test_demo_trains_and_reports_json():
     assert summary["remaps"] and summary["remaps"][0]["kind"] == "whole"
 
 
+def test_mapping_names_come_from_the_planner_registry(capsys):
+    from dask_rpm.planners import PLANNERS
+
+    assert main(["train", "--mapping", "best"]) == 2
+    err = capsys.readouterr().err
+    for name in ("drpm", *PLANNERS):
+        assert name in err
+
+
 def test_demo_human_output_names_emulation():
     p = _run("--iterations", "4", "--speeds", "1,0.5", "--mapping", "srpm")
     assert p.returncode == 0, p.stderr[-2000:]
