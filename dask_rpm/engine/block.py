@@ -39,11 +39,13 @@ from .records import BlockResult, BlockSpec, TimingRecord
 __all__ = ["run_block"]
 
 
-def _pace(iteration: int, key: Any = None, work: float | None = None, dtype: Any = "float64") -> Any:
-    """EMULATED-speed padding on an emulating worker, else a no-op (see :mod:`dask_rpm.emulation`)."""
+def _pacer() -> Any:
+    """The EMULATED-speed padding (:func:`dask_rpm.emulation.pace`): a no-op on a worker that does
+    not emulate a speed. Imported when a block starts, not per kernel call, and not at module
+    import, so this module stays free of ``distributed``."""
     from ..emulation import pace
 
-    return pace(iteration, key, work, dtype)
+    return pace
 
 
 class _Exchange:
@@ -185,13 +187,14 @@ async def run_block(state: Any, spec: BlockSpec, log: Any = None, inline_work: f
     fkey, bkey = ("forward", s, m, n, l), ("backward", s, m, n, l)
     fwork, bwork = block_work("forward", s, m, n, l), block_work("backward", s, m, n, l)
     inline = fwork + bwork <= inline_work
+    pace = _pacer()
 
     def forward(it: int) -> np.ndarray:
-        with _pace(it, fkey, fwork, x.dtype):
+        with pace(it, fkey, fwork, x.dtype):
             return ws.forward(x, shard.W, shard.V)
 
     def backward(it: int, delta2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        with _pace(it, bkey, bwork, x.dtype):
+        with pace(it, bkey, bwork, x.dtype):
             return ws.backward(x, shard.V, delta2)
 
     # scratch for the summed updates (one column: the worker's own dW, dV are the sums)
@@ -220,7 +223,7 @@ async def run_block(state: Any, spec: BlockSpec, log: Any = None, inline_work: f
                 break
             errors[it] = total
             t_m0 = time.monotonic()
-            with _pace(it, ("modify", shard.W.shape)):
+            with pace(it, ("modify", shard.W.shape)):
                 shard.update(sW, sV, spec.learning_rate)
             t_m1 = time.monotonic()
             state.iteration = it + 1

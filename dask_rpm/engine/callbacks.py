@@ -50,7 +50,6 @@ class BlockInfo:
     iterations: int
     status: str
     remaps: list[dict[str, Any]] = field(default_factory=list)
-    all_remaps: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def plan(self) -> Plan:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from distributed.client import FIRST_COMPLETED, _wait
 
 from .. import config
 from ..partition import Plan
@@ -127,7 +128,7 @@ class Driver:
             data = await self._samples(plan, w)
             futures.append(self._submit(t_setup, lay, weights, data, self.dtype, iteration,
                                         key=self._key("setup", self.version, w), worker=w))
-        await self._wait_all(futures, plan)
+        await self._wait_all(futures)
         others = [self.addresses[i] for i in range(len(self.addresses)) if i not in lays and i not in self.gone]
         if others:  # workers of an earlier plan that have no rectangle now
             await self.client.run(run_clear, self.run, workers=others, on_error="ignore")
@@ -167,8 +168,6 @@ class Driver:
 
     async def _watch_block(self, futures: dict[int, Any], spec: BlockSpec) -> dict[int, BlockResult]:
         """Wait for a block's tasks; abort the block on the first failure or lost worker."""
-        from distributed.client import FIRST_COMPLETED, _wait
-
         pending = set(futures.values())
         results: dict[int, BlockResult] = {}
         by_key = {f.key: w for w, f in futures.items()}
@@ -210,8 +209,6 @@ class Driver:
         targets = [self.addresses[w] for w in futures if self.addresses[w] in alive]
         await self.client.run(run_abort, self.run, spec.epoch, reason, workers=targets, on_error="ignore")
         live = [f for w, f in futures.items() if self.addresses[w] in alive]
-        from distributed.client import _wait
-
         try:
             await _wait(live, timeout=max(spec.receive_timeout, 5.0))
         except Exception:  # a task that errs or a worker dying meanwhile: nothing left to wait for
@@ -274,10 +271,8 @@ class Driver:
                 return
             await asyncio.sleep(0.1)
 
-    async def _wait_all(self, futures: Sequence[Any], plan: Plan) -> list[Any]:
+    async def _wait_all(self, futures: Sequence[Any]) -> list[Any]:
         """Wait for setup/remap/gather tasks; a lost worker raises :class:`WorkerLostError`."""
-        from distributed.client import _wait
-
         while True:
             try:
                 await _wait(list(futures), timeout=0.5)
@@ -322,7 +317,7 @@ class Driver:
         col = sorted(self.plan.columns[0], key=lambda w: self.plan.rectangle(w).hidden[0])
         futures = [self._submit(t_gather, self.run, key=self._key("gather", self.iteration, w), worker=w)
                    for w in col]
-        shards = await self._wait_all(futures, self.plan)
+        shards = await self._wait_all(futures)
         its = {it for _, _, it in shards}
         if its != {self.iteration}:
             raise TrainingError(f"internal error: shards are at iterations {sorted(its)}, not {self.iteration}")
@@ -349,11 +344,11 @@ class Driver:
         lays = self._layouts(new)
         futures = []
         for w, lay in lays.items():
-            pieces = self._pieces(old, new, w, transfers, index, lost)
+            pieces = self._pieces(old, new, w, transfers, lost)
             data = await self._samples(new, w) if w in changed else None
             futures.append(self._submit(t_stage, self.run, lay, pieces, data, self.dtype, self.iteration,
                                         key=self._key("remap", self.version, w), worker=w))
-        await self._wait_all(futures, old)
+        await self._wait_all(futures)
         involved = sorted({self.addresses[w] for w in (*old.planned_workers, *new.planned_workers)} - set(lost))
         await self.client.run(run_commit, self.run, self.version, self.iteration, workers=involved, on_error="ignore")
         self.plan = new
@@ -369,7 +364,7 @@ class Driver:
             "sample_bytes": int(sum(new.rectangle(w).n_samples for w in changed) * (n + l) * itemsize),
         }
 
-    def _pieces(self, old: Plan, new: Plan, w: int, transfers: Sequence[Any], index: dict[str, int],
+    def _pieces(self, old: Plan, new: Plan, w: int, transfers: Sequence[Any],
                 lost: Sequence[str]) -> list[tuple[int, int, str | None]]:
         """Row ranges of worker ``w``'s new shard and where each comes from (None: kept locally)."""
         m0, m1 = new.rectangle(w).hidden

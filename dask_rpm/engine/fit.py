@@ -169,9 +169,8 @@ async def ensure_plugins(client: Any) -> None:
     plugins = await client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.plugins))
     if PLUGIN_NAME not in plugins:
         await client.register_plugin(RPMSchedulerPlugin())
-    have = await client.run(lambda dask_worker: WORKER_PLUGIN_NAME in dask_worker.plugins)
-    if not have or not all(have.values()):
-        await client.register_plugin(RPMEnginePlugin(), name=WORKER_PLUGIN_NAME)
+    # idempotent: the scheduler skips it when registered before, and installs it on workers that join later
+    await client.register_plugin(RPMEnginePlugin(), name=WORKER_PLUGIN_NAME)
 
 
 async def _emulation_label(client: Any) -> str | None:
@@ -413,7 +412,7 @@ class _Loop:
                 status = "recovered"
             if driver.plan is not plans[-1]:
                 plans.append(driver.plan)
-            info = cb.BlockInfo(driver, first, driver.iteration, total, status, self.remaps[n_remaps:], self.remaps)
+            info = cb.BlockInfo(driver, first, driver.iteration, total, status, self.remaps[n_remaps:])
             for h in self.hooks:
                 reason = await cb.call(h.after_block(info))
                 if reason:

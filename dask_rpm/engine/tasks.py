@@ -100,13 +100,11 @@ def t_stage(run: str, layout: Layout, pieces: list[tuple[int, int, str | None]],
         x, d = state.x, state.d
     else:
         x, d = _samples(data, layout, dtype)
-    if state is None:  # a worker new to the run
-        state = RunState(worker, layout, Shard(W, V), x, d)
+    shard = Shard(W, V)
+    if state is None:  # a worker new to the run: nothing reads its state before the commit
+        state = plugin.runs[run] = RunState(worker, layout, shard, x, d)
         state.iteration = iteration
-        state.staged[layout.version] = (layout, state.shard, x, d)
-        plugin.runs[run + "#staged"] = state
-    else:
-        state.staged[layout.version] = (layout, Shard(W, V), x, d)
+    state.staged[layout.version] = (layout, shard, x, d)
     return layout.worker
 
 
@@ -125,9 +123,6 @@ def run_commit(run: str, version: int, iteration: int, dask_worker: Any = None) 
     """Switch to the staged shard of plan ``version`` (or drop the run if this worker has none)."""
     plugin = _plugin(dask_worker)
     state: RunState | None = plugin.runs.get(run)
-    fresh = plugin.runs.pop(run + "#staged", None)
-    if fresh is not None and state is None:
-        state = plugin.runs[run] = fresh
     if state is None:
         return False
     staged = state.staged.pop(version, None)
@@ -179,7 +174,8 @@ def run_abort(run: str, epoch: int, reason: str, dask_worker: Any = None) -> boo
 def run_clear(run: str, dask_worker: Any = None) -> int:
     """Forget ``run`` on this worker."""
     plugin = _plugin(dask_worker)
-    gone = [r for r in plugin.runs if r == run or r.startswith(run + "#")]
-    for r in gone:
-        plugin.runs.pop(r).close()
-    return len(gone)
+    state = plugin.runs.pop(run, None)
+    if state is None:
+        return 0
+    state.close()
+    return 1
