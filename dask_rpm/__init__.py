@@ -12,7 +12,7 @@ from . import config  # noqa: F401  (registers the rpm.yaml defaults)
 from . import kernels, train
 from .emulation import local_cluster
 from .engine import FitResult, TrainingError, WorkerLostError, fit, ordered_workers
-from .kernels import fit_serial
+from .serial import fit_serial
 from .partition import Plan, PlanError, Rectangle
 from .cost import predict_iteration_seconds, t_comm
 from .planners import PLANNERS, get_planner, make_plan, register_planner

@@ -24,6 +24,7 @@ __all__ = [
     "data_shape",
     "check_training_args",
     "load_slice",
+    "load_rows",
     "write_dataset",
     "atomic_to_netcdf",
 ]
@@ -165,6 +166,19 @@ def load_slice(path: str, s0: int, s1: int, dtype: str) -> tuple[np.ndarray, np.
         x = np.ascontiguousarray(ds["x"][s0:s1].values, dtype=dtype)
         d = np.ascontiguousarray(ds["d"][s0:s1].values, dtype=dtype)
     return x, d
+
+
+def load_rows(path: str, rows: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """Read the samples ``rows`` (any order; read in sorted order, returned in the given order)."""
+    rows = np.asarray(rows, dtype=np.int64)
+    if rows.size == 0:
+        with _open(path) as ds:
+            return (np.empty((0, ds["x"].shape[1]), dtype), np.empty((0, ds["d"].shape[1]), dtype))
+    uniq, inverse = np.unique(rows, return_inverse=True)
+    with _open(path) as ds:
+        x = np.asarray(ds["x"][uniq].values, dtype=dtype)
+        d = np.asarray(ds["d"][uniq].values, dtype=dtype)
+    return np.ascontiguousarray(x[inverse]), np.ascontiguousarray(d[inverse])
 
 
 def write_dataset(path: str | os.PathLike, x: np.ndarray, d: np.ndarray, **attrs: Any) -> str:

@@ -2,8 +2,9 @@
 
 Pure numpy; every kernel is a handful of GEMMs over a whole block of samples,
 so the work runs at BLAS speed with no Python loop over samples. The same
-functions serve the serial reference (:func:`fit_serial`) and the rectangle
+functions serve the serial reference (:func:`dask_rpm.serial.fit_serial`) and the rectangle
 tasks of the distributed engine, which is what makes the two agree to rounding.
+The serial training loop itself is :func:`dask_rpm.serial.fit_serial`.
 
 Shapes: ``x`` is ``(s, n)``, ``d`` is ``(s, l)``, ``W`` is ``(m, n)``,
 ``V`` is ``(l, m)``. A worker holding hidden units ``[m0, m1)`` has
@@ -17,13 +18,14 @@ from typing import Any
 
 import numpy as np
 
+from .network import Network
+
 __all__ = [
     "sigmoid",
     "forward_partial",
     "output_delta",
     "backward_partial",
     "init_weights",
-    "fit_serial",
     "block_work",
     "Workspace",
     "all_finite",
@@ -106,34 +108,65 @@ class Workspace:
     """Buffers for the kernels of one rectangle, kept across iterations.
 
     Every kernel writes into buffers allocated once (``out=``, in-place
-    sigmoid), so an iteration allocates nothing: no page faults from memory
+    activations), so an iteration allocates nothing: no page faults from memory
     that Dask's ``MALLOC_TRIM_THRESHOLD_`` hands back to the system after
-    every iteration, and the GEMMs run at BLAS speed. The arithmetic is that
-    of :func:`forward_partial`, :func:`output_delta` and
-    :func:`backward_partial`, operation for operation.
+    every iteration, and the GEMMs run at BLAS speed. For the paper's network
+    the arithmetic is that of :func:`forward_partial`, :func:`output_delta`
+    and :func:`backward_partial`, operation for operation.
+
+    Mini-batches: the buffers hold ``s`` samples, the most a batch share can
+    have; a smaller batch uses their leading rows (still C-contiguous).
 
     Parameters
     ----------
     s, m, n, l : int
-        Samples and hidden units of the rectangle, inputs and outputs.
+        Samples (at most) and hidden units of the rectangle, inputs and outputs
+        (``n`` and ``m`` as planned: with bias terms they include the constant
+        input and the bias unit).
     dtype : numpy dtype
+    net : Network, optional
+        Activation, output and loss (default: the paper's).
+    bias_row : int, optional
+        Local index of the bias unit among the rectangle's hidden rows: its
+        output is held at 1 and its delta at 0 (:mod:`dask_rpm.network`).
     """
 
-    def __init__(self, s: int, m: int, n: int, l: int, dtype: Any = "float64") -> None:  # noqa: E741
-        self.key = (s, m, n, l, np.dtype(dtype).str)
+    def __init__(self, s: int, m: int, n: int, l: int, dtype: Any = "float64",  # noqa: E741
+                 net: Network | None = None, bias_row: int | None = None) -> None:
+        self.net = Network() if net is None else net
+        self.bias_row = bias_row
+        self.key = (s, m, n, l, np.dtype(dtype).str, self.net, bias_row)
         dt = np.dtype(dtype)
-        self.f = np.empty((s, m), dt)  # hidden outputs; 1 - f after backward
-        self.partial = np.empty((s, l), dt)  # f V^T
-        self.u = np.empty((s, l), dt)  # summed pre-activation of the column
-        self.h = np.empty((s, l), dt)
-        self.diff = np.empty((s, l), dt)
-        self.delta2 = np.empty((s, l), dt)
-        self.delta1 = np.empty((s, m), dt)
+        self._f = np.empty((s, m), dt)  # hidden outputs; the derivative after backward
+        self._partial = np.empty((s, l), dt)  # f V^T
+        self._u = np.empty((s, l), dt)  # summed pre-activation of the column
+        self._h = np.empty((s, l), dt)
+        self._diff = np.empty((s, l), dt)
+        self._delta2 = np.empty((s, l), dt)
+        self._delta1 = np.empty((s, m), dt)
         self.dW = np.empty((m, n), dt)
         self.dV = np.empty((l, m), dt)
+        self.rows = s
 
-    def fits(self, s: int, m: int, n: int, l: int, dtype: Any) -> bool:  # noqa: E741
-        return self.key == (s, m, n, l, np.dtype(dtype).str)
+    def fits(self, s: int, m: int, n: int, l: int, dtype: Any,  # noqa: E741
+             net: Network | None = None, bias_row: int | None = None) -> bool:
+        net = Network() if net is None else net
+        return self.key[1:] == (m, n, l, np.dtype(dtype).str, net, bias_row) and s <= self.key[0]
+
+    def use(self, s: int) -> None:
+        """Work on ``s`` samples (at most the capacity) from now on."""
+        if s > self.key[0]:
+            raise ValueError(f"workspace holds {self.key[0]} samples, asked for {s}")
+        self.rows = s
+
+    # views of the leading rows in use
+    f = property(lambda self: self._f[: self.rows])
+    partial = property(lambda self: self._partial[: self.rows])
+    u = property(lambda self: self._u[: self.rows])
+    h = property(lambda self: self._h[: self.rows])
+    diff = property(lambda self: self._diff[: self.rows])
+    delta2 = property(lambda self: self._delta2[: self.rows])
+    delta1 = property(lambda self: self._delta1[: self.rows])
 
     @staticmethod
     def _sigmoid(a: np.ndarray) -> np.ndarray:
@@ -145,33 +178,72 @@ class Workspace:
         np.reciprocal(a, out=a)
         return a
 
+    def _activate(self, a: np.ndarray) -> None:
+        act = self.net.activation
+        if act == "sigmoid":
+            self._sigmoid(a)
+        elif act == "tanh":
+            np.tanh(a, out=a)
+        else:  # relu
+            np.maximum(a, 0.0, out=a)
+        if self.bias_row is not None:
+            a[:, self.bias_row] = 1.0
+
     def forward(self, x: np.ndarray, W: np.ndarray, V: np.ndarray) -> np.ndarray:
         """Hidden outputs into ``self.f``; returns the partial product ``f V^T`` (``self.partial``)."""
-        np.matmul(x, W.T, out=self.f)
-        self._sigmoid(self.f)
-        np.matmul(self.f, V.T, out=self.partial)
-        return self.partial
+        self.use(x.shape[0])
+        f, partial = self.f, self.partial
+        np.matmul(x, W.T, out=f)
+        self._activate(f)
+        np.matmul(f, V.T, out=partial)
+        return partial
 
     def output_delta(self, u: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, float]:
-        """Output deltas (``self.delta2``) and the error of the summed pre-activation ``u``."""
-        h = self.h
+        """Output deltas (``self.delta2``) and the loss of the summed pre-activation ``u``."""
+        h, diff, delta2 = self.h, self.diff, self.delta2
+        out = self.net.output
         np.copyto(h, u)
-        self._sigmoid(h)
-        np.subtract(h, d, out=self.diff)
-        err = 0.5 * float(np.vdot(self.diff, self.diff))
-        np.multiply(self.diff, h, out=self.delta2)
+        if out == "softmax":
+            # log-softmax with the row maximum subtracted: no overflow for any u
+            h -= h.max(axis=1, keepdims=True)
+            np.exp(h, out=diff)
+            z = diff.sum(axis=1, keepdims=True)
+            np.log(z, out=z)
+            h -= z  # log softmax(u)
+            err = -float(np.vdot(d, h))
+            np.exp(h, out=h)
+            np.subtract(h, d, out=delta2)
+            return delta2, err
+        if out == "sigmoid":
+            self._sigmoid(h)
+        np.subtract(h, d, out=diff)
+        err = 0.5 * float(np.vdot(diff, diff))
+        if out == "linear":
+            np.copyto(delta2, diff)
+            return delta2, err
+        np.multiply(diff, h, out=delta2)
         np.subtract(1.0, h, out=h)
-        self.delta2 *= h
-        return self.delta2, err
+        delta2 *= h
+        return delta2, err
 
     def backward(self, x: np.ndarray, V: np.ndarray, delta2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Weight-update sums ``(dW, dV)`` of the rectangle (``self.dW``, ``self.dV``); uses ``self.f``."""
         f, d1 = self.f, self.delta1
         np.matmul(delta2, V, out=d1)
-        d1 *= f
+        act = self.net.activation
         np.matmul(delta2.T, f, out=self.dV)
-        np.subtract(1.0, f, out=f)  # f is not needed after dV: reuse it for 1 - f
+        # f is not needed after dV: it becomes the activation's derivative, written from f itself
+        if act == "sigmoid":
+            d1 *= f
+            np.subtract(1.0, f, out=f)
+        elif act == "tanh":
+            np.multiply(f, f, out=f)
+            np.subtract(1.0, f, out=f)
+        else:  # relu: 1 where the unit is active
+            np.greater(f, 0.0, out=f, casting="unsafe")
         d1 *= f
+        if self.bias_row is not None:
+            d1[:, self.bias_row] = 0.0
         np.matmul(d1.T, x, out=self.dW)
         return self.dW, self.dV
 
@@ -195,67 +267,3 @@ def init_weights(
     W0 = rng.uniform(-scale, scale, size=(m, n)).astype(dtype)
     V0 = rng.uniform(-scale, scale, size=(l, m)).astype(dtype)
     return W0, V0
-
-
-def fit_serial(
-    x: np.ndarray,
-    d: np.ndarray,
-    *,
-    hidden: int | None = None,
-    iterations: int | None = None,
-    learning_rate: float | None = None,
-    init: tuple[np.ndarray, np.ndarray] | None = None,
-    seed: int | None = None,
-    dtype: str | None = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Serial batch BP: the reference every distributed run must equal.
-
-    Parameters
-    ----------
-    x, d : array_like or xarray.Dataset or path
-        Inputs ``(s, n)`` and teacher signals ``(s, l)`` (see :func:`dask_rpm.fit`).
-    hidden : int
-        Number of hidden units ``m`` (ignored when ``init`` is given).
-    iterations : int
-        Number of batch iterations.
-    learning_rate : float
-        ``eps`` in ``W <- W - eps * sum_x dW(x)``.
-    init : (W0, V0), optional
-        Initial weights; default :func:`init_weights` with ``seed``.
-    seed, dtype
-        As in :func:`dask_rpm.fit`.
-
-    Returns
-    -------
-    W, V : numpy.ndarray
-        Final weights.
-    err : numpy.ndarray
-        Error ``0.5 sum (h - d)^2`` of each iteration's forward pass (before
-        that iteration's update).
-    """
-    from . import config
-    from .data import as_arrays, check_training_args
-
-    x, d = as_arrays(x, d)
-    dtype = config.get("train.dtype", dtype)
-    iterations = int(config.get("train.iterations", iterations))
-    learning_rate = float(config.get("train.learning-rate", learning_rate))
-    seed = int(config.get("train.seed", seed))
-    W, V = check_training_args(
-        x, d, hidden=hidden, iterations=iterations, learning_rate=learning_rate, init=init,
-        seed=seed, dtype=dtype,
-    )
-    x = np.ascontiguousarray(x, dtype=dtype)
-    d = np.ascontiguousarray(d, dtype=dtype)
-    err = np.empty(iterations)
-    ws = Workspace(x.shape[0], W.shape[0], x.shape[1], d.shape[1], dtype)
-    W, V = W.copy(), V.copy()
-    for k in range(iterations):
-        u = ws.forward(x, W, V)
-        delta2, err[k] = ws.output_delta(u, d)
-        dW, dV = ws.backward(x, V, delta2)
-        dW *= learning_rate  # W - eps * dW, in place
-        dV *= learning_rate
-        W -= dW
-        V -= dV
-    return W, V, err

@@ -10,7 +10,8 @@ import dask
 import dask_rpm
 from dask_rpm.emulation import emulation_report, set_speed
 from dask_rpm.engine import Driver, ensure_plugins, fit, ordered_workers
-from dask_rpm.kernels import fit_serial, init_weights
+from dask_rpm.kernels import init_weights
+from dask_rpm.serial import fit_serial
 from dask_rpm.partition import Plan
 from dask_rpm.planners import make_plan
 from dask_rpm.remap import column_remap

@@ -13,7 +13,7 @@ from distributed import Client, LocalCluster
 import dask_rpm
 from dask_rpm.data import DataError, write_dataset
 from dask_rpm.engine import TrainingError, WorkerLostError, fit, ordered_workers
-from dask_rpm.kernels import fit_serial
+from dask_rpm.serial import fit_serial
 from dask_rpm.partition import Plan, PlanError
 
 RTOL = 1e-10

@@ -17,7 +17,7 @@ from distributed import Client, LocalCluster
 from dask_rpm.cli import main
 from dask_rpm.data import write_dataset
 from dask_rpm.job import JobError, load_job, run_job
-from dask_rpm.kernels import fit_serial
+from dask_rpm.serial import fit_serial
 
 RTOL = 1e-10
 

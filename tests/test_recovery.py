@@ -17,7 +17,7 @@ import pytest
 from distributed import Client, LocalCluster
 
 from dask_rpm.engine import TrainingError, WorkerLostError, fit, ordered_workers
-from dask_rpm.kernels import fit_serial
+from dask_rpm.serial import fit_serial
 from dask_rpm.partition import Plan
 
 RTOL = 1e-10

@@ -1,0 +1,120 @@
+"""Mini-batch schedule: which samples each iteration uses, and which of them each column takes.
+
+Pure (numpy only). The sequence of mini-batches depends only on the number
+of samples, the batch size and the seed — never on the plan — so every plan
+and every remap trains on the same batches as the serial reference:
+
+* epoch ``e`` visits the samples in the order ``order(e)``: a permutation
+  drawn from ``numpy.random.default_rng((seed, e))`` (``shuffle=True``), or
+  ``0 .. s-1``;
+* iteration ``k`` of an epoch uses positions ``[k B, min((k + 1) B, s))`` of
+  that order (the last batch of an epoch may be smaller);
+* a plan's column with samples ``[a, b)`` of ``s`` takes positions
+  ``[floor(B' a / s), floor(B' b / s))`` of a batch of ``B'`` samples: the
+  same share of every mini-batch as of the full batch. The columns' shares
+  tile the batch, and the gradient summed over columns is the batch gradient.
+
+Full-batch training (``batch_size=None``, the paper's) is the special case
+of one batch per epoch in sample order: a column's share is then exactly its
+sample range, as before mini-batches existed.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+__all__ = ["Schedule", "BatchError", "schedule"]
+
+
+class BatchError(ValueError):
+    """An invalid batch size, epoch count or shuffle setting."""
+
+
+class Schedule(NamedTuple):
+    """The mini-batch sequence of a run."""
+
+    samples: int
+    batch_size: int | None = None
+    shuffle: bool = True
+    seed: int = 0
+
+    @property
+    def full_batch(self) -> bool:
+        return self.batch_size is None or self.batch_size >= self.samples
+
+    @property
+    def batch(self) -> int:
+        """Samples per (full) mini-batch."""
+        return self.samples if self.full_batch else int(self.batch_size)  # type: ignore[arg-type]
+
+    @property
+    def per_epoch(self) -> int:
+        """Iterations per epoch."""
+        return math.ceil(self.samples / self.batch)
+
+    def epoch(self, iteration: int) -> int:
+        return iteration // self.per_epoch
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The sample order of ``epoch`` (int64 indices)."""
+        if self.full_batch or not self.shuffle:
+            return np.arange(self.samples, dtype=np.int64)
+        return np.random.default_rng((self.seed, epoch)).permutation(self.samples).astype(np.int64)
+
+    def positions(self, iteration: int) -> tuple[int, int]:
+        """Positions ``[lo, hi)`` of ``order(epoch(iteration))`` that the iteration uses."""
+        k = iteration % self.per_epoch
+        return k * self.batch, min((k + 1) * self.batch, self.samples)
+
+    def share(self, iteration: int, cut: tuple[int, int]) -> tuple[int, int]:
+        """Positions of the epoch order that the column with samples ``cut`` takes in ``iteration``."""
+        lo, hi = self.positions(iteration)
+        size = hi - lo
+        a, b = cut
+        return lo + size * a // self.samples, lo + size * b // self.samples
+
+    def indices(self, iteration: int, cut: tuple[int, int] | None = None) -> np.ndarray:
+        """Sample indices of ``iteration`` (of the column with samples ``cut``, if given)."""
+        p0, p1 = self.positions(iteration) if cut is None else self.share(iteration, cut)
+        return self.order(self.epoch(iteration))[p0:p1]
+
+    def epoch_plan(self, epoch: int, cut: tuple[int, int], start: int | None = None) -> tuple[np.ndarray, list[int]]:
+        """What a column needs for the rest of an epoch: its sample indices, batch after batch, and
+        the offsets of each batch in them.
+
+        ``start`` is the first iteration wanted (default: the epoch's first).
+        Returns ``(indices, offsets)`` with ``offsets[j]`` .. ``offsets[j + 1]``
+        the rows of iteration ``start + j``.
+        """
+        first = epoch * self.per_epoch
+        start = first if start is None else start
+        order = self.order(epoch)
+        parts, offsets = [], [0]
+        for it in range(start, first + self.per_epoch):
+            p0, p1 = self.share(it, cut)
+            parts.append(order[p0:p1])
+            offsets.append(offsets[-1] + (p1 - p0))
+        idx = np.concatenate(parts) if parts else np.empty(0, np.int64)
+        return idx, offsets
+
+
+def schedule(samples: int, batch_size: int | None = None, *, shuffle: bool | None = None,
+             seed: int = 0) -> Schedule:
+    """A validated :class:`Schedule`; ``None`` reads ``rpm.train.batch-size`` / ``rpm.train.shuffle``."""
+    from . import config
+
+    batch_size = config.get("train.batch-size", batch_size)
+    shuffle = config.get("train.shuffle", shuffle)
+    if batch_size is not None and batch_size != "full":
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+            raise BatchError(f"batch_size={batch_size!r}; give a positive integer, or None for full-batch "
+                             f"training (every sample in every iteration)")
+        batch_size = int(batch_size)
+    else:
+        batch_size = None
+    if not isinstance(shuffle, (bool, np.bool_)):
+        raise BatchError(f"shuffle={shuffle!r}; give true or false")
+    return Schedule(int(samples), batch_size, bool(shuffle), int(seed))

@@ -1,0 +1,169 @@
+"""From what the user passed to a validated training job: data, targets, validation split, recipe, weights.
+
+Pure (numpy and xarray only): :func:`dask_rpm.fit` and
+:func:`dask_rpm.fit_serial` both start here, so they train on the same
+samples with the same rules, and every bad input is refused before any work
+starts.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from .data import DataError, as_arrays, check_training_args, data_shape
+from .recipe import Recipe, RecipeError, Validator, holdout, one_hot, recipe
+
+__all__ = ["Prepared", "prepare"]
+
+
+class Prepared(NamedTuple):
+    """A validated training job.
+
+    ``arrays`` are the training samples (data inputs, no bias column) when
+    loaded; otherwise ``source`` is the dataset path and ``rows`` the file rows
+    of the training samples (None: all rows in order).
+    """
+
+    recipe: Recipe
+    W0: np.ndarray
+    V0: np.ndarray
+    shape: tuple[int, int, int]
+    samples: int
+    arrays: tuple[np.ndarray, np.ndarray] | None
+    source: str | None
+    rows: np.ndarray | None
+    validation: tuple[np.ndarray, np.ndarray] | None
+    classes: np.ndarray | None
+    target_error: float | None
+    dtype: str
+
+    def validator(self) -> Validator | None:
+        if self.validation is None:
+            return None
+        return Validator(self.recipe, *self.validation)
+
+
+def _targets(d: np.ndarray, loss: str | None, classes: Any = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """2-D targets; 1-D labels become one-hot rows (cross-entropy only)."""
+    from . import config
+
+    loss = str(config.get("train.loss", loss))
+    if d.ndim == 1:
+        if loss != "cross-entropy":
+            raise DataError(f"d is 1-D (shape {d.shape}); class labels need loss='cross-entropy', "
+                            f"other losses take d as (samples, outputs)")
+        try:
+            return one_hot(d, classes)
+        except RecipeError as exc:
+            raise DataError(str(exc)) from None
+    return d, None
+
+
+def _check_distribution(d: np.ndarray, where: str) -> None:
+    """Cross-entropy targets must be probability rows (one-hot or soft labels)."""
+    if d.size and (np.min(d) < 0 or not np.allclose(d.sum(axis=1), 1.0, rtol=0, atol=1e-9)):
+        bad = int(np.argmax((d < 0).any(axis=1) | ~np.isclose(d.sum(axis=1), 1.0, rtol=0, atol=1e-9)))
+        raise DataError(f"{where}: with loss='cross-entropy' every row of d must be >= 0 and sum to 1 "
+                        f"(one-hot or class probabilities); sample {bad} is {d[bad].tolist()[:8]}. "
+                        f"Pass 1-D integer labels to have them one-hot encoded")
+
+
+def _weights(init: Any, W0: np.ndarray, V0: np.ndarray, rec: Recipe) -> tuple[np.ndarray, np.ndarray]:
+    b0 = c0 = None
+    if init is not None and len(init) == 4:
+        b0, c0 = (np.asarray(a, dtype=W0.dtype) for a in init[2:])
+        if b0.shape != (W0.shape[0],) or c0.shape != (V0.shape[0],):
+            raise DataError(f"init biases b0{b0.shape}, c0{c0.shape}; they must be ({W0.shape[0]},) and "
+                            f"({V0.shape[0]},)")
+        if not rec.net.bias:
+            raise DataError("init has bias terms (b0, c0) but bias=False; pass bias=True or init=(W0, V0)")
+    return rec.net.join(W0, V0, b0, c0)
+
+
+def prepare(x: Any, d: Any = None, *, hidden: int | None, iterations: int | None, learning_rate: float | None,
+            init: Any, seed: int | None, dtype: str | None, epochs: int | None = None,
+            batch_size: int | None = None, shuffle: bool | None = None, activation: str | None = None,
+            loss: str | None = None, output: str | None = None, bias: bool | None = None,
+            optimizer: Any = None, validation: Any = None, validate_every: int | None = None,
+            early_stopping: int | None = None, tol: float | None = None, target_error: float | None = None,
+            classes: Any = None, load: bool = False) -> Prepared:
+    """Validate the data and options of a training run (``None``: ``rpm.train.*``).
+
+    With ``load=False`` a dataset path stays a path (workers read their
+    samples); ``validation`` may be None, a fraction to hold out (seeded), or
+    ``(x_val, d_val)``.
+    """
+    from . import config
+
+    dtype = str(config.get("train.dtype", dtype))
+    seed = int(config.get("train.seed", seed))
+    if target_error is not None and not (np.isfinite(target_error) and target_error >= 0):
+        raise DataError(f"target_error={target_error!r}; it must be a finite number >= 0, or None")
+    if init is not None and (not isinstance(init, (tuple, list)) or len(init) not in (2, 4)):
+        raise DataError("init must be (W0, V0) or (W0, V0, b0, c0)")
+    path = None
+    if isinstance(x, (str, os.PathLike)) and not load:
+        path = os.path.abspath(os.fspath(x))
+        s, n, l = data_shape(path)
+        xa = da = None
+    else:
+        xa, da = as_arrays(x, d) if d is None or np.ndim(d) != 1 else (np.asarray(x), np.asarray(d))
+        if xa.ndim != 2:
+            raise DataError(f"x must be (samples, inputs); got shape {xa.shape}")
+        da, classes = _targets(da, loss, classes)
+        s, n, l = xa.shape[0], xa.shape[1], da.shape[1]
+    # the validation split decides how many samples train, which the schedule needs
+    rows = val = None
+    if validation is not None and not isinstance(validation, (tuple, list)):
+        try:
+            train_idx, val_idx = holdout(s, float(validation) if not isinstance(validation, bool) else validation,
+                                         seed)
+        except (TypeError, ValueError) as exc:
+            raise DataError(str(exc)) from None
+        if xa is not None:
+            val = (xa[val_idx], da[val_idx])
+            xa, da = xa[train_idx], da[train_idx]
+        else:
+            from .data import load_rows
+
+            val = load_rows(path, val_idx, dtype)
+            rows = train_idx
+        s = len(train_idx)
+    elif validation is not None:
+        if len(validation) != 2:
+            raise DataError("validation must be a fraction or a pair (x_val, d_val)")
+        xv, dv = np.asarray(validation[0]), np.asarray(validation[1])
+        dv, _ = _targets(dv, loss, classes)
+        if xv.ndim != 2 or xv.shape[1] != n or dv.ndim != 2 or dv.shape[1] != l or len(xv) != len(dv):
+            raise DataError(f"validation data x{xv.shape}, d{dv.shape}; they must be (k, {n}) and (k, {l})")
+        val = (xv, dv)
+    try:
+        rec = recipe(s, iterations=iterations, epochs=epochs, learning_rate=learning_rate, seed=seed,
+                     activation=activation, loss=loss, output=output, bias=bias, optimizer_spec=optimizer,
+                     batch_size=batch_size, shuffle=shuffle, validation=val is not None,
+                     validate_every=validate_every, early_stopping=early_stopping, tol=tol)
+    except ValueError as exc:
+        raise DataError(str(exc)) from None
+    common = dict(hidden=hidden, iterations=rec.iterations, learning_rate=rec.learning_rate,
+                  init=None if init is None else tuple(init[:2]), seed=seed, dtype=dtype)
+    if xa is None:
+        W0, V0 = check_training_args(None, None, shape=(s, n, l), **common)
+        arrays = None
+    else:
+        W0, V0 = check_training_args(xa, da, **common)
+        arrays = (np.ascontiguousarray(xa, dtype=dtype), np.ascontiguousarray(da, dtype=dtype))
+        if rec.net.loss == "cross-entropy":
+            _check_distribution(arrays[1], "d")
+    if val is not None:
+        val = (np.ascontiguousarray(val[0], dtype=dtype), np.ascontiguousarray(val[1], dtype=dtype))
+        for name, arr in zip(("x_val", "d_val"), val):
+            if not np.all(np.isfinite(arr)):
+                raise DataError(f"validation {name} contains NaN or infinite values")
+        if rec.net.loss == "cross-entropy":
+            _check_distribution(val[1], "validation d")
+    W0, V0 = _weights(init, W0, V0, rec)
+    shape = (rec.net.inputs(n), W0.shape[0], l)
+    return Prepared(rec, W0, V0, shape, s, arrays, path, rows, val, classes, target_error, dtype)
