@@ -4,6 +4,7 @@ Public API
 ----------
 fit, fit_serial       train on a Dask cluster / the serial reference
 make_plan, Plan       plan rectangles (SRPM and the paper's baselines)
+MLPModel              a trained network: predict, score, save/load, to_torch
 local_cluster         a local cluster with EMULATED heterogeneous worker speeds
 RPMSchedulerPlugin    the scheduler plugin that records rpm-* task timings
 """
@@ -13,6 +14,7 @@ from . import kernels, train
 from .emulation import local_cluster
 from .engine import FitResult, TrainingError, WorkerLostError, fit, ordered_workers
 from .serial import fit_serial
+from .model import MLPModel
 from .partition import Plan, PlanError, Rectangle
 from .cost import predict_iteration_seconds, t_comm
 from .planners import PLANNERS, get_planner, make_plan, register_planner
@@ -22,6 +24,7 @@ __version__ = "0.1.0.dev0"
 
 __all__ = [
     "FitResult",
+    "MLPModel",
     "PLANNERS",
     "Plan",
     "PlanError",

@@ -138,5 +138,6 @@ def fit_serial(
                        job.validator(), job.target_error)
     if full_output:
         out["recipe"] = job.recipe
+        out["classes"] = job.classes
         return out
     return out["W"], out["V"], out["errors"]

@@ -62,6 +62,21 @@ class FitResult:
         t = t[np.isfinite(t)]
         return float(np.median(t)) if t.size else float("nan")
 
+    @property
+    def model(self) -> Any:
+        """The trained network as a :class:`dask_rpm.MLPModel`: predict, score, save, to_torch."""
+        from ..model import MLPModel
+
+        return MLPModel.from_result(self)
+
+    def predict(self, x: Any) -> np.ndarray:
+        """Predictions of the trained network for inputs ``x`` (:meth:`dask_rpm.MLPModel.predict`)."""
+        return self.model.predict(x)
+
+    def score(self, x: Any, y: Any) -> float:
+        """Accuracy (classifier) or R^2 (regression) on ``x, y`` (:meth:`dask_rpm.MLPModel.score`)."""
+        return self.model.score(x, y)
+
     def plans_dataset(self) -> Any:
         """Every plan used, as one ``xarray.Dataset`` along ``plan`` (:func:`dask_rpm.results.plans_dataset`)."""
         from ..results import plans_dataset
