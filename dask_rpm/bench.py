@@ -68,6 +68,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ._files import atomic_write, atomic_write_text
+
+_atomic = atomic_write  # simulate.py writes through this name
+
 __all__ = [
     "CONDITIONS",
     "WORKLOADS",
@@ -842,31 +846,18 @@ def plot_bench(ds: Any, path: str) -> str:
     fig.suptitle(f"EMULATED heterogeneity on one {ds.attrs.get('cores', os.cpu_count())}-core machine "
                  f"(not hardware figures) - dask-rpm bench")
     fig.tight_layout()
-    _atomic(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     plt.close(fig)
     return path
-
-
-def _atomic(path: str, write: Any) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.basename(path))
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def write_outputs(ds: Any, out_dir: str, *, plot: bool = True) -> dict[str, str]:
     """Write ``bench.nc`` (netCDF), ``bench.md`` and ``bench.png`` into ``out_dir`` atomically."""
     os.makedirs(out_dir, exist_ok=True)
     paths = {"netcdf": os.path.join(out_dir, "bench.nc"), "markdown": os.path.join(out_dir, "bench.md")}
-    _atomic(paths["netcdf"], lambda tmp: ds.to_netcdf(tmp, engine="h5netcdf"))
+    atomic_write(paths["netcdf"], lambda tmp: ds.to_netcdf(tmp, engine="h5netcdf"))
     table = markdown_table(ds)
-    _atomic(paths["markdown"], lambda tmp: open(tmp, "w").write(table))
+    atomic_write_text(paths["markdown"], table)
     if plot:
         paths["png"] = plot_bench(ds, os.path.join(out_dir, "bench.png"))
     return paths

@@ -13,7 +13,6 @@ A dataset holds ``x(sample, input)`` and ``d(sample, output)``.
 from __future__ import annotations
 
 import os
-import tempfile
 from typing import Any
 
 import numpy as np
@@ -60,6 +59,32 @@ def _check_dataset(ds: Any, where: str) -> None:
         )
     if ds["x"].ndim != 2 or ds["d"].ndim != 2:
         raise DataError(f"{where}: x and d must be 2-D (sample, feature); got x{ds['x'].dims}, d{ds['d'].dims}")
+    (xs, xn), (ds_, dl) = ds["x"].dims, ds["d"].dims
+    if xs != ds_:
+        raise DataError(
+            f"{where}: x is indexed by ({xs}, {xn}) and d by ({ds_}, {dl}); their first dimension must be the "
+            f"same sample dimension (e.g. x(sample, input), d(sample, output))"
+        )
+    if ds["x"].shape[0] != ds["d"].shape[0]:  # pragma: no cover - one netCDF dimension has one length
+        raise DataError(f"{where}: x has {ds['x'].shape[0]} samples but d has {ds['d'].shape[0]}")
+    for name in ("x", "d"):
+        if not np.issubdtype(ds[name].dtype, np.number):
+            raise DataError(f"{where}: {name} has dtype {ds[name].dtype}; it must be numeric")
+
+
+def first_non_finite(name: str, arr: np.ndarray, offset: int = 0) -> str | None:
+    """Where the first NaN or infinite value of ``arr`` (samples x features) is, as a message; or None.
+
+    ``offset`` is the index of ``arr``'s first row in the whole data set, so a
+    worker holding a slice reports the sample index the user knows.
+    """
+    finite = np.isfinite(arr)
+    if finite.all():
+        return None
+    bad = np.argwhere(~finite)
+    i, j = (int(v) for v in bad[0])
+    return (f"{name} has {len(bad)} NaN or infinite value(s); the first is {name}[{offset + i}, {j}] = "
+            f"{arr[i, j]!r} (sample {offset + i}); clean or drop those samples first")
 
 
 def data_shape(x: Any, d: Any = None) -> tuple[int, int, int]:
@@ -122,9 +147,9 @@ def check_training_args(
         for name, arr in (("x", x), ("d", d)):
             if not np.issubdtype(arr.dtype, np.number):
                 raise DataError(f"{name} has dtype {arr.dtype}; it must be numeric")
-            if not np.all(np.isfinite(arr)):
-                bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
-                raise DataError(f"{name} contains {bad} NaN or infinite values; clean or drop those samples first")
+            msg = first_non_finite(name, arr)
+            if msg is not None:
+                raise DataError(msg)
         s, n, l = x.shape[0], x.shape[1], d.shape[1]
     else:
         s, n, l = shape
@@ -161,10 +186,19 @@ def check_training_args(
 
 
 def load_slice(path: str, s0: int, s1: int, dtype: str) -> tuple[np.ndarray, np.ndarray]:
-    """Read samples ``[s0, s1)`` of ``x`` and ``d`` from a netCDF file (runs on a worker)."""
+    """Read samples ``[s0, s1)`` of ``x`` and ``d`` from a netCDF file (runs on a worker).
+
+    Checks the slice as :func:`check_training_args` checks arrays: a NaN or
+    infinite value raises :class:`DataError` naming its sample index in the
+    whole file (every sample is read by some worker before the first iteration).
+    """
     with _open(path) as ds:
         x = np.ascontiguousarray(ds["x"][s0:s1].values, dtype=dtype)
         d = np.ascontiguousarray(ds["d"][s0:s1].values, dtype=dtype)
+    for name, arr in (("x", x), ("d", d)):
+        msg = first_non_finite(name, arr, s0)
+        if msg is not None:
+            raise DataError(f"data file {os.fspath(path)!r}: {msg}")
     return x, d
 
 
@@ -198,21 +232,13 @@ def write_dataset(path: str | os.PathLike, x: np.ndarray, d: np.ndarray, **attrs
 def atomic_to_netcdf(ds: Any, path: str | os.PathLike) -> str:
     """Write an xarray Dataset to ``path`` so readers see the old file or the new, never a partial one.
 
-    The file is written to a temporary name in the same directory, flushed to
-    disk, and renamed over ``path`` (``os.replace`` is atomic on POSIX).
+    Through :func:`dask_rpm._files.atomic_write`: a temporary file in the same
+    directory, flushed to disk and renamed over ``path``, with the permissions
+    a plain ``open()`` would give (the umask is honoured). The directory is
+    created when missing; ``path`` must not be a directory or a device.
     """
+    from ._files import atomic_write
+
     path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".nc", dir=directory)
-    os.close(fd)
-    try:
-        ds.to_netcdf(tmp, engine="h5netcdf", invalid_netcdf=True)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    return atomic_write(path, lambda tmp: ds.to_netcdf(tmp, engine="h5netcdf", invalid_netcdf=True))

@@ -32,10 +32,11 @@ import json
 import os
 import re
 import sys
-import tempfile
 from typing import Any
 
 import yaml
+
+from ._files import atomic_write_text
 
 __all__ = ["config_markdown", "api_markdown", "write", "main"]
 
@@ -362,15 +363,7 @@ def write(root: str = ROOT) -> list[str]:
     written = []
     for rel, kind in OUTPUTS.items():
         path = os.path.join(root, rel)
-        fd, tmp = tempfile.mkstemp(prefix=".docgen-", suffix=".md", dir=os.path.dirname(path))
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(_generate(kind))
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        atomic_write_text(path, _generate(kind))
         written.append(path)
     return written
 

@@ -11,6 +11,7 @@ come from and where the result goes::
     mapping: drpm               # drpm | srpm | uniform | grid | grid-h | grid-hrev | ...
     seed: 0
     output: digits-result.nc    # weights, history and plans, one netCDF, written atomically
+    overwrite: false            # true: replace an existing output (also --overwrite)
     checkpoint:
       every: 50                 # iterations between checkpoints (0: none)
       path: null                # default: <output>.checkpoint.nc
@@ -31,11 +32,23 @@ come from and where the result goes::
 Relative paths are relative to the job file. Everything is checked before any
 worker starts; a bad file raises :class:`JobError` naming the key, the value
 received, what is valid and how to fix it (the CLI prints it as one line and
-exits 2).
+exits 2). Settings under ``config:`` are checked against ``rpm.yaml`` (a
+misspelt key is an error with a "did you mean"). Every bad input and its
+message is listed in docs/errors.md.
+
+Nothing the user has is overwritten by accident: an existing ``output`` is
+refused unless ``overwrite: true`` (or ``--overwrite``), a path that is not a
+regular file (a directory, ``/dev/full``) is always refused, and an existing
+checkpoint is refused without ``--resume`` (it may be the only copy of a
+stopped run). The output's and the checkpoint's directories are tried for
+writing before the first iteration.
 
 The output is written only when training ends (iterations done, target error
 reached): to a temporary file in the output's directory, then renamed over
-the output, so a file at the output path is always a complete result.
+the output, so a file at the output path is always a complete result (with
+the permissions the umask gives, readable by collaborators). If that write
+still fails at the end (the directory went away, the disk filled), the result
+is saved next to the checkpoint instead and the job says where (exit 1).
 Checkpoints are written the same way. When training is stopped early (SIGTERM,
 e.g. SLURM's walltime warning, or ``time-limit``) the job writes a checkpoint,
 prints how to resume and exits 0 without an output file;
@@ -64,8 +77,9 @@ __all__ = ["Job", "JobError", "load_job", "run_job", "read_checkpoint"]
 
 _KEYS = (
     "data", "hidden", "iterations", "target-error", "learning-rate", "mapping", "seed", "dtype", "output",
-    "checkpoint", "min-workers", "on-worker-loss", "time-limit", "workers", "config",
+    "overwrite", "checkpoint", "min-workers", "on-worker-loss", "time-limit", "workers", "config",
 )
+_OVERWRITE_HINT = "set overwrite: true in the job file (or pass --overwrite) to replace it"
 
 
 class JobError(ValueError):
@@ -95,6 +109,7 @@ class Job:
     workers: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
     shape: tuple[int, int, int] = (0, 0, 0)  # (s, n, l) of the data
+    overwrite: bool = False
 
     @property
     def fingerprint(self) -> str:
@@ -103,6 +118,11 @@ class Job:
             [os.path.abspath(self.data), list(self.shape), self.hidden, self.learning_rate, self.seed, self.dtype],
         )
         return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+    @property
+    def network(self) -> str:
+        """``n-m-l`` of the network this job trains."""
+        return f"{self.shape[1]}-{self.hidden}-{self.shape[2]}"
 
     @property
     def expected_workers(self) -> int | None:
@@ -145,8 +165,12 @@ def _number(raw: dict, key: str, *, positive: bool) -> float | None:
     return float(v)
 
 
-def load_job(path: str | os.PathLike) -> Job:
+def load_job(path: str | os.PathLike, *, overwrite: bool = False) -> Job:
     """Read and check a job file; nothing is started.
+
+    ``overwrite`` (``--overwrite``) has the effect of ``overwrite: true`` in
+    the file. The output and checkpoint paths are checked by
+    :func:`check_paths` (which also needs to know whether the run resumes).
 
     Raises
     ------
@@ -218,15 +242,11 @@ def load_job(path: str | os.PathLike) -> Job:
     if dtype not in ("float64", "float32"):
         raise _bad("dtype", dtype, "valid: float64, float32", "float64 is exact to serial BP.")
     output = rel(raw["output"], "output")
-    if os.path.isdir(output):
-        raise _bad("output", raw["output"], "it is a directory", "Give a file name, e.g. result.nc.")
-    out_dir = os.path.dirname(output)
-    if not os.path.isdir(out_dir):
-        raise _bad("output", raw["output"], f"its directory {out_dir!r} does not exist", "Create it first.")
-    if not os.access(out_dir, os.W_OK):
-        raise _bad("output", raw["output"], f"its directory {out_dir!r} is not writable", "Choose a writable place.")
     if os.path.abspath(output) == os.path.abspath(data):
         raise _bad("output", raw["output"], "it is the data file", "Write the result to a new file.")
+    over = raw.get("overwrite", False)
+    if not isinstance(over, bool):
+        raise _bad("overwrite", over, "expected true or false", "Write overwrite: true to replace an existing output.")
 
     ck = raw.get("checkpoint") or {}
     if not isinstance(ck, dict):
@@ -245,17 +265,67 @@ def load_job(path: str | os.PathLike) -> Job:
         raise _bad("config", config, "expected a mapping of rpm settings", "Write e.g. config: {drpm: {interval: 10}}.")
     if "rpm" in config and len(config) == 1:
         config = config["rpm"]
+    _check_config(config)
     workers = _workers(raw.get("workers"))
     job = Job(
         path=os.path.abspath(path), text=text, data=data, hidden=hidden, iterations=iterations,
         learning_rate=lr, output=output, checkpoint_path=ck_path, checkpoint_every=every,
         target_error=target, mapping=mapping, seed=seed, dtype=dtype, min_workers=min_workers,
         on_worker_loss=loss, time_limit=time_limit, workers=workers, config=config, shape=shape,
+        overwrite=over or bool(overwrite),
     )
     expected = job.expected_workers
     if expected is not None and min_workers > expected:
         raise _bad("min-workers", min_workers, f"the job starts only {expected} worker(s)", f"Use min-workers: {expected} or start more workers.")
     return job
+
+
+def _check_config(config: dict[str, Any]) -> None:
+    """Every key under ``config:`` must be an ``rpm.*`` setting of rpm.yaml (``_`` and ``-`` alike)."""
+    from .config import _DEFAULTS
+
+    def walk(given: dict[str, Any], known: dict[str, Any], where: str) -> None:
+        names = {str(k).replace("_", "-"): k for k in known}
+        for key, value in given.items():
+            norm = str(key).replace("_", "-")
+            if norm not in names:
+                close = difflib.get_close_matches(norm, list(names), n=1)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                raise JobError(f"job file: unknown setting {where}.{key} under 'config:'; valid keys of {where}: "
+                               f"{', '.join(sorted(names))}.{hint} (all settings: docs/configuration.md)")
+            default = known[names[norm]]
+            if isinstance(default, dict) and default:
+                if not isinstance(value, dict):
+                    raise _bad(f"config {where}.{key}", value, f"{where}.{key} is a group of settings "
+                               f"({', '.join(sorted(default))})", f"Write e.g. {key}: {{{next(iter(default))}: ...}}.")
+                walk(value, default, f"{where}.{key}")
+
+    walk(config, _DEFAULTS["rpm"], "rpm")
+
+
+def check_paths(job: Job, *, resume: bool = False) -> None:
+    """Refuse, before any work, outputs and checkpoints that would lose a file or cannot be written.
+
+    Raises
+    ------
+    JobError
+        The output exists (without ``overwrite``) or is not a regular file; the
+        checkpoint exists and the run does not resume (without ``overwrite``);
+        a directory is missing or not writable.
+    """
+    from ._files import TargetError, check_target
+
+    try:
+        check_target(job.output, what="job file: output", overwrite=job.overwrite, hint=_OVERWRITE_HINT)
+    except TargetError as e:
+        raise JobError(str(e)) from None
+    if resume:
+        return  # read_checkpoint checks the checkpoint; it is rewritten in place
+    try:
+        check_target(job.checkpoint_path, what="job file: checkpoint path", overwrite=job.overwrite,
+                     hint="continue that run with --resume, or " + _OVERWRITE_HINT)
+    except TargetError as e:
+        raise JobError(str(e)) from None
 
 
 def _workers(spec: Any) -> dict[str, Any]:
@@ -304,8 +374,6 @@ def write_checkpoint(job: Job, state: dict[str, Any]) -> str:
     """Write ``state`` (iteration, W, V, errors, plan) to ``job.checkpoint_path`` atomically."""
     import xarray as xr
 
-    from .data import atomic_to_netcdf
-
     W, V = state["W"], state["V"]
     ds = xr.Dataset(
         {
@@ -318,6 +386,7 @@ def write_checkpoint(job: Job, state: dict[str, Any]) -> str:
             "title": "dask_rpm training checkpoint",
             "iteration": int(state["iteration"]),
             "fingerprint": job.fingerprint,
+            "network": job.network,
             "plan": state["plan"].to_json() if state.get("plan") is not None else "",
             "job": job.text,
             "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -334,8 +403,19 @@ def read_checkpoint(job: Job) -> dict[str, Any]:
     if not os.path.exists(path):
         raise JobError(f"--resume: no checkpoint at {path!r}; run without --resume to start from scratch "
                        f"(or set checkpoint.path to where the checkpoint is)")
-    with xr.open_dataset(path, engine="h5netcdf") as ds:
-        ds.load()
+    try:
+        with xr.open_dataset(path, engine="h5netcdf") as ds:
+            ds.load()
+        ds["W"], ds["V"], ds["error"], ds.attrs["iteration"]  # noqa: B018 - what a checkpoint must hold
+    except (OSError, ValueError, KeyError) as e:
+        raise JobError(f"--resume: {path!r} is not a dask_rpm checkpoint ({type(e).__name__}: {e}); "
+                       f"run without --resume to start from scratch") from None
+    network = ds.attrs.get("network") or "-".join(
+        str(v) for v in (ds["W"].shape[1], ds["W"].shape[0], ds["V"].shape[0]))
+    if network != job.network:
+        raise JobError(f"--resume: checkpoint {path!r} is for a {network} network (inputs-hidden-outputs) but "
+                       f"this job trains {job.network}; run without --resume, or restore the job file it was "
+                       f"written with")
     if ds.attrs.get("fingerprint") != job.fingerprint:
         raise JobError(f"--resume: checkpoint {path!r} is from a different job (data, hidden, learning-rate, seed "
                        f"or dtype differ); run without --resume, or restore the job file it was written with")
@@ -345,11 +425,11 @@ def read_checkpoint(job: Job) -> dict[str, Any]:
     }
 
 
-def write_output(job: Job, result: Any, *, start: int, errors_before: np.ndarray, summary: dict[str, Any]) -> str:
-    """Weights, the whole history and every plan of the run in one netCDF file, atomically."""
+def write_output(job: Job, result: Any, *, start: int, errors_before: np.ndarray, summary: dict[str, Any],
+                 path: str | None = None) -> str:
+    """Weights, the whole history and every plan of the run in one netCDF file (``path``, default
+    ``job.output``), atomically."""
     import xarray as xr
-
-    from .data import atomic_to_netcdf
 
     hist = result.history
     total = start + hist.sizes.get("iteration", 0)
@@ -388,17 +468,33 @@ def write_output(job: Job, result: Any, *, start: int, errors_before: np.ndarray
     for k, v in list(ds.attrs.items()):
         if v is None:
             ds.attrs[k] = ""
-    return _write(ds, job.output)
+    return _write(ds, path or job.output)
 
 
 def _write(ds: Any, path: str) -> str:
     import warnings
 
-    from .data import atomic_to_netcdf
+    from ._files import atomic_write
 
     with warnings.catch_warnings():  # h5netcdf's note on string attributes/variables; readers here use h5netcdf
         warnings.filterwarnings("ignore", message=".*invalid netcdf features.*")
-        return atomic_to_netcdf(ds, path)
+        # no makedirs: a directory that went away is a failure the caller reports, not one to paper over
+        return atomic_write(path, lambda tmp: ds.to_netcdf(tmp, engine="h5netcdf", invalid_netcdf=True))
+
+
+def _rescue_paths(job: Job) -> Iterator[str]:
+    """Where a finished result goes when the output cannot be written: next to the checkpoint, then
+    the working directory, then the temporary directory (never over an existing file)."""
+    import tempfile
+
+    name = os.path.basename(job.output)
+    stem, ext = os.path.splitext(name)
+    for directory in (os.path.dirname(job.checkpoint_path), os.getcwd(), tempfile.gettempdir()):
+        for candidate in (name, f"{stem}.rescued-{os.getpid()}{ext or '.nc'}"):
+            path = os.path.join(directory, candidate)
+            if os.path.abspath(path) != os.path.abspath(job.output) and not os.path.lexists(path):
+                yield path
+                break
 
 
 def _flatten(d: dict[str, Any], prefix: str) -> Iterator[tuple[str, Any]]:
@@ -428,7 +524,19 @@ def _client_for(job: Job, out: TextIO) -> Iterator[Any]:
 
     kind = next(iter(job.workers))
     if kind == "scheduler":
-        with Client(job.workers["scheduler"]) as client:
+        import dask.config
+
+        address = job.workers["scheduler"]
+        timeout = dask.config.get("distributed.comm.timeouts.connect")
+        try:
+            client = Client(address, timeout=timeout)
+        except (OSError, TimeoutError, ValueError) as e:
+            raise JobError(
+                f"job file: workers.scheduler={address!r}: cannot connect within {timeout} "
+                f"({type(e).__name__}: {' '.join(str(e).split())[:200]}); check that the scheduler runs and the "
+                f"address (e.g. tcp://host:8786), or use workers: {{local: ...}} / {{slurm: ...}}"
+            ) from None
+        with client:
             print(f"workers: existing cluster at {job.workers['scheduler']}", file=out, flush=True)
             yield client
         return
@@ -474,6 +582,7 @@ def run_job(
     path: str | os.PathLike,
     *,
     resume: bool = False,
+    overwrite: bool = False,
     out: TextIO | None = None,
     client: Any = None,
     stop: threading.Event | None = None,
@@ -486,6 +595,8 @@ def run_job(
         The job file.
     resume
         Continue from the job's checkpoint.
+    overwrite
+        Replace an existing output (as ``overwrite: true`` in the file).
     out
         Where progress lines go (default stdout): one plain line per block.
     client
@@ -494,10 +605,19 @@ def run_job(
         An event that, once set, stops training after the current block
         (checkpoint, no output) - what SIGTERM does from the command line.
 
+    The summary's ``output`` is where the result was written: ``job.output``,
+    or (``rescued: True``) the place next to the checkpoint it was saved to
+    when the output could not be written at the end.
+
     Raises
     ------
     JobError
-        Invalid job file, or ``--resume`` without a matching checkpoint.
+        Invalid job file, an output or checkpoint that exists or cannot be
+        written, ``--resume`` without a matching checkpoint, an unreachable
+        scheduler; all before any training.
+    dask_rpm.data.DataError
+        A worker found a NaN or infinite value in its samples of the data file
+        (before the first iteration).
     dask_rpm.TrainingError
         Training failed (nothing is written to the output path).
     """
@@ -506,7 +626,8 @@ def run_job(
     from .engine import fit
 
     out = out or sys.stdout
-    job = load_job(path)
+    job = load_job(path, overwrite=overwrite)
+    check_paths(job, resume=resume)
     start, errors_before, init = 0, np.zeros(0), None
     if resume:
         ck = read_checkpoint(job)
@@ -590,10 +711,38 @@ def run_job(
         return summary
     if result.stopped and "diverged" in result.stopped:
         print(result.stopped, file=out, flush=True)
-    write_output(job, result, start=start, errors_before=errors_before, summary=summary)
+    written = _save_result(job, result, start=start, errors_before=errors_before, summary=summary, out=out)
     print(f"done: {done} iterations, error {result.error:.6g}"
           + (f" (target {job.target_error:g})" if job.target_error is not None else "")
-          + f", {wall:.1f} s; wrote {job.output}", file=out, flush=True)
+          + f", {wall:.1f} s; wrote {written}", file=out, flush=True)
     if every and os.path.exists(job.checkpoint_path):
-        os.unlink(job.checkpoint_path)  # the output holds everything the checkpoint did
+        os.unlink(job.checkpoint_path)  # the result file holds everything the checkpoint did
     return summary
+
+
+def _save_result(job: Job, result: Any, *, start: int, errors_before: np.ndarray, summary: dict[str, Any],
+                 out: TextIO) -> str:
+    """Write the output; when that fails, save the result next to the checkpoint (or further) and say where."""
+    from ._files import TargetError
+    from .engine import TrainingError
+
+    try:
+        return write_output(job, result, start=start, errors_before=errors_before, summary=summary)
+    except (OSError, TargetError) as e:
+        first = f"{type(e).__name__}: {e}"
+    tried = [job.output]
+    for path in _rescue_paths(job):
+        summary.update(output=path, rescued=True, output_requested=job.output)
+        try:
+            written = write_output(job, result, start=start, errors_before=errors_before, summary=summary, path=path)
+        except (OSError, TargetError):
+            tried.append(path)
+            continue
+        msg = (f"could not write the output {job.output!r} ({first}); the finished run is saved to "
+               f"{written!r} instead - move it where you want it")
+        print(msg, file=out, flush=True)
+        if out is not sys.stderr:
+            print(f"dask-rpm train: {msg}", file=sys.stderr, flush=True)
+        return written
+    raise TrainingError(f"could not write the result to {job.output!r} ({first}) nor to {', '.join(tried[1:])}; "
+                        f"free space or fix permissions there")

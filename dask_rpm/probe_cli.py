@@ -19,7 +19,6 @@ import json
 import math
 import os
 import sys
-import tempfile
 from typing import Any
 
 __all__ = ["add_probe_parser", "run_probe", "format_probe", "probe_json"]
@@ -158,18 +157,11 @@ def run_probe(args: argparse.Namespace) -> int:
 
 def _write_netcdf(ds: Any, path: str) -> None:
     """Write via a temporary file in the same directory, then rename (no partial file)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".rpm-probe-", suffix=".nc", dir=directory)
-    os.close(fd)
-    try:
-        out = ds.copy()
-        out["address"] = out["address"].astype(str)
-        out.to_netcdf(tmp, engine="h5netcdf")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    from ._files import atomic_write
+
+    out = ds.copy()
+    out["address"] = out["address"].astype(str)
+    atomic_write(path, lambda tmp: out.to_netcdf(tmp, engine="h5netcdf"))
 
 
 def _num(v: Any) -> float | None:

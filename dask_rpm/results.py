@@ -21,10 +21,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from typing import Any, Sequence
 
 import numpy as np
+
+from ._files import atomic_write
 
 __all__ = [
     "describe_history",
@@ -293,15 +294,7 @@ def _save_atomically(fig: Any, path: Any, **kwargs: Any) -> None:
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"cannot save the figure to {path!r}: directory {directory!r} does not exist")
     fmt = os.path.splitext(path)[1].lstrip(".").lower() or "png"
-    fd, tmp = tempfile.mkstemp(prefix=".rpm-plot-", suffix="." + fmt, dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format=fmt, **kwargs)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format=fmt, **kwargs))
 
 
 def plot_result(result: Any, path: Any = None, *, figsize: tuple[float, float] = (11.0, 8.0), dpi: int = 100) -> Any:

@@ -184,6 +184,8 @@ def add_train_parser(subparsers: Any) -> None:
     )
     p.add_argument("--config", metavar="FILE", help="YAML job file: data, network, workers, output (see dask_rpm.job)")
     p.add_argument("--resume", action="store_true", help="with --config: continue from the job's checkpoint")
+    p.add_argument("--overwrite", action="store_true",
+                   help="with --config: replace an existing output file (as overwrite: true in the job file)")
     p.add_argument("--speeds", help="comma-separated EMULATED relative worker speeds (demo)")
     p.add_argument("--iterations", type=int, help="number of BP iterations")
     p.add_argument("--mapping", help="drpm, or a planner: srpm, uniform, split-1d, grid (= grid-hrev), grid-h, grid-hrev")
@@ -194,7 +196,7 @@ def add_train_parser(subparsers: Any) -> None:
 def _cmd_train(args: argparse.Namespace) -> int:
     from .cli import CLIError
 
-    if args.config is not None or args.resume:
+    if args.config is not None or args.resume or args.overwrite:
         return _cmd_job(args)
 
     speeds = None
@@ -219,19 +221,23 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 def _cmd_job(args: argparse.Namespace) -> int:
     from .cli import CLIError
+    from .data import DataError
     from .engine import TrainingError
     from .job import JobError, run_job
 
     if args.config is None:
-        raise CLIError("--resume needs --config FILE (the job whose checkpoint to continue)")
+        flag = "--resume" if args.resume else "--overwrite"
+        raise CLIError(f"{flag} needs --config FILE (the job whose {'checkpoint to continue' if args.resume else 'output to replace'})")
     demo = [f"--{k}" for k in ("speeds", "iterations", "mapping") if getattr(args, k) is not None]
     if demo or args.json:
         raise CLIError(f"{', '.join(demo + (['--json'] if args.json else []))} belong to the demo; with --config put them in the job file")
     try:
-        run_job(args.config, resume=args.resume)
+        summary = run_job(args.config, resume=args.resume, overwrite=args.overwrite)
     except JobError as e:
         raise CLIError(str(e)) from None
+    except DataError as e:  # found by a worker reading its samples, before the first iteration
+        raise CLIError(f"job file: data: {e}") from None
     except TrainingError as e:
         print(f"dask-rpm train: training failed: {' '.join(str(e).split())}; no output written", file=sys.stderr)
         return 1
-    return 0
+    return 1 if summary.get("rescued") else 0  # saved, but not where the job asked

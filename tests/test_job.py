@@ -178,6 +178,9 @@ def test_resume_refuses_a_checkpoint_of_another_job(tmp_path, digits):
     W, V = np.zeros((12, 65)), np.zeros((10, 12))
     write_checkpoint(job, {"iteration": 10, "W": W, "V": V, "errors": np.ones(10)})
     path = write_job(tmp_path, digits[0], hidden=13, checkpoint={"every": 10})
+    with pytest.raises(JobError, match=r"is for a 65-12-10 network .* this job trains 65-13-10"):
+        run_job(path, resume=True)
+    path = write_job(tmp_path, digits[0], checkpoint={"every": 10}, **{"learning-rate": 0.004})
     with pytest.raises(JobError, match="different job"):
         run_job(path, resume=True)
 

@@ -20,6 +20,7 @@ import numpy as np
 from distributed.client import FIRST_COMPLETED, _wait
 
 from .. import config
+from ..data import DataError
 from ..partition import Plan
 from ..remap import migration, sample_changes
 from .errors import TrainingError, WorkerLostError
@@ -287,6 +288,8 @@ class Driver:
             if f.status == "error":
                 await self._raise_lost(self.iteration, grace=2.0)
                 exc = await f.exception()
+                if isinstance(exc, DataError):  # bad samples found by the worker reading them: the user's to fix
+                    raise DataError(str(exc)) from None
                 raise TrainingError(f"task {f.key} failed: {exc!r}") from exc
             out.append(await self._result(f))
         return out

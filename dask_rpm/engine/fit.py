@@ -150,17 +150,29 @@ def _resolve_plan(mapping: Any, abilities: Any, *, addresses: list[str], shape: 
 async def _wait_for_workers(client: Any, min_workers: int) -> dict[str, Any]:
     """Scheduler identity once ``min_workers`` workers are connected (``rpm.train.wait-workers`` s at most)."""
     timeout = float(config.get("train.wait-workers"))
-    deadline = time.monotonic() + timeout
+    t0 = time.monotonic()
+    deadline, said, last = t0 + timeout, None, -1
     while True:
         info = await client.scheduler.identity(n_workers=-1)
         have = len(info.get("workers", {}))
         if have >= min_workers:
+            if said is not None:
+                logger.warning(f"fit: {have} workers connected after {time.monotonic() - t0:.0f} s; starting")
             return info
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if now > deadline:
             raise TrainingError(
                 f"only {have} of min_workers={min_workers} workers connected within {timeout:g} s "
                 f"(rpm.train.wait-workers); start more workers, lower min_workers, or wait longer"
             )
+        # Say what it waits for at once, then whenever the count changes or every 30 s: a silent
+        # wait of up to rpm.train.wait-workers seconds looks like a hang.
+        if said is None or have != last or now - said >= 30.0:
+            logger.warning(
+                f"fit: waiting for min_workers={min_workers} workers: {have} connected; giving up in "
+                f"{deadline - now:.0f} s (rpm.train.wait-workers={timeout:g} s)"
+            )
+            said, last = now, have
         await asyncio.sleep(0.25)
 
 
