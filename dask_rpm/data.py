@@ -84,7 +84,7 @@ def first_non_finite(name: str, arr: np.ndarray, offset: int = 0) -> str | None:
     bad = np.argwhere(~finite)
     i, j = (int(v) for v in bad[0])
     return (f"{name} has {len(bad)} NaN or infinite value(s); the first is {name}[{offset + i}, {j}] = "
-            f"{arr[i, j]!r} (sample {offset + i}); clean or drop those samples first")
+            f"{float(arr[i, j])} (sample {offset + i}); clean or drop those samples first")
 
 
 def data_shape(x: Any, d: Any = None) -> tuple[int, int, int]:

@@ -277,3 +277,35 @@ def test_sigkill_mid_block_recovers_to_serial_weights():
     assert rec["iteration"] == 2000
     assert r.history.sizes["iteration"] == 4000
     _assert_equal_serial(r, x, d, 9, 4000, 0.05)
+
+
+def test_min_workers_wait_says_what_it_waits_for(caplog):
+    """fit(min_workers=...) with too few workers logs the goal, the count and the timeout, then a clear error."""
+    import dask
+
+    x, d = _problem(s=20, n=4, l=2)
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster, \
+            Client(cluster) as client, dask.config.set({"rpm.train.wait-workers": 1.5}):
+        with caplog.at_level("WARNING", logger="dask_rpm"), \
+                pytest.raises(TrainingError, match=r"only 1 of min_workers=3 workers connected within 1.5 s"):
+            fit(x, d, hidden=4, iterations=2, client=client, min_workers=3, progress="none")
+        # nothing ran: the scheduler has no rpm task
+        prefixes = client.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.task_prefixes))
+        assert not [p for p in prefixes if p.startswith("rpm-")], prefixes
+    waits = [r.getMessage() for r in caplog.records if "waiting for" in r.getMessage()]
+    assert waits and waits[0].startswith("fit: waiting for min_workers=3 workers: 1 connected; giving up in ")
+    assert "(rpm.train.wait-workers=1.5 s)" in waits[0]
+
+
+def test_fit_without_a_client_says_how_to_start_one():
+    """In a fresh interpreter (no client of another test around), the error says how to start one."""
+    import subprocess
+    import sys
+
+    code = ("import numpy as np, dask_rpm\n"
+            "dask_rpm.fit(np.ones((8, 3)), np.ones((8, 2)), hidden=2, iterations=1)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1
+    last = p.stderr.strip().splitlines()[-1]
+    assert last == ("dask_rpm.engine.errors.TrainingError: fit() found no Dask client: start one first, e.g. "
+                    "`client = distributed.Client(dask_rpm.local_cluster())`, or pass client=..."), p.stderr[-2000:]

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import os
+import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -197,6 +200,63 @@ def test_time_limit_stops_cleanly(tmp_path, digits):
     ck = _open(tmp_path / "result.checkpoint.nc")
     assert ck.attrs["iteration"] == summary["iterations"] > 0
     assert not (tmp_path / "result.nc").exists()
+
+
+def test_overwrite_replaces_an_existing_output_and_new_results_honour_the_umask(tmp_path, digits):
+    data, x, d = digits
+    path = write_job(tmp_path, data, iterations=5)
+    out = tmp_path / "result.nc"
+    out.write_text("a result of last week")
+    assert main(["train", "--config", str(path)]) == 2  # refused before any work: the file is untouched
+    assert out.read_text() == "a result of last week"
+    os.chmod(out, 0o604)
+    old = os.umask(0o027)
+    try:
+        with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster:
+            with Client(cluster) as client, open(os.devnull, "w") as log:
+                run_job(path, client=client, out=log, overwrite=True)  # as --overwrite
+                assert _open(out).attrs["iterations"] == 5
+                assert stat.S_IMODE(os.stat(out).st_mode) == 0o604  # a replaced file keeps its mode
+                out.unlink()
+                path = write_job(tmp_path, data, iterations=5, overwrite=True)  # as the job file says
+                run_job(path, client=client, out=log)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(out).st_mode) == 0o640  # a new file: 0666 minus the umask (mkstemp gives 0600)
+    W, V, _ = fit_serial(x, d, hidden=12, iterations=5, learning_rate=0.005, seed=0)
+    np.testing.assert_allclose(_open(out)["W"].values, W, rtol=RTOL, atol=0)
+
+
+def test_final_write_failing_saves_the_result_next_to_the_checkpoint(tmp_path, digits):
+    data, x, d = digits
+    (tmp_path / "out").mkdir()
+    (tmp_path / "ck").mkdir()
+    path = write_job(tmp_path, data, iterations=30, output="out/result.nc",
+                     checkpoint={"every": 10, "path": "ck/result.checkpoint.nc"})
+
+    class Log(io.StringIO):
+        """After the first checkpoint the output directory turns into a file: the final write must fail."""
+
+        def write(self, text: str) -> int:
+            if text.startswith("checkpoint at iteration") and (tmp_path / "out").is_dir():
+                shutil.rmtree(tmp_path / "out")
+                (tmp_path / "out").write_text("no longer a directory")
+            return super().write(text)
+
+    log = Log()
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster:
+        with Client(cluster) as client:
+            summary = run_job(path, client=client, out=log)
+    rescued = tmp_path / "ck" / "result.nc"
+    assert summary["rescued"] and summary["output"] == str(rescued), summary
+    text = log.getvalue()
+    assert f"could not write the output {str(tmp_path / 'out' / 'result.nc')!r}" in text
+    assert f"saved to {str(rescued)!r} instead" in text and f"wrote {rescued}" in text
+    ds = _open(rescued)
+    assert ds.attrs["status"] == "complete" and ds.attrs["iterations"] == 30
+    W, V, _ = fit_serial(x, d, hidden=12, iterations=30, learning_rate=0.005, seed=0)
+    np.testing.assert_allclose(ds["W"].values, W, rtol=RTOL, atol=0)
+    assert sorted(os.listdir(tmp_path / "ck")) == ["result.nc"]  # the checkpoint is folded into the result
 
 
 # --------------------------------------------------------------------------
