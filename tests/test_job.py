@@ -79,6 +79,12 @@ def _open(path):
         ({"min-workers": 5}, "starts only 2 worker(s)"),
         ({"checkpoint": {"every": -1}}, "every=-1"),
         ({"output": "nodir/result.nc"}, "does not exist"),
+        ({"output": "/dev/full", "overwrite": True}, "'/dev/full' is refused: it is a device"),
+        ({"output": "/proc/result.nc"}, "'/proc/result.nc' cannot be written"),
+        ({"overwrite": "yes"}, "overwrite='yes' is invalid; expected true or false"),
+        ({"config": {"drpm": {"intervall": 10}}}, "unknown setting rpm.drpm.intervall under 'config:'"),
+        ({"config": {"drpm": {"intervall": 10}}}, "Did you mean 'interval'?"),
+        ({"config": {"trian": {"seed": 1}}}, "Did you mean 'train'?"),
     ],
 )
 def test_bad_job_exits_2_with_one_line(tmp_path, digits, capsys, over, needle):
@@ -86,6 +92,52 @@ def test_bad_job_exits_2_with_one_line(tmp_path, digits, capsys, over, needle):
     assert main(["train", "--config", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0], err
+
+
+def test_nan_in_the_data_file_exits_2_naming_the_sample(tmp_path, digits, capsys):
+    """Found by the worker reading the slice, before the first iteration; nothing is written."""
+    _, x, d = digits
+    x = x.copy()
+    x[417, 5] = np.nan
+    write_dataset(tmp_path / "nan.nc", x, d)
+    path = write_job(tmp_path, str(tmp_path / "nan.nc"), checkpoint={"every": 5})
+    before = sorted(os.listdir(tmp_path))
+    assert main(["train", "--config", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "x has 1 NaN or infinite value(s); the first is x[417, 5] = nan (sample 417)" in err[0], err
+    assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_unreachable_scheduler_is_one_line_exit_2(tmp_path, digits, capsys, monkeypatch):
+    import socket
+
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT", "2s")
+    import dask
+
+    dask.config.refresh()
+    try:
+        path = write_job(tmp_path, digits[0], workers={"scheduler": f"tcp://127.0.0.1:{port}"})
+        assert main(["train", "--config", str(path)]) == 2
+    finally:
+        monkeypatch.delenv("DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT")
+        dask.config.refresh()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith(f"dask-rpm train: error: job file: workers.scheduler='tcp://127.0.0.1:{port}': "
+                             f"cannot connect within 2s"), err
+    assert not (tmp_path / "result.nc").exists()
+
+
+def test_an_existing_checkpoint_is_not_overwritten_without_resume(tmp_path, digits, capsys):
+    path = write_job(tmp_path, digits[0], checkpoint={"every": 10})
+    (tmp_path / "result.checkpoint.nc").write_text("the only copy of a stopped run")
+    assert main(["train", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "checkpoint path" in err and "continue that run with --resume" in err
+    assert (tmp_path / "result.checkpoint.nc").read_text() == "the only copy of a stopped run"
 
 
 def test_cli_errors(tmp_path, digits, capsys):
