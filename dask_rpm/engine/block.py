@@ -8,7 +8,10 @@ Per iteration::
     backward     dW_i, dV_i over the column's samples                 (paced)
     horizontal   rows of dW_i, dV_i that overlap each worker of the other columns go to it;
                  the received rows are summed in column order          -> sum dW, sum dV of my rows
-    modify       W_i -= eps * sum dW, V_i -= eps * sum dV            (into the spare buffers)
+    modify       one optimizer step on my rows from sum dW, sum dV       (sgd: W_i -= eps * sum dW)
+
+With mini-batches the column's rows of each iteration come from
+:class:`~dask_rpm.engine.samples.ColumnData` (its share of the batch).
 
 Every holder of a row sums the same numbers in the same order, so the
 replicas of a row stay bit-identical and the result equals serial BP to
@@ -179,22 +182,24 @@ async def run_block(state: Any, spec: BlockSpec, log: Any = None, inline_work: f
     state.begin(spec.epoch)
     ex = _Exchange(state, spec)
     ws = state.kernels()
-    x, d = state.x, state.d
+    data = state.data
     shard = state.shard
     shard.snapshot(spec.first)
+    opt = state.recipe.optimizer
     n, _, l = lay.shape
-    s, m = lay.n_samples, lay.n_hidden
-    fkey, bkey = ("forward", s, m, n, l), ("backward", s, m, n, l)
-    fwork, bwork = block_work("forward", s, m, n, l), block_work("backward", s, m, n, l)
-    inline = fwork + bwork <= inline_work
+    m = lay.n_hidden
+    inline_rows = data.capacity
+    inline = block_work("forward", inline_rows, m, n, l) + block_work("backward", inline_rows, m, n, l) <= inline_work
     pace = _pacer()
 
-    def forward(it: int) -> np.ndarray:
-        with pace(it, fkey, fwork, x.dtype):
+    def forward(it: int, x: np.ndarray) -> np.ndarray:
+        s = x.shape[0]
+        with pace(it, ("forward", s, m, n, l), block_work("forward", s, m, n, l), x.dtype):
             return ws.forward(x, shard.W, shard.V)
 
-    def backward(it: int, delta2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        with pace(it, bkey, bwork, x.dtype):
+    def backward(it: int, x: np.ndarray, delta2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        s = x.shape[0]
+        with pace(it, ("backward", s, m, n, l), block_work("backward", s, m, n, l), x.dtype):
             return ws.backward(x, shard.V, delta2)
 
     # scratch for the summed updates (one column: the worker's own dW, dV are the sums)
@@ -207,12 +212,15 @@ async def run_block(state: Any, spec: BlockSpec, log: Any = None, inline_work: f
         for it in range(spec.first, spec.first + spec.count):
             state.check_abort(spec.epoch)
             await state.flush(spec.receive_timeout)  # last iteration's messages are out: buffers are free
+            if not data.ready(it):  # a new epoch of mini-batches: this column's rows of it (off the event loop)
+                await state.compute(False, data.load, it)
+            x, d = data.batch(it)
             t_f0 = time.monotonic()
-            partial = await state.compute(inline, forward, it)
+            partial = await state.compute(inline, forward, it, x)
             t_f1 = time.monotonic()
             delta2, err, ok = await _vertical(ex, it, partial, ws, d, shard.finite, ex.deadline())
             t_b0 = time.monotonic()
-            dW, dV = await state.compute(inline, backward, it, delta2)
+            dW, dV = await state.compute(inline, backward, it, x, delta2)
             t_b1 = time.monotonic()
             sW, sV, col_errors, ok = await _horizontal(ex, it, dW, dV, sums, err, ok, ex.deadline())
             total = 0.0
@@ -224,7 +232,7 @@ async def run_block(state: Any, spec: BlockSpec, log: Any = None, inline_work: f
             errors[it] = total
             t_m0 = time.monotonic()
             with pace(it, ("modify", shard.W.shape)):
-                shard.update(sW, sV, spec.learning_rate)
+                shard.update(sW, sV, spec.learning_rate, opt, it + 1)
             t_m1 = time.monotonic()
             state.iteration = it + 1
             rec = TimingRecord(it, lay.worker, t_f0, t_f1, t_b0, t_b1, t_m0, t_m1)

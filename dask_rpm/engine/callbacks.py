@@ -20,6 +20,7 @@ import numpy as np
 
 from ..partition import Plan
 from .driver import Driver
+from .records import Checkpoint
 
 __all__ = [
     "BlockInfo",
@@ -142,7 +143,7 @@ class CheckpointCallback(TrainingCallback):
     hand them to ``on_checkpoint(state)`` in a thread."""
 
     def __init__(self, every: int, on_checkpoint: Callable[[dict[str, Any]], None] | None,
-                 initial: tuple[int, np.ndarray, np.ndarray]) -> None:
+                 initial: Any) -> None:
         self.every = int(every)
         self.on_checkpoint = on_checkpoint
         self.latest = initial
@@ -154,14 +155,33 @@ class CheckpointCallback(TrainingCallback):
         done = info.iteration
         if not self.every or done % self.every or info.status not in ("ok", "target") or done == self.latest[0]:
             return None
-        W, V = await info.driver.gather()
-        self.latest = (done, W, V)
+        W, V, opt_state = await info.driver.gather(with_state=True)
+        self.latest = Checkpoint(done, W, V, opt_state)
         if self.on_checkpoint is not None:
             log = info.driver.log
-            state = {"iteration": done, "W": W, "V": V, "plan": info.driver.plan,
+            state = {"iteration": done, "W": W, "V": V, "optimizer_state": opt_state, "plan": info.driver.plan,
                      "errors": np.array([log.error(it) for it in range(done)])}
             await asyncio.get_running_loop().run_in_executor(None, self.on_checkpoint, state)
         return None
+
+
+class ValidationCallback(TrainingCallback):
+    """Evaluate the validation set at the recipe's points (blocks end there) and stop early when the
+    :class:`~dask_rpm.recipe.Validator` says so. The weights are gathered to the client for it."""
+
+    def __init__(self, validator: Any) -> None:
+        self.validator = validator
+
+    def boundary(self, done: int) -> int | None:
+        return self.validator.next_point(done)
+
+    async def after_block(self, info: BlockInfo) -> str | None:
+        done = info.iteration
+        v = self.validator
+        if info.status not in ("ok", "target") or not v.due(done) or (v.rows and v.rows[-1][0] >= done):
+            return None
+        W, V = await info.driver.gather()
+        return v.evaluate(done, W, V)
 
 
 class TargetError(TrainingCallback):

@@ -22,6 +22,7 @@ from distributed.client import FIRST_COMPLETED, _wait
 from .. import config
 from ..data import DataError
 from ..partition import Plan
+from ..recipe import Recipe
 from ..remap import migration, sample_changes
 from .errors import TrainingError, WorkerLostError
 from .layout import layouts
@@ -75,15 +76,18 @@ class Driver:
 
     def __init__(
         self, client: Any, *, run: str, plan: Plan, source: str | None,
-        arrays: tuple[np.ndarray, np.ndarray] | None, learning_rate: float, dtype: str,
+        arrays: tuple[np.ndarray, np.ndarray] | None, recipe: Recipe, dtype: str, rows: Any = None,
     ) -> None:
         self.client = client
         self.run = run
         self.plan = plan
         self.source = source  # a netCDF path the workers read, or None (arrays on the client)
+        self.rows = rows  # file rows of the training samples (a validation split), or None: all rows
         self.arrays = arrays
-        self.eps = learning_rate
+        self.recipe = recipe
+        self.eps = recipe.learning_rate
         self.dtype = dtype
+        self._broadcast: Any = None  # the whole training set on every worker (mini-batches from arrays)
         self.addresses: list[str] = list(plan.workers or ())
         self.gone: set[int] = set()
         self.log = TimingLog()
@@ -108,26 +112,40 @@ class Driver:
         return layouts(plan, self.addresses, run=self.run, version=self.version)
 
     async def _samples(self, plan: Plan, w: int) -> Any:
-        """What a worker needs to get its samples: the dataset path, or its rows scattered to it."""
+        """What a worker needs to get its samples (:mod:`dask_rpm.engine.samples`): the dataset path,
+        its rows scattered to it (full batch), or the whole training set broadcast once (mini-batches)."""
         if self.source is not None:
-            return self.source
-        s0, s1 = plan.rectangle(w).samples
+            if self.rows is None and self.recipe.schedule.full_batch:
+                return self.source
+            return ("file", self.source, self.rows)
         x, d = self.arrays  # type: ignore[misc]
+        if not self.recipe.schedule.full_batch:
+            if self._broadcast is None:
+                [self._broadcast] = await self.client.scatter([(x, d)], broadcast=True, hash=False)
+            return ("arrays", self._broadcast)
+        s0, s1 = plan.rectangle(w).samples
         [fut] = await self.client.scatter([(x[s0:s1], d[s0:s1])], workers=[self.addresses[w]], hash=False)
         return fut
 
-    async def install(self, plan: Plan, W: np.ndarray, V: np.ndarray, iteration: int) -> int:
-        """Send every planned worker its shard of ``W``, ``V`` and its samples; returns bytes sent."""
+    async def install(self, plan: Plan, W: np.ndarray, V: np.ndarray, iteration: int,
+                      state: dict[str, list[np.ndarray]] | None = None) -> int:
+        """Send every planned worker its shard of ``W``, ``V`` (and of the optimizer ``state``, if
+        given; else it starts at zero) and its samples; returns bytes sent."""
         self.version += 1
         lays = self._layouts(plan)
         futures, sent = [], 0
         for w, lay in lays.items():
             m0, m1 = lay.rows
-            shard = (np.ascontiguousarray(W[m0:m1]), np.ascontiguousarray(V[:, m0:m1]))
+            shard: Any = (np.ascontiguousarray(W[m0:m1]), np.ascontiguousarray(V[:, m0:m1]))
             sent += shard[0].nbytes + shard[1].nbytes
+            if state:
+                rows = {k: [np.ascontiguousarray(Ws[m0:m1]), np.ascontiguousarray(Vs[:, m0:m1])]
+                        for k, (Ws, Vs) in state.items()}
+                sent += sum(a.nbytes for v in rows.values() for a in v)
+                shard = {"W": shard[0], "V": shard[1], "state": rows}
             [weights] = await self.client.scatter([shard], workers=[self.addresses[w]], hash=False)
             data = await self._samples(plan, w)
-            futures.append(self._submit(t_setup, lay, weights, data, self.dtype, iteration,
+            futures.append(self._submit(t_setup, lay, weights, data, self.recipe, self.dtype, iteration,
                                         key=self._key("setup", self.version, w), worker=w))
         await self._wait_all(futures)
         others = [self.addresses[i] for i in range(len(self.addresses)) if i not in lays and i not in self.gone]
@@ -315,16 +333,23 @@ class Driver:
                 raise WorkerLostError(lost, self.iteration)
 
     # ------------------------------------------------------------ weights
-    async def gather(self) -> tuple[np.ndarray, np.ndarray]:
-        """Full weights from the first column (every column holds a full, identical copy)."""
+    async def gather(self, with_state: bool = False) -> Any:
+        """Full weights ``(W, V)`` from the first column (every column holds a full, identical copy);
+        with ``with_state`` also the optimizer state (``{slot: [W_slot, V_slot]}``)."""
         col = sorted(self.plan.columns[0], key=lambda w: self.plan.rectangle(w).hidden[0])
         futures = [self._submit(t_gather, self.run, key=self._key("gather", self.iteration, w), worker=w)
                    for w in col]
         shards = await self._wait_all(futures)
-        its = {it for _, _, it in shards}
+        its = {s[2] for s in shards}
         if its != {self.iteration}:
             raise TrainingError(f"internal error: shards are at iterations {sorted(its)}, not {self.iteration}")
-        return np.concatenate([s[0] for s in shards], axis=0), np.concatenate([s[1] for s in shards], axis=1)
+        W = np.concatenate([s[0] for s in shards], axis=0)
+        V = np.concatenate([s[1] for s in shards], axis=1)
+        if not with_state:
+            return W, V
+        state = {k: [np.concatenate([s[3][k][0] for s in shards], axis=0),
+                     np.concatenate([s[3][k][1] for s in shards], axis=1)] for k in shards[0][3]}
+        return W, V, state
 
     async def remap(self, new: Plan, kind: str, lost: Sequence[str] = ()) -> dict[str, Any]:
         """Switch to plan ``new`` between blocks, moving only the rows that change owner, worker to worker.
@@ -349,7 +374,7 @@ class Driver:
         for w, lay in lays.items():
             pieces = self._pieces(old, new, w, transfers, lost)
             data = await self._samples(new, w) if w in changed else None
-            futures.append(self._submit(t_stage, self.run, lay, pieces, data, self.dtype, self.iteration,
+            futures.append(self._submit(t_stage, self.run, lay, pieces, data, self.recipe, self.dtype, self.iteration,
                                         key=self._key("remap", self.version, w), worker=w))
         await self._wait_all(futures)
         involved = sorted({self.addresses[w] for w in (*old.planned_workers, *new.planned_workers)} - set(lost))

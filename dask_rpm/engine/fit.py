@@ -19,14 +19,16 @@ from typing import Any
 import numpy as np
 
 from .. import config
-from ..data import DataError, as_arrays, check_training_args, data_shape
+from ..data import DataError
+from ..prepare import Prepared, prepare
 from ..partition import Plan, PlanError
 from ..progress import Progress
 from . import callbacks as cb
 from .driver import Driver, ordered_workers
 from .drpm import DRPMState
 from .errors import TrainingError, WorkerLostError
-from .history import build_history
+from .history import add_validation, build_history
+from .records import Checkpoint
 from .recovery import rebalance, recover
 from .result import FitResult
 from .scheduler_plugin import PLUGIN_NAME, RPMSchedulerPlugin
@@ -57,7 +59,7 @@ class _Options:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _options(kw: dict[str, Any]) -> _Options:
+def _options(kw: dict[str, Any], job: Prepared) -> _Options:
     mapping = config.get("train.mapping", kw["mapping"])
     interval = config.get("drpm.interval", kw["interval"])
     auto = interval == "auto"
@@ -74,44 +76,16 @@ def _options(kw: dict[str, Any]) -> _Options:
     every = config.get("checkpoint.every", kw["checkpoint_every"])
     if isinstance(every, bool) or not isinstance(every, (int, np.integer)) or every < 0:
         raise DataError(f"checkpoint_every={every!r}; it must be an integer >= 0 (0: no checkpoints)")
-    target = kw["target_error"]
-    if target is not None and not (np.isfinite(target) and target >= 0):
-        raise DataError(f"target_error={target!r}; it must be a finite number >= 0, or None")
     return _Options(
-        iterations=config.get("train.iterations", kw["iterations"]),
-        learning_rate=float(config.get("train.learning-rate", kw["learning_rate"])),
-        seed=int(config.get("train.seed", kw["seed"])),
-        dtype=config.get("train.dtype", kw["dtype"]),
+        iterations=job.recipe.iterations,
+        learning_rate=job.recipe.learning_rate,
+        seed=job.recipe.schedule.seed,
+        dtype=job.dtype,
         mapping=mapping, interval=interval, auto_interval=auto, on_worker_loss=on_loss,
         min_workers=int(min_workers),
         elastic=bool(config.get("train.elastic", kw["elastic"])) and not isinstance(mapping, Plan),
-        checkpoint_every=int(every), target_error=target,
+        checkpoint_every=int(every), target_error=job.target_error,
     )
-
-
-@dataclass
-class _Data:
-    source: str | None
-    arrays: tuple[np.ndarray, np.ndarray] | None
-    W0: np.ndarray
-    V0: np.ndarray
-    shape: tuple[int, int, int]
-    samples: int
-
-
-def _data(x: Any, d: Any, opts: _Options, hidden: int | None, init: Any) -> _Data:
-    """Validate the training data and initial weights before any work starts."""
-    common = dict(hidden=hidden, iterations=opts.iterations, learning_rate=opts.learning_rate,
-                  init=init, seed=opts.seed, dtype=opts.dtype)
-    if isinstance(x, str) or hasattr(x, "__fspath__"):
-        source = os.path.abspath(os.fspath(x))
-        s, n, l = data_shape(source)
-        W0, V0 = check_training_args(None, None, shape=(s, n, l), **common)
-        return _Data(source, None, W0, V0, (n, W0.shape[0], l), s)
-    xa, da = as_arrays(x, d)
-    W0, V0 = check_training_args(xa, da, **common)
-    arrays = (np.ascontiguousarray(xa, dtype=opts.dtype), np.ascontiguousarray(da, dtype=opts.dtype))
-    return _Data(None, arrays, W0, V0, (xa.shape[1], W0.shape[0], da.shape[1]), xa.shape[0])
 
 
 def _resolve_plan(mapping: Any, abilities: Any, *, addresses: list[str], shape: tuple[int, int, int],
@@ -219,8 +193,20 @@ def fit(
     should_stop: Any = None,
     callback: Any = None,
     callbacks: Any = None,
+    epochs: int | None = None,
+    batch_size: int | None = None,
+    shuffle: bool | None = None,
+    activation: str | None = None,
+    loss: str | None = None,
+    output: str | None = None,
+    bias: bool | None = None,
+    optimizer: Any = None,
+    validation: Any = None,
+    validate_every: int | None = None,
+    early_stopping: int | None = None,
+    tol: float | None = None,
 ) -> FitResult:
-    """Train a 3-layer perceptron by batch BP on the workers of a Dask cluster.
+    """Train a 3-layer perceptron by back-propagation on the workers of a Dask cluster.
 
     Parameters
     ----------
@@ -283,8 +269,40 @@ def fit(
     callbacks : sequence of TrainingCallback, optional
         Hook objects (:mod:`dask_rpm.engine.callbacks`), called after the
         built-in ones.
+    epochs : int, optional
+        Train this many epochs instead of ``iterations`` (``epochs *
+        ceil(samples / batch_size)`` iterations); default ``rpm.train.epochs``.
+    batch_size : int, optional
+        Samples per iteration: None (default ``rpm.train.batch-size``) is
+        full-batch BP, the paper's; an integer trains on mini-batches drawn
+        from a seeded per-epoch order that does not depend on the plan, each
+        column taking its share of every batch (docs/training.md).
+    shuffle : bool, default ``rpm.train.shuffle``
+        Mini-batches: a new seeded sample order every epoch.
+    activation : {"sigmoid", "tanh", "relu"}, default ``rpm.train.activation``
+    loss : {"squared", "cross-entropy"}, default ``rpm.train.loss``
+        With ``"cross-entropy"`` the outputs are a softmax and ``d`` may be
+        1-D class labels (one-hot encoded; ``FitResult.classes`` keeps them).
+    output : {"auto", "sigmoid", "linear", "softmax"}, default ``rpm.train.output``
+        Output layer; ``auto`` follows the loss (sigmoid for squared error).
+    bias : bool, default ``rpm.train.bias``
+        Bias terms for both layers (:mod:`dask_rpm.network`: ``W`` and ``V``
+        then have one more column, ``W`` one more row).
+    optimizer : {"sgd", "momentum", "adam"} or dict, default ``rpm.train.optimizer``
+        ``{"name": "adam", "beta1": 0.9, ...}`` sets parameters
+        (:mod:`dask_rpm.optim`). Its state lives with the weight rows on the
+        workers: it moves with them in remaps and recovery.
+    validation : float or (x_val, d_val), optional
+        A fraction of the samples to hold out (seeded), or a validation set;
+        its loss and accuracy go into ``FitResult.history`` every
+        ``validate_every`` iterations.
+    validate_every : int, default ``rpm.train.validate-every``
+        ``auto``: every epoch with mini-batches, every 10 full-batch iterations.
+    early_stopping : int, optional
+        Stop after this many validations in a row without improving the best
+        validation loss by more than ``tol`` (relative); needs ``validation``.
+    tol : float, default ``rpm.train.tol``
 
-    Returns
     Returns
     -------
     FitResult
@@ -303,11 +321,19 @@ def fit(
               abilities=abilities, init=init, seed=seed, dtype=dtype, interval=interval, progress=progress,
               on_worker_loss=on_worker_loss, min_workers=min_workers, elastic=elastic, target_error=target_error,
               checkpoint_every=checkpoint_every, on_checkpoint=on_checkpoint, should_stop=should_stop,
-              callback=callback, callbacks=callbacks)
+              callback=callback, callbacks=callbacks, epochs=epochs, batch_size=batch_size, shuffle=shuffle,
+              activation=activation, loss=loss, output=output, bias=bias, optimizer=optimizer,
+              validation=validation, validate_every=validate_every, early_stopping=early_stopping, tol=tol)
     return client.sync(_fit_async, client, x, d, kw)
 
 
-async def _plan(client: Any, opts: _Options, data: _Data, abilities: Any) -> tuple[Plan, dict[str, Any], Any, bool]:
+#: fit()'s keywords that decide what is computed (shared with fit_serial through dask_rpm.prepare).
+_TRAINING_KEYWORDS = ("hidden", "iterations", "learning_rate", "init", "seed", "dtype", "epochs", "batch_size",
+                      "shuffle", "activation", "loss", "output", "bias", "optimizer", "validation",
+                      "validate_every", "early_stopping", "tol", "target_error")
+
+
+async def _plan(client: Any, opts: _Options, data: Prepared, abilities: Any) -> tuple[Plan, dict[str, Any], Any, bool]:
     """The first plan (probing first when asked); returns it, the scheduler identity, the probe, and
     whether abilities were given."""
     info = await _wait_for_workers(client, opts.min_workers)
@@ -330,10 +356,13 @@ async def _plan(client: Any, opts: _Options, data: _Data, abilities: Any) -> tup
     return plan, info, probe_result, given
 
 
-def _callbacks(kw: dict[str, Any], opts: _Options, data: _Data, reporter: Progress, remaps: list,
+def _callbacks(kw: dict[str, Any], opts: _Options, data: Prepared, reporter: Progress, remaps: list,
                emulation: str | None) -> tuple[list[cb.TrainingCallback], cb.CheckpointCallback]:
-    ckpt = cb.CheckpointCallback(opts.checkpoint_every, kw["on_checkpoint"], (0, data.W0, data.V0))
+    ckpt = cb.CheckpointCallback(opts.checkpoint_every, kw["on_checkpoint"], Checkpoint(0, data.W0, data.V0))
     out: list[cb.TrainingCallback] = [cb.DashboardCallback(emulation), ckpt, cb.ProgressCallback(reporter, remaps)]
+    validator = data.validator()
+    if validator is not None:
+        out.append(cb.ValidationCallback(validator))
     if opts.target_error is not None:
         out.append(cb.TargetError(opts.target_error))
     if kw["callback"] is not None:
@@ -346,12 +375,12 @@ def _callbacks(kw: dict[str, Any], opts: _Options, data: _Data, reporter: Progre
 
 async def _fit_async(client: Any, x: Any, d: Any, kw: dict[str, Any]) -> FitResult:
     reporter = Progress(kw["progress"])  # validates progress= before any work
-    opts = _options(kw)
-    data = _data(x, d, opts, kw["hidden"], kw["init"])
+    data = prepare(x, d, **{k: kw[k] for k in _TRAINING_KEYWORDS})
+    opts = _options(kw, data)
     plan, info, probe_result, given = await _plan(client, opts, data, kw["abilities"])
     await ensure_plugins(client)
     driver = Driver(client, run=uuid.uuid4().hex[:10], plan=plan, source=data.source, arrays=data.arrays,
-                    learning_rate=opts.learning_rate, dtype=opts.dtype)
+                    recipe=data.recipe, dtype=data.dtype, rows=data.rows)
     drpm = DRPMState(initial_abilities=given, auto=opts.auto_interval) if opts.mapping == "drpm" else None
     remaps: list[dict[str, Any]] = drpm.remaps if drpm is not None else []
     emulation = await _emulation_label(client)
@@ -382,9 +411,12 @@ async def _fit_async(client: Any, x: Any, d: Any, kw: dict[str, Any]) -> FitResu
                               {"description": "Dask worker name (on SLURM <group>-<n>)"})
     if emulation:
         history.attrs["emulation"] = emulation
+    validation = next((h.validator.rows for h in hooks if isinstance(h, cb.ValidationCallback)), [])
+    add_validation(history, validation)
     return FitResult(W=W, V=V, history=history, plan=driver.plan, plans=plans, stopped=stopped,
                      emulation=emulation, remaps=remaps, probe=probe_result,
-                     stats={"tasks": driver.tasks_submitted, "blocks": driver.epoch})
+                     stats={"tasks": driver.tasks_submitted, "blocks": driver.epoch},
+                     recipe=data.recipe, classes=data.classes, validation=validation)
 
 
 class _Loop:

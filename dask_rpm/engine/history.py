@@ -10,7 +10,7 @@ from ..partition import Plan
 from .records import PHASES
 from .timing import TimingLog
 
-__all__ = ["build_history"]
+__all__ = ["build_history", "add_validation"]
 
 _DESCRIPTIONS = {
     "forward": "compute 1: hidden outputs and partial products",
@@ -49,3 +49,17 @@ def build_history(log: TimingLog, plan: Plan, addresses: list[str], run: str) ->
         "address": ("worker", np.array(names[:n_workers], dtype=object)),
     }
     return xr.Dataset(data_vars, coords=coords, attrs={"run": run, "method": plan.method})
+
+
+def add_validation(history: Any, rows: list[tuple[int, float, float]]) -> None:
+    """Validation loss and accuracy (dim ``validation``, coordinate ``validation_iteration``)."""
+    if not rows:
+        return
+    its, losses, accs = (np.array(c) for c in zip(*rows))
+    history.coords["validation_iteration"] = ("validation", its.astype(int),
+                                              {"description": "iterations done when the validation set was evaluated"})
+    history["validation_loss"] = ("validation", losses.astype(float),
+                                  {"units": "1", "description": "loss on the validation set (summed over its samples)"})
+    history["validation_accuracy"] = ("validation", accs.astype(float),
+                                      {"units": "1", "description": "fraction of validation samples classified right "
+                                                                   "(NaN for linear outputs)"})

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
+
 __all__ = [
     "PHASES",
     "TimingRecord",
@@ -18,6 +20,7 @@ __all__ = [
     "BlockSpec",
     "BlockResult",
     "BLOCK_STATUSES",
+    "Checkpoint",
 ]
 
 #: Phases of one iteration as the history names them (seconds each).
@@ -143,3 +146,13 @@ class BlockResult(NamedTuple):
     records: list[TimingRecord]
     finite: bool
     message: str = ""
+
+
+class Checkpoint(NamedTuple):
+    """The last weights held on the client (the recovery point when no column holds lost rows)."""
+
+    iteration: int
+    W: np.ndarray
+    V: np.ndarray
+    state: dict[str, list[np.ndarray]] | None = None
+    """Optimizer state ``{slot: [W_slot, V_slot]}``; None: zero (the start of training)."""

@@ -16,14 +16,11 @@ from ..planners import make_plan
 from ..remap import MigrationError
 from .driver import Driver, ordered_workers
 from .errors import TrainingError, WorkerLostError
+from .records import Checkpoint
 
 __all__ = ["whole_plan", "rebalance", "recover", "Checkpoint"]
 
 logger = logging.getLogger("dask_rpm")
-
-#: The last weights held on the client: ``(iteration, W, V)``.
-Checkpoint = tuple[int, np.ndarray, np.ndarray]
-
 
 def whole_plan(driver: Driver, abilities: dict[int, float] | None = None, note: str = "whole remap") -> Plan:
     """SRPM over every worker not lost (joined ones included), indexed like ``driver.addresses``.
@@ -81,10 +78,11 @@ async def rebalance(driver: Driver, alive: Sequence[str], fallback: Checkpoint, 
     try:
         rec = await driver.remap(new, "whole", lost=lost)
     except MigrationError:
-        k, W, V = fallback
+        k, W, V, state = fallback
         driver.log.forget_from(k)
         await driver.client.scheduler.rpm_update(run=driver.run, info={"forget_from": k})
-        sent = await driver.install(new.with_workers(driver.addresses) if new.workers is None else new, W, V, k)
+        sent = await driver.install(new.with_workers(driver.addresses) if new.workers is None else new, W, V, k,
+                                    state)
         source = "checkpoint"
         n, _, l = new.shape
         rec = {

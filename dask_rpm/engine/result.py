@@ -19,7 +19,8 @@ class FitResult:
     Attributes
     ----------
     W, V : numpy.ndarray
-        Final weights, ``(m, n)`` and ``(l, m)``.
+        Final weights, ``(m, n)`` and ``(l, m)``; with bias terms one more
+        row and column each (:mod:`dask_rpm.network`).
     history : xarray.Dataset
         Error per iteration and per-worker phase times (dims ``iteration``, ``worker``).
     plan : Plan
@@ -36,6 +37,12 @@ class FitResult:
         The probe's measurements when ``abilities="probe"``.
     stats : dict
         Engine counters: ``tasks`` (Dask tasks submitted), ``blocks``.
+    recipe : dask_rpm.recipe.Recipe
+        Network, optimizer, mini-batch schedule, iterations and learning rate used.
+    classes : numpy.ndarray or None
+        Class labels when ``d`` was given as 1-D labels (cross-entropy).
+    validation : list of (iteration, loss, accuracy)
+        Validation-set evaluations (also in ``history``).
     """
 
     W: np.ndarray
@@ -48,6 +55,9 @@ class FitResult:
     emulation: str | None = None
     probe: Any = None
     stats: dict[str, Any] = field(default_factory=dict)
+    recipe: Any = None
+    classes: Any = None
+    validation: list[tuple[int, float, float]] = field(default_factory=list)
 
     @property
     def error(self) -> float:

@@ -14,9 +14,10 @@ from typing import Any
 import numpy as np
 
 from .. import config
-from ..data import load_slice
+from ..recipe import Recipe
 from .block import run_block
 from .records import BlockResult, BlockSpec, Layout
+from .samples import ColumnData, SampleSource
 from .worker import PLUGIN_NAME, RunState, Shard, get_state
 
 __all__ = [
@@ -31,20 +32,32 @@ def _worker() -> Any:
     return get_worker()
 
 
-def _samples(data: Any, layout: Layout, dtype: str) -> tuple[np.ndarray, np.ndarray]:
-    """The column's samples: read from a dataset file, or given as arrays."""
-    if isinstance(data, str):
-        return load_slice(data, layout.samples[0], layout.samples[1], dtype)
-    x, d = data
-    return np.ascontiguousarray(x, dtype=dtype), np.ascontiguousarray(d, dtype=dtype)
+def _column(source: Any, layout: Layout, recipe: Recipe, dtype: str) -> ColumnData:
+    """The column's samples (:class:`~dask_rpm.engine.samples.ColumnData`) from what the driver sent."""
+    if isinstance(source, str):  # the path of a dataset file
+        source = SampleSource("file", path=source)
+    elif isinstance(source[0], str) and source[0] == "file":  # ("file", path, rows of the training samples)
+        source = SampleSource("file", path=source[1], rows=source[2])
+    elif isinstance(source[0], str) and source[0] == "arrays":  # ("arrays", (x, d)): the whole training set
+        source = SampleSource("arrays", *source[1])
+    else:  # the column's rows as (x, d)
+        source = SampleSource("slice", *source)
+    return ColumnData(source, layout.samples, recipe.schedule, recipe.net, dtype)
 
 
-def t_setup(layout: Layout, weights: tuple[np.ndarray, np.ndarray], data: Any, dtype: str, iteration: int) -> int:
-    """Create this worker's state for a run: its shard, its samples (``data``: path or arrays)."""
+def _shard(weights: Any, recipe: Recipe) -> Shard:
+    if isinstance(weights, dict):  # with optimizer state (a checkpoint or a remap)
+        return Shard(weights["W"], weights["V"], weights.get("state"))
+    return Shard.fresh(*weights, recipe.optimizer)
+
+
+def t_setup(layout: Layout, weights: Any, source: Any, recipe: Recipe, dtype: str, iteration: int) -> int:
+    """Create this worker's state for a run: its shard, its samples (``source``: path, rows or a
+    :class:`~dask_rpm.engine.samples.SampleSource`)."""
     worker = _worker()
     plugin = worker.plugins[PLUGIN_NAME]
-    x, d = _samples(data, layout, dtype)
-    state = RunState(worker, layout, Shard(*weights), x, d)
+    data = _column(source, layout, recipe, dtype)
+    state = RunState(worker, layout, _shard(weights, recipe), data, recipe)
     state.iteration = iteration
     old = plugin.runs.get(layout.run)
     if old is not None:  # a recovery from a checkpoint: keep the epoch floor
@@ -62,15 +75,15 @@ async def t_block(run: str, spec: BlockSpec) -> BlockResult:
                                inline_work=float(config.get("engine.inline-work")))
 
 
-def t_stage(run: str, layout: Layout, pieces: list[tuple[int, int, str | None]], data: Any,
-            dtype: str, iteration: int) -> int:
+def t_stage(run: str, layout: Layout, pieces: list[tuple[int, int, str | None]], source: Any,
+            recipe: Recipe, dtype: str, iteration: int) -> int:
     """Build this worker's shard of a new plan: keep own rows, fetch the others from their holders.
 
     ``pieces`` are ``(a, b, source)`` covering the new rows in order, ``source``
     ``None`` for rows held here; the others are fetched worker to worker
     (``rpm_rows`` on the source, which serves its *current* shard until every
-    stage task is done and the new shards are committed). ``data`` is None when
-    the sample range is unchanged.
+    stage task is done and the new shards are committed). Optimizer state
+    travels with its rows. ``source`` is None when the sample range is unchanged.
     """
     from distributed.utils import sync
 
@@ -81,37 +94,43 @@ def t_stage(run: str, layout: Layout, pieces: list[tuple[int, int, str | None]],
     m = layout.n_hidden
     W = np.empty((m, n), dtype)
     V = np.empty((l, m), dtype)
+    opt_state = {slot: [np.empty((m, n), dtype), np.empty((l, m), dtype)] for slot in recipe.optimizer.slots}
     m0 = layout.rows[0]
 
     async def fetch(a: int, b: int, src: str) -> dict[str, Any]:
         return await worker.rpc(src).rpm_rows(run=run, a=a, b=b)
 
+    def unwrap(v: Any) -> np.ndarray:
+        return getattr(v, "data", v)  # inproc transport: still wrapped
+
     for a, b, src in pieces:
         if src is None:
             o0 = state.layout.rows[0]
-            rows_W = state.shard.W[a - o0 : b - o0]
-            rows_V = state.shard.V[:, a - o0 : b - o0]
+            got = state.shard.rows(a - o0, b - o0)
         else:
             got = sync(worker.loop, fetch, a, b, src)
-            rows_W, rows_V = (getattr(got[k], "data", got[k]) for k in ("W", "V"))  # inproc: still wrapped
-        W[a - m0 : b - m0] = rows_W
-        V[:, a - m0 : b - m0] = rows_V
-    if data is None:
-        x, d = state.x, state.d
+        W[a - m0 : b - m0] = unwrap(got["W"])
+        V[:, a - m0 : b - m0] = unwrap(got["V"])
+        for slot, (Ws, Vs) in got["state"].items():
+            opt_state[slot][0][a - m0 : b - m0] = unwrap(Ws)
+            opt_state[slot][1][:, a - m0 : b - m0] = unwrap(Vs)
+    if source is None:
+        data = state.data
     else:
-        x, d = _samples(data, layout, dtype)
-    shard = Shard(W, V)
+        data = _column(source, layout, recipe, dtype)
+    shard = Shard(W, V, opt_state)
     if state is None:  # a worker new to the run: nothing reads its state before the commit
-        state = plugin.runs[run] = RunState(worker, layout, shard, x, d)
+        state = plugin.runs[run] = RunState(worker, layout, shard, data, recipe)
         state.iteration = iteration
-    state.staged[layout.version] = (layout, shard, x, d)
+    state.staged[layout.version] = (layout, shard, data)
     return layout.worker
 
 
-def t_gather(run: str) -> tuple[np.ndarray, np.ndarray, int]:
-    """This worker's current shard (copies) and the iteration it is at."""
+def t_gather(run: str) -> tuple[np.ndarray, np.ndarray, int, dict[str, list[np.ndarray]]]:
+    """This worker's current shard (copies), the iteration it is at, and its optimizer state (copies)."""
     state = get_state(run)
-    return state.shard.W.copy(), state.shard.V.copy(), state.iteration
+    sh = state.shard
+    return sh.W.copy(), sh.V.copy(), state.iteration, {k: [a.copy() for a in v] for k, v in sh.state.items()}
 
 
 # ------------------------------------------------------------ control calls
@@ -130,7 +149,7 @@ def run_commit(run: str, version: int, iteration: int, dask_worker: Any = None) 
     if staged is None:
         plugin.runs.pop(run).close()  # not in the new plan
         return False
-    state.layout, state.shard, state.x, state.d = staged
+    state.layout, state.shard, state.data = staged
     state.iteration = iteration
     return True
 

@@ -4,8 +4,9 @@ Modelled on distributed's P2P shuffle (``distributed/shuffle/_worker_plugin.py``
 :class:`RPMEnginePlugin` is registered on every worker by :func:`dask_rpm.fit`,
 registers ``worker.handlers`` for messages from other workers, and keeps one
 :class:`RunState` per training run: the worker's weight shard ``W_i``,
-``V_i`` (with the previous update's copy and the block's starting copy), its
-column's samples, the kernel buffers and the receive slots.
+``V_i`` and their optimizer state (with the previous update's copy and the
+block's starting copy), its column's samples, the kernel buffers and the
+receive slots.
 
 Messages travel worker to worker over Dask's own comm layer
 (``worker.rpc(address).rpm_put(...)``: TCP, or UCX where the cluster is
@@ -32,8 +33,11 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.protocol import to_serialize
 
 from ..kernels import Workspace, all_finite
+from ..optim import Optimizer, step
+from ..recipe import Recipe
 from .errors import BlockAborted, PeerError
 from .records import Layout
+from .samples import ColumnData
 
 __all__ = ["RPMEnginePlugin", "RunState", "PLUGIN_NAME", "get_state"]
 
@@ -66,39 +70,67 @@ def _unpack(value: Any) -> Any:
 
 
 class Shard:
-    """A worker's weight rows: current, after the previous update, at the block start."""
+    """A worker's weight rows and their optimizer state: current, before the last update, at the block start.
 
-    __slots__ = ("W", "V", "W_prev", "V_prev", "prev_valid", "W_snap", "V_snap", "snap_iteration", "finite")
+    ``state[slot]`` is ``[W_slot, V_slot]`` for each of the optimizer's state
+    slots (:mod:`dask_rpm.optim`): shaped and split by rows like ``W``, ``V``.
+    """
 
-    def __init__(self, W: np.ndarray, V: np.ndarray) -> None:
+    __slots__ = ("W", "V", "state", "W_prev", "V_prev", "state_prev", "prev_valid", "W_snap", "V_snap",
+                 "state_snap", "snap_iteration", "finite")
+
+    def __init__(self, W: np.ndarray, V: np.ndarray, state: dict[str, Any] | None = None) -> None:
         self.W = np.array(W, copy=True, order="C")
         self.V = np.array(V, copy=True, order="C")
+        self.state = {k: [np.array(a, copy=True, order="C") for a in v] for k, v in (state or {}).items()}
         self.W_prev = np.empty_like(self.W)
         self.V_prev = np.empty_like(self.V)
+        self.state_prev = {k: [np.empty_like(a) for a in v] for k, v in self.state.items()}
         self.prev_valid = False
         self.W_snap = np.empty_like(self.W)
         self.V_snap = np.empty_like(self.V)
+        self.state_snap = {k: [np.empty_like(a) for a in v] for k, v in self.state.items()}
         self.snap_iteration: int | None = None
         self.finite = all_finite(self.W) and all_finite(self.V)
+
+    @classmethod
+    def fresh(cls, W: np.ndarray, V: np.ndarray, opt: Optimizer) -> Shard:
+        """A shard with zero optimizer state (the start of training)."""
+        return cls(W, V, {slot: [np.zeros_like(W), np.zeros_like(V)] for slot in opt.slots})
+
+    def _copy_state(self, dst: dict[str, list[np.ndarray]], src: dict[str, list[np.ndarray]]) -> None:
+        for k, arrays in src.items():
+            for a, b in zip(dst[k], arrays):
+                np.copyto(a, b)
 
     def snapshot(self, iteration: int) -> None:
         np.copyto(self.W_snap, self.W)
         np.copyto(self.V_snap, self.V)
+        self._copy_state(self.state_snap, self.state)
         self.snap_iteration = iteration
 
-    def update(self, sum_W: np.ndarray, sum_V: np.ndarray, eps: float) -> bool:
-        """``W <- W - eps * sum_W`` (likewise V) into the spare buffers, then swap; returns finiteness.
+    def update(self, sum_W: np.ndarray, sum_V: np.ndarray, eps: float, opt: Optimizer | None = None,
+               t: int = 1) -> bool:
+        """One optimizer step from the summed updates (scratch: overwritten); returns finiteness.
 
-        The sums are scaled in place (they are scratch), and the previous
-        weights stay in the spare buffers: on divergence the last finite
-        weights are still there.
+        The weights before the step stay in the spare buffers, so on
+        divergence the last finite weights (and optimizer state) are still
+        there. Plain gradient descent writes ``W - eps * sum_W`` straight into
+        the spare buffer and swaps (one pass, the paper's update); the other
+        optimizers copy first and step in place (:func:`dask_rpm.optim.step`).
         """
-        sum_W *= eps
-        sum_V *= eps
-        np.subtract(self.W, sum_W, out=self.W_prev)
-        np.subtract(self.V, sum_V, out=self.V_prev)
-        self.W, self.W_prev = self.W_prev, self.W
-        self.V, self.V_prev = self.V_prev, self.V
+        if opt is None or opt.name == "sgd":
+            sum_W *= eps
+            sum_V *= eps
+            np.subtract(self.W, sum_W, out=self.W_prev)
+            np.subtract(self.V, sum_V, out=self.V_prev)
+            self.W, self.W_prev = self.W_prev, self.W
+            self.V, self.V_prev = self.V_prev, self.V
+        else:
+            np.copyto(self.W_prev, self.W)
+            np.copyto(self.V_prev, self.V)
+            self._copy_state(self.state_prev, self.state)
+            step(opt, eps, t, [self.W, self.V], [sum_W, sum_V], self.state)
         self.prev_valid = True
         self.finite = all_finite(self.W) and all_finite(self.V)
         return self.finite
@@ -109,6 +141,7 @@ class Shard:
             raise RuntimeError("no block snapshot to roll back to")
         np.copyto(self.W, self.W_snap)
         np.copyto(self.V, self.V_snap)
+        self._copy_state(self.state, self.state_snap)
         self.prev_valid = False
         self.finite = True
         return self.snap_iteration
@@ -119,8 +152,18 @@ class Shard:
             raise RuntimeError("no previous weights to revert to")
         self.W, self.W_prev = self.W_prev, self.W
         self.V, self.V_prev = self.V_prev, self.V
+        self.state, self.state_prev = self.state_prev, self.state
         self.prev_valid = False
         self.finite = all_finite(self.W) and all_finite(self.V)
+
+    def rows(self, a: int, b: int) -> dict[str, Any]:
+        """Local rows ``[a, b)``: weights and optimizer state (copies)."""
+        return {
+            "W": np.ascontiguousarray(self.W[a:b]),
+            "V": np.ascontiguousarray(self.V[:, a:b]),
+            "state": {k: [np.ascontiguousarray(Ws[a:b]), np.ascontiguousarray(Vs[:, a:b])]
+                      for k, (Ws, Vs) in self.state.items()},
+        }
 
 
 class RunState:
@@ -133,14 +176,15 @@ class RunState:
     all run on the worker's event loop, so the slots need no lock.
     """
 
-    def __init__(self, worker: Any, layout: Layout, shard: Shard, x: np.ndarray, d: np.ndarray) -> None:
+    def __init__(self, worker: Any, layout: Layout, shard: Shard, data: ColumnData, recipe: Recipe) -> None:
         self.worker = worker
         self.run = layout.run
         self.layout = layout
         self.shard = shard
-        self.x, self.d = x, d
+        self.data = data
+        self.recipe = recipe
         self.iteration = 0
-        self.staged: dict[int, tuple[Layout, Shard, np.ndarray, np.ndarray]] = {}
+        self.staged: dict[int, tuple[Layout, Shard, ColumnData]] = {}
         self.workspace: Workspace | None = None
         self.slots: dict[tuple[int, int, str, int], Any] = {}
         self.epoch = -1
@@ -153,10 +197,15 @@ class RunState:
 
     # ----------------------------------------------------------- compute
     def kernels(self) -> Workspace:
-        n, _, l = self.layout.shape
-        s, m = self.layout.n_samples, self.layout.n_hidden
-        if self.workspace is None or not self.workspace.fits(s, m, n, l, self.x.dtype):
-            self.workspace = Workspace(s, m, n, l, self.x.dtype)
+        n, m_all, l = self.layout.shape
+        s, m = self.data.capacity, self.layout.n_hidden
+        net = self.recipe.net
+        g = net.bias_row(m_all)  # the bias unit, if this worker holds it
+        a, b = self.layout.rows
+        bias_row = g - a if g is not None and a <= g < b else None
+        dtype = self.data.dtype
+        if self.workspace is None or not self.workspace.fits(s, m, n, l, dtype, net, bias_row):
+            self.workspace = Workspace(s, m, n, l, dtype, net, bias_row)
         return self.workspace
 
     async def compute(self, inline: bool, fn: Any, *args: Any) -> Any:
@@ -310,10 +359,11 @@ class RPMEnginePlugin(WorkerPlugin):
         m0, m1 = state.layout.rows
         if not (m0 <= a < b <= m1):
             raise ValueError(f"rows [{a}, {b}) are not within this worker's rows [{m0}, {m1})")
-        sh = state.shard
+        out = state.shard.rows(a - m0, b - m0)
         return {
-            "W": to_serialize(np.ascontiguousarray(sh.W[a - m0 : b - m0])),
-            "V": to_serialize(np.ascontiguousarray(sh.V[:, a - m0 : b - m0])),
+            "W": to_serialize(out["W"]),
+            "V": to_serialize(out["V"]),
+            "state": {k: [to_serialize(Ws), to_serialize(Vs)] for k, (Ws, Vs) in out["state"].items()},
         }
 
 

@@ -1,0 +1,141 @@
+"""A worker's samples: what its column takes of each iteration's (mini-)batch.
+
+Pure (numpy; the dataset reader in :mod:`dask_rpm.data`): no ``distributed``.
+
+How samples reach the workers
+-----------------------------
+* **Full batch** (the paper's): a column always uses the same samples, its
+  plan range ``[a, b)``. From in-memory arrays the driver sends each worker
+  just that slice; from a dataset file each worker reads just that slice.
+* **Mini-batches**: column ``c`` takes its share of every batch
+  (:mod:`dask_rpm.batches`), and the batches are drawn from the whole
+  training set. From in-memory arrays every worker holds the whole training
+  set (as in the paper, where every processor holds it; the driver
+  broadcasts it once). From a dataset file on shared storage each worker
+  reads, at the start of each epoch, only the rows its column will use in
+  that epoch, about ``(b - a) / s`` of the file — so a training set larger
+  than one worker's memory trains from a file, each worker holding its
+  share, never the whole.
+
+Either way the rows of one iteration are a contiguous slice of an array the
+worker already holds, so an iteration copies no samples.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ..batches import Schedule
+from ..data import load_rows, load_slice
+from ..network import Network
+
+__all__ = ["SampleSource", "ColumnData"]
+
+
+class SampleSource(NamedTuple):
+    """Where a worker gets samples from.
+
+    ``kind`` is ``"slice"`` (``x``, ``d`` are the column's full-batch range),
+    ``"arrays"`` (``x``, ``d`` are the whole training set) or ``"file"``
+    (``path``; ``rows`` maps training sample ``i`` to file row ``rows[i]``,
+    None: the identity).
+    """
+
+    kind: str
+    x: Any = None
+    d: Any = None
+    path: str | None = None
+    rows: Any = None
+
+
+class ColumnData:
+    """The samples of one column, served iteration by iteration.
+
+    Parameters
+    ----------
+    source : SampleSource
+    cut : (int, int)
+        The column's sample range in the plan (of ``schedule.samples``).
+    schedule : Schedule
+    net : Network
+        Appends the constant bias input when the network has bias terms.
+    dtype : str
+    """
+
+    def __init__(self, source: SampleSource, cut: tuple[int, int], schedule: Schedule, net: Network,
+                 dtype: str) -> None:
+        self.source, self.cut, self.schedule, self.net, self.dtype = source, tuple(cut), schedule, net, dtype
+        self._x: np.ndarray | None = None
+        self._d: np.ndarray | None = None
+        self._first = 0  # iteration whose rows start at offset 0
+        self._offsets: list[int] = []
+        self._epoch: int | None = None
+
+    @property
+    def capacity(self) -> int:
+        """Most rows one iteration can have (kernel buffers are sized for it)."""
+        a, b = self.cut
+        if self.schedule.full_batch:
+            return b - a
+        size = self.schedule.batch
+        return -(-size * (b - a) // self.schedule.samples) + 1
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self._x is None else int(self._x.nbytes + self._d.nbytes)  # type: ignore[union-attr]
+
+    def _take(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        src = self.source
+        if src.kind == "arrays":
+            return np.asarray(src.x)[idx], np.asarray(src.d)[idx]
+        if src.kind == "file":
+            rows = idx if src.rows is None else np.asarray(src.rows)[idx]
+            return load_rows(src.path, rows, self.dtype)  # type: ignore[arg-type]
+        raise ValueError(f"a {src.kind!r} sample source cannot serve mini-batches")
+
+    def _load_full(self) -> None:
+        src = self.source
+        a, b = self.cut
+        if src.kind == "slice":
+            x, d = np.asarray(src.x), np.asarray(src.d)
+        elif src.kind == "arrays":
+            x, d = np.asarray(src.x)[a:b], np.asarray(src.d)[a:b]
+        elif src.rows is None:
+            x, d = load_slice(src.path, a, b, self.dtype)  # type: ignore[arg-type]
+        else:
+            x, d = load_rows(src.path, np.asarray(src.rows)[a:b], self.dtype)  # type: ignore[arg-type]
+        self._set(x, d)
+        self._epoch = -1
+
+    def _set(self, x: np.ndarray, d: np.ndarray) -> None:
+        self._x = self.net.augment(np.ascontiguousarray(x, dtype=self.dtype))
+        self._d = np.ascontiguousarray(d, dtype=self.dtype)
+
+    def ready(self, iteration: int) -> bool:
+        """Whether :meth:`batch` of ``iteration`` needs no loading."""
+        if self.schedule.full_batch:
+            return self._x is not None
+        return self._epoch == self.schedule.epoch(iteration) and iteration >= self._first
+
+    def load(self, iteration: int) -> None:
+        """Load what ``iteration`` (and the rest of its epoch) needs."""
+        if self.schedule.full_batch:
+            self._load_full()
+            return
+        e = self.schedule.epoch(iteration)
+        idx, self._offsets = self.schedule.epoch_plan(e, self.cut, start=iteration)  # type: ignore[arg-type]
+        self._set(*self._take(idx))
+        self._epoch, self._first = e, iteration
+
+    def batch(self, iteration: int) -> tuple[np.ndarray, np.ndarray]:
+        """The column's rows of ``iteration`` (views; bias input appended)."""
+        if not self.ready(iteration):
+            self.load(iteration)
+        assert self._x is not None and self._d is not None
+        if self.schedule.full_batch:
+            return self._x, self._d
+        j = iteration - self._first
+        lo, hi = self._offsets[j], self._offsets[j + 1]
+        return self._x[lo:hi], self._d[lo:hi]
