@@ -11,6 +11,7 @@ import dask_rpm
 from dask_rpm.emulation import emulation_report, set_speed
 from dask_rpm.engine import Driver, ensure_plugins, fit, ordered_workers
 from dask_rpm.kernels import init_weights
+from dask_rpm.recipe import recipe
 from dask_rpm.serial import fit_serial
 from dask_rpm.partition import Plan
 from dask_rpm.planners import make_plan
@@ -73,7 +74,7 @@ def test_any_sequence_of_remaps_equals_serial(seed):
                 await ensure_plugins(client)
                 plan = _random_plan(rng, addresses, s, (n, m, l))
                 tr = Driver(client, run=f"t{seed}", plan=plan, source=None, arrays=(x, d),
-                            learning_rate=eps, dtype="float64")
+                            recipe=recipe(s, iterations=7 * block, learning_rate=eps), dtype="float64")
                 await tr.install(plan, W0, V0, 0)
                 moved = []
                 for step in range(6):

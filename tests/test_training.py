@@ -1,0 +1,202 @@
+"""Training options on a real cluster equal the serial reference: every loss x activation x optimizer x
+bias x batch size, through a column remap and a whole remap, for 1..N columns, through worker loss.
+
+Every problem here is well conditioned (small learning rate, few iterations): each test first checks
+that a 1e-15 relative change of the initial weights moves the serial result by less than 1e-12, so a
+1e-10 agreement between summation orders is a meaningful check and not luck.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+
+import numpy as np
+import pytest
+from distributed import Client, LocalCluster
+
+from dask_rpm.data import write_dataset
+from dask_rpm.engine import fit, ordered_workers
+from dask_rpm.engine.callbacks import TrainingCallback
+from dask_rpm.kernels import init_weights
+from dask_rpm.partition import Plan
+from dask_rpm.planners import make_plan
+from dask_rpm.remap import column_remap, whole_remap
+from dask_rpm.serial import fit_serial
+
+RTOL = 1e-10
+S, N, M, L = 90, 7, 9, 3
+ITERATIONS = 12
+LR = 2e-3
+
+OUTPUTS = [("squared", "sigmoid"), ("squared", "linear"), ("cross-entropy", "softmax")]
+ACTIVATIONS = ["sigmoid", "tanh", "relu"]
+OPTIMIZERS = ["sgd", "momentum", "adam"]
+GRID = list(itertools.product(OUTPUTS, ACTIVATIONS, OPTIMIZERS, [False, True], [None, 16]))
+
+
+def _problem(loss: str, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(S, N))
+    if loss == "cross-entropy":
+        return x, rng.integers(0, L, size=S)  # class labels, one-hot encoded by fit
+    return x, rng.uniform(0.1, 0.9, size=(S, L))
+
+
+def _kw(out, act, opt, bias, batch):
+    loss, output = out
+    lr = LR if opt != "adam" else 1e-3  # adam's steps are lr-sized whatever the gradient
+    return dict(hidden=M, iterations=ITERATIONS, learning_rate=lr, loss=loss, output=output, activation=act,
+                optimizer=opt, bias=bias, batch_size=batch, seed=0)
+
+
+def _assert_well_conditioned(x, d, kw):
+    """A 1e-15 relative change of W0 must not grow beyond 1e-12 in the serial run."""
+    W0, V0 = init_weights(N, M, L, seed=0, scale=0.1)
+    W_a, V_a, _ = fit_serial(x, d, init=(W0, V0), **{k: v for k, v in kw.items() if k != "hidden"})
+    W_b, V_b, _ = fit_serial(x, d, init=(W0 * (1 + 1e-15), V0), **{k: v for k, v in kw.items() if k != "hidden"})
+    change = max(np.abs(W_a - W_b).max() / np.abs(W_a).max(), np.abs(V_a - V_b).max() / np.abs(V_a).max())
+    assert change < 1e-12, f"problem is ill-conditioned ({change:.2e}); the comparison would mean nothing"
+
+
+def _assert_serial(r, x, d, kw, iterations=None):
+    kw = dict(kw, iterations=iterations or kw["iterations"])
+    W, V, err = fit_serial(x, d, **kw)
+    np.testing.assert_allclose(r.W, W, rtol=RTOL, atol=1e-14 * np.abs(W).max())
+    np.testing.assert_allclose(r.V, V, rtol=RTOL, atol=1e-14 * np.abs(V).max())
+    np.testing.assert_allclose(r.history["error"].values, err, rtol=RTOL, atol=0)
+
+
+class _Remapper(TrainingCallback):
+    """Remaps through the engine's own remap path at fixed iterations: a column remap, then a whole one."""
+
+    def __init__(self, at: dict[int, tuple[str, list[float]]]) -> None:
+        self.at = at
+        self.kinds: list[str] = []
+
+    def boundary(self, done: int) -> int | None:
+        later = [k for k in self.at if k > done]
+        return min(later) - done if later else None
+
+    async def after_block(self, info):
+        job = self.at.get(info.iteration)
+        if job is None or info.iteration in [k for k, _ in self.kinds]:
+            return None
+        kind, abilities = job
+        d = info.driver
+        new = column_remap(d.plan, abilities) if kind == "column" else whole_remap(d.plan, abilities)
+        await d.remap(new, kind)
+        self.kinds.append((info.iteration, kind))
+        return None
+
+
+@pytest.fixture(scope="module")
+def client3():
+    with LocalCluster(n_workers=3, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
+        with Client(cluster) as client:
+            yield client
+
+
+@pytest.mark.parametrize("out,act,opt,bias,batch", GRID,
+                         ids=[f"{o[0]}-{o[1]}-{a}-{p}-{'bias' if b else 'nobias'}-{bs or 'full'}"
+                              for o, a, p, b, bs in GRID])
+def test_every_option_equals_serial_through_column_and_whole_remaps(client3, out, act, opt, bias, batch):
+    x, d = _problem(out[0])
+    kw = _kw(out, act, opt, bias, batch)
+    _assert_well_conditioned(x, d, kw)
+    n_eff, m_eff = N + bias, M + bias
+    plan = make_plan([0.5, 0.3, 0.2], (n_eff, m_eff, L), S, method="grid-h")  # 3 workers, 2 columns
+    assert plan.n_columns >= 2
+    remapper = _Remapper({4: ("column", [0.2, 0.3, 0.5]), 8: ("whole", [0.45, 0.35, 0.2])})
+    r = fit(x, d, mapping=plan, client=client3, interval=5, progress="none", callbacks=[remapper], **kw)
+    assert [k for _, k in remapper.kinds] == ["column", "whole"]
+    assert len(r.plans) == 3
+    _assert_serial(r, x, d, kw)
+    if out[0] == "cross-entropy":
+        assert list(r.classes) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("columns", [1, 2, 3, 4])
+def test_one_to_n_columns_equal_serial_with_adam_minibatches_and_bias(columns):
+    x, d = _problem("cross-entropy", seed=3)
+    kw = _kw(("cross-entropy", "softmax"), "tanh", "adam", True, 20)
+    _assert_well_conditioned(x, d, kw)
+    shape = (N + 1, M + 1, L)
+    cols = np.array_split(np.arange(4), columns)
+    hidden = [list(np.diff(np.linspace(0, M + 1, len(c) + 1).astype(int))) for c in cols]
+    widths = list(np.diff(np.linspace(0, S, columns + 1).astype(int)))
+    plan = Plan.from_columns([list(map(int, c)) for c in cols], widths, hidden, shape=shape)
+    with LocalCluster(n_workers=4, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
+        r = fit(x, d, mapping=plan, client=client, interval=5, progress="none", **kw)
+    assert r.plan.n_columns == columns
+    _assert_serial(r, x, d, kw)
+
+
+def test_dataset_file_with_minibatches_and_a_validation_split_equals_serial(client3, tmp_path):
+    x, d = _problem("squared", seed=5)
+    path = write_dataset(tmp_path / "train.nc", x, d)
+    kw = _kw(("squared", "sigmoid"), "sigmoid", "momentum", False, 16)
+    kw.update(validation=0.2, validate_every=3)
+    plan_kw = dict(mapping="srpm", abilities=[1.0, 0.6, 0.3])
+    r = fit(str(path), client=client3, interval=4, progress="none", **plan_kw, **kw)
+    out = fit_serial(x, d, full_output=True, **kw)
+    np.testing.assert_allclose(r.W, out["W"], rtol=RTOL)
+    np.testing.assert_allclose(r.history["error"].values, out["errors"], rtol=RTOL)
+    # validation every 3 iterations, the same numbers as the serial run's
+    assert list(r.history["validation_iteration"].values) == [3, 6, 9, 12]
+    np.testing.assert_allclose(r.history["validation_loss"].values, [v for _, v, _ in out["validation"]],
+                               rtol=RTOL)
+
+
+def test_early_stopping_stops_where_the_serial_run_stops(client3):
+    rng = np.random.default_rng(9)
+    x = rng.normal(size=(120, 5))
+    y = (x[:, 0] + 0.3 * rng.normal(size=120) > 0).astype(int)
+    kw = dict(hidden=6, epochs=200, batch_size=24, learning_rate=0.05, loss="cross-entropy", optimizer="adam",
+              validation=0.25, early_stopping=3, bias=True, seed=1)
+    out = fit_serial(x, y, full_output=True, **kw)
+    assert out["stopped"] and "early stopping" in out["stopped"], "the problem must stop early to test it"
+    r = fit(x, y, mapping="srpm", abilities=[1, 1, 1], client=client3, progress="none", **kw)
+    assert r.stopped == out["stopped"]
+    assert r.history.sizes["iteration"] == out["iterations"]
+    np.testing.assert_allclose(r.W, out["W"], rtol=1e-9)
+    assert 0.5 < r.history["validation_accuracy"].values[-1] <= 1.0
+
+
+def _killer(client, victim, at):
+    pids = client.run(os.getpid)
+    fired = []
+
+    def callback(info):
+        if not fired and info["iteration"] >= at:
+            fired.append(info["iteration"])
+            os.kill(pids[victim], signal.SIGKILL)
+
+    callback.fired = fired
+    return callback
+
+
+@pytest.mark.parametrize("layout", ["two-columns", "one-column"])
+def test_optimizer_state_survives_a_worker_loss(layout):
+    """Adam's moments move with their rows: from another column, or from the checkpoint (one column)."""
+    x, d = _problem("squared", seed=2)
+    kw = _kw(("squared", "sigmoid"), "sigmoid", "adam", True, 30)
+    kw["iterations"] = 40
+    _assert_well_conditioned(x, d, kw)
+    shape = (N + 1, M + 1, L)
+    if layout == "two-columns":
+        plan = Plan.from_columns([[0, 1], [2, 3]], [40, 50], [[4, 6], [5, 5]], shape=shape)
+    else:
+        plan = Plan.from_columns([[0, 1, 2]], [S], [[3, 3, 4]], shape=shape)
+    with LocalCluster(n_workers=4, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
+        victim = ordered_workers(client.scheduler_info())[1]
+        killer = _killer(client, victim, at=15)
+        r = fit(x, d, mapping=plan, client=client, interval=5, checkpoint_every=10, callback=killer,
+                progress="none", **kw)
+    assert killer.fired
+    (rec,) = [rec for rec in r.remaps if rec.get("lost")]
+    assert rec["recovered_from"] == ("columns" if layout == "two-columns" else "checkpoint")
+    _assert_serial(r, x, d, kw)
