@@ -5,6 +5,7 @@ Public API
 fit, fit_serial       train on a Dask cluster / the serial reference
 make_plan, Plan       plan rectangles (SRPM and the paper's baselines)
 MLPModel              a trained network: predict, score, save/load, to_torch
+MLPClassifier, MLPRegressor  scikit-learn estimators (need scikit-learn; imported on first use)
 local_cluster         a local cluster with EMULATED heterogeneous worker speeds
 RPMSchedulerPlugin    the scheduler plugin that records rpm-* task timings
 """
@@ -22,9 +23,21 @@ from .plugin import RPMSchedulerPlugin
 
 __version__ = "0.1.0.dev0"
 
+
+def __getattr__(name: str) -> object:
+    # the estimators import scikit-learn: only when asked for, so `import dask_rpm` stays light
+    if name in ("MLPClassifier", "MLPRegressor"):
+        from . import estimators
+
+        return getattr(estimators, name)
+    raise AttributeError(f"module 'dask_rpm' has no attribute {name!r}")
+
+
 __all__ = [
     "FitResult",
+    "MLPClassifier",
     "MLPModel",
+    "MLPRegressor",
     "PLANNERS",
     "Plan",
     "PlanError",
