@@ -32,6 +32,8 @@ import numpy as np
 
 try:
     from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
+    from sklearn.utils.multiclass import check_classification_targets
+    from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_data
 except ImportError as exc:  # pragma: no cover - exercised only without scikit-learn
     raise ImportError("dask_rpm.MLPClassifier and MLPRegressor need scikit-learn: "
                       "pip install 'dask-rpm[sklearn]'") from exc
@@ -146,26 +148,10 @@ class _MLPBase(BaseEstimator):
             raise EstimatorError(f"validation_fraction: {exc}") from None
         return X[train], D[train], (X[val], D[val])
 
-    @staticmethod
-    def _check_X(X: Any, where: str = "X") -> np.ndarray:
-        try:
-            import xarray as xr
-
-            if isinstance(X, xr.DataArray):
-                X = X.values
-        except ImportError:  # pragma: no cover
-            pass
-        a = np.asarray(X)
-        if a.ndim != 2:
-            raise EstimatorError(f"{where} has shape {a.shape}; give a 2-D array (samples, features)"
-                                 + (" - one sample is X.reshape(1, -1)" if a.ndim == 1 else ""))
-        if a.dtype.kind not in "biuf":
-            raise EstimatorError(f"{where} has dtype {a.dtype}; give numbers")
-        if a.shape[0] < 2:
-            raise EstimatorError(f"{where} has {a.shape[0]} sample(s); training needs at least 2")
-        if not np.all(np.isfinite(a)):
-            raise EstimatorError(f"{where} contains NaN or infinite values; impute or drop them first")
-        return a.astype(np.float64, copy=False)
+    def _check_X_y(self, X: Any, y: Any, **kw: Any) -> tuple[np.ndarray, np.ndarray]:
+        # scikit-learn's own checks and messages: 2-D, numeric, finite, dense, >= 2 samples and 1 feature;
+        # sets n_features_in_ (and feature_names_in_ for DataFrames)
+        return validate_data(self, X, y, dtype=np.float64, ensure_min_samples=2, **kw)
 
     def _train(self, X: np.ndarray, D: np.ndarray, classes: Any = None, *, target_shift: Any = None,
                target_scale: Any = None) -> MLPModel:
@@ -192,7 +178,6 @@ class _MLPBase(BaseEstimator):
         rows = model.meta["validation"]
         self.result_ = result
         self.model_ = model
-        self.n_features_in_ = X.shape[1]
         self.loss_curve_ = list(model.meta["loss_curve"] or [])
         self.n_iter_ = len(self.loss_curve_)
         self.validation_loss_ = [float(r[1]) for r in rows]
@@ -216,25 +201,15 @@ class _MLPBase(BaseEstimator):
         return [float(r[2]) for r in rows]
 
     # ------------------------------------------------------------- fitted
-    def _check_fitted(self) -> MLPModel:
-        model = getattr(self, "model_", None)
-        if model is None:
-            from sklearn.exceptions import NotFittedError
-
-            raise NotFittedError(f"this {type(self).__name__} is not fitted yet; call fit(X, y) first")
-        return model
-
     def _check_predict_X(self, X: Any) -> np.ndarray:
-        model = self._check_fitted()
-        a = np.asarray(X)
-        if a.ndim == 2 and a.shape[1] != model.n_inputs:
-            raise EstimatorError(f"X has {a.shape[1]} features, but this {type(self).__name__} was fitted with "
-                                 f"{model.n_inputs}")
-        return a
+        check_is_fitted(self, "model_")
+        # the same checks as in fit, and the feature count fit saw
+        return validate_data(self, X, reset=False, dtype=self.model_.W.dtype)
 
     def save(self, path: Any) -> str:
         """Write the fitted model (:meth:`dask_rpm.MLPModel.save`); :meth:`dask_rpm.MLPModel.load` reads it."""
-        return self._check_fitted().save(path)
+        check_is_fitted(self, "model_")
+        return self.model_.save(path)
 
 
 class MLPClassifier(ClassifierMixin, _MLPBase):
@@ -296,12 +271,9 @@ class MLPClassifier(ClassifierMixin, _MLPBase):
         """Train on samples ``X (s, n)`` and labels ``y (s,)`` (any sortable labels); returns self."""
         from .recipe import one_hot
 
-        X = self._check_X(X)
-        y = np.asarray(y)
-        if y.ndim == 2 and y.shape[1] == 1:
-            y = y[:, 0]
-        if y.ndim != 1 or len(y) != len(X):
-            raise EstimatorError(f"y has shape {y.shape}; give one label per sample of X, shape ({len(X)},)")
+        X, y = self._check_X_y(X, y)
+        y = column_or_1d(y, warn=True)
+        check_classification_targets(y)
         classes = np.unique(y)
         if len(classes) < 2:
             raise EstimatorError(f"y has only one class ({classes[0]!r}); a classifier needs at least 2")
@@ -312,11 +284,13 @@ class MLPClassifier(ClassifierMixin, _MLPBase):
 
     def predict(self, X: Any) -> np.ndarray:
         """Class labels ``(samples,)``."""
-        return self.model_.predict(self._check_predict_X(X))
+        X = self._check_predict_X(X)
+        return self.model_.predict(X)
 
     def predict_proba(self, X: Any) -> np.ndarray:
         """Class probabilities ``(samples, classes)``, columns in the order of ``classes_``."""
-        return self.model_.predict_proba(self._check_predict_X(X))
+        X = self._check_predict_X(X)
+        return self.model_.predict_proba(X)
 
     def predict_log_proba(self, X: Any) -> np.ndarray:
         """Logarithms of :meth:`predict_proba`."""
@@ -324,14 +298,18 @@ class MLPClassifier(ClassifierMixin, _MLPBase):
             return np.log(self.predict_proba(X))
 
     def decision_function(self, X: Any) -> np.ndarray:
-        """Logits ``(samples, classes)``: the output pre-activations before the softmax."""
-        return self.model_.decision_function(self._check_predict_X(X))
+        """Logits ``(samples, classes)``: the output pre-activations before the softmax; for two classes
+        (scikit-learn's convention) ``(samples,)``, the second logit minus the first (> 0: ``classes_[1]``)."""
+        X = self._check_predict_X(X)
+        u = self.model_.decision_function(X)
+        return u[:, 1] - u[:, 0] if u.shape[1] == 2 else u
 
     def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:
         """Mean accuracy on ``X, y``."""
         if sample_weight is not None:
             return super().score(X, y, sample_weight=sample_weight)
-        return self.model_.score(self._check_predict_X(X), y)
+        X = self._check_predict_X(X)
+        return self.model_.score(X, y)
 
 
 class MLPRegressor(RegressorMixin, _MLPBase):
@@ -360,18 +338,16 @@ class MLPRegressor(RegressorMixin, _MLPBase):
     _loss = "squared"
     _output = "linear"
 
+    def __sklearn_tags__(self) -> Any:
+        tags = super().__sklearn_tags__()
+        tags.target_tags.multi_output = True  # y may be (samples, outputs): one output unit each
+        return tags
+
     def fit(self, X: Any, y: Any) -> "MLPRegressor":
         """Train on samples ``X (s, n)`` and targets ``y (s,)`` or ``(s, outputs)``; returns self."""
-        X = self._check_X(X)
-        y = np.asarray(y)
-        if y.dtype.kind not in "biuf":
-            raise EstimatorError(f"y has dtype {y.dtype}; regression targets must be numbers")
+        X, y = self._check_X_y(X, y, multi_output=True, y_numeric=True)
         self._y_1d = y.ndim == 1
         D = y.reshape(-1, 1) if y.ndim == 1 else y
-        if D.ndim != 2 or len(D) != len(X):
-            raise EstimatorError(f"y has shape {y.shape}; give ({len(X)},) or ({len(X)}, outputs)")
-        if not np.all(np.isfinite(D)):
-            raise EstimatorError("y contains NaN or infinite values")
         D = D.astype(np.float64)
         # the scaling is taken from the training part only (the held-out part stays unseen)
         seed = self._training_options(len(X))["seed"]
@@ -393,11 +369,13 @@ class MLPRegressor(RegressorMixin, _MLPBase):
 
     def predict(self, X: Any) -> np.ndarray:
         """Predicted targets, ``(samples,)`` when fitted on 1-D ``y``, else ``(samples, outputs)``."""
-        p = self.model_.predict(self._check_predict_X(X))
+        X = self._check_predict_X(X)
+        p = self.model_.predict(X)
         return p[:, 0] if getattr(self, "_y_1d", False) else p
 
     def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:
         """R^2 (coefficient of determination, averaged uniformly over outputs)."""
         if sample_weight is not None:
             return super().score(X, y, sample_weight=sample_weight)
-        return self.model_.score(self._check_predict_X(X), y)
+        X = self._check_predict_X(X)
+        return self.model_.score(X, y)

@@ -212,3 +212,13 @@ def test_load_refuses_what_is_not_a_model(tmp_path):
 def test_from_result_without_recipe_is_refused():
     with pytest.raises(ModelError, match="no recipe"):
         MLPModel.from_result({"W": np.zeros((2, 2)), "V": np.zeros((1, 2))})
+
+
+def test_save_honours_the_umask(tmp_path):
+    model, *_ = _classifier()
+    old = os.umask(0o027)
+    try:
+        path = model.save(tmp_path / "m.nc")
+    finally:
+        os.umask(old)
+    assert os.stat(path).st_mode & 0o777 == 0o640  # not mkstemp's 0o600: collaborators can read it
