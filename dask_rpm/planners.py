@@ -802,6 +802,8 @@ def make_plan(
     dp: int | None = None,
     small_group: float | None = None,
     workers: Sequence[Any] | None = None,
+    rates: Sequence[float] | None = None,
+    network: Any = None,
 ) -> Plan:
     """Plan one BP iteration for workers of the given abilities.
 
@@ -827,6 +829,11 @@ def make_plan(
         fraction of m; ``None`` reads ``rpm.planner.small-group``; 0 disables.
     workers
         Optional worker names/addresses, one per ability (see ``Plan.with_workers``).
+    rates, network
+        For planners that minimise predicted seconds (``srpm-time``): each
+        worker's speed in work units per second (index-aligned with
+        ``abilities``) and the :class:`~dask_rpm.cost.Network` (its
+        ``hosts``/``groups`` index-aligned too). Other planners ignore them.
 
     Returns
     -------
@@ -860,6 +867,9 @@ def make_plan(
         raise PlanError(f"rpm.planner.min-units={min_units} must be a non-negative number")
     if workers is not None and len(workers) != len(ab):
         raise PlanError(f"{len(workers)} worker names given for {len(ab)} abilities; give one per ability")
+    if rates is not None and len(rates) != len(ab):
+        raise PlanError(f"{len(rates)} rates given for {len(ab)} abilities; give one per ability")
+    timed = bool(getattr(planner, "time_objective", False))
 
     p_all = _normalise(ab)
     m = shape[1]
@@ -868,7 +878,12 @@ def make_plan(
     notes: list[str] = []
     while True:
         try:
-            res = planner(_normalise(p_all[active]), shape, samples, dp=dp)
+            if timed:
+                res = planner(_normalise(p_all[active]), shape, samples, dp=dp,
+                              rates=None if rates is None else [float(rates[i]) for i in active],
+                              network=_subset_network(network, active))
+            else:
+                res = planner(_normalise(p_all[active]), shape, samples, dp=dp)
         except PlanError as e:
             if excluded:
                 raise PlanError(f"after leaving out {_names(excluded)} (too slow for one hidden unit): {e}") from None
@@ -902,6 +917,8 @@ def make_plan(
     mapped = RealPartition(
         tuple(tuple(active[i] for i in col) for col in part.columns), part.widths, part.heights
     )
+    if "small_group" in res.meta:  # the planner chose the threshold by its own objective
+        small_group = float(res.meta["small_group"])
     snapped, merged = _snap(mapped, small_group)
     if merged:
         notes.append(
@@ -922,6 +939,18 @@ def make_plan(
     if workers is not None:
         plan = plan.with_workers(list(workers))
     return plan
+
+
+def _subset_network(network: Any, active: Sequence[int]) -> Any:
+    """``network`` with its per-worker host/group labels restricted to the planned workers."""
+    if network is None:
+        return None
+    repl = {}
+    for name in ("hosts", "groups"):
+        labels = getattr(network, name)
+        if labels is not None:
+            repl[name] = tuple(labels[i] for i in active)
+    return network._replace(**repl) if repl else network
 
 
 def _names(ws: Iterable[int]) -> str:
@@ -947,6 +976,9 @@ def fastest_grid(
     *,
     latency: float | None = None,
     bandwidth: float | None = None,
+    network: Any = None,
+    vertical: str | None = None,
+    horizontal: str | None = None,
 ) -> tuple[Plan, float]:
     """The ``N_DP`` plan of a grid baseline predicted fastest in seconds.
 
@@ -954,7 +986,8 @@ def fastest_grid(
     ``t_comm``; this picks it by :func:`~dask_rpm.cost.predict_iteration_seconds`
     with the workers' ``speeds`` (work units per second), which also counts
     compute imbalance. Every divisor of N is tried; infeasible ones are
-    skipped; ties go to the smaller ``N_DP``.
+    skipped; ties go to the smaller ``N_DP``. ``network``, ``vertical`` and
+    ``horizontal`` are passed to the model as they are.
 
     Returns
     -------
@@ -972,9 +1005,14 @@ def fastest_grid(
             plan = make_plan(abilities, shape, samples, method=method, dp=dp)
         except PlanError:
             continue
-        t = predict_iteration_seconds(plan, speeds, latency=latency, bandwidth=bandwidth)
+        t = predict_iteration_seconds(plan, speeds, latency=latency, bandwidth=bandwidth, network=network,
+                                      vertical=vertical, horizontal=horizontal)
         if best is None or t < best[1]:
             best = (plan, t)
     if best is None:
         raise PlanError(f"{method}: no N_DP dividing {len(abilities)} workers gives a feasible plan")
     return best
+
+
+# srpm-time registers itself; imported last because it builds on this module.
+from . import planner_time  # noqa: E402,F401

@@ -3,8 +3,15 @@
 Pure module (numpy, xarray, matplotlib for the plot; no ``distributed``).
 Nothing here is measured: iteration times come from the latency-bandwidth
 model :func:`dask_rpm.cost.predict_iteration_seconds` applied to the plans
-SRPM, the proportional 1-D split and method 1 (uniform) make for ``N``
-workers of a given speed distribution.
+SRPM-time, SRPM, the proportional 1-D split and method 1 (uniform) make for
+``N`` workers of a given speed distribution.
+
+Exchanges (``exchanges=``): ``scalable`` (default) charges the tree / ring /
+recursive-halving / direct allreduces of :mod:`dask_rpm.exchange`, the
+cheapest per column and per band group; ``engine`` what the engine sends
+today (allgather or leader in a column, one message per overlapping pair
+across columns); ``paper`` the paper-style model (one gatherer, bands one
+after another). Every method is charged with the same exchanges.
 
 Model of one worker: speed ``v_i`` (relative) times ``unit_rate`` work units
 (hidden unit x sample) per second. ``T_series(i) = m s / (unit_rate v_i)``
@@ -14,7 +21,8 @@ Model of one worker: speed ``v_i`` (relative) times ``unit_rate`` work units
           = m s / (T_parallel * unit_rate * sum_i v_i).
 
 Weak scaling: ``s = samples_per_worker * N``. Method 1 uses the N_DP (divisor
-of N) with the smallest predicted time.
+of N) with the smallest predicted time; SRPM-time gets the workers' rates and
+the network and minimises the predicted time itself.
 """
 
 from __future__ import annotations
@@ -31,7 +39,9 @@ import numpy as np
 __all__ = ["speeds_for", "simulate", "check_against_bench", "add_simulate_parser", "DEFAULT_NS"]
 
 DEFAULT_NS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
-SIM_METHODS = ("srpm", "split-1d", "uniform")
+SIM_METHODS = ("srpm-time", "srpm", "split-1d", "uniform")
+#: exchanges= name -> (vertical, horizontal) modes of dask_rpm.cost.predict_breakdown
+EXCHANGES = {"scalable": ("best", "best"), "engine": ("engine", "engine"), "paper": ("gather", "bands")}
 #: One core of this machine runs the float64 kernels at ~25 GFLOP/s, ~968 flop per work unit
 #: for n-l = 203-26 (docs/benchmarks.md): about 2.6e7 work units per second.
 DEFAULT_UNIT_RATE = 2.6e7
@@ -77,16 +87,20 @@ def _gamma(seconds: float, work: float, rates: np.ndarray) -> float:
 
 
 def _predict(method: str, speeds: np.ndarray, shape: tuple[int, int, int], samples: int, rates: np.ndarray,
-             latency: float, bandwidth: float) -> tuple[float, Any]:
+             network: Any, modes: tuple[str, str]) -> tuple[float, Any]:
+    import dask.config
+
     from .cost import predict_iteration_seconds
     from .planners import fastest_grid, make_plan
 
-    if method != "uniform":
-        plan = make_plan(speeds, shape, samples, method=method)
-        return predict_iteration_seconds(plan, list(rates), latency=latency, bandwidth=bandwidth), plan
-    plan, t = fastest_grid(np.ones(len(speeds)), shape, samples, "uniform", list(rates),
-                           latency=latency, bandwidth=bandwidth)
-    return t, plan
+    vertical, horizontal = modes
+    kw = dict(network=network, vertical=vertical, horizontal=horizontal)
+    if method == "uniform":
+        plan, t = fastest_grid(np.ones(len(speeds)), shape, samples, "uniform", list(rates), **kw)
+        return t, plan
+    with dask.config.set({"rpm.cost.vertical": vertical, "rpm.cost.horizontal": horizontal}):
+        plan = make_plan(speeds, shape, samples, method=method, rates=list(rates), network=network)
+    return predict_iteration_seconds(plan, list(rates), **kw), plan
 
 
 def simulate(
@@ -100,16 +114,29 @@ def simulate(
     unit_rate: float = DEFAULT_UNIT_RATE,
     methods: Sequence[str] = SIM_METHODS,
     seed: int = 0,
+    overhead: float | None = None,
+    exchanges: str = "scalable",
 ) -> Any:
-    """Predicted seconds per iteration and gamma, dims ``(method, N)`` (SIMULATION, not measured)."""
+    """Predicted seconds per iteration and gamma, dims ``(method, N)`` (SIMULATION, not measured).
+
+    ``overhead`` is the seconds per message at each end (``rpm.cost.overhead``
+    when None); ``exchanges`` one of ``scalable``, ``engine``, ``paper`` (module doc).
+    """
     import xarray as xr
 
     from . import config
     from .planners import parse_shape
 
     shape = parse_shape(shape)
+    from .cost import Network
+
     latency = float(config.get("cost.latency", latency))
     bandwidth = float(config.get("cost.bandwidth", bandwidth))
+    overhead = float(config.get("cost.overhead", overhead))
+    if exchanges not in EXCHANGES:
+        raise SimulateError(f"exchanges={exchanges!r} is not one of {', '.join(EXCHANGES)}")
+    if not (overhead >= 0 and math.isfinite(overhead)):
+        raise SimulateError(f"overhead={overhead} must be >= 0 seconds per message")
     ns = [int(n) for n in ns]
     if not ns or any(n < 1 for n in ns):
         raise SimulateError(f"worker counts {ns} must be positive whole numbers, e.g. 16,64,256")
@@ -125,12 +152,14 @@ def simulate(
     secs = np.full((len(methods), len(ns)), np.nan)
     gam = np.full_like(secs, np.nan)
     cols = np.zeros(secs.shape, dtype=int)
+    network = Network(latency=latency, bandwidth=bandwidth, overhead=overhead,
+                      itemsize=int(config.get("cost.itemsize")))
     for j, n in enumerate(ns):
         speeds = speeds_for(distribution, n, seed=seed)
         rates = unit_rate * speeds
         s = samples_per_worker * n
         for k, method in enumerate(methods):
-            t, plan = _predict(method, speeds, shape, s, rates, latency, bandwidth)
+            t, plan = _predict(method, speeds, shape, s, rates, network, EXCHANGES[exchanges])
             secs[k, j] = t
             gam[k, j] = _gamma(t, shape[1] * s, rates)
             cols[k, j] = plan.n_columns
@@ -145,7 +174,7 @@ def simulate(
             "title": "dask-rpm simulate: SIMULATION from the cost model, not measured",
             "distribution": distribution, "shape": "-".join(map(str, shape)),
             "samples_per_worker": samples_per_worker, "latency": latency, "bandwidth": bandwidth,
-            "unit_rate": unit_rate, "seed": seed,
+            "overhead": overhead, "exchanges": exchanges, "unit_rate": unit_rate, "seed": seed,
         },
     )
 
@@ -208,7 +237,8 @@ def plot_simulation(ds: Any, path: str) -> str:
         ax.legend()
     fig.suptitle(f"SIMULATION (cost model, not measured): {ds.attrs['distribution']} speeds, "
                  f"{ds.attrs['shape']}, {ds.attrs['samples_per_worker']} samples/worker, "
-                 f"latency {ds.attrs['latency'] * 1e6:g} us, {ds.attrs['bandwidth'] / 1e9:g} GB/s", fontsize=9)
+                 f"latency {ds.attrs['latency'] * 1e6:g} us, {ds.attrs['bandwidth'] / 1e9:g} GB/s, "
+                 f"{ds.attrs.get('exchanges', 'scalable')} exchanges", fontsize=9)
     fig.tight_layout()
     _atomic(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     plt.close(fig)
@@ -218,7 +248,8 @@ def plot_simulation(ds: Any, path: str) -> str:
 def markdown(ds: Any) -> str:
     lines = [f"SIMULATION (cost model, not measured): {ds.attrs['distribution']} speeds, n-m-l {ds.attrs['shape']}, "
              f"{ds.attrs['samples_per_worker']} samples per worker, latency {ds.attrs['latency']:g} s, "
-             f"bandwidth {ds.attrs['bandwidth']:g} B/s, unit rate {ds.attrs['unit_rate']:g} units/s",
+             f"bandwidth {ds.attrs['bandwidth']:g} B/s, overhead {ds.attrs.get('overhead', 0):g} s/message, "
+             f"{ds.attrs.get('exchanges', 'scalable')} exchanges, unit rate {ds.attrs['unit_rate']:g} units/s",
              "", "| N | " + " | ".join(f"{m} s/it | {m} gamma" for m in ds["method"].values) + " |",
              "| ---: |" + " ---: | ---: |" * ds.sizes["method"]]
     for j, n in enumerate(ds["N"].values):
@@ -246,6 +277,13 @@ def add_simulate_parser(subparsers: Any) -> None:
     p.add_argument("--samples-per-worker", type=int, default=4096, help="weak scaling: s = this x N (default 4096)")
     p.add_argument("--latency", type=float, default=None, help="seconds per message (default rpm.cost.latency)")
     p.add_argument("--bandwidth", type=float, default=None, help="bytes/s per link (default rpm.cost.bandwidth)")
+    p.add_argument("--overhead", type=float, default=None,
+                   help="seconds per message at each end (default rpm.cost.overhead)")
+    p.add_argument("--exchanges", default="scalable", choices=sorted(EXCHANGES),
+                   help="exchange algorithms charged: scalable (trees/rings, default), engine (what the engine "
+                        "sends today), paper (one gatherer, bands one after another)")
+    p.add_argument("--methods", default=",".join(SIM_METHODS),
+                   help=f"comma-separated, from {','.join(SIM_METHODS)} (default all)")
     p.add_argument("--unit-rate", type=float, default=DEFAULT_UNIT_RATE,
                    help=f"work units/s of a speed-1.0 worker (default {DEFAULT_UNIT_RATE:g})")
     p.add_argument("--check", metavar="BENCH_NC", help="instead: predict the rows of a dask-rpm bench result")
@@ -278,7 +316,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
                 raise CLIError(f"--n {args.ns!r}: give comma-separated whole numbers, e.g. 16,64,256") from None
         ds = simulate(ns=ns, distribution=args.distribution, shape=args.shape,
                       samples_per_worker=args.samples_per_worker, latency=args.latency,
-                      bandwidth=args.bandwidth, unit_rate=args.unit_rate)
+                      bandwidth=args.bandwidth, unit_rate=args.unit_rate, overhead=args.overhead,
+                      exchanges=args.exchanges, methods=[m for m in args.methods.split(",") if m.strip()])
     except (SimulateError, PlanError) as e:
         raise CLIError(str(e)) from None
     os.makedirs(args.out, exist_ok=True)

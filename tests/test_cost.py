@@ -6,6 +6,10 @@ import dask.config
 import pytest
 
 from dask_rpm.cost import (
+    LinkClass,
+    Network,
+    collective_seconds,
+    fit_network,
     predict_breakdown,
     predict_iteration_seconds,
     t_comm,
@@ -16,6 +20,14 @@ from dask_rpm.partition import Plan, RealPartition
 from dask_rpm.planners import make_plan
 
 SHAPE = (203, 80, 26)
+PAPER = dict(vertical="gather", horizontal="bands")  # the paper-style model the by-hand values below use
+
+
+@pytest.fixture(autouse=True)
+def _no_message_overhead():
+    # the by-hand formulas count latency and bandwidth only
+    with dask.config.set({"rpm.cost.overhead": 0.0}):
+        yield
 
 
 def test_t_comm_model_worked_example_values():
@@ -56,7 +68,7 @@ def test_single_worker_is_pure_compute():
 def test_breakdown_by_hand():
     plan = _two_columns()
     lat, bw, isz = 0.01, 1000.0, 4
-    out = predict_breakdown(plan, [10.0, 20.0, 50.0], latency=lat, bandwidth=bw, itemsize=isz)
+    out = predict_breakdown(plan, [10.0, 20.0, 50.0], latency=lat, bandwidth=bw, itemsize=isz, **PAPER)
     # compute: areas 240, 360, 400
     assert out["compute"] == pytest.approx({0: 24.0, 1: 18.0, 2: 8.0})
     assert out["column_compute"] == pytest.approx([24.0, 8.0])
@@ -69,7 +81,8 @@ def test_breakdown_by_hand():
     assert out["horizontal_by_band"] == pytest.approx(h)
     assert out["bottleneck_column"] == 0
     assert out["total"] == pytest.approx(24.0 + v0 + sum(h))
-    assert predict_iteration_seconds(plan, [10.0, 20.0, 50.0], latency=lat, bandwidth=bw, itemsize=isz) == out["total"]
+    assert predict_iteration_seconds(plan, [10.0, 20.0, 50.0], latency=lat, bandwidth=bw, itemsize=isz,
+                                     **PAPER) == out["total"]
 
 
 def test_more_bands_cost_more_latency():
@@ -78,7 +91,7 @@ def test_more_bands_cost_more_latency():
     snapped = make_plan(ab, SHAPE, 1024, small_group=0.06)
     plain = make_plan(ab, SHAPE, 1024, small_group=0)
     speeds = [a * 1e6 for a in ab]
-    kw = dict(bandwidth=1e12, itemsize=8)
+    kw = dict(bandwidth=1e12, itemsize=8, **PAPER)
     gap_hi = predict_breakdown(plain, speeds, latency=1.0, **kw)["horizontal"] - predict_breakdown(
         snapped, speeds, latency=1.0, **kw
     )["horizontal"]
@@ -97,9 +110,11 @@ def test_balanced_plan_beats_uniform_on_heterogeneous_workers():
 def test_defaults_come_from_config():
     plan = _two_columns()
     speeds = [10.0, 20.0, 50.0]
-    with dask.config.set({"rpm.cost.latency": 0.0, "rpm.cost.bandwidth": 1e30}):
+    with dask.config.set({"rpm.cost.latency": 0.0, "rpm.cost.bandwidth": 1e30,
+                          "rpm.cost.vertical": "gather", "rpm.cost.horizontal": "bands"}):
         assert predict_iteration_seconds(plan, speeds) == pytest.approx(24.0)
-    with dask.config.set({"rpm.cost.latency": 1.0, "rpm.cost.bandwidth": 1e30}):
+    with dask.config.set({"rpm.cost.latency": 1.0, "rpm.cost.bandwidth": 1e30,
+                          "rpm.cost.vertical": "gather", "rpm.cost.horizontal": "bands"}):
         # vertical 2 messages in column 0, horizontal 2 bands x 2 messages
         assert predict_iteration_seconds(plan, speeds) == pytest.approx(24.0 + 2 + 4)
 
@@ -133,3 +148,100 @@ def test_excluded_workers_need_no_speed_value():
 def test_bad_inputs(speeds, kw, match):
     with pytest.raises(ValueError, match=match):
         predict_iteration_seconds(_two_columns(), speeds, **kw)
+
+
+# ------------------------------------------------------- the engine's exchanges
+def test_engine_exchanges_by_hand():
+    # column 0 (workers 0, 1) allgathers its partials; every worker sends its rows to each overlapping
+    # worker of the other column: 0 -> 2 (rows 0-4), 1 -> 2 (4-10), 2 -> 0 and 2 -> 1.
+    plan = _two_columns()
+    net = Network(latency=0.01, bandwidth=1000.0, overhead=0.001, itemsize=4)
+    out = predict_breakdown(plan, [10.0, 20.0, 50.0], network=net, vertical="engine", horizontal="engine")
+    assert out["vertical_algorithm"] == ["allgather", "none"]
+    # one round: each member sends and receives one message of l * s_c = 3 * 60 elements
+    v0 = 0.01 + 2 * 0.001 + 3 * 60 * 4 / 1000.0
+    assert out["vertical"] == pytest.approx([v0, 0.0])
+    # worker 2 sends 2 and receives 2 messages, 10 rows x (n + l) = 8 elements each way
+    h = 0.01 + 4 * 0.001 + 10 * 8 * 4 / 1000.0
+    assert out["horizontal"] == pytest.approx(h)
+    assert out["total"] == pytest.approx(24.0 + v0 + h)
+
+
+def test_leader_vertical_is_two_rounds_through_the_fastest_member():
+    plan = Plan.from_columns([[0, 1, 2, 3, 4]], [10], [[2, 2, 2, 2, 2]], shape=(5, 10, 3),
+                             abilities=[1, 1, 5, 1, 1])
+    net = Network(latency=0.5, bandwidth=1e30, overhead=0.0)
+    with dask.config.set({"rpm.engine.vertical": "auto", "rpm.engine.allgather-max": 4}):
+        out = predict_breakdown(plan, [1.0] * 5, network=net, vertical="engine", horizontal="engine")
+    assert out["vertical_algorithm"] == ["leader"]
+    assert out["vertical"] == pytest.approx([1.0])  # two rounds of one latency
+    with dask.config.set({"rpm.engine.allgather-max": 8}):
+        out = predict_breakdown(plan, [1.0] * 5, network=net, vertical="engine", horizontal="engine")
+    assert out["vertical_algorithm"] == ["allgather"] and out["vertical"] == pytest.approx([0.5])
+
+
+def test_one_host_shares_its_cores_and_bandwidth():
+    plan = make_plan([1.0] * 8, (20, 64, 4), 800, "split-1d")
+    free = Network(latency=0.0, bandwidth=1e9, overhead=1e-3)
+    shared = free._replace(hosts=("h",) * 8, host_cores=2.0)
+    a = predict_breakdown(plan, [1e9] * 8, network=free, horizontal="engine")["horizontal"]
+    b = predict_breakdown(plan, [1e9] * 8, network=shared, horizontal="engine")["horizontal"]
+    assert a == pytest.approx(14 * 1e-3 + 7 * 64 * 24 * 8 / 1e9)  # 7 sends + 7 receives per worker
+    assert b == pytest.approx(56 * 2 * 1e-3 / 2.0)  # 56 messages, both ends on the host, 2 cores
+    assert b > a
+
+
+def test_collective_modes_charge_the_band_groups_and_best_is_cheapest():
+    plan = make_plan([0.05, 0.10, 0.20, 0.30, 0.35], SHAPE, 1024, small_group=0)
+    net = Network(latency=1e-4, bandwidth=1e8, overhead=1e-5)
+    got = {h: predict_breakdown(plan, [1e6] * 5, network=net, vertical=v, horizontal=h)["total"]
+           for v, h in [("tree", "tree"), ("ring", "ring"), ("halving", "halving"), ("direct", "direct"),
+                        ("best", "best")]}
+    assert got["best"] <= min(got.values()) + 1e-12
+    out = predict_breakdown(plan, [1e6] * 5, network=net, vertical="best", horizontal="best")
+    assert {g[2] for g in out["horizontal_groups"]} <= {"tree", "halving", "ring", "direct"}
+    assert sum(g[1] for g in out["horizontal_groups"]) == 80  # every hidden row in one group
+
+
+def test_link_classes_charge_each_message_by_its_link():
+    plan = make_plan([1.0] * 4, (20, 64, 4), 800, "srpm", dp=2)
+    fast, slow = LinkClass(1e-5, 1e10), LinkClass(1e-2, 1e7)
+    classes = {"host": fast, "group": fast, "across": slow}
+    together = Network(classes=classes, groups=("a", "a", "b", "b"))  # columns (0, 1) and (2, 3) inside a group
+    apart = Network(classes=classes, groups=("a", "b", "a", "b"))
+    assert together.link_class(0, 1) == "group" and together.link_class(0, 2) == "across"
+    t1 = predict_breakdown(plan, [1e9] * 4, network=together, vertical="tree", horizontal="tree")
+    t2 = predict_breakdown(plan, [1e9] * 4, network=apart, vertical="tree", horizontal="tree")
+    assert t1["vertical"][0] < t2["vertical"][0]
+
+
+def test_fit_network_recovers_the_parameters_of_synthetic_runs():
+    truth = Network(latency=2e-4, bandwidth=3e8, overhead=1e-4, host_bandwidth=5e8, fixed=1e-3, host_cores=2.0,
+                    duplex=False, reduce=2e-8, worker_cpu=1e-4)
+    runs = []
+    for n, shape, s, method in [(2, (8, 8, 1), 16, "split-1d"), (2, (8, 20000, 2), 16, "split-1d"),
+                                (8, (8, 8, 1), 64, "split-1d"), (8, (8, 2000, 2), 64, "split-1d"),
+                                (4, (4, 8, 8), 12800, "srpm"), (16, (8, 8, 1), 64, "split-1d")]:
+        plan = make_plan([1.0] * n, shape, s, method, dp=1 if method == "srpm" else None)
+        speeds = [1e9] * n
+        t = predict_breakdown(plan, speeds, network=truth._replace(hosts=("h",) * n), vertical="engine",
+                              horizontal="engine")["total"]
+        runs.append((plan, speeds, t, "auto"))
+    net = fit_network(runs, host_cores=2.0, duplex=False, rounds=200)
+    for plan, speeds, t, _ in runs:
+        got = predict_breakdown(plan, speeds, network=net._replace(hosts=("h",) * len(speeds)),
+                                vertical="engine", horizontal="engine")["total"]
+        assert got == pytest.approx(t, rel=0.05)
+
+
+def test_bad_modes_and_network():
+    with pytest.raises(ValueError, match="vertical='fast'; valid: engine"):
+        predict_breakdown(_two_columns(), [1.0] * 3, vertical="fast")
+    with pytest.raises(ValueError, match="horizontal='x'; valid: engine"):
+        predict_breakdown(_two_columns(), [1.0] * 3, horizontal="x")
+    with pytest.raises(ValueError, match="link class 'rack'"):
+        predict_breakdown(_two_columns(), [1.0] * 3, network=Network(classes={"rack": LinkClass(1, 1)}))
+    with pytest.raises(ValueError, match="overhead=-1.0"):
+        predict_breakdown(_two_columns(), [1.0] * 3, network=Network(overhead=-1.0))
+    with pytest.raises(ValueError, match="unknown exchange algorithm 'x'"):
+        collective_seconds("x", 3, 10.0, LinkClass(1.0, 1.0))

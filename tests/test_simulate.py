@@ -14,7 +14,7 @@ from dask_rpm.simulate import SimulateError, simulate, speeds_for
 def test_split_1d_two_equal_workers_by_hand():
     n, m, l, spw, lat, bw, rate = 10, 8, 2, 100, 1e-3, 1e6, 1e4
     ds = simulate(ns=[2], distribution="equal", shape=(n, m, l), samples_per_worker=spw, latency=lat,
-                  bandwidth=bw, unit_rate=rate, methods=["split-1d"])
+                  bandwidth=bw, unit_rate=rate, methods=["split-1d"], overhead=0.0, exchanges="paper")
     s = 2 * spw
     compute = m * (s / 2) / rate                       # each worker: all m units x half the samples
     horizontal = 2 * 1 * (lat + (n + l) * m * 8 / bw)  # one band, C = 2 columns, no vertical exchange
@@ -27,7 +27,7 @@ def test_split_1d_two_equal_workers_by_hand():
 def test_free_communication_gives_gamma_one_for_srpm_on_one_column_per_worker():
     # latency 0 and huge bandwidth: SRPM's balanced rectangles have gamma -> 1
     ds = simulate(ns=[4], distribution="two:0.5,0.5", shape=(10, 64, 2), samples_per_worker=256,
-                  latency=0.0, bandwidth=1e30, unit_rate=1e5)
+                  latency=0.0, bandwidth=1e30, unit_rate=1e5, overhead=0.0)
     assert ds["gamma"].sel({"method": "srpm", "N": 4}).item() == pytest.approx(1.0, rel=0.02)
     # uniform ignores speeds: the half-speed workers take twice as long -> gamma = (2*1+2*0.5)/(4*... )
     # every worker gets m s / 4 units; slowest rate 0.5e5: T = m s / (4 * 0.5e5); gamma = m s / (T * 3e5) = 2/3
@@ -55,7 +55,8 @@ def test_cli_writes_outputs_and_json(tmp_path, capsys):
     rc = main(["simulate", "--n", "4,16", "--distribution", "A", "--out", str(tmp_path), "--json"])
     assert rc == 0
     rows = json.loads(capsys.readouterr().out)
-    assert {(r["method"], r["N"]) for r in rows} == {(m, n) for m in ("srpm", "split-1d", "uniform") for n in (4, 16)}
+    assert {(r["method"], r["N"]) for r in rows} == {(m, n) for m in ("srpm-time", "srpm", "split-1d", "uniform")
+                                                     for n in (4, 16)}
     assert all(0 < r["gamma"] <= 1 and r["seconds_per_iteration"] > 0 for r in rows)
     for f in ("simulate.nc", "simulate.md", "simulate.png"):
         assert (tmp_path / f).stat().st_size > 0

@@ -1,0 +1,331 @@
+"""Exchange schedules: who sends which part of a buffer to whom, round by round.
+
+Pure module (numpy only). Both exchanges of an iteration are *allreduces*:
+every holder contributes a buffer of the same size and must end with the sum
+of all contributions, bit-identical on every holder (the replicas of a weight
+row must never drift apart, and the column's output deltas must be the same
+on every member):
+
+* **vertical**, inside a column: the ``l x s_c`` partial products of the
+  column's workers (the engine's ``u``, raveled);
+* **horizontal**, across columns: for each group of bands with the same
+  holders (one worker per column), the weight-update rows of those bands,
+  packed as ``[dW[rows].ravel(), dV[:, rows].ravel()]``, ``(n + l) x rows``
+  elements.
+
+A :class:`Schedule` lists rounds of :class:`Transfer` (``src`` sends
+``buffer[lo:hi]`` to ``dst``, which either adds it or copies it). Everything is
+deterministic: the order in which a receiver adds is fixed by the holders'
+positions (column order), each element's final value is computed by exactly
+one holder (or by every holder in the same order, for ``allgather``) and then
+copied, so every holder gets identical bits. :func:`execute` runs a schedule
+in-process on numpy arrays; it is the reference an engine implementation
+must match, and what the tests run.
+
+Algorithms (``q`` holders, ``B`` bytes; costs in :func:`dask_rpm.cost.collective_seconds`):
+
+============  ===============================  ======================================
+name          rounds                           sum order / when it wins
+============  ===============================  ======================================
+``allgather`` 1: everyone to everyone          column order on every holder; the
+                                               engine's vertical for small columns
+``gather``    2: to a leader, back             column order; the engine's ``leader``
+``direct``    2: share ``j`` to holder ``j``,  column order (exact); few holders,
+              then back to everyone            big buffers
+``ring``      ``2 (q - 1)`` of ``B / q``       ring order; bandwidth-bound, ``q`` small
+``tree``      ``2 ceil(log2 q)`` of ``B``      binomial tree; latency-bound
+``halving``   ``2 log2 q`` (+2) of ``B / 2^r`` recursive halving/doubling (Rabenseifner):
+                                               latency ``log q``, bandwidth ``2 B``
+============  ===============================  ======================================
+
+``direct``, ``gather`` and ``allgather`` give exactly the column-order sum;
+``ring``, ``tree`` and ``halving`` give a fixed other grouping of the same
+terms, equal to it to rounding (and identical on every holder). The
+selection (:func:`choose`) takes the algorithm with the least predicted
+seconds for the buffer and link: trees when latency dominates, ring or
+halving when bandwidth does.
+
+How the engine would consume it (``dask_rpm.engine.layout``): a layout keeps,
+per exchange, the schedule's transfers that name its worker; the block loop
+runs round by round, sends its transfers' slices, receives the expected ones
+and applies them with :func:`apply_round` semantics (sum in position order,
+or copy).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Mapping, NamedTuple, Sequence
+
+import numpy as np
+
+from .cost import LinkClass, Message, Network, best_collective, round_seconds
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .partition import Plan
+
+__all__ = [
+    "ALGORITHMS",
+    "Transfer",
+    "Schedule",
+    "BandExchange",
+    "build",
+    "choose",
+    "execute",
+    "schedule_seconds",
+    "vertical_schedule",
+    "horizontal_schedules",
+]
+
+ALGORITHMS = ("allgather", "gather", "direct", "ring", "tree", "halving")
+
+
+class Transfer(NamedTuple):
+    """``src`` sends ``buffer[lo:hi]`` to ``dst``; ``op`` is ``"sum"`` (add) or ``"copy"`` (overwrite)."""
+
+    src: int
+    dst: int
+    lo: int
+    hi: int
+    op: str
+
+
+class Schedule(NamedTuple):
+    """An allreduce among ``holders`` (worker ids, in column order) of ``size`` elements.
+
+    ``rounds`` run one after another; the transfers of a round are concurrent
+    and carry the sender's buffer as it was at the start of the round.
+    """
+
+    algorithm: str
+    holders: tuple[int, ...]
+    size: int
+    rounds: tuple[tuple[Transfer, ...], ...]
+
+    def messages(self) -> int:
+        return sum(len(r) for r in self.rounds)
+
+
+def _chunks(size: int, parts: int) -> list[tuple[int, int]]:
+    edges = [size * j // parts for j in range(parts + 1)]
+    return [(edges[j], edges[j + 1]) for j in range(parts)]
+
+
+def _allgather(h: Sequence[int], size: int) -> list[list[Transfer]]:
+    return [[Transfer(a, b, 0, size, "sum") for a in h for b in h if a != b]]
+
+
+def _gather(h: Sequence[int], size: int, leader: int) -> list[list[Transfer]]:
+    root = h[leader]
+    return [[Transfer(a, root, 0, size, "sum") for a in h if a != root],
+            [Transfer(root, b, 0, size, "copy") for b in h if b != root]]
+
+
+def _direct(h: Sequence[int], size: int) -> list[list[Transfer]]:
+    ch = _chunks(size, len(h))
+    first = [Transfer(a, h[j], lo, hi, "sum") for j, (lo, hi) in enumerate(ch) if hi > lo for a in h if a != h[j]]
+    second = [Transfer(h[j], b, lo, hi, "copy") for j, (lo, hi) in enumerate(ch) if hi > lo for b in h if b != h[j]]
+    return [first, second]
+
+
+def _ring(h: Sequence[int], size: int) -> list[list[Transfer]]:
+    q = len(h)
+    ch = _chunks(size, q)
+    rounds = []
+    for t in range(q - 1):  # reduce-scatter: holder i ends owning chunk (i + 1) mod q
+        rounds.append([Transfer(h[i], h[(i + 1) % q], *ch[(i - t) % q], "sum") for i in range(q)
+                       if ch[(i - t) % q][1] > ch[(i - t) % q][0]])
+    for t in range(q - 1):  # all-gather
+        rounds.append([Transfer(h[i], h[(i + 1) % q], *ch[(i + 1 - t) % q], "copy") for i in range(q)
+                       if ch[(i + 1 - t) % q][1] > ch[(i + 1 - t) % q][0]])
+    return rounds
+
+
+def _tree(h: Sequence[int], size: int) -> list[list[Transfer]]:
+    q = len(h)
+    up, span = [], 1
+    while span < q:  # binomial reduce to position 0
+        up.append([Transfer(h[p], h[p - span], 0, size, "sum") for p in range(span, q, 2 * span)])
+        span *= 2
+    down = [[Transfer(t.dst, t.src, 0, size, "copy") for t in r] for r in reversed(up)]
+    return up + down
+
+
+def _halving(h: Sequence[int], size: int) -> list[list[Transfer]]:
+    q = len(h)
+    p = 1 << (q.bit_length() - 1)
+    rounds: list[list[Transfer]] = []
+    extra = list(range(p, q))
+    if extra:  # fold the q - p extra holders into the first ones
+        rounds.append([Transfer(h[e], h[e - p], 0, size, "sum") for e in extra])
+    seg = {i: (0, size) for i in range(p)}
+    masks = []
+    mask = p >> 1
+    while mask:  # recursive halving: reduce-scatter
+        masks.append(mask)
+        r = []
+        new = {}
+        for i in range(p):
+            lo, hi = seg[i]
+            mid = lo + (hi - lo) // 2
+            keep, give = ((lo, mid), (mid, hi)) if not i & mask else ((mid, hi), (lo, mid))
+            new[i] = keep
+            if give[1] > give[0]:
+                r.append(Transfer(h[i], h[i ^ mask], give[0], give[1], "sum"))
+        seg = new
+        rounds.append(r)
+        mask >>= 1
+    for mask in reversed(masks):  # recursive doubling: all-gather
+        r = []
+        new = {}
+        for i in range(p):
+            lo, hi = seg[i]
+            j = i ^ mask
+            if hi > lo:
+                r.append(Transfer(h[i], h[j], lo, hi, "copy"))
+            olo, ohi = seg[j]
+            new[i] = (min(lo, olo), max(hi, ohi))
+        seg = new
+        rounds.append(r)
+    if extra:
+        rounds.append([Transfer(h[e - p], h[e], 0, size, "copy") for e in extra])
+    return rounds
+
+
+def build(algorithm: str, holders: Sequence[int], size: int, *, leader: int = 0) -> Schedule:
+    """The schedule of ``algorithm`` among ``holders`` (column order) for a buffer of ``size`` elements.
+
+    ``leader`` is the position (in ``holders``) of the ``gather`` root.
+    """
+    h = tuple(int(w) for w in holders)
+    if len(set(h)) != len(h) or not h:
+        raise ValueError(f"holders {list(h)} must be distinct worker ids, at least one")
+    if size < 0:
+        raise ValueError(f"size={size} must be a non-negative number of elements")
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown exchange algorithm {algorithm!r}; valid: {', '.join(ALGORITHMS)}")
+    if len(h) == 1 or size == 0:
+        return Schedule(algorithm, h, size, ())
+    if algorithm == "allgather":
+        rounds = _allgather(h, size)
+    elif algorithm == "gather":
+        if not 0 <= leader < len(h):
+            raise ValueError(f"leader={leader} is not a position in 0..{len(h) - 1}")
+        rounds = _gather(h, size, leader)
+    elif algorithm == "direct":
+        rounds = _direct(h, size)
+    elif algorithm == "ring":
+        rounds = _ring(h, size)
+    elif algorithm == "tree":
+        rounds = _tree(h, size)
+    else:
+        rounds = _halving(h, size)
+    return Schedule(algorithm, h, size, tuple(tuple(r) for r in rounds if r))
+
+
+def apply_round(buffers: dict[int, np.ndarray], transfers: Sequence[Transfer], position: Mapping[int, int]) -> None:
+    """Apply one round in place: payloads are the senders' slices at the round's start.
+
+    ``"sum"``: for each receiver and range, the receiver's own slice and the
+    received ones are added left to right in the order of their holders'
+    positions. ``"copy"``: the receiver takes the slice as sent.
+    """
+    payload = [buffers[t.src][t.lo:t.hi].copy() for t in transfers]
+    sums: dict[tuple[int, int, int], list[tuple[int, np.ndarray]]] = {}
+    for t, data in zip(transfers, payload):
+        if t.op == "copy":
+            buffers[t.dst][t.lo:t.hi] = data
+        elif t.op == "sum":
+            sums.setdefault((t.dst, t.lo, t.hi), []).append((position[t.src], data))
+        else:
+            raise ValueError(f"transfer op {t.op!r}; valid: sum, copy")
+    for (dst, lo, hi), parts in sums.items():
+        terms = sorted([(position[dst], buffers[dst][lo:hi].copy()), *parts], key=lambda x: x[0])
+        acc = terms[0][1]
+        for _, v in terms[1:]:
+            acc = acc + v
+        buffers[dst][lo:hi] = acc
+
+
+def execute(schedule: Schedule, contributions: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
+    """Run ``schedule`` in-process: every holder's buffer after the exchange (the inputs are not changed)."""
+    bufs = {w: np.array(contributions[w], copy=True).ravel() for w in schedule.holders}
+    for w, b in bufs.items():
+        if b.size != schedule.size:
+            raise ValueError(f"holder {w} contributes {b.size} elements; the schedule is for {schedule.size}")
+    position = {w: i for i, w in enumerate(schedule.holders)}
+    for r in schedule.rounds:
+        apply_round(bufs, r, position)
+    return bufs
+
+
+def schedule_seconds(schedule: Schedule, network: Network) -> float:
+    """Predicted seconds of a schedule: :func:`dask_rpm.cost.round_seconds` summed over its rounds."""
+    isz = network.itemsize
+    return float(sum(round_seconds([Message(t.src, t.dst, (t.hi - t.lo) * isz, t.op == "sum") for t in r],
+                                   network)[0]
+                     for r in schedule.rounds))
+
+
+def choose(q: int, nbytes: float, link: LinkClass, overhead: float = 0.0, reduce: float = 0.0) -> str:
+    """The scalable algorithm (``tree``, ``halving``, ``ring``, ``direct``) predicted fastest.
+
+    Deterministic: every worker computing it from the same plan and network
+    gets the same answer (ties go to the order listed).
+    """
+    return best_collective(q, nbytes, link, overhead, reduce)[0]
+
+
+def vertical_schedule(plan: "Plan", column: int, network: Network | None = None, algorithm: str | None = None
+                      ) -> Schedule:
+    """The in-column allreduce of column ``column``'s ``l x s_c`` partials (top to bottom order).
+
+    ``algorithm=None`` chooses by the model (:func:`choose`) with ``network``
+    (default: ``rpm.cost.*``).
+    """
+    from .cost import network_from_config
+
+    net = network_from_config(network)
+    col = sorted(plan.columns[column], key=lambda w: plan.rectangle(w).hidden[0])
+    s0, s1 = plan.column_samples(column)
+    size = plan.l * (s1 - s0)
+    if algorithm is None:
+        algorithm = choose(len(col), size * net.itemsize, net.worst_link(col), net.overhead)
+    return build(algorithm, col, size)
+
+
+class BandExchange(NamedTuple):
+    """The horizontal allreduce of the bands held by ``holders`` (one per column, left to right).
+
+    ``rows`` are the merged hidden-unit ranges; the buffer packs, for those
+    rows in order, ``dW[rows]`` (rows x n) then ``dV[:, rows]`` (l x rows).
+    """
+
+    holders: tuple[int, ...]
+    rows: tuple[tuple[int, int], ...]
+    schedule: Schedule
+
+
+def horizontal_schedules(plan: "Plan", network: Network | None = None, algorithm: str | None = None
+                         ) -> list[BandExchange]:
+    """One allreduce per group of bands with the same holders, in band order.
+
+    Bands with the same holder set are merged into one buffer (one message
+    per transfer instead of one per band). ``algorithm=None`` chooses per
+    group by the model.
+    """
+    from .cost import network_from_config
+
+    net = network_from_config(network)
+    if plan.n_columns == 1:
+        return []
+    groups: dict[tuple[int, ...], list[tuple[int, int]]] = {}
+    for band in plan.bands():
+        groups.setdefault(tuple(plan.holders(band)), []).append(band)
+    out = []
+    per_row = plan.n + plan.l
+    for holders, rows in groups.items():
+        size = per_row * sum(b - a for a, b in rows)
+        alg = algorithm or choose(len(holders), size * net.itemsize, net.worst_link(holders), net.overhead)
+        out.append(BandExchange(holders, tuple(rows), build(alg, holders, size)))
+    return out
+

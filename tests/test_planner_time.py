@@ -1,0 +1,124 @@
+"""srpm-time: SRPM's columns, cuts and snapping chosen by predicted seconds."""
+
+from __future__ import annotations
+
+import itertools
+
+import dask.config
+import numpy as np
+import pytest
+
+from dask_rpm.cost import LinkClass, Network, predict_iteration_seconds
+from dask_rpm.partition import PlanError
+from dask_rpm.planner_time import _RangeMax, _RunCost, time_table, vertical_seconds
+from dask_rpm.planners import PLANNERS, fastest_grid, make_plan
+
+SHAPE = (203, 1024, 26)
+A = [0.25, 0.3125, 0.5, 1.0, 1.0, 0.4167, 0.6667, 0.5]
+
+
+def _net() -> Network:
+    return Network(latency=9e-4, bandwidth=1.3e9, overhead=1e-5)
+
+
+def test_registered_and_srpm_keeps_the_paper_example():
+    assert "srpm-time" in PLANNERS and "srpm" in PLANNERS
+    paper = make_plan([0.05, 0.10, 0.20, 0.30, 0.35], "203-80-26", 1024, "srpm")
+    assert paper.columns == ((0, 1, 2), (3, 4)) and paper.t_comm == pytest.approx(73913.6)
+    timed = make_plan([0.05, 0.10, 0.20, 0.30, 0.35], "203-80-26", 1024, "srpm-time")
+    assert timed.method == "srpm-time"
+    assert "predicted" in timed.notes[0]
+
+
+@pytest.mark.parametrize("mode", [("engine", "engine"), ("best", "best")])
+@pytest.mark.parametrize("n", [8, 16, 64])
+def test_never_predicted_slower_than_srpm_split_1d_or_any_uniform_grid(mode, n):
+    vertical, horizontal = mode
+    speeds = np.resize(A, n)
+    rates = list(speeds * 1.25e7)
+    s = 4096 * n
+    net = _net()
+    kw = dict(network=net, vertical=vertical, horizontal=horizontal)
+    with dask.config.set({"rpm.cost.vertical": vertical, "rpm.cost.horizontal": horizontal}):
+        timed = make_plan(speeds, SHAPE, s, "srpm-time", rates=rates, network=net)
+    t = predict_iteration_seconds(timed, rates, **kw)
+    assert t == pytest.approx(timed.notes and float(timed.notes[0].split("predicted ")[1].split(" ")[0]), rel=1e-5)
+    others = [predict_iteration_seconds(make_plan(speeds, SHAPE, s, m), rates, **kw) for m in ("srpm", "split-1d")]
+    for dp in [d for d in range(1, n + 1) if n % d == 0]:
+        others.append(predict_iteration_seconds(make_plan(np.ones(n), SHAPE, s, "uniform", dp=dp), rates, **kw))
+    assert t <= min(others) * (1 + 1e-9)
+
+
+def test_time_dp_matches_brute_force_over_sorted_runs():
+    rng = np.random.default_rng(3)
+    for trial in range(6):
+        n = int(rng.integers(2, 8))
+        p = np.sort(rng.uniform(0.1, 1.0, n))
+        p = p / p.sum()
+        r = p * rng.uniform(0.5, 2.0, n) * 1e6  # rates not proportional: the range-max path
+        net = Network(latency=1e-3, bandwidth=1e7, overhead=1e-4)
+        w = _RunCost(p, r, None, (20, 64, 4), 2000, net, ["best", "engine", "tree"][trial % 3], 64)
+        tv, _ = time_table(w, n, n)
+        for c in range(1, n + 1):
+            best = np.inf
+            for cuts in itertools.combinations(range(1, n), c - 1):
+                edges = [0, *cuts, n]
+                best = min(best, max(float(w(np.array([a]), np.array([b]))[0]) for a, b in zip(edges[:-1], edges[1:])))
+            assert tv[c - 1] == pytest.approx(best, rel=1e-12)
+
+
+def test_range_max():
+    v = np.random.default_rng(0).normal(size=37)
+    rm = _RangeMax(v)
+    i, j = np.array([0, 3, 5, 36, 0]), np.array([1, 9, 37, 37, 37])
+    assert np.array_equal(rm(i, j), np.array([v[a:b].max() for a, b in zip(i, j)]))
+
+
+def test_vertical_seconds_is_monotone_in_members_and_bytes():
+    k = np.arange(1, 40)
+    for mode in ("best", "tree", "halving", "ring", "direct", "auto:4"):
+        t = vertical_seconds(mode, k, np.full(len(k), 1e6), np.full(len(k), 1e-4), np.full(len(k), 1e9), 1e-5)
+        assert t[0] == 0 and np.all(np.diff(t) >= -1e-15), mode
+
+
+def test_link_aware_columns_stay_inside_fast_links():
+    # 8 equal workers on 2 groups of 4, listed interleaved; crossing groups is slow
+    n = 8
+    groups = tuple("ab"[i % 2] for i in range(n))
+    classes = {"host": LinkClass(1e-5, 1e10), "group": LinkClass(1e-5, 1e10), "across": LinkClass(5e-3, 1e8)}
+    aware = Network(latency=1e-5, bandwidth=1e10, overhead=1e-6, classes=classes, groups=groups)
+    blind = aware._replace(classes=None)
+    rates = [2e7] * n
+    shape, s = (203, 64, 26), 65536  # big partials: the in-column exchange runs over the links
+    with dask.config.set({"rpm.cost.vertical": "best", "rpm.cost.horizontal": "best"}):
+        p_aware = make_plan([1.0] * n, shape, s, "srpm-time", rates=rates, network=aware)
+        p_blind = make_plan([1.0] * n, shape, s, "srpm-time", rates=rates, network=blind)
+        t_aware = predict_iteration_seconds(p_aware, rates, network=aware)
+        t_blind = predict_iteration_seconds(p_blind, rates, network=aware)  # the blind plan on the real links
+    assert t_aware < t_blind
+    for col in p_aware.columns:  # every multi-worker column is inside one group
+        assert len({groups[w] for w in col}) == 1
+
+
+def test_forced_columns_and_bad_rates():
+    plan = make_plan(A, SHAPE, 4096 * 8, "srpm-time", dp=3, rates=list(np.array(A) * 1e7))
+    assert plan.n_columns == 3
+    with pytest.raises(PlanError, match="3 rates given for 8 abilities"):
+        make_plan(A, SHAPE, 4096, "srpm-time", rates=[1.0, 2.0, 3.0])
+    with pytest.raises(PlanError, match="rates must be 8 positive finite"):
+        make_plan(A, SHAPE, 4096, "srpm-time", rates=[1.0] * 7 + [-1.0])
+    with pytest.raises(PlanError, match="dp=9 columns"):
+        make_plan(A, SHAPE, 4096, "srpm-time", dp=9)
+
+
+def test_without_rates_uses_the_configured_average_rate():
+    with dask.config.set({"rpm.planner.rate": 1e12}):  # compute is free: fewest messages wins
+        fast = make_plan(A, SHAPE, 4096, "srpm-time")
+    with dask.config.set({"rpm.planner.rate": 1e3}):  # compute dominates: balance wins
+        slow = make_plan(A, SHAPE, 4096, "srpm-time")
+    assert fast.n_columns >= 1 and slow.imbalance() <= fast.imbalance() + 1e-9
+
+
+def test_fastest_grid_still_works_with_the_engine_model():
+    plan, t = fastest_grid([1.0] * 6, (20, 12, 3), 60, "uniform", [1e3] * 6)
+    assert plan.n_columns in (1, 2, 3, 6) and t > 0
