@@ -200,3 +200,23 @@ def test_optimizer_state_survives_a_worker_loss(layout):
     (rec,) = [rec for rec in r.remaps if rec.get("lost")]
     assert rec["recovered_from"] == ("columns" if layout == "two-columns" else "checkpoint")
     _assert_serial(r, x, d, kw)
+
+
+def test_resume_from_a_checkpoint_continues_batches_and_optimizer_state(client3):
+    """Stop at a checkpoint, resume with fit(resume=...): the weights of an uninterrupted run."""
+    x, d = _problem("cross-entropy", seed=4)
+    kw = _kw(("cross-entropy", "softmax"), "relu", "adam", True, 16)
+    kw["iterations"] = 24
+    _assert_well_conditioned(x, d, kw)
+    saved = []
+    first = fit(x, d, mapping="srpm", abilities=[1.0, 0.5, 0.3], client=client3, interval=4, checkpoint_every=10,
+                on_checkpoint=saved.append, should_stop=lambda: len(saved) >= 1, progress="none", **kw)
+    assert first.stopped and saved[-1]["iteration"] == 10 and set(saved[-1]["optimizer_state"]) == {"m", "v"}
+    r = fit(x, d, mapping="uniform", client=client3, interval=5, resume=saved[-1], progress="none", **kw)
+    assert list(r.history["iteration"].values) == list(range(10, 24))
+    W, V, err = fit_serial(x, d, **kw)
+    np.testing.assert_allclose(r.W, W, rtol=RTOL, atol=1e-14 * np.abs(W).max())
+    np.testing.assert_allclose(r.V, V, rtol=RTOL, atol=1e-14 * np.abs(V).max())
+    np.testing.assert_allclose(r.history["error"].values, err[10:], rtol=RTOL)
+    with pytest.raises(Exception, match="optimizer 'sgd' needs"):
+        fit(x, d, client=client3, resume=saved[-1], progress="none", **dict(kw, optimizer="sgd"))

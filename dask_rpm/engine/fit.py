@@ -205,6 +205,7 @@ def fit(
     validate_every: int | None = None,
     early_stopping: int | None = None,
     tol: float | None = None,
+    resume: dict[str, Any] | None = None,
 ) -> FitResult:
     """Train a 3-layer perceptron by back-propagation on the workers of a Dask cluster.
 
@@ -257,8 +258,9 @@ def fit(
         They are the recovery point when no column holds a lost worker's rows.
     on_checkpoint : callable, optional
         ``on_checkpoint(state)`` with a dict ``iteration``, ``W``, ``V``,
-        ``errors`` (per iteration so far), ``plan``; called in a thread at each
-        checkpoint (e.g. to write it to disk).
+        ``optimizer_state``, ``errors`` (per iteration so far), ``plan``; called
+        in a thread at each checkpoint (e.g. to write it to disk; ``resume=``
+        takes it back).
     should_stop : callable, optional
         ``should_stop() -> bool`` polled after every block (e.g. a walltime
         signal); when true training stops there and ``FitResult.stopped`` says so.
@@ -302,6 +304,11 @@ def fit(
         Stop after this many validations in a row without improving the best
         validation loss by more than ``tol`` (relative); needs ``validation``.
     tol : float, default ``rpm.train.tol``
+    resume : dict, optional
+        A checkpoint as ``on_checkpoint`` receives it (``iteration``, ``W``,
+        ``V``, ``optimizer_state``): training continues at that iteration, with
+        the same mini-batches and optimizer state, up to ``iterations`` in all,
+        and ends with the weights of an uninterrupted run.
 
     Returns
     -------
@@ -323,7 +330,8 @@ def fit(
               checkpoint_every=checkpoint_every, on_checkpoint=on_checkpoint, should_stop=should_stop,
               callback=callback, callbacks=callbacks, epochs=epochs, batch_size=batch_size, shuffle=shuffle,
               activation=activation, loss=loss, output=output, bias=bias, optimizer=optimizer,
-              validation=validation, validate_every=validate_every, early_stopping=early_stopping, tol=tol)
+              validation=validation, validate_every=validate_every, early_stopping=early_stopping, tol=tol,
+              resume=resume)
     return client.sync(_fit_async, client, x, d, kw)
 
 
@@ -357,8 +365,8 @@ async def _plan(client: Any, opts: _Options, data: Prepared, abilities: Any) -> 
 
 
 def _callbacks(kw: dict[str, Any], opts: _Options, data: Prepared, reporter: Progress, remaps: list,
-               emulation: str | None) -> tuple[list[cb.TrainingCallback], cb.CheckpointCallback]:
-    ckpt = cb.CheckpointCallback(opts.checkpoint_every, kw["on_checkpoint"], Checkpoint(0, data.W0, data.V0))
+               emulation: str | None, start: Checkpoint) -> tuple[list[cb.TrainingCallback], cb.CheckpointCallback]:
+    ckpt = cb.CheckpointCallback(opts.checkpoint_every, kw["on_checkpoint"], start)
     out: list[cb.TrainingCallback] = [cb.DashboardCallback(emulation), ckpt, cb.ProgressCallback(reporter, remaps)]
     validator = data.validator()
     if validator is not None:
@@ -373,6 +381,31 @@ def _callbacks(kw: dict[str, Any], opts: _Options, data: Prepared, reporter: Pro
     return out, ckpt
 
 
+def _start(resume: Any, data: Prepared) -> Checkpoint:
+    """Where training starts: iteration 0 with the initial weights, or a checkpoint to resume from."""
+    if resume is None:
+        return Checkpoint(0, data.W0, data.V0)
+    if not isinstance(resume, dict) or not {"iteration", "W", "V"} <= set(resume):
+        raise DataError("resume must be a checkpoint dict with 'iteration', 'W', 'V' (and 'optimizer_state'), "
+                        "as fit's on_checkpoint receives it")
+    k = resume["iteration"]
+    W, V = np.asarray(resume["W"], dtype=data.dtype), np.asarray(resume["V"], dtype=data.dtype)
+    if W.shape != data.W0.shape or V.shape != data.V0.shape:
+        raise DataError(f"resume: the checkpoint's weights are W{W.shape}, V{V.shape}; this network needs "
+                        f"W{data.W0.shape}, V{data.V0.shape} (same data, hidden units and bias)")
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k < data.recipe.iterations:
+        raise DataError(f"resume: the checkpoint is at iteration {k!r}; it must be below iterations="
+                        f"{data.recipe.iterations} (the total to reach)")
+    state = resume.get("optimizer_state") or None
+    slots = set(data.recipe.optimizer.slots)
+    if (state is None and slots) or (state is not None and set(state) != slots):
+        raise DataError(f"resume: the checkpoint has optimizer state {sorted(state or {})}; optimizer "
+                        f"{data.recipe.optimizer.name!r} needs {sorted(slots)} (resume with the optimizer it was "
+                        f"written with)")
+    return Checkpoint(int(k), W, V, {k2: [np.asarray(a, dtype=data.dtype) for a in v] for k2, v in state.items()}
+                      if state else None)
+
+
 async def _fit_async(client: Any, x: Any, d: Any, kw: dict[str, Any]) -> FitResult:
     reporter = Progress(kw["progress"])  # validates progress= before any work
     data = prepare(x, d, **{k: kw[k] for k in _TRAINING_KEYWORDS})
@@ -384,13 +417,14 @@ async def _fit_async(client: Any, x: Any, d: Any, kw: dict[str, Any]) -> FitResu
     drpm = DRPMState(initial_abilities=given, auto=opts.auto_interval) if opts.mapping == "drpm" else None
     remaps: list[dict[str, Any]] = drpm.remaps if drpm is not None else []
     emulation = await _emulation_label(client)
-    hooks, ckpt = _callbacks(kw, opts, data, reporter, remaps, emulation)
+    start = _start(kw["resume"], data)
+    hooks, ckpt = _callbacks(kw, opts, data, reporter, remaps, emulation, start)
     loop = _Loop(driver, opts, hooks, ckpt, drpm, remaps)
     names = {a: w.get("name", a) for a, w in info["workers"].items()}  # worker names (SLURM: <group>-<n>)
     plans = [plan]
     stopped = None
     try:
-        await driver.install(plan, data.W0, data.V0, 0)
+        await driver.install(plan, start.W, start.V, start.iteration, start.state)
         for h in hooks:
             await cb.call(h.before_training(driver, opts.iterations))
         driver.on_progress = loop.progress
