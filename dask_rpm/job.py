@@ -75,9 +75,16 @@ import numpy as np
 
 __all__ = ["Job", "JobError", "load_job", "run_job", "read_checkpoint"]
 
+#: Job keys that choose what is trained, and fit()'s keyword for each (validated by dask_rpm.recipe).
+TRAINING_KEYS = {
+    "epochs": "epochs", "batch-size": "batch_size", "shuffle": "shuffle", "activation": "activation",
+    "loss": "loss", "output-layer": "output", "bias": "bias", "optimizer": "optimizer", "validation": "validation",
+    "validate-every": "validate_every", "early-stopping": "early_stopping", "tol": "tol",
+}
 _KEYS = (
     "data", "hidden", "iterations", "target-error", "learning-rate", "mapping", "seed", "dtype", "output",
     "overwrite", "checkpoint", "min-workers", "on-worker-loss", "time-limit", "workers", "config",
+    *TRAINING_KEYS,
 )
 _OVERWRITE_HINT = "set overwrite: true in the job file (or pass --overwrite) to replace it"
 
@@ -110,12 +117,14 @@ class Job:
     config: dict[str, Any] = field(default_factory=dict)
     shape: tuple[int, int, int] = (0, 0, 0)  # (s, n, l) of the data
     overwrite: bool = False
+    training: dict[str, Any] = field(default_factory=dict)  # fit() keywords from TRAINING_KEYS
 
     @property
     def fingerprint(self) -> str:
         """What a checkpoint must match to be resumed by this job (data, network, learning)."""
         key = json.dumps(
-            [os.path.abspath(self.data), list(self.shape), self.hidden, self.learning_rate, self.seed, self.dtype],
+            [os.path.abspath(self.data), list(self.shape), self.hidden, self.learning_rate, self.seed, self.dtype,
+             *([sorted(self.training.items())] if self.training else [])],
         )
         return hashlib.sha256(key.encode()).hexdigest()[:16]
 
@@ -163,6 +172,28 @@ def _number(raw: dict, key: str, *, positive: bool) -> float | None:
     if not ok:
         raise _bad(key, v, f"expected a finite number {'> 0' if positive else '>= 0'}", f"Write e.g. {key}: 0.01.")
     return float(v)
+
+
+def _training_iterations(training: dict[str, Any], shape: tuple[int, int, int], raw: dict) -> int:
+    """Check the training keys (as fit() will) and return the number of iterations they make."""
+    from .recipe import RecipeError, recipe
+
+    if "iterations" in raw and "epochs" in training:
+        raise JobError(f"job file: both iterations={raw['iterations']!r} and epochs={training['epochs']!r}; "
+                       f"give one of them")
+    val = training.get("validation")
+    if val is not None and not (isinstance(val, float) and 0 < val < 1):
+        raise _bad("validation", val, "expected a fraction of the samples to hold out, in (0, 1)",
+                   "Write e.g. validation: 0.1.")
+    s = shape[0] - (int(round(val * shape[0])) if val else 0)
+    try:
+        rec = recipe(s, iterations=raw.get("iterations") if "epochs" not in training else None,
+                     learning_rate=1.0, **{k: v for k, v in training.items() if k not in ("validation", "optimizer")},
+                     optimizer_spec=training.get("optimizer"), validation=val is not None)
+    except (RecipeError, ValueError) as e:
+        key = next((k for k, kw in TRAINING_KEYS.items() if f"{kw}=" in str(e)), None)
+        raise JobError(f"job file: {key + ': ' if key else ''}{e}") from None
+    return rec.iterations
 
 
 def load_job(path: str | os.PathLike, *, overwrite: bool = False) -> Job:
@@ -224,6 +255,12 @@ def load_job(path: str | os.PathLike, *, overwrite: bool = False) -> Job:
     hidden = _int(raw, "hidden", 1)
     iterations = _int(raw, "iterations", 1, default=None)
     target = _number(raw, "target-error", positive=False)
+    training = {kw: raw[key] for key, kw in TRAINING_KEYS.items() if key in raw}
+    if training:
+        n_iterations = _training_iterations(training, shape, raw)
+        if "epochs" in training:
+            iterations = n_iterations
+            training.pop("epochs")  # the job runs that many iterations (a resume counts from them)
     if iterations is None:
         if target is None:
             raise JobError("job file: give 'iterations:' (how many BP iterations), 'target-error:' (train until the error is at most this), or both (iterations is then the maximum)")
@@ -272,7 +309,7 @@ def load_job(path: str | os.PathLike, *, overwrite: bool = False) -> Job:
         learning_rate=lr, output=output, checkpoint_path=ck_path, checkpoint_every=every,
         target_error=target, mapping=mapping, seed=seed, dtype=dtype, min_workers=min_workers,
         on_worker_loss=loss, time_limit=time_limit, workers=workers, config=config, shape=shape,
-        overwrite=over or bool(overwrite),
+        overwrite=over or bool(overwrite), training=training,
     )
     expected = job.expected_workers
     if expected is not None and min_workers > expected:
@@ -381,6 +418,9 @@ def write_checkpoint(job: Job, state: dict[str, Any]) -> str:
             "V": (("output", "hidden"), V, {"description": "hidden-to-output weights after `iteration` updates"}),
             "error": (("iteration",), np.asarray(state["errors"], dtype=float),
                       {"description": "0.5 * sum over samples of ||h - d||^2, before each iteration's update"}),
+            **{f"optimizer_{slot}_{name}": (dims, a, {"description": f"optimizer state {slot!r} of {name}"})
+               for slot, pair in (state.get("optimizer_state") or {}).items()
+               for name, dims, a in zip(("W", "V"), (("hidden", "input"), ("output", "hidden")), pair)},
         },
         attrs={
             "title": "dask_rpm training checkpoint",
@@ -419,9 +459,11 @@ def read_checkpoint(job: Job) -> dict[str, Any]:
     if ds.attrs.get("fingerprint") != job.fingerprint:
         raise JobError(f"--resume: checkpoint {path!r} is from a different job (data, hidden, learning-rate, seed "
                        f"or dtype differ); run without --resume, or restore the job file it was written with")
+    slots = sorted({str(k).split("_")[1] for k in ds.data_vars if str(k).startswith("optimizer_")})
     return {
         "iteration": int(ds.attrs["iteration"]), "W": ds["W"].values, "V": ds["V"].values,
         "errors": ds["error"].values, "plan": ds.attrs.get("plan", ""),
+        "optimizer_state": {k: [ds[f"optimizer_{k}_W"].values, ds[f"optimizer_{k}_V"].values] for k in slots},
     }
 
 
@@ -433,7 +475,6 @@ def write_output(job: Job, result: Any, *, start: int, errors_before: np.ndarray
 
     hist = result.history
     total = start + hist.sizes.get("iteration", 0)
-    hist = hist.assign_coords(iteration=hist["iteration"].values + start)
     if start:
         hist = hist.reindex(iteration=np.arange(total))
         hist["error"] = ("iteration", np.concatenate([errors_before[:start], result.history["error"].values]),
@@ -628,10 +669,10 @@ def run_job(
     out = out or sys.stdout
     job = load_job(path, overwrite=overwrite)
     check_paths(job, resume=resume)
-    start, errors_before, init = 0, np.zeros(0), None
+    start, errors_before, ck = 0, np.zeros(0), None
     if resume:
         ck = read_checkpoint(job)
-        start, errors_before, init = ck["iteration"], ck["errors"], (ck["W"], ck["V"])
+        start, errors_before = ck["iteration"], ck["errors"]
         if start >= job.iterations:
             raise JobError(f"--resume: the checkpoint is at iteration {start}, already at iterations={job.iterations}; raise iterations to train on")
         print(f"resuming from checkpoint {job.checkpoint_path} at iteration {start}", file=out, flush=True)
@@ -654,19 +695,18 @@ def run_job(
                 what = f"worker(s) {', '.join(rec['joined'])} joined"
             else:
                 what = rec.get("reason", "")
-            print(f"remap at iteration {start + rec['iteration']}: {rec['kind']} ({what}), {rec['bytes']} weight "
+            print(f"remap at iteration {rec['iteration']}: {rec['kind']} ({what}), {rec['bytes']} weight "
                   f"bytes, {rec.get('sample_bytes', 0)} sample bytes re-read, {rec['seconds']:.3f} s",
                   file=out, flush=True)
         spi = info["seconds_per_iteration"]
         print(
-            f"iteration {start + info['iteration']}/{job.iterations}: error {info['error']:.6g}, "
+            f"iteration {info['iteration']}/{job.iterations}: error {info['error']:.6g}, "
             f"{spi * 1e3:.1f} ms/iteration, {len(info['workers'])} worker(s)",
             file=out, flush=True,
         )
 
     def on_checkpoint(state: dict[str, Any]) -> None:
-        state = dict(state, iteration=start + state["iteration"],
-                     errors=np.concatenate([errors_before[:start], state["errors"]]))
+        state = dict(state, errors=np.concatenate([errors_before[:start], state["errors"][start:]]))
         write_checkpoint(job, state)
         print(f"checkpoint at iteration {state['iteration']} -> {job.checkpoint_path}", file=out, flush=True)
 
@@ -680,8 +720,8 @@ def run_job(
               file=out, flush=True)
         t_train = time.monotonic()
         result = fit(
-            job.data, hidden=job.hidden, iterations=job.iterations - start, learning_rate=job.learning_rate,
-            mapping=job.mapping, seed=job.seed, dtype=job.dtype, init=init, client=client,
+            job.data, hidden=job.hidden, iterations=job.iterations, learning_rate=job.learning_rate,
+            mapping=job.mapping, seed=job.seed, dtype=job.dtype, resume=ck, client=client, **job.training,
             progress="none", on_worker_loss=job.on_worker_loss, min_workers=job.min_workers,
             target_error=job.target_error, checkpoint_every=every, on_checkpoint=on_checkpoint if every else None,
             should_stop=should_stop, callback=progress,
@@ -704,6 +744,7 @@ def run_job(
     if result.stopped and result.stopped.startswith("stop requested"):
         why = getattr(stop, "signal", "stop requested")
         write_checkpoint(job, {"iteration": done, "W": result.W, "V": result.V, "plan": result.plan,
+                               "optimizer_state": result.optimizer_state,
                                "errors": np.concatenate([errors_before[:start], result.history["error"].values])})
         print(f"stopped at iteration {done} ({why}); checkpoint written to {job.checkpoint_path}; "
               f"continue with: dask-rpm train --config {path} --resume", file=out, flush=True)

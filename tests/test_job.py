@@ -85,6 +85,12 @@ def _open(path):
         ({"config": {"drpm": {"intervall": 10}}}, "unknown setting rpm.drpm.intervall under 'config:'"),
         ({"config": {"drpm": {"intervall": 10}}}, "Did you mean 'interval'?"),
         ({"config": {"trian": {"seed": 1}}}, "Did you mean 'train'?"),
+        ({"batch-size": 0}, "batch-size: batch_size=0; give a positive integer"),
+        ({"optimizer": "lbfgs"}, "optimizer 'lbfgs' is not known; valid: sgd, momentum, adam"),
+        ({"epochs": 3}, "both iterations=60 and epochs=3; give one of them"),
+        ({"validation": 2}, "validation=2 is invalid; expected a fraction"),
+        ({"loss": "cross-entropy", "output-layer": "sigmoid"}, "output='sigmoid' with loss='cross-entropy'"),
+        ({"batch-sise": 64}, "Did you mean 'batch-size'"),
     ],
 )
 def test_bad_job_exits_2_with_one_line(tmp_path, digits, capsys, over, needle):
@@ -223,6 +229,49 @@ def test_sigterm_checkpoints_and_resume_equals_uninterrupted(tmp_path, digits):
         np.testing.assert_allclose(resumed[v].values, whole[v].values, rtol=RTOL, atol=0)
     W, V, _ = fit_serial(x, d, hidden=12, iterations=150, learning_rate=0.005, seed=0)
     np.testing.assert_allclose(resumed["W"].values, W, rtol=RTOL, atol=0)
+
+
+@pytest.fixture(scope="module")
+def digits_onehot(tmp_path_factory):
+    """Digits with one-hot targets (cross-entropy) and pixels / 16, no constant input (bias: true)."""
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    x, y = x[:600] / 16.0, y[:600]
+    d = np.eye(10)[y]
+    path = tmp_path_factory.mktemp("data") / "digits-onehot.nc"
+    write_dataset(path, x, d)
+    return str(path), x, d
+
+
+def test_classifier_job_with_adam_minibatches_resumes_equal_to_uninterrupted(tmp_path, digits_onehot):
+    """Training keys in the job file; SIGTERM, --resume: Adam's state and the batch order carry on."""
+    data, x, d = digits_onehot
+    keys = {"loss": "cross-entropy", "optimizer": "adam", "batch-size": 64, "bias": True, "activation": "tanh",
+            "validation": 0.2, "early-stopping": None}
+    path = write_job(tmp_path, data, iterations=None, epochs=15, checkpoint={"every": 10},
+                     **{"learning-rate": 0.002}, **keys)
+    job = load_job(path)
+    assert job.iterations == 15 * 8 and job.training["batch_size"] == 64  # 480 training samples / 64 -> 8 per epoch
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "dask_rpm.cli", "train", "--config", str(path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line.rstrip())
+        if line.startswith("checkpoint at iteration 30"):
+            proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 0, lines
+    ck = _open(tmp_path / "result.checkpoint.nc")
+    assert {"optimizer_m_W", "optimizer_v_V"} <= set(ck.data_vars)
+    p = subprocess.run([sys.executable, "-m", "dask_rpm.cli", "train", "--config", str(path), "--resume"],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    resumed = _open(tmp_path / "result.nc")
+    out = fit_serial(x, d, hidden=12, iterations=120, learning_rate=0.002, seed=0, loss="cross-entropy",
+                     optimizer="adam", batch_size=64, bias=True, activation="tanh", validation=0.2, full_output=True)
+    np.testing.assert_allclose(resumed["W"].values, out["W"], rtol=RTOL, atol=1e-14 * np.abs(out["W"]).max())
+    np.testing.assert_allclose(resumed["error"].values, out["errors"], rtol=RTOL)
 
 
 def test_resume_refuses_a_checkpoint_of_another_job(tmp_path, digits):

@@ -429,7 +429,7 @@ async def _fit_async(client: Any, x: Any, d: Any, kw: dict[str, Any]) -> FitResu
             await cb.call(h.before_training(driver, opts.iterations))
         driver.on_progress = loop.progress
         stopped = await loop.run(plans, names)
-        W, V = await loop.final_weights(stopped)
+        W, V, opt_state = await loop.final_weights(stopped)
     finally:
         for h in hooks:
             await cb.call(h.after_training(driver, stopped))
@@ -450,7 +450,7 @@ async def _fit_async(client: Any, x: Any, d: Any, kw: dict[str, Any]) -> FitResu
     return FitResult(W=W, V=V, history=history, plan=driver.plan, plans=plans, stopped=stopped,
                      emulation=emulation, remaps=remaps, probe=probe_result,
                      stats={"tasks": driver.tasks_submitted, "blocks": driver.epoch},
-                     recipe=data.recipe, classes=data.classes, validation=validation)
+                     recipe=data.recipe, classes=data.classes, validation=validation, optimizer_state=opt_state)
 
 
 class _Loop:
@@ -525,7 +525,7 @@ class _Loop:
         logger.warning(msg)
         return msg
 
-    async def final_weights(self, stopped: str | None) -> tuple[np.ndarray, np.ndarray]:
+    async def final_weights(self, stopped: str | None) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
         """Gather the final weights; a worker lost now is recovered from like one lost mid-run."""
         driver = self.driver
         target = driver.iteration
@@ -533,7 +533,7 @@ class _Loop:
             try:
                 while driver.iteration < target:  # recovered from a checkpoint: compute up to where we were
                     await driver.run_block(target - driver.iteration)
-                return await driver.gather()
+                return await driver.gather(with_state=True)
             except WorkerLostError as exc:
                 if self.opts.on_worker_loss == "raise" or (stopped and "diverged" in stopped):
                     raise

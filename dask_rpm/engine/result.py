@@ -43,6 +43,10 @@ class FitResult:
         Class labels when ``d`` was given as 1-D labels (cross-entropy).
     validation : list of (iteration, loss, accuracy)
         Validation-set evaluations (also in ``history``).
+    optimizer_state : dict
+        The optimizer's state at the end, ``{slot: [W_slot, V_slot]}`` (empty
+        for plain gradient descent): with ``W`` and ``V`` a checkpoint that
+        ``fit(resume=...)`` continues from.
     """
 
     W: np.ndarray
@@ -58,6 +62,7 @@ class FitResult:
     recipe: Any = None
     classes: Any = None
     validation: list[tuple[int, float, float]] = field(default_factory=list)
+    optimizer_state: dict[str, list[np.ndarray]] = field(default_factory=dict)
 
     @property
     def error(self) -> float:

@@ -57,6 +57,7 @@ def t_setup(layout: Layout, weights: Any, source: Any, recipe: Recipe, dtype: st
     worker = _worker()
     plugin = worker.plugins[PLUGIN_NAME]
     data = _column(source, layout, recipe, dtype)
+    data.load(iteration)  # bad values in a dataset file are found here, before the first iteration
     state = RunState(worker, layout, _shard(weights, recipe), data, recipe)
     state.iteration = iteration
     old = plugin.runs.get(layout.run)
@@ -118,6 +119,7 @@ def t_stage(run: str, layout: Layout, pieces: list[tuple[int, int, str | None]],
         data = state.data
     else:
         data = _column(source, layout, recipe, dtype)
+        data.load(iteration)
     shard = Shard(W, V, opt_state)
     if state is None:  # a worker new to the run: nothing reads its state before the commit
         state = plugin.runs[run] = RunState(worker, layout, shard, data, recipe)
