@@ -653,7 +653,7 @@ def run_bench(
             "seconds_per_iteration_mean": (("case", "method"), mean, {
                 "units": "s", "description": "mean iteration time over the whole run (DRPM's learning included)"}),
             "gamma": (("case", "method"), gam, {
-                "units": "1", "description": "parallel efficiency (1/T_parallel) / sum_i 1/T_series(i) (SPEC 7)"}),
+                "units": "1", "description": "parallel efficiency (1/T_parallel) / sum_i 1/T_series(i)"}),
             "ratio_to_drpm": (("case", "method"), ratio, {
                 "units": "1", "description": "seconds_per_iteration / DRPM's (above 1: slower than DRPM)"}),
             "iterations": (("case", "method"), its, {"units": "1"}),
@@ -667,7 +667,7 @@ def run_bench(
                 "units": "s", "description": "T_series(i): the same job on worker i alone, s/iteration"}),
             "speed": (("case", "worker"), speeds, {"units": "1", "description": "EMULATED true relative speed"}),
             "ability_assumed": (("case", "worker"), assumed, {
-                "units": "1", "description": "the paper's assumed profile (SPEC 7)"}),
+                "units": "1", "description": "the paper's assumed ability profile"}),
             "ability_probed": (("case", "worker"), probed, {"units": "1", "description": "probed, max 1"}),
             "scale": (("case",), scale, {"units": "core", "description": "EMULATED: what speed 1.0 stands for"}),
             "overrun_fraction": (("case",), overrun, {
@@ -704,7 +704,7 @@ def run_bench(
             "interval": interval,
             "dp_search": dp_search,
             "wall_seconds": wall,
-            "truth": "EMULATED speeds = SPEC profile with 0.63 -> 0.5 (the paper measured ~0.5 where it assumed 0.63)",
+            "truth": "EMULATED speeds = the paper's assumed profile with 0.63 -> 0.5 (the paper measured ~0.5 where it assumed 0.63)",
         },
     )
     return ds
@@ -726,7 +726,7 @@ def _validate(workloads: list[str], conditions: list[str], ns: list[int], method
     for n in ns:
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= MAX_N:
             raise BenchError(f"N={n!r}: worker counts must be whole numbers from 1 to {MAX_N} "
-                             f"(the profiles of SPEC section 7 have {MAX_N} values)")
+                             f"(the paper's ability profiles A and B have {MAX_N} values)")
     for m in methods:
         if m not in METHODS:
             raise BenchError(f"method {m!r} is not one of {', '.join(METHODS)}")

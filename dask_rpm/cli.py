@@ -59,12 +59,38 @@ def _parser_hooks() -> list[Callable[[Any], None]]:
     return local + [fn for fn in _REGISTERED if fn not in local]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The top-level parser with every known subcommand."""
+#: How the command is spelled when started through dask's own command line (``dask rpm ...``).
+DASK_PROG = "dask rpm"
+
+_MAIN_DESCRIPTION = """\
+Train a neural network by batch back-propagation on Dask workers of different
+speeds. Each iteration (samples x hidden units) is cut into one rectangle per
+worker, sized to the worker's speed; DRPM re-measures the speeds while
+training and re-plans.
+"""
+
+_MAIN_EPILOG = """\
+first steps:
+  {prog} train                 # a demo on 4 EMULATED workers of this machine (about 20 s)
+  {prog} plan --abilities 1,0.5,0.25 --shape 33-128-8 --samples 4096
+  {prog} probe                 # measure the workers' speeds (about 15 s)
+
+Run '{prog} <command> --help' for the options and examples of a command.
+Documentation: README.md and docs/ in the dask-rpm source.
+"""
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    """The top-level parser with every known subcommand.
+
+    ``prog`` is how the command was started (``dask-rpm``, or ``dask rpm``
+    through dask's command line); usage lines and errors name it.
+    """
     parser = _Parser(
-        prog=PROG,
-        description="Heterogeneity-aware batch back-propagation on Dask by rectangular partitioning.",
-        epilog=f"Run '{PROG} <command> --help' for the options and examples of a command.",
+        prog=prog,
+        description=_MAIN_DESCRIPTION,
+        epilog=_MAIN_EPILOG.format(prog=prog),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", metavar="<command>")
     for hook in _parser_hooks():
@@ -92,10 +118,14 @@ def _join_dashed_values(argv: list[str]) -> list[str]:
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit code (0 ok, 2 bad input)."""
+def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
+    """Run the command line; returns the exit code (0 ok, 2 bad input).
+
+    ``prog`` names the command in usage lines and errors (default ``dask-rpm``).
+    """
     args_list = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
+    prog = prog or PROG
+    parser = build_parser(prog)
     try:
         args = parser.parse_args(_join_dashed_values(args_list))
     except SystemExit as e:  # --help (0) or a usage error (2), already printed
@@ -103,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     func = getattr(args, "func", None)
     if func is None:
         names = ", ".join(sorted(sub for sub in _subcommand_names(parser)))
-        print(f"{PROG}: error: choose a command: {names} (see {PROG} --help)", file=sys.stderr)
+        print(f"{prog}: error: choose a command: {names} (see {prog} --help)", file=sys.stderr)
         return 2
     from .partition import PlanError
 
@@ -111,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(func(args) or 0)
     except (CLIError, PlanError) as e:
         msg = " ".join(str(e).split())
-        print(f"{PROG} {args.command}: error: {msg}", file=sys.stderr)
+        print(f"{prog} {args.command}: error: {msg}", file=sys.stderr)
         return 2
 
 
@@ -303,9 +333,11 @@ def plan_json(plan: Any) -> dict[str, Any]:
 
 def format_plan(plan: Any, *, draw: bool = True, width: int = 64) -> str:
     """Human-readable report of a plan, optionally with an ASCII drawing."""
+    from .partition import _count
+
     n, m, l = plan.shape
     out = [
-        f"{plan.method} plan: {len(plan.rectangles)} workers in {plan.n_columns} column(s); "
+        f"{plan.method} plan: {_count(len(plan.rectangles), 'worker')} in {_count(plan.n_columns, 'column')}; "
         f"s={plan.samples} samples, n-m-l={n}-{m}-{l}",
         "",
     ]
@@ -426,7 +458,7 @@ def _make_dask_cli() -> Any:
     @click.argument("args", nargs=-1, type=click.UNPROCESSED)
     @click.pass_context
     def rpm(ctx: Any, args: tuple[str, ...]) -> None:
-        ctx.exit(main(list(args)))
+        ctx.exit(main(list(args), prog=DASK_PROG))
 
     return rpm
 

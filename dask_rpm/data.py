@@ -241,4 +241,4 @@ def atomic_to_netcdf(ds: Any, path: str | os.PathLike) -> str:
 
     path = os.fspath(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    return atomic_write(path, lambda tmp: ds.to_netcdf(tmp, engine="h5netcdf", invalid_netcdf=True))
+    return atomic_write(path, lambda tmp: ds.to_netcdf(tmp, engine="h5netcdf"))

@@ -269,11 +269,10 @@ def load_job(path: str | os.PathLike, *, overwrite: bool = False) -> Job:
     if lr is None:
         raise JobError("job file: no 'learning-rate:'; add e.g. learning-rate: 0.001 (eps in W <- W - eps * sum dW)")
     mapping = raw.get("mapping", "drpm")
-    from .planners import PLANNERS
+    from .planners import describe_names, mapping_names
 
-    valid_maps = ("drpm", *sorted(PLANNERS), "grid")
-    if mapping not in valid_maps:
-        raise _bad("mapping", mapping, f"valid: {', '.join(valid_maps)}", "drpm re-maps while training; srpm plans once.")
+    if mapping not in mapping_names():
+        raise _bad("mapping", mapping, f"valid: {describe_names(mapping_names())}", "drpm re-maps while training; srpm plans once.")
     seed = _int(raw, "seed", 0, default=0)
     dtype = raw.get("dtype", "float64")
     if dtype not in ("float64", "float32"):

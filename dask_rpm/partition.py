@@ -48,6 +48,11 @@ __all__ = [
 ]
 
 
+
+def _count(k: int, noun: str) -> str:
+    """``1 worker``, ``2 workers``: counts in messages people read."""
+    return f"{k} {noun}{'' if k == 1 else 's'}"
+
 class PlanError(ValueError):
     """A plan or a planner input is invalid; the message says what and how to fix it."""
 
@@ -590,7 +595,7 @@ class Plan:
     def __repr__(self) -> str:
         cols = " | ".join("{" + ",".join(f"P{w + 1}" for w in c) + "}" for c in self.columns)
         return (
-            f"<Plan {self.method}: {len(self.rectangles)} workers in {self.n_columns} columns "
+            f"<Plan {self.method}: {_count(len(self.rectangles), 'worker')} in {_count(self.n_columns, 'column')} "
             f"{cols}; s={self.samples}, n-m-l={self.n}-{self.m}-{self.l}, "
             f"t_comm={self.t_comm:.1f}, imbalance={self.imbalance():.3f}>"
         )

@@ -106,12 +106,16 @@ from .cost import predict_iteration_seconds, t_comm_partition
 from .partition import Plan, PlanError, RealPartition, _snap, to_integer
 
 __all__ = [
+    "DYNAMIC_MAPPING",
     "PLANNERS",
     "Planner",
     "PlannerResult",
     "SRPMResult",
     "fastest_grid",
+    "describe_names",
     "get_planner",
+    "mapping_names",
+    "planner_aliases",
     "make_plan",
     "parse_shape",
     "register_planner",
@@ -187,7 +191,7 @@ def get_planner(name: str) -> Planner:
         return PLANNERS[key]
     except KeyError:
         raise PlanError(
-            f"unknown planner method {name!r}; valid methods are {', '.join(sorted(PLANNERS))}"
+            f"unknown planner method {name!r}; valid methods are {describe_names(sorted(PLANNERS))}"
         ) from None
 
 
@@ -790,6 +794,41 @@ register_planner("grid-h", grid_h)
 register_planner("grid-hrev", grid_hrev)
 register_planner("grid", grid_hrev)
 register_planner("split-1d", split_1d)
+
+#: The mapping that is not a planner: re-estimate abilities while training and
+#: re-plan with SRPM (``fit(mapping="drpm")``, the default).
+DYNAMIC_MAPPING = "drpm"
+
+
+def planner_aliases() -> dict[str, str]:
+    """Registered names that are a second name of an earlier-registered planner: ``{alias: name}``.
+
+    Derived from the registry (the same function under two names), so a new
+    alias needs no second list.
+    """
+    first: dict[int, str] = {}
+    out: dict[str, str] = {}
+    for name, fn in PLANNERS.items():
+        if id(fn) in first:
+            out[name] = first[id(fn)]
+        else:
+            first[id(fn)] = name
+    return out
+
+
+def mapping_names() -> list[str]:
+    """Every name ``fit(mapping=...)``, job files and ``dask-rpm train --mapping`` accept.
+
+    ``drpm`` first, then each registered planner in registration order
+    (aliases included). ``dask-rpm plan --method`` accepts the planners.
+    """
+    return [DYNAMIC_MAPPING, *PLANNERS]
+
+
+def describe_names(names: Iterable[str]) -> str:
+    """``names`` for people: comma-separated, an alias as ``grid (= grid-hrev)``."""
+    aliases = planner_aliases()
+    return ", ".join(f"{n} (= {aliases[n]})" if n in aliases else n for n in names)
 
 
 # ------------------------------------------------------------ entry point

@@ -7,7 +7,7 @@ latency and bandwidth, and the ``dask-rpm plan`` command that plans with the
 measured abilities.
 
 Without ``--scheduler`` it probes a local cluster of workers with EMULATED
-heterogeneous speeds (``--speeds``, default ``rpm.emulation.speeds``) started
+heterogeneous speeds (``--speeds``, default ``rpm.demo.speeds``, the demo's) started
 for the purpose; with ``--scheduler ADDRESS`` it probes the workers of a
 running cluster (e.g. SLURM worker groups of different node types).
 """
@@ -23,9 +23,22 @@ from typing import Any
 
 __all__ = ["add_probe_parser", "run_probe", "format_probe", "probe_json"]
 
+_DESCRIPTION = """\
+Measure how fast each worker runs this job's BP kernels (its ability) and how
+fast the links between workers are, then print the dask-rpm plan command that
+plans with the measured abilities.
+
+Each worker runs the real kernels on a block shaped like the job's rectangles,
+all workers at once, then a few worker-to-worker transfers are timed.
+Without --scheduler a local cluster of workers with EMULATED speeds is started
+for the purpose (the demo's workers, rpm.demo.speeds; emulation on this
+machine, not hardware); with --scheduler ADDRESS the workers of a running
+cluster are probed (e.g. SLURM worker groups of different node types).
+"""
+
 _EPILOG = """\
 examples:
-  # probe 3 EMULATED local workers (speeds 1, 0.5, 0.25) for the demo job
+  # probe the demo's 4 EMULATED local workers (speeds 1, 0.6, 0.4, 0.25; about 15 s)
   dask-rpm probe
 
   # other emulated speeds and the paper's NETtalk job, as JSON
@@ -44,12 +57,10 @@ unit of rectangle area). Budgets come from dask config (rpm.probe.*).
 
 def add_probe_parser(subparsers: Any) -> None:
     """Register ``dask-rpm probe``."""
-    from .train import DEMO_SAMPLES, DEMO_SHAPE
-
     p = subparsers.add_parser(
         "probe",
         help="measure worker abilities (BP kernel throughput) and links",
-        description=__doc__.replace("``", ""),
+        description=_DESCRIPTION,
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -57,12 +68,12 @@ def add_probe_parser(subparsers: Any) -> None:
     where.add_argument("--scheduler", metavar="ADDRESS",
                        help="probe the workers of this running cluster (e.g. tcp://host:8786)")
     where.add_argument("--speeds", metavar="S1,S2,...",
-                       help="EMULATED relative speeds of the local workers (default rpm.emulation.speeds)")
-    demo = "-".join(str(v) for v in DEMO_SHAPE)
-    p.add_argument("--shape", default=demo, metavar="N-M-L",
-                   help=f"the job's network inputs-hidden-outputs (default {demo}, the train demo)")
-    p.add_argument("--samples", default=str(DEMO_SAMPLES), metavar="S",
-                   help=f"the job's number of training samples (default {DEMO_SAMPLES})")
+                       help="EMULATED relative speeds of the local workers (default rpm.demo.speeds, "
+                            "the same workers as dask-rpm train)")
+    p.add_argument("--shape", default=None, metavar="N-M-L",
+                   help="the job's network inputs-hidden-outputs (default rpm.demo.shape, the train demo's)")
+    p.add_argument("--samples", default=None, metavar="S",
+                   help="the job's number of training samples (default rpm.demo.samples)")
     p.add_argument("--repeats", default=None, metavar="K",
                    help="timed repetitions per worker (default rpm.probe.repeats)")
     p.add_argument("--max-seconds", default=None, metavar="T",
@@ -105,13 +116,14 @@ def run_probe(args: argparse.Namespace) -> int:
     """Runner of ``dask-rpm probe``."""
     from distributed import Client
 
+    from . import config
     from .cli import CLIError, _int_option
     from .emulation import local_cluster
     from .planners import parse_shape
     from .probe import probe
 
-    shape = parse_shape(args.shape)
-    samples = _int_option("--samples", args.samples)
+    shape = parse_shape(config.get("demo.shape", args.shape))
+    samples = _int_option("--samples", args.samples) if args.samples is not None else int(config.get("demo.samples"))
     if samples < 1:
         raise CLIError(f"--samples={samples} must be at least 1")
     repeats = _positive("--repeats", args.repeats, int)
@@ -142,6 +154,8 @@ def run_probe(args: argparse.Namespace) -> int:
                 raise CLIError(f"the cluster at {args.scheduler!r} has no workers; start some and retry")
             ds = measure(client)
     else:
+        if speeds is None:
+            speeds = [float(v) for v in config.get("demo.speeds")]
         with local_cluster(speeds, dashboard_address=":0") as cluster, Client(cluster) as client:
             ds = measure(client)
     if args.netcdf is not None:

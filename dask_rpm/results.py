@@ -294,7 +294,10 @@ def _save_atomically(fig: Any, path: Any, **kwargs: Any) -> None:
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"cannot save the figure to {path!r}: directory {directory!r} does not exist")
     fmt = os.path.splitext(path)[1].lstrip(".").lower() or "png"
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format=fmt, **kwargs))
+    try:
+        atomic_write(path, lambda tmp: fig.savefig(tmp, format=fmt, **kwargs))
+    except OSError as e:  # name the file the caller asked for, not the temporary one written first
+        raise type(e)(e.errno, f"cannot save the figure to {path!r}: {e.strerror}; choose a writable directory") from None
 
 
 def plot_result(result: Any, path: Any = None, *, figsize: tuple[float, float] = (11.0, 8.0), dpi: int = 100) -> Any:

@@ -260,15 +260,39 @@ def markdown(ds: Any) -> str:
 
 
 # --------------------------------------------------------------------- CLI
+_DESCRIPTION = """\
+Predict the time per iteration and the parallel efficiency gamma of SRPM, the
+proportional 1-D split and a uniform plan for clusters of 16 to 4096 workers
+whose speeds follow a distribution you choose. Nothing is run or measured:
+this is a SIMULATION with a latency-bandwidth cost model (weak scaling: the
+number of samples grows with the number of workers). Writes simulate.png,
+simulate.md and simulate.nc to --out and prints a table.
+
+gamma = (1 / T_parallel) / sum over workers of (1 / T_alone(i)): 1 means
+every worker's speed is used.
+"""
+
+_EPILOG = """\
+examples:
+  dask-rpm simulate                                    # 16..4096 workers, speeds uniform in [0.25, 1] (seconds)
+  dask-rpm simulate --distribution two:0.5,0.25 --latency 1e-3   # half the workers 4x slower, slow links
+  dask-rpm simulate --n 64,256 --json                  # two sizes, as JSON rows
+  dask-rpm simulate --check rpm-bench/bench.nc         # the model against a dask-rpm bench result
+
+distributions: equal | A | B (the paper's profiles, at most 8 workers) |
+  uniform:LO,HI (speeds uniform in [LO, HI]) | two:FRACTION,SLOW (that
+  fraction of the workers at speed SLOW, the others at 1)
+"""
+
+
 def add_simulate_parser(subparsers: Any) -> None:
     """Register ``dask-rpm simulate``."""
     p = subparsers.add_parser(
         "simulate",
         help="predict gamma and iteration time for 16..4096 workers from the cost model (SIMULATION)",
-        description=__doc__,
+        description=_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=("examples:\n  dask-rpm simulate\n  dask-rpm simulate --distribution two:0.5,0.25 --latency 1e-3\n"
-                "  dask-rpm simulate --check rpm-bench/bench.nc   # predicted vs measured small-N runs\n"),
+        epilog=_EPILOG,
     )
     p.add_argument("--n", dest="ns", help="worker counts, comma-separated (default 16,32,...,4096)")
     p.add_argument("--distribution", default="uniform:0.25,1",

@@ -16,30 +16,50 @@ import argparse
 import json
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-__all__ = ["demo_data", "run_demo", "add_train_parser"]
+__all__ = ["DemoSettings", "demo_data", "demo_settings", "run_demo", "add_train_parser"]
 
-#: The embedded default job: four emulated workers of speeds 1 : 0.6 : 0.4 : 0.25.
-DEMO_SPEEDS = (1.0, 0.6, 0.4, 0.25)
-#: n (incl. a constant bias input), m, l: large enough that an iteration is compute, not latency
-#: (about 0.1 s on the fastest EMULATED worker alone on a 2-core machine), so the timings show the method.
-DEMO_SHAPE = (33, 128, 8)
-DEMO_SAMPLES = 4096
-#: Iterations of each same-run comparison (the fastest worker alone, a uniform plan).
-DEMO_COMPARE_ITERATIONS = 12
+class DemoSettings(NamedTuple):
+    """The demo job, from ``rpm.demo.*`` (``dask-rpm probe`` starts the same workers)."""
+
+    speeds: tuple[float, ...]
+    shape: tuple[int, int, int]
+    samples: int
+    iterations: int
+    compare_iterations: int
 
 
-def demo_data(samples: int = DEMO_SAMPLES, shape: Sequence[int] = DEMO_SHAPE, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def demo_settings(speeds: Sequence[float] | None = None, iterations: int | None = None,
+                  samples: int | None = None) -> DemoSettings:
+    """``rpm.demo.*`` with the given values taking precedence."""
+    from . import config
+    from .planners import parse_shape
+
+    return DemoSettings(
+        speeds=tuple(float(v) for v in config.get("demo.speeds", speeds)),
+        shape=parse_shape(config.get("demo.shape")),
+        samples=int(config.get("demo.samples", samples)),
+        iterations=int(config.get("demo.iterations", iterations)),
+        compare_iterations=int(config.get("demo.compare-iterations")),
+    )
+
+
+def demo_data(samples: int | None = None, shape: Sequence[int] | None = None, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """A learnable synthetic task: targets produced by a random 'teacher' network.
 
     Inputs are standard normal with a constant-1 last column (the bias);
     targets are the teacher's sigmoid outputs, so the error can approach zero.
+    ``samples`` and ``shape`` default to ``rpm.demo.samples`` and ``rpm.demo.shape``.
     """
     from .kernels import forward_partial, sigmoid
 
+    if samples is None or shape is None:
+        demo = demo_settings()
+        samples = demo.samples if samples is None else samples
+        shape = demo.shape if shape is None else shape
     n, m, l = shape
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(samples, n))
@@ -73,54 +93,60 @@ def run_demo(
     speeds: Sequence[float] | None = None,
     iterations: int | None = None,
     mapping: str | None = None,
-    samples: int = DEMO_SAMPLES,
+    samples: int | None = None,
     as_json: bool = False,
     compare: bool = True,
     out: Any = None,
 ) -> Any:
     """Train the embedded default job on a local EMULATED heterogeneous cluster.
 
-    With ``compare`` the same cluster then runs a few iterations on the fastest
-    worker alone and with a uniform plan, so the output shows what the
-    mapping bought, measured in the same run.
+    Settings not given come from ``rpm.demo.*``. After the run the DRPM
+    estimates and the final plan's areas are held against the EMULATED
+    speeds (:func:`dask_rpm.evidence.speed_check`); with ``compare`` the same
+    cluster then runs a few iterations on the fastest worker alone and with a
+    uniform plan, so the output shows what the mapping bought, measured in
+    the same run.
     """
     from distributed import Client
 
-    from .emulation import local_cluster
+    from .emulation import emulation_info, local_cluster
     from .engine import fit
+    from .evidence import overrun_counts, speed_check
 
     out = out or sys.stdout
-    speeds = tuple(speeds or DEMO_SPEEDS)
-    iterations = int(iterations or 60)
-    x, d = demo_data(samples)
-    n, m, l = DEMO_SHAPE
-    lr = 1.0 / samples  # stable at this size (2 / samples overshoots)
+    demo = demo_settings(speeds, iterations, samples)
+    x, d = demo_data(demo.samples, demo.shape)
+    n, m, l = demo.shape
+    lr = 1.0 / demo.samples  # stable for the synthetic task (2 / samples overshoots)
     t0 = time.perf_counter()
-    with local_cluster(speeds, dashboard_address=":0") as cluster, Client(cluster) as client:
+    with local_cluster(demo.speeds, dashboard_address=":0") as cluster, Client(cluster) as client:
         if not as_json:
             print(cluster.emulation_label, file=out)
-            print(f"dashboard: {client.dashboard_link}", file=out)
-        result = fit(x, d, hidden=m, iterations=iterations, learning_rate=lr, mapping=mapping, client=client, seed=0)
+            print(f"dashboard: {client.dashboard_link}", file=out, flush=True)
+        result = fit(x, d, hidden=m, iterations=demo.iterations, learning_rate=lr, mapping=mapping,
+                     client=client, seed=0)
         wall = time.perf_counter() - t0
-        others = _compare(client, x, d, m, lr, speeds, DEMO_COMPARE_ITERATIONS) if compare else {}
-    summary = _summary(result, speeds, samples, wall, others)
+        blocks, overruns = overrun_counts(emulation_info(client))
+        others = _compare(client, x, d, m, lr, demo.speeds, demo.compare_iterations) if compare else {}
+    check = speed_check(result, demo.speeds, blocks=blocks, overruns=overruns)
+    summary = _summary(result, demo, wall, others, check)
     if as_json:
         print(json.dumps(summary), file=out)
     else:
-        _print_summary(result, summary, out)
+        _print_summary(result, summary, check, out)
     return result
 
 
-def _summary(result: Any, speeds: Sequence[float], samples: int, wall: float, others: dict[str, float]) -> dict:
-    n, m, l = DEMO_SHAPE
+def _summary(result: Any, demo: DemoSettings, wall: float, others: dict[str, float], check: Any) -> dict:
+    n, m, l = demo.shape
     err = result.history["error"].values
     t = result.seconds_per_iteration
     summary: dict[str, Any] = {
         "emulation": result.emulation,
-        "workers": len(speeds),
-        "speeds": list(speeds),
+        "workers": len(demo.speeds),
+        "speeds": list(demo.speeds),
         "network": f"{n}-{m}-{l}",
-        "samples": samples,
+        "samples": demo.samples,
         "iterations": int(err.size),
         "initial_error": float(err[0]) if err.size else None,
         "final_error": result.error,
@@ -128,6 +154,13 @@ def _summary(result: Any, speeds: Sequence[float], samples: int, wall: float, ot
         "wall_seconds": wall,
         "plan": result.plan.to_dict(),
         "remaps": result.remaps,
+        "speed_shares": list(check.truth),
+        "ability_estimates": None if check.estimates is None else list(check.estimates),
+        "area_shares": list(check.areas),
+        "estimate_error": check.estimate_error,
+        "area_error": check.area_error,
+        "paced_blocks": check.blocks,
+        "overruns": check.overruns,
     }
     if others:
         alone = others["fastest_alone"]
@@ -137,59 +170,101 @@ def _summary(result: Any, speeds: Sequence[float], samples: int, wall: float, ot
             "seconds_per_iteration_uniform": others["uniform"],
             "speedup_vs_fastest_alone": alone / t,
             "speedup_vs_uniform": others["uniform"] / t,
-            "gamma": (1.0 / t) / ((1.0 / alone) * sum(speeds) / max(speeds)),
+            "gamma": (1.0 / t) / ((1.0 / alone) * sum(demo.speeds) / max(demo.speeds)),
         })
     return summary
 
 
-def _print_summary(result: Any, summary: dict[str, Any], out: Any) -> None:
-    print(f"final plan: {result.plan!r}", file=out)
+def _plural(k: int, word: str) -> str:
+    return f"{k} {word}{'' if k == 1 else 's'}"
+
+
+def _print_summary(result: Any, summary: dict[str, Any], check: Any, out: Any) -> None:
     for r in result.remaps:
-        print(f"remap at iteration {r['iteration']}: {r['kind']}, {r['bytes']} weight bytes, "
+        print(f"remap at iteration {r['iteration']}: {r['kind']}, {r['bytes']} weight bytes moved, "
               f"{r.get('sample_bytes', 0)} sample bytes re-read, {r['seconds']:.3f} s", file=out)
     k = summary["workers"]
     print(
         f"trained {summary['network']} on {summary['samples']} samples for {summary['iterations']} iterations on "
-        f"{k} emulated worker{'s' if k != 1 else ''}: error {summary['initial_error']:.4f} -> "
+        f"{_plural(k, 'EMULATED worker')}: error {summary['initial_error']:.4f} -> "
         f"{summary['final_error']:.4f}, {summary['seconds_per_iteration'] * 1e3:.1f} ms/iteration "
         f"({summary['wall_seconds']:.1f} s wall incl. cluster start)",
         file=out,
     )
+    print(f"final plan (after {_plural(len(result.remaps), 'remap')}): {result.plan!r}", file=out)
+    for line in check.lines():
+        print(line, file=out)
     if "gamma" in summary:
         print(
-            f"measured in this run, per iteration: this plan {summary['seconds_per_iteration'] * 1e3:.1f} ms | "
+            f"time per iteration, measured in this run: this plan {summary['seconds_per_iteration'] * 1e3:.1f} ms | "
             f"fastest worker alone {summary['seconds_per_iteration_fastest_alone'] * 1e3:.1f} ms "
-            f"({summary['speedup_vs_fastest_alone']:.2f}x faster here) | uniform plan "
-            f"{summary['seconds_per_iteration_uniform'] * 1e3:.1f} ms ({summary['speedup_vs_uniform']:.2f}x) | "
-            f"parallel efficiency gamma {summary['gamma']:.2f} (1 = every worker's speed used; EMULATED speeds)",
+            f"(this plan is {summary['speedup_vs_fastest_alone']:.2f}x faster) | uniform plan "
+            f"{summary['seconds_per_iteration_uniform'] * 1e3:.1f} ms ({summary['speedup_vs_uniform']:.2f}x faster)",
+            file=out,
+        )
+        ideal = sum(summary["speeds"]) / max(summary["speeds"])
+        print(
+            f"parallel efficiency gamma {summary['gamma']:.2f} (1 = every worker's speed used: "
+            f"{ideal:.2f}x the fastest worker alone; the rest is the exchanges between workers)",
             file=out,
         )
 
 
+_DESCRIPTION = """\
+Train a 3-layer network by batch back-propagation on Dask workers.
+
+Without --config: a demo that needs nothing installed beyond dask-rpm. It
+starts a local cluster of 4 workers whose speeds are EMULATED (1 : 0.6 : 0.4 :
+0.25; emulation on this machine, not hardware), trains a synthetic task with
+DRPM, and prints the final plan, each remap, the error and the time per
+iteration next to the fastest worker alone and a uniform plan measured in the
+same run.
+
+With --config FILE: the training job described in a YAML file - data (a
+netCDF file), network, iterations or a target error, workers (SLURM worker
+groups, a local EMULATED cluster, or a running scheduler) and the output
+file, which receives weights, history and plans. --resume continues from the
+job's checkpoint.
+"""
+
+_EPILOG = """\
+examples:
+  dask-rpm train                                  # the demo (about 20 s on 2 cores)
+  dask-rpm train --speeds 1,0.5,0.25 --iterations 100 --mapping srpm
+  dask-rpm train --json                           # the demo's summary as JSON
+  dask-rpm train --config job.yaml                # a job file (see docs/slurm.md)
+  dask-rpm train --config job.yaml --resume       # continue from its checkpoint
+  sbatch slurm/train.sbatch job.yaml              # the same job as a SLURM batch job
+
+mappings: {mappings}
+  drpm re-measures the workers' speeds while training and re-plans; the
+  others plan once (srpm: the optimal rectangles for speeds given up front,
+  equal speeds if none are).
+"""
+
+
 def add_train_parser(subparsers: Any) -> None:
     """Register ``dask-rpm train``."""
+    from .planners import describe_names, mapping_names
+
     p = subparsers.add_parser(
         "train",
-        help="train a network (default: an embedded demo on a local EMULATED heterogeneous cluster)",
-        description=__doc__,
+        help="train a network (default: a demo on a local EMULATED heterogeneous cluster)",
+        description=_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=(
-            "examples:\n"
-            "  dask-rpm train                      # embedded demo, 4 emulated workers\n"
-            "  dask-rpm train --speeds 1,0.5,0.25 --iterations 100 --mapping srpm\n"
-            "  dask-rpm train --json               # machine-readable summary\n"
-            "  dask-rpm train --config job.yaml    # a job file (docs/slurm.md); output to one netCDF\n"
-            "  dask-rpm train --config job.yaml --resume   # continue from its checkpoint\n"
-        ),
+        epilog=_EPILOG.format(mappings=describe_names(mapping_names())),
     )
-    p.add_argument("--config", metavar="FILE", help="YAML job file: data, network, workers, output (see dask_rpm.job)")
+    p.add_argument("--config", metavar="FILE", help="YAML job file: data, network, workers, output (docs/slurm.md)")
     p.add_argument("--resume", action="store_true", help="with --config: continue from the job's checkpoint")
     p.add_argument("--overwrite", action="store_true",
                    help="with --config: replace an existing output file (as overwrite: true in the job file)")
-    p.add_argument("--speeds", help="comma-separated EMULATED relative worker speeds (demo)")
-    p.add_argument("--iterations", type=int, help="number of BP iterations")
-    p.add_argument("--mapping", help="drpm, or a planner: srpm, uniform, split-1d, grid (= grid-hrev), grid-h, grid-hrev")
-    p.add_argument("--json", action="store_true", help="print a JSON summary")
+    p.add_argument("--speeds", metavar="S1,S2,...",
+                   help="demo: EMULATED relative worker speeds (default rpm.demo.speeds: 1,0.6,0.4,0.25)")
+    p.add_argument("--iterations", type=int, help="demo: number of BP iterations (default rpm.demo.iterations)")
+    p.add_argument("--mapping", metavar="NAME",
+                   help=f"demo: how the work is mapped onto the workers; one of {describe_names(mapping_names())} "
+                        f"(default drpm)")
+    p.add_argument("--json", action="store_true", help="demo: print a JSON summary instead of the report")
     p.set_defaults(func=_cmd_train)
 
 
@@ -209,12 +284,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
             raise CLIError(f"--speeds {args.speeds!r}: every speed must be a finite number > 0")
     if args.iterations is not None and args.iterations < 1:
         raise CLIError(f"--iterations {args.iterations}: must be a positive integer")
-    from .planners import PLANNERS
+    from .planners import describe_names, mapping_names
 
-    # the same names fit() and job files accept: drpm, every registered planner, and the alias grid
-    valid = ("drpm", *sorted(PLANNERS), *(["grid"] if "grid" not in PLANNERS else []))
-    if args.mapping is not None and args.mapping not in valid:
-        raise CLIError(f"--mapping {args.mapping!r} is not one of {', '.join(valid)}")
+    # the same names fit() and job files accept: drpm and every registered planner
+    if args.mapping is not None and args.mapping not in mapping_names():
+        raise CLIError(f"--mapping {args.mapping!r} is not one of {describe_names(mapping_names())}")
     run_demo(speeds=speeds, iterations=args.iterations, mapping=args.mapping, as_json=args.json)
     return 0
 

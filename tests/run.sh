@@ -3,7 +3,7 @@
 #
 #  1. as root with apt-get: installs the Debian packages the tests need
 #     (slurm-wlm + munge for the real-SLURM tests, chromium + chromium-driver
-#     for the dashboard screenshot test);
+#     for the dashboard screenshot test, netcdf-bin for ncdump reading our files);
 #  2. installs dask_rpm with its test and bench extras (pip; torch 2.13 CPU
 #     for the DDP peer of dask-rpm bench);
 #  3. starts the private single-node SLURM on loopback (slurm/local-cluster.sh);
@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     need=""
-    for pkg in slurm-wlm munge chromium chromium-driver; do
+    for pkg in slurm-wlm munge chromium chromium-driver netcdf-bin; do
         dpkg -s "$pkg" >/dev/null 2>&1 || need="$need $pkg"
     done
     if [ -n "$need" ]; then

@@ -221,9 +221,18 @@ def test_console_script_and_dask_rpm_forwarding():
     )
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines() == [
-        "dask-rpm plan: error: ability #2 (P2) is -1.0: abilities must be positive (relative speeds); "
+        "dask rpm plan: error: ability #2 (P2) is -1.0: abilities must be positive (relative speeds); "
         "give its speed or drop the worker"
     ]
+
+
+def test_dask_rpm_help_names_the_dask_entry_point():
+    r = subprocess.run([sys.executable, "-m", "dask", "rpm", "plan", "--help"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("usage: dask rpm plan "), r.stdout[:200]
+    r = subprocess.run([sys.executable, "-m", "dask", "rpm", "--help"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith("usage: dask rpm ") and "dask rpm train" in r.stdout
 
 
 def test_dask_cli_is_a_click_command():
@@ -248,3 +257,100 @@ def test_registered_subcommand_is_added(capsys):
     finally:
         cli._REGISTERED.remove(add_hello_parser)
     assert "hello" not in build_parser().format_help()
+
+
+# ------------------------------------------------------------ help for people
+_MARKUP = ("``", ":func:", ":mod:", ":class:", ":meth:", ":data:", ":attr:", "SPEC")
+
+
+def _subcommands() -> list[str]:
+    return cli._subcommand_names(build_parser())
+
+
+def test_every_subcommand_help_is_for_people(capsys):
+    names = _subcommands()
+    assert {"plan", "train", "probe", "bench", "simulate"} <= set(names)
+    for argv in ([], *([name] for name in names)):
+        code, out, err = _run([*argv, "--help"], capsys)
+        assert code == 0 and err == "", argv
+        for mark in _MARKUP:  # Sphinx markup and the method spec are for developers, not in --help
+            assert mark not in out, (argv, mark)
+        assert "examples:" in out or "first steps:" in out, argv
+        # developer notes of module docstrings ("Pure module", "Registered ...") stay out of --help
+        assert "Pure module" not in out and "Runner of" not in out, argv
+
+
+def test_user_facing_errors_do_not_cite_the_spec(capsys):
+    code, _, err = _run(["bench", "--n", "0"], capsys)
+    assert code == 2 and "SPEC" not in err and "N=0" in err and "from 1 to 8" in err
+
+
+# ---------------------------------------------- one source for lists of names
+def test_mapping_names_come_from_the_planner_registry():
+    from dask_rpm.planners import PLANNERS, mapping_names, planner_aliases
+
+    names = mapping_names()
+    assert names[0] == "drpm" and names[1:] == list(PLANNERS)
+    assert len(set(names)) == len(names)  # nothing listed twice
+    assert {"split-1d", "grid", "grid-hrev"} <= set(names)
+    assert planner_aliases() == {"grid": "grid-hrev"}
+
+
+def _listed(text: str) -> list[str]:
+    """Names in a comma- or |-separated list, an alias written ``grid (= grid-hrev)``."""
+    import re
+
+    text = re.sub(r"\(= [^)]*\)", "", text)
+    return [t.strip(" `\"'.\n") for t in re.split(r"[,|]", text) if t.strip(" `\"'.\n")]
+
+
+def test_readme_help_errors_and_config_list_the_registry(capsys, tmp_path):
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    from dask_rpm.job import JobError, load_job
+    from dask_rpm.planners import PLANNERS, mapping_names
+
+    names, planners = mapping_names(), list(PLANNERS)
+    root = Path(__file__).resolve().parents[1]
+    # README: "`mapping` is one of `drpm` (default), `srpm`, ..., or a `dask_rpm.Plan`"
+    readme = " ".join((root / "README.md").read_text().split())
+    m = re.search(r"`mapping` is one of (.*?), or a `dask_rpm.Plan`", readme)
+    assert m, "README lost its list of mappings"
+    assert _listed(m.group(1).replace(" (default)", "")) == names
+    # dask-rpm train --help (option help and epilog)
+    code, out, _ = _run(["train", "--help"], capsys)
+    flat = " ".join(out.split()).replace("grid- hrev", "grid-hrev")
+    m = re.search(r"mappings: (.*?) drpm re-measures", flat)
+    assert code == 0 and m and _listed(m.group(1)) == names
+    # dask-rpm train --mapping: the error lists the same names
+    code, _, err = _run(["train", "--mapping", "nope"], capsys)
+    assert code == 2 and _listed(err.split("is not one of ")[1]) == names
+    # dask-rpm plan --method choices
+    code, out, _ = _run(["plan", "--help"], capsys)
+    assert code == 0 and "{" + ",".join(sorted(planners)) + "}" in out
+    # job file: the mapping error lists each name once
+    import numpy as np
+
+    from dask_rpm.data import write_dataset
+
+    write_dataset(tmp_path / "d.nc", np.ones((4, 2)), np.ones((4, 1)))
+    job = {"data": "d.nc", "hidden": 2, "iterations": 1, "learning-rate": 0.1, "mapping": "nope",
+           "output": "r.nc", "workers": {"local": {"speeds": [1.0]}}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    try:
+        load_job(tmp_path / "job.yaml")
+    except JobError as e:
+        msg = str(e)
+    else:
+        raise AssertionError("a bad mapping was accepted")
+    assert "mapping='nope'" in msg
+    assert _listed(msg.split("valid: ")[1].split(". ")[0]) == names
+    # rpm.yaml comments (and so docs/configuration.md)
+    text = (root / "dask_rpm" / "rpm.yaml").read_text()
+    method = re.search(r"^    method: srpm +# (.*?);", text, re.M)
+    mapping = re.search(r"^    mapping: drpm +# (.*?)$", text, re.M)
+    assert method and _listed(method.group(1)) == planners
+    assert mapping and _listed(mapping.group(1)) == names

@@ -141,3 +141,14 @@ def test_plot_without_matplotlib_says_how_to_install(drpm_result, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     with pytest.raises(ImportError, match=r"pip install 'dask-rpm\[plot\]'"):
         drpm_result.plot()
+
+
+@pytest.mark.parametrize("directory", ["/sys", "/proc"])
+def test_plot_save_into_unwritable_directory_names_the_path_given(drpm_result, directory):
+    # /sys and /proc refuse new files even for root: the error must name the
+    # caller's path, never the temporary file the figure is first written to
+    path = f"{directory}/run.png"
+    with pytest.raises(OSError) as info:
+        drpm_result.plot(path)
+    assert repr(path) in str(info.value) and ".rpm-plot-" not in str(info.value)
+    assert not [f for f in os.listdir(directory) if f.startswith(".rpm-plot-")]
