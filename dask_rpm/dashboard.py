@@ -210,6 +210,7 @@ def snapshot(
         "remaps": {k: sum(1 for r in remaps if r.get("kind") == k) for k in ("column", "whole")},
         "method": plan.get("method"),
         "emulation": state.get("emulation"),
+        "validation": list(state["validation"][-1]) if state.get("validation") else None,
     }
     if since is not None:
         # Rows are in iteration order: scan back from the end (cheap on long runs).
@@ -604,6 +605,10 @@ class _RPMPage:
             parts.append(f"<b>error</b> {s['last_error']:.4g}")
         if s.get("median_time") is not None:
             parts.append(f"<b>iteration time</b> {s['median_time'] * 1e3:.1f} ms (median of last 20)")
+        if s.get("validation"):
+            v_it, v_loss, v_acc = s["validation"]
+            acc = f", accuracy {100 * v_acc:.1f}%" if v_acc == v_acc else ""  # NaN: a regression
+            parts.append(f"<b>validation</b> loss {v_loss:.4g}{acc} (after {int(v_it)} iterations)")
         rm = s.get("remaps") or {}
         parts.append(f"<b>remaps</b> {rm.get('column', 0)} column, {rm.get('whole', 0)} whole")
         if plan.get("imbalance") is not None:

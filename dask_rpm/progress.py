@@ -140,6 +140,7 @@ class Progress:
         self.error = math.nan
         self.iteration_time = math.nan
         self.last_remap: dict[str, Any] | None = None
+        self.validation: tuple[int, float, float] | None = None
         self._n_remaps = 0
         self._last_end = math.nan
         self._last_line = -math.inf
@@ -154,10 +155,16 @@ class Progress:
         error: float = math.nan,
         iteration_time: float = math.nan,
         remaps: list[dict[str, Any]] | None = None,
+        validation: tuple[int, float, float] | None = None,
     ) -> None:
-        """Record that ``done`` iterations have finished, and show it."""
+        """Record that ``done`` iterations have finished, and show it.
+
+        ``validation`` is the latest ``(iteration, loss, accuracy)`` on the validation set, if any.
+        """
         if self.mode == "none":
             return
+        if validation is not None:
+            self.validation = validation
         first_report = self.done == 0
         self.done = int(done)
         self.error = float(error)
@@ -190,6 +197,12 @@ class Progress:
     def _elapsed(self) -> float:
         return time.perf_counter() - self.started
 
+    def _validation_text(self, sep: str) -> str:
+        if self.validation is None:
+            return ""
+        _, loss, acc = self.validation
+        return f"val loss {loss:.4g}" + (f" acc {100 * acc:.1f}%" if math.isfinite(acc) else "") + sep
+
     def _remap_text(self) -> str:
         r = self.last_remap
         return "-" if r is None else f"{r.get('kind', '?')}@{r.get('iteration', '?')}"
@@ -205,6 +218,7 @@ class Progress:
         pct = f" ({100 * self.done / self.total:.0f}%)" if self.total else ""
         return (
             f"dask-rpm fit: iteration {self.done}/{self.total}{pct}, error {self.error:.4g}, "
+            f"{self._validation_text(', ')}"
             f"{_format_iteration_time(self.iteration_time)}/iteration, last remap {self._remap_text()}, "
             f"{_format_seconds(self._elapsed())} elapsed"
         )
@@ -215,7 +229,7 @@ class Progress:
         frac = min(max(self.done / self.total, 0.0), 1.0) if self.total else 1.0
         eta = elapsed * (1 - frac) / frac if frac > 0 else math.nan
         right = (
-            f" {self.done:>{len(str(self.total))}}/{self.total}  error {self.error:.4g}  "
+            f" {self.done:>{len(str(self.total))}}/{self.total}  error {self.error:.4g}  {self._validation_text('  ')}"
             f"{_format_iteration_time(self.iteration_time)}/it  remap: {self._remap_text()}  "
             f"{'ETA ' + _format_seconds(eta) if frac < 1 else _format_seconds(elapsed)}"
         )

@@ -150,7 +150,7 @@ def test_dataset_file_with_minibatches_and_a_validation_split_equals_serial(clie
                                rtol=RTOL)
 
 
-def test_early_stopping_stops_where_the_serial_run_stops(client3):
+def test_early_stopping_stops_where_the_serial_run_stops(client3, capsys):
     rng = np.random.default_rng(9)
     x = rng.normal(size=(120, 5))
     y = (x[:, 0] + 0.3 * rng.normal(size=120) > 0).astype(int)
@@ -158,8 +158,20 @@ def test_early_stopping_stops_where_the_serial_run_stops(client3):
               validation=0.25, early_stopping=3, bias=True, seed=1)
     out = fit_serial(x, y, full_output=True, **kw)
     assert out["stopped"] and "early stopping" in out["stopped"], "the problem must stop early to test it"
-    r = fit(x, y, mapping="srpm", abilities=[1, 1, 1], client=client3, progress="none", **kw)
+    import dask
+
+    with dask.config.set({"rpm.train.progress-interval": 0}):  # a log line after every block
+        r = fit(x, y, mapping="srpm", abilities=[1, 1, 1], client=client3, progress="log", **kw)
     assert r.stopped == out["stopped"]
+    # the progress lines and the /rpm page show the validation numbers
+    lines = capsys.readouterr().err
+    v_it, v_loss, v_acc = out["validation"][-1]
+    assert f"val loss {v_loss:.4g} acc {100 * v_acc:.1f}%" in lines
+    from dask_rpm import dashboard
+
+    summary = client3.run_on_scheduler(
+        lambda dask_scheduler: dashboard.snapshot(dask_scheduler.plugins["rpm"])["summary"])
+    assert summary["validation"][0] == v_it and summary["validation"][1] == pytest.approx(v_loss, rel=1e-9)
     assert r.history.sizes["iteration"] == out["iterations"]
     np.testing.assert_allclose(r.W, out["W"], rtol=1e-9)
     assert 0.5 < r.history["validation_accuracy"].values[-1] <= 1.0

@@ -112,29 +112,32 @@ async def call(result: Any) -> Any:
 class ProgressCallback(TrainingCallback):
     """The progress bar / log lines (:class:`dask_rpm.progress.Progress`), updated as iterations stream in."""
 
-    def __init__(self, reporter: Any, remaps: list[dict[str, Any]]) -> None:
+    def __init__(self, reporter: Any, remaps: list[dict[str, Any]], validator: Any = None) -> None:
         self.reporter = reporter
         self.remaps = remaps
-        self._shown: tuple[int, int] | None = None
+        self.validator = validator
+        self._shown: tuple[int, int, int] | None = None
 
     def before_training(self, driver: Driver, total: int) -> None:
         self.reporter.total = int(total)
 
     def on_progress(self, driver: Driver) -> None:
         last = driver.log.last_iteration()
-        if last is None or self._shown == (last, len(self.remaps)):
+        rows = self.validator.rows if self.validator is not None else []
+        if last is None or self._shown == (last, len(self.remaps), len(rows)):
             return
-        self._shown = (last, len(self.remaps))
+        self._shown = (last, len(self.remaps), len(rows))
         self.reporter.update(
             last + 1, error=driver.log.error(last),
             iteration_time=driver.log.median_iteration_time(max(last - 9, 0), last + 1, skip_first=False),
-            remaps=self.remaps,
+            remaps=self.remaps, validation=rows[-1] if rows else None,
         )
 
     def after_block(self, info: BlockInfo) -> None:
         self.on_progress(info.driver)
 
     def after_training(self, driver: Driver, stopped: str | None) -> None:
+        self.on_progress(driver)  # what a callback that stopped training saw last (e.g. a validation)
         self.reporter.close(stopped)
 
 
@@ -221,8 +224,10 @@ class FunctionCallback(TrainingCallback):
 class DashboardCallback(TrainingCallback):
     """Tell the scheduler plugin (``/rpm`` page) the plan and the remaps; iterations it gets from the workers."""
 
-    def __init__(self, emulation: str | None) -> None:
+    def __init__(self, emulation: str | None, validator: Any = None) -> None:
         self.emulation = emulation
+        self.validator = validator
+        self._validations = 0
         self.plan: Plan | None = None
 
     async def before_training(self, driver: Driver, total: int) -> None:
@@ -233,13 +238,22 @@ class DashboardCallback(TrainingCallback):
         )
 
     async def after_block(self, info: BlockInfo) -> None:
+        await self._push(info.driver, info.remaps)
+
+    async def after_training(self, driver: Driver, stopped: str | None) -> None:
+        await self._push(driver, [])  # what a callback that stopped training saw last (e.g. a validation)
+
+    async def _push(self, driver: Driver, remaps: list[dict[str, Any]]) -> None:
         from .drpm import jsonable
 
         update: dict[str, Any] = {}
-        if info.driver.plan is not self.plan:
-            self.plan = info.driver.plan
+        if driver.plan is not self.plan:
+            self.plan = driver.plan
             update["plan"] = self.plan.to_dict()
-        if info.remaps:
-            update["remaps"] = [jsonable(r) for r in info.remaps]
+        if remaps:
+            update["remaps"] = [jsonable(r) for r in remaps]
+        if self.validator is not None and len(self.validator.rows) != self._validations:
+            self._validations = len(self.validator.rows)
+            update["validation"] = [list(map(float, r)) for r in self.validator.rows[-200:]]
         if update:
-            await info.driver.client.scheduler.rpm_update(run=info.driver.run, info=update)
+            await driver.client.scheduler.rpm_update(run=driver.run, info=update)

@@ -367,10 +367,10 @@ async def _plan(client: Any, opts: _Options, data: Prepared, abilities: Any) -> 
 def _callbacks(kw: dict[str, Any], opts: _Options, data: Prepared, reporter: Progress, remaps: list,
                emulation: str | None, start: Checkpoint) -> tuple[list[cb.TrainingCallback], cb.CheckpointCallback]:
     ckpt = cb.CheckpointCallback(opts.checkpoint_every, kw["on_checkpoint"], start)
-    out: list[cb.TrainingCallback] = [cb.DashboardCallback(emulation), ckpt, cb.ProgressCallback(reporter, remaps)]
     validator = data.validator()
-    if validator is not None:
-        out.append(cb.ValidationCallback(validator))
+    # validation first: the progress line and the /rpm page then show this boundary's evaluation
+    out: list[cb.TrainingCallback] = [cb.ValidationCallback(validator)] if validator is not None else []
+    out += [cb.DashboardCallback(emulation, validator), ckpt, cb.ProgressCallback(reporter, remaps, validator)]
     if opts.target_error is not None:
         out.append(cb.TargetError(opts.target_error))
     if kw["callback"] is not None:
