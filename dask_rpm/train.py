@@ -18,6 +18,7 @@ import sys
 import time
 from typing import Any, NamedTuple, Sequence
 
+import dask
 import numpy as np
 
 __all__ = ["DemoSettings", "demo_data", "demo_settings", "run_demo", "add_train_parser"]
@@ -264,6 +265,10 @@ def add_train_parser(subparsers: Any) -> None:
     p.add_argument("--mapping", metavar="NAME",
                    help=f"demo: how the work is mapped onto the workers; one of {describe_names(mapping_names())} "
                         f"(default drpm)")
+    p.add_argument("--batch-size", type=int, metavar="B",
+                   help="demo: train on mini-batches of B samples (default: full batch, the paper's)")
+    p.add_argument("--optimizer", choices=("sgd", "momentum", "adam"),
+                   help="demo: sgd (default, the paper's), momentum or adam")
     p.add_argument("--json", action="store_true", help="demo: print a JSON summary instead of the report")
     p.set_defaults(func=_cmd_train)
 
@@ -289,7 +294,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
     # the same names fit() and job files accept: drpm and every registered planner
     if args.mapping is not None and args.mapping not in mapping_names():
         raise CLIError(f"--mapping {args.mapping!r} is not one of {describe_names(mapping_names())}")
-    run_demo(speeds=speeds, iterations=args.iterations, mapping=args.mapping, as_json=args.json)
+    if args.batch_size is not None and args.batch_size < 1:
+        raise CLIError(f"--batch-size {args.batch_size}: must be a positive integer (omit it for full-batch training)")
+    training = {"rpm.train.batch-size": args.batch_size, "rpm.train.optimizer": args.optimizer}
+    with dask.config.set({k: v for k, v in training.items() if v is not None}):
+        run_demo(speeds=speeds, iterations=args.iterations, mapping=args.mapping, as_json=args.json)
     return 0
 
 
@@ -302,7 +311,8 @@ def _cmd_job(args: argparse.Namespace) -> int:
     if args.config is None:
         flag = "--resume" if args.resume else "--overwrite"
         raise CLIError(f"{flag} needs --config FILE (the job whose {'checkpoint to continue' if args.resume else 'output to replace'})")
-    demo = [f"--{k}" for k in ("speeds", "iterations", "mapping") if getattr(args, k) is not None]
+    demo = [f"--{k.replace('_', '-')}" for k in ("speeds", "iterations", "mapping", "batch_size", "optimizer")
+            if getattr(args, k) is not None]
     if demo or args.json:
         raise CLIError(f"{', '.join(demo + (['--json'] if args.json else []))} belong to the demo; with --config put them in the job file")
     try:
