@@ -45,6 +45,15 @@ Metric: ``gamma = (1 / T_parallel) / sum_i (1 / T_series(i))`` with
 over DRPM's. ``ddp``'s gamma uses the same ``T_series`` (numpy kernels), so
 gammas compare iteration times directly; torch's kernels are not numpy's.
 
+Mini-batches (issue 11; workload ``minibatch``, 203-1024-26 with 16384
+samples, at ``batch_sizes`` 256, 1024, 4096 by default): one case per batch
+size; an iteration is one mini-batch step, ``T_series(i)`` is worker ``i``
+alone on the same batches, and every method trains on the same mini-batch
+sequence (:mod:`dask_rpm.batches`; the DDP peer's ranks take equal shares of
+each batch and all-reduce every step). ``weights_vs_serial`` checks that:
+every method's final weights against :func:`dask_rpm.fit_serial` with the
+same batches. ``phase_seconds`` says where the engine's time goes.
+
 Load step (conditions ``A-step``/``B-step``): the fastest worker slows to a
 third of its speed from iteration ``step_at`` (an emulation schedule, every
 run). Its ``T_series`` is measured at the slowed speed, so gamma refers to the
@@ -102,7 +111,16 @@ WORKLOADS: dict[str, tuple[int, int, int, int]] = {
     # float64 compute per iteration on one core (0.8 s per iteration on 8
     # EMULATED workers at auto scale), against ~0.05-0.13 s of Dask latency.
     "compute": (203, 1024, 26, 32768),
+    # Issue 11: mini-batch SGD on the compute network. 16384 samples give 4 to
+    # 64 batches per epoch at the batch sizes of MINIBATCH_SIZES; a batch of
+    # 4096 costs an eighth of the compute workload's iteration, one of 256 a
+    # 128th (a few ms per worker: latency-bound, like the paper's workload).
+    "minibatch": (203, 1024, 26, 16384),
 }
+#: Batch sizes the ``minibatch`` workload runs at unless ``batch_sizes`` is given.
+MINIBATCH_SIZES = (256, 1024, 4096)
+#: Methods of the mini-batch comparison (issue 11), the ``--methods`` of its docs command.
+MINIBATCH_METHODS = ("drpm", "split-1d", "uniform", "ddp")
 METHODS = ("uniform", "hrev", "srpm-assumed", "srpm-probed", "drpm-init", "drpm", "split-1d", "ddp")
 STEP_FACTOR = 3.0
 MAX_N = len(CONDITIONS["A"])
@@ -125,10 +143,17 @@ class BenchCase:
     assumed: tuple[float, ...]  # what the paper assumed
     step_worker: int | None = None
     step_at: int | None = None
+    batch_size: int | None = None  # samples per iteration; None: full batch (the paper's)
 
     @property
     def name(self) -> str:
-        return f"{self.workload}/{self.condition}/N={self.n}"
+        base = f"{self.workload}/{self.condition}/N={self.n}"
+        return base if self.batch_size is None else f"{base}/B={self.batch_size}"
+
+    @property
+    def batch(self) -> int:
+        """Samples per iteration."""
+        return self.samples if self.batch_size is None else min(self.batch_size, self.samples)
 
     def schedule(self) -> dict[int, list[tuple[int, float]]] | None:
         if self.step_worker is None:
@@ -150,6 +175,12 @@ class MethodResult:
     plan: str = ""
     skipped: str = ""
     wall: float = math.nan
+    #: final (W, V), to check that every method trained the same batches (not written out)
+    weights: tuple[np.ndarray, np.ndarray] | None = None
+    #: relative max difference of the final weights to fit_serial's (same data, batches, lr); NaN: not checked
+    weights_vs_serial: float = math.nan
+    #: seconds per engine phase (PHASES), steady-state median, mean over workers; empty for ddp
+    phases: dict[str, float] = field(default_factory=dict)
 
 
 # ----------------------------------------------------------------- helpers
@@ -173,6 +204,17 @@ def true_profile(condition: str, n: int) -> tuple[float, ...]:
     return tuple(ASSUMED_TO_TRUE.get(v, v) for v in base)
 
 
+def workload_batch_sizes(workload: str, batch_sizes: Sequence[int] | None = None) -> list[int | None]:
+    """Batch sizes a workload runs at: ``minibatch`` at ``batch_sizes`` (default
+    :data:`MINIBATCH_SIZES`), ``custom`` at ``batch_sizes`` when given, every
+    other workload full batch (``[None]``: the paper's experiment)."""
+    if workload == "minibatch":
+        return list(batch_sizes) if batch_sizes else list(MINIBATCH_SIZES)
+    if workload == "custom" and batch_sizes:
+        return list(batch_sizes)
+    return [None]
+
+
 def make_cases(
     workloads: Sequence[str],
     conditions: Sequence[str],
@@ -180,20 +222,23 @@ def make_cases(
     *,
     step_at: int,
     custom: tuple[int, int, int, int] | None = None,
+    batch_sizes: Sequence[int] | None = None,
 ) -> list[BenchCase]:
     cases = []
     for wl in workloads:
         n_, m_, l_, s_ = custom if wl == "custom" and custom is not None else WORKLOADS[wl]
-        for cond in conditions:
-            base = cond.split("-")[0]
-            for n in ns:
-                speeds = true_profile(cond, n)
-                assumed = CONDITIONS[base][:n]
-                step_worker = int(np.argmax(speeds)) if cond.endswith("-step") else None
-                cases.append(BenchCase(
-                    wl, cond, n, (n_, m_, l_), s_, speeds, assumed,
-                    step_worker=step_worker, step_at=step_at if step_worker is not None else None,
-                ))
+        for batch in workload_batch_sizes(wl, batch_sizes):
+            for cond in conditions:
+                base = cond.split("-")[0]
+                for n in ns:
+                    speeds = true_profile(cond, n)
+                    assumed = CONDITIONS[base][:n]
+                    step_worker = int(np.argmax(speeds)) if cond.endswith("-step") else None
+                    cases.append(BenchCase(
+                        wl, cond, n, (n_, m_, l_), s_, speeds, assumed,
+                        step_worker=step_worker, step_at=step_at if step_worker is not None else None,
+                        batch_size=batch,
+                    ))
     return cases
 
 
@@ -228,6 +273,37 @@ def _loadavg() -> float:
         return math.nan
 
 
+def bench_learning_rate(case: BenchCase) -> float:
+    """``0.5 / samples per iteration``: the step on the summed gradient is the same fraction of the
+    mean gradient at every batch size, and small enough that every method ends at the serial
+    reference's weights to rounding (the bench checks that: ``weights_vs_serial``)."""
+    return 0.5 / case.batch
+
+
+def weights_difference(weights: tuple[np.ndarray, np.ndarray] | None,
+                       reference: tuple[np.ndarray, np.ndarray] | None) -> float:
+    """``max |W - W_ref|, |V - V_ref|`` over ``max |W_ref|, |V_ref|`` (NaN when either is missing)."""
+    if weights is None or reference is None:
+        return math.nan
+    diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(weights, reference))
+    size = max(float(np.max(np.abs(b))) for b in reference)
+    return diff / size if size > 0 else diff
+
+
+def _serial_reference(case: BenchCase, x: np.ndarray, d: np.ndarray, iterations: int,
+                      cache: dict[Any, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """``fit_serial`` on the case's data, batches and learning rate (computed once per workload and batch
+    size: condition and N do not change what is trained)."""
+    from .serial import fit_serial
+
+    key = (case.shape, case.samples, case.batch_size, iterations)
+    if key not in cache:
+        W, V, _ = fit_serial(x, d, hidden=case.shape[1], iterations=iterations, learning_rate=bench_learning_rate(case),
+                             seed=0, batch_size=case.batch_size)
+        cache[key] = (W, V)
+    return cache[key]
+
+
 def _single_plan(shape: tuple[int, int, int], samples: int, address: str) -> Any:
     from .partition import Plan
 
@@ -237,17 +313,36 @@ def _single_plan(shape: tuple[int, int, int], samples: int, address: str) -> Any
 
 
 # ------------------------------------------------------------------ the run
+def _phase_profile(history: Any, start: int) -> dict[str, float]:
+    """Seconds per engine phase over the steady state: per worker the median over iterations
+    from ``start`` on, then the mean over the workers that had a rectangle (where time goes)."""
+    from .engine.records import PHASES
+
+    out = {}
+    for p in PHASES:
+        if p not in history:
+            continue
+        v = np.asarray(history[p].values, dtype=float)
+        v = v[min(start, max(v.shape[0] - 1, 0)):]
+        with np.errstate(all="ignore"):
+            per_worker = [float(np.median(c[np.isfinite(c)])) for c in v.T if np.isfinite(c).any()]
+        out[p] = float(np.mean(per_worker)) if per_worker else math.nan
+    return out
+
+
 def _fit_record(client: Any, x: np.ndarray, d: np.ndarray, *, m: int, iterations: int, lr: float,
-                mapping: Any, abilities: Any, interval: int, start: int) -> MethodResult:
+                mapping: Any, abilities: Any, interval: int, start: int,
+                batch_size: int | None = None) -> MethodResult:
     from .engine import fit
 
     t0 = time.perf_counter()
     res = fit(x, d, hidden=m, iterations=iterations, learning_rate=lr, mapping=mapping,
-              abilities=abilities, client=client, seed=0, interval=interval)
+              abilities=abilities, client=client, seed=0, interval=interval, batch_size=batch_size)
     wall = time.perf_counter() - t0
     it = np.asarray(res.history["iteration_time"].values, dtype=float)
+    first = min(start, max(it.size - 1, 0))
     return MethodResult(
-        seconds_per_iteration=steady_seconds(it, min(start, max(it.size - 1, 0))),
+        seconds_per_iteration=steady_seconds(it, first),
         seconds_mean=float(np.nanmean(it)) if it.size else math.nan,
         iteration_time=it,
         iterations=int(it.size),
@@ -256,6 +351,8 @@ def _fit_record(client: Any, x: np.ndarray, d: np.ndarray, *, m: int, iterations
         final_error=res.error,
         plan=res.plan.to_json(),
         wall=wall,
+        weights=(np.asarray(res.W), np.asarray(res.V)),
+        phases=_phase_profile(res.history, first),
     )
 
 
@@ -271,7 +368,7 @@ def _series(client: Any, case: BenchCase, addresses: list[str], x: np.ndarray, d
         try:
             r = _fit_record(client, x, d, m=case.shape[1], iterations=iterations, lr=lr,
                             mapping=_single_plan(case.shape, case.samples, addr), abilities=None,
-                            interval=iterations, start=0)
+                            interval=iterations, start=0, batch_size=case.batch_size)
         finally:
             if stepped:
                 set_speed(client, i, None)
@@ -282,7 +379,8 @@ def _series(client: Any, case: BenchCase, addresses: list[str], x: np.ndarray, d
 
 
 def _run_case(case: BenchCase, methods: Sequence[str], *, iterations: int, series_iterations: int,
-              interval: int, dp_search: str, quiet: bool) -> dict[str, Any]:
+              interval: int, dp_search: str, quiet: bool,
+              references: dict[Any, Any] | None = None) -> dict[str, Any]:
     from distributed import Client
 
     from .emulation import emulation_report, local_cluster, worker_addresses
@@ -291,10 +389,13 @@ def _run_case(case: BenchCase, methods: Sequence[str], *, iterations: int, serie
 
     n_, m, l_ = case.shape
     x, d = demo_data(case.samples, case.shape, seed=0)
-    lr = 0.5 / case.samples
+    lr = bench_learning_rate(case)
     start = iterations // 2
     if case.step_at is not None:
         start = max(start, case.step_at + 1)
+    # the serial reference every method's final weights are compared with (before the cluster
+    # starts, so it takes no CPU from the timed runs); None: not checked
+    reference = None if references is None else _serial_reference(case, x, d, iterations, references)
     load0 = _loadavg()
     out: dict[str, Any] = {"case": case, "methods": {}, "load_start": load0}
     with local_cluster(case.speeds, schedule=case.schedule(), dashboard_address=None,
@@ -306,20 +407,22 @@ def _run_case(case: BenchCase, methods: Sequence[str], *, iterations: int, serie
         _log(f"{case.name}: {cluster.emulation_label}", quiet)
         series = _series(client, case, addresses, x, d, iterations=series_iterations, lr=lr, quiet=quiet)
         out["series"] = series
-        rates = (m * case.samples) / series
+        # work units per second: hidden units x samples of one iteration (a mini-batch's, not the set's)
+        rates = (m * case.batch) / series
         probed = None
         lat = bw = math.nan
         if {"srpm-probed", "split-1d"} & set(methods):
             from .probe import probe
 
-            pr = probe(client, shape=case.shape, samples=case.samples, workers=addresses)
+            pr = probe(client, shape=case.shape, samples=case.batch, workers=addresses)
             probed = [float(v) for v in pr["throughput"].values]
             lat, bw = float(pr.attrs.get("latency", math.nan)), float(pr.attrs.get("bandwidth", math.nan))
             _log(f"  probed abilities {', '.join(f'{v / max(probed):.2f}' for v in probed)}; "
                  f"link latency {lat * 1e3:.2f} ms, bandwidth {bw / 1e6:.0f} MB/s", quiet)
         out["probed"] = probed
         out["latency"], out["bandwidth"] = lat, bw
-        common = dict(m=m, iterations=iterations, lr=lr, interval=interval, start=start)
+        common = dict(m=m, iterations=iterations, lr=lr, interval=interval, start=start,
+                      batch_size=case.batch_size)
         for method in methods:
             t0 = time.perf_counter()
             if method == "ddp":
@@ -340,7 +443,10 @@ def _run_case(case: BenchCase, methods: Sequence[str], *, iterations: int, serie
                         if not (cand.seconds_per_iteration >= r.seconds_per_iteration):
                             r = cand
                 else:  # N_DP by the cost model with the measured T_series speeds
-                    plan, _ = fastest_grid(ab, case.shape, case.samples, planner, list(rates))
+                    # (the model prices one iteration: a mini-batch's rows, not the training set's)
+                    plan, _ = fastest_grid(ab, case.shape, case.batch, planner, list(rates))
+                    if case.batch != case.samples:
+                        plan = make_plan(ab, case.shape, case.samples, method=planner, dp=plan.n_columns)
                     r = _fit_record(client, x, d, mapping=plan.with_workers(addresses), abilities=None, **common)
             elif method == "srpm-assumed":
                 r = _fit_record(client, x, d, mapping="srpm", abilities=list(case.assumed), **common)
@@ -356,13 +462,15 @@ def _run_case(case: BenchCase, methods: Sequence[str], *, iterations: int, serie
                 raise BenchError(f"unknown method {method!r}")
             if not math.isfinite(r.wall):
                 r.wall = time.perf_counter() - t0
+            r.weights_vs_serial = weights_difference(r.weights, reference)
+            r.weights = None  # checked; do not keep (W, V) of every method of every case
             out["methods"][method] = r
             if r.skipped:
                 _log(f"  {method}: skipped ({r.skipped})", quiet)
             else:
                 _log(f"  {method}: {r.seconds_per_iteration:.3f} s/iteration "
                      f"(gamma {gamma(r.seconds_per_iteration, series):.3f}, {r.n_columns} column(s), "
-                     f"{r.remaps} remap(s), {r.wall:.1f} s)", quiet)
+                     f"{r.remaps} remap(s), weights vs fit_serial {r.weights_vs_serial:.1e}, {r.wall:.1f} s)", quiet)
         rows = emulation_report(client)
         blocks = sum(r["blocks"] for r in rows)
         out["overrun_fraction"] = (sum(r["overruns"] for r in rows) / blocks) if blocks else math.nan
@@ -400,15 +508,35 @@ def _ddp_rank(rank: int, cfg: dict[str, Any], queue: Any) -> None:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    from .batches import Schedule
+
     torch.set_num_threads(1)
     world = cfg["world"]
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{cfg['port']}", rank=rank, world_size=world)
     try:
         x_all = np.load(cfg["x"], mmap_mode="r")
         d_all = np.load(cfg["d"], mmap_mode="r")
-        bounds = np.linspace(0, x_all.shape[0], world + 1).round().astype(int)  # equal shares
-        x = torch.from_numpy(np.array(x_all[bounds[rank]:bounds[rank + 1]]))
-        d = torch.from_numpy(np.array(d_all[bounds[rank]:bounds[rank + 1]]))
+        samples = int(x_all.shape[0])
+        bounds = np.linspace(0, samples, world + 1).round().astype(int)  # equal shares
+        cut = (int(bounds[rank]), int(bounds[rank + 1]))
+        # The mini-batches of dask_rpm's schedule (same seed, same order): this rank takes the
+        # share of every batch that a column with samples ``cut`` takes (DistributedSampler-like,
+        # equal shares), so the ranks' gradients sum to the batch gradient. Full batch: ``cut``.
+        sched = Schedule(samples, cfg.get("batch_size"), bool(cfg.get("shuffle", True)), int(cfg.get("seed", 0)))
+        epoch_rows: dict[str, Any] = {"epoch": None}
+
+        def rows_of(it: int) -> tuple[Any, Any]:
+            # one gather per epoch (as ColumnData does); each iteration is then a view
+            e = sched.epoch(it)
+            if epoch_rows["epoch"] != e:
+                idx, offsets = sched.epoch_plan(e, cut)
+                epoch_rows.update(epoch=e, offsets=offsets, first=e * sched.per_epoch,
+                                  x=torch.from_numpy(np.ascontiguousarray(x_all[idx])),
+                                  d=torch.from_numpy(np.ascontiguousarray(d_all[idx])))
+            j = it - epoch_rows["first"]
+            lo, hi = epoch_rows["offsets"][j], epoch_rows["offsets"][j + 1]
+            return epoch_rows["x"][lo:hi], epoch_rows["d"][lo:hi]
+
         W0 = torch.from_numpy(np.load(cfg["W0"]))
         V0 = torch.from_numpy(np.load(cfg["V0"]))
 
@@ -426,10 +554,8 @@ def _ddp_rank(rank: int, cfg: dict[str, Any], queue: Any) -> None:
         step = cfg.get("step")  # (rank, iteration, factor)
         clock = {"cpu": 0.0, "wall": 0.0, "speed": speed}
         # The same work model and kernel rate as the Dask workers' pace():
-        # forward + backward of this rank's samples x all hidden units.
+        # forward + backward of this iteration's rows of this rank x all hidden units.
         n_in, m_h, l_out = W0.shape[1], W0.shape[0], V0.shape[0]
-        rows = int(x.shape[0])
-        work = block_work("forward", rows, m_h, n_in, l_out) + block_work("backward", rows, m_h, n_in, l_out)
         rate = float(cfg["rate"])
 
         def paced_allreduce(state, bucket):  # no annotations: DDP checks them against GradBucket
@@ -437,7 +563,7 @@ def _ddp_rank(rank: int, cfg: dict[str, Any], queue: Any) -> None:
             # bucket) to max(cpu, work / rate) / (speed * scale) before its
             # gradients go out, as pace() does for a Dask worker's block.
             cpu = time.thread_time() - clock["cpu"]
-            target = max(cpu, work / rate) / (clock["speed"] * scale)
+            target = max(cpu, clock["work"] / rate) / (clock["speed"] * scale)
             late = target - (time.perf_counter() - clock["wall"])
             if late > 0:
                 time.sleep(late)
@@ -451,6 +577,9 @@ def _ddp_rank(rank: int, cfg: dict[str, Any], queue: Any) -> None:
         for it in range(cfg["iterations"]):
             if step is not None and rank == step[0] and it >= step[1]:
                 clock["speed"] = speed / step[2]
+            x, d = rows_of(it)
+            rows = int(x.shape[0])
+            clock["work"] = block_work("forward", rows, m_h, n_in, l_out) + block_work("backward", rows, m_h, n_in, l_out)
             clock["cpu"], clock["wall"] = time.thread_time(), time.perf_counter()
             opt.zero_grad(set_to_none=True)
             h = model(x)
@@ -463,15 +592,26 @@ def _ddp_rank(rank: int, cfg: dict[str, Any], queue: Any) -> None:
             last = now
             errors.append(float(loss.detach()))
         if rank == 0:
-            queue.put({"times": times, "error": errors[-1]})
+            # the final weights too: the bench checks that the peer trained the same batches
+            net = model.module
+            queue.put({"times": times, "error": errors[-1],
+                       "W": net.W.detach().numpy().copy(), "V": net.V.detach().numpy().copy()})
     finally:
         dist.destroy_process_group()
 
 
 def run_ddp(x: np.ndarray, d: np.ndarray, *, hidden: int, speeds: Sequence[float], scale: float,
             iterations: int, learning_rate: float, step: tuple[int, int, float] | None = None,
-            seed: int = 0, timeout: float = 1800.0, rate: float | None = None) -> dict[str, Any]:
+            seed: int = 0, timeout: float = 1800.0, rate: float | None = None,
+            batch_size: int | None = None, shuffle: bool | None = None) -> dict[str, Any]:
     """Train the same MLP with plain DDP, one process per EMULATED speed; rank 0's iteration times.
+
+    ``batch_size`` / ``shuffle`` (defaults ``rpm.train.*``): the mini-batches of
+    :mod:`dask_rpm.batches` with the same ``seed`` as :func:`dask_rpm.fit`,
+    so DDP trains on exactly the batches dask_rpm does; every rank takes an
+    equal share of each batch and DDP all-reduces the gradients every step.
+    Returns ``{"times", "error", "W", "V"}``: rank 0's iteration times and
+    last local loss, and the final weights.
 
     Each rank's forward + backward is paced like a Dask worker's kernel block
     (:func:`dask_rpm.emulation.pace`): to ``max(cpu, work / rate) / (speed *
@@ -496,8 +636,12 @@ def run_ddp(x: np.ndarray, d: np.ndarray, *, hidden: int, speeds: Sequence[float
             from .emulation import _process_rate
 
             rate = float(config.get("emulation.rate-fraction")) * _process_rate("float64")
+        from .batches import schedule
+
+        sched = schedule(x.shape[0], batch_size, shuffle=shuffle, seed=seed)  # validated, config defaults
         cfg = {**paths, "world": len(speeds), "port": _free_port(), "speeds": list(speeds), "scale": scale,
-               "lr": learning_rate, "iterations": iterations, "step": step, "rate": float(rate)}
+               "lr": learning_rate, "iterations": iterations, "step": step, "rate": float(rate),
+               "batch_size": sched.batch_size, "shuffle": sched.shuffle, "seed": sched.seed}
         queue = ctx.Queue()
         procs = [ctx.Process(target=_ddp_rank, args=(r, cfg, queue), daemon=True) for r in range(len(speeds))]
         for p in procs:
@@ -534,7 +678,7 @@ def _run_ddp_method(case: BenchCase, x: np.ndarray, d: np.ndarray, *, iterations
         step = (case.step_worker, int(case.step_at), STEP_FACTOR)
     t0 = time.perf_counter()
     res = run_ddp(x, d, hidden=case.shape[1], speeds=case.speeds, scale=scale, iterations=iterations,
-                  learning_rate=lr, step=step, rate=rate)
+                  learning_rate=lr, step=step, rate=rate, batch_size=case.batch_size)
     it = np.asarray(res["times"], dtype=float)
     return MethodResult(
         seconds_per_iteration=steady_seconds(it, min(start, it.size - 1)),
@@ -543,8 +687,10 @@ def _run_ddp_method(case: BenchCase, x: np.ndarray, d: np.ndarray, *, iterations
         iterations=int(it.size),
         n_columns=case.n,
         final_error=float(res["error"]),
-        plan=json.dumps({"method": "ddp", "samples_per_rank": "equal", "ranks": case.n}),
+        plan=json.dumps({"method": "ddp", "samples_per_rank": "equal", "ranks": case.n,
+                         "batch_size": case.batch_size}),
         wall=time.perf_counter() - t0,
+        weights=(np.asarray(res["W"]), np.asarray(res["V"])),
     )
 
 
@@ -562,6 +708,8 @@ def run_bench(
     dp_search: str = "model",
     custom: tuple[int, int, int, int] | None = None,
     quiet: bool = False,
+    batch_sizes: Sequence[int] | None = None,
+    check_weights: bool = True,
 ) -> Any:
     """Run the benchmark; returns an ``xarray.Dataset`` (see :func:`write_outputs`).
 
@@ -589,11 +737,22 @@ def run_bench(
         ``series_iterations + 1``, so series runs stay before it).
     dp_search
         ``"model"`` or ``"measured"`` (see the module docstring).
+    batch_sizes
+        Mini-batch sizes of the ``minibatch`` workload (default
+        :data:`MINIBATCH_SIZES`) and of ``custom`` (default: full batch); the
+        other workloads are full batch. One case per batch size, condition and
+        N; every method (the DDP peer too) trains on the same mini-batches.
+    check_weights
+        Compare every method's final weights with :func:`dask_rpm.fit_serial`
+        on the same data, batches and learning rate (``weights_vs_serial``;
+        the reference is computed once per workload and batch size, before the
+        cluster starts).
     """
     import xarray as xr
 
     workloads, conditions, ns, methods = list(workloads), list(conditions), list(ns), list(methods)
     _validate(workloads, conditions, ns, methods, iterations, series_iterations, interval, dp_search, custom)
+    batch_sizes = _validate_batch_sizes(workloads, batch_sizes, custom)
     interval = int(interval) if interval is not None else max(2, iterations // 4)
     step_at = int(step_at) if step_at is not None else max(series_iterations + 1, iterations // 4)
     if any(c.endswith("-step") for c in conditions) and not (series_iterations < step_at < iterations // 2 + 1):
@@ -601,15 +760,16 @@ def run_bench(
             f"step_at={step_at} must lie after the series runs ({series_iterations} iterations) and in the "
             f"first half of the run ({iterations} iterations); give more iterations or another step_at"
         )
-    cases = make_cases(workloads, conditions, ns, step_at=step_at, custom=custom)
+    cases = make_cases(workloads, conditions, ns, step_at=step_at, custom=custom, batch_sizes=batch_sizes)
     started = time.perf_counter()
     results = []
+    references: dict[Any, Any] | None = {} if check_weights else None
     import dask
 
     with dask.config.set({"rpm.train.progress": "none"}):
         for case in cases:
             results.append(_run_case(case, methods, iterations=iterations, series_iterations=series_iterations,
-                                     interval=interval, dp_search=dp_search, quiet=quiet))
+                                     interval=interval, dp_search=dp_search, quiet=quiet, references=references))
     wall = time.perf_counter() - started
 
     C, M, W = len(cases), len(methods), max(ns)
@@ -707,7 +867,62 @@ def run_bench(
             "truth": "EMULATED speeds = the paper's assumed profile with 0.63 -> 0.5 (the paper measured ~0.5 where it assumed 0.63)",
         },
     )
+    _add_batch_fields(ds, cases, results, methods)
     return ds
+
+
+def _add_batch_fields(ds: Any, cases: list[BenchCase], results: list[dict[str, Any]], methods: list[str]) -> None:
+    """Mini-batch size per case, the weight check against ``fit_serial`` and the phase profile."""
+    from .engine.records import PHASES
+
+    ds.coords["batch_size"] = ("case", np.array([c.batch for c in cases], dtype=int), {
+        "units": "samples",
+        "description": "samples per iteration: the mini-batch size (= samples for full-batch training)"})
+    ds.coords["full_batch"] = ("case", np.array([c.batch_size is None for c in cases], dtype=bool))
+    check = np.full((len(cases), len(methods)), np.nan)
+    phases = np.full((len(cases), len(methods), len(PHASES)), np.nan)
+    for c, res in enumerate(results):
+        for k, method in enumerate(methods):
+            r: MethodResult = res["methods"][method]
+            check[c, k] = r.weights_vs_serial
+            for j, p in enumerate(PHASES):
+                phases[c, k, j] = r.phases.get(p, np.nan)
+    ds["weights_vs_serial"] = (("case", "method"), check, {
+        "units": "1", "description": "max |final weights - fit_serial's| / max |fit_serial's| (same data, "
+                                     "mini-batches, learning rate): every method trained the same batches; "
+                                     "NaN: not checked"})
+    ds.coords["phase"] = list(PHASES)
+    ds["phase_seconds"] = (("case", "method", "phase"), phases, {
+        "units": "s", "description": "steady-state seconds per engine phase (median over the second half, mean "
+                                     "over workers; forward/backward paced compute, *_wait/horizontal exchanges "
+                                     "incl. waiting); NaN for the DDP peer"})
+
+
+def _validate_batch_sizes(workloads: list[str], batch_sizes: Sequence[int] | None,
+                         custom: tuple[int, int, int, int] | None) -> list[int] | None:
+    """Check ``batch_sizes`` (whole numbers from 1 to the workload's samples); a list, or None."""
+    if batch_sizes is None:
+        return None
+    sizes = list(batch_sizes)
+    takers = [wl for wl in workloads if wl in ("minibatch", "custom")]
+    if not sizes:
+        raise BenchError("batch_sizes is empty: give at least one mini-batch size, e.g. 256,1024,4096")
+    if not takers:
+        raise BenchError(f"batch sizes {sizes} apply to the minibatch and custom workloads, and the run has "
+                         f"{', '.join(workloads)} (full batch: the paper's experiment); add --workloads minibatch")
+    for b in sizes:
+        if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1:
+            raise BenchError(f"batch size {b!r}: give whole numbers of samples per mini-batch, e.g. 256,1024,4096")
+        for wl in takers:
+            if wl == "custom" and custom is None:
+                continue  # reported by _validate
+            s_ = custom[3] if wl == "custom" else WORKLOADS[wl][3]
+            if b > s_:
+                raise BenchError(f"batch size {b} is larger than the {wl} workload's {s_} samples; give at most "
+                                 f"{s_} (a batch of all samples is full-batch training)")
+    if len(set(sizes)) != len(sizes):
+        raise BenchError(f"batch sizes {sizes} repeat a value; give each once")
+    return [int(b) for b in sizes]
 
 
 def _validate(workloads: list[str], conditions: list[str], ns: list[int], methods: list[str], iterations: int,
@@ -764,8 +979,16 @@ def summary_rows(ds: Any) -> list[dict[str, Any]]:
                 "seconds_per_iteration": num(ds["seconds_per_iteration"].values[c, k]),
                 "workload": str(ds["workload"].values[c]),
                 "ratio_to_drpm": num(ds["ratio_to_drpm"].values[c, k]),
+                "batch_size": _batch_of(ds, c),
             })
     return rows
+
+
+def _batch_of(ds: Any, c: int) -> int | None:
+    """Mini-batch size of case ``c``; None for full batch (and for results written before issue 11)."""
+    if "full_batch" not in ds.coords or bool(ds["full_batch"].values[c]):
+        return None
+    return int(ds["batch_size"].values[c])
 
 
 def markdown_table(ds: Any) -> str:
@@ -781,7 +1004,7 @@ def markdown_table(ds: Any) -> str:
     ]
     notes = []
     for c in range(ds.sizes["case"]):
-        wl, cond, n = str(ds["workload"].values[c]), str(ds["condition"].values[c]), int(ds["N"].values[c])
+        wl, cond, n = _workload_label(ds, c), str(ds["condition"].values[c]), int(ds["N"].values[c])
         for k, method in enumerate(ds["method"].values.tolist()):
             why = str(ds["skipped"].values[c, k])
             if why:
@@ -797,17 +1020,59 @@ def markdown_table(ds: Any) -> str:
     lines.append("")
     for c in range(ds.sizes["case"]):
         n = int(ds["N"].values[c])
-        ts = ", ".join(f"{v:.2f}" for v in ds["series_seconds"].values[c, :n])
+        ts = ", ".join(f"{v:.3g}" for v in ds["series_seconds"].values[c, :n])
         sp = ", ".join(f"{v:g}" for v in ds["speed"].values[c, :n])
         lines.append(
             f"* {ds['case'].values[c]} ({ds['shape'].values[c]}, s = {int(ds['samples'].values[c])}): "
             f"EMULATED speeds {sp} x scale {float(ds['scale'].values[c]):.3f} of a core; T_series {ts} s; "
             f"paced blocks overrun {100 * float(ds['overrun_fraction'].values[c]):.0f} %; "
             f"load {float(ds['load_start'].values[c]):.1f} -> {float(ds['load_end'].values[c]):.1f}"
+            f"{_weights_note(ds, c)}"
         )
     for note in dict.fromkeys(notes):
         lines.append(f"* {note}")
+    lines.extend(_phase_lines(ds))
     return "\n".join(lines) + "\n"
+
+
+def _workload_label(ds: Any, c: int) -> str:
+    wl, b = str(ds["workload"].values[c]), _batch_of(ds, c)
+    return wl if b is None else f"{wl} B={b}"
+
+
+def _weights_note(ds: Any, c: int) -> str:
+    """``; final weights vs fit_serial ...`` for the markdown case line (empty when not checked)."""
+    if "weights_vs_serial" not in ds:
+        return ""
+    v = np.asarray(ds["weights_vs_serial"].values[c], dtype=float)
+    v = v[np.isfinite(v)]
+    if not v.size:
+        return ""
+    b = _batch_of(ds, c)
+    batches = "" if b is None else f"mini-batches of {b} ({-(-int(ds['samples'].values[c]) // b)} per epoch); "
+    return f"; {batches}final weights of every method vs fit_serial: max relative difference {float(v.max()):.1e}"
+
+
+def _phase_lines(ds: Any) -> list[str]:
+    """Where the time goes (engine phases, steady state) for the mini-batch cases."""
+    if "phase_seconds" not in ds:
+        return []
+    mini = [c for c in range(ds.sizes["case"]) if _batch_of(ds, c) is not None]
+    phases = ds["phase"].values.tolist()
+    rows = []
+    for c in mini:
+        for k, method in enumerate(ds["method"].values.tolist()):
+            v = ds["phase_seconds"].values[c, k]
+            if str(ds["skipped"].values[c, k]) or not np.isfinite(v).any():
+                continue
+            rows.append(f"| {ds['case'].values[c]} | {method} | "
+                        + " | ".join(f"{1e3 * float(t):.1f}" for t in v)
+                        + f" | {1e3 * float(ds['seconds_per_iteration'].values[c, k]):.1f} |")
+    if not rows:
+        return []
+    return ["", "Engine phases, ms per iteration (steady state, mean over workers; EMULATED):", "",
+            "| case | method | " + " | ".join(phases) + " | iteration |",
+            "| --- | --- |" + " ---: |" * (len(phases) + 1), *rows]
 
 
 def plot_bench(ds: Any, path: str) -> str:
@@ -871,6 +1136,8 @@ examples:
   dask-rpm bench --conditions A,B --n 4-8 --workloads paper,compute     # the full set (hours)
   dask-rpm bench --conditions A-step --n 8 --iterations 40             # one worker slows 3x mid-run
   dask-rpm bench --workloads custom --shape 20-16-4 --samples 512 --n 3 --methods srpm-assumed,drpm
+  dask-rpm bench --workloads minibatch --conditions A --n 4,8 --methods drpm,split-1d,uniform,ddp \
+      --batch-sizes 256,1024,4096           # mini-batch SGD, 203-1024-26, s = 16384 (issue 11)
 
 All figures are EMULATED heterogeneity on one machine (docs/emulation.md).
 """
@@ -893,7 +1160,10 @@ def add_bench_parser(subparsers: Any) -> None:
                    help="condition A, N = 4 and 8, compute workload, 16 iterations (14 min on 2 loaded cores)")
     p.add_argument("--conditions", help="comma-separated: A, B, A-step, B-step (default A,B)")
     p.add_argument("--n", dest="ns", metavar="N", help="worker counts, e.g. 4,8 or 4-8 (default 4-8)")
-    p.add_argument("--workloads", help="comma-separated: paper, compute, custom (default paper,compute)")
+    p.add_argument("--workloads", help="comma-separated: paper, compute, minibatch, custom (default paper,compute)")
+    p.add_argument("--batch-sizes", metavar="B,B,...",
+                   help="mini-batch sizes of the minibatch workload (default 256,1024,4096) and of custom "
+                        "(default full batch); paper and compute are full batch")
     p.add_argument("--methods", help=f"comma-separated subset of {','.join(METHODS)} (default all)")
     p.add_argument("--iterations", type=int, help="iterations per method run (default 40; --quick 16)")
     p.add_argument("--series-iterations", type=int, default=None, help="iterations per T_series run (default 2)")
@@ -906,6 +1176,8 @@ def add_bench_parser(subparsers: Any) -> None:
     p.add_argument("--out", default="rpm-bench", help="output directory (default ./rpm-bench)")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
     p.add_argument("--json", action="store_true", help="print the summary rows as JSON on stdout")
+    p.add_argument("--no-weight-check", action="store_true",
+                   help="skip comparing every method's final weights with fit_serial (weights_vs_serial)")
     p.set_defaults(func=_cmd_bench)
 
 
@@ -933,6 +1205,21 @@ def _parse_ns(text: str | None, default: Sequence[int]) -> list[int]:
     if not out:
         raise CLIError(f"--n {text!r} is empty: give whole numbers from 1 to {MAX_N}, e.g. 4,8 or 4-8")
     return out
+
+
+def _parse_batch_sizes(text: str | None) -> list[int] | None:
+    from .cli import CLIError
+
+    if text is None:
+        return None
+    try:
+        sizes = [int(t) for t in _split(text, ())]
+    except ValueError:
+        raise CLIError(f"--batch-sizes {text!r}: give whole numbers of samples per mini-batch, "
+                       f"e.g. 256,1024,4096") from None
+    if not sizes:
+        raise CLIError(f"--batch-sizes {text!r} is empty: give e.g. 256,1024,4096")
+    return sizes
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -970,6 +1257,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             workloads=workloads, conditions=conditions, ns=ns, methods=methods, iterations=iterations,
             series_iterations=args.series_iterations if args.series_iterations is not None else 2,
             interval=args.interval, step_at=args.step_at, dp_search=args.dp_search, custom=custom,
+            batch_sizes=_parse_batch_sizes(args.batch_sizes), check_weights=not args.no_weight_check,
         )
     except BenchError as e:
         raise CLIError(str(e)) from None

@@ -146,3 +146,111 @@ def test_ddp_peer_is_paced_on_the_same_work_model():
     # the speed-0.5 rank needs 0.4 s and everyone waits for it at the all-reduce
     steady = sorted(res["times"][1:])
     assert 0.38 <= steady[len(steady) // 2] <= 0.8, res["times"]
+
+
+# ------------------------------------------------------------ mini-batch workload (issue 11)
+MINI_METHODS = ["drpm", "split-1d", "uniform"]
+MINI_SHAPE = (12, 8, 3, 192)
+
+
+@pytest.fixture(scope="module")
+def mini(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench-mini")
+    ds = bench.run_bench(workloads=["custom"], custom=MINI_SHAPE, conditions=["A"], ns=[2],
+                         methods=MINI_METHODS, iterations=8, series_iterations=1, batch_sizes=[32, 64], quiet=True)
+    return ds, bench.write_outputs(ds, str(out), plot=False)
+
+
+def test_minibatch_cases_and_dimension(mini):
+    ds, paths = mini
+    assert ds["case"].values.tolist() == ["custom/A/N=2/B=32", "custom/A/N=2/B=64"]
+    assert ds["batch_size"].values.tolist() == [32, 64] and not ds["full_batch"].values.any()
+    for var in ("seconds_per_iteration", "gamma", "series_seconds"):
+        v = ds[var].values[:, :2] if var == "series_seconds" else ds[var].values
+        assert np.all(np.isfinite(v)) and np.all(v > 0), var
+    assert np.all(ds["iterations"].values == 8)
+    # the phase profile is the engine's own history: every phase measured, none negative
+    ph = ds["phase_seconds"].values
+    assert ds["phase"].values.tolist() == ["forward", "vertical_wait", "backward", "horizontal", "modify"]
+    assert np.all(np.isfinite(ph)) and np.all(ph >= 0)
+    back = xr.open_dataset(paths["netcdf"], engine="h5netcdf").load()
+    assert back["batch_size"].values.tolist() == [32, 64]
+    np.testing.assert_allclose(back["weights_vs_serial"].values, ds["weights_vs_serial"].values)
+    table = open(paths["markdown"]).read()
+    assert "| custom B=32 | A | 2 | drpm |" in table and "| custom B=64 | A | 2 | uniform |" in table
+    assert "mini-batches of 32 (6 per epoch)" in table and "Engine phases" in table
+    rows = bench.summary_rows(ds)
+    assert sorted({r["batch_size"] for r in rows}) == [32, 64] and len(rows) == 6
+
+
+def test_minibatch_methods_train_the_serial_batches(mini):
+    """Every method ends at fit_serial's weights with the same batch size, and the check can tell
+    batch sizes apart (a different batch size gives weights far from the reference)."""
+    ds, _ = mini
+    assert np.all(ds["weights_vs_serial"].values <= 1e-10), ds["weights_vs_serial"].values
+    from dask_rpm import fit_serial
+    from dask_rpm.train import demo_data
+
+    n, m, l, s = MINI_SHAPE
+    x, d = demo_data(s, (n, m, l), seed=0)
+    W32, V32, _ = fit_serial(x, d, hidden=m, iterations=8, learning_rate=0.5 / 32, seed=0, batch_size=32)
+    W64, V64, _ = fit_serial(x, d, hidden=m, iterations=8, learning_rate=0.5 / 32, seed=0, batch_size=64)
+    Wf, Vf, _ = fit_serial(x, d, hidden=m, iterations=8, learning_rate=0.5 / 32, seed=0)
+    assert bench.weights_difference((W64, V64), (W32, V32)) > 1e-6
+    assert bench.weights_difference((Wf, Vf), (W32, V32)) > 1e-6
+    # the bench's reference is fit_serial at the case's batch size and learning rate 0.5 / B
+    case = bench.make_cases(["custom"], ["A"], [2], step_at=1, custom=MINI_SHAPE, batch_sizes=[32])[0]
+    ref = bench._serial_reference(case, x, d, 8, {})
+    assert bench.weights_difference(ref, (W32, V32)) == 0.0
+
+
+def test_minibatch_workload_definition():
+    cases = bench.make_cases(["minibatch", "compute"], ["A"], [4, 8], step_at=1)
+    assert [c.name for c in cases] == [
+        "minibatch/A/N=4/B=256", "minibatch/A/N=8/B=256", "minibatch/A/N=4/B=1024",
+        "minibatch/A/N=8/B=1024", "minibatch/A/N=4/B=4096", "minibatch/A/N=8/B=4096",
+        "compute/A/N=4", "compute/A/N=8",
+    ]
+    mb = cases[0]
+    assert mb.shape == (203, 1024, 26) and mb.samples == 16384 and mb.samples // 4096 >= 4
+    assert bench.bench_learning_rate(mb) == 0.5 / 256 and bench.bench_learning_rate(cases[-1]) == 0.5 / 32768
+
+
+def test_weights_difference():
+    a = (np.array([[1.0, -2.0]]), np.array([[4.0]]))
+    b = (np.array([[1.0, -2.5]]), np.array([[4.0]]))
+    assert bench.weights_difference(a, a) == 0.0
+    assert bench.weights_difference(b, a) == pytest.approx(0.5 / 4.0)
+    assert math.isnan(bench.weights_difference(None, a))
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["bench", "--workloads", "minibatch", "--batch-sizes", "x"], "whole numbers of samples"),
+    (["bench", "--workloads", "minibatch", "--batch-sizes", "0"], "batch size 0"),
+    (["bench", "--workloads", "minibatch", "--batch-sizes", "99999"], "larger than the minibatch workload's 16384"),
+    (["bench", "--workloads", "paper", "--batch-sizes", "256"], "add --workloads minibatch"),
+    (["bench", "--workloads", "minibatch", "--batch-sizes", "256,256"], "repeat a value"),
+    (["bench", "--batch-sizes", ","], "is empty"),
+])
+def test_cli_bad_batch_sizes_exit_2(argv, needle, capsys, tmp_path):
+    assert main([*argv, "--out", str(tmp_path / "o")]) == 2
+    assert needle in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.slow
+def test_ddp_peer_trains_the_same_minibatches():
+    """DDP ranks take equal shares of dask_rpm's mini-batches: the final weights equal fit_serial's."""
+    pytest.importorskip("torch")
+    from dask_rpm import fit_serial
+    from dask_rpm.train import demo_data
+
+    x, d = demo_data(96, (6, 4, 2))
+    lr = 0.5 / 32
+    res = bench.run_ddp(x, d, hidden=4, speeds=[1.0, 0.5, 1.0], scale=1.0, iterations=7, learning_rate=lr,
+                        batch_size=32)   # 3 batches per epoch, a new shuffled order in epochs 1 and 2
+    assert len(res["times"]) == 7 and all(t > 0 for t in res["times"])
+    W, V, _ = fit_serial(x, d, hidden=4, iterations=7, learning_rate=lr, seed=0, batch_size=32)
+    assert bench.weights_difference((res["W"], res["V"]), (W, V)) < 1e-12
+    Wf, Vf, _ = fit_serial(x, d, hidden=4, iterations=7, learning_rate=lr, seed=0)
+    assert bench.weights_difference((res["W"], res["V"]), (Wf, Vf)) > 1e-6
