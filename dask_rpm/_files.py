@@ -91,7 +91,7 @@ def unwritable_reason(directory: str | os.PathLike) -> str | None:
     try:
         fd, tmp = tempfile.mkstemp(prefix=".rpm-write-test-", dir=directory)
     except OSError as e:
-        return f"its directory {directory!r} is not writable ({e.strerror})"
+        return f"its directory {directory!r} is not writable (creating a file there failed: {e.strerror or e})"
     os.close(fd)
     os.unlink(tmp)
     return None

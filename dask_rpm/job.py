@@ -155,22 +155,23 @@ def _unknown(keys: Any, valid: tuple[str, ...], where: str) -> None:
             raise JobError(f"job file: unknown key {k!r} in {where}; valid keys: {', '.join(valid)}.{hint}")
 
 
-def _int(raw: dict, key: str, lo: int, default: Any = None) -> Any:
+def _int(raw: dict, key: str, lo: int, default: Any = None, where: str = "") -> Any:
     v = raw.get(key, default)
     if v is None and default is None and key not in raw:
         return None
     if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        raise _bad(key, v, f"expected a whole number >= {lo}", f"Write e.g. {key}: {max(lo, 1) * 10 if lo else 0}.")
+        raise _bad(where + key, v, f"expected a whole number >= {lo}",
+                   f"Write e.g. {key}: {max(lo, 1) * 10 if lo else 0}.")
     return v
 
 
-def _number(raw: dict, key: str, *, positive: bool) -> float | None:
+def _number(raw: dict, key: str, *, positive: bool, example: str = "0.01") -> float | None:
     v = raw.get(key)
     if v is None:
         return None
     ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and (v > 0 if positive else v >= 0)
     if not ok:
-        raise _bad(key, v, f"expected a finite number {'> 0' if positive else '>= 0'}", f"Write e.g. {key}: 0.01.")
+        raise _bad(key, v, f"expected a finite number {'> 0' if positive else '>= 0'}", f"Write e.g. {key}: {example}.")
     return float(v)
 
 
@@ -288,14 +289,14 @@ def load_job(path: str | os.PathLike, *, overwrite: bool = False) -> Job:
     if not isinstance(ck, dict):
         raise _bad("checkpoint", ck, "expected a mapping with 'every' and optionally 'path'", "Write checkpoint: {every: 50}.")
     _unknown(ck, ("every", "path"), "checkpoint")
-    every = _int(ck, "every", 0, default=0)
+    every = _int(ck, "every", 0, default=0, where="checkpoint.")
     ck_path = rel(ck["path"], "checkpoint.path") if ck.get("path") else os.path.splitext(output)[0] + ".checkpoint.nc"
 
     min_workers = _int(raw, "min-workers", 1, default=1)
     loss = raw.get("on-worker-loss", "recover")
     if loss not in ("recover", "raise"):
         raise _bad("on-worker-loss", loss, "valid: recover, raise", "recover goes on without the lost worker.")
-    time_limit = _number(raw, "time-limit", positive=True)
+    time_limit = _number(raw, "time-limit", positive=True, example="3600 (seconds)")
     config = raw.get("config") or {}
     if not isinstance(config, dict):
         raise _bad("config", config, "expected a mapping of rpm settings", "Write e.g. config: {drpm: {interval: 10}}.")

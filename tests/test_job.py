@@ -77,7 +77,7 @@ def _open(path):
         ({"workers": {"local": {"speeds": [1, 0]}}}, "speeds"),
         ({"workers": {"slurm": {"groups": [{"name": "a-b"}]}}}, "'a_b'"),
         ({"min-workers": 5}, "starts only 2 worker(s)"),
-        ({"checkpoint": {"every": -1}}, "every=-1"),
+        ({"checkpoint": {"every": -1}}, "checkpoint.every=-1"),
         ({"output": "nodir/result.nc"}, "does not exist"),
         ({"output": "/dev/full", "overwrite": True}, "'/dev/full' is refused: it is a device"),
         ({"output": "/proc/result.nc"}, "'/proc/result.nc' cannot be written"),
