@@ -111,20 +111,25 @@ def _api(tmp: Path, call: Callable[[], Any], error: type = ValueError) -> str:
 
 
 def _fit(tmp: Path, client: Any, x: Any = None, d: Any = None, error: type = ValueError, **kw: Any) -> str:
-    """``dask_rpm.fit`` refusing before any work: no rpm task reaches the scheduler."""
+    """``dask_rpm.fit`` refusing before any work: no iteration is timed anywhere."""
     from dask_rpm import fit
 
     xa, da = _arrays()
     args = {"hidden": 4, "iterations": 3, "learning_rate": 0.01, "client": client, "progress": "none", **kw}
     before = _tasks(client)
     msg = _api(tmp, lambda: fit(xa if x is None else x, da if d is None else d, **args), error)
-    assert _tasks(client) == before, "fit started work before refusing"
+    assert _tasks(client) == before, "fit ran iterations before refusing"
     return msg
 
 
-def _tasks(client: Any) -> list[str]:
-    return client.run_on_scheduler(
-        lambda dask_scheduler: sorted(k for k in dask_scheduler.task_prefixes if k.startswith("rpm-block")))
+def _tasks(client: Any) -> int:
+    """Iterations recorded by the scheduler plugin over all runs (every worker streams each one it times)."""
+
+    def count(dask_scheduler: Any) -> int:
+        plugin = dask_scheduler.plugins.get("rpm")
+        return 0 if plugin is None else sum(len(r.log) for r in plugin.runs.values())
+
+    return client.run_on_scheduler(count)
 
 
 def _checkpoint(tmp: Path, iteration: int = 2, **over: Any) -> None:
@@ -295,6 +300,10 @@ CASES = [
          lambda t, c: _fit(t, c, mapping=_plan((5, 8, 2), 40), error=Exception)),
     Case("fit-abilities", A, "Abilities for a different number of workers.",
          lambda t, c: _fit(t, c, mapping="srpm", abilities=[1, 2, 3], error=Exception)),
+    Case("fit-batch-size", A, "`batch_size=0` (mini-batches need at least one sample).",
+         lambda t, c: _fit(t, c, batch_size=0)),
+    Case("fit-loss", A, "A loss that is not known.", lambda t, c: _fit(t, c, loss="hinge")),
+    Case("fit-optimizer", A, "An optimizer that is not known.", lambda t, c: _fit(t, c, optimizer="sgdx")),
     Case("fit-min-workers", A, "`min_workers=0`.", lambda t, c: _fit(t, c, min_workers=0)),
     Case("fit-min-workers-timeout", A, "More `min_workers` than connect within `rpm.train.wait-workers` "
          "(1 s here; the wait is logged).", lambda t, c: _wait_timeout(t, c)),

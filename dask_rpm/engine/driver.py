@@ -207,6 +207,8 @@ class Driver:
                 except Exception as exc:  # the task itself failed (or its worker died)
                     await self._abort(spec, f"task {f.key} failed: {exc!r}", futures)
                     await self._raise_lost(spec.first, grace=2.0)
+                    if isinstance(exc, DataError):  # bad samples found by the worker reading them: the user's to fix
+                        raise DataError(str(exc)) from None
                     raise TrainingError(f"block task {f.key} failed: {exc!r}") from exc
                 results[by_key[f.key]] = res
                 if res.status in ("failed", "aborted"):
