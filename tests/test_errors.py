@@ -199,6 +199,7 @@ CASES = [
     Case("learning-rate-negative", J, "A learning rate <= 0.", lambda t, c: _train(t, learning_rate=-1)),
     Case("learning-rate-nan", J, "A learning rate that is not finite.",
          lambda t, c: _train(t, learning_rate=float("nan"))),
+    Case("batch-size-zero", J, "`batch-size: 0`.", lambda t, c: _train(t, batch_size=0)),
     Case("mapping-unknown", J, "A mapping that is not DRPM or a planner.", lambda t, c: _train(t, mapping="best")),
     Case("dtype-unknown", J, "A dtype other than float64 / float32.", lambda t, c: _train(t, dtype="float16")),
     Case("seed-negative", J, "A negative seed.", lambda t, c: _train(t, seed=-1)),
