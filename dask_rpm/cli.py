@@ -470,6 +470,7 @@ from .train import add_train_parser  # noqa: E402
 from .probe_cli import add_probe_parser  # noqa: E402
 from .bench import add_bench_parser  # noqa: E402
 from .simulate import add_simulate_parser  # noqa: E402
+from .predict_cli import add_predict_parser  # noqa: E402
 
 
 if __name__ == "__main__":  # python -m dask_rpm.cli

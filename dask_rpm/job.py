@@ -11,6 +11,7 @@ come from and where the result goes::
     mapping: drpm               # drpm | srpm | uniform | grid | grid-h | grid-hrev | ...
     seed: 0
     output: digits-result.nc    # weights, history and plans, one netCDF, written atomically
+    model: null                 # the trained model (dask-rpm predict --model); default <output stem>.model.nc; false: none
     overwrite: false            # true: replace an existing output (also --overwrite)
     checkpoint:
       every: 50                 # iterations between checkpoints (0: none)
@@ -83,7 +84,7 @@ TRAINING_KEYS = {
 }
 _KEYS = (
     "data", "hidden", "iterations", "target-error", "learning-rate", "mapping", "seed", "dtype", "output",
-    "overwrite", "checkpoint", "min-workers", "on-worker-loss", "time-limit", "workers", "config",
+    "overwrite", "checkpoint", "min-workers", "on-worker-loss", "time-limit", "workers", "config", "model",
     *TRAINING_KEYS,
 )
 _OVERWRITE_HINT = "set overwrite: true in the job file (or pass --overwrite) to replace it"
@@ -118,6 +119,7 @@ class Job:
     shape: tuple[int, int, int] = (0, 0, 0)  # (s, n, l) of the data
     overwrite: bool = False
     training: dict[str, Any] = field(default_factory=dict)  # fit() keywords from TRAINING_KEYS
+    model: str | None = None  # where the trained model goes (None: not written)
 
     @property
     def fingerprint(self) -> str:
@@ -281,6 +283,15 @@ def load_job(path: str | os.PathLike, *, overwrite: bool = False) -> Job:
     output = rel(raw["output"], "output")
     if os.path.abspath(output) == os.path.abspath(data):
         raise _bad("output", raw["output"], "it is the data file", "Write the result to a new file.")
+    model = raw.get("model")
+    if model is None or model is True:
+        model = os.path.splitext(output)[0] + ".model.nc"
+    elif model is False:
+        model = None
+    else:
+        model = rel(model, "model")
+        if os.path.abspath(model) in (os.path.abspath(output), os.path.abspath(data)):
+            raise _bad("model", raw["model"], "it is the output or the data file", "Give the model its own file.")
     over = raw.get("overwrite", False)
     if not isinstance(over, bool):
         raise _bad("overwrite", over, "expected true or false", "Write overwrite: true to replace an existing output.")
@@ -309,7 +320,7 @@ def load_job(path: str | os.PathLike, *, overwrite: bool = False) -> Job:
         learning_rate=lr, output=output, checkpoint_path=ck_path, checkpoint_every=every,
         target_error=target, mapping=mapping, seed=seed, dtype=dtype, min_workers=min_workers,
         on_worker_loss=loss, time_limit=time_limit, workers=workers, config=config, shape=shape,
-        overwrite=over or bool(overwrite), training=training,
+        overwrite=over or bool(overwrite), training=training, model=model,
     )
     expected = job.expected_workers
     if expected is not None and min_workers > expected:
@@ -354,6 +365,8 @@ def check_paths(job: Job, *, resume: bool = False) -> None:
 
     try:
         check_target(job.output, what="job file: output", overwrite=job.overwrite, hint=_OVERWRITE_HINT)
+        if job.model is not None:
+            check_target(job.model, what="job file: model", overwrite=job.overwrite, hint=_OVERWRITE_HINT)
     except TargetError as e:
         raise JobError(str(e)) from None
     if resume:
@@ -753,12 +766,40 @@ def run_job(
     if result.stopped and "diverged" in result.stopped:
         print(result.stopped, file=out, flush=True)
     written = _save_result(job, result, start=start, errors_before=errors_before, summary=summary, out=out)
+    if job.model is not None:
+        written += ", model " + _save_model(job, result, start=start, written=written, out=out)
     print(f"done: {done} iterations, error {result.error:.6g}"
           + (f" (target {job.target_error:g})" if job.target_error is not None else "")
           + f", {wall:.1f} s; wrote {written}", file=out, flush=True)
     if every and os.path.exists(job.checkpoint_path):
         os.unlink(job.checkpoint_path)  # the result file holds everything the checkpoint did
     return summary
+
+
+def _save_model(job: Job, result: Any, *, start: int, written: str, out: TextIO) -> str:
+    """Write the trained model (:class:`dask_rpm.MLPModel`) to ``job.model``, atomically; when that fails,
+    next to the result file that was written (as the result itself is rescued)."""
+    from ._files import TargetError
+    from .engine import TrainingError
+    from .model import MLPModel
+
+    assert job.model is not None
+    model = MLPModel.from_result(result, meta={"job": job.text, "resumed_from_iteration": start})
+    try:
+        return model.save(job.model)
+    except (OSError, TargetError) as e:
+        first = f"{type(e).__name__}: {e}"
+    rescue = os.path.splitext(written)[0] + ".model.nc"
+    try:
+        saved = model.save(rescue)
+    except (OSError, TargetError) as e:
+        raise TrainingError(f"could not write the model to {job.model!r} ({first}) nor to {rescue!r} ({e}); the "
+                            f"weights are in the result file {written!r}") from None
+    msg = f"could not write the model {job.model!r} ({first}); it is saved to {saved!r} instead"
+    print(msg, file=out, flush=True)
+    if out is not sys.stderr:
+        print(f"dask-rpm train: {msg}", file=sys.stderr, flush=True)
+    return saved
 
 
 def _save_result(job: Job, result: Any, *, start: int, errors_before: np.ndarray, summary: dict[str, Any],

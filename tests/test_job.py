@@ -185,8 +185,13 @@ def test_job_trains_to_target_and_writes_one_output(tmp_path, digits):
     np.testing.assert_allclose(ds["V"].values, V, rtol=RTOL, atol=0)
     np.testing.assert_allclose(ds["error"].values, err, rtol=RTOL, atol=0)
     assert ds.sizes["plan"] >= 1 and '"rectangles"' in str(ds["plan_json"].values[0])
-    # Atomic writes leave no temporary files behind.
-    assert sorted(os.listdir(tmp_path)) == ["job.yaml", "log.txt", "result.nc"]
+    # Atomic writes leave no temporary files behind; the model goes next to the output by default.
+    assert sorted(os.listdir(tmp_path)) == ["job.yaml", "log.txt", "result.model.nc", "result.nc"]
+    from dask_rpm import MLPModel
+
+    model = MLPModel.load(tmp_path / "result.model.nc")
+    assert np.array_equal(model.W, ds["W"].values) and model.meta["iterations"] == 79
+    assert lines[-1].endswith(f"wrote {tmp_path / 'result.nc'}, model {tmp_path / 'result.model.nc'}")
 
 
 def test_sigterm_checkpoints_and_resume_equals_uninterrupted(tmp_path, digits):
@@ -221,6 +226,7 @@ def test_sigterm_checkpoints_and_resume_equals_uninterrupted(tmp_path, digits):
 
     # The same job, uninterrupted.
     os.rename(tmp_path / "result.nc", tmp_path / "resumed.nc")
+    os.rename(tmp_path / "result.model.nc", tmp_path / "resumed.model.nc")
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster:
         with Client(cluster) as client, open(os.devnull, "w") as out:
             run_job(path, client=client, out=out)
@@ -357,7 +363,9 @@ def test_final_write_failing_saves_the_result_next_to_the_checkpoint(tmp_path, d
     assert ds.attrs["status"] == "complete" and ds.attrs["iterations"] == 30
     W, V, _ = fit_serial(x, d, hidden=12, iterations=30, learning_rate=0.005, seed=0)
     np.testing.assert_allclose(ds["W"].values, W, rtol=RTOL, atol=0)
-    assert sorted(os.listdir(tmp_path / "ck")) == ["result.nc"]  # the checkpoint is folded into the result
+    # the checkpoint is folded into the result; the model (default out/result.model.nc) is rescued with it
+    assert sorted(os.listdir(tmp_path / "ck")) == ["result.model.nc", "result.nc"]
+    assert f"could not write the model {str(tmp_path / 'out' / 'result.model.nc')!r}" in text
 
 
 # --------------------------------------------------------------------------
