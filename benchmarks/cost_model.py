@@ -107,7 +107,7 @@ def _plan(case: Case, addresses: list[str]) -> Any:
     return make_plan(list(case.speeds), case.shape, case.samples, method=case.method, workers=addresses)
 
 
-def measure_case(case: Case) -> dict[str, Any]:
+def measure_case(case: Case, repeats: int = 3) -> dict[str, Any]:
     import dask
     from distributed import Client
 
@@ -123,12 +123,18 @@ def measure_case(case: Case) -> dict[str, Any]:
         plan = _plan(case, addresses)
         kw = dict(hidden=m, learning_rate=1e-7, mapping=plan, client=client, progress="none", elastic=False)
         dask_rpm.fit(x, d, iterations=2, interval=2, **kw)  # warm-up: connections, imports, caches
-        r = dask_rpm.fit(x, d, iterations=case.iterations, interval=case.iterations, **kw)
+        hs = []
+        for _ in range(repeats):  # the machine is shared and noisy: several runs, pooled
+            r = dask_rpm.fit(x, d, iterations=case.iterations, interval=case.iterations, **kw)
+            hs.append(r.history.isel(iteration=slice(2, None)))
         label = cluster.emulation_label
         rate, scale = float(cluster.rates["float64"]), float(cluster.scale_factor)
-    h = r.history.isel(iteration=slice(2, None))
+    import xarray as xr
+
+    h = xr.concat(hs, dim="iteration")
     t = h["iteration_time"].values
     t = t[np.isfinite(t)]
+    per_run = [float(np.nanmedian(x["iteration_time"].values)) for x in hs]
     # per worker medians of each phase (what the model's parts should match)
     phases = {p: [float(v) for v in h[p].median("iteration").values[: len(case.speeds)]]
               for p in ("forward", "vertical_wait", "backward", "horizontal", "modify")}
@@ -139,24 +145,26 @@ def measure_case(case: Case) -> dict[str, Any]:
         "scale": scale,
         "measured": float(np.median(t)),
         "phases": phases,
+        "per_run": per_run,
         "measured_iqr": [float(np.percentile(t, 25)), float(np.percentile(t, 75))],
         "emulation": label,
         "loadavg": os.getloadavg()[0],
         "wall": time.perf_counter() - t0,
     }
     print(f"  {case.name}: {row['measured'] * 1e3:.2f} ms/it (IQR {row['measured_iqr'][0] * 1e3:.2f}-"
-          f"{row['measured_iqr'][1] * 1e3:.2f}), {plan.n_columns} columns, load {row['loadavg']:.1f}, "
+          f"{row['measured_iqr'][1] * 1e3:.2f}; runs {', '.join(f'{v * 1e3:.1f}' for v in per_run)}), "
+          f"{plan.n_columns} columns, load {row['loadavg']:.1f}, "
           f"{row['wall']:.0f} s", file=sys.stderr)
     return row
 
 
-def measure(path: str, quick: bool = False, only: Sequence[str] = ()) -> list[dict[str, Any]]:
+def measure(path: str, quick: bool = False, only: Sequence[str] = (), repeats: int = 3) -> list[dict[str, Any]]:
     rows = []
     print(f"cost-model measurement on {os.cpu_count()} cores (EMULATED heterogeneity)", file=sys.stderr)
     for case in cases(quick):
         if only and case.role not in only:
             continue
-        rows.append(measure_case(case))
+        rows.append(measure_case(case, repeats))
         with open(path, "w") as f:  # keep what was measured if a later case fails
             json.dump({"cases": rows, "cores": os.cpu_count()}, f, indent=1)
     return rows
@@ -237,10 +245,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--measure", metavar="JSON", help="run the cases and write the measurements here")
     p.add_argument("--only", default="", help="calibration and/or validation (comma-separated)")
     p.add_argument("--quick", action="store_true", help="N up to 16")
+    p.add_argument("--repeats", type=int, default=3, help="fits per case, pooled (default 3)")
     p.add_argument("--table", metavar="JSON", help="print the measured-vs-predicted table of a measurement")
     args = p.parse_args(argv)
     if args.measure:
-        measure(args.measure, args.quick, [v for v in args.only.split(",") if v])
+        measure(args.measure, args.quick, [v for v in args.only.split(",") if v], args.repeats)
     if args.table:
         print(table(args.table))
     if not (args.measure or args.table):

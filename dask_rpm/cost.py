@@ -186,7 +186,8 @@ class Network(NamedTuple):
 
     def link_class(self, i: int, j: int) -> str:
         """``"host"``, ``"group"`` or ``"across"`` for the link between workers ``i`` and ``j``."""
-        if self.hosts is not None and self.hosts[i] == self.hosts[j]:
+        same_group = self.groups is None or self.groups[i] == self.groups[j]
+        if self.hosts is not None and self.hosts[i] == self.hosts[j] and same_group:
             return "host"
         if self.groups is None or self.groups[i] == self.groups[j]:
             return "group"

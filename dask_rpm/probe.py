@@ -65,7 +65,7 @@ import numpy as np
 from . import config
 from .kernels import backward_partial, block_work, forward_partial, init_weights, output_delta
 
-__all__ = ["probe"]
+__all__ = ["probe", "probe_network", "link_class_pairs"]
 
 #: Rough upper bound on the flops of one calibration pass, so that calibrating
 #: a huge job never runs a huge block (about 0.1 s on a slow core).
@@ -240,15 +240,56 @@ def _t_receive(payload: np.ndarray) -> tuple[float, int]:
     return (float(sum(spans)) if spans else float("nan")), int(payload.nbytes)
 
 
+def _host(address: str) -> str:
+    """The host part of a worker address (``tcp://10.0.0.5:4321`` -> ``10.0.0.5``)."""
+    rest = address.split("://", 1)[-1]
+    return rest.rsplit(":", 1)[0] if ":" in rest else rest
+
+
+def link_class_pairs(addresses: Sequence[str], groups: Sequence[Any], per_class: int
+                     ) -> dict[str, list[tuple[int, int]]]:
+    """A few worker pairs per link class, by position in ``addresses``.
+
+    ``"host"``: same host and same group; ``"group"``: same group, other
+    host; ``"across"``: different groups (:meth:`dask_rpm.cost.Network.link_class`).
+    Pairs are taken in worker order, spreading over different first workers
+    before reusing one, at most ``per_class`` per class; classes without a
+    pair are left out.
+    """
+    if len(groups) != len(addresses):
+        raise ValueError(f"{len(groups)} group labels given for {len(addresses)} workers; give one per worker")
+    hosts = [_host(a) for a in addresses]
+    out: dict[str, list[tuple[int, int]]] = {}
+    used: dict[str, set[int]] = {}
+    candidates = [(i, j) for i in range(len(addresses)) for j in range(len(addresses)) if i != j]
+    # first pass: pairs whose first worker is not used yet in that class; second pass: any
+    for fresh in (True, False):
+        for i, j in candidates:
+            if groups[i] != groups[j]:
+                cls = "across"
+            elif hosts[i] == hosts[j]:
+                cls = "host"
+            else:
+                cls = "group"
+            got = out.setdefault(cls, [])
+            seen = used.setdefault(cls, set())
+            if len(got) >= per_class or (i, j) in got or (fresh and (i in seen or j in seen)):
+                continue
+            got.append((i, j))
+            seen.update((i, j))
+    return {c: v for c, v in out.items() if v}
+
+
 async def _measure_links(client: Any, addresses: Sequence[str], token: str, *,
-                         repeats: int, big_bytes: int, pairs: int) -> dict[str, Any]:
-    """Latency and bandwidth from one chain of worker-to-worker transfers."""
+                         repeats: int, big_bytes: int, pairs: int,
+                         links: Sequence[tuple[int, int]] | None = None) -> dict[str, Any]:
+    """Latency and bandwidth from one chain of worker-to-worker transfers (``links``: the pairs to use)."""
     n_workers = len(addresses)
     if n_workers < 2:
         return {"latency": math.nan, "bandwidth": math.nan,
                 "link_note": "one worker: no worker-to-worker transfer to measure"}
-    # neighbours in worker order: 0->1, 1->2, ... (2 workers: 0->1 and 1->0)
-    links = [(i, (i + 1) % n_workers) for i in range(min(pairs, n_workers))]
+    if links is None:  # neighbours in worker order: 0->1, 1->2, ... (2 workers: 0->1 and 1->0)
+        links = [(i, (i + 1) % n_workers) for i in range(min(pairs, n_workers))]
     # per link: a warm-up hop (opens the connection), then tiny and big hops alternating
     hops: list[tuple[int, int, int, bool]] = []
     for a, b in links:
@@ -328,6 +369,7 @@ async def _probe_async(
     workers: Sequence[str] | None = None,
     repeats: int | None = None,
     max_seconds: float | None = None,
+    groups: Sequence[Any] | None = None,
 ) -> Any:
     """Asynchronous :func:`probe` (the engine awaits it for ``abilities="probe"``)."""
     import xarray as xr
@@ -352,6 +394,8 @@ async def _probe_async(
     if len(set(addresses)) != len(addresses):
         raise ValueError(f"workers={addresses} lists a worker more than once")
     n_workers = len(addresses)
+    if groups is not None:
+        pairs_by_class = link_class_pairs(addresses, list(groups), int(config.get("probe.link-pairs")))
 
     # Each worker's share of the budget: warm-up plus `repeats` repetitions.
     target = min(target, max_seconds / (repeats + 1))
@@ -407,6 +451,14 @@ async def _probe_async(
         client, addresses, token, repeats=int(config.get("probe.link-repeats")),
         big_bytes=int(config.get("probe.link-bytes")), pairs=int(config.get("probe.link-pairs")),
     )
+    if groups is not None:  # latency and bandwidth per link class, a few pairs each
+        for cls, pairs in pairs_by_class.items():
+            got = await _measure_links(
+                client, addresses, f"{token}-{cls}", repeats=int(config.get("probe.link-repeats")),
+                big_bytes=int(config.get("probe.link-bytes")), pairs=len(pairs), links=pairs)
+            links.update({f"latency_{cls}": got["latency"], f"bandwidth_{cls}": got["bandwidth"],
+                          f"links_{cls}": got.get("links", "")})
+        links["groups"] = ",".join(map(str, groups))
     link_seconds = time.perf_counter() - link_start
 
     ds = xr.Dataset(
@@ -494,6 +546,7 @@ def probe(
     workers: Sequence[str] | None = None,
     repeats: int | None = None,
     max_seconds: float | None = None,
+    groups: Sequence[Any] | None = None,
 ) -> Any:
     """Measure every worker's BP throughput and the worker-to-worker links.
 
@@ -519,6 +572,13 @@ def probe(
         Timed repetitions after one warm-up; default ``rpm.probe.repeats``.
     max_seconds : float, optional
         Kernel-probe budget per worker; default ``rpm.probe.max-seconds``.
+    groups : sequence, optional
+        A group label per worker (a SLURM group/partition, or an emulated
+        node): links are then also measured per class - same host, same
+        group, across groups - on up to ``rpm.probe.link-pairs`` pairs each
+        (:func:`link_class_pairs`), into attributes ``latency_<class>`` and
+        ``bandwidth_<class>``; :func:`probe_network` turns them into a
+        :class:`dask_rpm.cost.Network` for the model and ``srpm-time``.
 
     Returns
     -------
@@ -554,5 +614,38 @@ def probe(
         from distributed import get_client
 
         client = get_client()
+    if groups is not None and workers is not None and len(groups) != len(workers):
+        raise ValueError(f"{len(groups)} group labels given for {len(workers)} workers; give one per worker")
     return client.sync(_probe_async, client, shape=shape, samples=samples, dtype=dtype,
-                       workers=workers, repeats=repeats, max_seconds=max_seconds)
+                       workers=workers, repeats=repeats, max_seconds=max_seconds, groups=groups)
+
+
+def probe_network(ds: Any, *, overhead: float | None = None) -> Any:
+    """A :class:`dask_rpm.cost.Network` from a probe result: latency, bandwidth and link classes.
+
+    Hosts come from the worker addresses, groups from the probe's ``groups``
+    (when it measured link classes). Classes the probe did not measure fall
+    back to the overall latency and bandwidth. ``overhead`` (seconds per
+    message end) defaults to ``rpm.cost.overhead``.
+    """
+    from .cost import LINK_CLASSES, LinkClass, network_from_config
+
+    a = ds.attrs
+    base = network_from_config()
+    lat = float(a.get("latency", math.nan))
+    bw = float(a.get("bandwidth", math.nan))
+    classes = {}
+    for cls in LINK_CLASSES:
+        lc, bc = float(a.get(f"latency_{cls}", math.nan)), float(a.get(f"bandwidth_{cls}", math.nan))
+        if math.isfinite(lc) and math.isfinite(bc) and bc > 0:
+            classes[cls] = LinkClass(lc, bc)
+    addresses = [str(v) for v in ds["address"].values]
+    groups = tuple(str(a["groups"]).split(",")) if a.get("groups") else None
+    return base._replace(
+        latency=lat if math.isfinite(lat) else base.latency,
+        bandwidth=bw if math.isfinite(bw) and bw > 0 else base.bandwidth,
+        overhead=base.overhead if overhead is None else float(overhead),
+        classes=classes or None,
+        hosts=tuple(_host(x) for x in addresses) if classes else None,
+        groups=groups,
+    )

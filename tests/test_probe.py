@@ -242,3 +242,36 @@ def test_fit_with_probed_abilities(emulated):
     # training is still exact
     W, V, err = dask_rpm.fit_serial(x, d, hidden=m, iterations=5)
     np.testing.assert_allclose(r.W, W, rtol=1e-10, atol=0)
+
+
+# ---------------------------------------------------------------- link classes
+def test_link_class_pairs_by_host_and_group():
+    from dask_rpm.probe import link_class_pairs
+
+    addresses = ["tcp://10.0.0.1:1", "tcp://10.0.0.1:2", "tcp://10.0.0.2:1", "tcp://10.0.0.3:1"]
+    pairs = link_class_pairs(addresses, ["a", "a", "a", "b"], 2)
+    assert pairs["host"] == [(0, 1), (1, 0)]
+    assert all({i, j} & {2} and 3 not in (i, j) for i, j in pairs["group"]) and len(pairs["group"]) == 2
+    assert all(3 in (i, j) for i, j in pairs["across"]) and len(pairs["across"]) == 2
+    assert set(link_class_pairs(addresses[:2], ["a", "b"], 3)) == {"across"}
+    with pytest.raises(ValueError, match="3 group labels given for 4 workers"):
+        link_class_pairs(addresses, ["a", "a", "b"], 2)
+
+
+def test_probe_measures_link_classes_and_gives_a_network(emulated):
+    from dask_rpm.cost import Network
+    from dask_rpm.probe import probe_network
+
+    ds = probe(emulated, shape=(9, 7, 4), samples=61, repeats=3, groups=["x", "x", "y"])
+    # one machine: workers 0 and 1 share host and group, worker 2 is in another group
+    for cls in ("host", "across"):
+        assert ds.attrs[f"latency_{cls}"] > 0 and ds.attrs[f"bandwidth_{cls}"] > 0, cls
+    assert "latency_group" not in ds.attrs  # no two workers of one group on different hosts here
+    net = probe_network(ds)
+    assert isinstance(net, Network) and set(net.classes) == {"host", "across"}
+    assert net.groups == ("x", "x", "y")
+    assert net.link_class(0, 1) == "host" and net.link_class(0, 2) == "across"
+    assert net.link(0, 2).latency == ds.attrs["latency_across"]
+    with pytest.raises(ValueError, match="2 group labels given for 3 workers"):
+        info = emulated.scheduler_info(n_workers=-1)
+        probe(emulated, shape=(9, 7, 4), samples=61, workers=dask_rpm.ordered_workers(info), groups=["x", "y"])

@@ -72,3 +72,21 @@ def test_cli_writes_outputs_and_json(tmp_path, capsys):
 def test_cli_bad_input_exits_2(argv, capsys):
     assert main(argv) == 2
     assert "error" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("exchanges", ["scalable", "engine"])
+def test_srpm_time_is_never_predicted_slower_than_the_others(exchanges):
+    ds = simulate(ns=[8, 32], distribution="two:0.5,0.05", shape=(203, 256, 26), samples_per_worker=512,
+                  latency=9e-4, bandwidth=1.3e9, unit_rate=1.25e7, exchanges=exchanges)
+    t = ds["seconds_per_iteration"]
+    for n in (8, 32):
+        best_other = min(t.sel({"method": m, "N": n}).item() for m in ("srpm", "split-1d", "uniform"))
+        assert t.sel({"method": "srpm-time", "N": n}).item() <= best_other * (1 + 1e-9)
+    assert ds.attrs["exchanges"] == exchanges
+
+
+def test_bad_exchanges_and_overhead():
+    with pytest.raises(SimulateError, match="exchanges='fast' is not one of"):
+        simulate(ns=[4], exchanges="fast")
+    with pytest.raises(SimulateError, match="overhead=-1.0"):
+        simulate(ns=[4], overhead=-1.0)
