@@ -82,6 +82,10 @@ def cases(quick: bool = False) -> list[Case]:
         Case("cal 8 cols, 160 kB msgs", "calibration", (1.0,) * 8, (8, 2000, 2), 64, "split-1d", 60),
         Case("cal 16 cols, small msgs", "calibration", (1.0,) * 16, (8, 8, 1), 64, "split-1d", 60),
         Case("cal 32 cols, small msgs", "calibration", (1.0,) * 32, (8, 8, 1), 64, "split-1d", 30),
+        # with compute, on another workload than the validation rows (a quarter of the work)
+        Case("cal N=8 equal srpm, 203-256-26", "calibration", (1.0,) * 8, (203, 256, 26), 8192, "srpm", 16),
+        Case("cal N=16 equal split-1d, 203-256-26", "calibration", (1.0,) * 16, (203, 256, 26), 8192,
+             "split-1d", 16),
     ]
     shape, s = (203, 512, 26), 16384
     for n in ((4, 8, 16) if quick else (4, 8, 16, 32)):
@@ -190,9 +194,9 @@ def measured_speeds(row: dict[str, Any]) -> list[float]:
     """Work units per second each worker showed in the run: area / median (forward + backward + modify).
 
     What DRPM's timing records give the planner (its ``tc``), contention on
-    this machine included; calibration rows (almost no compute) use the
-    emulated speeds."""
-    if row["role"] == "calibration" or "phases" not in row:
+    this machine included; rows of the tiny calibration networks (almost no
+    compute) use the emulated speeds."""
+    if "phases" not in row or row["shape"][0] < 64:  # tiny-compute calibration rows: nothing to measure
         return work_speeds(row)
     plan = _plan_of(row)
     ph = row["phases"]
@@ -208,7 +212,7 @@ def table(path: str) -> str:
     rows = data["cases"]
     cores = int(data.get("cores", os.cpu_count() or 1))
     cal = [r for r in rows if r["role"] == "calibration"]
-    net = fit_network([(_plan_of(r), work_speeds(r), r["measured"], r["vertical"]) for r in cal],
+    net = fit_network([(_plan_of(r), measured_speeds(r), r["measured"], r["vertical"]) for r in cal],
                       host_cores=cores, duplex=False)
     lines = [
         "EMULATED heterogeneity on one machine: measured on the real engine (dask_rpm.fit on "

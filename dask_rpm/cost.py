@@ -671,8 +671,8 @@ def fit_network(
 ) -> Network:
     """Network parameters that best predict measured runs of the engine.
 
-    Fits ``latency``, ``overhead``, ``bandwidth``, ``host_bandwidth`` and
-    ``fixed`` by minimising the sum of squared log errors of
+    Fits ``latency``, ``overhead``, ``bandwidth``, ``host_bandwidth``,
+    ``fixed``, ``reduce`` and ``worker_cpu`` by minimising the sum of absolute log errors of
     :func:`predict_iteration_seconds` (engine exchanges) over ``runs``, by a
     coordinate search on the logarithms (a handful of parameters and runs; no
     SciPy needed).
@@ -705,7 +705,7 @@ def fit_network(
         for plan, speeds, measured, vert in runs:
             t = predict_iteration_seconds(plan, speeds, network=net_of(v, len(plan.abilities)),
                                           vertical=vert if vert != "auto" else "engine", horizontal="engine")
-            err += math.log(t / measured) ** 2
+            err += abs(math.log(t / measured))  # L1: one noisy run does not drag the rest
         return err
 
     best = loss(x)

@@ -46,10 +46,12 @@ seconds for the buffer and link: trees when latency dominates, ring or
 halving when bandwidth does.
 
 How the engine would consume it (``dask_rpm.engine.layout``): a layout keeps,
-per exchange, the schedule's transfers that name its worker; the block loop
-runs round by round, sends its transfers' slices, receives the expected ones
-and applies them with :func:`apply_round` semantics (sum in position order,
-or copy).
+per exchange, :func:`worker_steps` of its worker (the rounds in which it
+sends or receives); the block loop runs them in order - send the slices of
+``step.sends`` (tagged with the exchange and the round), await
+``step.receives``, then :func:`apply_received` (sum in position order, or
+copy). Running every worker's steps through mailboxes gives exactly
+:func:`execute`'s bits (tested).
 """
 
 from __future__ import annotations
@@ -74,6 +76,9 @@ __all__ = [
     "schedule_seconds",
     "vertical_schedule",
     "horizontal_schedules",
+    "WorkerStep",
+    "worker_steps",
+    "apply_received",
 ]
 
 ALGORITHMS = ("allgather", "gather", "direct", "ring", "tree", "halving")
@@ -222,6 +227,15 @@ def build(algorithm: str, holders: Sequence[int], size: int, *, leader: int = 0)
     return Schedule(algorithm, h, size, tuple(tuple(r) for r in rounds if r))
 
 
+def _fold(own_position: int, own: np.ndarray, parts: Sequence[tuple[int, np.ndarray]]) -> np.ndarray:
+    """Own slice and received ones added left to right in the order of the holders' positions."""
+    terms = sorted([(own_position, own.copy()), *parts], key=lambda x: x[0])
+    acc = terms[0][1]
+    for _, v in terms[1:]:
+        acc = acc + v
+    return acc
+
+
 def apply_round(buffers: dict[int, np.ndarray], transfers: Sequence[Transfer], position: Mapping[int, int]) -> None:
     """Apply one round in place: payloads are the senders' slices at the round's start.
 
@@ -239,11 +253,7 @@ def apply_round(buffers: dict[int, np.ndarray], transfers: Sequence[Transfer], p
         else:
             raise ValueError(f"transfer op {t.op!r}; valid: sum, copy")
     for (dst, lo, hi), parts in sums.items():
-        terms = sorted([(position[dst], buffers[dst][lo:hi].copy()), *parts], key=lambda x: x[0])
-        acc = terms[0][1]
-        for _, v in terms[1:]:
-            acc = acc + v
-        buffers[dst][lo:hi] = acc
+        buffers[dst][lo:hi] = _fold(position[dst], buffers[dst][lo:hi], parts)
 
 
 def execute(schedule: Schedule, contributions: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
@@ -256,6 +266,51 @@ def execute(schedule: Schedule, contributions: Mapping[int, np.ndarray]) -> dict
     for r in schedule.rounds:
         apply_round(bufs, r, position)
     return bufs
+
+
+class WorkerStep(NamedTuple):
+    """One worker's part of one round: what it sends, then what it must receive and apply.
+
+    ``receives`` are in the order :func:`apply_received` applies them (the
+    senders' positions); a worker may run its sends of round ``r`` as soon
+    as it has applied everything of round ``r - 1``.
+    """
+
+    round: int
+    sends: tuple[Transfer, ...]
+    receives: tuple[Transfer, ...]
+
+
+def worker_steps(schedule: Schedule, worker: int) -> list[WorkerStep]:
+    """The rounds in which ``worker`` sends or receives: what an engine layout keeps for one worker."""
+    position = {w: i for i, w in enumerate(schedule.holders)}
+    if worker not in position:
+        raise ValueError(f"worker {worker} is not a holder of this schedule ({list(schedule.holders)})")
+    out = []
+    for r, transfers in enumerate(schedule.rounds):
+        sends = tuple(t for t in transfers if t.src == worker)
+        recv = tuple(sorted((t for t in transfers if t.dst == worker), key=lambda t: (t.lo, position[t.src])))
+        if sends or recv:
+            out.append(WorkerStep(r, sends, recv))
+    return out
+
+
+def apply_received(buffer: np.ndarray, worker: int, step: WorkerStep, payloads: Mapping[Transfer, np.ndarray],
+                   holders: Sequence[int]) -> None:
+    """Apply one step's received payloads to ``worker``'s buffer in place (same rule as :func:`apply_round`).
+
+    ``payloads`` maps each of ``step.receives`` to the slice its sender sent
+    (taken before the sender applied anything of that round).
+    """
+    position = {w: i for i, w in enumerate(holders)}
+    sums: dict[tuple[int, int], list[tuple[int, np.ndarray]]] = {}
+    for t in step.receives:
+        if t.op == "copy":
+            buffer[t.lo:t.hi] = payloads[t]
+        else:
+            sums.setdefault((t.lo, t.hi), []).append((position[t.src], payloads[t]))
+    for (lo, hi), parts in sums.items():
+        buffer[lo:hi] = _fold(position[worker], buffer[lo:hi], parts)
 
 
 def schedule_seconds(schedule: Schedule, network: Network) -> float:
