@@ -194,9 +194,9 @@ def measured_speeds(row: dict[str, Any]) -> list[float]:
     """Work units per second each worker showed in the run: area / median (forward + backward + modify).
 
     What DRPM's timing records give the planner (its ``tc``), contention on
-    this machine included; rows of the tiny calibration networks (almost no
-    compute) use the emulated speeds."""
-    if "phases" not in row or row["shape"][0] < 64:  # tiny-compute calibration rows: nothing to measure
+    this machine included (on the tiny calibration networks the kernels' fixed
+    costs, which their flop count misses)."""
+    if "phases" not in row:
         return work_speeds(row)
     plan = _plan_of(row)
     ph = row["phases"]

@@ -293,7 +293,11 @@ def round_seconds(messages: Sequence[Message], network: Network) -> tuple[float,
             p[1] += o
             p[slot + 1] += t
         if msg.reduce:
-            per[msg.dst][1] += msg.nbytes / network.itemsize * network.reduce
+            add = msg.nbytes / network.itemsize * network.reduce
+            per[msg.dst][1] += add
+            if network.hosts is not None:  # the additions also need the host's cores
+                h = network.hosts[msg.dst]
+                host_load[h] = host_load.get(h, 0.0) + add / network.host_cores
         if network.hosts is not None:
             hs, hd = network.hosts[msg.src], network.hosts[msg.dst]
             for h in {hs, hd}:
@@ -427,9 +431,10 @@ def _pairwise_uniform(plan: "Plan", rows: list[tuple[np.ndarray, np.ndarray, lis
     if network.hosts is not None:
         hosts: dict[Any, float] = {}
         for w, k, h in zip(workers, count.tolist(), heights.tolist()):
-            # every message has two ends; on one host its bytes are counted once
+            # every message has two ends; on one host its bytes are counted once; the sums need its cores
             hosts[network.hosts[w]] = hosts.get(network.hosts[w], 0.0) + 2 * k * o / network.host_cores + \
-                (C - 1) * h * per_row / network.host_bandwidth
+                (C - 1) * h * per_row / network.host_bandwidth + \
+                (C - 1) * h * per_row / network.itemsize * network.reduce / network.host_cores
         own = max(own, network.latency + max(hosts.values()))
     return own
 
@@ -581,6 +586,18 @@ def predict_breakdown(
                 vertical_t[c] += sum(max(worst if net.hosts is not None else 0.0,
                                         max((own.get(w, 0.0) for w in order), default=0.0))
                                     for worst, own in timed if own and any(w in own for w in order))
+    if net.hosts is not None and net.reduce > 0:
+        # every member of an allgather column (the leader of a leader column) computes the output
+        # deltas at the same time as the other columns: on a shared host they share its cores
+        load: dict[Any, float] = {}
+        for c, col in enumerate(plan.columns):
+            s0, s1 = plan.column_samples(c)
+            alg = vertical_alg[c]
+            members = [max(col, key=lambda w: (plan.abilities[w], -w))] if alg == "leader" else list(col)
+            for w in members:
+                load[net.hosts[w]] = load.get(net.hosts[w], 0.0) + l * (s1 - s0) * net.reduce / net.host_cores
+        for c, col in enumerate(plan.columns):
+            vertical_t[c] = max(vertical_t[c], max(load.get(net.hosts[w], 0.0) for w in col))
     for c in range(plan.n_columns):
         column_total.append(column_compute[c] + vertical_t[c])
 
@@ -708,6 +725,8 @@ def fit_network(
             err += abs(math.log(t / measured))  # L1: one noisy run does not drag the rest
         return err
 
+    # Coordinate search first (robust from a poor start), then Nelder-Mead restarts polish it
+    # (the loss is piecewise smooth: max() terms switch between workers and hosts).
     best = loss(x)
     step = 2.0
     for _ in range(rounds):
@@ -721,6 +740,37 @@ def fit_network(
                     x, best, improved = y, f, True
         if not improved:
             step /= 2
-            if step < 1e-3:
+            if step < 0.05:
                 break
+    for size in (1.0, 0.3, 0.1):
+        x, best = _nelder_mead(loss, x, best, size, iterations=40 * len(x))
     return net_of(x, 0)._replace(hosts=None)
+
+
+def _nelder_mead(f: Any, x0: np.ndarray, f0: float, size: float, iterations: int) -> tuple[np.ndarray, float]:
+    """Minimise ``f`` from ``x0`` by the Nelder-Mead simplex (initial edge ``size``); returns (x, f(x))."""
+    n = len(x0)
+    pts = [x0] + [x0 + size * np.eye(n)[i] for i in range(n)]
+    vals = [f0] + [f(p) for p in pts[1:]]
+    for _ in range(iterations):
+        order = np.argsort(vals)
+        pts, vals = [pts[i] for i in order], [vals[i] for i in order]
+        centroid = np.mean(pts[:-1], axis=0)
+        refl = centroid + (centroid - pts[-1])
+        fr = f(refl)
+        if fr < vals[0]:
+            exp = centroid + 2 * (centroid - pts[-1])
+            fe = f(exp)
+            pts[-1], vals[-1] = (exp, fe) if fe < fr else (refl, fr)
+        elif fr < vals[-2]:
+            pts[-1], vals[-1] = refl, fr
+        else:
+            con = centroid + 0.5 * (pts[-1] - centroid)
+            fc = f(con)
+            if fc < vals[-1]:
+                pts[-1], vals[-1] = con, fc
+            else:  # shrink towards the best point
+                pts = [pts[0]] + [pts[0] + 0.5 * (p - pts[0]) for p in pts[1:]]
+                vals = [vals[0]] + [f(p) for p in pts[1:]]
+    i = int(np.argmin(vals))
+    return pts[i], vals[i]
