@@ -122,3 +122,35 @@ def test_without_rates_uses_the_configured_average_rate():
 def test_fastest_grid_still_works_with_the_engine_model():
     plan, t = fastest_grid([1.0] * 6, (20, 12, 3), 60, "uniform", [1e3] * 6)
     assert plan.n_columns in (1, 2, 3, 6) and t > 0
+
+
+def test_link_aware_plan_trains_exactly_like_serial():
+    """The engine runs a link-aware srpm-time plan and still equals fit_serial (float64, 1e-10)."""
+    from distributed import Client, LocalCluster
+
+    from dask_rpm.engine import fit
+    from dask_rpm.serial import fit_serial
+
+    rng = np.random.default_rng(5)
+    s, n, m, l = 60, 40, 24, 2
+    x = rng.normal(size=(s, n))
+    x[:, -1] = 1.0
+    d = rng.uniform(0.1, 0.9, size=(s, l))
+    groups = ("a", "b", "a", "b", "a", "b")
+    classes = {"host": LinkClass(1e-5, 1e10), "group": LinkClass(1e-5, 1e10), "across": LinkClass(5e-3, 1e7)}
+    net = Network(latency=1e-5, bandwidth=1e10, overhead=1e-6, classes=classes, groups=groups)
+    rates = [1e5, 1e5, 1e5, 1e5, 2e5, 2e5]
+    with dask.config.set({"rpm.cost.vertical": "best", "rpm.cost.horizontal": "best"}):
+        plan = make_plan([1, 1, 1, 1, 2, 2], (n, m, l), s, "srpm-time", rates=rates, network=net)
+        blind = make_plan([1, 1, 1, 1, 2, 2], (n, m, l), s, "srpm-time", rates=rates,
+                          network=net._replace(classes=None))
+        assert predict_iteration_seconds(plan, rates, network=net) <= predict_iteration_seconds(blind, rates,
+                                                                                               network=net)
+    assert plan.n_columns > 1 and max(len(c) for c in plan.columns) > 1  # both exchanges are exercised
+    with LocalCluster(n_workers=6, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
+        r = fit(x, d, hidden=m, iterations=30, learning_rate=0.03, mapping=plan, client=client, seed=0)
+    W, V, err = fit_serial(x, d, hidden=m, iterations=30, learning_rate=0.03, seed=0)
+    np.testing.assert_allclose(r.W, W, rtol=1e-10, atol=0)
+    np.testing.assert_allclose(r.V, V, rtol=1e-10, atol=0)
+    np.testing.assert_allclose(r.history["error"].values, err, rtol=1e-10, atol=0)
