@@ -179,7 +179,23 @@ def config_markdown(yaml_path: str = YAML_PATH) -> str:
         out.append(prose + "\n")
         if code:
             out.append("\n```yaml\n" + code + "\n```\n")
+    out.append(_job_keys_markdown())
     return "".join(out)
+
+
+def _job_keys_markdown() -> str:
+    """The keys of a job file (``dask-rpm train --config``), from the literal blocks of dask_rpm.job's docstring."""
+    import re
+    import textwrap
+
+    from . import job
+
+    blocks = re.findall(r"::\n\n((?:    .*\n|\n)+)", job.__doc__ or "")
+    yaml_text = "\n".join(textwrap.dedent(b).strip("\n") for b in blocks)
+    return ("\n## Job files (`dask-rpm train --config FILE`)\n\n"
+            "A job file takes these keys (from [`dask_rpm/job.py`](../dask_rpm/job.py); relative paths are "
+            "relative to the job file; `config:` takes the `rpm.*` settings above). The training options "
+            "default to `rpm.train.*`; see [training.md](training.md).\n\n```yaml\n" + yaml_text + "\n```\n")
 
 
 def _cell(text: str) -> str:

@@ -30,6 +30,21 @@ come from and where the result goes::
     config:                     # rpm.* settings for this run (dask config), e.g.
       drpm: {interval: 10}
 
+What is trained (each optional; default ``rpm.train.*``; docs/training.md)::
+
+    epochs: 20                  # instead of iterations: epochs x ceil(samples / batch-size) iterations
+    batch-size: 256             # mini-batches (default: full batch, the paper's)
+    shuffle: true               # a seeded new sample order every epoch (the same for every plan)
+    loss: cross-entropy         # squared | cross-entropy (d: one-hot rows or class probabilities)
+    activation: relu            # sigmoid | tanh | relu
+    output-layer: auto          # auto (follows the loss) | sigmoid | linear | softmax
+    bias: true                  # hidden and output bias terms
+    optimizer: adam             # sgd | momentum | adam, or {name: adam, beta1: 0.9, ...}
+    validation: 0.1             # hold out this fraction of the samples (seeded)
+    validate-every: auto        # iterations between validation evaluations
+    early-stopping: 5           # stop after this many evaluations without improvement (needs validation)
+    tol: 1.0e-4                 # an improvement must lower the best validation loss by this fraction
+
 Relative paths are relative to the job file. Everything is checked before any
 worker starts; a bad file raises :class:`JobError` naming the key, the value
 received, what is valid and how to fix it (the CLI prints it as one line and
