@@ -167,6 +167,25 @@ def _no_client(tmp: Path, _: Any) -> str:
     return f"{name.rsplit('.', 1)[-1]}: {msg}"
 
 
+def _predict_wide(tmp: Path) -> str:
+    from dask_rpm.data import write_dataset
+
+    _model(tmp)
+    xa, da = _arrays(n=7)
+    write_dataset(tmp / "wide.nc", xa, da)
+    return _cli(tmp, "predict", "--model", "model.nc", "--data", "wide.nc", "--output", "pred.nc")
+
+
+def _load_result(tmp: Path) -> str:
+    import xarray as xr
+
+    from dask_rpm.model import MLPModel
+
+    xr.Dataset({"W": (("hidden", "input"), np.zeros((2, 2)))}, attrs={"title": "dask_rpm training result"}).to_netcdf(
+        tmp / "result.nc", engine="h5netcdf")
+    return _api(tmp, lambda: MLPModel.load(tmp / "result.nc"))
+
+
 def _raw(tmp: Path, text: str) -> Path:
     (tmp / "job.yaml").write_text(text)
     return tmp / "job.yaml"
@@ -174,6 +193,30 @@ def _raw(tmp: Path, text: str) -> Path:
 
 J, D, P, C, A = ("The job file (dask-rpm train --config FILE)", "Data files", "Output and checkpoint paths",
                  "Command-line options", "The Python API (dask_rpm.fit)")
+M = "Models (dask-rpm predict, MLPModel.load)"
+
+
+def _model(tmp: Path) -> None:
+    """A saved 5-input classifier ``model.nc`` and its inputs ``data.nc`` (x of width 5)."""
+    from dask_rpm.model import MLPModel
+    from dask_rpm.network import Network
+
+    rng = np.random.default_rng(0)
+    MLPModel(rng.normal(size=(3, 5)), rng.normal(size=(2, 3)), Network("tanh", "cross-entropy", "softmax")).save(
+        tmp / "model.nc")
+    _data(tmp)
+
+
+def _predict(tmp: Path, *argv: str) -> str:
+    """``dask-rpm predict`` with ``model.nc`` and ``data.nc`` present; ``argv`` replaces the default options."""
+    _model(tmp)
+    opts = {"--model": "model.nc", "--data": "data.nc", "--output": "pred.nc"}
+    extra = list(argv)
+    for i in range(0, len(extra) - 1, 2):
+        if extra[i] in opts:
+            opts[extra[i]] = extra[i + 1]
+    args = [a for kv in opts.items() for a in kv] + [a for a in extra if a.startswith("--") and a not in opts]
+    return _cli(tmp, "predict", *args)
 
 CASES = [
     # ---- the job file
@@ -311,6 +354,18 @@ CASES = [
     Case("fit-on-worker-loss", A, "`on_worker_loss` other than recover / raise.",
          lambda t, c: _fit(t, c, on_worker_loss="retry")),
     Case("fit-progress", A, "`progress` of an unknown kind.", lambda t, c: _fit(t, c, progress="loud")),
+    # ---- models
+    Case("predict-model-missing", M, "`--model` does not exist.", lambda t, c: _predict(t, "--model", "nope.nc")),
+    Case("predict-not-a-model", M, "`--model` is a netCDF file but not a model (here a training dataset).",
+         lambda t, c: _predict(t, "--model", "data.nc")),
+    Case("predict-data-missing", M, "`--data` does not exist.", lambda t, c: _predict(t, "--data", "nope.nc")),
+    Case("predict-input-width", M, "The inputs have another width than the model was trained on.",
+         lambda t, c: _predict_wide(t)),
+    Case("predict-output-exists", M, "`--output` exists and `--overwrite` is not given.",
+         lambda t, c: (t.joinpath("pred.nc").write_text("old"), _predict(t))[1]),
+    Case("predict-output-is-data", M, "`--output` is the data file.", lambda t, c: _predict(t, "--output", "data.nc")),
+    Case("model-load-result", M, "`MLPModel.load` given a training result file (the model is next to it).",
+         lambda t, c: _load_result(t)),
 ]
 
 
