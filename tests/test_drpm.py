@@ -132,46 +132,76 @@ def test_bad_column_times_is_refused_before_training():
         assert recorded == 0
 
 
+def _interleaved_medians(client, x, d, arms: dict, *, rounds: int = 3, iterations: int = 8) -> dict:
+    """Median iteration time of each arm, the arms run in turns (A B, B A, A B, ...) on one cluster.
+
+    A shared host's load comes in bursts of a second or two. Timed one after
+    the other, a burst could land on one arm only and move its median by
+    30 % (these tests failed about 1 run in 13 that way, with the same plan in
+    both arms). Run in short turns, in alternating order, a burst or a drift
+    falls on both arms alike. The first 2 iterations of every run are left
+    out (warm-up); 3 rounds of 8 keep 18 iterations per arm, as before.
+    """
+    names = list(arms)
+    times: dict = {k: [] for k in names}
+    for i in range(rounds):
+        for k in names if i % 2 == 0 else names[::-1]:
+            res = fit(x, d, iterations=iterations, client=client, progress="none", **arms[k])
+            times[k].extend(res.history["iteration_time"].values[2:])
+    return {k: float(np.median(v)) for k, v in times.items()}
+
+
 @pytest.mark.slow
-def test_condition_a_without_initial_abilities_recovers_speeds():
-    """SPEC section 7, condition A, 4 workers: estimates within 10 %, time within 15 % of SRPM with true speeds."""
+def test_condition_a_without_initial_abilities_recovers_speeds(record_property):
+    """SPEC section 7, condition A, 4 workers: estimates within 10 %, time within 15 % of SRPM with true speeds.
+
+    DRPM starts uniform, checks at iteration 20 and remaps once (whole); its
+    plan from then on is ``r.plan``. That plan and SRPM on the true speeds are
+    then timed in turns on the same cluster (:func:`_interleaved_medians`).
+    """
     speeds = [0.25, 0.31, 0.63, 1.0]
     x, d = demo_data(4096, (257, 384, 16))
+    common = dict(hidden=384, learning_rate=1e-4, interval=20)
     with dask_rpm.local_cluster(speeds, scale=0.25) as cluster, Client(cluster) as client:
-        r = fit(x, d, hidden=384, iterations=40, learning_rate=1e-4, mapping="drpm", client=client, interval=20)
-        ref = fit(x, d, hidden=384, iterations=20, learning_rate=1e-4, mapping="srpm", abilities=speeds,
-                  client=client, interval=20)
+        r = fit(x, d, iterations=40, mapping="drpm", client=client, progress="none", **common)
+        assert len(r.plans) == 2  # uniform, then the one remap at 20: r.plan ran iterations 20..40
+        med = _interleaved_medians(client, x, d, {"drpm": dict(mapping=r.plan, **common),
+                                                  "srpm-true": dict(mapping="srpm", abilities=speeds, **common)})
+        record_property("medians", med)  # in the JUnit XML, also when the guard skips
+        record_property("in_run_drpm", float(np.median(r.history["iteration_time"].values[22:])))
         _skip_if_emulation_violated(client)
     first = r.history["ability"].isel(check=0).values
     truth = np.array(speeds) / sum(speeds)
     np.testing.assert_allclose(first, truth, rtol=0.10)
     assert r.remaps and r.remaps[0]["kind"] == "whole"
-    after = float(np.median(r.history["iteration_time"].values[22:]))
-    best = float(np.median(ref.history["iteration_time"].values[2:]))
-    assert after <= 1.15 * best, (after, best)
+    assert med["drpm"] <= 1.15 * med["srpm-true"], med
 
 
 @pytest.mark.slow
-def test_step_change_is_detected_and_remapped():
-    """One worker becomes 3x slower at iteration 30: the next check remaps, time returns near the new optimum."""
+def test_step_change_is_detected_and_remapped(record_property):
+    """One worker becomes 3x slower at iteration 30: the next check remaps, time returns near the new optimum.
+
+    The plan DRPM ends with and SRPM on the new true speeds are timed in turns
+    on the same cluster afterwards, worker 1 held at its new speed.
+    """
     speeds = [1.0, 1.0, 0.5, 0.5]
     new_speeds = [1.0, 1.0 / 3.0, 0.5, 0.5]
     x, d = demo_data(4096, (257, 384, 16))
     schedule = {1: [(30, 1.0 / 3.0)]}
+    common = dict(hidden=384, learning_rate=1e-4, interval=20)
     with dask_rpm.local_cluster(speeds, scale=0.25, schedule=schedule) as cluster, Client(cluster) as client:
-        r = fit(x, d, hidden=384, iterations=80, learning_rate=1e-4, mapping="drpm", abilities=speeds,
-                client=client, interval=20)
-        # The reference on the same workers, worker 1 kept at its new speed
-        # (a new run restarts the iteration schedule; the override outlasts it).
+        r = fit(x, d, iterations=80, mapping="drpm", abilities=speeds, client=client, progress="none", **common)
+        # Worker 1 kept at its new speed (a new run restarts the iteration
+        # schedule; the override outlasts it).
         set_speed(client, 1, 1.0 / 3.0)
-        ref = fit(x, d, hidden=384, iterations=20, learning_rate=1e-4, mapping="srpm", abilities=new_speeds,
-                  client=client, interval=20)
+        med = _interleaved_medians(client, x, d, {"drpm": dict(mapping=r.plan, **common),
+                                                  "srpm-true": dict(mapping="srpm", abilities=new_speeds, **common)})
         assert emulation_report(client)[1]["current_speed"] == pytest.approx(1.0 / 3.0)
+        record_property("medians", med)  # in the JUnit XML, also when the guard skips
+        record_property("in_run_drpm", float(np.median(r.history["iteration_time"].values[62:])))
         _skip_if_emulation_violated(client)
     kinds = {rec["iteration"]: rec["kind"] for rec in r.remaps}
     assert 40 in kinds, r.remaps  # the first check after the change
     est = r.history["ability"].sel(check=r.history["check_iteration"] == 40).values[0]
     assert est[1] < 0.6 * est[0]
-    after = float(np.median(r.history["iteration_time"].values[62:]))
-    best = float(np.median(ref.history["iteration_time"].values[2:]))
-    assert after <= 1.15 * best, (after, best)
+    assert med["drpm"] <= 1.15 * med["srpm-true"], med
