@@ -456,6 +456,8 @@ def write_checkpoint(job: Job, state: dict[str, Any]) -> str:
             "fingerprint": job.fingerprint,
             "network": job.network,
             "plan": state["plan"].to_json() if state.get("plan") is not None else "",
+            # DRPM's plan, checks and estimator windows: --resume continues at the plan reached
+            "drpm": json.dumps(state["drpm"], default=_json_default) if state.get("drpm") else "",
             "job": job.text,
             "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         },
@@ -491,6 +493,7 @@ def read_checkpoint(job: Job) -> dict[str, Any]:
     return {
         "iteration": int(ds.attrs["iteration"]), "W": ds["W"].values, "V": ds["V"].values,
         "errors": ds["error"].values, "plan": ds.attrs.get("plan", ""),
+        "drpm": json.loads(ds.attrs["drpm"]) if ds.attrs.get("drpm") else None,
         "optimizer_state": {k: [ds[f"optimizer_{k}_W"].values, ds[f"optimizer_{k}_V"].values] for k in slots},
     }
 
@@ -704,6 +707,9 @@ def run_job(
         if start >= job.iterations:
             raise JobError(f"--resume: the checkpoint is at iteration {start}, already at iterations={job.iterations}; raise iterations to train on")
         print(f"resuming from checkpoint {job.checkpoint_path} at iteration {start}", file=out, flush=True)
+        if ck.get("drpm") and job.mapping == "drpm":
+            print(f"DRPM continues on the checkpoint's plan ({len(ck['drpm'].get('checks', []))} check(s), "
+                  f"estimator windows kept)", file=out, flush=True)
     stop = stop or threading.Event()
     t0 = time.monotonic()
 
@@ -772,7 +778,7 @@ def run_job(
     if result.stopped and result.stopped.startswith("stop requested"):
         why = getattr(stop, "signal", "stop requested")
         write_checkpoint(job, {"iteration": done, "W": result.W, "V": result.V, "plan": result.plan,
-                               "optimizer_state": result.optimizer_state,
+                               "optimizer_state": result.optimizer_state, "drpm": result.drpm_state,
                                "errors": np.concatenate([errors_before[:start], result.history["error"].values])})
         print(f"stopped at iteration {done} ({why}); checkpoint written to {job.checkpoint_path}; "
               f"continue with: dask-rpm train --config {path} --resume", file=out, flush=True)

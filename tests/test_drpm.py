@@ -205,3 +205,36 @@ def test_step_change_is_detected_and_remapped(record_property):
     est = r.history["ability"].sel(check=r.history["check_iteration"] == 40).values[0]
     assert est[1] < 0.6 * est[0]
     assert med["drpm"] <= 1.15 * med["srpm-true"], med
+
+
+def test_resume_continues_drpm_on_the_plan_it_had_reached():
+    """A checkpoint carries DRPM's plan, checks and estimator windows; fit(resume=...) starts on that plan.
+
+    Without the state a resumed DRPM run starts uniform and spends its first
+    check on a forced whole remap (the slow iterations before it included);
+    with it, the first block already runs the plan reached before the stop.
+    Both end with the weights of serial BP.
+    """
+    x, d = demo_data(1024, (17, 48, 4))
+    kw = dict(hidden=48, learning_rate=1e-3, mapping="drpm", interval=10, progress="none")
+    saved: dict = {}
+    with dask_rpm.local_cluster([1.0, 0.5, 0.25]) as cluster, Client(cluster) as client:
+        before = fit(x, d, iterations=20, checkpoint_every=20, on_checkpoint=saved.update, client=client, **kw)
+        assert before.remaps[0]["iteration"] == 10 and "first check" in before.remaps[0]["reason"]
+        resumed = fit(x, d, iterations=40, resume=saved, client=client, **kw)
+        afresh = fit(x, d, iterations=40, resume={k: v for k, v in saved.items() if k != "drpm"}, client=client, **kw)
+    state = saved["drpm"]
+    assert state["plan"] == before.plan.to_dict() and before.plan.method != "uniform"
+    assert [it for it, _ in state["checks"]] == [10]
+    assert len(state["windows"]) == 3 and all(len(rows) == 6 for rows in state["windows"].values())
+    # At once on the plan reached before the stop; the restored check is not a "first check".
+    assert resumed.plans[0].to_dict() == before.plan.to_dict()
+    assert list(resumed.history["check_iteration"].values[:1]) == [10]
+    assert not any("first check" in rec.get("reason", "") for rec in resumed.remaps), resumed.remaps
+    # Without the state: uniform again, and a forced whole remap at the first check.
+    assert afresh.plans[0].method == "uniform"
+    assert afresh.remaps[0]["iteration"] == 30 and "first check without initial abilities" in afresh.remaps[0]["reason"]
+    W, V, _ = fit_serial(x, d, hidden=48, iterations=40, learning_rate=1e-3)
+    for r in (resumed, afresh):
+        np.testing.assert_allclose(r.W, W, rtol=RTOL, atol=0)
+        np.testing.assert_allclose(r.V, V, rtol=RTOL, atol=0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import shutil
 import signal
@@ -215,11 +216,14 @@ def test_sigterm_checkpoints_and_resume_equals_uninterrupted(tmp_path, digits):
     assert not (tmp_path / "result.nc").exists()  # no output that looks complete
     ck = _open(tmp_path / "result.checkpoint.nc")
     assert ck.attrs["iteration"] == k and ck.sizes["iteration"] == k
+    drpm = json.loads(ck.attrs["drpm"])  # DRPM's plan, checks and windows, for --resume
+    assert drpm["plan"] == json.loads(ck.attrs["plan"]) and drpm["checks"] and drpm["windows"]
 
     p = subprocess.run([sys.executable, "-m", "dask_rpm.cli", "train", "--config", str(path), "--resume"],
                        capture_output=True, text=True, timeout=300, env=env)
     assert p.returncode == 0, p.stderr[-3000:]
     assert f"resuming from checkpoint {tmp_path / 'result.checkpoint.nc'} at iteration {k}" in p.stdout
+    assert f"DRPM continues on the checkpoint's plan ({len(drpm['checks'])} check(s)" in p.stdout
     resumed = _open(tmp_path / "result.nc")
     assert resumed.attrs["resumed_from_iteration"] == k and resumed.sizes["iteration"] == 150
     assert not (tmp_path / "result.checkpoint.nc").exists()

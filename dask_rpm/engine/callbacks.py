@@ -150,6 +150,8 @@ class CheckpointCallback(TrainingCallback):
         self.every = int(every)
         self.on_checkpoint = on_checkpoint
         self.latest = initial
+        #: ``extra(driver) -> dict`` merged into each checkpoint's state (fit sets it: the DRPM state)
+        self.extra: Callable[[Driver], dict[str, Any]] | None = None
 
     def boundary(self, done: int) -> int | None:
         return self.every - done % self.every if self.every else None
@@ -164,6 +166,8 @@ class CheckpointCallback(TrainingCallback):
             log = info.driver.log
             state = {"iteration": done, "W": W, "V": V, "optimizer_state": opt_state, "plan": info.driver.plan,
                      "errors": np.array([log.error(it) for it in range(done)])}
+            if self.extra is not None:
+                state.update(self.extra(info.driver))
             await asyncio.get_running_loop().run_in_executor(None, self.on_checkpoint, state)
         return None
 

@@ -19,6 +19,10 @@ __all__ = ["DRPMState", "jsonable"]
 logger = logging.getLogger("dask_rpm")
 
 
+def _num(v: float) -> float | None:
+    return float(v) if np.isfinite(v) else None
+
+
 def jsonable(rec: dict[str, Any]) -> dict[str, Any]:
     return {k: (float(v) if isinstance(v, np.floating) else v) for k, v in rec.items()}
 
@@ -39,6 +43,34 @@ class DRPMState:
         self.auto = auto
         self.checks: list[tuple[int, np.ndarray]] = []
         self.remaps: list[dict[str, Any]] = []
+
+    def to_dict(self) -> dict[str, Any]:
+        """The state a resumed run needs (JSON-able): checks so far, estimator windows, initial abilities.
+
+        Workers are plan indices (the order of :func:`~dask_rpm.engine.ordered_workers`).
+        """
+        return {
+            "initial_abilities": bool(self.initial_abilities),
+            "checks": [[int(it), [None if not np.isfinite(v) else float(v) for v in vec]] for it, vec in self.checks],
+            "windows": {str(w): [[o.work, o.t1, _num(o.t2), _num(o.tc)] for o in self.estimator.observations(w)]
+                        for w in self.estimator.workers},
+        }
+
+    def restore(self, state: dict[str, Any], n_workers: int) -> None:
+        """Continue from :meth:`to_dict` of a stopped run with ``n_workers`` workers (indices beyond are dropped).
+
+        With the checks restored the next check is not a first check, so a run
+        that was resumed on its saved plan is not sent back through a
+        uniform start; with the windows restored its estimates need no new
+        window of iterations first.
+        """
+        self.initial_abilities = bool(state.get("initial_abilities", True))
+        self.checks = [(int(it), np.array([np.nan if v is None else v for v in vec], dtype=float)[:n_workers])
+                       for it, vec in state.get("checks", [])]
+        for w, rows in state.get("windows", {}).items():
+            if int(w) < n_workers:
+                for work, t1, t2, tc in rows:
+                    self.estimator.observe(int(w), work, t1, t2, tc)
 
     def _observe(self, driver: Driver, first: int, stop: int) -> None:
         plan = driver.plan

@@ -258,7 +258,8 @@ def fit(
         They are the recovery point when no column holds a lost worker's rows.
     on_checkpoint : callable, optional
         ``on_checkpoint(state)`` with a dict ``iteration``, ``W``, ``V``,
-        ``optimizer_state``, ``errors`` (per iteration so far), ``plan``; called
+        ``optimizer_state``, ``errors`` (per iteration so far), ``plan`` (and
+        ``drpm``, DRPM's state, with ``mapping="drpm"``); called
         in a thread at each checkpoint (e.g. to write it to disk; ``resume=``
         takes it back).
     should_stop : callable, optional
@@ -308,7 +309,10 @@ def fit(
         A checkpoint as ``on_checkpoint`` receives it (``iteration``, ``W``,
         ``V``, ``optimizer_state``): training continues at that iteration, with
         the same mini-batches and optimizer state, up to ``iterations`` in all,
-        and ends with the weights of an uninterrupted run.
+        and ends with the weights of an uninterrupted run. With
+        ``mapping="drpm"`` and the checkpoint's ``"drpm"`` state (plan, checks,
+        estimator windows) on a cluster of as many workers, DRPM continues on
+        the plan it had reached instead of starting uniform again.
 
     Returns
     -------
@@ -341,13 +345,33 @@ _TRAINING_KEYWORDS = ("hidden", "iterations", "learning_rate", "init", "seed", "
                       "validate_every", "early_stopping", "tol", "target_error")
 
 
-async def _plan(client: Any, opts: _Options, data: Prepared, abilities: Any) -> tuple[Plan, dict[str, Any], Any, bool]:
-    """The first plan (probing first when asked); returns it, the scheduler identity, the probe, and
-    whether abilities were given."""
+def _resumed_plan(saved: dict[str, Any], addresses: list[str], data: Prepared) -> Plan | None:
+    """The plan a stopped DRPM run had (``resume["drpm"]["plan"]``), bound to this cluster's workers;
+    None when it does not fit (another worker count, network or sample count)."""
+    try:
+        plan = Plan.from_dict(saved["plan"])
+    except (KeyError, TypeError, ValueError, PlanError) as exc:
+        logger.warning(f"resume: the checkpoint's DRPM plan cannot be read ({exc}); DRPM starts afresh")
+        return None
+    if len(plan.abilities) != len(addresses) or plan.shape != data.shape or plan.samples != data.samples:
+        logger.warning(f"resume: the checkpoint's DRPM plan is for {len(plan.abilities)} workers, the cluster has "
+                       f"{len(addresses)}; DRPM starts afresh")
+        return None
+    return plan.with_workers(addresses).validate()
+
+
+async def _plan(client: Any, opts: _Options, data: Prepared, abilities: Any,
+                saved: dict[str, Any] | None = None) -> tuple[Plan, dict[str, Any], Any, bool, bool]:
+    """The first plan (probing first when asked); returns it, the scheduler identity, the probe,
+    whether abilities were given, and whether the plan is a resumed DRPM run's (``saved``)."""
     info = await _wait_for_workers(client, opts.min_workers)
     addresses = ordered_workers(info)
     if not addresses:
         raise TrainingError("the cluster has no workers; start some (e.g. dask_rpm.local_cluster()) and retry")
+    if saved is not None and opts.mapping == "drpm":
+        resumed = _resumed_plan(saved, addresses, data)
+        if resumed is not None:  # back at the pre-stop plan at once, not from a uniform start
+            return resumed, info, None, True, True
     probe_result = None
     if isinstance(abilities, str):
         if abilities != "probe":
@@ -361,7 +385,7 @@ async def _plan(client: Any, opts: _Options, data: Prepared, abilities: Any) -> 
     # Without initial abilities DRPM starts from a uniform mapping (docs/drpm.md).
     first = ("srpm" if given else "uniform") if opts.mapping == "drpm" else opts.mapping
     plan = _resolve_plan(first, abilities, addresses=addresses, shape=data.shape, samples=data.samples)
-    return plan, info, probe_result, given
+    return plan, info, probe_result, given, False
 
 
 def _callbacks(kw: dict[str, Any], opts: _Options, data: Prepared, reporter: Progress, remaps: list,
@@ -410,15 +434,22 @@ async def _fit_async(client: Any, x: Any, d: Any, kw: dict[str, Any]) -> FitResu
     reporter = Progress(kw["progress"])  # validates progress= before any work
     data = prepare(x, d, **{k: kw[k] for k in _TRAINING_KEYWORDS})
     opts = _options(kw, data)
-    plan, info, probe_result, given = await _plan(client, opts, data, kw["abilities"])
+    saved = kw["resume"].get("drpm") if isinstance(kw["resume"], dict) else None
+    plan, info, probe_result, given, resumed = await _plan(client, opts, data, kw["abilities"], saved)
     await ensure_plugins(client)
     driver = Driver(client, run=uuid.uuid4().hex[:10], plan=plan, source=data.source, arrays=data.arrays,
                     recipe=data.recipe, dtype=data.dtype, rows=data.rows)
     drpm = DRPMState(initial_abilities=given, auto=opts.auto_interval) if opts.mapping == "drpm" else None
+    if drpm is not None and resumed:
+        drpm.restore(saved, len(plan.abilities))
+        logger.info(f"resume: DRPM continues on the checkpoint's plan with {len(drpm.checks)} check(s) and the "
+                    f"estimator windows of {len(drpm.estimator.workers)} worker(s)")
     remaps: list[dict[str, Any]] = drpm.remaps if drpm is not None else []
     emulation = await _emulation_label(client)
     start = _start(kw["resume"], data)
     hooks, ckpt = _callbacks(kw, opts, data, reporter, remaps, emulation, start)
+    if drpm is not None:  # checkpoints carry the DRPM state, so --resume continues at the plan reached
+        ckpt.extra = lambda d: {"drpm": {**drpm.to_dict(), "plan": d.plan.to_dict()}}
     loop = _Loop(driver, opts, hooks, ckpt, drpm, remaps)
     names = {a: w.get("name", a) for a, w in info["workers"].items()}  # worker names (SLURM: <group>-<n>)
     plans = [plan]
@@ -450,7 +481,8 @@ async def _fit_async(client: Any, x: Any, d: Any, kw: dict[str, Any]) -> FitResu
     return FitResult(W=W, V=V, history=history, plan=driver.plan, plans=plans, stopped=stopped,
                      emulation=emulation, remaps=remaps, probe=probe_result,
                      stats={"tasks": driver.tasks_submitted, "blocks": driver.epoch},
-                     recipe=data.recipe, classes=data.classes, validation=validation, optimizer_state=opt_state)
+                     recipe=data.recipe, classes=data.classes, validation=validation, optimizer_state=opt_state,
+                     drpm_state={**drpm.to_dict(), "plan": driver.plan.to_dict()} if drpm is not None else None)
 
 
 class _Loop:

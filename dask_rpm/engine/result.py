@@ -47,6 +47,11 @@ class FitResult:
         The optimizer's state at the end, ``{slot: [W_slot, V_slot]}`` (empty
         for plain gradient descent): with ``W`` and ``V`` a checkpoint that
         ``fit(resume=...)`` continues from.
+    drpm_state : dict or None
+        DRPM's state at the end (``mapping="drpm"``): the plan, the checks
+        and the estimator windows, JSON-able. A checkpoint holding it (as
+        ``fit(on_checkpoint=...)`` checkpoints do, key ``"drpm"``) makes
+        ``fit(resume=...)`` continue on that plan with those estimates.
     """
 
     W: np.ndarray
@@ -63,6 +68,7 @@ class FitResult:
     classes: Any = None
     validation: list[tuple[int, float, float]] = field(default_factory=list)
     optimizer_state: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    drpm_state: dict[str, Any] | None = None
 
     @property
     def error(self) -> float:
