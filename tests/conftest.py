@@ -72,3 +72,26 @@ def slurm_cluster():
         mp.setenv("SLURM_CONF", str(conf))
         partitions = tuple(os.environ.get("DASK_RPM_SLURM_PARTITIONS", "fast slow").split())
         yield types.SimpleNamespace(conf=str(conf), directory=str(directory), partitions=partitions)
+
+
+@pytest.fixture
+def sigkill_after():
+    """``sigkill_after(client, victim, at)``: a ``fit`` callback that SIGKILLs worker ``victim``'s process
+    once ``at`` iterations are done (so the loss lands mid-run at a known point); ``.fired`` lists when."""
+    import os
+    import signal
+
+    def make(client, victim, at):
+        pids = client.run(os.getpid)
+        fired = []
+
+        def callback(info):
+            if not fired and info["iteration"] >= at:
+                fired.append(info["iteration"])
+                os.kill(pids[victim], signal.SIGKILL)
+
+        callback.fired = fired
+        return callback
+
+    return make
+

@@ -7,8 +7,6 @@ a new address. Final weights must still equal serial BP.
 
 from __future__ import annotations
 
-import os
-import signal
 import threading
 import time
 
@@ -39,20 +37,6 @@ def _assert_serial(r, x, d, m, lr, iterations=None):
     np.testing.assert_allclose(r.history["error"].values, err, rtol=RTOL, atol=0)
 
 
-def _killer(client, victim, at):
-    """A fit callback that SIGKILLs worker ``victim``'s process once ``at`` iterations are done."""
-    pids = client.run(os.getpid)
-    fired = []
-
-    def callback(info):
-        if not fired and info["iteration"] >= at:
-            fired.append(info["iteration"])
-            os.kill(pids[victim], signal.SIGKILL)
-
-    callback.fired = fired
-    return callback
-
-
 @pytest.fixture
 def cluster4():
     with LocalCluster(n_workers=4, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
@@ -60,13 +44,13 @@ def cluster4():
             yield cluster, client
 
 
-def test_lost_worker_rows_come_from_another_column(cluster4):
+def test_lost_worker_rows_come_from_another_column(cluster4, sigkill_after):
     cluster, client = cluster4
     x, d = _problem()
     addrs = ordered_workers(client.scheduler_info())
     victim = addrs[1]
     plan = Plan.from_columns([[0, 1], [2, 3]], [20, 28], [[4, 5], [6, 3]], shape=(6, 9, 3))
-    cb = _killer(client, victim, at=10)
+    cb = sigkill_after(client, victim, at=10)
     r = fit(x, d, hidden=9, iterations=60, learning_rate=0.05, mapping=plan, client=client,
             interval=5, callback=cb, progress="none")
     assert cb.fired == [10]
@@ -80,13 +64,13 @@ def test_lost_worker_rows_come_from_another_column(cluster4):
     _assert_serial(r, x, d, 9, 0.05)
 
 
-def test_single_column_recovers_from_the_last_checkpoint(cluster4):
+def test_single_column_recovers_from_the_last_checkpoint(cluster4, sigkill_after):
     cluster, client = cluster4
     x, d = _problem()
     addrs = ordered_workers(client.scheduler_info())
     plan = Plan.from_columns([[0, 1, 2]], [48], [[3, 3, 3]], shape=(6, 9, 3))
     seen = []
-    killer = _killer(client, addrs[2], at=25)
+    killer = sigkill_after(client, addrs[2], at=25)
 
     def callback(info):
         seen.append(info["iteration"])
@@ -103,11 +87,11 @@ def test_single_column_recovers_from_the_last_checkpoint(cluster4):
     _assert_serial(r, x, d, 9, 0.05)
 
 
-def test_raise_mode_keeps_worker_lost_error(cluster4):
+def test_raise_mode_keeps_worker_lost_error(cluster4, sigkill_after):
     cluster, client = cluster4
     x, d = _problem()
     victim = ordered_workers(client.scheduler_info())[0]
-    cb = _killer(client, victim, at=5)
+    cb = sigkill_after(client, victim, at=5)
     with pytest.raises(WorkerLostError, match=victim.replace(".", r"\.")):
         fit(x, d, hidden=9, iterations=10_000, learning_rate=0.05, mapping="uniform", client=client,
             interval=5, callback=cb, on_worker_loss="raise", progress="none")
@@ -175,11 +159,11 @@ def test_target_error_and_should_stop():
             _assert_serial(r, x, d, 6, 0.05)
 
 
-def test_drpm_goes_on_after_a_loss_without_planning_the_lost_worker(cluster4):
+def test_drpm_goes_on_after_a_loss_without_planning_the_lost_worker(cluster4, sigkill_after):
     cluster, client = cluster4
     x, d = _problem(s=64)
     victim = ordered_workers(client.scheduler_info())[2]
-    cb = _killer(client, victim, at=10)
+    cb = sigkill_after(client, victim, at=10)
     r = fit(x, d, hidden=9, iterations=80, learning_rate=0.05, mapping="drpm", client=client,
             interval=5, callback=cb, checkpoint_every=20, progress="none")
     assert [rec["lost"] for rec in r.remaps if rec.get("lost")] == [[victim]]
@@ -191,12 +175,12 @@ def test_drpm_goes_on_after_a_loss_without_planning_the_lost_worker(cluster4):
     _assert_serial(r, x, d, 9, 0.05)
 
 
-def test_worker_lost_after_the_last_block_is_recovered_too(cluster4):
+def test_worker_lost_after_the_last_block_is_recovered_too(cluster4, sigkill_after):
     cluster, client = cluster4
     x, d = _problem()
     addrs = ordered_workers(client.scheduler_info())
     plan = Plan.from_columns([[0, 1, 2]], [48], [[3, 3, 3]], shape=(6, 9, 3))
-    cb = _killer(client, addrs[0], at=45)  # fires after the final block, before the weights are gathered
+    cb = sigkill_after(client, addrs[0], at=45)  # fires after the final block, before the weights are gathered
     r = fit(x, d, hidden=9, iterations=45, learning_rate=0.05, mapping=plan, client=client,
             interval=5, checkpoint_every=20, callback=cb, progress="none")
     assert cb.fired == [45]

@@ -63,8 +63,13 @@ class _OneWorkerState:
 
         (self.layout,) = layouts(plan, ["local"], run="t", version=1).values()
         self.run = "t"
+        from dask_rpm.engine.samples import ColumnData, SampleSource
+        from dask_rpm.recipe import recipe
+
         self.shard = Shard(W, V)
-        self.x, self.d = x, d
+        self.recipe = recipe(x.shape[0], iterations=4, learning_rate=0.05)
+        self.data = ColumnData(SampleSource("slice", x, d), (0, x.shape[0]), self.recipe.schedule,
+                               self.recipe.net, "float64")
         self.iteration = 0
         self.ws = Workspace(x.shape[0], W.shape[0], x.shape[1], d.shape[1])
 

@@ -9,8 +9,6 @@ that a 1e-15 relative change of the initial weights moves the serial result by l
 from __future__ import annotations
 
 import itertools
-import os
-import signal
 
 import numpy as np
 import pytest
@@ -177,21 +175,8 @@ def test_early_stopping_stops_where_the_serial_run_stops(client3, capsys):
     assert 0.5 < r.history["validation_accuracy"].values[-1] <= 1.0
 
 
-def _killer(client, victim, at):
-    pids = client.run(os.getpid)
-    fired = []
-
-    def callback(info):
-        if not fired and info["iteration"] >= at:
-            fired.append(info["iteration"])
-            os.kill(pids[victim], signal.SIGKILL)
-
-    callback.fired = fired
-    return callback
-
-
 @pytest.mark.parametrize("layout", ["two-columns", "one-column"])
-def test_optimizer_state_survives_a_worker_loss(layout):
+def test_optimizer_state_survives_a_worker_loss(layout, sigkill_after):
     """Adam's moments move with their rows: from another column, or from the checkpoint (one column)."""
     x, d = _problem("squared", seed=2)
     kw = _kw(("squared", "sigmoid"), "sigmoid", "adam", True, 30)
@@ -205,7 +190,7 @@ def test_optimizer_state_survives_a_worker_loss(layout):
     with LocalCluster(n_workers=4, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster, \
             Client(cluster) as client:
         victim = ordered_workers(client.scheduler_info())[1]
-        killer = _killer(client, victim, at=15)
+        killer = sigkill_after(client, victim, at=15)
         r = fit(x, d, mapping=plan, client=client, interval=5, checkpoint_every=10, callback=killer,
                 progress="none", **kw)
     assert killer.fired
