@@ -193,13 +193,15 @@ def test_minibatch_methods_train_the_serial_batches(mini):
 
     n, m, l, s = MINI_SHAPE
     x, d = demo_data(s, (n, m, l), seed=0)
-    W32, V32, _ = fit_serial(x, d, hidden=m, iterations=8, learning_rate=0.5 / 32, seed=0, batch_size=32)
-    W64, V64, _ = fit_serial(x, d, hidden=m, iterations=8, learning_rate=0.5 / 32, seed=0, batch_size=64)
-    Wf, Vf, _ = fit_serial(x, d, hidden=m, iterations=8, learning_rate=0.5 / 32, seed=0)
+    case = bench.make_cases(["custom"], ["A"], [2], step_at=1, custom=MINI_SHAPE, batch_sizes=[32])[0]
+    lr = bench.bench_learning_rate(case)
+    assert lr == 0.5 / (32 * m)
+    W32, V32, _ = fit_serial(x, d, hidden=m, iterations=8, learning_rate=lr, seed=0, batch_size=32)
+    W64, V64, _ = fit_serial(x, d, hidden=m, iterations=8, learning_rate=lr, seed=0, batch_size=64)
+    Wf, Vf, _ = fit_serial(x, d, hidden=m, iterations=8, learning_rate=lr, seed=0)
     assert bench.weights_difference((W64, V64), (W32, V32)) > 1e-6
     assert bench.weights_difference((Wf, Vf), (W32, V32)) > 1e-6
-    # the bench's reference is fit_serial at the case's batch size and learning rate 0.5 / B
-    case = bench.make_cases(["custom"], ["A"], [2], step_at=1, custom=MINI_SHAPE, batch_sizes=[32])[0]
+    # the bench's reference is fit_serial at the case's batch size and learning rate
     ref = bench._serial_reference(case, x, d, 8, {})
     assert bench.weights_difference(ref, (W32, V32)) == 0.0
 
@@ -213,7 +215,8 @@ def test_minibatch_workload_definition():
     ]
     mb = cases[0]
     assert mb.shape == (203, 1024, 26) and mb.samples == 16384 and mb.samples // 4096 >= 4
-    assert bench.bench_learning_rate(mb) == 0.5 / 256 and bench.bench_learning_rate(cases[-1]) == 0.5 / 32768
+    assert bench.bench_learning_rate(mb) == 0.5 / (256 * 1024)
+    assert bench.bench_learning_rate(cases[-1]) == 0.5 / (32768 * 1024)
 
 
 def test_weights_difference():
