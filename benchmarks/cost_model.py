@@ -82,8 +82,12 @@ def cases(quick: bool = False) -> list[Case]:
         Case("cal 8 cols, 160 kB msgs", "calibration", (1.0,) * 8, (8, 2000, 2), 64, "split-1d", 60),
         Case("cal 16 cols, small msgs", "calibration", (1.0,) * 16, (8, 8, 1), 64, "split-1d", 60),
         Case("cal 32 cols, small msgs", "calibration", (1.0,) * 32, (8, 8, 1), 64, "split-1d", 30),
-        # with compute, on another workload than the validation rows (a quarter of the work)
+        # with compute, on another workload than the validation rows (a quarter of the work); the
+        # "equal srpm" ones also give each N's per-iteration time outside the phases (fixed_cost)
+        Case("cal N=4 equal srpm, 203-256-26", "calibration", (1.0,) * 4, (203, 256, 26), 8192, "srpm", 16),
         Case("cal N=8 equal srpm, 203-256-26", "calibration", (1.0,) * 8, (203, 256, 26), 8192, "srpm", 16),
+        Case("cal N=16 equal srpm, 203-256-26", "calibration", (1.0,) * 16, (203, 256, 26), 8192, "srpm", 16),
+        Case("cal N=32 equal srpm, 203-256-26", "calibration", (1.0,) * 32, (203, 256, 26), 8192, "srpm", 12),
         Case("cal N=16 equal split-1d, 203-256-26", "calibration", (1.0,) * 16, (203, 256, 26), 8192,
              "split-1d", 16),
     ]
@@ -139,6 +143,9 @@ def measure_case(case: Case, repeats: int = 3) -> dict[str, Any]:
     t = h["iteration_time"].values
     t = t[np.isfinite(t)]
     per_run = [float(np.nanmedian(x["iteration_time"].values)) for x in hs]
+    # per worker spread of its compute over the iterations (IQR / 1.349: a robust standard deviation)
+    comp = (h["forward"] + h["backward"] + h["modify"]).values[:, : len(case.speeds)]
+    spread = [float((np.nanpercentile(c, 75) - np.nanpercentile(c, 25)) / 1.349) for c in comp.T]
     # per worker medians of each phase (what the model's parts should match)
     phases = {p: [float(v) for v in h[p].median("iteration").values[: len(case.speeds)]]
               for p in ("forward", "vertical_wait", "backward", "horizontal", "modify")}
@@ -150,6 +157,7 @@ def measure_case(case: Case, repeats: int = 3) -> dict[str, Any]:
         "measured": float(np.median(t)),
         "phases": phases,
         "per_run": per_run,
+        "compute_spread": spread,
         "measured_iqr": [float(np.percentile(t, 25)), float(np.percentile(t, 75))],
         "emulation": label,
         "loadavg": os.getloadavg()[0],
@@ -162,11 +170,12 @@ def measure_case(case: Case, repeats: int = 3) -> dict[str, Any]:
     return row
 
 
-def measure(path: str, quick: bool = False, only: Sequence[str] = (), repeats: int = 3) -> list[dict[str, Any]]:
+def measure(path: str, quick: bool = False, only: Sequence[str] = (), repeats: int = 3,
+            names: Sequence[str] = ()) -> list[dict[str, Any]]:
     rows = []
     print(f"cost-model measurement on {os.cpu_count()} cores (EMULATED heterogeneity)", file=sys.stderr)
     for case in cases(quick):
-        if only and case.role not in only:
+        if (only and case.role not in only) or (names and case.name not in names):
             continue
         rows.append(measure_case(case, repeats))
         with open(path, "w") as f:  # keep what was measured if a later case fails
@@ -204,6 +213,26 @@ def measured_speeds(row: dict[str, Any]) -> list[float]:
             for w in range(len(row["speeds"]))]
 
 
+def outside_phases(row: dict[str, Any]) -> float:
+    """Seconds per iteration outside every recorded phase: measured minus the slowest worker's phase sum.
+
+    The time between a worker's update and its next forward pass (flushing
+    the previous iteration's sends, loop bookkeeping); not a property of the
+    plan's exchanges, so it is measured per cluster size, not modelled.
+    """
+    ph = row["phases"]
+    n = len(row["speeds"])
+    busiest = max(sum(ph[k][w] for k in ("forward", "vertical_wait", "backward", "horizontal", "modify"))
+                  for w in range(n))
+    return max(row["measured"] - busiest, 0.0)
+
+
+def fixed_costs(rows: Sequence[dict[str, Any]]) -> dict[int, float]:
+    """Per worker count N: the time outside the phases of that N's "cal N=.. equal srpm" row."""
+    return {len(r["speeds"]): outside_phases(r) for r in rows
+            if r["role"] == "calibration" and r["name"].startswith("cal N=") and "equal srpm" in r["name"]}
+
+
 def table(path: str) -> str:
     from dask_rpm.cost import fit_network, predict_breakdown
 
@@ -212,33 +241,44 @@ def table(path: str) -> str:
     rows = data["cases"]
     cores = int(data.get("cores", os.cpu_count() or 1))
     cal = [r for r in rows if r["role"] == "calibration"]
-    net = fit_network([(_plan_of(r), measured_speeds(r), r["measured"], r["vertical"]) for r in cal],
-                      host_cores=cores, duplex=False)
+    # the exchanges are fitted to what the phases took; the rest is each N's measured fixed cost
+    net = fit_network([(_plan_of(r), measured_speeds(r), r["measured"] - outside_phases(r), r["vertical"],
+                        r.get("compute_spread")) for r in cal], host_cores=cores, duplex=False)
+    fixed = fixed_costs(rows)
     lines = [
         "EMULATED heterogeneity on one machine: measured on the real engine (dask_rpm.fit on "
         f"dask_rpm.local_cluster, {cores} cores shared by all workers); predicted by "
-        "dask_rpm.cost.predict_breakdown (engine exchanges) with the network fitted on the calibration rows only.",
+        "dask_rpm.cost.predict_breakdown (engine exchanges) with the network fitted on the calibration rows only "
+        "and each N's fixed cost measured on its calibration row.",
         "",
         f"Fitted network (every worker on one host, {cores} cores, one thread sends and receives): "
         f"latency {net.latency * 1e6:.0f} us, overhead {net.overhead * 1e6:.0f} us/message, "
         f"bandwidth {net.bandwidth / 1e9:.2f} GB/s per worker, host {net.host_bandwidth / 1e9:.2f} GB/s, "
-        f"reduce {net.reduce * 1e9:.1f} ns/element, worker bookkeeping {net.worker_cpu * 1e6:.0f} us CPU/iteration, "
-        f"fixed {net.fixed * 1e6:.0f} us/iteration.",
+        f"reduce {net.reduce * 1e9:.1f} ns/element, worker bookkeeping {net.worker_cpu * 1e6:.0f} us CPU/iteration. "
+        "Fixed cost per iteration (outside the phases) measured at N = "
+        + ", ".join(f"{n}: {v * 1e3:.1f} ms" for n, v in sorted(fixed.items())) + ".",
         "",
-        "| case | role | N | columns | measured s/it (IQR) | predicted, measured speeds | error | "
+        "| case | role | N | columns | measured s/it (IQR) | outside phases | predicted, measured speeds | error | "
         "predicted, emulated speeds | error |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
         plan = _plan_of(r)
-        local = net._replace(hosts=("localhost",) * len(r["speeds"]))
+        n = len(r["speeds"])
+        is_fixed_row = r["role"] == "calibration" and n in fixed and fixed[n] == outside_phases(r)
+        # calibration rows: their own time outside the phases; validation rows: their N's fixed cost
+        f_cost = outside_phases(r) if r["role"] == "calibration" else fixed.get(n, 0.0)
+        local = net._replace(hosts=("localhost",) * n, fixed=f_cost)
         vert = "engine" if r["vertical"] == "auto" else r["vertical"]
-        t_meas = predict_breakdown(plan, measured_speeds(r), network=local, vertical=vert, horizontal="engine")["total"]
+        t_meas = predict_breakdown(plan, measured_speeds(r), network=local, vertical=vert, horizontal="engine",
+                                   spread=r.get("compute_spread"))["total"]
         t_nom = predict_breakdown(plan, work_speeds(r), network=local, vertical=vert, horizontal="engine")["total"]
         lo, hi = r["measured_iqr"]
+        mark = " (fixed-cost row)" if is_fixed_row else ""
         lines.append(
-            f"| {r['name']} | {r['role']} | {len(r['speeds'])} | {plan.n_columns} | "
-            f"{r['measured']:.4f} ({lo:.4f}-{hi:.4f}) | {t_meas:.4f} | {100 * (t_meas / r['measured'] - 1):+.1f} % | "
+            f"| {r['name']}{mark} | {r['role']} | {n} | {plan.n_columns} | "
+            f"{r['measured']:.4f} ({lo:.4f}-{hi:.4f}) | {outside_phases(r) * 1e3:.1f} ms | {t_meas:.4f} | "
+            f"{100 * (t_meas / r['measured'] - 1):+.1f} % | "
             f"{t_nom:.4f} | {100 * (t_nom / r['measured'] - 1):+.1f} % |"
         )
     return "\n".join(lines) + "\n"
@@ -250,10 +290,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--only", default="", help="calibration and/or validation (comma-separated)")
     p.add_argument("--quick", action="store_true", help="N up to 16")
     p.add_argument("--repeats", type=int, default=3, help="fits per case, pooled (default 3)")
+    p.add_argument("--cases", default="", help="only these case names (';'-separated)")
     p.add_argument("--table", metavar="JSON", help="print the measured-vs-predicted table of a measurement")
     args = p.parse_args(argv)
     if args.measure:
-        measure(args.measure, args.quick, [v for v in args.only.split(",") if v], args.repeats)
+        measure(args.measure, args.quick, [v for v in args.only.split(",") if v], args.repeats,
+                [v.strip() for v in args.cases.split(";") if v.strip()])
     if args.table:
         print(table(args.table))
     if not (args.measure or args.table):

@@ -40,6 +40,7 @@ __all__ = [
     "collective_seconds",
     "best_collective",
     "fit_network",
+    "expected_max_normal",
     "VERTICAL_MODES",
     "HORIZONTAL_MODES",
     "SCALABLE",
@@ -463,6 +464,7 @@ def predict_breakdown(
     network: Network | None = None,
     vertical: str | None = None,
     horizontal: str | None = None,
+    spread: Sequence[float] | Mapping[Any, float] | None = None,
 ) -> dict[str, Any]:
     """Predicted seconds of one BP iteration of ``plan``, part by part.
 
@@ -491,7 +493,10 @@ def predict_breakdown(
       done (``latency + overhead x messages + max(bytes out, bytes in) /
       bandwidth``) and every host is (``overhead x message ends / host_cores
       + bytes / host_bandwidth``), see :func:`round_seconds`;
-    * iteration = ``fixed + max_c(slowest compute in c + vertical_c) + horizontal``.
+    * iteration = ``fixed + max_c(slowest compute in c + vertical_c) + horizontal``
+      (+ ``straggler``: with ``spread`` given, the expected delay of the
+      slowest of ``N`` workers whose compute varies from iteration to
+      iteration: ``mean(spread) x E[max of N standard normals]``).
 
     Assumptions: columns run independently until the horizontal exchange
     (which waits for every column); compute and communication do not
@@ -514,6 +519,9 @@ def predict_breakdown(
     vertical, horizontal
         Exchange algorithms (see above); ``None`` reads ``rpm.cost.vertical``
         and ``rpm.cost.horizontal``.
+    spread
+        Standard deviation of each worker's compute seconds per iteration
+        (same indexing as ``speeds``); ``None``: no straggler term.
 
     Returns
     -------
@@ -522,8 +530,8 @@ def predict_breakdown(
         ``vertical_algorithm`` and ``column_total`` (per column), ``bands``
         (list of ``(m0, m1)``), ``horizontal_by_band`` (``"bands"`` mode),
         ``horizontal_groups`` (``(holders, rows, algorithm, seconds)`` in
-        collective modes), ``horizontal``, ``fixed``, ``bottleneck_column``
-        and ``total`` (seconds).
+        collective modes), ``horizontal``, ``fixed``, ``straggler``,
+        ``bottleneck_column`` and ``total`` (seconds).
     """
     net = network_from_config(network, latency=latency, bandwidth=bandwidth, itemsize=itemsize)
     vmode = str(config.get("cost.vertical", vertical))
@@ -645,6 +653,14 @@ def predict_breakdown(
         for w in plan.planned_workers:
             per_host[net.hosts[w]] = per_host.get(net.hosts[w], 0) + 1
         fixed += max(per_host.values()) * net.worker_cpu / net.host_cores
+    straggler = 0.0
+    if spread is not None:
+        planned = plan.planned_workers
+        sig = [float(spread[w] if not isinstance(spread, Mapping) else
+                     spread.get(w, spread.get(plan.workers[w] if plan.workers else w, 0.0))) for w in planned]
+        if any(not (math.isfinite(v) and v >= 0) for v in sig):
+            raise ValueError(f"spread must be non-negative finite seconds, got {sig}")
+        straggler = float(np.mean(sig)) * expected_max_normal(len(planned))
     return {
         "compute": compute,
         "column_compute": column_compute,
@@ -656,9 +672,24 @@ def predict_breakdown(
         "horizontal_groups": groups_out,
         "horizontal": float(horizontal),
         "fixed": fixed,
+        "straggler": straggler,
         "bottleneck_column": bottleneck,
-        "total": float(fixed + column_total[bottleneck] + horizontal),
+        "total": float(fixed + column_total[bottleneck] + horizontal + straggler),
     }
+
+
+def expected_max_normal(n: int) -> float:
+    """``E[max of n independent standard normal variables]`` (0 for n = 1), by numerical integration."""
+    if n <= 1:
+        return 0.0
+    # E[max] = int_0^inf (1 - F(x)) dx - int_-inf^0 F(x) dx with F = Phi^n (trapezoids on each side)
+    x = np.linspace(0.0, 9.0, 9001)
+    phi = np.array([0.5 * (1.0 + math.erf(v / math.sqrt(2.0))) for v in x])
+    upper = 1.0 - phi ** n                 # on x >= 0
+    lower = (1.0 - phi) ** n               # F(-x) = (1 - Phi(x))^n on x >= 0
+    dx = x[1] - x[0]
+    trap = lambda y: float(dx * (y.sum() - 0.5 * (y[0] + y[-1])))  # noqa: E731
+    return trap(upper) - trap(lower)
 
 
 def predict_iteration_seconds(
@@ -671,15 +702,16 @@ def predict_iteration_seconds(
     network: Network | None = None,
     vertical: str | None = None,
     horizontal: str | None = None,
+    spread: Sequence[float] | Mapping[Any, float] | None = None,
 ) -> float:
     """Predicted seconds of one BP iteration; the ``total`` of :func:`predict_breakdown`."""
     return predict_breakdown(plan, speeds, latency=latency, bandwidth=bandwidth, itemsize=itemsize,
-                             network=network, vertical=vertical, horizontal=horizontal)["total"]
+                             network=network, vertical=vertical, horizontal=horizontal, spread=spread)["total"]
 
 
 # ------------------------------------------------------------------ fitting
 def fit_network(
-    runs: Sequence[tuple["Plan", Sequence[float], float, str]],
+    runs: Sequence[tuple[Any, ...]],
     *,
     host_cores: float = 1.0,
     hosts: str | None = "one",
@@ -697,7 +729,8 @@ def fit_network(
     Parameters
     ----------
     runs
-        ``(plan, speeds in work units/s, measured seconds per iteration, vertical algorithm)``.
+        ``(plan, speeds in work units/s, measured seconds per iteration, vertical algorithm)``,
+        optionally with a fifth item, each worker's compute spread (see :func:`predict_breakdown`).
     host_cores
         Cores the workers of one host share.
     hosts
@@ -719,9 +752,11 @@ def fit_network(
 
     def loss(v: np.ndarray) -> float:
         err = 0.0
-        for plan, speeds, measured, vert in runs:
+        for run in runs:
+            plan, speeds, measured, vert = run[:4]
             t = predict_iteration_seconds(plan, speeds, network=net_of(v, len(plan.abilities)),
-                                          vertical=vert if vert != "auto" else "engine", horizontal="engine")
+                                          vertical=vert if vert != "auto" else "engine", horizontal="engine",
+                                          spread=run[4] if len(run) > 4 else None)
             err += abs(math.log(t / measured))  # L1: one noisy run does not drag the rest
         return err
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import dask.config
 import pytest
 
@@ -245,3 +246,22 @@ def test_bad_modes_and_network():
         predict_breakdown(_two_columns(), [1.0] * 3, network=Network(overhead=-1.0))
     with pytest.raises(ValueError, match="unknown exchange algorithm 'x'"):
         collective_seconds("x", 3, 10.0, LinkClass(1.0, 1.0))
+
+
+def test_expected_max_normal_and_the_straggler_term():
+    from dask_rpm.cost import expected_max_normal
+
+    assert expected_max_normal(1) == 0.0
+    assert expected_max_normal(2) == pytest.approx(1 / np.sqrt(np.pi), rel=1e-6)
+    assert expected_max_normal(3) == pytest.approx(1.5 / np.sqrt(np.pi), rel=1e-6)
+    rng = np.random.default_rng(0)
+    assert expected_max_normal(16) == pytest.approx(rng.normal(size=(200000, 16)).max(axis=1).mean(), rel=0.01)
+    plan = _two_columns()
+    net = Network(latency=0.0, bandwidth=1e30, overhead=0.0)
+    base = predict_breakdown(plan, [10.0, 20.0, 50.0], network=net)
+    noisy = predict_breakdown(plan, [10.0, 20.0, 50.0], network=net, spread=[0.3, 0.6, 0.0])
+    assert base["straggler"] == 0.0
+    assert noisy["straggler"] == pytest.approx(0.3 * expected_max_normal(3))
+    assert noisy["total"] == pytest.approx(base["total"] + noisy["straggler"])
+    with pytest.raises(ValueError, match="spread must be non-negative"):
+        predict_breakdown(plan, [10.0, 20.0, 50.0], network=net, spread=[0.1, -1.0, 0.0])
