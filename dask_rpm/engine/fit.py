@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import time
 import uuid
@@ -29,7 +30,9 @@ from .drpm import DRPMState
 from .errors import TrainingError, WorkerLostError
 from .history import add_validation, build_history
 from .records import Checkpoint
+from . import retirement
 from .recovery import rebalance, recover
+from .tasks import run_deadline
 from .result import FitResult
 from .scheduler_plugin import PLUGIN_NAME, RPMSchedulerPlugin
 from .worker import PLUGIN_NAME as WORKER_PLUGIN_NAME
@@ -459,6 +462,7 @@ async def _fit_async(client: Any, x: Any, d: Any, kw: dict[str, Any]) -> FitResu
         for h in hooks:
             await cb.call(h.before_training(driver, opts.iterations))
         driver.on_progress = loop.progress
+        await loop.refresh_deadlines()
         stopped = await loop.run(plans, names)
         W, V, opt_state = await loop.final_weights(stopped)
     finally:
@@ -493,6 +497,9 @@ class _Loop:
         self.driver, self.opts, self.hooks, self.ckpt, self.drpm, self.remaps = driver, opts, hooks, ckpt, drpm, remaps
         self.interval = opts.interval
         self.target = next((h.target_error for h in hooks if h.target_error is not None), None)
+        self.deadlines: dict[str, float] = {}
+        self._deadlines_for = -1
+        self.margin = float(config.get("train.retire-margin"))
 
     def progress(self, driver: Driver) -> None:
         for h in self.hooks:
@@ -501,7 +508,44 @@ class _Loop:
     def _block_size(self, done: int) -> int:
         sizes = [self.interval, self.opts.iterations - done]
         sizes += [b for h in self.hooks if (b := h.boundary(done))]
+        d = self.driver
+        before = retirement.iterations_before(self.deadlines, d._planned_addresses(), time.time(), self.margin,
+                                              d.log.median_iteration_time(max(done - 20, 0), done))
+        if before is not None:  # a boundary before a worker's lifetime ends (it retires there)
+            sizes.append(before)
         return max(min(sizes), 1)
+
+    async def refresh_deadlines(self) -> None:
+        """When each worker's Dask lifetime ends (asked again whenever workers joined)."""
+        d = self.driver
+        if len(d.addresses) != self._deadlines_for:
+            got = await d.client.run(run_deadline, on_error="return")
+            self.deadlines = {a: t for a, t in got.items() if isinstance(t, (int, float))}
+            self._deadlines_for = len(d.addresses)
+
+    async def _retire_due(self) -> bool:
+        """Retire the planned workers whose lifetime ends before the next block is over."""
+        d = self.driver
+        await self.refresh_deadlines()
+        planned = d._planned_addresses()
+        block = self.interval * d.log.median_iteration_time(max(d.iteration - 20, 0), d.iteration)
+        going = retirement.due(self.deadlines, planned, time.time(), self.margin, block)
+        if not going:
+            return False
+        if len(going) == len([a for i, a in enumerate(d.addresses) if i not in d.gone]):
+            logger.warning(f"iteration {d.iteration}: every worker's lifetime ends within {self.margin:g} s "
+                           f"(rpm.train.retire-margin) and none is there to take over; training goes on until "
+                           f"they leave, then recovers from the last checkpoint")
+            self.margin = -math.inf  # do not ask again
+            return False
+        left = {a: self.deadlines[a] - time.time() for a in going}
+        reason = "worker(s) {} retiring (Dask lifetime ends in {})".format(
+            ", ".join(going), ", ".join(f"{t:.0f} s" for t in left.values()))
+        rec = await retirement.retire(d, going, reason)
+        self.remaps.append(rec)
+        logger.info(f"iteration {d.iteration}: {reason} -> whole remap, {rec['bytes']} weight bytes in "
+                    f"{rec['seconds']:.3f} s, no iteration recomputed")
+        return True
 
     async def run(self, plans: list[Plan], names: dict[str, Any]) -> str | None:
         """Train to the end; returns why training stopped early, or None."""
@@ -531,8 +575,10 @@ class _Loop:
         return None
 
     async def _between_blocks(self, first: int, names: dict[str, Any]) -> None:
-        """Take in workers that joined (elastic), else let DRPM check."""
+        """Retire workers whose lifetime ends, take in workers that joined (elastic), else let DRPM check."""
         driver = self.driver
+        if await self._retire_due():
+            return
         if self.opts.elastic:
             ident = await driver.client.scheduler.identity(n_workers=-1)
             names.update({a: w.get("name", a) for a, w in ident["workers"].items()})

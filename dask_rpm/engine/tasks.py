@@ -22,7 +22,7 @@ from .worker import PLUGIN_NAME, RunState, Shard, get_state
 
 __all__ = [
     "t_setup", "t_block", "t_stage", "t_gather",
-    "run_commit", "run_rollback", "run_revert", "run_abort", "run_clear",
+    "run_commit", "run_rollback", "run_revert", "run_abort", "run_clear", "run_deadline",
 ]
 
 
@@ -200,3 +200,9 @@ def run_clear(run: str, dask_worker: Any = None) -> int:
         return 0
     state.close()
     return 1
+
+
+def run_deadline(dask_worker: Any = None) -> float | None:
+    """When this worker's Dask lifetime ends (``time.time()``), or None (no lifetime)."""
+    plugin = dask_worker.plugins.get(PLUGIN_NAME)
+    return None if plugin is None else plugin.deadline

@@ -39,7 +39,7 @@ from .errors import BlockAborted, PeerError
 from .records import Layout
 from .samples import ColumnData
 
-__all__ = ["RPMEnginePlugin", "RunState", "PLUGIN_NAME", "get_state"]
+__all__ = ["RPMEnginePlugin", "RunState", "PLUGIN_NAME", "get_state", "lifetime_deadline"]
 
 logger = logging.getLogger("dask_rpm")
 
@@ -333,10 +333,12 @@ class RPMEnginePlugin(WorkerPlugin):
     def __init__(self) -> None:
         self.runs: dict[str, RunState] = {}
         self.worker: Any = None
+        self.deadline: float | None = None  # when the worker's Dask lifetime ends (time.time())
 
     def setup(self, worker: Any) -> None:
         self.worker = worker
         self.runs = {}
+        self.deadline = lifetime_deadline(worker)
         worker.handlers["rpm_put"] = self.put
         worker.handlers["rpm_rows"] = self.rows
 
@@ -365,6 +367,25 @@ class RPMEnginePlugin(WorkerPlugin):
             "V": to_serialize(out["V"]),
             "state": {k: [to_serialize(Ws), to_serialize(Vs)] for k, (Ws, Vs) in out["state"].items()},
         }
+
+
+def lifetime_deadline(worker: Any) -> float | None:
+    """When this worker's Dask lifetime ends (``--lifetime``; wall-clock ``time.time()``), or None.
+
+    Distributed schedules ``close_gracefully`` on the worker's event loop at
+    start-up (with the random stagger already applied) but does not keep the
+    time; the timer itself has it. Without that timer (another event-loop
+    implementation) the plugin's set-up time plus the lifetime is the estimate.
+    """
+    lifetime = getattr(worker, "lifetime", None)
+    if not lifetime:
+        return None
+    loop = worker.io_loop.asyncio_loop
+    for handle in list(getattr(loop, "_scheduled", ())):
+        parts = (getattr(handle, "_callback", None), *(getattr(handle, "_args", None) or ()))
+        if any("close_gracefully" in repr(p) for p in parts):
+            return time.time() + (handle.when() - loop.time())
+    return time.time() + float(lifetime)
 
 
 def get_state(run: str, worker: Any = None) -> RunState:
