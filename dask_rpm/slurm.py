@@ -64,7 +64,7 @@ from dataclasses import KW_ONLY, dataclass, fields
 from typing import Any
 
 import dask.config
-from dask.utils import parse_bytes
+from dask.utils import parse_bytes, parse_timedelta
 from dask_jobqueue import SLURMCluster
 from dask_jobqueue.slurm import SLURMJob
 from distributed.core import Status
@@ -153,6 +153,36 @@ def _str_tuple(group: str, field: str, value: Any, example: str) -> tuple[str, .
     return out
 
 
+def _walltime_seconds(walltime: Any) -> float | None:
+    """Seconds of a SLURM time (``M``, ``M:S``, ``H:M:S``, ``D-H[:M[:S]]``); None if unlimited/unknown."""
+    if not isinstance(walltime, str) or not _WALLTIME_RE.match(walltime):
+        return None
+    days, _, rest = walltime.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    if days:  # D-H, D-H:M, D-H:M:S
+        parts += [0] * (3 - len(parts))
+        h, m, sec = parts
+        return ((int(days) * 24 + h) * 60 + m) * 60.0 + sec
+    if len(parts) == 1:  # minutes
+        return parts[0] * 60.0
+    if len(parts) == 2:  # M:S
+        return parts[0] * 60.0 + parts[1]
+    h, m, sec = parts
+    return (h * 60 + m) * 60.0 + sec
+
+
+def _lifetime_args(g: Any, walltime: Any) -> list[str]:
+    """``--lifetime`` for the group's workers: given, or 10 % (at most 5 min) before the walltime ends."""
+    if g.lifetime is False:
+        return []
+    if g.lifetime is not None:
+        return ["--lifetime", str(g.lifetime)]
+    seconds = _walltime_seconds(walltime)
+    if seconds is None:
+        return []
+    return ["--lifetime", f"{int(seconds - min(0.1 * seconds, 300.0))}s"]
+
+
 @dataclass(frozen=True)
 class WorkerGroup:
     """One kind of SLURM job: a set of identical workers with a shared name.
@@ -190,6 +220,12 @@ class WorkerGroup:
         Extra ``dask worker`` options. ``--name``, ``--nworkers``,
         ``--nthreads`` and ``--memory-limit`` are derived from the fields
         above and may not be given here.
+    lifetime
+        The Dask worker's ``--lifetime``: a duration such as ``"55m"``, ``False``
+        for none, or ``None`` (default): from the walltime, 10 % (at most 5
+        minutes) before it ends. Training retires a worker shortly before its
+        lifetime ends, moving its rows to the others first
+        (:mod:`dask_rpm.engine.retirement`), so a walltime never costs work.
     speed
         **EMULATION ONLY.** Relative speed this group pretends to have when
         heterogeneity is emulated on one machine; exported to the job as
@@ -215,6 +251,7 @@ class WorkerGroup:
     job_script_prologue: tuple[str, ...] = ()
     worker_extra_args: tuple[str, ...] = ()
     speed: float | None = None
+    lifetime: str | bool | None = None
 
     def __post_init__(self) -> None:
         name = self.name
@@ -304,6 +341,18 @@ class WorkerGroup:
                     "Use name, processes, cores and memory instead.",
                 )
         object.__setattr__(self, "worker_extra_args", args)
+        lifetime = self.lifetime
+        if lifetime is not None and lifetime is not False:
+            try:
+                ok = isinstance(lifetime, str) and parse_timedelta(lifetime) > 0
+            except (ValueError, KeyError, TypeError):
+                ok = False
+            if not ok:
+                raise _fail(name, "lifetime", lifetime, "expected a duration such as '55m' or '2h', false, or null "
+                            "(from the walltime)", "Give e.g. lifetime: \"50m\".")
+        if any(a.split("=", 1)[0] == "--lifetime" for a in args) and lifetime not in (None, False):
+            raise _fail(name, "lifetime", lifetime, "worker_extra_args already has --lifetime",
+                        "Give the lifetime in one place.")
 
         speed = self.speed
         if speed is not None:
@@ -609,8 +658,10 @@ class HeterogeneousSLURMCluster(SLURMCluster):
             "job_script_prologue": self._config_list("job-script-prologue", config_name)
             + exports
             + list(g.job_script_prologue),
-            "worker_extra_args": self._config_list("worker-extra-args", config_name)
-            + list(g.worker_extra_args)
+            "worker_extra_args": (args := self._config_list("worker-extra-args", config_name)
+                                  + list(g.worker_extra_args))
+            + ([] if any(a.split("=", 1)[0] == "--lifetime" for a in args)
+               else _lifetime_args(g, g.walltime or common.get("walltime")))
             + preloads,
         }
 

@@ -613,3 +613,28 @@ def test_sbatch_classifier_reaches_sklearns_held_out_accuracy(slurm_cluster, tmp
     out = fit_serial(x, d, hidden=32, epochs=30, batch_size=64, learning_rate=0.002, loss="cross-entropy",
                      optimizer="adam", bias=True, activation="relu", validation=0.2, seed=0, full_output=True)
     np.testing.assert_allclose(ds["W"].values, out["W"], rtol=RTOL, atol=1e-14 * np.abs(out["W"]).max())
+
+
+@pytest.mark.slurm
+def test_a_worker_job_near_its_walltime_retires_without_losing_work(slurm_cluster, tmp_path):
+    """A group with a short walltime: its worker's Dask lifetime is set from it; training moves the worker's
+    rows to the others before the lifetime ends and retires it. Nothing recomputed, nothing lost."""
+    groups = [{"name": "big", "jobs": 1, "speed": 1.0, "walltime": "00:01:10"},
+              {"name": "small", "jobs": 2, "speed": 0.5, "walltime": "00:10:00"}]
+    path = slurm_job(tmp_path, slurm_cluster.partitions, groups, iterations=100000,
+                     **{"min-workers": 3, "time-limit": 55, "checkpoint": {"every": 1000}})
+    raw = yaml.safe_load(path.read_text())
+    raw["config"]["train"]["retire-margin"] = 20.0
+    path.write_text(yaml.safe_dump(raw))
+    drv = Driver(tmp_path, path)
+    log = drv.finish()
+    retire = [line for line in log.splitlines() if "retiring (Dask lifetime ends in" in line]
+    assert len(retire) == 1 and "remap at iteration" in retire[0], log
+    assert "lost" not in log and "recomputed" not in log, log
+    k = int(retire[0].split("remap at iteration ")[1].split(":")[0])
+    ck = _open(tmp_path / "result.checkpoint.nc")
+    assert ck.attrs["iteration"] > k  # trained on after the retirement, on the two others
+    x, d = _digits_arrays(tmp_path)
+    W, V, err = fit_serial(x, d, hidden=24, iterations=int(ck.attrs["iteration"]), learning_rate=0.005, seed=0)
+    np.testing.assert_allclose(ck["W"].values, W, rtol=RTOL, atol=0)
+    np.testing.assert_allclose(ck["error"].values, err, rtol=RTOL, atol=0)

@@ -213,6 +213,22 @@ def test_site_wide_jobqueue_lists_are_kept():
             fast = cluster.job_script("fast")
     assert "#SBATCH --qos=normal" in fast and "#SBATCH --exclusive" in fast
     assert "source /site/env.sh" in fast and "--lifetime=50m" in fast
+    assert fast.count("--lifetime") == 1  # the site's lifetime wins over the one from the walltime
+
+
+def test_worker_lifetime_comes_from_the_walltime_unless_given():
+    """Workers retire before the walltime kills them (dask_rpm.engine.retirement moves their rows first)."""
+    groups = [WorkerGroup("a", walltime="00:20:00"), WorkerGroup("b", walltime="12:00:00"),
+              WorkerGroup("c", walltime="00:20:00", lifetime="7m"), WorkerGroup("d", walltime="1", lifetime=False)]
+    with HeterogeneousSLURMCluster(groups, submit=False, **LOCAL) as cluster:
+        s = cluster.job_scripts()
+    assert "--lifetime 1080s" in s["a"]  # 20 min - 10 %
+    assert "--lifetime 42900s" in s["b"]  # 12 h - 5 min (at most)
+    assert "--lifetime 7m" in s["c"] and "--lifetime" not in s["d"]
+    with pytest.raises(SlurmConfigError, match="lifetime='soon'.*expected a duration"):
+        WorkerGroup("e", lifetime="soon")
+    with pytest.raises(SlurmConfigError, match="worker_extra_args already has --lifetime"):
+        WorkerGroup("f", lifetime="5m", worker_extra_args=["--lifetime=6m"])
 
 
 def test_groups_from_config_and_job_script_choice():
