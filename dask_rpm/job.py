@@ -384,9 +384,10 @@ def check_paths(job: Job, *, resume: bool = False) -> None:
             check_target(job.model, what="job file: model", overwrite=job.overwrite, hint=_OVERWRITE_HINT)
     except TargetError as e:
         raise JobError(str(e)) from None
-    if resume:
-        return  # read_checkpoint checks the checkpoint; it is rewritten in place
     try:
+        if resume:  # rewritten in place: it may exist, but its directory must still take new files
+            check_target(job.checkpoint_path, what="job file: checkpoint path", overwrite=True)
+            return
         check_target(job.checkpoint_path, what="job file: checkpoint path", overwrite=job.overwrite,
                      hint="continue that run with --resume, or " + _OVERWRITE_HINT)
     except TargetError as e:

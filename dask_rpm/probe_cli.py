@@ -130,10 +130,13 @@ def run_probe(args: argparse.Namespace) -> int:
     max_seconds = _positive("--max-seconds", args.max_seconds, float)
     timeout = _positive("--timeout", args.timeout, float)
     speeds = _parse_speeds(args.speeds) if args.speeds is not None else None
-    if args.netcdf is not None:
-        directory = os.path.dirname(os.path.abspath(args.netcdf))
-        if not os.path.isdir(directory):
-            raise CLIError(f"--netcdf={args.netcdf!r}: directory {directory!r} does not exist")
+    if args.netcdf is not None:  # before the cluster starts: a directory, a device or no place to write
+        from ._files import TargetError, check_target
+
+        try:
+            check_target(args.netcdf, what="--netcdf", overwrite=True)
+        except TargetError as e:
+            raise CLIError(str(e)) from None
 
     def measure(client: Any) -> Any:
         try:

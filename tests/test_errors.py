@@ -322,6 +322,8 @@ CASES = [
     Case("cli-speeds", C, "`--speeds` that are not numbers.", lambda t, c: _cli(t, "train", "--speeds", "1,fast")),
     Case("cli-iterations", C, "`--iterations 0`.", lambda t, c: _cli(t, "train", "--iterations", "0")),
     Case("cli-mapping", C, "`--mapping` unknown.", lambda t, c: _cli(t, "train", "--mapping", "best")),
+    Case("cli-probe-netcdf-device", C, "`dask-rpm probe --netcdf` naming a device (refused before the cluster "
+         "starts).", lambda t, c: _cli(t, "probe", "--netcdf", "/dev/full")),
     Case("cli-plan-ability", C, "`dask-rpm plan` with an ability <= 0.",
          lambda t, c: _cli(t, "plan", "--abilities", "1,-2", "--shape", "10-8-2", "--samples", "100")),
     Case("cli-plan-shape", C, "`dask-rpm plan` with a shape that is not n-m-l.",
