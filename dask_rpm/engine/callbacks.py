@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +21,10 @@ import numpy as np
 
 from ..partition import Plan
 from .driver import Driver
+from .errors import WorkerLostError
 from .records import Checkpoint
+
+logger = logging.getLogger("dask_rpm")
 
 __all__ = [
     "BlockInfo",
@@ -160,7 +164,11 @@ class CheckpointCallback(TrainingCallback):
         done = info.iteration
         if not self.every or done % self.every or info.status not in ("ok", "target") or done == self.latest[0]:
             return None
-        W, V, opt_state = await info.driver.gather(with_state=True)
+        try:
+            W, V, opt_state = await info.driver.gather(with_state=True)
+        except WorkerLostError as exc:  # the next block notices the loss and recovers; the old checkpoint stays
+            logger.warning(f"iteration {done}: no checkpoint: {exc}")
+            return None
         self.latest = Checkpoint(done, W, V, opt_state)
         if self.on_checkpoint is not None:
             log = info.driver.log

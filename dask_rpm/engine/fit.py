@@ -31,7 +31,7 @@ from .errors import TrainingError, WorkerLostError
 from .history import add_validation, build_history
 from .records import Checkpoint
 from . import retirement
-from .recovery import rebalance, recover
+from .recovery import rebalance, recover, whole_plan
 from .tasks import run_deadline
 from .result import FitResult
 from .scheduler_plugin import PLUGIN_NAME, RPMSchedulerPlugin
@@ -458,7 +458,7 @@ async def _fit_async(client: Any, x: Any, d: Any, kw: dict[str, Any]) -> FitResu
     plans = [plan]
     stopped = None
     try:
-        await driver.install(plan, start.W, start.V, start.iteration, start.state)
+        await loop.install(start)
         for h in hooks:
             await cb.call(h.before_training(driver, opts.iterations))
         driver.on_progress = loop.progress
@@ -523,6 +523,29 @@ class _Loop:
             self.deadlines = {a: t for a, t in got.items() if isinstance(t, (int, float))}
             self._deadlines_for = len(d.addresses)
 
+    async def install(self, start: Checkpoint) -> None:
+        """Place the first shards; a worker lost while they are placed is left out (a new plan)."""
+        d = self.driver
+        for _ in range(len(d.addresses)):
+            try:
+                await d.install(d.plan, start.W, start.V, start.iteration, start.state)
+                return
+            except WorkerLostError as exc:
+                if self.opts.on_worker_loss == "raise":
+                    raise
+                t0 = time.perf_counter()
+                reason = f"worker(s) {', '.join(exc.workers)} lost before the first iteration"
+                d.gone |= {d.addresses.index(a) for a in exc.workers if a in d.addresses}
+                d.plan = whole_plan(d, note=reason)
+                logger.warning(f"{reason}; planning again without them")
+                self.remaps.append({
+                    "iteration": start.iteration, "kind": "whole", "bytes": 0, "transfers": 0,
+                    "samples_reloaded": 0, "sample_bytes": 0, "seconds": time.perf_counter() - t0,
+                    "reason": reason, "lost": list(exc.workers), "joined": [], "recovered_from": "initial weights",
+                    "replayed": 0,
+                })
+        raise TrainingError("could not place the first shards: workers kept leaving")  # pragma: no cover
+
     async def _retire_due(self) -> bool:
         """Retire the planned workers whose lifetime ends before the next block is over."""
         d = self.driver
@@ -568,7 +591,13 @@ class _Loop:
                 plans.append(driver.plan)
             info = cb.BlockInfo(driver, first, driver.iteration, total, status, self.remaps[n_remaps:])
             for h in self.hooks:
-                reason = await cb.call(h.after_block(info))
+                try:
+                    reason = await cb.call(h.after_block(info))
+                except WorkerLostError as exc:  # e.g. a gather or a remap a callback asked for
+                    if self.opts.on_worker_loss == "raise":
+                        raise
+                    self.remaps.append(await recover(driver, exc, self.ckpt.latest))
+                    continue
                 if reason:
                     logger.info(reason)
                     return str(reason)
