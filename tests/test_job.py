@@ -638,3 +638,34 @@ def test_a_worker_job_near_its_walltime_retires_without_losing_work(slurm_cluste
     W, V, err = fit_serial(x, d, hidden=24, iterations=int(ck.attrs["iteration"]), learning_rate=0.005, seed=0)
     np.testing.assert_allclose(ck["W"].values, W, rtol=RTOL, atol=0)
     np.testing.assert_allclose(ck["error"].values, err, rtol=RTOL, atol=0)
+
+
+def test_driver_sigkill_then_resume_equals_uninterrupted(tmp_path, digits):
+    """The driver process itself killed (no chance to write anything): --resume continues from the last
+    periodic checkpoint and ends with the weights of an uninterrupted run."""
+    data, x, d = digits
+    path = write_job(tmp_path, data, iterations=120, checkpoint={"every": 20})
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "dask_rpm.cli", "train", "--config", str(path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+                            start_new_session=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line.rstrip())
+        if line.startswith("checkpoint at iteration 40"):
+            os.killpg(proc.pid, signal.SIGKILL)  # the driver and its local workers, at once
+            break
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, lines
+    assert not (tmp_path / "result.nc").exists()
+    ck = _open(tmp_path / "result.checkpoint.nc")
+    k = int(ck.attrs["iteration"])
+    assert k >= 40
+    p = subprocess.run([sys.executable, "-m", "dask_rpm.cli", "train", "--config", str(path), "--resume"],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert f"at iteration {k}" in p.stdout
+    out = _open(tmp_path / "result.nc")
+    W, V, err = fit_serial(x, d, hidden=12, iterations=120, learning_rate=0.005, seed=0)
+    np.testing.assert_allclose(out["W"].values, W, rtol=RTOL, atol=0)
+    np.testing.assert_allclose(out["error"].values, err, rtol=RTOL, atol=0)
