@@ -843,6 +843,7 @@ def make_plan(
     workers: Sequence[Any] | None = None,
     rates: Sequence[float] | None = None,
     network: Any = None,
+    batch: int | None = None,
 ) -> Plan:
     """Plan one BP iteration for workers of the given abilities.
 
@@ -873,6 +874,15 @@ def make_plan(
         worker's speed in work units per second (index-aligned with
         ``abilities``) and the :class:`~dask_rpm.cost.Network` (its
         ``hosts``/``groups`` index-aligned too). Other planners ignore them.
+    batch
+        Samples per iteration when training on mini-batches (``None``: all
+        ``samples``, full batch). An iteration then exchanges partial
+        products of ``batch`` samples, not ``samples``, so with ``srpm`` the
+        number of columns is chosen for a problem of ``batch`` samples and
+        the cuts are then made on ``samples`` (a column takes the same share
+        of every mini-batch). Measured on this 2-core machine (EMULATED,
+        docs/benchmarks.md): 1.2-2.3x faster per iteration at batch sizes
+        256 and 1024 than the plan for the whole training set.
 
     Returns
     -------
@@ -893,6 +903,12 @@ def make_plan(
     ab = validate_abilities(abilities)
     shape = parse_shape(shape)
     samples = _check_count("samples", samples, "give the number of training samples, e.g. 1024")
+    if batch is not None and dp is None and batch < samples and str(method or config.get("planner.method")) == "srpm":
+        # the columns for one mini-batch's exchanges, the cuts for the whole set
+        try:
+            dp = make_plan(abilities, shape, batch, "srpm", small_group=small_group).n_columns
+        except PlanError:  # a batch too small to plan (fewer samples than columns): plan the set as is
+            dp = None
     if dp is not None:
         dp = _check_count("dp", dp, "give the number of columns (data-parallel degree) or leave it out")
     method = config.get("planner.method", method)

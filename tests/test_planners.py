@@ -575,3 +575,15 @@ def test_fastest_grid_picks_the_n_dp_with_the_least_predicted_seconds():
     assert t == min(each.values()) and plan.n_columns == min(each, key=each.get)
     with pytest.raises(PlanError, match="no N_DP"):
         fastest_grid([1.0] * 4, (20, 1, 3), 1, "uniform", [1.0] * 4)  # 1 hidden unit, 1 sample: nothing fits
+
+
+def test_minibatch_plans_choose_columns_for_one_batch():
+    """An iteration exchanges partial products of one mini-batch: fewer columns pay off for small batches."""
+    ab = [1.0, 0.6, 0.4, 0.25]
+    full = make_plan(ab, (203, 1024, 26), 16384)
+    assert full.n_columns == 2
+    small = make_plan(ab, (203, 1024, 26), 16384, batch=256)
+    assert small.n_columns == make_plan(ab, (203, 1024, 26), 256).n_columns == 1
+    assert small.samples == 16384  # the cuts are on the whole training set
+    assert make_plan(ab, (203, 1024, 26), 16384, batch=16384) == full
+    assert make_plan(ab, (203, 1024, 26), 16384, batch=256, dp=2).n_columns == 2  # dp given: kept

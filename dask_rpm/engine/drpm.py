@@ -83,7 +83,8 @@ class DRPMState:
             new = None  # planned from abilities that still count lost workers: plan again below
         if decision.kind == "whole" and new is None:
             # After a worker loss, plan only the workers still there.
-            new = whole_plan(driver, speeds_t2) if driver.gone else whole_remap(driver.plan, speeds_t2)
+            new = whole_plan(driver, speeds_t2) if driver.gone else whole_remap(
+                driver.plan, speeds_t2, batch=driver.recipe.schedule.batch)
         elif decision.kind == "column" and new is None:
             new = column_remap(driver.plan, speeds_col)
         return new

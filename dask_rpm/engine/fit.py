@@ -92,7 +92,7 @@ def _options(kw: dict[str, Any], job: Prepared) -> _Options:
 
 
 def _resolve_plan(mapping: Any, abilities: Any, *, addresses: list[str], shape: tuple[int, int, int],
-                  samples: int) -> Plan:
+                  samples: int, batch: int | None = None) -> Plan:
     """Turn ``mapping`` (a method name or a Plan) into a plan bound to worker addresses."""
     if not isinstance(mapping, Plan):
         from ..planners import make_plan
@@ -104,7 +104,7 @@ def _resolve_plan(mapping: Any, abilities: Any, *, addresses: list[str], shape: 
                 f"(in the order of dask_rpm.ordered_workers)"
             )
         method = "grid-hrev" if str(mapping) == "grid" else str(mapping)
-        return make_plan(abilities, shape, samples, method=method, workers=addresses)
+        return make_plan(abilities, shape, samples, method=method, workers=addresses, batch=batch)
     plan = mapping
     if plan.workers is not None:
         missing = [a for a in plan.workers if a not in addresses]
@@ -387,7 +387,8 @@ async def _plan(client: Any, opts: _Options, data: Prepared, abilities: Any,
     given = abilities is not None
     # Without initial abilities DRPM starts from a uniform mapping (docs/drpm.md).
     first = ("srpm" if given else "uniform") if opts.mapping == "drpm" else opts.mapping
-    plan = _resolve_plan(first, abilities, addresses=addresses, shape=data.shape, samples=data.samples)
+    plan = _resolve_plan(first, abilities, addresses=addresses, shape=data.shape, samples=data.samples,
+                         batch=data.recipe.schedule.batch)
     return plan, info, probe_result, given, False
 
 

@@ -43,7 +43,8 @@ def whole_plan(driver: Driver, abilities: dict[int, float] | None = None, note: 
     for i in active:
         v = abilities.get(i, cur[i] if i < len(cur) and cur[i] > 0 else fill)
         vec.append(float(v) if np.isfinite(v) and v > 0 else fill)
-    compact = make_plan(vec, driver.plan.shape, driver.plan.samples, method="srpm")
+    compact = make_plan(vec, driver.plan.shape, driver.plan.samples, method="srpm",
+                        batch=driver.recipe.schedule.batch)
     full = np.zeros(len(driver.addresses))
     full[active] = np.asarray(vec) / np.sum(vec)
     lift = dict(enumerate(active))
