@@ -611,6 +611,8 @@ class HeterogeneousSLURMCluster(SLURMCluster):
         self._next_index: dict[str, int] = {name: 0 for name in self._groups}
         self._group_specs: dict[str, dict[str, Any]] = {}
         self._retiring: set[str] = set()  # worker names of removed jobs, retired before scancel
+        self._replacements: dict[str, list[float]] = {}  # group -> when its ended jobs were resubmitted
+        self._given_up: set[str] = set()  # groups no longer resubmitted (their jobs keep ending)
         first = next(iter(self._groups.values()))
         # The base class validates job keywords by building one job; give it
         # the first group so the check is real. Its own new_spec is unused.
@@ -792,6 +794,55 @@ class HeterogeneousSLURMCluster(SLURMCluster):
         if self.asynchronous:
             return self._correct_state_checked()
         return self.sync(self._correct_state_checked)
+
+    def lost_jobs(self) -> list[str]:
+        """Jobs of the spec whose SLURM job has ended (walltime, ``scancel``, node failure): not in ``squeue``."""
+        ids = {name: str(getattr(job, "job_id", "") or "") for name, job in self.workers.items()
+               if name in self.worker_spec}
+        ids = {name: i for name, i in ids.items() if i}
+        if not ids:
+            return []
+        out = subprocess.run(["squeue", "-h", "-o", "%i", "-j", ",".join(ids.values())],
+                             capture_output=True, text=True, timeout=60)
+        if out.returncode not in (0, 1):  # 1: every id given has ended ("Invalid job id")
+            logger.warning("squeue failed (%s): %s", out.returncode, out.stderr.strip())
+            return []
+        alive = set(out.stdout.split())
+        return [name for name, i in ids.items() if i not in alive]
+
+    async def replace_lost(self) -> dict[str, str]:
+        """Keep every group at its job count: resubmit jobs that ended (``{lost job: new job}``).
+
+        A group that lost ``rpm.slurm.replace-max`` jobs within ``rpm.slurm.replace-window``
+        seconds is not resubmitted any more (its jobs keep failing); the log says so once.
+        """
+        import time as _time
+
+        replaced: dict[str, str] = {}
+        limit, window = int(config.get("slurm.replace-max")), float(config.get("slurm.replace-window"))
+        now = _time.monotonic()
+        for job in await asyncio.get_running_loop().run_in_executor(None, self.lost_jobs):
+            group = self._job_group[job]
+            history = self._replacements.setdefault(group, [])
+            history[:] = [t for t in history if now - t < window]
+            del self.worker_spec[job]
+            self.workers.pop(job, None)
+            if len(history) >= limit:
+                if group not in self._given_up:
+                    self._given_up.add(group)
+                    logger.warning(f"group {group!r}: {len(history) + 1} jobs ended within {window:g} s "
+                                   f"(rpm.slurm.replace-window); not resubmitting it any more")
+                continue
+            history.append(now)
+            before = set(self.worker_spec)
+            self._set_jobs(group, sum(1 for j in self.worker_spec if self._job_group.get(j) == group) + 1)
+            (new,) = set(self.worker_spec) - before
+            replaced[job] = new
+        if replaced:
+            await self._correct_state_checked()
+            logger.info("replaced ended SLURM job(s): %s",
+                        ", ".join(f"{old} -> {new}" for old, new in replaced.items()))
+        return replaced
 
     def scale_group(self, name: str, jobs: int) -> Any:
         """Ask for exactly ``jobs`` jobs of group ``name``.

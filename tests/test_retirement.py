@@ -52,5 +52,5 @@ def test_a_worker_at_the_end_of_its_lifetime_hands_over_its_rows_first():
     assert w.address not in [r.plan.workers[i] for i in r.plan.planned_workers]
     assert r.history.sizes["iteration"] == 5000  # every iteration once
     W, V, err = fit_serial(x, d, **kw)
-    np.testing.assert_allclose(r.W, W, rtol=1e-10)
+    assert np.abs(r.W - W).max() <= 1e-10 * np.abs(W).max()  # 5000 iterations: on the scale of the weights
     np.testing.assert_allclose(r.history["error"].values, err, rtol=1e-10)

@@ -498,6 +498,8 @@ class _Loop:
         self.driver, self.opts, self.hooks, self.ckpt, self.drpm, self.remaps = driver, opts, hooks, ckpt, drpm, remaps
         self.interval = opts.interval
         self.target = next((h.target_error for h in hooks if h.target_error is not None), None)
+        self.jobs_suspect = False  # a worker was lost: look for ended jobs at the next boundary
+        self._jobs_checked = time.monotonic()
         self.deadlines: dict[str, float] = {}
         self._deadlines_for = -1
         self.margin = float(config.get("train.retire-margin"))
@@ -587,6 +589,7 @@ class _Loop:
                 if self.opts.on_worker_loss == "raise":
                     raise
                 self.remaps.append(await recover(driver, exc, self.ckpt.latest))
+                self.jobs_suspect = True
                 status = "recovered"
             if driver.plan is not plans[-1]:
                 plans.append(driver.plan)
@@ -604,11 +607,31 @@ class _Loop:
                     return str(reason)
         return None
 
+    async def _replace_lost_jobs(self) -> None:
+        """On a batch-system cluster that can (``replace_lost``, e.g. SLURM groups), resubmit ended jobs;
+        their workers join later and are absorbed like any new worker."""
+        cluster = getattr(self.driver.client, "cluster", None)
+        if not hasattr(cluster, "replace_lost") or not config.get("slurm.replace-lost"):
+            return
+        now = time.monotonic()
+        if not self.jobs_suspect and now - self._jobs_checked < float(config.get("slurm.replace-check")):
+            return
+        self._jobs_checked, self.jobs_suspect = now, False
+        try:
+            replaced = await cluster.replace_lost()
+        except Exception as exc:  # sbatch failing must not stop training
+            logger.warning(f"could not resubmit ended jobs: {exc}")
+            return
+        for old, new in replaced.items():
+            logger.warning(f"iteration {self.driver.iteration}: job {old} ended; submitted {new} to replace it")
+
     async def _between_blocks(self, first: int, names: dict[str, Any]) -> None:
-        """Retire workers whose lifetime ends, take in workers that joined (elastic), else let DRPM check."""
+        """Retire workers whose lifetime ends, resubmit ended jobs, take in workers that joined (elastic),
+        else let DRPM check."""
         driver = self.driver
         if await self._retire_due():
             return
+        await self._replace_lost_jobs()
         if self.opts.elastic:
             ident = await driver.client.scheduler.identity(n_workers=-1)
             names.update({a: w.get("name", a) for a, w in ident["workers"].items()})
