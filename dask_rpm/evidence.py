@@ -19,7 +19,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-__all__ = ["SpeedCheck", "speed_check", "overrun_counts", "TOLERANCE", "BUSY_FRACTION"]
+__all__ = ["SpeedCheck", "speed_check", "overrun_counts", "plan_speeds", "TOLERANCE", "BUSY_FRACTION"]
 
 #: Largest relative difference between estimate (or area share) and the speed share called "close".
 TOLERANCE = 0.10
@@ -97,6 +97,20 @@ def overrun_counts(info: Mapping[str, Mapping[str, Any] | None]) -> tuple[int, i
     """``(blocks, overruns)`` summed over ``dask_rpm.emulation.emulation_info(client)``."""
     rows = [r for r in info.values() if r]
     return sum(int(r.get("blocks", 0)) for r in rows), sum(int(r.get("overruns", 0)) for r in rows)
+
+
+def plan_speeds(plan: Any, info: Mapping[str, Mapping[str, Any] | None]) -> list[float]:
+    """The EMULATED speed of each worker of ``plan`` (bound to addresses), from ``emulation_info(client)``.
+
+    Raises ``ValueError`` naming a worker that is not emulated.
+    """
+    out = []
+    for address in plan.workers or ():
+        row = info.get(address)
+        if not row:
+            raise ValueError(f"worker {address} is not EMULATED: there is no chosen speed to compare with")
+        out.append(float(row["speed"]))
+    return out
 
 
 def speed_check(result: Any, speeds: Sequence[float], *, blocks: int = 0, overruns: int = 0) -> SpeedCheck:
