@@ -247,6 +247,45 @@ def _log(msg: str, quiet: bool = False) -> None:
         print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+class _Progress:
+    """Progress of a bench run with an estimate of the time left, one stderr line per finished step.
+
+    A step is one method run of a case, or a case's ``T_series`` runs (and
+    probe). Steps are weighted by the case's worker count N (a case's runs
+    take about N times longer for N workers: N series runs, and iterations
+    whose exchanges grow with N), so the estimate holds across a mix of N.
+    """
+
+    WIDTH = 24
+
+    def __init__(self, cases: Sequence[BenchCase], methods: Sequence[str], quiet: bool) -> None:
+        self.total = float(sum(c.n * (len(methods) + 1) for c in cases))
+        self.steps = sum(len(methods) + 1 for _ in cases)
+        self.done = 0.0
+        self.count = 0
+        self.quiet = quiet
+        self.t0 = time.perf_counter()
+
+    def step(self, case: BenchCase, what: str) -> str:
+        """Record one finished step of ``case``; logs and returns the progress line."""
+        self.done += case.n
+        self.count += 1
+        elapsed = time.perf_counter() - self.t0
+        frac = self.done / self.total if self.total else 1.0
+        left = elapsed / frac - elapsed if frac > 0 else math.nan
+        bar = "#" * int(round(self.WIDTH * frac))
+        line = (f"[{bar:<{self.WIDTH}}] {self.count}/{self.steps} steps ({frac:.0%}) after {what}: "
+                f"{_minutes(elapsed)} elapsed, about {_minutes(left)} left")
+        _log(line, self.quiet)
+        return line
+
+
+def _minutes(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
+
+
 def _pin_clock_offset(dask_worker: Any) -> bool:
     """Stamp task start/stop with the worker's own clock (offset 0).
 
@@ -388,7 +427,7 @@ def _series(client: Any, case: BenchCase, addresses: list[str], x: np.ndarray, d
 
 def _run_case(case: BenchCase, methods: Sequence[str], *, iterations: int, series_iterations: int,
               interval: int, dp_search: str, quiet: bool,
-              references: dict[Any, Any] | None = None) -> dict[str, Any]:
+              references: dict[Any, Any] | None = None, progress: _Progress | None = None) -> dict[str, Any]:
     from distributed import Client
 
     from .emulation import emulation_report, local_cluster, worker_addresses
@@ -429,6 +468,8 @@ def _run_case(case: BenchCase, methods: Sequence[str], *, iterations: int, serie
                  f"link latency {lat * 1e3:.2f} ms, bandwidth {bw / 1e6:.0f} MB/s", quiet)
         out["probed"] = probed
         out["latency"], out["bandwidth"] = lat, bw
+        if progress is not None:
+            progress.step(case, f"{case.name} T_series")
         common = dict(m=m, iterations=iterations, lr=lr, interval=interval, start=start,
                       batch_size=case.batch_size)
         for method in methods:
@@ -479,6 +520,8 @@ def _run_case(case: BenchCase, methods: Sequence[str], *, iterations: int, serie
                 _log(f"  {method}: {r.seconds_per_iteration:.3f} s/iteration "
                      f"(gamma {gamma(r.seconds_per_iteration, series):.3f}, {r.n_columns} column(s), "
                      f"{r.remaps} remap(s), weights vs fit_serial {r.weights_vs_serial:.1e}, {r.wall:.1f} s)", quiet)
+            if progress is not None:
+                progress.step(case, f"{case.name} {method}")
         rows = emulation_report(client)
         blocks = sum(r["blocks"] for r in rows)
         out["overrun_fraction"] = (sum(r["overruns"] for r in rows) / blocks) if blocks else math.nan
@@ -774,10 +817,12 @@ def run_bench(
     references: dict[Any, Any] | None = {} if check_weights else None
     import dask
 
+    progress = _Progress(cases, methods, quiet)
     with dask.config.set({"rpm.train.progress": "none"}):
         for case in cases:
             results.append(_run_case(case, methods, iterations=iterations, series_iterations=series_iterations,
-                                     interval=interval, dp_search=dp_search, quiet=quiet, references=references))
+                                     interval=interval, dp_search=dp_search, quiet=quiet, references=references,
+                                     progress=progress))
     wall = time.perf_counter() - started
 
     C, M, W = len(cases), len(methods), max(ns)
@@ -1139,7 +1184,7 @@ def write_outputs(ds: Any, out_dir: str, *, plot: bool = True) -> dict[str, str]
 # --------------------------------------------------------------------- CLI
 _EPILOG = """\
 examples:
-  dask-rpm bench --quick                      # condition A, N = 4 and 8, compute workload (~15 min on 2 cores)
+  dask-rpm bench --quick                      # condition A, N = 4 and 8, compute workload (about 17 min on 2 cores)
   dask-rpm bench --quick --json               # the summary as a JSON list of rows
   dask-rpm bench --conditions A,B --n 4-8 --workloads paper,compute     # the full set (hours)
   dask-rpm bench --conditions A-step --n 8 --iterations 40             # one worker slows 3x mid-run
@@ -1165,7 +1210,7 @@ def add_bench_parser(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--quick", action="store_true",
-                   help="condition A, N = 4 and 8, compute workload, 16 iterations (14 min on 2 loaded cores)")
+                   help="condition A, N = 4 and 8, compute workload, 16 iterations (about 17 min on 2 cores)")
     p.add_argument("--conditions", help="comma-separated: A, B, A-step, B-step (default A,B)")
     p.add_argument("--n", dest="ns", metavar="N", help="worker counts, e.g. 4,8 or 4-8 (default 4-8)")
     p.add_argument("--workloads", help="comma-separated: paper, compute, minibatch, custom (default paper,compute)")

@@ -469,7 +469,8 @@ class _RPMPage:
                       address=[], group=[], column=[], samples=[], hidden=[], ability=[], estimate=[]),
         )
         self.it = ColumnDataSource(dict(iteration=[], error=[], time=[]))
-        self.remap = ColumnDataSource(dict(iteration=[], kind=[], color=[], bytes=[], seconds=[], reason=[]))
+        self.remap = ColumnDataSource(dict(iteration=[], kind=[], color=[], bytes=[], sample_bytes=[], seconds=[],
+                                           reason=[]))
         self.est = ColumnDataSource(dict(xs=[], ys=[], color=[], label=[]))
         self.est_pts = ColumnDataSource(dict(iteration=[], ability=[], color=[], label=[]))
         self.planned = ColumnDataSource(dict(xs=[], ys=[], color=[], label=[]))
@@ -535,7 +536,7 @@ class _RPMPage:
             spans = fig.vspan(x="iteration", source=self.remap, line_color="color", line_width=2, line_dash="dotted",
                               **({"legend_field": "kind"} if fig is t else {}))
             fig.add_tools(HoverTool(renderers=[spans], tooltips=[
-                ("remap", "@kind at iteration @iteration"), ("moved", "@bytes bytes in @seconds{0.000} s"),
+                ("remap", "@kind at iteration @iteration"), ("moved", "@bytes weight bytes, @sample_bytes sample bytes re-read, @seconds{0.000} s"),
                 ("why", "@reason"),
             ]))
         for fig in (a, t):
@@ -584,7 +585,8 @@ class _RPMPage:
         self.remap.data = dict(
             iteration=[r.get("iteration") for r in rm], kind=[str(r.get("kind")) + " remap" for r in rm],
             color=[_REMAP_COLORS.get(r.get("kind"), "#7f7f7f") for r in rm],
-            bytes=[r.get("bytes") for r in rm], seconds=[r.get("seconds") for r in rm],
+            bytes=[r.get("bytes") for r in rm], sample_bytes=[r.get("sample_bytes", 0) for r in rm],
+            seconds=[r.get("seconds") for r in rm],
             reason=[str(r.get("reason") or "") for r in rm],
         )
 

@@ -82,6 +82,10 @@ class SpeedCheck(NamedTuple):
             out.append(f"not within {TOLERANCE:.0%}: the machine was busy - {self.overruns} of {self.blocks} "
                        f"paced kernel blocks ran late, so the timings measured contention, not the EMULATED "
                        f"speeds; run it again when the machine is quieter")
+        elif self.blocks == 0:
+            out.append(f"not within {TOLERANCE:.0%}: at this size an iteration's kernels take a few milliseconds, "
+                       f"so per-call costs and the machine's load weigh as much as the EMULATED speeds "
+                       f"(late blocks were not counted)")
         else:
             out.append(f"not within {TOLERANCE:.0%} although only {self.overruns} of {self.blocks} blocks ran late: "
                        f"at this size an iteration's kernels are too short for the timings to show the speeds")

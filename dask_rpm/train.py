@@ -199,8 +199,8 @@ def _print_summary(result: Any, summary: dict[str, Any], check: Any, out: Any) -
         print(
             f"time per iteration, measured in this run: this plan {summary['seconds_per_iteration'] * 1e3:.1f} ms | "
             f"fastest worker alone {summary['seconds_per_iteration_fastest_alone'] * 1e3:.1f} ms "
-            f"(this plan is {summary['speedup_vs_fastest_alone']:.2f}x faster) | uniform plan "
-            f"{summary['seconds_per_iteration_uniform'] * 1e3:.1f} ms ({summary['speedup_vs_uniform']:.2f}x faster)",
+            f"(speed-up {summary['speedup_vs_fastest_alone']:.2f}x) | uniform plan "
+            f"{summary['seconds_per_iteration_uniform'] * 1e3:.1f} ms (speed-up {summary['speedup_vs_uniform']:.2f}x)",
             file=out,
         )
         ideal = sum(summary["speeds"]) / max(summary["speeds"])
@@ -230,7 +230,7 @@ job's checkpoint.
 
 _EPILOG = """\
 examples:
-  dask-rpm train                                  # the demo (about 20 s on 2 cores)
+  dask-rpm train                                  # the demo (about 10 s on 2 cores)
   dask-rpm train --speeds 1,0.5,0.25 --iterations 100 --mapping srpm
   dask-rpm train --json                           # the demo's summary as JSON
   dask-rpm train --config job.yaml                # a job file (see docs/slurm.md)

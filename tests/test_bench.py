@@ -257,3 +257,19 @@ def test_ddp_peer_trains_the_same_minibatches():
     assert bench.weights_difference((res["W"], res["V"]), (W, V)) < 1e-12
     Wf, Vf, _ = fit_serial(x, d, hidden=4, iterations=7, learning_rate=lr, seed=0)
     assert bench.weights_difference((res["W"], res["V"]), (Wf, Vf)) > 1e-6
+
+
+def test_progress_lines_estimate_the_time_left(capsys):
+    # cases of N = 2 and 4 workers, two methods each: 3 steps per case, weighted by N
+    cases = bench.make_cases(["custom"], ["A"], [2, 4], step_at=2, custom=(12, 8, 3, 192))
+    progress = bench._Progress(cases, ["srpm-assumed", "drpm"], quiet=False)
+    assert progress.steps == 6 and progress.total == 3 * 2 + 3 * 4
+    progress.t0 -= 30.0  # as if the first step had taken 30 s
+    line = progress.step(cases[0], "custom-A-2 T_series")
+    # 2 of 18 weight units in 30 s: 16 units left at that rate = 240 s = 4.0 min
+    assert "1/6 steps (11%)" in line and "30 s elapsed" in line and "about 4.0 min left" in line
+    for case, what in [(cases[0], "a"), (cases[0], "b"), (cases[1], "c"), (cases[1], "d"), (cases[1], "e")]:
+        line = progress.step(case, what)
+    assert "6/6 steps (100%)" in line and "about 0 s left" in line and "[" + "#" * 24 + "]" in line
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 6 and all("steps (" in ln and "left" in ln for ln in err)

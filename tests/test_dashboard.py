@@ -262,7 +262,8 @@ def test_page_model_with_groups_and_remaps():
     plugin.log_event("rpm", {"kind": "iterations", "run": "r1", "records": [tuple(r) for r in records],
                              "errors": [(i, 10.0 - i) for i in range(5)]})
     plugin.update("r1", {"abilities": [{"check": 0, "iteration": 5, "abilities": [0.6, 0.3, None]}],
-                         "remaps": [{"iteration": 5, "kind": "column", "bytes": 64, "seconds": 0.01}]})
+                         "remaps": [{"iteration": 5, "kind": "column", "bytes": 64, "sample_bytes": 4096,
+                                     "seconds": 0.01}]})
     page = dashboard._RPMPage(dashboard._Installed(type("S", (), {})(), plugin, ""))
     page._update()
     rects = page.rects.data
@@ -271,6 +272,8 @@ def test_page_model_with_groups_and_remaps():
     assert rects["label"][2].startswith("w0 :1") and "p\u0302 0.60" in rects["label"][2] and "fast" in rects["label"][2]
     assert (page.x_range.end, page.y_range.start) == (100, 10)
     assert page.it.data["iteration"] == [0, 1, 2, 3, 4] and page.remap.data["kind"] == ["column remap"]
+    # the remap's hover names both what moved between workers and what was re-read from storage
+    assert page.remap.data["bytes"] == [64] and page.remap.data["sample_bytes"] == [4096]
     np.testing.assert_allclose(page.it.data["time"], [0.1] * 5)
     assert len(page.est.data["xs"]) == 2 and len(page.planned.data["xs"]) == 3
     assert "EMULATED" in page.header.text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,11 +16,63 @@ COVERED = {"01_planning.py", "02_local_training.py", "03_slurm.py", "04_dashboar
            "06_classifier.py"}
 
 
-def _run(name: str, *args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+def _run(name: str, *args: str, env: dict | None = None, timeout: float = 600,
+         tmp: Path | None = None) -> subprocess.CompletedProcess:
+    """Run a tutorial; with ``tmp`` its temporary files go there (TMPDIR) and none may be left behind."""
+    env = dict(os.environ if env is None else env)
+    if tmp is not None:
+        tmp.mkdir(exist_ok=True)
+        env["TMPDIR"] = str(tmp)
     p = subprocess.run([sys.executable, str(TUTORIALS / name), *args], capture_output=True, text=True,
                        timeout=timeout, env=env, cwd=str(TUTORIALS.parent))
     assert p.returncode == 0, f"{name} exited {p.returncode}\nstdout:\n{p.stdout[-3000:]}\nstderr:\n{p.stderr[-3000:]}"
+    _assert_clean_stderr(name, p.stderr)
+    if tmp is not None:
+        # Dask's own scratch root (dask-scratch-space) may stay; nothing of the tutorial's
+        left = sorted(f for f in os.listdir(tmp) if f != "dask-scratch-space")
+        assert left == [], f"{name} left {left} in its temporary directory"
     return p
+
+
+def _assert_clean_stderr(name: str, stderr: str) -> None:
+    """Only fit's progress lines may reach stderr: no tracebacks, warnings or log records."""
+    other = [ln for ln in stderr.splitlines() if ln.strip() and not ln.startswith("dask-rpm fit: ")]
+    assert other == [], f"{name} wrote to stderr:\n" + "\n".join(other[:40])
+
+
+def _numbers(line: str) -> list[float]:
+    return [float(v) for v in re.findall(r"\d+\.\d+", line.split(":", 1)[1].split("(largest")[0])]
+
+
+def _speed_check(out: str, speeds: list[float], *, small: bool = False) -> str:
+    """Parse the speed-check lines and verify them against ``speeds``; returns the verdict.
+
+    "works" needs every estimate and area share within 10 % of the speed
+    share (recomputed here from the printed numbers); "busy" needs the printed
+    overrun count above 5 % of the blocks; the size excuse is accepted only
+    for a tutorial whose size is known to be too ``small``, and only when the
+    numbers really are off by more than 10 %.
+    """
+    lines = out.splitlines()
+    truth_line = next(ln for ln in lines if "EMULATED speed shares:" in ln)
+    i = lines.index(truth_line)
+    truth = np.array(_numbers(truth_line))
+    np.testing.assert_allclose(truth, np.array(speeds) / sum(speeds), atol=6e-4)
+    est_line, area_line, verdict = lines[i + 1], lines[i + 2], lines[i + 3]
+    assert "DRPM estimates (iteration " in est_line and "final plan's area shares:" in area_line, lines[i:i + 4]
+    est, area = np.array(_numbers(est_line)), np.array(_numbers(area_line))
+    assert est.shape == area.shape == truth.shape
+    off = max(np.max(np.abs(est - truth) / truth), np.max(np.abs(area - truth) / truth))
+    if "the method works here" in verdict:
+        assert off <= 0.10 + 0.01, (off, lines[i:i + 4])  # +1 %: the printed numbers are rounded
+        return "works"
+    assert "not within 10%" in verdict and off > 0.10 - 0.01, (off, verdict)
+    if "the machine was busy" in verdict:
+        late, blocks = (int(v) for v in re.search(r"(\d+) of (\d+) paced kernel blocks ran late", verdict).groups())
+        assert late > 0.05 * blocks, verdict  # the excuse must be backed by the count
+        return "busy"
+    assert small, f"the tutorial's size should show the method: {verdict}"
+    return "small"
 
 
 def _assert_nonblank_png(path: Path) -> None:
@@ -35,7 +88,7 @@ def test_every_tutorial_is_tested():
 
 def test_01_planning(tmp_path):
     png = tmp_path / "plan.png"
-    out = _run("01_planning.py", "--png", str(png)).stdout
+    out = _run("01_planning.py", "--png", str(png), tmp=tmp_path / "tmp").stdout
     # the paper's worked example: C = 2 columns, {P1, P2, P3} | {P4, P5}
     assert "{P1,P2,P3} | {P4,P5}" in out
     assert "C=2:    73913.6   <- chosen" in out
@@ -49,14 +102,20 @@ def test_02_local_training(tmp_path):
     import xarray as xr
 
     nc, png = tmp_path / "history.nc", tmp_path / "run.png"
-    p = _run("02_local_training.py", "--netcdf", str(nc), "--png", str(png))
+    p = _run("02_local_training.py", "--netcdf", str(nc), "--png", str(png), tmp=tmp_path / "tmp")
     out = p.stdout
     assert out.splitlines()[0].startswith("EMULATED heterogeneity on one machine: speeds 1.0, 0.5, 0.25")
     assert "equal to serial BP up to float64 rounding: True" in out
     assert "history variables:" in out and "iteration_time" in out and "[s]" in out
-    assert "plan 0 (initial, uniform, from iteration 0)" in out
+    assert "plan 0 (initial, uniform, from iteration 0): w0: 1365 x 256; w1: 1366 x 256; w2: 1365 x 256" in out
     assert "remap at iteration 20: whole" in out  # DRPM without initial abilities: whole remap at the first check
     assert "ability estimates at the DRPM checks" in out
+    verdict = _speed_check(out, [1.0, 0.5, 0.25])
+    if verdict == "works":
+        # after the remap each worker computes for about the same time (areas follow the speeds)
+        last = [ln for ln in out.splitlines() if ln.startswith("  plan 1 (iterations 20-59)")][0]
+        ms = [float(v) for v in re.findall(r"(\d+\.\d) ms", last)]
+        assert max(ms) / min(ms) < 1.25, last
     assert "dask-rpm fit: iteration 60/60 (100%)" in p.stderr  # progress lines on stderr (not a terminal)
     with xr.open_dataset(nc) as h:
         assert h.sizes["iteration"] == 60 and "EMULATED" in h.attrs["emulation"]
@@ -64,41 +123,45 @@ def test_02_local_training(tmp_path):
     _assert_nonblank_png(png)
 
 
-def test_03_slurm_skips_visibly_without_slurm():
+def test_03_slurm_skips_visibly_without_slurm(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
-    out = _run("03_slurm.py", env=env, timeout=120).stdout
+    out = _run("03_slurm.py", env=env, timeout=120, tmp=tmp_path / "tmp").stdout
     assert out.startswith("SKIPPED: this tutorial needs SLURM: SLURM_CONF is not set")
 
 
 @pytest.mark.slurm
-def test_03_slurm(slurm_cluster):
-    out = _run("03_slurm.py").stdout  # slurm_cluster exported SLURM_CONF
+def test_03_slurm(slurm_cluster, tmp_path):
+    out = _run("03_slurm.py", tmp=tmp_path / "tmp").stdout  # slurm_cluster exported SLURM_CONF
     assert "SKIPPED" not in out
     assert "#SBATCH -J dask-rpm-slow" in out
     assert "workers per group: {'fast': 1, 'slow': 2}" in out
-    assert "EMULATED heterogeneity" in out and "<FitResult 40 iterations" in out
+    assert "EMULATED heterogeneity" in out and "<FitResult 60 iterations" in out
     plan_lines = [ln.split() for ln in out.splitlines() if ln.startswith("  fast ") or ln.startswith("  slow ")]
     assert sorted(ln[0] for ln in plan_lines) == ["fast", "slow", "slow"]
+    # the speeds in plan-worker order are those of the groups (fast 1.0, slow 0.5)
+    speeds = [1.0 if ln[0] == "fast" else 0.5 for ln in plan_lines]
+    _speed_check(out, speeds)
     assert out.rstrip().splitlines()[-1].startswith(("cluster closed", "to run training itself"))
 
 
-def test_04_dashboard():
-    out = _run("04_dashboard.py").stdout
+def test_04_dashboard(tmp_path):
+    out = _run("04_dashboard.py", tmp=tmp_path / "tmp").stdout
     assert "dashboard: http://127.0.0.1:" in out and "/rpm" in out
     assert "<FitResult 60 iterations" in out
     assert "current plan (" in out and "estimated ability" in out
     assert "EMULATED heterogeneity" in out
+    _speed_check(out, [1.0, 0.5, 0.25])
 
 
-def test_05_sbatch_job_skips_visibly_without_slurm():
+def test_05_sbatch_job_skips_visibly_without_slurm(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
-    out = _run("05_sbatch_job.py", env=env, timeout=120).stdout
+    out = _run("05_sbatch_job.py", env=env, timeout=120, tmp=tmp_path / "tmp").stdout
     assert out.startswith("SKIPPED: this tutorial needs SLURM: SLURM_CONF is not set")
 
 
 @pytest.mark.slurm
-def test_05_sbatch_job(slurm_cluster):
-    out = _run("05_sbatch_job.py").stdout
+def test_05_sbatch_job(slurm_cluster, tmp_path):
+    out = _run("05_sbatch_job.py", tmp=tmp_path / "tmp").stdout
     assert "SKIPPED" not in out
     assert "slurm/train.sbatch job.yaml   -> driver job" in out
     assert "  | workers: SLURM groups fast: 2 job(s) x 1 worker(s), slow: 1 job(s) x 1 worker(s)" in out
@@ -106,11 +169,21 @@ def test_05_sbatch_job(slurm_cluster):
     assert "  | done: 182 iterations, error 119.292 (target 120)" in out
     assert "status complete, 182 iterations, error 1449.8 -> 119.3 (target error 120 reached at iteration 181)" in out
     assert "digits classified right by the trained net: 94.4%" in out
+    assert "netcdf" not in out.lower()  # no h5netcdf warning in the driver's log
+    # the workers in the last plan's order and their groups' EMULATED speeds
+    workers = out.split("workers: ")[-1].splitlines()[0].split(", ")
+    assert len(workers) == 3
+    # a small job (1797 samples x 24 hidden units): the output may say why it cannot show the speeds
+    shares = [float(v) for v in re.findall(r"\d+\.\d+", next(ln for ln in out.splitlines()
+                                                             if "EMULATED speed shares:" in ln).split(":")[1])]
+    speeds = [1.0 if abs(v - 0.4) < 1e-3 else 0.5 for v in shares]  # shares: fast 0.4, slow 0.2
+    assert sorted(speeds) == [0.5, 1.0, 1.0]
+    _speed_check(out, speeds, small=True)
 
 
 def test_06_classifier(tmp_path):
     model = tmp_path / "digits.model.nc"
-    out = _run("06_classifier.py", "--model", str(model)).stdout
+    out = _run("06_classifier.py", "--model", str(model), tmp=tmp_path / "tmp").stdout
     assert "EMULATED heterogeneity on one machine: speeds 1.0, 0.5" in out
     assert "digits: 1347 training and 450 held-out samples, 64 pixels, 10 classes" in out
     acc = float(out.split("held-out accuracy: ")[1].split()[0])

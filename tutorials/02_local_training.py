@@ -23,7 +23,7 @@ Run::
     python tutorials/02_local_training.py
     python tutorials/02_local_training.py --png run.png --netcdf history.nc
 
-Takes about 20 seconds on 2 cores. Progress goes to stderr (a bar on a terminal, plain
+Takes about 6 seconds on 2 cores (measured; longer on a busy machine). Progress goes to stderr (a bar on a terminal, plain
 lines otherwise); pass ``progress=False`` to ``fit`` to silence it.
 """
 

@@ -26,7 +26,7 @@ exits 0. To start the local one::
     export SLURM_CONF=/tmp/dask-rpm-slurm/slurm.conf
     python tutorials/03_slurm.py
 
-Takes about 20 seconds on 2 cores (mostly waiting for the jobs to start).
+Takes about 6 seconds on 2 cores (measured; mostly waiting for the jobs to start).
 """
 
 from __future__ import annotations
@@ -105,8 +105,8 @@ def run(logs: str) -> int:
             info = emulation_info(client)
             groups_of = cluster.worker_groups()
             print("final plan (samples x hidden units per worker):")
-            for r in result.plan.rectangles:
-                address = result.plan.workers[r.worker]
+            for w, address in enumerate(result.plan.workers):  # worker order, as the checks below
+                r = result.plan.rectangle(w)
                 print(f"  {groups_of.get(address, '?'):<5} {address}: {r.n_samples} x {r.n_hidden}")
             for rec in result.remaps:
                 print(f"remap at iteration {rec['iteration']}: {rec['kind']}")
