@@ -68,6 +68,7 @@ import math
 import os
 import threading
 import time
+import weakref
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -75,6 +76,7 @@ import numpy as np
 from dask.system import CPU_COUNT
 from distributed import Nanny, Scheduler, SpecCluster, Worker
 from distributed.diagnostics.plugin import WorkerPlugin
+from distributed.core import Status
 from distributed.worker import get_worker
 
 from . import config
@@ -280,6 +282,8 @@ class EmulationPlugin(WorkerPlugin):
             self._limiter = _pin_blas(self.nthreads)
         logger.info("EMULATED speed %g x scale %.3g on worker %s", self.speed, self.scale,
                     worker.name)
+        self._quiet_close = _HeartbeatAtClose(worker)
+        logging.getLogger("distributed.worker").addFilter(self._quiet_close)
 
     def teardown(self, worker: Worker) -> None:
         if self._limiter is not None:
@@ -387,6 +391,32 @@ class EmulationPlugin(WorkerPlugin):
                 "overrun_s": self.overrun_s,
                 "host": _host_of(self.address),
             }
+
+
+#: Worker states in which a failed heartbeat is part of shutting down.
+_CLOSING = (Status.closing, Status.closed, Status.closing_gracefully, Status.failed)
+
+
+class _HeartbeatAtClose(logging.Filter):
+    """Drop the heartbeat traceback of a worker that is closing (nothing is wrong).
+
+    When a cluster shuts down, a worker can be closing its connections while
+    a heartbeat to the scheduler is in flight; distributed then logs "Failed
+    to communicate with scheduler during heartbeat" with a CommClosedError
+    traceback on the worker's stderr - the terminal of whoever closed the
+    cluster. Only that record, and only once the worker is closing, is
+    dropped; a heartbeat failure of a running worker is still logged.
+    """
+
+    def __init__(self, worker: Worker) -> None:
+        super().__init__()
+        self._worker = weakref.ref(worker)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("Failed to communicate with scheduler during heartbeat"):
+            return True
+        worker = self._worker()
+        return worker is None or worker.status not in _CLOSING
 
 
 def _host_of(address: str | None) -> str | None:

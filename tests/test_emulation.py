@@ -343,3 +343,26 @@ def test_env_var_preload_on_a_worker_started_elsewhere():
         finally:
             proc.terminate()
             proc.wait(timeout=30)
+
+
+def test_heartbeat_failure_of_a_closing_worker_is_not_logged():
+    import logging
+
+    from dask_rpm.emulation import _HeartbeatAtClose, local_cluster
+
+    def record(msg):
+        return logging.LogRecord("distributed.worker", logging.ERROR, __file__, 1, msg, None, None)
+
+    beat = "Failed to communicate with scheduler during heartbeat."
+    cluster = local_cluster([1.0], processes=False, dashboard_address=":0")
+    worker = cluster.workers[0]
+    quiet = _HeartbeatAtClose(worker)
+    try:
+        assert quiet.filter(record(beat))  # a running worker's failed heartbeat is news: logged
+        assert quiet.filter(record("something else"))
+    finally:
+        cluster.close()
+    assert not quiet.filter(record(beat))  # once closing: the in-flight heartbeat's traceback is dropped
+    assert quiet.filter(record("something else"))  # everything else still passes
+    # the emulation plugin installs the filter on every emulated worker
+    assert any(isinstance(f, _HeartbeatAtClose) for f in logging.getLogger("distributed.worker").filters)
