@@ -80,4 +80,7 @@ def test_train_config_output_is_standard_netcdf4_and_prints_no_warning(tmp_path)
     assert ds["W"].shape == (6, 6) and ds["V"].shape == (2, 6) and ds.sizes["iteration"] == 30
     assert '"rectangles"' in str(ds["plan_json"].values[0])
     assert ds["address"].dtype.kind in "UO" and all(str(a).startswith("tcp://") for a in ds["address"].values)
-    assert sorted(os.listdir(tmp_path)) == ["data.nc", "job.yaml", "result.nc"]
+    # the model file written next to the output (dask_rpm.MLPModel) is standard netCDF-4 too
+    assert sorted(os.listdir(tmp_path)) == ["data.nc", "job.yaml", "result.model.nc", "result.nc"]
+    model = _read_with_other_tools(tmp_path / "result.model.nc")
+    assert model.sizes and len(model.data_vars) >= 2
