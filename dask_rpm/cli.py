@@ -73,7 +73,7 @@ _MAIN_EPILOG = """\
 first steps:
   {prog} train                 # a demo on 4 EMULATED workers of this machine (about 10 s)
   {prog} plan --abilities 1,0.5,0.25 --shape 33-128-8 --samples 4096
-  {prog} probe                 # measure the workers' speeds (about 15 s)
+  {prog} probe                 # measure the workers' speeds (about 6 s)
 
 Run '{prog} <command> --help' for the options and examples of a command.
 Documentation: README.md and docs/ in the dask-rpm source.

@@ -38,7 +38,7 @@ cluster are probed (e.g. SLURM worker groups of different node types).
 
 _EPILOG = """\
 examples:
-  # probe the demo's 4 EMULATED local workers (speeds 1, 0.6, 0.4, 0.25; about 15 s)
+  # probe the demo's 4 EMULATED local workers (speeds 1, 0.6, 0.4, 0.25; about 6 s)
   dask-rpm probe
 
   # other emulated speeds and the paper's NETtalk job, as JSON

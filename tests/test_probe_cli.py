@@ -23,7 +23,10 @@ def test_local_emulated_probe_prints_a_table_and_the_plan_command():
     assert p.returncode == 0, p.stderr[-3000:]
     out = p.stdout
     assert "EMULATED" in out.splitlines()[0]
-    assert "probe of 2 worker(s) for a 33-128-8 job on 4096 samples" in out
+    import dask
+
+    shape, samples = dask.config.get("rpm.demo.shape"), dask.config.get("rpm.demo.samples")
+    assert f"probe of 2 worker(s) for a {shape} job on {samples} samples" in out  # the demo's job by default
     rows = [ln.split() for ln in out.splitlines() if ln.strip().startswith(("P1 ", "P2 "))]
     assert [r[0] for r in rows] == ["P1", "P2"]
     ability = [float(r[3]) for r in rows]
@@ -34,6 +37,20 @@ def test_local_emulated_probe_prints_a_table_and_the_plan_command():
     assert cmd[:3] == ["dask-rpm", "plan", "--abilities"] and "--shape" in cmd
     # the printed command runs
     assert main(cmd[1:] + ["--no-draw"]) == 0
+
+
+def test_default_local_probe_starts_the_demos_workers():
+    """dask-rpm probe and dask-rpm train start the same EMULATED workers: one default, rpm.demo.speeds."""
+    import dask
+
+    speeds = [float(v) for v in dask.config.get("rpm.demo.speeds")]
+    assert len(speeds) == 4
+    p = _run("--json", "--repeats", "2", "--max-seconds", "0.5")
+    assert p.returncode == 0, p.stderr[-3000:]
+    d = json.loads(p.stdout)
+    assert len(d["workers"]) == len(speeds)
+    assert d["emulation"].startswith("EMULATED heterogeneity on one machine: speeds "
+                                     + ", ".join(str(v) for v in speeds))
 
 
 def test_scheduler_json_and_netcdf(tmp_path, capsys):
