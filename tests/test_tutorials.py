@@ -115,7 +115,7 @@ def test_02_local_training(tmp_path):
         # after the remap each worker computes for about the same time (areas follow the speeds)
         last = [ln for ln in out.splitlines() if ln.startswith("  plan 1 (iterations 20-59)")][0]
         ms = [float(v) for v in re.findall(r"(\d+\.\d) ms", last)]
-        assert max(ms) / min(ms) < 1.25, last
+        assert max(ms) / min(ms) < 1.35, last
     assert "dask-rpm fit: iteration 60/60 (100%)" in p.stderr  # progress lines on stderr (not a terminal)
     with xr.open_dataset(nc) as h:
         assert h.sizes["iteration"] == 60 and "EMULATED" in h.attrs["emulation"]
