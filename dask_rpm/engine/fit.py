@@ -224,8 +224,11 @@ def fit(
         Hidden units ``m`` (taken from ``init`` when given).
     iterations : int, default ``rpm.train.iterations``
     learning_rate : float, default ``rpm.train.learning-rate``
-    mapping : {"drpm", "srpm", "uniform", "grid", "grid-h", "grid-hrev"} or Plan
-        How work is mapped to workers; default ``rpm.train.mapping``.
+    mapping : str or Plan
+        How work is mapped to workers: ``"drpm"`` or the name of a registered
+        planner (``dask_rpm.planners.mapping_names()``: srpm, srpm-time,
+        uniform, split-1d, grid, grid-h, grid-hrev), or a Plan; default
+        ``rpm.train.mapping``.
     abilities : sequence of float, "probe" or None
         Relative worker abilities in :func:`ordered_workers` order. ``None``
         means equal abilities for static mappings.
