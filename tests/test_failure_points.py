@@ -7,6 +7,7 @@ the moment a task of the given kind starts executing there.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 
@@ -53,14 +54,24 @@ class _ColumnRemapAt(TrainingCallback):
             await d.remap(column_remap(d.plan, [0.2, 0.4, 0.3, 0.1]), "column")
 
 
-@pytest.mark.parametrize("point", ["rpm-setup", "rpm-remap", "rpm-gather"])
-def test_a_worker_killed_at_each_point_is_survived(point):
-    rng = np.random.default_rng(3)
+def _problem(seed):
+    rng = np.random.default_rng(seed)
     x, d = rng.normal(size=(60, 6)), rng.uniform(0.1, 0.9, size=(60, 3))
-    kw = dict(hidden=10, iterations=40, learning_rate=0.02, seed=0)
-    plan = Plan.from_columns([[0, 1], [2, 3]], [25, 35], [[5, 5], [4, 6]], shape=(6, 10, 3))
+    return x, d, dict(hidden=10, iterations=40, learning_rate=0.02, seed=0)
+
+
+@contextlib.contextmanager
+def _cluster4():
     with LocalCluster(n_workers=4, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster, \
             Client(cluster) as client:
+        yield client
+
+
+@pytest.mark.parametrize("point", ["rpm-setup", "rpm-remap", "rpm-gather"])
+def test_a_worker_killed_at_each_point_is_survived(point):
+    x, d, kw = _problem(3)
+    plan = Plan.from_columns([[0, 1], [2, 3]], [25, 35], [[5, 5], [4, 6]], shape=(6, 10, 3))
+    with _cluster4() as client:
         victim = ordered_workers(client.scheduler_info())[1]  # column 0: the one gathered for checkpoints
         client.register_plugin(_KillOnTask([victim], point))
         extra = dict(mapping=plan) if point != "rpm-setup" else dict(mapping="srpm", abilities=[1, 1, 1, 1])
@@ -79,12 +90,9 @@ def test_a_worker_killed_at_each_point_is_survived(point):
 
 def test_two_workers_lost_at_once_holding_the_same_rows_recover_from_the_checkpoint():
     """Workers 0 and 2 hold hidden rows 0..4 in both columns: with both gone those rows exist nowhere else."""
-    rng = np.random.default_rng(4)
-    x, d = rng.normal(size=(60, 6)), rng.uniform(0.1, 0.9, size=(60, 3))
-    kw = dict(hidden=10, iterations=40, learning_rate=0.02, seed=0)
+    x, d, kw = _problem(4)
     plan = Plan.from_columns([[0, 1], [2, 3]], [25, 35], [[5, 5], [5, 5]], shape=(6, 10, 3))
-    with LocalCluster(n_workers=4, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster, \
-            Client(cluster) as client:
+    with _cluster4() as client:
         addrs = ordered_workers(client.scheduler_info())
         victims = [addrs[0], addrs[2]]
         client.register_plugin(_KillOnTask(victims, "rpm-block", from_index=3))  # the block of iterations 15..19
