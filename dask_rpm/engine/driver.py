@@ -81,6 +81,9 @@ class Driver:
         self.client = client
         self.run = run
         self.plan = plan
+        # While a remap or an install is under way: the workers it depends on (None: the current plan's).
+        # Workers of the old plan already declared lost must not count as lost again (issue 14, chaos soak).
+        self._watch: set[str] | None = None
         self.source = source  # a netCDF path the workers read, or None (arrays on the client)
         self.rows = rows  # file rows of the training samples (a validation split), or None: all rows
         self.arrays = arrays
@@ -147,7 +150,11 @@ class Driver:
             data = await self._samples(plan, w)
             futures.append(self._submit(t_setup, lay, weights, data, self.recipe, self.dtype, iteration,
                                         key=self._key("setup", self.version, w), worker=w))
-        await self._wait_all(futures)
+        self._watch = {self.addresses[w] for w in plan.planned_workers}  # the old plan's workers do not matter
+        try:
+            await self._wait_all(futures)
+        finally:
+            self._watch = None
         others = [self.addresses[i] for i in range(len(self.addresses)) if i not in lays and i not in self.gone]
         if others:  # workers of an earlier plan that have no rectangle now
             await self.client.run(run_clear, self.run, workers=others, on_error="ignore")
@@ -279,7 +286,8 @@ class Driver:
 
     async def _lost(self) -> list[str]:
         alive = set(await self.client.scheduler.ncores())
-        return sorted(set(self._planned_addresses()) - alive)
+        watch = self._watch if self._watch is not None else set(self._planned_addresses())
+        return sorted(watch - alive)
 
     async def _raise_lost(self, iteration: int, grace: float = 0.0) -> None:
         """Raise :class:`WorkerLostError` if a planned worker left (waiting up to ``grace`` s to notice)."""
@@ -378,7 +386,12 @@ class Driver:
             data = await self._samples(new, w) if w in changed else None
             futures.append(self._submit(t_stage, self.run, lay, pieces, data, self.recipe, self.dtype, self.iteration,
                                         key=self._key("remap", self.version, w), worker=w))
-        await self._wait_all(futures)
+        # the sources (old plan) and targets (new plan), but not the workers this remap replaces as lost
+        self._watch = {self.addresses[w] for w in (*old.planned_workers, *new.planned_workers)} - set(lost)
+        try:
+            await self._wait_all(futures)
+        finally:
+            self._watch = None
         involved = sorted({self.addresses[w] for w in (*old.planned_workers, *new.planned_workers)} - set(lost))
         await self.client.run(run_commit, self.run, self.version, self.iteration, workers=involved, on_error="ignore")
         self.plan = new
