@@ -127,7 +127,23 @@ class Driver:
                 [self._broadcast] = await self.client.scatter([(x, d)], broadcast=True, hash=False)
             return ("arrays", self._broadcast)
         s0, s1 = plan.rectangle(w).samples
-        [fut] = await self.client.scatter([(x[s0:s1], d[s0:s1])], workers=[self.addresses[w]], hash=False)
+        return await self._scatter_to((x[s0:s1], d[s0:s1]), w)
+
+    async def _scatter_to(self, obj: Any, w: int) -> Any:
+        """Scatter ``obj`` to worker ``w``; a worker that left meanwhile raises :class:`WorkerLostError`.
+
+        Found by the chaos soak (issue 14): a worker SIGKILLed while a remap sent it its samples ended
+        ``fit`` with a ``CommClosedError`` instead of a recovery.
+        """
+        try:
+            [fut] = await self.client.scatter([obj], workers=[self.addresses[w]], hash=False)
+        except Exception:
+            deadline = time.monotonic() + 2.0  # the scheduler may take a moment to see it gone
+            while self.addresses[w] in set(await self.client.scheduler.ncores()):
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(0.1)
+            raise WorkerLostError([self.addresses[w]], self.iteration) from None
         return fut
 
     async def install(self, plan: Plan, W: np.ndarray, V: np.ndarray, iteration: int,
@@ -146,7 +162,7 @@ class Driver:
                         for k, (Ws, Vs) in state.items()}
                 sent += sum(a.nbytes for v in rows.values() for a in v)
                 shard = {"W": shard[0], "V": shard[1], "state": rows}
-            [weights] = await self.client.scatter([shard], workers=[self.addresses[w]], hash=False)
+            weights = await self._scatter_to(shard, w)
             data = await self._samples(plan, w)
             futures.append(self._submit(t_setup, lay, weights, data, self.recipe, self.dtype, iteration,
                                         key=self._key("setup", self.version, w), worker=w))
