@@ -70,7 +70,11 @@ async def rebalance(driver: Driver, alive: Sequence[str], fallback: Checkpoint, 
     """
     t0 = time.perf_counter()
     alive_set = set(alive)
-    lost = [a for i, a in enumerate(driver.addresses) if i not in driver.gone and a not in alive_set]
+    planned = set(driver.plan.planned_workers)
+    # Lost: workers that left, and planned workers already marked gone by an attempt that failed (another
+    # worker left during that recovery): their rows must not be fetched from them (found by the chaos soak).
+    lost = [a for i, a in enumerate(driver.addresses)
+            if (i not in driver.gone and a not in alive_set) or (i in driver.gone and i in planned)]
     driver.gone |= {driver.addresses.index(a) for a in lost}
     joined = [a for a in alive if a not in set(driver.addresses)]
     driver.addresses.extend(joined)
