@@ -21,20 +21,20 @@ import numpy as np
 
 from .. import config
 from ..data import DataError
-from ..prepare import Prepared, prepare
 from ..partition import Plan, PlanError
+from ..prepare import Prepared, prepare
 from ..progress import Progress
 from . import callbacks as cb
+from . import retirement
 from .driver import Driver, ordered_workers
 from .drpm import DRPMState
 from .errors import TrainingError, WorkerLostError
 from .history import add_validation, build_history
 from .records import Checkpoint
-from . import retirement
 from .recovery import rebalance, recover, whole_plan
-from .tasks import run_deadline
 from .result import FitResult
 from .scheduler_plugin import PLUGIN_NAME, RPMSchedulerPlugin
+from .tasks import run_deadline
 from .worker import PLUGIN_NAME as WORKER_PLUGIN_NAME
 from .worker import RPMEnginePlugin
 
@@ -49,7 +49,6 @@ class _Options:
 
     iterations: int
     learning_rate: float
-    seed: int
     dtype: str
     mapping: Any
     interval: int
@@ -82,7 +81,6 @@ def _options(kw: dict[str, Any], job: Prepared) -> _Options:
     return _Options(
         iterations=job.recipe.iterations,
         learning_rate=job.recipe.learning_rate,
-        seed=job.recipe.schedule.seed,
         dtype=job.dtype,
         mapping=mapping, interval=interval, auto_interval=auto, on_worker_loss=on_loss,
         min_workers=int(min_workers),
@@ -441,6 +439,7 @@ async def _fit_async(client: Any, x: Any, d: Any, kw: dict[str, Any]) -> FitResu
     reporter = Progress(kw["progress"])  # validates progress= before any work
     data = prepare(x, d, **{k: kw[k] for k in _TRAINING_KEYWORDS})
     opts = _options(kw, data)
+    start = _start(kw["resume"], data)  # a bad checkpoint is refused before waiting for workers
     saved = kw["resume"].get("drpm") if isinstance(kw["resume"], dict) else None
     plan, info, probe_result, given, resumed = await _plan(client, opts, data, kw["abilities"], saved)
     await ensure_plugins(client)
@@ -453,7 +452,6 @@ async def _fit_async(client: Any, x: Any, d: Any, kw: dict[str, Any]) -> FitResu
                     f"estimator windows of {len(drpm.estimator.workers)} worker(s)")
     remaps: list[dict[str, Any]] = drpm.remaps if drpm is not None else []
     emulation = await _emulation_label(client)
-    start = _start(kw["resume"], data)
     hooks, ckpt = _callbacks(kw, opts, data, reporter, remaps, emulation, start)
     if drpm is not None:  # checkpoints carry the DRPM state, so --resume continues at the plan reached
         ckpt.extra = lambda d: {"drpm": {**drpm.to_dict(), "plan": d.plan.to_dict()}}
@@ -589,10 +587,7 @@ class _Loop:
                 if status == "ok" and driver.iteration < total:
                     await self._between_blocks(first, names)
             except WorkerLostError as exc:
-                if self.opts.on_worker_loss == "raise":
-                    raise
-                self.remaps.append(await recover(driver, exc, self.ckpt.latest))
-                self.jobs_suspect = True
+                await self._recover(exc)
                 status = "recovered"
             if driver.plan is not plans[-1]:
                 plans.append(driver.plan)
@@ -601,14 +596,19 @@ class _Loop:
                 try:
                     reason = await cb.call(h.after_block(info))
                 except WorkerLostError as exc:  # e.g. a gather or a remap a callback asked for
-                    if self.opts.on_worker_loss == "raise":
-                        raise
-                    self.remaps.append(await recover(driver, exc, self.ckpt.latest))
+                    await self._recover(exc)
                     continue
                 if reason:
                     logger.info(reason)
                     return str(reason)
         return None
+
+    async def _recover(self, exc: WorkerLostError) -> None:
+        """Go on without the lost workers (``on_worker_loss="recover"``), or raise; their jobs may have ended."""
+        if self.opts.on_worker_loss == "raise":
+            raise exc
+        self.remaps.append(await recover(self.driver, exc, self.ckpt.latest))
+        self.jobs_suspect = True  # look for ended batch jobs at the next boundary
 
     async def _replace_lost_jobs(self) -> None:
         """On a batch-system cluster that can (``replace_lost``, e.g. SLURM groups), resubmit ended jobs;
@@ -669,7 +669,7 @@ class _Loop:
                     await driver.run_block(target - driver.iteration)
                 return await driver.gather(with_state=True)
             except WorkerLostError as exc:
-                if self.opts.on_worker_loss == "raise" or (stopped and "diverged" in stopped):
+                if stopped and "diverged" in stopped:
                     raise
-                self.remaps.append(await recover(driver, exc, self.ckpt.latest))
+                await self._recover(exc)
         raise TrainingError("could not gather the final weights: workers kept leaving")  # pragma: no cover
