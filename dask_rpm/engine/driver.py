@@ -29,6 +29,7 @@ from .layout import layouts
 from .records import BlockResult, BlockSpec
 from .tasks import run_abort, run_clear, run_commit, run_revert, run_rollback, t_block, t_gather, t_setup, t_stage
 from .timing import TimingLog
+from .worker import rows_of
 
 __all__ = ["Driver", "BlockOutcome", "ordered_workers"]
 
@@ -155,13 +156,8 @@ class Driver:
         futures, sent = [], 0
         for w, lay in lays.items():
             m0, m1 = lay.rows
-            shard: Any = (np.ascontiguousarray(W[m0:m1]), np.ascontiguousarray(V[:, m0:m1]))
-            sent += shard[0].nbytes + shard[1].nbytes
-            if state:
-                rows = {k: [np.ascontiguousarray(Ws[m0:m1]), np.ascontiguousarray(Vs[:, m0:m1])]
-                        for k, (Ws, Vs) in state.items()}
-                sent += sum(a.nbytes for v in rows.values() for a in v)
-                shard = {"W": shard[0], "V": shard[1], "state": rows}
+            shard = rows_of(W, V, state, m0, m1)
+            sent += shard["W"].nbytes + shard["V"].nbytes + sum(a.nbytes for v in shard["state"].values() for a in v)
             weights = await self._scatter_to(shard, w)
             data = await self._samples(plan, w)
             futures.append(self._submit(t_setup, lay, weights, data, self.recipe, self.dtype, iteration,

@@ -45,13 +45,15 @@ def _column(source: Any, layout: Layout, recipe: Recipe, dtype: str) -> ColumnDa
     return ColumnData(source, layout.samples, recipe.schedule, recipe.net, dtype)
 
 
-def _shard(weights: Any, recipe: Recipe) -> Shard:
-    if isinstance(weights, dict):  # with optimizer state (a checkpoint or a remap)
-        return Shard(weights["W"], weights["V"], weights.get("state"))
-    return Shard.fresh(*weights, recipe.optimizer)
+def _shard(rows: dict[str, Any], recipe: Recipe) -> Shard:
+    """A shard from :func:`~dask_rpm.engine.worker.rows_of`; without optimizer state (the start of
+    training) the optimizer's state starts at zero."""
+    if rows["state"]:  # a checkpoint's
+        return Shard(rows["W"], rows["V"], rows["state"])
+    return Shard.fresh(rows["W"], rows["V"], recipe.optimizer)
 
 
-def t_setup(layout: Layout, weights: Any, source: Any, recipe: Recipe, dtype: str, iteration: int) -> int:
+def t_setup(layout: Layout, weights: dict[str, Any], source: Any, recipe: Recipe, dtype: str, iteration: int) -> int:
     """Create this worker's state for a run: its shard, its samples (``source``: path, rows or a
     :class:`~dask_rpm.engine.samples.SampleSource`)."""
     worker = _worker()

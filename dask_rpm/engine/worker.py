@@ -39,7 +39,7 @@ from .errors import BlockAborted, PeerError
 from .records import Layout
 from .samples import ColumnData
 
-__all__ = ["RPMEnginePlugin", "RunState", "PLUGIN_NAME", "get_state", "lifetime_deadline"]
+__all__ = ["RPMEnginePlugin", "RunState", "PLUGIN_NAME", "get_state", "lifetime_deadline", "rows_of"]
 
 logger = logging.getLogger("dask_rpm")
 
@@ -158,12 +158,18 @@ class Shard:
 
     def rows(self, a: int, b: int) -> dict[str, Any]:
         """Local rows ``[a, b)``: weights and optimizer state (copies)."""
-        return {
-            "W": np.ascontiguousarray(self.W[a:b]),
-            "V": np.ascontiguousarray(self.V[:, a:b]),
-            "state": {k: [np.ascontiguousarray(Ws[a:b]), np.ascontiguousarray(Vs[:, a:b])]
-                      for k, (Ws, Vs) in self.state.items()},
-        }
+        return rows_of(self.W, self.V, self.state, a, b)
+
+
+def rows_of(W: np.ndarray, V: np.ndarray, state: dict[str, Any] | None, a: int, b: int) -> dict[str, Any]:
+    """Hidden rows ``[a, b)`` of ``W``, ``V`` and of the optimizer ``state`` (``{slot: [W_slot, V_slot]}``),
+    as contiguous copies: what a worker holds of those rows, wherever they are cut from."""
+    return {
+        "W": np.ascontiguousarray(W[a:b]),
+        "V": np.ascontiguousarray(V[:, a:b]),
+        "state": {k: [np.ascontiguousarray(Ws[a:b]), np.ascontiguousarray(Vs[:, a:b])]
+                  for k, (Ws, Vs) in (state or {}).items()},
+    }
 
 
 class RunState:
