@@ -69,12 +69,20 @@ class Fault(NamedTuple):
 
 def draw_kind(rng: random.Random, n: int, min_workers: int, max_workers: int) -> str:
     """The next fault's kind among those that keep ``min_workers <= workers <= max_workers``."""
-    allowed = [k for k in KINDS if (k == "add" and n < max_workers) or (k != "add" and n > min_workers)]
+    allowed = [
+        k for k in KINDS if (k == "add" and n < max_workers) or (k != "add" and n > min_workers)
+    ]
     return rng.choice(allowed)
 
 
-def planned_kinds(seed: int, count: int, workers: int = 3, min_workers: int = 2, max_workers: int = 5,
-                  interval: tuple[float, float] = (3.0, 8.0)) -> list[str]:
+def planned_kinds(
+    seed: int,
+    count: int,
+    workers: int = 3,
+    min_workers: int = 2,
+    max_workers: int = 5,
+    interval: tuple[float, float] = (3.0, 8.0),
+) -> list[str]:
     """The kinds of the first ``count`` faults the injector draws for ``seed`` (no cluster needed)."""
     rng, n, out = random.Random(seed), workers, []
     for _ in range(count):
@@ -92,8 +100,17 @@ class Injector(threading.Thread):
     (they go through the event loop).
     """
 
-    def __init__(self, cluster: Any, client: Any, seed: int, *, interval: tuple[float, float] = (3.0, 8.0),
-                 min_workers: int = 2, max_workers: int = 5, progress: Any = None) -> None:
+    def __init__(
+        self,
+        cluster: Any,
+        client: Any,
+        seed: int,
+        *,
+        interval: tuple[float, float] = (3.0, 8.0),
+        min_workers: int = 2,
+        max_workers: int = 5,
+        progress: Any = None,
+    ) -> None:
         super().__init__(name="chaos-injector", daemon=True)
         self.cluster, self.client = cluster, client
         # two generators: the kinds and the waits depend on the seed only; the victims also on which
@@ -129,7 +146,9 @@ class Injector(threading.Thread):
             names = {str(k) for k in self.cluster.worker_spec}
             pool = sorted(a for a, w in alive.items() if str(w.get("name")) in names)
             if not pool:
-                self.errors.append(f"{kind}: no live worker to pick at {time.monotonic() - self.t0:.1f} s")
+                self.errors.append(
+                    f"{kind}: no live worker to pick at {time.monotonic() - self.t0:.1f} s"
+                )
                 return
             victim = self.victims.choice(pool)
         fault = Fault(round(time.monotonic() - self.t0, 3), kind, victim, n, int(self.progress()))
@@ -160,7 +179,9 @@ class Injector(threading.Thread):
         self.faults.append(fault)
 
 
-def problem(samples: int, n: int, m: int, l: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def problem(
+    samples: int, n: int, m: int, l: int, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Inputs (a column of ones as bias), teacher signals in (0.1, 0.9), and seeded initial weights."""
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(samples, n))
@@ -190,7 +211,9 @@ def _outcome(f: Fault, remaps: list[dict[str, Any]], members: set[str]) -> str:
     if f.kind == "add":
         return "added"
     for rec in remaps:
-        if f.worker in (rec.get("lost") or []) or (rec.get("lost") and f.worker in str(rec.get("reason"))):
+        if f.worker in (rec.get("lost") or []) or (
+            rec.get("lost") and f.worker in str(rec.get("reason"))
+        ):
             return f"recovered from the {rec.get('recovered_from')}"
         if f.worker in (rec.get("retired") or []):
             return "retired by the run"
@@ -199,24 +222,53 @@ def _outcome(f: Fault, remaps: list[dict[str, Any]], members: set[str]) -> str:
     return "UNACCOUNTED"
 
 
-def soak(seconds: float = 180.0, seed: int = 0, *, workers: int = 3, min_workers: int = 2, max_workers: int = 5,
-         interval: tuple[float, float] = (3.0, 8.0), samples: int = 128, n: int = 16, hidden: int = 64,
-         outputs: int = 4, learning_rate: float = 1e-3, block: int = 20, checkpoint_every: int = 100,
-         mapping: str = "drpm", max_iterations: int = 10_000_000, log: Any = None) -> dict[str, Any]:
+def soak(
+    seconds: float = 180.0,
+    seed: int = 0,
+    *,
+    workers: int = 3,
+    min_workers: int = 2,
+    max_workers: int = 5,
+    interval: tuple[float, float] = (3.0, 8.0),
+    samples: int = 128,
+    n: int = 16,
+    hidden: int = 64,
+    outputs: int = 4,
+    learning_rate: float = 1e-3,
+    block: int = 20,
+    checkpoint_every: int = 100,
+    mapping: str = "drpm",
+    max_iterations: int = 10_000_000,
+    log: Any = None,
+) -> dict[str, Any]:
     """Run the soak; returns the report (see the module docstring)."""
     from distributed import Client, LocalCluster
 
     from dask_rpm import fit, fit_serial
 
-    say = log or (lambda *a: None)
     x, d, W0, V0 = problem(samples, n, hidden, outputs, seed)
     wall0 = time.monotonic()
     seen = {"iteration": 0}
-    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0",
-                      silence_logs=50) as cluster, Client(cluster) as client:
+    with (
+        LocalCluster(
+            n_workers=workers,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=":0",
+            silence_logs=50,
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         client.wait_for_workers(workers)
-        injector = Injector(cluster, client, seed, interval=interval, min_workers=min_workers,
-                            max_workers=max_workers, progress=lambda: seen["iteration"])
+        injector = Injector(
+            cluster,
+            client,
+            seed,
+            interval=interval,
+            min_workers=min_workers,
+            max_workers=max_workers,
+            progress=lambda: seen["iteration"],
+        )
         deadline = time.monotonic() + seconds
 
         def should_stop() -> bool:
@@ -235,9 +287,21 @@ def soak(seconds: float = 180.0, seed: int = 0, *, workers: int = 3, min_workers
         injector.start()
         error = None
         try:
-            r = fit(x, d, hidden=hidden, iterations=max_iterations, learning_rate=learning_rate, init=(W0, V0),
-                    mapping=mapping, client=client, interval=block, checkpoint_every=checkpoint_every,
-                    should_stop=should_stop, callback=callback, progress="none")
+            r = fit(
+                x,
+                d,
+                hidden=hidden,
+                iterations=max_iterations,
+                learning_rate=learning_rate,
+                init=(W0, V0),
+                mapping=mapping,
+                client=client,
+                interval=block,
+                checkpoint_every=checkpoint_every,
+                should_stop=should_stop,
+                callback=callback,
+                progress="none",
+            )
         except BaseException as exc:  # reported in full: a fault the engine did not survive
             import traceback
 
@@ -251,10 +315,17 @@ def soak(seconds: float = 180.0, seed: int = 0, *, workers: int = 3, min_workers
     report: dict[str, Any] = {
         "setup": {
             "cluster": f"distributed.LocalCluster(processes=True), {workers} worker processes x 1 thread at start, "
-                       f"equal speeds (no emulated heterogeneity), {os.cpu_count()} cores shared",
-            "network": f"{n}-{hidden}-{outputs}", "samples": samples, "learning_rate": learning_rate,
-            "mapping": mapping, "block": block, "checkpoint_every": checkpoint_every, "seed": seed,
-            "seconds": seconds, "fault_interval_s": list(interval), "min_workers": min_workers,
+            f"equal speeds (no emulated heterogeneity), {os.cpu_count()} cores shared",
+            "network": f"{n}-{hidden}-{outputs}",
+            "samples": samples,
+            "learning_rate": learning_rate,
+            "mapping": mapping,
+            "block": block,
+            "checkpoint_every": checkpoint_every,
+            "seed": seed,
+            "seconds": seconds,
+            "fault_interval_s": list(interval),
+            "min_workers": min_workers,
             "max_workers": max_workers,
         },
         "faults": [f._asdict() for f in faults],
@@ -263,40 +334,68 @@ def soak(seconds: float = 180.0, seed: int = 0, *, workers: int = 3, min_workers
         "error": error,
     }
     if r is None:
-        report.update(completed=False, faults_survived=0, wall_seconds=round(time.monotonic() - wall0, 2))
+        report.update(
+            completed=False, faults_survived=0, wall_seconds=round(time.monotonic() - wall0, 2)
+        )
         return report
     iterations = int(r.history.sizes["iteration"])
-    W, V, err = fit_serial(x, d, hidden=hidden, iterations=iterations, learning_rate=learning_rate, init=(W0, V0))
-    Wp, Vp, _ = fit_serial(x, d, hidden=hidden, iterations=iterations, learning_rate=learning_rate,
-                           init=(W0 + 1e-15, V0))
+    W, V, err = fit_serial(
+        x, d, hidden=hidden, iterations=iterations, learning_rate=learning_rate, init=(W0, V0)
+    )
+    Wp, Vp, _ = fit_serial(
+        x,
+        d,
+        hidden=hidden,
+        iterations=iterations,
+        learning_rate=learning_rate,
+        init=(W0 + 1e-15, V0),
+    )
     conditioning = max(norm_diff(Wp, W), norm_diff(Vp, V))
     diff = max(rel_diff(r.W, W), rel_diff(r.V, V))
     diff_err = rel_diff(r.history["error"].values, err)
     equal = diff <= 1e-10 and diff_err <= 1e-10
     itemsize = np.dtype("float64").itemsize
-    differing = int(np.sum(~np.isclose(r.W, W, rtol=1e-10, atol=0)) + np.sum(~np.isclose(r.V, V, rtol=1e-10, atol=0)))
+    differing = int(
+        np.sum(~np.isclose(r.W, W, rtol=1e-10, atol=0))
+        + np.sum(~np.isclose(r.V, V, rtol=1e-10, atol=0))
+    )
     members = set(r.history["address"].values.tolist())
     for p in r.plans:
         members |= set(p.workers or ())
     outcomes = [_outcome(f, r.remaps, members) for f in faults]
-    fault_remaps = [rec for rec in r.remaps if rec.get("lost") or rec.get("joined") or rec.get("retired")]
+    fault_remaps = [
+        rec for rec in r.remaps if rec.get("lost") or rec.get("joined") or rec.get("retired")
+    ]
     replayed = int(sum(rec.get("replayed", 0) or 0 for rec in r.remaps))
     spi = r.seconds_per_iteration
     remap_seconds = float(sum(rec.get("seconds", 0.0) for rec in fault_remaps))
     lost_seconds = remap_seconds + replayed * spi
     # stalls: gaps between block boundaries longer than 2 s (a block takes ~0.1 s here); the time lost
     # computed from the remap records misses them (detection time: the run waits until it sees a loss)
-    gaps = [(b[0] - a[0], a[1], round(a[0] - t0, 1)) for a, b in zip(ticks, ticks[1:]) if b[0] - a[0] > 2.0]
+    gaps = [
+        (b[0] - a[0], a[1], round(a[0] - t0, 1))
+        for a, b in zip(ticks, ticks[1:])
+        if b[0] - a[0] > 2.0
+    ]
     survived = sum(1 for o in outcomes if o != "UNACCOUNTED") if equal else 0
     report.update(
-        completed=True, stopped=r.stopped, iterations=iterations, faults_injected=len(faults),
-        faults_survived=survived, outcomes=outcomes,
-        recovered_from={src: sum(1 for rec in r.remaps if rec.get("lost") and rec.get("recovered_from") == src)
-                        for src in ("columns", "checkpoint", "initial weights")},
-        remaps={"fault": len(fault_remaps), "all": len(r.remaps),
-                "lost": sum(1 for rec in r.remaps if rec.get("lost")),
-                "joined": sum(1 for rec in r.remaps if rec.get("joined")),
-                "retired_by_lifetime": sum(1 for rec in r.remaps if rec.get("retired"))},
+        completed=True,
+        stopped=r.stopped,
+        iterations=iterations,
+        faults_injected=len(faults),
+        faults_survived=survived,
+        outcomes=outcomes,
+        recovered_from={
+            src: sum(1 for rec in r.remaps if rec.get("lost") and rec.get("recovered_from") == src)
+            for src in ("columns", "checkpoint", "initial weights")
+        },
+        remaps={
+            "fault": len(fault_remaps),
+            "all": len(r.remaps),
+            "lost": sum(1 for rec in r.remaps if rec.get("lost")),
+            "joined": sum(1 for rec in r.remaps if rec.get("joined")),
+            "retired_by_lifetime": sum(1 for rec in r.remaps if rec.get("retired")),
+        },
         iterations_recomputed=replayed,
         weight_bytes_moved=int(sum(rec.get("bytes", 0) or 0 for rec in fault_remaps)),
         sample_bytes_reread=int(sum(rec.get("sample_bytes", 0) or 0 for rec in fault_remaps)),
@@ -305,15 +404,36 @@ def soak(seconds: float = 180.0, seed: int = 0, *, workers: int = 3, min_workers
         time_lost_seconds=round(lost_seconds, 4),
         time_lost_per_fault_seconds=round(lost_seconds / len(faults), 4) if faults else 0.0,
         bytes_lost=differing * itemsize,
-        relative_difference_vs_serial=diff, relative_difference_errors=diff_err, equal_to_serial=equal,
-        conditioning_1e15_W0=conditioning, relative_difference_normwise=max(norm_diff(r.W, W), norm_diff(r.V, V)), well_conditioned=conditioning < 1e-12,
-        train_seconds=round(train_seconds, 2), wall_seconds=round(time.monotonic() - wall0, 2),
+        relative_difference_vs_serial=diff,
+        relative_difference_errors=diff_err,
+        equal_to_serial=equal,
+        conditioning_1e15_W0=conditioning,
+        relative_difference_normwise=max(norm_diff(r.W, W), norm_diff(r.V, V)),
+        well_conditioned=conditioning < 1e-12,
+        train_seconds=round(train_seconds, 2),
+        wall_seconds=round(time.monotonic() - wall0, 2),
         final_workers=len(r.plan.planned_workers),
         stalls=[{"seconds": round(g, 2), "at_iteration": it, "at_s": at} for g, it, at in gaps],
         stalled_seconds=round(sum(g for g, _, _ in gaps), 2),
-        fault_remap_records=[{k: rec.get(k) for k in ("iteration", "kind", "reason", "lost", "joined", "retired",
-                                                     "recovered_from", "replayed", "bytes", "sample_bytes",
-                                                     "seconds")} for rec in fault_remaps],
+        fault_remap_records=[
+            {
+                k: rec.get(k)
+                for k in (
+                    "iteration",
+                    "kind",
+                    "reason",
+                    "lost",
+                    "joined",
+                    "retired",
+                    "recovered_from",
+                    "replayed",
+                    "bytes",
+                    "sample_bytes",
+                    "seconds",
+                )
+            }
+            for rec in fault_remaps
+        ],
     )
     return report
 
@@ -321,16 +441,22 @@ def soak(seconds: float = 180.0, seed: int = 0, *, workers: int = 3, min_workers
 def summary(rep: dict[str, Any]) -> str:
     """The human-readable summary."""
     s = rep["setup"]
-    lines = [f"chaos soak, seed {s['seed']}: {s['cluster']}",
-             f"  network {s['network']}, {s['samples']} samples, lr {s['learning_rate']}, mapping {s['mapping']}, "
-             f"blocks of {s['block']}, checkpoint every {s['checkpoint_every']}, a fault every "
-             f"{s['fault_interval_s'][0]:g}-{s['fault_interval_s'][1]:g} s, {s['min_workers']}-{s['max_workers']} "
-             f"workers",
-             f"  faults injected: {len(rep['faults'])} "
-             + "(" + ", ".join(f"{k} {v}" for k, v in rep["faults_by_kind"].items()) + ")"]
+    lines = [
+        f"chaos soak, seed {s['seed']}: {s['cluster']}",
+        f"  network {s['network']}, {s['samples']} samples, lr {s['learning_rate']}, mapping {s['mapping']}, "
+        f"blocks of {s['block']}, checkpoint every {s['checkpoint_every']}, a fault every "
+        f"{s['fault_interval_s'][0]:g}-{s['fault_interval_s'][1]:g} s, {s['min_workers']}-{s['max_workers']} "
+        f"workers",
+        f"  faults injected: {len(rep['faults'])} "
+        + "("
+        + ", ".join(f"{k} {v}" for k, v in rep["faults_by_kind"].items())
+        + ")",
+    ]
     for f, o in zip(rep["faults"], rep.get("outcomes") or ["-"] * len(rep["faults"])):
-        lines.append(f"    {f['seconds']:7.1f} s  it {f['iteration']:6d}  {f['kind']:6s} "
-                     f"{f['worker'] or '':24s} -> {o}")
+        lines.append(
+            f"    {f['seconds']:7.1f} s  it {f['iteration']:6d}  {f['kind']:6s} "
+            f"{f['worker'] or '':24s} -> {o}"
+        )
     if rep["injector_errors"]:
         lines.append(f"  injector errors: {rep['injector_errors']}")
     if not rep["completed"]:
@@ -345,7 +471,10 @@ def summary(rep: dict[str, Any]) -> str:
         f"  time lost: {rep['time_lost_seconds']:.2f} s in all, {rep['time_lost_per_fault_seconds']:.3f} s per fault "
         f"(remaps {rep['remap_seconds']:.2f} s + recomputed iterations)",
         f"  stalls (> 2 s between block boundaries): {len(rep['stalls'])}, {rep['stalled_seconds']:.1f} s in all"
-        + "".join(f"\n    {g['seconds']:.1f} s at iteration {g['at_iteration']} ({g['at_s']:.1f} s)" for g in rep["stalls"]),
+        + "".join(
+            f"\n    {g['seconds']:.1f} s at iteration {g['at_iteration']} ({g['at_s']:.1f} s)"
+            for g in rep["stalls"]
+        ),
         f"  bytes lost: {rep['bytes_lost']}; final relative difference vs fit_serial: weights "
         f"{rep['relative_difference_vs_serial']:.2e}, errors {rep['relative_difference_errors']:.2e} "
         f"({'EQUAL' if rep['equal_to_serial'] else 'NOT EQUAL'} at rtol 1e-10); conditioning "
@@ -356,29 +485,52 @@ def summary(rep: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--seconds", type=float, default=180.0, help="training time (default 180)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the faults and of the problem")
     ap.add_argument("--workers", type=int, default=3, help="workers at start (default 3)")
     ap.add_argument("--min-workers", type=int, default=2)
     ap.add_argument("--max-workers", type=int, default=5)
-    ap.add_argument("--every", type=float, nargs=2, default=(3.0, 8.0), metavar=("MIN", "MAX"),
-                    help="seconds between faults, uniform (default 3 8)")
+    ap.add_argument(
+        "--every",
+        type=float,
+        nargs=2,
+        default=(3.0, 8.0),
+        metavar=("MIN", "MAX"),
+        help="seconds between faults, uniform (default 3 8)",
+    )
     ap.add_argument("--mapping", default="drpm")
     ap.add_argument("--block", type=int, default=20, help="iterations per block")
     ap.add_argument("--checkpoint-every", type=int, default=100)
     ap.add_argument("--json", metavar="PATH", help="write the report as JSON here")
     a = ap.parse_args(argv)
     if not a.min_workers >= 1 or a.workers < a.min_workers or a.max_workers < a.workers:
-        ap.error(f"need 1 <= --min-workers ({a.min_workers}) <= --workers ({a.workers}) <= --max-workers "
-                 f"({a.max_workers})")
-    rep = soak(a.seconds, a.seed, workers=a.workers, min_workers=a.min_workers, max_workers=a.max_workers,
-               interval=tuple(a.every), mapping=a.mapping, block=a.block, checkpoint_every=a.checkpoint_every)
+        ap.error(
+            f"need 1 <= --min-workers ({a.min_workers}) <= --workers ({a.workers}) <= --max-workers "
+            f"({a.max_workers})"
+        )
+    rep = soak(
+        a.seconds,
+        a.seed,
+        workers=a.workers,
+        min_workers=a.min_workers,
+        max_workers=a.max_workers,
+        interval=tuple(a.every),
+        mapping=a.mapping,
+        block=a.block,
+        checkpoint_every=a.checkpoint_every,
+    )
     print(summary(rep))
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(rep, fh, indent=1, default=str)
-    ok = rep["completed"] and rep["equal_to_serial"] and rep["faults_survived"] == rep["faults_injected"]
+    ok = (
+        rep["completed"]
+        and rep["equal_to_serial"]
+        and rep["faults_survived"] == rep["faults_injected"]
+    )
     return 0 if ok else 1
 
 

@@ -43,7 +43,8 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
-from typing import Any, NamedTuple, Sequence  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
+from typing import Any, NamedTuple  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -73,30 +74,93 @@ def cases(quick: bool = False) -> list[Case]:
     out = [
         # calibration: almost no compute; message count and size vary
         Case("cal 2 cols, small msgs", "calibration", (1.0,) * 2, (8, 8, 1), 16, "split-1d", 200),
-        Case("cal 2 cols, 1.6 MB msgs", "calibration", (1.0,) * 2, (8, 20000, 2), 16, "split-1d", 60),
-        Case("cal 1 col of 4, 0.8 MB partials", "calibration", (1.0,) * 4, (4, 8, 8), 12800, "srpm1", 60,
-             "allgather"),
-        Case("cal 1 col of 6 (leader), 0.8 MB", "calibration", (1.0,) * 6, (4, 12, 8), 12800, "srpm1", 60,
-             "leader"),
+        Case(
+            "cal 2 cols, 1.6 MB msgs", "calibration", (1.0,) * 2, (8, 20000, 2), 16, "split-1d", 60
+        ),
+        Case(
+            "cal 1 col of 4, 0.8 MB partials",
+            "calibration",
+            (1.0,) * 4,
+            (4, 8, 8),
+            12800,
+            "srpm1",
+            60,
+            "allgather",
+        ),
+        Case(
+            "cal 1 col of 6 (leader), 0.8 MB",
+            "calibration",
+            (1.0,) * 6,
+            (4, 12, 8),
+            12800,
+            "srpm1",
+            60,
+            "leader",
+        ),
         Case("cal 8 cols, small msgs", "calibration", (1.0,) * 8, (8, 8, 1), 64, "split-1d", 100),
-        Case("cal 8 cols, 160 kB msgs", "calibration", (1.0,) * 8, (8, 2000, 2), 64, "split-1d", 60),
+        Case(
+            "cal 8 cols, 160 kB msgs", "calibration", (1.0,) * 8, (8, 2000, 2), 64, "split-1d", 60
+        ),
         Case("cal 16 cols, small msgs", "calibration", (1.0,) * 16, (8, 8, 1), 64, "split-1d", 60),
         Case("cal 32 cols, small msgs", "calibration", (1.0,) * 32, (8, 8, 1), 64, "split-1d", 30),
         # with compute, on another workload than the validation rows (a quarter of the work); the
         # "equal srpm" ones also give each N's per-iteration time outside the phases (fixed_cost)
-        Case("cal N=4 equal srpm, 203-256-26", "calibration", (1.0,) * 4, (203, 256, 26), 8192, "srpm", 16),
-        Case("cal N=8 equal srpm, 203-256-26", "calibration", (1.0,) * 8, (203, 256, 26), 8192, "srpm", 16),
-        Case("cal N=16 equal srpm, 203-256-26", "calibration", (1.0,) * 16, (203, 256, 26), 8192, "srpm", 16),
-        Case("cal N=32 equal srpm, 203-256-26", "calibration", (1.0,) * 32, (203, 256, 26), 8192, "srpm", 12),
-        Case("cal N=16 equal split-1d, 203-256-26", "calibration", (1.0,) * 16, (203, 256, 26), 8192,
-             "split-1d", 16),
+        Case(
+            "cal N=4 equal srpm, 203-256-26",
+            "calibration",
+            (1.0,) * 4,
+            (203, 256, 26),
+            8192,
+            "srpm",
+            16,
+        ),
+        Case(
+            "cal N=8 equal srpm, 203-256-26",
+            "calibration",
+            (1.0,) * 8,
+            (203, 256, 26),
+            8192,
+            "srpm",
+            16,
+        ),
+        Case(
+            "cal N=16 equal srpm, 203-256-26",
+            "calibration",
+            (1.0,) * 16,
+            (203, 256, 26),
+            8192,
+            "srpm",
+            16,
+        ),
+        Case(
+            "cal N=32 equal srpm, 203-256-26",
+            "calibration",
+            (1.0,) * 32,
+            (203, 256, 26),
+            8192,
+            "srpm",
+            12,
+        ),
+        Case(
+            "cal N=16 equal split-1d, 203-256-26",
+            "calibration",
+            (1.0,) * 16,
+            (203, 256, 26),
+            8192,
+            "split-1d",
+            16,
+        ),
     ]
     shape, s = (203, 512, 26), 16384
-    for n in ((4, 8, 16) if quick else (4, 8, 16, 32)):
+    for n in (4, 8, 16) if quick else (4, 8, 16, 32):
         for kind in ("equal", "A"):
-            out.append(Case(f"N={n} {kind} srpm", "validation", _profile(kind, n), shape, s, "srpm", 16))
+            out.append(
+                Case(f"N={n} {kind} srpm", "validation", _profile(kind, n), shape, s, "srpm", 16)
+            )
         if n in (8, 16):
-            out.append(Case(f"N={n} A split-1d", "validation", _profile("A", n), shape, s, "split-1d", 16))
+            out.append(
+                Case(f"N={n} A split-1d", "validation", _profile("A", n), shape, s, "split-1d", 16)
+            )
     return out
 
 
@@ -111,8 +175,12 @@ def _plan(case: Case, addresses: list[str]) -> Any:
     from dask_rpm.planners import make_plan
 
     if case.method == "srpm1":  # one column holding everybody
-        return make_plan(list(case.speeds), case.shape, case.samples, method="srpm", dp=1, workers=addresses)
-    return make_plan(list(case.speeds), case.shape, case.samples, method=case.method, workers=addresses)
+        return make_plan(
+            list(case.speeds), case.shape, case.samples, method="srpm", dp=1, workers=addresses
+        )
+    return make_plan(
+        list(case.speeds), case.shape, case.samples, method=case.method, workers=addresses
+    )
 
 
 def measure_case(case: Case, repeats: int = 3) -> dict[str, Any]:
@@ -124,12 +192,21 @@ def measure_case(case: Case, repeats: int = 3) -> dict[str, Any]:
     n, m, l = case.shape
     x, d = _data(n, l, case.samples)
     t0 = time.perf_counter()
-    with dask.config.set({"rpm.engine.vertical": case.vertical}), \
-            dask_rpm.local_cluster(list(case.speeds), dashboard_address=None) as cluster, \
-            Client(cluster) as client:
+    with (
+        dask.config.set({"rpm.engine.vertical": case.vertical}),
+        dask_rpm.local_cluster(list(case.speeds), dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
         addresses = dask_rpm.ordered_workers(client.scheduler_info())
         plan = _plan(case, addresses)
-        kw = dict(hidden=m, learning_rate=1e-7, mapping=plan, client=client, progress="none", elastic=False)
+        kw = dict(
+            hidden=m,
+            learning_rate=1e-7,
+            mapping=plan,
+            client=client,
+            progress="none",
+            elastic=False,
+        )
         dask_rpm.fit(x, d, iterations=2, interval=2, **kw)  # warm-up: connections, imports, caches
         hs = []
         for _ in range(repeats):  # the machine is shared and noisy: several runs, pooled
@@ -147,8 +224,10 @@ def measure_case(case: Case, repeats: int = 3) -> dict[str, Any]:
     comp = (h["forward"] + h["backward"] + h["modify"]).values[:, : len(case.speeds)]
     spread = [float((np.nanpercentile(c, 75) - np.nanpercentile(c, 25)) / 1.349) for c in comp.T]
     # per worker medians of each phase (what the model's parts should match)
-    phases = {p: [float(v) for v in h[p].median("iteration").values[: len(case.speeds)]]
-              for p in ("forward", "vertical_wait", "backward", "horizontal", "modify")}
+    phases = {
+        p: [float(v) for v in h[p].median("iteration").values[: len(case.speeds)]]
+        for p in ("forward", "vertical_wait", "backward", "horizontal", "modify")
+    }
     row = {
         **case._asdict(),
         "plan": plan.to_dict(),
@@ -163,17 +242,28 @@ def measure_case(case: Case, repeats: int = 3) -> dict[str, Any]:
         "loadavg": os.getloadavg()[0],
         "wall": time.perf_counter() - t0,
     }
-    print(f"  {case.name}: {row['measured'] * 1e3:.2f} ms/it (IQR {row['measured_iqr'][0] * 1e3:.2f}-"
-          f"{row['measured_iqr'][1] * 1e3:.2f}; runs {', '.join(f'{v * 1e3:.1f}' for v in per_run)}), "
-          f"{plan.n_columns} columns, load {row['loadavg']:.1f}, "
-          f"{row['wall']:.0f} s", file=sys.stderr)
+    print(
+        f"  {case.name}: {row['measured'] * 1e3:.2f} ms/it (IQR {row['measured_iqr'][0] * 1e3:.2f}-"
+        f"{row['measured_iqr'][1] * 1e3:.2f}; runs {', '.join(f'{v * 1e3:.1f}' for v in per_run)}), "
+        f"{plan.n_columns} columns, load {row['loadavg']:.1f}, "
+        f"{row['wall']:.0f} s",
+        file=sys.stderr,
+    )
     return row
 
 
-def measure(path: str, quick: bool = False, only: Sequence[str] = (), repeats: int = 3,
-            names: Sequence[str] = ()) -> list[dict[str, Any]]:
+def measure(
+    path: str,
+    quick: bool = False,
+    only: Sequence[str] = (),
+    repeats: int = 3,
+    names: Sequence[str] = (),
+) -> list[dict[str, Any]]:
     rows = []
-    print(f"cost-model measurement on {os.cpu_count()} cores (EMULATED heterogeneity)", file=sys.stderr)
+    print(
+        f"cost-model measurement on {os.cpu_count()} cores (EMULATED heterogeneity)",
+        file=sys.stderr,
+    )
     for case in cases(quick):
         if (only and case.role not in only) or (names and case.name not in names):
             continue
@@ -189,7 +279,7 @@ def work_speeds(row: dict[str, Any]) -> list[float]:
     from dask_rpm.kernels import block_work
 
     n, m, l = row["shape"]
-    per_unit = (block_work("forward", 1, 1, n, l) + block_work("backward", 1, 1, n, l))
+    per_unit = block_work("forward", 1, 1, n, l) + block_work("backward", 1, 1, n, l)
     return [row["rate"] * v * row["scale"] / per_unit for v in row["speeds"]]
 
 
@@ -209,8 +299,10 @@ def measured_speeds(row: dict[str, Any]) -> list[float]:
         return work_speeds(row)
     plan = _plan_of(row)
     ph = row["phases"]
-    return [plan.rectangle(w).area / (ph["forward"][w] + ph["backward"][w] + ph["modify"][w])
-            for w in range(len(row["speeds"]))]
+    return [
+        plan.rectangle(w).area / (ph["forward"][w] + ph["backward"][w] + ph["modify"][w])
+        for w in range(len(row["speeds"]))
+    ]
 
 
 def outside_phases(row: dict[str, Any]) -> float:
@@ -222,15 +314,22 @@ def outside_phases(row: dict[str, Any]) -> float:
     """
     ph = row["phases"]
     n = len(row["speeds"])
-    busiest = max(sum(ph[k][w] for k in ("forward", "vertical_wait", "backward", "horizontal", "modify"))
-                  for w in range(n))
+    busiest = max(
+        sum(ph[k][w] for k in ("forward", "vertical_wait", "backward", "horizontal", "modify"))
+        for w in range(n)
+    )
     return max(row["measured"] - busiest, 0.0)
 
 
 def fixed_costs(rows: Sequence[dict[str, Any]]) -> dict[int, float]:
     """Per worker count N: the time outside the phases of that N's "cal N=.. equal srpm" row."""
-    return {len(r["speeds"]): outside_phases(r) for r in rows
-            if r["role"] == "calibration" and r["name"].startswith("cal N=") and "equal srpm" in r["name"]}
+    return {
+        len(r["speeds"]): outside_phases(r)
+        for r in rows
+        if r["role"] == "calibration"
+        and r["name"].startswith("cal N=")
+        and "equal srpm" in r["name"]
+    }
 
 
 def table(path: str) -> str:
@@ -242,8 +341,20 @@ def table(path: str) -> str:
     cores = int(data.get("cores", os.cpu_count() or 1))
     cal = [r for r in rows if r["role"] == "calibration"]
     # the exchanges are fitted to what the phases took; the rest is each N's measured fixed cost
-    net = fit_network([(_plan_of(r), measured_speeds(r), r["measured"] - outside_phases(r), r["vertical"],
-                        r.get("compute_spread")) for r in cal], host_cores=cores, duplex=False)
+    net = fit_network(
+        [
+            (
+                _plan_of(r),
+                measured_speeds(r),
+                r["measured"] - outside_phases(r),
+                r["vertical"],
+                r.get("compute_spread"),
+            )
+            for r in cal
+        ],
+        host_cores=cores,
+        duplex=False,
+    )
     fixed = fixed_costs(rows)
     lines = [
         "EMULATED heterogeneity on one machine: measured on the real engine (dask_rpm.fit on "
@@ -256,7 +367,8 @@ def table(path: str) -> str:
         f"bandwidth {net.bandwidth / 1e9:.2f} GB/s per worker, host {net.host_bandwidth / 1e9:.2f} GB/s, "
         f"reduce {net.reduce * 1e9:.1f} ns/element, worker bookkeeping {net.worker_cpu * 1e6:.0f} us CPU/iteration. "
         "Fixed cost per iteration (outside the phases) measured at N = "
-        + ", ".join(f"{n}: {v * 1e3:.1f} ms" for n, v in sorted(fixed.items())) + ".",
+        + ", ".join(f"{n}: {v * 1e3:.1f} ms" for n, v in sorted(fixed.items()))
+        + ".",
         "",
         "| case | role | N | columns | measured s/it (IQR) | outside phases | predicted, measured speeds | error | "
         "predicted, emulated speeds | error |",
@@ -270,9 +382,17 @@ def table(path: str) -> str:
         f_cost = outside_phases(r) if r["role"] == "calibration" else fixed.get(n, 0.0)
         local = net._replace(hosts=("localhost",) * n, fixed=f_cost)
         vert = "engine" if r["vertical"] == "auto" else r["vertical"]
-        t_meas = predict_breakdown(plan, measured_speeds(r), network=local, vertical=vert, horizontal="engine",
-                                   spread=r.get("compute_spread"))["total"]
-        t_nom = predict_breakdown(plan, work_speeds(r), network=local, vertical=vert, horizontal="engine")["total"]
+        t_meas = predict_breakdown(
+            plan,
+            measured_speeds(r),
+            network=local,
+            vertical=vert,
+            horizontal="engine",
+            spread=r.get("compute_spread"),
+        )["total"]
+        t_nom = predict_breakdown(
+            plan, work_speeds(r), network=local, vertical=vert, horizontal="engine"
+        )["total"]
         lo, hi = r["measured_iqr"]
         mark = " (fixed-cost row)" if is_fixed_row else ""
         lines.append(
@@ -286,16 +406,25 @@ def table(path: str) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--measure", metavar="JSON", help="run the cases and write the measurements here")
+    p.add_argument(
+        "--measure", metavar="JSON", help="run the cases and write the measurements here"
+    )
     p.add_argument("--only", default="", help="calibration and/or validation (comma-separated)")
     p.add_argument("--quick", action="store_true", help="N up to 16")
     p.add_argument("--repeats", type=int, default=3, help="fits per case, pooled (default 3)")
     p.add_argument("--cases", default="", help="only these case names (';'-separated)")
-    p.add_argument("--table", metavar="JSON", help="print the measured-vs-predicted table of a measurement")
+    p.add_argument(
+        "--table", metavar="JSON", help="print the measured-vs-predicted table of a measurement"
+    )
     args = p.parse_args(argv)
     if args.measure:
-        measure(args.measure, args.quick, [v for v in args.only.split(",") if v], args.repeats,
-                [v.strip() for v in args.cases.split(";") if v.strip()])
+        measure(
+            args.measure,
+            args.quick,
+            [v for v in args.only.split(",") if v],
+            args.repeats,
+            [v.strip() for v in args.cases.split(";") if v.strip()],
+        )
     if args.table:
         print(table(args.table))
     if not (args.measure or args.table):

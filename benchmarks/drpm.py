@@ -50,7 +50,9 @@ ASSUMED_A = [0.5, 0.5, 1.0, 1.0]  # clock-based guesses, as in the paper: wrong 
 STEP_SPEEDS = [1.0, 1.0, 0.5, 0.5]
 
 
-def converged_at(times: np.ndarray, reference: float, tolerance: float, window: int = 5) -> int | None:
+def converged_at(
+    times: np.ndarray, reference: float, tolerance: float, window: int = 5
+) -> int | None:
     """First iteration from which the rolling median stays within ``tolerance`` of ``reference``."""
     t = np.asarray(times, dtype=float)
     ok = np.zeros(len(t), dtype=bool)
@@ -64,9 +66,20 @@ def converged_at(times: np.ndarray, reference: float, tolerance: float, window: 
     return None
 
 
-def _reference(client: Any, x: np.ndarray, d: np.ndarray, hidden: int, speeds: list[float], iterations: int) -> float:
-    r = dask_rpm.fit(x, d, hidden=hidden, iterations=iterations, learning_rate=1e-4, mapping="srpm",
-                     abilities=speeds, client=client, progress="none")
+def _reference(
+    client: Any, x: np.ndarray, d: np.ndarray, hidden: int, speeds: list[float], iterations: int
+) -> float:
+    r = dask_rpm.fit(
+        x,
+        d,
+        hidden=hidden,
+        iterations=iterations,
+        learning_rate=1e-4,
+        mapping="srpm",
+        abilities=speeds,
+        client=client,
+        progress="none",
+    )
     return float(np.nanmedian(r.history["iteration_time"].values[2:]))
 
 
@@ -79,31 +92,41 @@ def _arm(name: str, r: Any, reference: float, tolerance: float, start: int = 0) 
     return _rejudge(row, reference, tolerance, start)
 
 
-def _rejudge(row: dict[str, Any], reference: float, tolerance: float, start: int = 0) -> dict[str, Any]:
+def _rejudge(
+    row: dict[str, Any], reference: float, tolerance: float, start: int = 0
+) -> dict[str, Any]:
     """(Re)compute an arm's convergence figures against ``reference`` (s/it)."""
     times = np.asarray(row["iteration_time"], dtype=float)
     it = converged_at(times[start:], reference, tolerance)
     tail = float(np.nanmedian(times[-10:]))
-    row.update({
-        "converged_iteration": None if it is None else start + it,
-        "iterations_to_converge": it,
-        "seconds_to_converge": None if it is None else float(np.nansum(times[start : start + it])),
-        "final_s_per_iteration": tail,
-        "reference_s_per_iteration": reference,
-        "final_vs_reference": tail / reference,
-    })
+    row.update(
+        {
+            "converged_iteration": None if it is None else start + it,
+            "iterations_to_converge": it,
+            "seconds_to_converge": None
+            if it is None
+            else float(np.nansum(times[start : start + it])),
+            "final_s_per_iteration": tail,
+            "reference_s_per_iteration": reference,
+            "final_vs_reference": tail / reference,
+        }
+    )
     return row
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--quick", action="store_true", help="smaller problem, fewer iterations")
     ap.add_argument("--samples", type=int, default=None)
     ap.add_argument("--iterations", type=int, default=None)
     ap.add_argument("--interval", type=int, default=10, help="DRPM check interval R (default 10)")
     ap.add_argument("--step-at", type=int, default=None, help="iteration of the step change")
     ap.add_argument("--tolerance", type=float, default=0.15)
-    ap.add_argument("--scale", type=float, default=0.25, help="EMULATED scale: fraction of a core of speed 1.0")
+    ap.add_argument(
+        "--scale", type=float, default=0.25, help="EMULATED scale: fraction of a core of speed 1.0"
+    )
     ap.add_argument("--json", default=None, help="write the rows to this file")
     args = ap.parse_args(argv)
     samples = args.samples or (2048 if args.quick else 4096)
@@ -112,20 +135,44 @@ def main(argv: list[str] | None = None) -> int:
     shape = (257, 384, 16)
     x, d = demo_data(samples, shape)
     hidden = shape[1]
-    common = dict(hidden=hidden, iterations=iterations, learning_rate=1e-4, interval=args.interval, progress="none")
+    common = dict(
+        hidden=hidden,
+        iterations=iterations,
+        learning_rate=1e-4,
+        interval=args.interval,
+        progress="none",
+    )
     rows: list[dict[str, Any]] = []
     t0 = time.time()
     from distributed import Client
 
-    with dask_rpm.local_cluster(CONDITION_A, scale=args.scale, dashboard_address=None) as cluster, Client(cluster) as client:
+    with (
+        dask_rpm.local_cluster(CONDITION_A, scale=args.scale, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
         label = cluster.emulation_label
         ref = _reference(client, x, d, hidden, CONDITION_A, 20)
         r = dask_rpm.fit(x, d, mapping="drpm", abilities=None, client=client, **common)
-        rows.append({"scenario": "condition A", **_arm("drpm (no initial abilities)", r, ref, args.tolerance)})
+        rows.append(
+            {
+                "scenario": "condition A",
+                **_arm("drpm (no initial abilities)", r, ref, args.tolerance),
+            }
+        )
         r = dask_rpm.fit(x, d, mapping="drpm", abilities=ASSUMED_A, client=client, **common)
-        rows.append({"scenario": "condition A", **_arm("drpm-init (assumed 0.5:0.5:1:1)", r, ref, args.tolerance)})
+        rows.append(
+            {
+                "scenario": "condition A",
+                **_arm("drpm-init (assumed 0.5:0.5:1:1)", r, ref, args.tolerance),
+            }
+        )
         r = dask_rpm.fit(x, d, mapping="srpm", abilities=ASSUMED_A, client=client, **common)
-        rows.append({"scenario": "condition A", **_arm("srpm (assumed, never remaps)", r, ref, args.tolerance)})
+        rows.append(
+            {
+                "scenario": "condition A",
+                **_arm("srpm (assumed, never remaps)", r, ref, args.tolerance),
+            }
+        )
         # The machine's speed drifts (shared host): measure the reference again
         # after the arms and judge every arm against the faster of the two.
         ref_after = _reference(client, x, d, hidden, CONDITION_A, 20)
@@ -135,16 +182,30 @@ def main(argv: list[str] | None = None) -> int:
         overruns = sum(e["overruns"] for e in dask_rpm.emulation.emulation_report(client))
     new = list(STEP_SPEEDS)
     new[1] = STEP_SPEEDS[1] / 3.0
+
     def step_reference() -> float:
-        with dask_rpm.local_cluster(new, scale=args.scale, dashboard_address=None) as cluster, Client(cluster) as client:
+        with (
+            dask_rpm.local_cluster(new, scale=args.scale, dashboard_address=None) as cluster,
+            Client(cluster) as client,
+        ):
             return _reference(client, x, d, hidden, new, 20)
 
     ref_step = step_reference()
     schedule = {1: [(step_at, new[1])]}
-    with dask_rpm.local_cluster(STEP_SPEEDS, scale=args.scale, schedule=schedule, dashboard_address=None) as cluster, \
-            Client(cluster) as client:
+    with (
+        dask_rpm.local_cluster(
+            STEP_SPEEDS, scale=args.scale, schedule=schedule, dashboard_address=None
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         r = dask_rpm.fit(x, d, mapping="drpm", abilities=STEP_SPEEDS, client=client, **common)
-        row = _arm(f"drpm, worker 1 3x slower at iteration {step_at}", r, ref_step, args.tolerance, start=step_at)
+        row = _arm(
+            f"drpm, worker 1 3x slower at iteration {step_at}",
+            r,
+            ref_step,
+            args.tolerance,
+            start=step_at,
+        )
         checks = r.history["check_iteration"].values
         row["detected_at_check"] = int(min((c for c in checks if c > step_at), default=-1))
         rows.append({"scenario": "step change", **row})
@@ -153,22 +214,32 @@ def main(argv: list[str] | None = None) -> int:
     _rejudge(rows[-1], min(refs_step), args.tolerance, start=step_at)
 
     print(f"# DRPM convergence  ({label})")
-    print(f"# {samples} samples, n-m-l {shape[0]}-{shape[1]}-{shape[2]}, R={args.interval}, L=6, "
-          f"{iterations} iterations, tolerance {args.tolerance:.0%}; paced-block overruns: {overruns}; "
-          f"wall {time.time() - t0:.0f} s; load average {os.getloadavg()[0]:.1f}")
-    print("| scenario | arm | converged at iteration | iterations | seconds | remaps | final s/it | SRPM-true s/it | ratio |")
+    print(
+        f"# {samples} samples, n-m-l {shape[0]}-{shape[1]}-{shape[2]}, R={args.interval}, L=6, "
+        f"{iterations} iterations, tolerance {args.tolerance:.0%}; paced-block overruns: {overruns}; "
+        f"wall {time.time() - t0:.0f} s; load average {os.getloadavg()[0]:.1f}"
+    )
+    print(
+        "| scenario | arm | converged at iteration | iterations | seconds | remaps | final s/it | SRPM-true s/it | ratio |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         conv = row["converged_iteration"]
-        print(f"| {row['scenario']} | {row['arm']} | {'-' if conv is None else conv} | "
-              f"{'-' if row['iterations_to_converge'] is None else row['iterations_to_converge']} | "
-              f"{'-' if row['seconds_to_converge'] is None else format(row['seconds_to_converge'], '.1f')} | "
-              f"{', '.join(f'{i}:{k}' for i, k in row['remaps']) or '-'} | {row['final_s_per_iteration']:.3f} | "
-              f"{row['reference_s_per_iteration']:.3f} | {row['final_vs_reference']:.2f} |")
+        print(
+            f"| {row['scenario']} | {row['arm']} | {'-' if conv is None else conv} | "
+            f"{'-' if row['iterations_to_converge'] is None else row['iterations_to_converge']} | "
+            f"{'-' if row['seconds_to_converge'] is None else format(row['seconds_to_converge'], '.1f')} | "
+            f"{', '.join(f'{i}:{k}' for i, k in row['remaps']) or '-'} | {row['final_s_per_iteration']:.3f} | "
+            f"{row['reference_s_per_iteration']:.3f} | {row['final_vs_reference']:.2f} |"
+        )
     step = rows[-1]
-    print(f"# step change at iteration {step_at}: detected at the check of iteration {step['detected_at_check']}")
-    print(f"# SRPM-true references before/after the arms (s/it): condition A {refs_a[0]:.3f}/{refs_a[1]:.3f}, "
-          f"step {refs_step[0]:.3f}/{refs_step[1]:.3f}; the ratios use the faster of each pair")
+    print(
+        f"# step change at iteration {step_at}: detected at the check of iteration {step['detected_at_check']}"
+    )
+    print(
+        f"# SRPM-true references before/after the arms (s/it): condition A {refs_a[0]:.3f}/{refs_a[1]:.3f}, "
+        f"step {refs_step[0]:.3f}/{refs_step[1]:.3f}; the ratios use the faster of each pair"
+    )
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"label": label, "samples": samples, "rows": rows}, fh, indent=1, default=str)

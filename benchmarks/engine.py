@@ -97,7 +97,8 @@ def pin_blas() -> dict[str, Any]:
     return {
         "threadpoolctl": True,
         "blas": [
-            {k: p.get(k) for k in ("internal_api", "version", "architecture", "num_threads")} for p in blas
+            {k: p.get(k) for k in ("internal_api", "version", "architecture", "num_threads")}
+            for p in blas
         ],
     }
 
@@ -179,11 +180,15 @@ def history_stats(res: Any, skip: int = 0) -> dict[str, Any]:
         "overhead_fraction_median": med(frac),
         "phase_barrier_compute_median": med(barrier),
         "overhead_vs_barrier_fraction_median": med(frac_b),
-        "overhead_vs_barrier_fraction_total": float(np.nansum(it_time - barrier) / np.nansum(it_time)),
+        "overhead_vs_barrier_fraction_total": float(
+            np.nansum(it_time - barrier) / np.nansum(it_time)
+        ),
         "overhead_fraction_p10": float(np.nanpercentile(frac, 10)) if ok.any() else float("nan"),
         "overhead_s_min": float(np.nanmin(overhead)) if ok.any() else float("nan"),
         # aggregate over the run: total overhead / total time
-        "overhead_fraction_total": float(overhead[ok].sum() / it_time[ok].sum()) if ok.any() else float("nan"),
+        "overhead_fraction_total": float(overhead[ok].sum() / it_time[ok].sum())
+        if ok.any()
+        else float("nan"),
         "phase_max_over_workers_median": phases,
         "negative_phase_values": negative,
     }
@@ -210,9 +215,11 @@ def _pin_clock_offset(dask_worker: Any) -> bool:
         self.__dict__.setdefault("_rpm_delay_estimates", []).append(float(value))
 
     dask_worker.__dict__.setdefault("_rpm_delay_estimates", []).append(
-        float(dask_worker.__dict__.pop("scheduler_delay", 0.0)))
-    dask_worker.__class__ = type(cls.__name__, (cls,), {
-        "scheduler_delay": property(_get, _set), "_rpm_clock_pinned": True})
+        float(dask_worker.__dict__.pop("scheduler_delay", 0.0))
+    )
+    dask_worker.__class__ = type(
+        cls.__name__, (cls,), {"scheduler_delay": property(_get, _set), "_rpm_clock_pinned": True}
+    )
     return True
 
 
@@ -223,6 +230,7 @@ def pin_clock_offsets(client: Any) -> None:
 
 def scheduler_delays(client: Any) -> list[list[float]]:
     """Per worker, the clock offsets Dask estimated (pinned workers) or its current one."""
+
     def _get(dask_worker: Any) -> list[float]:
         est = dask_worker.__dict__.get("_rpm_delay_estimates")
         return list(est) if est is not None else [float(dask_worker.scheduler_delay)]
@@ -235,7 +243,12 @@ def delay_spread(per_worker: list[list[float]], pinned: bool) -> dict[str, Any]:
     """Largest change of any worker's heartbeat clock-offset estimate, and the largest |estimate|."""
     vals = [np.asarray(v, dtype=float) for v in per_worker if len(v)]
     if not vals:
-        return {"pinned": pinned, "spread_s": float("nan"), "max_abs_s": float("nan"), "estimates": 0}
+        return {
+            "pinned": pinned,
+            "spread_s": float("nan"),
+            "max_abs_s": float("nan"),
+            "estimates": 0,
+        }
     return {
         "pinned": pinned,
         "spread_s": float(max(v.max() - v.min() for v in vals)),
@@ -248,11 +261,23 @@ def emulation_counters(client: Any) -> list[dict[str, Any]]:
     """Per-worker pacing counters (cpu, wall, slept, overruns)."""
     from dask_rpm.emulation import emulation_report
 
-    keep = ("index", "speed", "scale", "blocks", "cpu_s", "wall_s", "sleep_s", "overruns", "overrun_s")
+    keep = (
+        "index",
+        "speed",
+        "scale",
+        "blocks",
+        "cpu_s",
+        "wall_s",
+        "sleep_s",
+        "overruns",
+        "overrun_s",
+    )
     return [{k: r.get(k) for k in keep} for r in emulation_report(client)]
 
 
-def counters_delta(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def counters_delta(
+    before: list[dict[str, Any]], after: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     """Counters accumulated between two :func:`emulation_counters` snapshots."""
     out = []
     for b, a in zip(before, after):
@@ -279,35 +304,55 @@ def _malloc_default_cluster() -> Any:
     page-faults on first touch, each iteration.
     """
     import dask
+
     import dask_rpm
 
-    env = {k: v for k, v in dask.config.get("distributed.nanny.pre-spawn-environ").items()
-           if k != "MALLOC_TRIM_THRESHOLD_"}
+    env = {
+        k: v
+        for k, v in dask.config.get("distributed.nanny.pre-spawn-environ").items()
+        if k != "MALLOC_TRIM_THRESHOLD_"
+    }
     saved = os.environ.pop("MALLOC_TRIM_THRESHOLD_", None)
     try:
         with dask.config.set({"distributed.nanny.pre-spawn-environ": env}):
-            return dask_rpm.local_cluster([1.0], scale=1.0, threads_per_worker=1, silence_logs=QUIET)
+            return dask_rpm.local_cluster(
+                [1.0], scale=1.0, threads_per_worker=1, silence_logs=QUIET
+            )
     finally:
         if saved is not None:
             os.environ["MALLOC_TRIM_THRESHOLD_"] = saved
 
 
 def bench_single(
-    x: np.ndarray, d: np.ndarray, *, m: int, iterations: int, rounds: int, lr: float, dtype: str,
-    floor_iterations: int, pin_clock: bool, malloc_variant: bool,
+    x: np.ndarray,
+    d: np.ndarray,
+    *,
+    m: int,
+    iterations: int,
+    rounds: int,
+    lr: float,
+    dtype: str,
+    floor_iterations: int,
+    pin_clock: bool,
+    malloc_variant: bool,
 ) -> dict[str, Any]:
     """Part 1: one worker, one rectangle vs fit_serial, measurements interleaved round by round."""
     import contextlib
 
-    import dask_rpm
     from distributed import Client
+
+    import dask_rpm
 
     kw = dict(hidden=m, learning_rate=lr, dtype=dtype)
 
     def serial(k: int) -> dict[str, Any]:
         c, t = time.thread_time(), time.perf_counter()
         W, V, err = dask_rpm.fit_serial(x, d, iterations=k, **kw)
-        return {"s": (time.perf_counter() - t) / k, "cpu_s": (time.thread_time() - c) / k, "result": (W, V, err)}
+        return {
+            "s": (time.perf_counter() - t) / k,
+            "cpu_s": (time.thread_time() - c) / k,
+            "result": (W, V, err),
+        }
 
     def dist(client: Any, k: int) -> dict[str, Any]:
         c0 = emulation_counters(client)
@@ -315,7 +360,9 @@ def bench_single(
         # as_current: the engine waits with distributed.wait(), which uses the
         # *default* client, and two clients are open here
         with client.as_current():
-            res = dask_rpm.fit(x, d, iterations=k, mapping="uniform", client=client, interval=k, **kw)
+            res = dask_rpm.fit(
+                x, d, iterations=k, mapping="uniform", client=client, interval=k, **kw
+            )
         wall = (time.perf_counter() - t) / k
         # CPU seconds the worker thread spent in the paced task bodies (all rpm compute)
         cpu = sum(c["cpu_s"] for c in counters_delta(c0, emulation_counters(client))) / k
@@ -323,17 +370,28 @@ def bench_single(
         compute = float(np.nansum((h["forward"] + h["backward"] + h["modify"]).values)) / k
         # mean of iteration_time = first forward start .. last modify end, / k
         it_s = float(np.nanmean(h["iteration_time"].values))
-        return {"s": it_s, "wall_s": wall, "compute_s": compute, "gap_s": it_s - compute, "cpu_s": cpu,
-                "result": res}
+        return {
+            "s": it_s,
+            "wall_s": wall,
+            "compute_s": compute,
+            "gap_s": it_s - compute,
+            "cpu_s": cpu,
+            "result": res,
+        }
 
     with contextlib.ExitStack() as stack:
         log("part 1: starting a 1-worker, 1-thread cluster (speed 1.0 x scale 1.0: no padding)")
         cluster = stack.enter_context(
-            dask_rpm.local_cluster([1.0], scale=1.0, threads_per_worker=1, silence_logs=QUIET))
+            dask_rpm.local_cluster([1.0], scale=1.0, threads_per_worker=1, silence_logs=QUIET)
+        )
         clients = {"D": stack.enter_context(Client(cluster))}
         if malloc_variant:
-            log("part 1: starting the same without Dask's MALLOC_TRIM_THRESHOLD_ (glibc default malloc)")
-            clients["M"] = stack.enter_context(Client(stack.enter_context(_malloc_default_cluster())))
+            log(
+                "part 1: starting the same without Dask's MALLOC_TRIM_THRESHOLD_ (glibc default malloc)"
+            )
+            clients["M"] = stack.enter_context(
+                Client(stack.enter_context(_malloc_default_cluster()))
+            )
         arms = ["S", *clients]
         log("part 1: warm-up (1 iteration each)")
         serial(1)
@@ -347,8 +405,12 @@ def bench_single(
         last: dict[str, Any] = {}
         for r in range(rounds):
             # rotate the order each round (S D M, D M S, M S D, ...; reversed on odd rounds for 2 arms)
-            order = arms[r % len(arms):] + arms[: r % len(arms)]
-            row: dict[str, Any] = {"round": r, "order": "".join(order), "loadavg": os.getloadavg()[0]}
+            order = arms[r % len(arms) :] + arms[: r % len(arms)]
+            row: dict[str, Any] = {
+                "round": r,
+                "order": "".join(order),
+                "loadavg": os.getloadavg()[0],
+            }
             for arm in order:
                 got = serial(iterations) if arm == "S" else dist(clients[arm], iterations)
                 last[arm] = got.pop("result")
@@ -365,14 +427,21 @@ def bench_single(
             row["cpu_ratio"] = row["dist_cpu_s"] / row["serial_cpu_s"]
             if "M" in clients:
                 row["ratio_malloc"] = row["dist_malloc_s"] / row["serial_s"]
-            log(f"part 1: round {r} {row['order']}: serial {row['serial_s']:.3f} s/it, "
+            log(
+                f"part 1: round {r} {row['order']}: serial {row['serial_s']:.3f} s/it, "
                 f"distributed {row['dist_s']:.3f} s/it (compute {row['dist_compute_s']:.3f}, "
                 f"end-to-end {row['dist_wall_s']:.3f}), ratio {row['ratio']:.3f}"
-                + (f"; default-malloc worker {row['dist_malloc_s']:.3f} s/it, ratio {row['ratio_malloc']:.3f}"
-                   if "M" in clients else ""))
+                + (
+                    f"; default-malloc worker {row['dist_malloc_s']:.3f} s/it, ratio {row['ratio_malloc']:.3f}"
+                    if "M" in clients
+                    else ""
+                )
+            )
             rows.append(row)
         counters = counters_delta(before["D"], emulation_counters(clients["D"]))
-        delay = delay_spread(scheduler_delays(clients["D"]) if pin_clock else delays["D"], pin_clock)
+        delay = delay_spread(
+            scheduler_delays(clients["D"]) if pin_clock else delays["D"], pin_clock
+        )
         label = cluster.emulation_label
         floor = None
         if floor_iterations:
@@ -383,7 +452,10 @@ def bench_single(
     res = last["D"]
     diff = float(max(np.max(np.abs(res.W - W_s)), np.max(np.abs(res.V - V_s))))
     err_d = res.history["error"].values
-    phases = {p: med(res.history[p].values) for p in ("forward", "vertical_wait", "backward", "horizontal", "modify")}
+    phases = {
+        p: med(res.history[p].values)
+        for p in ("forward", "vertical_wait", "backward", "horizontal", "modify")
+    }
     col = {k: [r[k] for r in rows] for k in rows[0]}
     out = {
         "cluster": "local_cluster([1.0], scale=1.0, threads_per_worker=1): one worker, full core, no padding",
@@ -412,11 +484,13 @@ def bench_single(
         "floor": floor,
     }
     if "M" in clients:
-        out.update({
-            "dist_malloc_s_median": med(col["dist_malloc_s"]),
-            "ratio_malloc_median": med(col["ratio_malloc"]),
-            "ratio_malloc_of_minima": min(col["dist_malloc_s"]) / min(col["serial_s"]),
-        })
+        out.update(
+            {
+                "dist_malloc_s_median": med(col["dist_malloc_s"]),
+                "ratio_malloc_median": med(col["ratio_malloc"]),
+                "ratio_malloc_of_minima": min(col["dist_malloc_s"]) / min(col["serial_s"]),
+            }
+        )
     return out
 
 
@@ -428,41 +502,88 @@ def bench_floor(client: Any, *, iterations: int, dtype: str, workers: int) -> di
     x, d = make_data(n, l, s, dtype, seed=2)
     mapping = "uniform" if workers == 1 else "srpm"
     with client.as_current():
-        dask_rpm.fit(x, d, hidden=m, iterations=3, learning_rate=0.01, mapping=mapping, dtype=dtype,
-                     client=client, interval=3)  # warm-up
-        res = dask_rpm.fit(x, d, hidden=m, iterations=iterations, learning_rate=0.01, mapping=mapping,
-                           dtype=dtype, client=client, interval=iterations)
+        dask_rpm.fit(
+            x,
+            d,
+            hidden=m,
+            iterations=3,
+            learning_rate=0.01,
+            mapping=mapping,
+            dtype=dtype,
+            client=client,
+            interval=3,
+        )  # warm-up
+        res = dask_rpm.fit(
+            x,
+            d,
+            hidden=m,
+            iterations=iterations,
+            learning_rate=0.01,
+            mapping=mapping,
+            dtype=dtype,
+            client=client,
+            interval=iterations,
+        )
     st = history_stats(res, skip=1)
-    st.update({"size": [n, m, l, s], "iterations": iterations, "plan": repr(res.plan),
-               "tasks_per_iteration": res.stats["tasks"] / iterations})
+    st.update(
+        {
+            "size": [n, m, l, s],
+            "iterations": iterations,
+            "plan": repr(res.plan),
+            "tasks_per_iteration": res.stats["tasks"] / iterations,
+        }
+    )
     return st
 
 
 def exchange_bytes(plan: Any, itemsize: int) -> dict[str, int]:
     """Bytes that cross between workers per iteration (the paper's gather-then-broadcast count)."""
     n, m, l = plan.shape
-    vertical = sum(2 * (len(col) - 1) * (plan.column_samples(c)[1] - plan.column_samples(c)[0]) * l
-                   for c, col in enumerate(plan.columns))
-    horizontal = sum(2 * (len(plan.holders(b)) - 1) * (b[1] - b[0]) * (n + l) for b in plan.bands()) \
-        if plan.n_columns > 1 else 0
+    vertical = sum(
+        2 * (len(col) - 1) * (plan.column_samples(c)[1] - plan.column_samples(c)[0]) * l
+        for c, col in enumerate(plan.columns)
+    )
+    horizontal = (
+        sum(2 * (len(plan.holders(b)) - 1) * (b[1] - b[0]) * (n + l) for b in plan.bands())
+        if plan.n_columns > 1
+        else 0
+    )
     return {"vertical": vertical * itemsize, "horizontal": horizontal * itemsize}
 
 
 def bench_multi(
-    x: np.ndarray, d: np.ndarray, *, m: int, iterations: int, lr: float, dtype: str, padded: bool,
-    serial_s: float, floor_iterations: int, pin_clock: bool, scale: float | None = None,
+    x: np.ndarray,
+    d: np.ndarray,
+    *,
+    m: int,
+    iterations: int,
+    lr: float,
+    dtype: str,
+    padded: bool,
+    serial_s: float,
+    floor_iterations: int,
+    pin_clock: bool,
+    scale: float | None = None,
 ) -> dict[str, Any]:
     """Part 2: four equal workers, SRPM plan; overhead = iteration time - slowest worker's compute."""
-    import dask_rpm
     from distributed import Client
+
+    import dask_rpm
 
     if not padded:
         scale = 1.0
-    kind = ("EMULATED (padded, " + ("auto scale)" if scale is None else f"scale {scale:g})") if padded
-            else "RAW (unpadded, scale 1.0: contention)")
+    kind = (
+        "EMULATED (padded, " + ("auto scale)" if scale is None else f"scale {scale:g})")
+        if padded
+        else "RAW (unpadded, scale 1.0: contention)"
+    )
     log(f"part 2 {kind}: starting 4 workers")
-    with dask_rpm.local_cluster([1.0] * 4, scale=scale, threads_per_worker=1, silence_logs=QUIET) as cluster, \
-            Client(cluster) as client:
+    with (
+        dask_rpm.local_cluster(
+            [1.0] * 4, scale=scale, threads_per_worker=1, silence_logs=QUIET
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         log(f"part 2: {cluster.emulation_label}")
         kw = dict(hidden=m, learning_rate=lr, dtype=dtype, mapping="srpm", client=client)
         if pin_clock:
@@ -480,29 +601,34 @@ def bench_multi(
                 delays[w].extend(v)
         counters = counters_delta(before, emulation_counters(client))
         st = history_stats(res, skip=1)
-        log(f"part 2 {kind}: {st['iteration_time_median']:.3f} s/it, slowest compute "
-            f"{st['max_compute_median']:.3f} s, overhead {100 * st['overhead_fraction_median']:.1f} %")
+        log(
+            f"part 2 {kind}: {st['iteration_time_median']:.3f} s/it, slowest compute "
+            f"{st['max_compute_median']:.3f} s, overhead {100 * st['overhead_fraction_median']:.1f} %"
+        )
         floor = None
         if floor_iterations:
             floor = bench_floor(client, iterations=floor_iterations, dtype=dtype, workers=4)
             log(f"part 2 {kind}: latency floor {1e3 * floor['iteration_time_median']:.1f} ms/it")
-        st.update({
-            "kind": kind,
-            "padded": padded,
-            "label": cluster.emulation_label,
-            "scale": cluster.scale_factor,
-            "cores_demanded": cluster.scale_factor * 4,
-            "plan": repr(res.plan),
-            "tasks_per_iteration": res.stats["tasks"] / iterations,  # one per worker per block (+ setup, gather)
-            "exchange_bytes_per_iteration": exchange_bytes(res.plan, np.dtype(dtype).itemsize),
-            "iterations": iterations,
-            "loadavg_after": os.getloadavg()[0],
-            "wall_s_per_iteration": wall / iterations,
-            "pacing": counters,
-            "cpu_s_per_worker_iteration": med([c["cpu_s"] for c in counters]) / iterations,
-            "scheduler_delay": delay_spread(delays, pin_clock),
-            "floor": floor,
-        })
+        st.update(
+            {
+                "kind": kind,
+                "padded": padded,
+                "label": cluster.emulation_label,
+                "scale": cluster.scale_factor,
+                "cores_demanded": cluster.scale_factor * 4,
+                "plan": repr(res.plan),
+                "tasks_per_iteration": res.stats["tasks"]
+                / iterations,  # one per worker per block (+ setup, gather)
+                "exchange_bytes_per_iteration": exchange_bytes(res.plan, np.dtype(dtype).itemsize),
+                "iterations": iterations,
+                "loadavg_after": os.getloadavg()[0],
+                "wall_s_per_iteration": wall / iterations,
+                "pacing": counters,
+                "cpu_s_per_worker_iteration": med([c["cpu_s"] for c in counters]) / iterations,
+                "scheduler_delay": delay_spread(delays, pin_clock),
+                "floor": floor,
+            }
+        )
     # Context against the serial run (one full core): the ideal iteration time of
     # 4 equal workers at `scale` of a core each is serial / (4 * scale), capped by
     # the 2 real cores.
@@ -532,18 +658,28 @@ def format_report(out: dict[str, Any]) -> str:
         f"1. One worker, one rectangle vs fit_serial (1 BLAS thread each; {p1['iterations_per_fit']} "
         f"iterations per fit, {len(p1['rounds'])} interleaved rounds)",
         f"   {'round':>5} {'order':>5} {'load':>5} {'serial s/it':>11} {'dist s/it':>9} {'compute':>8} "
-        f"{'e2e':>7} {'ratio':>6}" + (f" {'dist(M) s/it':>12} {'ratio(M)':>8}" if "ratio_malloc_median" in p1 else ""),
+        f"{'e2e':>7} {'ratio':>6}"
+        + (f" {'dist(M) s/it':>12} {'ratio(M)':>8}" if "ratio_malloc_median" in p1 else ""),
     ]
     for r in p1["rounds"]:
-        lines.append(f"   {r['round']:>5} {r['order']:>5} {r['loadavg']:>5.1f} {r['serial_s']:>11.4f} "
-                     f"{r['dist_s']:>9.4f} {r['dist_compute_s']:>8.4f} {r['dist_wall_s']:>7.4f} {r['ratio']:>6.3f}"
-                     + (f" {r['dist_malloc_s']:>12.4f} {r['ratio_malloc']:>8.3f}" if "ratio_malloc" in r else ""))
+        lines.append(
+            f"   {r['round']:>5} {r['order']:>5} {r['loadavg']:>5.1f} {r['serial_s']:>11.4f} "
+            f"{r['dist_s']:>9.4f} {r['dist_compute_s']:>8.4f} {r['dist_wall_s']:>7.4f} {r['ratio']:>6.3f}"
+            + (
+                f" {r['dist_malloc_s']:>12.4f} {r['ratio_malloc']:>8.3f}"
+                if "ratio_malloc" in r
+                else ""
+            )
+        )
     ok1 = "MET" if p1["ratio_median"] <= TARGET_RATIO else "MISSED"
     lines += [
         f"   median {'':>11} {p1['serial_s_median']:>11.4f} {p1['dist_s_median']:>9.4f} "
         f"{p1['dist_compute_s_median']:>8.4f} {p1['dist_wall_s_median']:>7.4f} {p1['ratio_median']:>6.3f}"
-        + (f" {p1['dist_malloc_s_median']:>12.4f} {p1['ratio_malloc_median']:>8.3f}"
-           if "ratio_malloc_median" in p1 else ""),
+        + (
+            f" {p1['dist_malloc_s_median']:>12.4f} {p1['ratio_malloc_median']:>8.3f}"
+            if "ratio_malloc_median" in p1
+            else ""
+        ),
         f"   ratio distributed/serial, median of paired rounds: {p1['ratio_median']:.3f} "
         f"(target <= {TARGET_RATIO}: {ok1}); fastest/fastest: {p1['ratio_of_minima']:.3f}; "
         f"end-to-end incl. scatter/setup: {p1['ratio_wall_median']:.3f}",
@@ -553,19 +689,23 @@ def format_report(out: dict[str, Any]) -> str:
         f"{p1['dist_cpu_s_median']:.4f}, ratio {p1['cpu_ratio_median']:.3f}",
     ]
     if "ratio_malloc_median" in p1:
-        lines.append(f"   (M) same worker without Dask's MALLOC_TRIM_THRESHOLD_=65536: "
-                     f"ratio {p1['ratio_malloc_median']:.3f} "
-                     f"median, {p1['ratio_malloc_of_minima']:.3f} fastest/fastest")
+        lines.append(
+            f"   (M) same worker without Dask's MALLOC_TRIM_THRESHOLD_=65536: "
+            f"ratio {p1['ratio_malloc_median']:.3f} "
+            f"median, {p1['ratio_malloc_of_minima']:.3f} fastest/fastest"
+        )
     lines += [
-        "   distributed phases (median s): " + ", ".join(
-            f"{k} {v:.4f}" for k, v in p1["last_fit_phase_medians"].items()),
+        "   distributed phases (median s): "
+        + ", ".join(f"{k} {v:.4f}" for k, v in p1["last_fit_phase_medians"].items()),
         f"   same result as serial: max |dW,dV| {p1['max_abs_weight_diff_vs_serial']:.2e}, "
         f"max |d error| {p1['max_abs_error_diff_vs_serial']:.2e}",
     ]
     if p1.get("floor"):
         f = p1["floor"]
-        lines.append(f"   latency floor (n-m-l-s {'-'.join(map(str, f['size']))}, {f['tasks_per_iteration']} "
-                     f"tasks/it): {1e3 * f['iteration_time_median']:.1f} ms/iteration")
+        lines.append(
+            f"   latency floor (n-m-l-s {'-'.join(map(str, f['size']))}, {f['tasks_per_iteration']} "
+            f"tasks/it): {1e3 * f['iteration_time_median']:.1f} ms/iteration"
+        )
     lines += [
         "",
         "2. Four workers, SRPM plan on equal speeds: overhead = iteration time - slowest worker's "
@@ -578,7 +718,9 @@ def format_report(out: dict[str, Any]) -> str:
         if not r:
             continue
         wc = med([c["wall_over_cpu"] for c in r["pacing"]])
-        over = sum(c["overruns"] for c in r["pacing"]) / max(1, sum(c["blocks"] for c in r["pacing"]))
+        over = sum(c["overruns"] for c in r["pacing"]) / max(
+            1, sum(c["blocks"] for c in r["pacing"])
+        )
         fl = f"{1e3 * r['floor']['iteration_time_median']:.1f}" if r.get("floor") else "-"
         lines.append(
             f"   {r['kind']:<38} {r['scale']:>5.2f} {r['iteration_time_median']:>6.3f} "
@@ -602,8 +744,8 @@ def format_report(out: dict[str, Any]) -> str:
             f"load after {r['loadavg_after']:.1f}; "
             f"scheduler_delay spread {1e3 * r['scheduler_delay']['spread_s']:.1f} ms; "
             f"negative cross-task phases {r['negative_phase_values']}",
-            "     phases (slowest worker, median s): " + ", ".join(
-                f"{k} {v:.3f}" for k, v in r["phase_max_over_workers_median"].items())
+            "     phases (slowest worker, median s): "
+            + ", ".join(f"{k} {v:.3f}" for k, v in r["phase_max_over_workers_median"].items())
             + f"; CPU per worker-iteration {r['cpu_s_per_worker_iteration']:.3f} s",
         ]
     r = out.get("padded")
@@ -624,7 +766,10 @@ def format_report(out: dict[str, Any]) -> str:
             f"demanded on {out['machine']['cores']} cores, so task times include waiting for a core ('compute' is "
             f"inflated); speed-up vs 1-core serial {r['speedup_vs_serial']:.2f}x (at most {out['machine']['cores']})"
         )
-    lines += ["", "Multi-worker figures on one machine are EMULATED heterogeneity, not hardware figures."]
+    lines += [
+        "",
+        "Multi-worker figures on one machine are EMULATED heterogeneity, not hardware figures.",
+    ]
     return "\n".join(lines)
 
 
@@ -658,31 +803,78 @@ def parse_size(text: str) -> tuple[int, int, int, int]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size", type=parse_size, default=None, help="n,m,l,s (default 1024,2048,64,16384)")
-    ap.add_argument("--quick", action="store_true", help=f"smaller size {','.join(map(str, QUICK_SIZE))}, ~1-2 min")
-    ap.add_argument("--iterations", type=int, default=None,
-                    help="iterations per fit in part 1 (default 4; 8 with --quick)")
-    ap.add_argument("--rounds", type=int, default=None, help="interleaved serial/distributed rounds (default 5)")
-    ap.add_argument("--multi-iterations", type=int, default=None,
-                    help="iterations of each 4-worker run; the first is dropped (default 16; 30 with --quick)")
-    ap.add_argument("--floor-iterations", type=int, default=30, help="iterations of the latency-floor runs (0: skip)")
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--size", type=parse_size, default=None, help="n,m,l,s (default 1024,2048,64,16384)"
+    )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"smaller size {','.join(map(str, QUICK_SIZE))}, ~1-2 min",
+    )
+    ap.add_argument(
+        "--iterations",
+        type=int,
+        default=None,
+        help="iterations per fit in part 1 (default 4; 8 with --quick)",
+    )
+    ap.add_argument(
+        "--rounds", type=int, default=None, help="interleaved serial/distributed rounds (default 5)"
+    )
+    ap.add_argument(
+        "--multi-iterations",
+        type=int,
+        default=None,
+        help="iterations of each 4-worker run; the first is dropped (default 16; 30 with --quick)",
+    )
+    ap.add_argument(
+        "--floor-iterations",
+        type=int,
+        default=30,
+        help="iterations of the latency-floor runs (0: skip)",
+    )
     ap.add_argument("--dtype", default="float32", choices=("float32", "float64"))
-    ap.add_argument("--scale", type=float, default=None,
-                    help="EMULATED 4-worker run: fraction of a core per unit speed "
-                         "(default: local_cluster's auto scale)")
-    ap.add_argument("--no-raw", action="store_true", help="skip the raw (unpadded, contended) 4-worker run")
-    ap.add_argument("--no-malloc-variant", action="store_true",
-                    help="part 1 without the extra arm: a worker without Dask's MALLOC_TRIM_THRESHOLD_")
-    ap.add_argument("--dask-clock", action="store_true",
-                    help="keep Dask's heartbeat clock-offset correction of task times (default: pin it to 0, "
-                         "since every process runs on this host)")
-    ap.add_argument("--wait-load", type=float, default=None, metavar="L",
-                    help="before starting, wait (up to --wait-max s) until the 1-minute load average is below L")
-    ap.add_argument("--wait-max", type=float, default=600.0, help="longest wait for --wait-load (s)")
-    ap.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
-                    help="write the numbers as JSON to PATH, or to stdout (table then goes to stderr)")
+    ap.add_argument(
+        "--scale",
+        type=float,
+        default=None,
+        help="EMULATED 4-worker run: fraction of a core per unit speed "
+        "(default: local_cluster's auto scale)",
+    )
+    ap.add_argument(
+        "--no-raw", action="store_true", help="skip the raw (unpadded, contended) 4-worker run"
+    )
+    ap.add_argument(
+        "--no-malloc-variant",
+        action="store_true",
+        help="part 1 without the extra arm: a worker without Dask's MALLOC_TRIM_THRESHOLD_",
+    )
+    ap.add_argument(
+        "--dask-clock",
+        action="store_true",
+        help="keep Dask's heartbeat clock-offset correction of task times (default: pin it to 0, "
+        "since every process runs on this host)",
+    )
+    ap.add_argument(
+        "--wait-load",
+        type=float,
+        default=None,
+        metavar="L",
+        help="before starting, wait (up to --wait-max s) until the 1-minute load average is below L",
+    )
+    ap.add_argument(
+        "--wait-max", type=float, default=600.0, help="longest wait for --wait-load (s)"
+    )
+    ap.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        default=None,
+        metavar="PATH",
+        help="write the numbers as JSON to PATH, or to stdout (table then goes to stderr)",
+    )
     args = ap.parse_args(argv)
 
     size = args.size or (QUICK_SIZE if args.quick else FULL_SIZE)
@@ -698,7 +890,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         wait_for_load(args.wait_load, args.wait_max)
     out: dict[str, Any] = {
         "benchmark": "dask_rpm engine (issue #3)",
-        "command": " ".join(["python", "benchmarks/engine.py", *(sys.argv[1:] if argv is None else argv)]),
+        "command": " ".join(
+            ["python", "benchmarks/engine.py", *(sys.argv[1:] if argv is None else argv)]
+        ),
         "size": list(size),
         "dtype": args.dtype,
         "learning_rate": lr,
@@ -706,24 +900,53 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "blas_client": pin_blas(),
         "targets": {"ratio": TARGET_RATIO, "overhead_fraction": GOAL_OVERHEAD},
     }
-    log(f"size n-m-l-s {n}-{m}-{l}-{s} {args.dtype}; {rounds} rounds x {iterations} iterations; "
-        f"4-worker runs {multi_its} iterations")
+    log(
+        f"size n-m-l-s {n}-{m}-{l}-{s} {args.dtype}; {rounds} rounds x {iterations} iterations; "
+        f"4-worker runs {multi_its} iterations"
+    )
     x, d = make_data(n, l, s, args.dtype)
 
-    single = bench_single(x, d, m=m, iterations=iterations, rounds=rounds, lr=lr, dtype=args.dtype,
-                          floor_iterations=args.floor_iterations, pin_clock=not args.dask_clock,
-                          malloc_variant=not args.no_malloc_variant)
+    single = bench_single(
+        x,
+        d,
+        m=m,
+        iterations=iterations,
+        rounds=rounds,
+        lr=lr,
+        dtype=args.dtype,
+        floor_iterations=args.floor_iterations,
+        pin_clock=not args.dask_clock,
+        malloc_variant=not args.no_malloc_variant,
+    )
     out["single"] = single
 
     serial_s = single["serial_s_median"]
-    out["padded"] = bench_multi(x, d, m=m, iterations=multi_its, lr=lr, dtype=args.dtype, padded=True,
-                                scale=args.scale,
-                                serial_s=serial_s, floor_iterations=args.floor_iterations,
-                                pin_clock=not args.dask_clock)
+    out["padded"] = bench_multi(
+        x,
+        d,
+        m=m,
+        iterations=multi_its,
+        lr=lr,
+        dtype=args.dtype,
+        padded=True,
+        scale=args.scale,
+        serial_s=serial_s,
+        floor_iterations=args.floor_iterations,
+        pin_clock=not args.dask_clock,
+    )
     if not args.no_raw:
-        out["raw"] = bench_multi(x, d, m=m, iterations=multi_its, lr=lr, dtype=args.dtype, padded=False,
-                                 serial_s=serial_s, floor_iterations=args.floor_iterations,
-                                pin_clock=not args.dask_clock)
+        out["raw"] = bench_multi(
+            x,
+            d,
+            m=m,
+            iterations=multi_its,
+            lr=lr,
+            dtype=args.dtype,
+            padded=False,
+            serial_s=serial_s,
+            floor_iterations=args.floor_iterations,
+            pin_clock=not args.dask_clock,
+        )
     out["loadavg_end"] = list(os.getloadavg())
     out["elapsed_s"] = time.perf_counter() - _T0
 

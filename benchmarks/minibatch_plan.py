@@ -42,33 +42,68 @@ def run(n: int, batch_sizes: list[int], iterations: int, interval: int) -> list[
     speeds = list(true_profile("A", n))
     x, d = demo_data(s, shape, seed=0)
     rows = []
-    with local_cluster(speeds, dashboard_address=None, silence_logs=50) as cluster, Client(cluster) as client:
+    with (
+        local_cluster(speeds, dashboard_address=None, silence_logs=50) as cluster,
+        Client(cluster) as client,
+    ):
         addresses = worker_addresses(client)
         print(f"N={n}: {cluster.emulation_label}", file=sys.stderr, flush=True)
         for b in batch_sizes:
             lr = 0.5 / (b * m)
-            W, V, _ = fit_serial(x, d, hidden=m, iterations=iterations, learning_rate=lr, seed=0, batch_size=b)
+            W, V, _ = fit_serial(
+                x, d, hidden=m, iterations=iterations, learning_rate=lr, seed=0, batch_size=b
+            )
             c_set = make_plan(speeds, shape, s, method="srpm").n_columns
             c_batch = make_plan(speeds, shape, b, method="srpm").n_columns
             arms = {
-                f"srpm planned for s (C={c_set})": make_plan(speeds, shape, s, method="srpm", dp=c_set),
-                f"srpm planned for B (C={c_batch})": make_plan(speeds, shape, s, method="srpm", dp=c_batch),
+                f"srpm planned for s (C={c_set})": make_plan(
+                    speeds, shape, s, method="srpm", dp=c_set
+                ),
+                f"srpm planned for B (C={c_batch})": make_plan(
+                    speeds, shape, s, method="srpm", dp=c_batch
+                ),
                 "drpm": "drpm",
             }
             for name, mapping in arms.items():
                 mp = mapping if isinstance(mapping, str) else mapping.with_workers(addresses)
-                res = fit(x, d, hidden=m, iterations=iterations, learning_rate=lr, mapping=mp, client=client,
-                          seed=0, interval=interval, batch_size=b, progress="none")
+                res = fit(
+                    x,
+                    d,
+                    hidden=m,
+                    iterations=iterations,
+                    learning_rate=lr,
+                    mapping=mp,
+                    client=client,
+                    seed=0,
+                    interval=interval,
+                    batch_size=b,
+                    progress="none",
+                )
                 it = np.asarray(res.history["iteration_time"].values, dtype=float)
-                row = {"N": n, "B": b, "arm": name, "columns": res.plan.n_columns,
-                       "seconds_per_iteration": steady_seconds(it, iterations // 2),
-                       "horizontal_ms": 1e3 * float(np.nanmean(np.nanmedian(
-                           res.history["horizontal"].values[iterations // 2:], axis=0))),
-                       "weights_vs_serial": weights_difference((res.W, res.V), (W, V))}
+                row = {
+                    "N": n,
+                    "B": b,
+                    "arm": name,
+                    "columns": res.plan.n_columns,
+                    "seconds_per_iteration": steady_seconds(it, iterations // 2),
+                    "horizontal_ms": 1e3
+                    * float(
+                        np.nanmean(
+                            np.nanmedian(
+                                res.history["horizontal"].values[iterations // 2 :], axis=0
+                            )
+                        )
+                    ),
+                    "weights_vs_serial": weights_difference((res.W, res.V), (W, V)),
+                }
                 rows.append(row)
-                print(f"  B={b} {name}: {row['seconds_per_iteration']:.4f} s/it, {row['columns']} column(s), "
-                      f"horizontal {row['horizontal_ms']:.1f} ms, weights vs fit_serial "
-                      f"{row['weights_vs_serial']:.1e}", file=sys.stderr, flush=True)
+                print(
+                    f"  B={b} {name}: {row['seconds_per_iteration']:.4f} s/it, {row['columns']} column(s), "
+                    f"horizontal {row['horizontal_ms']:.1f} ms, weights vs fit_serial "
+                    f"{row['weights_vs_serial']:.1e}",
+                    file=sys.stderr,
+                    flush=True,
+                )
     return rows
 
 
@@ -81,14 +116,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="also write the rows to this file")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
-    rows = run(args.n, [int(v) for v in args.batch_sizes.split(",")], args.iterations, args.interval)
+    rows = run(
+        args.n, [int(v) for v in args.batch_sizes.split(",")], args.iterations, args.interval
+    )
     print("| N | B | arm | columns | s/iteration | horizontal ms | vs first arm |")
     print("|---:|---:|---|---:|---:|---:|---:|")
     for r in rows:
         ref = next(q for q in rows if q["B"] == r["B"])
-        print(f"| {r['N']} | {r['B']} | {r['arm']} | {r['columns']} | {r['seconds_per_iteration']:.4f} | "
-              f"{r['horizontal_ms']:.1f} | {r['seconds_per_iteration'] / ref['seconds_per_iteration']:.2f} |")
-    print(f"EMULATED heterogeneity on one machine; {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+        print(
+            f"| {r['N']} | {r['B']} | {r['arm']} | {r['columns']} | {r['seconds_per_iteration']:.4f} | "
+            f"{r['horizontal_ms']:.1f} | {r['seconds_per_iteration'] / ref['seconds_per_iteration']:.2f} |"
+        )
+    print(
+        f"EMULATED heterogeneity on one machine; {time.perf_counter() - t0:.0f} s", file=sys.stderr
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -58,8 +58,19 @@ def run(client, x, d, plan, m, iterations, kill_at, every, interval):
             os.kill(pids[victim], signal.SIGKILL)
 
     t0 = time.perf_counter()
-    r = fit(x, d, hidden=m, iterations=iterations, learning_rate=0.005, mapping=plan, client=client,
-            interval=interval, checkpoint_every=every, callback=callback, progress="none")
+    r = fit(
+        x,
+        d,
+        hidden=m,
+        iterations=iterations,
+        learning_rate=0.005,
+        mapping=plan,
+        client=client,
+        interval=interval,
+        checkpoint_every=every,
+        callback=callback,
+        progress="none",
+    )
     return r, time.perf_counter() - t0
 
 
@@ -68,7 +79,9 @@ def main() -> None:
 
     from dask_rpm import Plan, fit_serial
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--hidden", type=int, default=24)
     ap.add_argument("--iterations", type=int, default=200)
     ap.add_argument("--kill-at", type=int, default=60)
@@ -80,16 +93,26 @@ def main() -> None:
     W, V, _ = fit_serial(x, d, hidden=m, iterations=a.iterations, learning_rate=0.005, seed=0)
     h = m // 4
     plans = {
-        "columns": Plan.from_columns([[0, 1], [2, 3]], [s // 2, s - s // 2], [[2 * h, m - 2 * h]] * 2, shape=(n, m, l)),
-        "checkpoint": Plan.from_columns([[0, 1, 2, 3]], [s], [[h, h, h, m - 3 * h]], shape=(n, m, l)),
+        "columns": Plan.from_columns(
+            [[0, 1], [2, 3]], [s // 2, s - s // 2], [[2 * h, m - 2 * h]] * 2, shape=(n, m, l)
+        ),
+        "checkpoint": Plan.from_columns(
+            [[0, 1, 2, 3]], [s], [[h, h, h, m - 3 * h]], shape=(n, m, l)
+        ),
     }
-    print(f"network {n}-{m}-{l}, {s} samples, {a.iterations} iterations, blocks of {a.interval}, "
-          f"checkpoint every {a.every}, worker killed after iteration {a.kill_at}; LocalCluster, 4 processes")
+    print(
+        f"network {n}-{m}-{l}, {s} samples, {a.iterations} iterations, blocks of {a.interval}, "
+        f"checkpoint every {a.every}, worker killed after iteration {a.kill_at}; LocalCluster, 4 processes"
+    )
     for name, plan in plans.items():
-        with LocalCluster(n_workers=4, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
+        with LocalCluster(
+            n_workers=4, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster:
             with Client(cluster) as client:
                 base, t_base = run(client, x, d, plan, m, a.iterations, None, a.every, a.interval)
-                hit, t_hit = run(client, x, d, plan, m, a.iterations, a.kill_at, a.every, a.interval)
+                hit, t_hit = run(
+                    client, x, d, plan, m, a.iterations, a.kill_at, a.every, a.interval
+                )
         for r in (base, hit):
             np.testing.assert_allclose(r.W, W, rtol=1e-10, atol=0)
             np.testing.assert_allclose(r.V, V, rtol=1e-10, atol=0)

@@ -30,18 +30,37 @@ import numpy as np
 
 from dask_rpm.simulate import DEFAULT_NS, simulate
 
-MIXES = {"A": "condition A (0.25 ... 1, repeated)", "two:0.5,0.05": "bimodal 1:20 (half at 0.05, half at 1)"}
-OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "docs", "img", "simulate-scaling.png")
+MIXES = {
+    "A": "condition A (0.25 ... 1, repeated)",
+    "two:0.5,0.05": "bimodal 1:20 (half at 0.05, half at 1)",
+}
+OUT = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), os.pardir, "docs", "img", "simulate-scaling.png"
+)
 
 
-def run(exchanges: str, ns: list[int], latency: float, bandwidth: float, overhead: float,
-        unit_rate: float) -> dict[str, Any]:
+def run(
+    exchanges: str,
+    ns: list[int],
+    latency: float,
+    bandwidth: float,
+    overhead: float,
+    unit_rate: float,
+) -> dict[str, Any]:
     out = {}
     for mix in MIXES:
         t0 = time.perf_counter()
-        out[mix] = simulate(ns=ns, distribution=mix, shape=(203, 1024, 26), samples_per_worker=4096,
-                            latency=latency, bandwidth=bandwidth, unit_rate=unit_rate, overhead=overhead,
-                            exchanges=exchanges)
+        out[mix] = simulate(
+            ns=ns,
+            distribution=mix,
+            shape=(203, 1024, 26),
+            samples_per_worker=4096,
+            latency=latency,
+            bandwidth=bandwidth,
+            unit_rate=unit_rate,
+            overhead=overhead,
+            exchanges=exchanges,
+        )
         print(f"  {mix}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     return out
 
@@ -49,8 +68,12 @@ def run(exchanges: str, ns: list[int], latency: float, bandwidth: float, overhea
 def table(ds: Any) -> str:
     methods = ds["method"].values.tolist()
     others = [m for m in methods if m != "srpm-time"]
-    lines = ["| N | " + " | ".join(f"{m} s/it | {m} gamma" for m in methods) + " | SRPM-time vs best other |",
-             "| ---: |" + " ---: | ---: |" * len(methods) + " ---: |"]
+    lines = [
+        "| N | "
+        + " | ".join(f"{m} s/it | {m} gamma" for m in methods)
+        + " | SRPM-time vs best other |",
+        "| ---: |" + " ---: | ---: |" * len(methods) + " ---: |",
+    ]
     for j, n in enumerate(ds["N"].values):
         t = {m: ds["seconds_per_iteration"].values[k, j] for k, m in enumerate(methods)}
         g = {m: ds["gamma"].values[k, j] for k, m in enumerate(methods)}
@@ -85,9 +108,12 @@ def plot(results: dict[str, Any], path: str, exchanges: str) -> None:
     for ax in axes[-1]:
         ax.set_xlabel("workers N (weak scaling, s = 4096 N)")
     ds = next(iter(results.values()))
-    fig.suptitle(f"SIMULATION (cost model, not measured): 203-1024-26, latency {ds.attrs['latency'] * 1e3:g} ms, "
-                 f"{ds.attrs['bandwidth'] / 1e9:g} GB/s, overhead {ds.attrs['overhead'] * 1e6:g} us/message, "
-                 f"{exchanges} exchanges, {ds.attrs['unit_rate']:g} work units/s at speed 1", fontsize=9)
+    fig.suptitle(
+        f"SIMULATION (cost model, not measured): 203-1024-26, latency {ds.attrs['latency'] * 1e3:g} ms, "
+        f"{ds.attrs['bandwidth'] / 1e9:g} GB/s, overhead {ds.attrs['overhead'] * 1e6:g} us/message, "
+        f"{exchanges} exchanges, {ds.attrs['unit_rate']:g} work units/s at speed 1",
+        fontsize=9,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -114,11 +140,20 @@ def main(argv: list[str] | None = None) -> None:
         print(f"wrote {args.plot}", file=sys.stderr)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({mix: {"N": ds["N"].values.tolist(), "method": ds["method"].values.tolist(),
-                             "seconds_per_iteration": ds["seconds_per_iteration"].values.tolist(),
-                             "gamma": ds["gamma"].values.tolist(),
-                             "n_columns": np.asarray(ds["n_columns"].values).tolist()}
-                       for mix, ds in results.items()}, f, indent=1)
+            json.dump(
+                {
+                    mix: {
+                        "N": ds["N"].values.tolist(),
+                        "method": ds["method"].values.tolist(),
+                        "seconds_per_iteration": ds["seconds_per_iteration"].values.tolist(),
+                        "gamma": ds["gamma"].values.tolist(),
+                        "n_columns": np.asarray(ds["n_columns"].values).tolist(),
+                    }
+                    for mix, ds in results.items()
+                },
+                f,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

@@ -10,16 +10,19 @@ local_cluster         a local cluster with EMULATED heterogeneous worker speeds
 RPMSchedulerPlugin    the scheduler plugin that records rpm-* task timings
 """
 
-from . import config  # noqa: F401  (registers the rpm.yaml defaults)
-from . import kernels, train
+from . import (
+    config,  # noqa: F401  (registers the rpm.yaml defaults)
+    kernels,
+    train,
+)
+from .cost import predict_iteration_seconds, t_comm
 from .emulation import local_cluster
 from .engine import FitResult, TrainingError, WorkerLostError, fit, ordered_workers
-from .serial import fit_serial
 from .model import MLPModel
 from .partition import Plan, PlanError, Rectangle
-from .cost import predict_iteration_seconds, t_comm
 from .planners import PLANNERS, get_planner, make_plan, register_planner
 from .plugin import RPMSchedulerPlugin
+from .serial import fit_serial
 
 __version__ = "0.1.0.dev0"
 

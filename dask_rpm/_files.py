@@ -25,9 +25,16 @@ import os
 import stat
 import tempfile
 import threading
-from typing import Callable
+from collections.abc import Callable
 
-__all__ = ["TargetError", "atomic_write", "atomic_write_text", "check_target", "new_file_mode", "unwritable_reason"]
+__all__ = [
+    "TargetError",
+    "atomic_write",
+    "atomic_write_text",
+    "check_target",
+    "new_file_mode",
+    "unwritable_reason",
+]
 
 _UMASK_LOCK = threading.Lock()
 
@@ -97,8 +104,9 @@ def unwritable_reason(directory: str | os.PathLike) -> str | None:
     return None
 
 
-def check_target(path: str | os.PathLike, *, what: str = "output", overwrite: bool = False,
-                 hint: str = "") -> str:
+def check_target(
+    path: str | os.PathLike, *, what: str = "output", overwrite: bool = False, hint: str = ""
+) -> str:
     """Refuse ``path`` as a place to write a new file unless it is safe; returns the absolute path.
 
     Parameters
@@ -123,11 +131,15 @@ def check_target(path: str | os.PathLike, *, what: str = "output", overwrite: bo
     path = os.path.abspath(os.fspath(path))
     why = _not_regular(path)
     if why is not None:
-        raise TargetError(f"{what} {path!r} is refused: {why}; give the path of a new or regular file, e.g. result.nc")
+        raise TargetError(
+            f"{what} {path!r} is refused: {why}; give the path of a new or regular file, e.g. result.nc"
+        )
     if os.path.exists(path) and not overwrite:
         allow = f", or {hint}" if hint else ""
-        raise TargetError(f"{what} {path!r} already exists and would be overwritten; "
-                          f"choose a new file name, move the file away{allow}")
+        raise TargetError(
+            f"{what} {path!r} already exists and would be overwritten; "
+            f"choose a new file name, move the file away{allow}"
+        )
     why = unwritable_reason(os.path.dirname(path))
     if why is not None:
         raise TargetError(f"{what} {path!r} cannot be written: {why}; choose a writable place")

@@ -81,7 +81,9 @@ class Schedule(NamedTuple):
         p0, p1 = self.positions(iteration) if cut is None else self.share(iteration, cut)
         return self.order(self.epoch(iteration))[p0:p1]
 
-    def epoch_plan(self, epoch: int, cut: tuple[int, int], start: int | None = None) -> tuple[np.ndarray, list[int]]:
+    def epoch_plan(
+        self, epoch: int, cut: tuple[int, int], start: int | None = None
+    ) -> tuple[np.ndarray, list[int]]:
         """What a column needs for the rest of an epoch: its sample indices, batch after batch, and
         the offsets of each batch in them.
 
@@ -101,17 +103,24 @@ class Schedule(NamedTuple):
         return idx, offsets
 
 
-def schedule(samples: int, batch_size: int | None = None, *, shuffle: bool | None = None,
-             seed: int = 0) -> Schedule:
+def schedule(
+    samples: int, batch_size: int | None = None, *, shuffle: bool | None = None, seed: int = 0
+) -> Schedule:
     """A validated :class:`Schedule`; ``None`` reads ``rpm.train.batch-size`` / ``rpm.train.shuffle``."""
     from . import config
 
     batch_size = config.get("train.batch-size", batch_size)
     shuffle = config.get("train.shuffle", shuffle)
     if batch_size is not None and batch_size != "full":
-        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-            raise BatchError(f"batch_size={batch_size!r}; give a positive integer, or None for full-batch "
-                             f"training (every sample in every iteration)")
+        if (
+            isinstance(batch_size, bool)
+            or not isinstance(batch_size, (int, np.integer))
+            or batch_size < 1
+        ):
+            raise BatchError(
+                f"batch_size={batch_size!r}; give a positive integer, or None for full-batch "
+                f"training (every sample in every iteration)"
+            )
         batch_size = int(batch_size)
     else:
         batch_size = None

@@ -72,8 +72,9 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -158,7 +159,9 @@ class BenchCase:
     def schedule(self) -> dict[int, list[tuple[int, float]]] | None:
         if self.step_worker is None:
             return None
-        return {self.step_worker: [(int(self.step_at), self.speeds[self.step_worker] / STEP_FACTOR)]}
+        return {
+            self.step_worker: [(int(self.step_at), self.speeds[self.step_worker] / STEP_FACTOR)]
+        }
 
 
 @dataclass
@@ -187,7 +190,11 @@ class MethodResult:
 def gamma(seconds_parallel: float, series_seconds: Sequence[float]) -> float:
     """Parallel efficiency ``(1 / T_parallel) / sum_i (1 / T_series(i))`` (SPEC section 7)."""
     ts = np.asarray(series_seconds, dtype=float)
-    if not (np.isfinite(seconds_parallel) and seconds_parallel > 0) or ts.size == 0 or not np.all(ts > 0):
+    if (
+        not (np.isfinite(seconds_parallel) and seconds_parallel > 0)
+        or ts.size == 0
+        or not np.all(ts > 0)
+    ):
         return math.nan
     return float((1.0 / seconds_parallel) / np.sum(1.0 / ts))
 
@@ -204,7 +211,9 @@ def true_profile(condition: str, n: int) -> tuple[float, ...]:
     return tuple(ASSUMED_TO_TRUE.get(v, v) for v in base)
 
 
-def workload_batch_sizes(workload: str, batch_sizes: Sequence[int] | None = None) -> list[int | None]:
+def workload_batch_sizes(
+    workload: str, batch_sizes: Sequence[int] | None = None
+) -> list[int | None]:
     """Batch sizes a workload runs at: ``minibatch`` at ``batch_sizes`` (default
     :data:`MINIBATCH_SIZES`), ``custom`` at ``batch_sizes`` when given, every
     other workload full batch (``[None]``: the paper's experiment)."""
@@ -234,11 +243,20 @@ def make_cases(
                     speeds = true_profile(cond, n)
                     assumed = CONDITIONS[base][:n]
                     step_worker = int(np.argmax(speeds)) if cond.endswith("-step") else None
-                    cases.append(BenchCase(
-                        wl, cond, n, (n_, m_, l_), s_, speeds, assumed,
-                        step_worker=step_worker, step_at=step_at if step_worker is not None else None,
-                        batch_size=batch,
-                    ))
+                    cases.append(
+                        BenchCase(
+                            wl,
+                            cond,
+                            n,
+                            (n_, m_, l_),
+                            s_,
+                            speeds,
+                            assumed,
+                            step_worker=step_worker,
+                            step_at=step_at if step_worker is not None else None,
+                            batch_size=batch,
+                        )
+                    )
     return cases
 
 
@@ -274,8 +292,10 @@ class _Progress:
         frac = self.done / self.total if self.total else 1.0
         left = elapsed / frac - elapsed if frac > 0 else math.nan
         bar = "#" * int(round(self.WIDTH * frac))
-        line = (f"[{bar:<{self.WIDTH}}] {self.count}/{self.steps} steps ({frac:.0%}) after {what}: "
-                f"{_minutes(elapsed)} elapsed, about {_minutes(left)} left")
+        line = (
+            f"[{bar:<{self.WIDTH}}] {self.count}/{self.steps} steps ({frac:.0%}) after {what}: "
+            f"{_minutes(elapsed)} elapsed, about {_minutes(left)} left"
+        )
         _log(line, self.quiet)
         return line
 
@@ -298,10 +318,14 @@ def _pin_clock_offset(dask_worker: Any) -> bool:
     if getattr(cls, "_rpm_bench_clock", False):
         return True
     dask_worker.__dict__.pop("scheduler_delay", None)
-    dask_worker.__class__ = type(cls.__name__, (cls,), {
-        "scheduler_delay": property(lambda self: 0.0, lambda self, value: None),
-        "_rpm_bench_clock": True,
-    })
+    dask_worker.__class__ = type(
+        cls.__name__,
+        (cls,),
+        {
+            "scheduler_delay": property(lambda self: 0.0, lambda self, value: None),
+            "_rpm_bench_clock": True,
+        },
+    )
     return True
 
 
@@ -327,26 +351,37 @@ def bench_learning_rate(case: BenchCase) -> float:
     return 0.5 / (case.batch * case.shape[1])
 
 
-def weights_difference(weights: tuple[np.ndarray, np.ndarray] | None,
-                       reference: tuple[np.ndarray, np.ndarray] | None) -> float:
+def weights_difference(
+    weights: tuple[np.ndarray, np.ndarray] | None, reference: tuple[np.ndarray, np.ndarray] | None
+) -> float:
     """``max |W - W_ref|, |V - V_ref|`` over ``max |W_ref|, |V_ref|`` (NaN when either is missing)."""
     if weights is None or reference is None:
         return math.nan
-    diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(weights, reference))
+    diff = max(
+        float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(weights, reference)
+    )
     size = max(float(np.max(np.abs(b))) for b in reference)
     return diff / size if size > 0 else diff
 
 
-def _serial_reference(case: BenchCase, x: np.ndarray, d: np.ndarray, iterations: int,
-                      cache: dict[Any, Any]) -> tuple[np.ndarray, np.ndarray]:
+def _serial_reference(
+    case: BenchCase, x: np.ndarray, d: np.ndarray, iterations: int, cache: dict[Any, Any]
+) -> tuple[np.ndarray, np.ndarray]:
     """``fit_serial`` on the case's data, batches and learning rate (computed once per workload and batch
     size: condition and N do not change what is trained)."""
     from .serial import fit_serial
 
     key = (case.shape, case.samples, case.batch_size, iterations)
     if key not in cache:
-        W, V, _ = fit_serial(x, d, hidden=case.shape[1], iterations=iterations, learning_rate=bench_learning_rate(case),
-                             seed=0, batch_size=case.batch_size)
+        W, V, _ = fit_serial(
+            x,
+            d,
+            hidden=case.shape[1],
+            iterations=iterations,
+            learning_rate=bench_learning_rate(case),
+            seed=0,
+            batch_size=case.batch_size,
+        )
         cache[key] = (W, V)
     return cache[key]
 
@@ -370,21 +405,43 @@ def _phase_profile(history: Any, start: int) -> dict[str, float]:
         if p not in history:
             continue
         v = np.asarray(history[p].values, dtype=float)
-        v = v[min(start, max(v.shape[0] - 1, 0)):]
+        v = v[min(start, max(v.shape[0] - 1, 0)) :]
         with np.errstate(all="ignore"):
             per_worker = [float(np.median(c[np.isfinite(c)])) for c in v.T if np.isfinite(c).any()]
         out[p] = float(np.mean(per_worker)) if per_worker else math.nan
     return out
 
 
-def _fit_record(client: Any, x: np.ndarray, d: np.ndarray, *, m: int, iterations: int, lr: float,
-                mapping: Any, abilities: Any, interval: int, start: int,
-                batch_size: int | None = None) -> MethodResult:
+def _fit_record(
+    client: Any,
+    x: np.ndarray,
+    d: np.ndarray,
+    *,
+    m: int,
+    iterations: int,
+    lr: float,
+    mapping: Any,
+    abilities: Any,
+    interval: int,
+    start: int,
+    batch_size: int | None = None,
+) -> MethodResult:
     from .engine import fit
 
     t0 = time.perf_counter()
-    res = fit(x, d, hidden=m, iterations=iterations, learning_rate=lr, mapping=mapping,
-              abilities=abilities, client=client, seed=0, interval=interval, batch_size=batch_size)
+    res = fit(
+        x,
+        d,
+        hidden=m,
+        iterations=iterations,
+        learning_rate=lr,
+        mapping=mapping,
+        abilities=abilities,
+        client=client,
+        seed=0,
+        interval=interval,
+        batch_size=batch_size,
+    )
     wall = time.perf_counter() - t0
     it = np.asarray(res.history["iteration_time"].values, dtype=float)
     first = min(start, max(it.size - 1, 0))
@@ -403,8 +460,17 @@ def _fit_record(client: Any, x: np.ndarray, d: np.ndarray, *, m: int, iterations
     )
 
 
-def _series(client: Any, case: BenchCase, addresses: list[str], x: np.ndarray, d: np.ndarray, *,
-            iterations: int, lr: float, quiet: bool) -> np.ndarray:
+def _series(
+    client: Any,
+    case: BenchCase,
+    addresses: list[str],
+    x: np.ndarray,
+    d: np.ndarray,
+    *,
+    iterations: int,
+    lr: float,
+    quiet: bool,
+) -> np.ndarray:
     from .emulation import set_speed
 
     out = np.full(case.n, np.nan)
@@ -413,21 +479,43 @@ def _series(client: Any, case: BenchCase, addresses: list[str], x: np.ndarray, d
         if stepped:
             set_speed(client, i, case.speeds[i] / STEP_FACTOR)
         try:
-            r = _fit_record(client, x, d, m=case.shape[1], iterations=iterations, lr=lr,
-                            mapping=_single_plan(case.shape, case.samples, addr), abilities=None,
-                            interval=iterations, start=0, batch_size=case.batch_size)
+            r = _fit_record(
+                client,
+                x,
+                d,
+                m=case.shape[1],
+                iterations=iterations,
+                lr=lr,
+                mapping=_single_plan(case.shape, case.samples, addr),
+                abilities=None,
+                interval=iterations,
+                start=0,
+                batch_size=case.batch_size,
+            )
         finally:
             if stepped:
                 set_speed(client, i, None)
         out[i] = r.seconds_per_iteration
-        _log(f"  T_series({i}) speed {case.speeds[i] / (STEP_FACTOR if stepped else 1):.3g}: "
-             f"{out[i]:.3f} s/iteration", quiet)
+        _log(
+            f"  T_series({i}) speed {case.speeds[i] / (STEP_FACTOR if stepped else 1):.3g}: "
+            f"{out[i]:.3f} s/iteration",
+            quiet,
+        )
     return out
 
 
-def _run_case(case: BenchCase, methods: Sequence[str], *, iterations: int, series_iterations: int,
-              interval: int, dp_search: str, quiet: bool,
-              references: dict[Any, Any] | None = None, progress: _Progress | None = None) -> dict[str, Any]:
+def _run_case(
+    case: BenchCase,
+    methods: Sequence[str],
+    *,
+    iterations: int,
+    series_iterations: int,
+    interval: int,
+    dp_search: str,
+    quiet: bool,
+    references: dict[Any, Any] | None = None,
+    progress: _Progress | None = None,
+) -> dict[str, Any]:
     from distributed import Client
 
     from .emulation import emulation_report, local_cluster, worker_addresses
@@ -442,17 +530,25 @@ def _run_case(case: BenchCase, methods: Sequence[str], *, iterations: int, serie
         start = max(start, case.step_at + 1)
     # the serial reference every method's final weights are compared with (before the cluster
     # starts, so it takes no CPU from the timed runs); None: not checked
-    reference = None if references is None else _serial_reference(case, x, d, iterations, references)
+    reference = (
+        None if references is None else _serial_reference(case, x, d, iterations, references)
+    )
     load0 = _loadavg()
     out: dict[str, Any] = {"case": case, "methods": {}, "load_start": load0}
-    with local_cluster(case.speeds, schedule=case.schedule(), dashboard_address=None,
-                       silence_logs=50) as cluster, Client(cluster) as client:
+    with (
+        local_cluster(
+            case.speeds, schedule=case.schedule(), dashboard_address=None, silence_logs=50
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         client.run(_pin_clock_offset)
         addresses = worker_addresses(client)
         out["label"] = cluster.emulation_label
         out["scale"] = float(cluster.scale_factor)
         _log(f"{case.name}: {cluster.emulation_label}", quiet)
-        series = _series(client, case, addresses, x, d, iterations=series_iterations, lr=lr, quiet=quiet)
+        series = _series(
+            client, case, addresses, x, d, iterations=series_iterations, lr=lr, quiet=quiet
+        )
         out["series"] = series
         # work units per second: hidden units x samples of one iteration (a mini-batch's, not the set's)
         rates = (m * case.batch) / series
@@ -463,20 +559,40 @@ def _run_case(case: BenchCase, methods: Sequence[str], *, iterations: int, serie
 
             pr = probe(client, shape=case.shape, samples=case.batch, workers=addresses)
             probed = [float(v) for v in pr["throughput"].values]
-            lat, bw = float(pr.attrs.get("latency", math.nan)), float(pr.attrs.get("bandwidth", math.nan))
-            _log(f"  probed abilities {', '.join(f'{v / max(probed):.2f}' for v in probed)}; "
-                 f"link latency {lat * 1e3:.2f} ms, bandwidth {bw / 1e6:.0f} MB/s", quiet)
+            lat, bw = (
+                float(pr.attrs.get("latency", math.nan)),
+                float(pr.attrs.get("bandwidth", math.nan)),
+            )
+            _log(
+                f"  probed abilities {', '.join(f'{v / max(probed):.2f}' for v in probed)}; "
+                f"link latency {lat * 1e3:.2f} ms, bandwidth {bw / 1e6:.0f} MB/s",
+                quiet,
+            )
         out["probed"] = probed
         out["latency"], out["bandwidth"] = lat, bw
         if progress is not None:
             progress.step(case, f"{case.name} T_series")
-        common = dict(m=m, iterations=iterations, lr=lr, interval=interval, start=start,
-                      batch_size=case.batch_size)
+        common = dict(
+            m=m,
+            iterations=iterations,
+            lr=lr,
+            interval=interval,
+            start=start,
+            batch_size=case.batch_size,
+        )
         for method in methods:
             t0 = time.perf_counter()
             if method == "ddp":
-                r = _run_ddp_method(case, x, d, iterations=iterations, lr=lr, scale=out["scale"], start=start,
-                                    rate=float(cluster.rates["float64"]))
+                r = _run_ddp_method(
+                    case,
+                    x,
+                    d,
+                    iterations=iterations,
+                    lr=lr,
+                    scale=out["scale"],
+                    start=start,
+                    rate=float(cluster.rates["float64"]),
+                )
             elif method in ("uniform", "hrev"):
                 planner = "uniform" if method == "uniform" else "grid-hrev"
                 ab = [1.0] * case.n if method == "uniform" else list(case.assumed)
@@ -487,22 +603,36 @@ def _run_case(case: BenchCase, methods: Sequence[str], *, iterations: int, serie
                             plan = make_plan(ab, case.shape, case.samples, method=planner, dp=dp)
                         except Exception:  # noqa: BLE001 - an infeasible N_DP is skipped
                             continue
-                        cand = _fit_record(client, x, d, mapping=plan.with_workers(addresses), abilities=None,
-                                           **common)
+                        cand = _fit_record(
+                            client,
+                            x,
+                            d,
+                            mapping=plan.with_workers(addresses),
+                            abilities=None,
+                            **common,
+                        )
                         if not (cand.seconds_per_iteration >= r.seconds_per_iteration):
                             r = cand
                 else:  # N_DP by the cost model with the measured T_series speeds
                     # (the model prices one iteration: a mini-batch's rows, not the training set's)
                     plan, _ = fastest_grid(ab, case.shape, case.batch, planner, list(rates))
                     if case.batch != case.samples:
-                        plan = make_plan(ab, case.shape, case.samples, method=planner, dp=plan.n_columns)
-                    r = _fit_record(client, x, d, mapping=plan.with_workers(addresses), abilities=None, **common)
+                        plan = make_plan(
+                            ab, case.shape, case.samples, method=planner, dp=plan.n_columns
+                        )
+                    r = _fit_record(
+                        client, x, d, mapping=plan.with_workers(addresses), abilities=None, **common
+                    )
             elif method == "srpm-assumed":
-                r = _fit_record(client, x, d, mapping="srpm", abilities=list(case.assumed), **common)
+                r = _fit_record(
+                    client, x, d, mapping="srpm", abilities=list(case.assumed), **common
+                )
             elif method == "srpm-probed":
                 r = _fit_record(client, x, d, mapping="srpm", abilities=probed, **common)
             elif method == "drpm-init":
-                r = _fit_record(client, x, d, mapping="drpm", abilities=list(case.assumed), **common)
+                r = _fit_record(
+                    client, x, d, mapping="drpm", abilities=list(case.assumed), **common
+                )
             elif method == "drpm":
                 r = _fit_record(client, x, d, mapping="drpm", abilities=None, **common)
             elif method == "split-1d":
@@ -517,14 +647,19 @@ def _run_case(case: BenchCase, methods: Sequence[str], *, iterations: int, serie
             if r.skipped:
                 _log(f"  {method}: skipped ({r.skipped})", quiet)
             else:
-                _log(f"  {method}: {r.seconds_per_iteration:.3f} s/iteration "
-                     f"(gamma {gamma(r.seconds_per_iteration, series):.3f}, {r.n_columns} column(s), "
-                     f"{r.remaps} remap(s), weights vs fit_serial {r.weights_vs_serial:.1e}, {r.wall:.1f} s)", quiet)
+                _log(
+                    f"  {method}: {r.seconds_per_iteration:.3f} s/iteration "
+                    f"(gamma {gamma(r.seconds_per_iteration, series):.3f}, {r.n_columns} column(s), "
+                    f"{r.remaps} remap(s), weights vs fit_serial {r.weights_vs_serial:.1e}, {r.wall:.1f} s)",
+                    quiet,
+                )
             if progress is not None:
                 progress.step(case, f"{case.name} {method}")
         rows = emulation_report(client)
         blocks = sum(r["blocks"] for r in rows)
-        out["overrun_fraction"] = (sum(r["overruns"] for r in rows) / blocks) if blocks else math.nan
+        out["overrun_fraction"] = (
+            (sum(r["overruns"] for r in rows) / blocks) if blocks else math.nan
+        )
     out["load_end"] = _loadavg()
     return out
 
@@ -554,16 +689,17 @@ def _ddp_rank(rank: int, cfg: dict[str, Any], queue: Any) -> None:
         os.environ[var] = "1"
     import torch
     import torch.distributed as dist
-
-    from .kernels import block_work
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from .batches import Schedule
+    from .kernels import block_work
 
     torch.set_num_threads(1)
     world = cfg["world"]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{cfg['port']}", rank=rank, world_size=world)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{cfg['port']}", rank=rank, world_size=world
+    )
     try:
         x_all = np.load(cfg["x"], mmap_mode="r")
         d_all = np.load(cfg["d"], mmap_mode="r")
@@ -573,7 +709,9 @@ def _ddp_rank(rank: int, cfg: dict[str, Any], queue: Any) -> None:
         # The mini-batches of dask_rpm's schedule (same seed, same order): this rank takes the
         # share of every batch that a column with samples ``cut`` takes (DistributedSampler-like,
         # equal shares), so the ranks' gradients sum to the batch gradient. Full batch: ``cut``.
-        sched = Schedule(samples, cfg.get("batch_size"), bool(cfg.get("shuffle", True)), int(cfg.get("seed", 0)))
+        sched = Schedule(
+            samples, cfg.get("batch_size"), bool(cfg.get("shuffle", True)), int(cfg.get("seed", 0))
+        )
         epoch_rows: dict[str, Any] = {"epoch": None}
 
         def rows_of(it: int) -> tuple[Any, Any]:
@@ -581,9 +719,13 @@ def _ddp_rank(rank: int, cfg: dict[str, Any], queue: Any) -> None:
             e = sched.epoch(it)
             if epoch_rows["epoch"] != e:
                 idx, offsets = sched.epoch_plan(e, cut)
-                epoch_rows.update(epoch=e, offsets=offsets, first=e * sched.per_epoch,
-                                  x=torch.from_numpy(np.ascontiguousarray(x_all[idx])),
-                                  d=torch.from_numpy(np.ascontiguousarray(d_all[idx])))
+                epoch_rows.update(
+                    epoch=e,
+                    offsets=offsets,
+                    first=e * sched.per_epoch,
+                    x=torch.from_numpy(np.ascontiguousarray(x_all[idx])),
+                    d=torch.from_numpy(np.ascontiguousarray(d_all[idx])),
+                )
             j = it - epoch_rows["first"]
             lo, hi = epoch_rows["offsets"][j], epoch_rows["offsets"][j + 1]
             return epoch_rows["x"][lo:hi], epoch_rows["d"][lo:hi]
@@ -630,7 +772,9 @@ def _ddp_rank(rank: int, cfg: dict[str, Any], queue: Any) -> None:
                 clock["speed"] = speed / step[2]
             x, d = rows_of(it)
             rows = int(x.shape[0])
-            clock["work"] = block_work("forward", rows, m_h, n_in, l_out) + block_work("backward", rows, m_h, n_in, l_out)
+            clock["work"] = block_work("forward", rows, m_h, n_in, l_out) + block_work(
+                "backward", rows, m_h, n_in, l_out
+            )
             clock["cpu"], clock["wall"] = time.thread_time(), time.perf_counter()
             opt.zero_grad(set_to_none=True)
             h = model(x)
@@ -645,16 +789,34 @@ def _ddp_rank(rank: int, cfg: dict[str, Any], queue: Any) -> None:
         if rank == 0:
             # the final weights too: the bench checks that the peer trained the same batches
             net = model.module
-            queue.put({"times": times, "error": errors[-1],
-                       "W": net.W.detach().numpy().copy(), "V": net.V.detach().numpy().copy()})
+            queue.put(
+                {
+                    "times": times,
+                    "error": errors[-1],
+                    "W": net.W.detach().numpy().copy(),
+                    "V": net.V.detach().numpy().copy(),
+                }
+            )
     finally:
         dist.destroy_process_group()
 
 
-def run_ddp(x: np.ndarray, d: np.ndarray, *, hidden: int, speeds: Sequence[float], scale: float,
-            iterations: int, learning_rate: float, step: tuple[int, int, float] | None = None,
-            seed: int = 0, timeout: float = 1800.0, rate: float | None = None,
-            batch_size: int | None = None, shuffle: bool | None = None) -> dict[str, Any]:
+def run_ddp(
+    x: np.ndarray,
+    d: np.ndarray,
+    *,
+    hidden: int,
+    speeds: Sequence[float],
+    scale: float,
+    iterations: int,
+    learning_rate: float,
+    step: tuple[int, int, float] | None = None,
+    seed: int = 0,
+    timeout: float = 1800.0,
+    rate: float | None = None,
+    batch_size: int | None = None,
+    shuffle: bool | None = None,
+) -> dict[str, Any]:
     """Train the same MLP with plain DDP, one process per EMULATED speed; rank 0's iteration times.
 
     ``batch_size`` / ``shuffle`` (defaults ``rpm.train.*``): the mini-batches of
@@ -689,12 +851,28 @@ def run_ddp(x: np.ndarray, d: np.ndarray, *, hidden: int, speeds: Sequence[float
             rate = float(config.get("emulation.rate-fraction")) * _process_rate("float64")
         from .batches import schedule
 
-        sched = schedule(x.shape[0], batch_size, shuffle=shuffle, seed=seed)  # validated, config defaults
-        cfg = {**paths, "world": len(speeds), "port": _free_port(), "speeds": list(speeds), "scale": scale,
-               "lr": learning_rate, "iterations": iterations, "step": step, "rate": float(rate),
-               "batch_size": sched.batch_size, "shuffle": sched.shuffle, "seed": sched.seed}
+        sched = schedule(
+            x.shape[0], batch_size, shuffle=shuffle, seed=seed
+        )  # validated, config defaults
+        cfg = {
+            **paths,
+            "world": len(speeds),
+            "port": _free_port(),
+            "speeds": list(speeds),
+            "scale": scale,
+            "lr": learning_rate,
+            "iterations": iterations,
+            "step": step,
+            "rate": float(rate),
+            "batch_size": sched.batch_size,
+            "shuffle": sched.shuffle,
+            "seed": sched.seed,
+        }
         queue = ctx.Queue()
-        procs = [ctx.Process(target=_ddp_rank, args=(r, cfg, queue), daemon=True) for r in range(len(speeds))]
+        procs = [
+            ctx.Process(target=_ddp_rank, args=(r, cfg, queue), daemon=True)
+            for r in range(len(speeds))
+        ]
         for p in procs:
             p.start()
         import queue as queue_mod
@@ -719,8 +897,17 @@ def run_ddp(x: np.ndarray, d: np.ndarray, *, hidden: int, speeds: Sequence[float
     return result
 
 
-def _run_ddp_method(case: BenchCase, x: np.ndarray, d: np.ndarray, *, iterations: int, lr: float,
-                    scale: float, start: int, rate: float | None = None) -> MethodResult:
+def _run_ddp_method(
+    case: BenchCase,
+    x: np.ndarray,
+    d: np.ndarray,
+    *,
+    iterations: int,
+    lr: float,
+    scale: float,
+    start: int,
+    rate: float | None = None,
+) -> MethodResult:
     ok, why = torch_available()
     if not ok:
         return MethodResult(skipped=why)
@@ -728,8 +915,18 @@ def _run_ddp_method(case: BenchCase, x: np.ndarray, d: np.ndarray, *, iterations
     if case.step_worker is not None:
         step = (case.step_worker, int(case.step_at), STEP_FACTOR)
     t0 = time.perf_counter()
-    res = run_ddp(x, d, hidden=case.shape[1], speeds=case.speeds, scale=scale, iterations=iterations,
-                  learning_rate=lr, step=step, rate=rate, batch_size=case.batch_size)
+    res = run_ddp(
+        x,
+        d,
+        hidden=case.shape[1],
+        speeds=case.speeds,
+        scale=scale,
+        iterations=iterations,
+        learning_rate=lr,
+        step=step,
+        rate=rate,
+        batch_size=case.batch_size,
+    )
     it = np.asarray(res["times"], dtype=float)
     return MethodResult(
         seconds_per_iteration=steady_seconds(it, min(start, it.size - 1)),
@@ -738,8 +935,14 @@ def _run_ddp_method(case: BenchCase, x: np.ndarray, d: np.ndarray, *, iterations
         iterations=int(it.size),
         n_columns=case.n,
         final_error=float(res["error"]),
-        plan=json.dumps({"method": "ddp", "samples_per_rank": "equal", "ranks": case.n,
-                         "batch_size": case.batch_size}),
+        plan=json.dumps(
+            {
+                "method": "ddp",
+                "samples_per_rank": "equal",
+                "ranks": case.n,
+                "batch_size": case.batch_size,
+            }
+        ),
         wall=time.perf_counter() - t0,
         weights=(np.asarray(res["W"]), np.asarray(res["V"])),
     )
@@ -802,16 +1005,30 @@ def run_bench(
     import xarray as xr
 
     workloads, conditions, ns, methods = list(workloads), list(conditions), list(ns), list(methods)
-    _validate(workloads, conditions, ns, methods, iterations, series_iterations, interval, dp_search, custom)
+    _validate(
+        workloads,
+        conditions,
+        ns,
+        methods,
+        iterations,
+        series_iterations,
+        interval,
+        dp_search,
+        custom,
+    )
     batch_sizes = _validate_batch_sizes(workloads, batch_sizes, custom)
     interval = int(interval) if interval is not None else max(2, iterations // 4)
     step_at = int(step_at) if step_at is not None else max(series_iterations + 1, iterations // 4)
-    if any(c.endswith("-step") for c in conditions) and not (series_iterations < step_at < iterations // 2 + 1):
+    if any(c.endswith("-step") for c in conditions) and not (
+        series_iterations < step_at < iterations // 2 + 1
+    ):
         raise BenchError(
             f"step_at={step_at} must lie after the series runs ({series_iterations} iterations) and in the "
             f"first half of the run ({iterations} iterations); give more iterations or another step_at"
         )
-    cases = make_cases(workloads, conditions, ns, step_at=step_at, custom=custom, batch_sizes=batch_sizes)
+    cases = make_cases(
+        workloads, conditions, ns, step_at=step_at, custom=custom, batch_sizes=batch_sizes
+    )
     started = time.perf_counter()
     results = []
     references: dict[Any, Any] | None = {} if check_weights else None
@@ -820,17 +1037,32 @@ def run_bench(
     progress = _Progress(cases, methods, quiet)
     with dask.config.set({"rpm.train.progress": "none"}):
         for case in cases:
-            results.append(_run_case(case, methods, iterations=iterations, series_iterations=series_iterations,
-                                     interval=interval, dp_search=dp_search, quiet=quiet, references=references,
-                                     progress=progress))
+            results.append(
+                _run_case(
+                    case,
+                    methods,
+                    iterations=iterations,
+                    series_iterations=series_iterations,
+                    interval=interval,
+                    dp_search=dp_search,
+                    quiet=quiet,
+                    references=references,
+                    progress=progress,
+                )
+            )
     wall = time.perf_counter() - started
 
     C, M, W = len(cases), len(methods), max(ns)
+
     def full(*shape: int, fill: Any = np.nan, dtype: Any = float) -> np.ndarray:
         return np.full(shape, fill, dtype=dtype)
 
     spi, mean, gam, ratio = full(C, M), full(C, M), full(C, M), full(C, M)
-    its, remaps, cols = full(C, M, fill=0, dtype=int), full(C, M, fill=0, dtype=int), full(C, M, fill=0, dtype=int)
+    its, remaps, cols = (
+        full(C, M, fill=0, dtype=int),
+        full(C, M, fill=0, dtype=int),
+        full(C, M, fill=0, dtype=int),
+    )
     err = full(C, M)
     plan = full(C, M, fill="", dtype=object)
     skipped = full(C, M, fill="", dtype=object)
@@ -840,20 +1072,30 @@ def run_bench(
     labels = []
     for c, res in enumerate(results):
         case = res["case"]
-        series[c, :case.n] = res["series"]
-        speeds[c, :case.n] = case.speeds
-        assumed[c, :case.n] = case.assumed
+        series[c, : case.n] = res["series"]
+        speeds[c, : case.n] = case.speeds
+        assumed[c, : case.n] = case.assumed
         if res["probed"] is not None:
             p = np.asarray(res["probed"], dtype=float)
-            probed[c, :case.n] = p / p.max()
-        scale[c], overrun[c], lat[c], bw[c] = res["scale"], res["overrun_fraction"], res["latency"], res["bandwidth"]
+            probed[c, : case.n] = p / p.max()
+        scale[c], overrun[c], lat[c], bw[c] = (
+            res["scale"],
+            res["overrun_fraction"],
+            res["latency"],
+            res["bandwidth"],
+        )
         load0[c], load1[c] = res["load_start"], res["load_end"]
         labels.append(res["label"])
         for k, method in enumerate(methods):
             r: MethodResult = res["methods"][method]
             spi[c, k], mean[c, k] = r.seconds_per_iteration, r.seconds_mean
             gam[c, k] = gamma(r.seconds_per_iteration, res["series"])
-            its[c, k], remaps[c, k], cols[c, k], err[c, k] = r.iterations, r.remaps, r.n_columns, r.final_error
+            its[c, k], remaps[c, k], cols[c, k], err[c, k] = (
+                r.iterations,
+                r.remaps,
+                r.n_columns,
+                r.final_error,
+            )
             plan[c, k], skipped[c, k] = r.plan, r.skipped
             n_it = min(iterations, r.iteration_time.size)
             itime[c, k, :n_it] = r.iteration_time[:n_it]
@@ -861,33 +1103,100 @@ def run_bench(
             ratio[c] = spi[c] / spi[c, methods.index("drpm")]
     ds = xr.Dataset(
         {
-            "seconds_per_iteration": (("case", "method"), spi, {
-                "units": "s", "description": "median iteration time over the second half of the run (steady state)"}),
-            "seconds_per_iteration_mean": (("case", "method"), mean, {
-                "units": "s", "description": "mean iteration time over the whole run (DRPM's learning included)"}),
-            "gamma": (("case", "method"), gam, {
-                "units": "1", "description": "parallel efficiency (1/T_parallel) / sum_i 1/T_series(i)"}),
-            "ratio_to_drpm": (("case", "method"), ratio, {
-                "units": "1", "description": "seconds_per_iteration / DRPM's (above 1: slower than DRPM)"}),
+            "seconds_per_iteration": (
+                ("case", "method"),
+                spi,
+                {
+                    "units": "s",
+                    "description": "median iteration time over the second half of the run (steady state)",
+                },
+            ),
+            "seconds_per_iteration_mean": (
+                ("case", "method"),
+                mean,
+                {
+                    "units": "s",
+                    "description": "mean iteration time over the whole run (DRPM's learning included)",
+                },
+            ),
+            "gamma": (
+                ("case", "method"),
+                gam,
+                {
+                    "units": "1",
+                    "description": "parallel efficiency (1/T_parallel) / sum_i 1/T_series(i)",
+                },
+            ),
+            "ratio_to_drpm": (
+                ("case", "method"),
+                ratio,
+                {
+                    "units": "1",
+                    "description": "seconds_per_iteration / DRPM's (above 1: slower than DRPM)",
+                },
+            ),
             "iterations": (("case", "method"), its, {"units": "1"}),
             "remaps": (("case", "method"), remaps, {"units": "1"}),
-            "n_columns": (("case", "method"), cols, {"units": "1", "description": "columns of the final plan"}),
+            "n_columns": (
+                ("case", "method"),
+                cols,
+                {"units": "1", "description": "columns of the final plan"},
+            ),
             "final_error": (("case", "method"), err, {"units": "1"}),
             "plan": (("case", "method"), plan, {"description": "final plan as JSON"}),
-            "skipped": (("case", "method"), skipped, {"description": "why the method did not run, else empty"}),
+            "skipped": (
+                ("case", "method"),
+                skipped,
+                {"description": "why the method did not run, else empty"},
+            ),
             "iteration_time": (("case", "method", "iteration"), itime, {"units": "s"}),
-            "series_seconds": (("case", "worker"), series, {
-                "units": "s", "description": "T_series(i): the same job on worker i alone, s/iteration"}),
-            "speed": (("case", "worker"), speeds, {"units": "1", "description": "EMULATED true relative speed"}),
-            "ability_assumed": (("case", "worker"), assumed, {
-                "units": "1", "description": "the paper's assumed ability profile"}),
-            "ability_probed": (("case", "worker"), probed, {"units": "1", "description": "probed, max 1"}),
-            "scale": (("case",), scale, {"units": "core", "description": "EMULATED: what speed 1.0 stands for"}),
-            "overrun_fraction": (("case",), overrun, {
-                "units": "1", "description": "paced blocks that overran their target (contention)"}),
-            "latency": (("case",), lat, {"units": "s", "description": "probed worker-to-worker latency"}),
+            "series_seconds": (
+                ("case", "worker"),
+                series,
+                {
+                    "units": "s",
+                    "description": "T_series(i): the same job on worker i alone, s/iteration",
+                },
+            ),
+            "speed": (
+                ("case", "worker"),
+                speeds,
+                {"units": "1", "description": "EMULATED true relative speed"},
+            ),
+            "ability_assumed": (
+                ("case", "worker"),
+                assumed,
+                {"units": "1", "description": "the paper's assumed ability profile"},
+            ),
+            "ability_probed": (
+                ("case", "worker"),
+                probed,
+                {"units": "1", "description": "probed, max 1"},
+            ),
+            "scale": (
+                ("case",),
+                scale,
+                {"units": "core", "description": "EMULATED: what speed 1.0 stands for"},
+            ),
+            "overrun_fraction": (
+                ("case",),
+                overrun,
+                {
+                    "units": "1",
+                    "description": "paced blocks that overran their target (contention)",
+                },
+            ),
+            "latency": (
+                ("case",),
+                lat,
+                {"units": "s", "description": "probed worker-to-worker latency"},
+            ),
             "bandwidth": (("case",), bw, {"units": "bytes/s", "description": "probed bandwidth"}),
-            "load_start": (("case",), load0, {"units": "1", "description": "1-minute load average"}),
+            "load_start": (
+                ("case",),
+                load0,
+                {"units": "1", "description": "1-minute load average"},
+            ),
             "load_end": (("case",), load1, {"units": "1"}),
             "emulation_label": (("case",), np.asarray(labels, dtype=object)),
         },
@@ -898,7 +1207,10 @@ def run_bench(
             "N": ("case", [c.n for c in cases]),
             "shape": ("case", ["-".join(map(str, c.shape)) for c in cases]),
             "samples": ("case", [c.samples for c in cases]),
-            "step_worker": ("case", [-1 if c.step_worker is None else c.step_worker for c in cases]),
+            "step_worker": (
+                "case",
+                [-1 if c.step_worker is None else c.step_worker for c in cases],
+            ),
             "step_at": ("case", [-1 if c.step_at is None else c.step_at for c in cases]),
             "method": methods,
             "worker": np.arange(W),
@@ -907,10 +1219,10 @@ def run_bench(
         attrs={
             "title": "dask-rpm bench: EMULATED heterogeneity on one machine (not hardware figures)",
             "emulation": "EMULATED heterogeneity on one machine: workers share the cores; slow workers sleep "
-                         "in proportion to their CPU time (docs/emulation.md)",
+            "in proportion to their CPU time (docs/emulation.md)",
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_implementation()} "
-                       f"{platform.python_version()}",
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            f"{platform.python_version()}",
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "cores": int(os.cpu_count() or 0),
             "iterations": iterations,
             "series_iterations": series_iterations,
@@ -924,13 +1236,20 @@ def run_bench(
     return ds
 
 
-def _add_batch_fields(ds: Any, cases: list[BenchCase], results: list[dict[str, Any]], methods: list[str]) -> None:
+def _add_batch_fields(
+    ds: Any, cases: list[BenchCase], results: list[dict[str, Any]], methods: list[str]
+) -> None:
     """Mini-batch size per case, the weight check against ``fit_serial`` and the phase profile."""
     from .engine.records import PHASES
 
-    ds.coords["batch_size"] = ("case", np.array([c.batch for c in cases], dtype=int), {
-        "units": "samples",
-        "description": "samples per iteration: the mini-batch size (= samples for full-batch training)"})
+    ds.coords["batch_size"] = (
+        "case",
+        np.array([c.batch for c in cases], dtype=int),
+        {
+            "units": "samples",
+            "description": "samples per iteration: the mini-batch size (= samples for full-batch training)",
+        },
+    )
     ds.coords["full_batch"] = ("case", np.array([c.batch_size is None for c in cases], dtype=bool))
     check = np.full((len(cases), len(methods)), np.nan)
     phases = np.full((len(cases), len(methods), len(PHASES)), np.nan)
@@ -940,61 +1259,96 @@ def _add_batch_fields(ds: Any, cases: list[BenchCase], results: list[dict[str, A
             check[c, k] = r.weights_vs_serial
             for j, p in enumerate(PHASES):
                 phases[c, k, j] = r.phases.get(p, np.nan)
-    ds["weights_vs_serial"] = (("case", "method"), check, {
-        "units": "1", "description": "max |final weights - fit_serial's| / max |fit_serial's| (same data, "
-                                     "mini-batches, learning rate): every method trained the same batches; "
-                                     "NaN: not checked"})
+    ds["weights_vs_serial"] = (
+        ("case", "method"),
+        check,
+        {
+            "units": "1",
+            "description": "max |final weights - fit_serial's| / max |fit_serial's| (same data, "
+            "mini-batches, learning rate): every method trained the same batches; "
+            "NaN: not checked",
+        },
+    )
     ds.coords["phase"] = list(PHASES)
-    ds["phase_seconds"] = (("case", "method", "phase"), phases, {
-        "units": "s", "description": "steady-state seconds per engine phase (median over the second half, mean "
-                                     "over workers; forward/backward paced compute, *_wait/horizontal exchanges "
-                                     "incl. waiting); NaN for the DDP peer"})
+    ds["phase_seconds"] = (
+        ("case", "method", "phase"),
+        phases,
+        {
+            "units": "s",
+            "description": "steady-state seconds per engine phase (median over the second half, mean "
+            "over workers; forward/backward paced compute, *_wait/horizontal exchanges "
+            "incl. waiting); NaN for the DDP peer",
+        },
+    )
 
 
-def _validate_batch_sizes(workloads: list[str], batch_sizes: Sequence[int] | None,
-                         custom: tuple[int, int, int, int] | None) -> list[int] | None:
+def _validate_batch_sizes(
+    workloads: list[str],
+    batch_sizes: Sequence[int] | None,
+    custom: tuple[int, int, int, int] | None,
+) -> list[int] | None:
     """Check ``batch_sizes`` (whole numbers from 1 to the workload's samples); a list, or None."""
     if batch_sizes is None:
         return None
     sizes = list(batch_sizes)
     takers = [wl for wl in workloads if wl in ("minibatch", "custom")]
     if not sizes:
-        raise BenchError("batch_sizes is empty: give at least one mini-batch size, e.g. 256,1024,4096")
+        raise BenchError(
+            "batch_sizes is empty: give at least one mini-batch size, e.g. 256,1024,4096"
+        )
     if not takers:
-        raise BenchError(f"batch sizes {sizes} apply to the minibatch and custom workloads, and the run has "
-                         f"{', '.join(workloads)} (full batch: the paper's experiment); add --workloads minibatch")
+        raise BenchError(
+            f"batch sizes {sizes} apply to the minibatch and custom workloads, and the run has "
+            f"{', '.join(workloads)} (full batch: the paper's experiment); add --workloads minibatch"
+        )
     for b in sizes:
         if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1:
-            raise BenchError(f"batch size {b!r}: give whole numbers of samples per mini-batch, e.g. 256,1024,4096")
+            raise BenchError(
+                f"batch size {b!r}: give whole numbers of samples per mini-batch, e.g. 256,1024,4096"
+            )
         for wl in takers:
             if wl == "custom" and custom is None:
                 continue  # reported by _validate
             s_ = custom[3] if wl == "custom" else WORKLOADS[wl][3]
             if b > s_:
-                raise BenchError(f"batch size {b} is larger than the {wl} workload's {s_} samples; give at most "
-                                 f"{s_} (a batch of all samples is full-batch training)")
+                raise BenchError(
+                    f"batch size {b} is larger than the {wl} workload's {s_} samples; give at most "
+                    f"{s_} (a batch of all samples is full-batch training)"
+                )
     if len(set(sizes)) != len(sizes):
         raise BenchError(f"batch sizes {sizes} repeat a value; give each once")
     return [int(b) for b in sizes]
 
 
-def _validate(workloads: list[str], conditions: list[str], ns: list[int], methods: list[str], iterations: int,
-              series_iterations: int, interval: int | None, dp_search: str,
-              custom: tuple[int, int, int, int] | None) -> None:
+def _validate(
+    workloads: list[str],
+    conditions: list[str],
+    ns: list[int],
+    methods: list[str],
+    iterations: int,
+    series_iterations: int,
+    interval: int | None,
+    dp_search: str,
+    custom: tuple[int, int, int, int] | None,
+) -> None:
     valid_wl = [*WORKLOADS, "custom"]
     for wl in workloads:
         if wl not in valid_wl:
             raise BenchError(f"workload {wl!r} is not one of {', '.join(valid_wl)}")
         if wl == "custom" and custom is None:
-            raise BenchError("workload 'custom' needs a shape and samples (--shape N-M-L --samples S)")
+            raise BenchError(
+                "workload 'custom' needs a shape and samples (--shape N-M-L --samples S)"
+            )
     valid_cond = [*CONDITIONS, *(f"{c}-step" for c in CONDITIONS)]
     for c in conditions:
         if c not in valid_cond:
             raise BenchError(f"condition {c!r} is not one of {', '.join(valid_cond)}")
     for n in ns:
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= MAX_N:
-            raise BenchError(f"N={n!r}: worker counts must be whole numbers from 1 to {MAX_N} "
-                             f"(the paper's ability profiles A and B have {MAX_N} values)")
+            raise BenchError(
+                f"N={n!r}: worker counts must be whole numbers from 1 to {MAX_N} "
+                f"(the paper's ability profiles A and B have {MAX_N} values)"
+            )
     for m in methods:
         if m not in METHODS:
             raise BenchError(f"method {m!r} is not one of {', '.join(METHODS)}")
@@ -1003,7 +1357,9 @@ def _validate(workloads: list[str], conditions: list[str], ns: list[int], method
     if not methods or not workloads or not conditions or not ns:
         raise BenchError("give at least one workload, condition, N and method")
     if iterations < 2:
-        raise BenchError(f"iterations={iterations}: need at least 2 (the steady state is the second half)")
+        raise BenchError(
+            f"iterations={iterations}: need at least 2 (the steady state is the second half)"
+        )
     if series_iterations < 1:
         raise BenchError(f"series_iterations={series_iterations}: need at least 1")
     if interval is not None and interval < 1:
@@ -1015,6 +1371,7 @@ def _validate(workloads: list[str], conditions: list[str], ns: list[int], method
 # ---------------------------------------------------------------- outputs
 def summary_rows(ds: Any) -> list[dict[str, Any]]:
     """One row per (case, method) that ran: the ``--json`` list."""
+
     def num(v: Any) -> float | None:
         v = float(v)
         return v if math.isfinite(v) else None
@@ -1024,16 +1381,18 @@ def summary_rows(ds: Any) -> list[dict[str, Any]]:
         for k, method in enumerate(ds["method"].values.tolist()):
             if str(ds["skipped"].values[c, k]):
                 continue
-            rows.append({
-                "method": method,
-                "condition": str(ds["condition"].values[c]),
-                "N": int(ds["N"].values[c]),
-                "gamma": num(ds["gamma"].values[c, k]),
-                "seconds_per_iteration": num(ds["seconds_per_iteration"].values[c, k]),
-                "workload": str(ds["workload"].values[c]),
-                "ratio_to_drpm": num(ds["ratio_to_drpm"].values[c, k]),
-                "batch_size": _batch_of(ds, c),
-            })
+            rows.append(
+                {
+                    "method": method,
+                    "condition": str(ds["condition"].values[c]),
+                    "N": int(ds["N"].values[c]),
+                    "gamma": num(ds["gamma"].values[c, k]),
+                    "seconds_per_iteration": num(ds["seconds_per_iteration"].values[c, k]),
+                    "workload": str(ds["workload"].values[c]),
+                    "ratio_to_drpm": num(ds["ratio_to_drpm"].values[c, k]),
+                    "batch_size": _batch_of(ds, c),
+                }
+            )
     return rows
 
 
@@ -1102,7 +1461,11 @@ def _weights_note(ds: Any, c: int) -> str:
     if not v.size:
         return ""
     b = _batch_of(ds, c)
-    batches = "" if b is None else f"mini-batches of {b} ({-(-int(ds['samples'].values[c]) // b)} per epoch); "
+    batches = (
+        ""
+        if b is None
+        else f"mini-batches of {b} ({-(-int(ds['samples'].values[c]) // b)} per epoch); "
+    )
     return f"; {batches}final weights of every method vs fit_serial: max relative difference {float(v.max()):.1e}"
 
 
@@ -1118,14 +1481,21 @@ def _phase_lines(ds: Any) -> list[str]:
             v = ds["phase_seconds"].values[c, k]
             if str(ds["skipped"].values[c, k]) or not np.isfinite(v).any():
                 continue
-            rows.append(f"| {ds['case'].values[c]} | {method} | "
-                        + " | ".join(f"{1e3 * float(t):.1f}" for t in v)
-                        + f" | {1e3 * float(ds['seconds_per_iteration'].values[c, k]):.1f} |")
+            rows.append(
+                f"| {ds['case'].values[c]} | {method} | "
+                + " | ".join(f"{1e3 * float(t):.1f}" for t in v)
+                + f" | {1e3 * float(ds['seconds_per_iteration'].values[c, k]):.1f} |"
+            )
     if not rows:
         return []
-    return ["", "Engine phases, ms per iteration (steady state, mean over workers; EMULATED):", "",
-            "| case | method | " + " | ".join(phases) + " | iteration |",
-            "| --- | --- |" + " ---: |" * (len(phases) + 1), *rows]
+    return [
+        "",
+        "Engine phases, ms per iteration (steady state, mean over workers; EMULATED):",
+        "",
+        "| case | method | " + " | ".join(phases) + " | iteration |",
+        "| --- | --- |" + " ---: |" * (len(phases) + 1),
+        *rows,
+    ]
 
 
 def plot_bench(ds: Any, path: str) -> str:
@@ -1144,8 +1514,12 @@ def plot_bench(ds: Any, path: str) -> str:
     width = 0.8 / max(len(methods), 1)
     for k, method in enumerate(methods):
         for ax, var in zip(axes[:2], ("gamma", "seconds_per_iteration")):
-            ax.bar(xs + (k - (len(methods) - 1) / 2) * width, ds[var].values[:, k], width, label=method)
-    for ax, title in zip(axes[:2], ("parallel efficiency gamma", "seconds per iteration (steady state)")):
+            ax.bar(
+                xs + (k - (len(methods) - 1) / 2) * width, ds[var].values[:, k], width, label=method
+            )
+    for ax, title in zip(
+        axes[:2], ("parallel efficiency gamma", "seconds per iteration (steady state)")
+    ):
         ax.set_xticks(xs, [c.replace("/", "\n") for c in cases], fontsize=8)
         ax.set_title(title)
         ax.grid(axis="y", alpha=0.3)
@@ -1155,14 +1529,18 @@ def plot_bench(ds: Any, path: str) -> str:
         c = steps[0]
         ax = axes[2]
         for k, method in enumerate(methods):
-            ax.plot(ds["iteration"].values, ds["iteration_time"].values[c, k], marker=".", label=method)
+            ax.plot(
+                ds["iteration"].values, ds["iteration_time"].values[c, k], marker=".", label=method
+            )
         ax.axvline(int(ds["step_at"].values[c]), color="k", lw=0.8, ls="--")
         ax.set_title(f"load step: {cases[c]}")
         ax.set_xlabel("iteration")
         ax.set_ylabel("s")
         ax.legend(fontsize=7, ncol=2)
-    fig.suptitle(f"EMULATED heterogeneity on one {ds.attrs.get('cores', os.cpu_count())}-core machine "
-                 f"(not hardware figures) - dask-rpm bench")
+    fig.suptitle(
+        f"EMULATED heterogeneity on one {ds.attrs.get('cores', os.cpu_count())}-core machine "
+        f"(not hardware figures) - dask-rpm bench"
+    )
     fig.tight_layout()
     atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     plt.close(fig)
@@ -1172,7 +1550,10 @@ def plot_bench(ds: Any, path: str) -> str:
 def write_outputs(ds: Any, out_dir: str, *, plot: bool = True) -> dict[str, str]:
     """Write ``bench.nc`` (netCDF), ``bench.md`` and ``bench.png`` into ``out_dir`` atomically."""
     os.makedirs(out_dir, exist_ok=True)
-    paths = {"netcdf": os.path.join(out_dir, "bench.nc"), "markdown": os.path.join(out_dir, "bench.md")}
+    paths = {
+        "netcdf": os.path.join(out_dir, "bench.nc"),
+        "markdown": os.path.join(out_dir, "bench.md"),
+    }
     atomic_write(paths["netcdf"], lambda tmp: ds.to_netcdf(tmp, engine="h5netcdf"))
     table = markdown_table(ds)
     atomic_write_text(paths["markdown"], table)
@@ -1209,28 +1590,63 @@ def add_bench_parser(subparsers: Any) -> None:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--quick", action="store_true",
-                   help="condition A, N = 4 and 8, compute workload, 16 iterations (about 17 min on 2 cores)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="condition A, N = 4 and 8, compute workload, 16 iterations (about 17 min on 2 cores)",
+    )
     p.add_argument("--conditions", help="comma-separated: A, B, A-step, B-step (default A,B)")
-    p.add_argument("--n", dest="ns", metavar="N", help="worker counts, e.g. 4,8 or 4-8 (default 4-8)")
-    p.add_argument("--workloads", help="comma-separated: paper, compute, minibatch, custom (default paper,compute)")
-    p.add_argument("--batch-sizes", metavar="B,B,...",
-                   help="mini-batch sizes of the minibatch workload (default 256,1024,4096) and of custom "
-                        "(default full batch); paper and compute are full batch")
+    p.add_argument(
+        "--n", dest="ns", metavar="N", help="worker counts, e.g. 4,8 or 4-8 (default 4-8)"
+    )
+    p.add_argument(
+        "--workloads",
+        help="comma-separated: paper, compute, minibatch, custom (default paper,compute)",
+    )
+    p.add_argument(
+        "--batch-sizes",
+        metavar="B,B,...",
+        help="mini-batch sizes of the minibatch workload (default 256,1024,4096) and of custom "
+        "(default full batch); paper and compute are full batch",
+    )
     p.add_argument("--methods", help=f"comma-separated subset of {','.join(METHODS)} (default all)")
-    p.add_argument("--iterations", type=int, help="iterations per method run (default 40; --quick 16)")
-    p.add_argument("--series-iterations", type=int, default=None, help="iterations per T_series run (default 2)")
-    p.add_argument("--interval", type=int, default=None, help="R: iterations between DRPM checks (default iterations/4)")
-    p.add_argument("--step-at", type=int, default=None, help="iteration of the load step (default iterations/4)")
-    p.add_argument("--dp-search", choices=("model", "measured"), default="model",
-                   help="how the baselines' best N_DP is found (default model)")
+    p.add_argument(
+        "--iterations", type=int, help="iterations per method run (default 40; --quick 16)"
+    )
+    p.add_argument(
+        "--series-iterations",
+        type=int,
+        default=None,
+        help="iterations per T_series run (default 2)",
+    )
+    p.add_argument(
+        "--interval",
+        type=int,
+        default=None,
+        help="R: iterations between DRPM checks (default iterations/4)",
+    )
+    p.add_argument(
+        "--step-at",
+        type=int,
+        default=None,
+        help="iteration of the load step (default iterations/4)",
+    )
+    p.add_argument(
+        "--dp-search",
+        choices=("model", "measured"),
+        default="model",
+        help="how the baselines' best N_DP is found (default model)",
+    )
     p.add_argument("--shape", help="custom workload network n-m-l")
     p.add_argument("--samples", type=int, help="custom workload samples")
     p.add_argument("--out", default="rpm-bench", help="output directory (default ./rpm-bench)")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
     p.add_argument("--json", action="store_true", help="print the summary rows as JSON on stdout")
-    p.add_argument("--no-weight-check", action="store_true",
-                   help="skip comparing every method's final weights with fit_serial (weights_vs_serial)")
+    p.add_argument(
+        "--no-weight-check",
+        action="store_true",
+        help="skip comparing every method's final weights with fit_serial (weights_vs_serial)",
+    )
     p.set_defaults(func=_cmd_bench)
 
 
@@ -1254,9 +1670,13 @@ def _parse_ns(text: str | None, default: Sequence[int]) -> list[int]:
             else:
                 out.append(int(tok))
         except ValueError:
-            raise CLIError(f"--n {text!r}: give whole numbers from 1 to {MAX_N}, e.g. 4,8 or 4-8") from None
+            raise CLIError(
+                f"--n {text!r}: give whole numbers from 1 to {MAX_N}, e.g. 4,8 or 4-8"
+            ) from None
     if not out:
-        raise CLIError(f"--n {text!r} is empty: give whole numbers from 1 to {MAX_N}, e.g. 4,8 or 4-8")
+        raise CLIError(
+            f"--n {text!r} is empty: give whole numbers from 1 to {MAX_N}, e.g. 4,8 or 4-8"
+        )
     return out
 
 
@@ -1268,8 +1688,10 @@ def _parse_batch_sizes(text: str | None) -> list[int] | None:
     try:
         sizes = [int(t) for t in _split(text, ())]
     except ValueError:
-        raise CLIError(f"--batch-sizes {text!r}: give whole numbers of samples per mini-batch, "
-                       f"e.g. 256,1024,4096") from None
+        raise CLIError(
+            f"--batch-sizes {text!r}: give whole numbers of samples per mini-batch, "
+            f"e.g. 256,1024,4096"
+        ) from None
     if not sizes:
         raise CLIError(f"--batch-sizes {text!r} is empty: give e.g. 256,1024,4096")
     return sizes
@@ -1282,7 +1704,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.quick:
         conditions, ns, workloads, iterations = ["A"], [4, 8], ["compute"], 16
     else:
-        conditions, ns, workloads, iterations = ["A", "B"], [4, 5, 6, 7, 8], ["paper", "compute"], 40
+        conditions, ns, workloads, iterations = (
+            ["A", "B"],
+            [4, 5, 6, 7, 8],
+            ["paper", "compute"],
+            40,
+        )
     conditions = _split(args.conditions, conditions)
     ns = _parse_ns(args.ns, ns)
     workloads = _split(args.workloads, workloads)
@@ -1290,7 +1717,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     iterations = args.iterations if args.iterations is not None else iterations
     custom = None
     if (args.shape is None) != (args.samples is None):
-        raise CLIError("--shape and --samples go together (a custom workload); give both or neither")
+        raise CLIError(
+            "--shape and --samples go together (a custom workload); give both or neither"
+        )
     if args.shape is not None:
         n, m, l = parse_shape(args.shape)
         if args.samples < 1:
@@ -1307,10 +1736,18 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         raise CLIError(f"--out {out_dir!r} exists and is not a directory; give a directory path")
     try:
         ds = run_bench(
-            workloads=workloads, conditions=conditions, ns=ns, methods=methods, iterations=iterations,
+            workloads=workloads,
+            conditions=conditions,
+            ns=ns,
+            methods=methods,
+            iterations=iterations,
             series_iterations=args.series_iterations if args.series_iterations is not None else 2,
-            interval=args.interval, step_at=args.step_at, dp_search=args.dp_search, custom=custom,
-            batch_sizes=_parse_batch_sizes(args.batch_sizes), check_weights=not args.no_weight_check,
+            interval=args.interval,
+            step_at=args.step_at,
+            dp_search=args.dp_search,
+            custom=custom,
+            batch_sizes=_parse_batch_sizes(args.batch_sizes),
+            check_weights=not args.no_weight_check,
         )
     except BenchError as e:
         raise CLIError(str(e)) from None

@@ -21,9 +21,18 @@ import math
 import os
 import re
 import sys
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
-__all__ = ["CLIError", "main", "build_parser", "register_parser", "add_plan_parser", "dask_cli", "draw_plan"]
+__all__ = [
+    "CLIError",
+    "main",
+    "build_parser",
+    "register_parser",
+    "add_plan_parser",
+    "dask_cli",
+    "draw_plan",
+]
 
 PROG = "dask-rpm"
 
@@ -189,9 +198,20 @@ def add_plan_parser(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--abilities", metavar="P1,P2,...", help="comma-separated positive abilities, one per worker")
-    src.add_argument("--abilities-file", metavar="PATH", help="file with one ability per line, or a JSON list")
-    p.add_argument("--shape", required=True, metavar="N-M-L", help="network inputs-hidden-outputs, e.g. 203-80-26")
+    src.add_argument(
+        "--abilities",
+        metavar="P1,P2,...",
+        help="comma-separated positive abilities, one per worker",
+    )
+    src.add_argument(
+        "--abilities-file", metavar="PATH", help="file with one ability per line, or a JSON list"
+    )
+    p.add_argument(
+        "--shape",
+        required=True,
+        metavar="N-M-L",
+        help="network inputs-hidden-outputs, e.g. 203-80-26",
+    )
     p.add_argument("--samples", required=True, metavar="S", help="number of training samples")
     p.add_argument(
         "--method",
@@ -199,15 +219,21 @@ def add_plan_parser(subparsers: Any) -> None:
         default=None,
         help="planner (default: rpm.planner.method, srpm)",
     )
-    p.add_argument("--dp", metavar="N_DP", default=None, help="number of columns (data-parallel degree)")
+    p.add_argument(
+        "--dp", metavar="N_DP", default=None, help="number of columns (data-parallel degree)"
+    )
     p.add_argument(
         "--small-group",
         metavar="A",
         default=None,
         help="snap horizontal bands at most this fraction of m thick (default 0.06; 0 disables)",
     )
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
-    p.add_argument("--width", type=int, default=64, metavar="CHARS", help="width of the drawing (default 64)")
+    p.add_argument(
+        "--json", action="store_true", help="print one JSON object instead of the report"
+    )
+    p.add_argument(
+        "--width", type=int, default=64, metavar="CHARS", help="width of the drawing (default 64)"
+    )
     p.add_argument("--no-draw", action="store_true", help="leave out the ASCII drawing")
     p.set_defaults(func=run_plan)
 
@@ -215,7 +241,9 @@ def add_plan_parser(subparsers: Any) -> None:
 def _parse_abilities(text: str, where: str) -> list[float]:
     tokens = [t for t in re.split(r"[,\s]+", text.strip()) if t]
     if not tokens:
-        raise CLIError(f"{where} is empty: give one positive number per worker, e.g. 0.05,0.10,0.20")
+        raise CLIError(
+            f"{where} is empty: give one positive number per worker, e.g. 0.05,0.10,0.20"
+        )
     out = []
     for i, t in enumerate(tokens):
         try:
@@ -229,7 +257,9 @@ def _parse_abilities(text: str, where: str) -> list[float]:
 
 def _read_abilities_file(path: str) -> list[float]:
     if not os.path.isfile(path):
-        raise CLIError(f"abilities file {path!r} not found: give an existing file with one number per line")
+        raise CLIError(
+            f"abilities file {path!r} not found: give an existing file with one number per line"
+        )
     try:
         with open(path) as f:
             text = f.read()
@@ -240,7 +270,9 @@ def _read_abilities_file(path: str) -> list[float]:
         try:
             data = json.loads(stripped)
         except json.JSONDecodeError as e:
-            raise CLIError(f"abilities file {path!r} is not valid JSON: {e.msg} at line {e.lineno}") from None
+            raise CLIError(
+                f"abilities file {path!r} is not valid JSON: {e.msg} at line {e.lineno}"
+            ) from None
         if not isinstance(data, list):
             raise CLIError(f"abilities file {path!r} must hold a JSON list of numbers")
         out = []
@@ -272,7 +304,9 @@ def _float_option(name: str, value: str | None) -> float | None:
     try:
         return float(value)
     except ValueError:
-        raise CLIError(f"{name}={value!r} is not a number; give a fraction of m in [0, 1), e.g. 0.06") from None
+        raise CLIError(
+            f"{name}={value!r} is not a number; give a fraction of m in [0, 1), e.g. 0.06"
+        ) from None
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -288,7 +322,9 @@ def run_plan(args: argparse.Namespace) -> int:
     dp = _int_option("--dp", args.dp)
     small_group = _float_option("--small-group", args.small_group)
     if args.width < 8:
-        raise CLIError(f"--width={args.width} is too small for a drawing; use at least 8 (or --no-draw)")
+        raise CLIError(
+            f"--width={args.width} is too small for a drawing; use at least 8 (or --no-draw)"
+        )
     plan = make_plan(abilities, shape, samples, method=args.method, dp=dp, small_group=small_group)
     if args.json:
         print(json.dumps(plan_json(plan)))
@@ -349,7 +385,9 @@ def format_plan(plan: Any, *, draw: bool = True, width: int = 64) -> str:
     planned = plan.planned_workers
     psum = sum(plan.abilities[w] for w in planned)
     total = plan.samples * m
-    out.append(f"  {'worker':<7}{'ability':>9}{'column':>8}  {'samples':<14}{'hidden':<12}{'work':>9}{'load':>7}")
+    out.append(
+        f"  {'worker':<7}{'ability':>9}{'column':>8}  {'samples':<14}{'hidden':<12}{'work':>9}{'load':>7}"
+    )
     for c, col in enumerate(plan.columns):
         for w in col:
             r = plan.rectangle(w)
@@ -365,7 +403,9 @@ def format_plan(plan: Any, *, draw: bool = True, width: int = 64) -> str:
     if plan.t_comm_by_columns:
         best = plan.n_columns
         parts = [
-            f"C={c}: {v:.1f}{' *' if c == best else ''}" if math.isfinite(v) else f"C={c}: infeasible"
+            f"C={c}: {v:.1f}{' *' if c == best else ''}"
+            if math.isfinite(v)
+            else f"C={c}: infeasible"
             for c, v in enumerate(plan.t_comm_by_columns, start=1)
         ]
         if len(parts) > 12:
@@ -466,12 +506,11 @@ def _make_dask_cli() -> Any:
 dask_cli = _make_dask_cli()
 
 # Subcommands defined in their own modules (picked up by _parser_hooks).
-from .train import add_train_parser  # noqa: E402
-from .probe_cli import add_probe_parser  # noqa: E402
-from .bench import add_bench_parser  # noqa: E402
-from .simulate import add_simulate_parser  # noqa: E402
-from .predict_cli import add_predict_parser  # noqa: E402
-
+from .bench import add_bench_parser  # noqa: E402, F401
+from .predict_cli import add_predict_parser  # noqa: E402, F401
+from .probe_cli import add_probe_parser  # noqa: E402, F401
+from .simulate import add_simulate_parser  # noqa: E402, F401
+from .train import add_train_parser  # noqa: E402, F401
 
 if __name__ == "__main__":  # python -m dask_rpm.cli
     sys.exit(main())

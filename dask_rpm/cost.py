@@ -16,7 +16,8 @@ Two models live here:
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -69,12 +70,12 @@ def t_comm_model(
     return float(2 * l * samples * vertical + 2 * (l + n) * m * (len(sizes) - 1))
 
 
-def t_comm_partition(part: "RealPartition", shape: tuple[int, int, int], samples: int) -> float:
+def t_comm_partition(part: RealPartition, shape: tuple[int, int, int], samples: int) -> float:
     """The element-count model of a real-valued partition (row cuts do not matter)."""
     return t_comm_model(part.widths, [len(c) for c in part.columns], shape, samples)
 
 
-def t_comm(plan: "Plan") -> float:
+def t_comm(plan: Plan) -> float:
     """The paper's communication cost of an integer plan, in elements (SPEC section 3).
 
     ``2 l s max_c(s_c* (k(c) - 1)) + 2 (l + n) m (C - 1)`` where ``s_c*`` is the
@@ -85,7 +86,7 @@ def t_comm(plan: "Plan") -> float:
     return t_comm_model(widths, [len(col) for col in plan.columns], plan.shape, s)
 
 
-def _speed_of(speeds: Sequence[float] | Mapping[Any, float], plan: "Plan", w: int) -> float:
+def _speed_of(speeds: Sequence[float] | Mapping[Any, float], plan: Plan, w: int) -> float:
     if isinstance(speeds, Mapping):
         key: Any = w
         if w not in speeds and plan.workers is not None and plan.workers[w] in speeds:
@@ -102,7 +103,9 @@ def _speed_of(speeds: Sequence[float] | Mapping[Any, float], plan: "Plan", w: in
         v = speeds[w]
     v = float(v)
     if not (math.isfinite(v) and v > 0):
-        raise ValueError(f"speed of P{w + 1} is {v}; speeds must be positive finite work units/second")
+        raise ValueError(
+            f"speed of P{w + 1} is {v}; speeds must be positive finite work units/second"
+        )
     return v
 
 
@@ -236,8 +239,11 @@ def network_from_config(
             fixed=float(config.get("cost.fixed")),
         )
     else:
-        repl = {k: v for k, v in (("latency", latency), ("bandwidth", bandwidth), ("itemsize", itemsize))
-                if v is not None}
+        repl = {
+            k: v
+            for k, v in (("latency", latency), ("bandwidth", bandwidth), ("itemsize", itemsize))
+            if v is not None
+        }
         network = network._replace(**repl)
     lat, bw, isz = float(network.latency), float(network.bandwidth), int(network.itemsize)
     if not (math.isfinite(lat) and lat >= 0):
@@ -251,13 +257,17 @@ def network_from_config(
         if not (math.isfinite(v) and v >= 0):
             raise ValueError(f"{name}={v} must be a non-negative number of seconds")
     if not (network.host_bandwidth > 0 and network.host_cores > 0):
-        raise ValueError(f"host_bandwidth={network.host_bandwidth} and host_cores={network.host_cores} "
-                         f"must be positive")
+        raise ValueError(
+            f"host_bandwidth={network.host_bandwidth} and host_cores={network.host_cores} "
+            f"must be positive"
+        )
     for name, cls in (network.classes or {}).items():
         if name not in LINK_CLASSES:
             raise ValueError(f"link class {name!r} is not one of {', '.join(LINK_CLASSES)}")
         if not (cls.latency >= 0 and cls.bandwidth > 0):
-            raise ValueError(f"link class {name!r}: latency must be >= 0 and bandwidth > 0, got {cls}")
+            raise ValueError(
+                f"link class {name!r}: latency must be >= 0 and bandwidth > 0, got {cls}"
+            )
     return network
 
 
@@ -303,9 +313,15 @@ def round_seconds(messages: Sequence[Message], network: Network) -> tuple[float,
             hs, hd = network.hosts[msg.src], network.hosts[msg.dst]
             for h in {hs, hd}:
                 ends = (hs == h) + (hd == h)
-                host_load[h] = host_load.get(h, 0.0) + ends * o / network.host_cores + \
-                    msg.nbytes / network.host_bandwidth
-    own = {w: p[0] + p[1] + (max(p[2], p[3]) if network.duplex else p[2] + p[3]) for w, p in per.items()}
+                host_load[h] = (
+                    host_load.get(h, 0.0)
+                    + ends * o / network.host_cores
+                    + msg.nbytes / network.host_bandwidth
+                )
+    own = {
+        w: p[0] + p[1] + (max(p[2], p[3]) if network.duplex else p[2] + p[3])
+        for w, p in per.items()
+    }
     worst = max(own.values(), default=0.0)
     if host_load:
         worst = max(worst, network.latency + max(host_load.values()))
@@ -314,15 +330,31 @@ def round_seconds(messages: Sequence[Message], network: Network) -> tuple[float,
 
 # ----------------------------------------------------------- exchange costs
 #: In-column algorithms the model knows: the engine's today, and the scalable ones of dask_rpm.exchange.
-VERTICAL_MODES = ("engine", "allgather", "leader", "gather", "tree", "halving", "ring", "direct", "best")
+VERTICAL_MODES = (
+    "engine",
+    "allgather",
+    "leader",
+    "gather",
+    "tree",
+    "halving",
+    "ring",
+    "direct",
+    "best",
+)
 #: Across-column algorithms: the engine's pairwise messages, the paper's serialised bands, per-band schedules.
 HORIZONTAL_MODES = ("engine", "pairwise", "bands", "tree", "halving", "ring", "direct", "best")
 #: The scalable collectives "best" chooses from (dask_rpm.exchange builds their schedules).
 SCALABLE = ("tree", "halving", "ring", "direct")
 
 
-def collective_seconds(algorithm: str, q: int, nbytes: float, link: LinkClass, overhead: float = 0.0,
-                       reduce: float = 0.0) -> float:
+def collective_seconds(
+    algorithm: str,
+    q: int,
+    nbytes: float,
+    link: LinkClass,
+    overhead: float = 0.0,
+    reduce: float = 0.0,
+) -> float:
     """Seconds of a sum-and-share (allreduce) of ``nbytes`` among ``q`` holders, closed form.
 
     Matches :func:`round_seconds` summed over the rounds of the schedules of
@@ -361,15 +393,20 @@ def collective_seconds(algorithm: str, q: int, nbytes: float, link: LinkClass, o
         return a + 2 * (q - 1) * o + (q - 1) * b + (q - 1) * r
     if algorithm in ("leader", "gather"):
         return 2 * (a + (q - 1) * (o + b)) + (q - 1) * r
-    raise ValueError(f"unknown exchange algorithm {algorithm!r}; valid: tree, halving, ring, direct, "
-                     f"allgather, leader")
+    raise ValueError(
+        f"unknown exchange algorithm {algorithm!r}; valid: tree, halving, ring, direct, "
+        f"allgather, leader"
+    )
 
 
-def best_collective(q: int, nbytes: float, link: LinkClass, overhead: float = 0.0,
-                    reduce: float = 0.0) -> tuple[str, float]:
+def best_collective(
+    q: int, nbytes: float, link: LinkClass, overhead: float = 0.0, reduce: float = 0.0
+) -> tuple[str, float]:
     """The scalable algorithm with the least :func:`collective_seconds` (ties: the order of ``SCALABLE``)."""
-    return min(((alg, collective_seconds(alg, q, nbytes, link, overhead, reduce)) for alg in SCALABLE),
-               key=lambda x: x[1])
+    return min(
+        ((alg, collective_seconds(alg, q, nbytes, link, overhead, reduce)) for alg in SCALABLE),
+        key=lambda x: x[1],
+    )
 
 
 def _engine_vertical(k: int, mode: str) -> str:
@@ -381,7 +418,7 @@ def _engine_vertical(k: int, mode: str) -> str:
     return v
 
 
-def _column_rows(plan: "Plan") -> list[tuple[np.ndarray, np.ndarray, list[int]]]:
+def _column_rows(plan: Plan) -> list[tuple[np.ndarray, np.ndarray, list[int]]]:
     """Per column: row starts and ends (top to bottom) and the workers in that order."""
     out = []
     for col in plan.columns:
@@ -392,8 +429,9 @@ def _column_rows(plan: "Plan") -> list[tuple[np.ndarray, np.ndarray, list[int]]]
     return out
 
 
-def _pairwise_messages(plan: "Plan", rows: list[tuple[np.ndarray, np.ndarray, list[int]]],
-                       per_row: float) -> list[Message]:
+def _pairwise_messages(
+    plan: Plan, rows: list[tuple[np.ndarray, np.ndarray, list[int]]], per_row: float
+) -> list[Message]:
     """The engine's horizontal messages: to every worker of another column whose rows overlap mine."""
     msgs = []
     for c, (s1, e1, w1) in enumerate(rows):
@@ -413,16 +451,28 @@ def _pairwise_messages(plan: "Plan", rows: list[tuple[np.ndarray, np.ndarray, li
     return msgs
 
 
-def _pairwise_uniform(plan: "Plan", rows: list[tuple[np.ndarray, np.ndarray, list[int]]],
-                      per_row: float, network: Network) -> float:
+def _pairwise_uniform(
+    plan: Plan,
+    rows: list[tuple[np.ndarray, np.ndarray, list[int]]],
+    per_row: float,
+    network: Network,
+) -> float:
     """:func:`round_seconds` of the pairwise messages on uniform links, vectorised (large N)."""
     C = len(rows)
     starts = np.concatenate([s for s, _, _ in rows])
     ends = np.concatenate([e for _, e, _ in rows])
     workers = [w for _, _, ws in rows for w in ws]
     count = np.zeros(len(workers))
-    for s2, _, _ in rows:  # partners in column c2 of every worker: cuts of c2 inside its rows, plus one
-        count += np.searchsorted(s2, ends - 1, side="right") - np.searchsorted(s2, starts, side="right") + 1
+    for (
+        s2,
+        _,
+        _,
+    ) in rows:  # partners in column c2 of every worker: cuts of c2 inside its rows, plus one
+        count += (
+            np.searchsorted(s2, ends - 1, side="right")
+            - np.searchsorted(s2, starts, side="right")
+            + 1
+        )
     count -= 1  # its own column counted itself once
     heights = (ends - starts).astype(float)
     o, bw = network.overhead, network.bandwidth
@@ -433,15 +483,19 @@ def _pairwise_uniform(plan: "Plan", rows: list[tuple[np.ndarray, np.ndarray, lis
         hosts: dict[Any, float] = {}
         for w, k, h in zip(workers, count.tolist(), heights.tolist()):
             # every message has two ends; on one host its bytes are counted once; the sums need its cores
-            hosts[network.hosts[w]] = hosts.get(network.hosts[w], 0.0) + 2 * k * o / network.host_cores + \
-                (C - 1) * h * per_row / network.host_bandwidth + \
-                (C - 1) * h * per_row / network.itemsize * network.reduce / network.host_cores
+            hosts[network.hosts[w]] = (
+                hosts.get(network.hosts[w], 0.0)
+                + 2 * k * o / network.host_cores
+                + (C - 1) * h * per_row / network.host_bandwidth
+                + (C - 1) * h * per_row / network.itemsize * network.reduce / network.host_cores
+            )
         own = max(own, network.latency + max(hosts.values()))
     return own
 
 
-def _band_groups(plan: "Plan", rows: list[tuple[np.ndarray, np.ndarray, list[int]]]
-                 ) -> list[tuple[tuple[int, ...], int]]:
+def _band_groups(
+    plan: Plan, rows: list[tuple[np.ndarray, np.ndarray, list[int]]]
+) -> list[tuple[tuple[int, ...], int]]:
     """Bands with the same holders merged: ``(holders in column order, hidden rows)``."""
     cuts = np.array(sorted({int(v) for s, _, _ in rows for v in s} | {plan.m}))
     lo, widths = cuts[:-1], np.diff(cuts)
@@ -455,7 +509,7 @@ def _band_groups(plan: "Plan", rows: list[tuple[np.ndarray, np.ndarray, list[int
 
 
 def predict_breakdown(
-    plan: "Plan",
+    plan: Plan,
     speeds: Sequence[float] | Mapping[Any, float],
     *,
     latency: float | None = None,
@@ -567,7 +621,9 @@ def predict_breakdown(
             # explicit rounds, so that columns sharing a host contend
             order = sorted(col, key=lambda w: plan.rectangle(w).hidden[0])
             if alg == "allgather":
-                engine_rounds[0] += [Message(a, b, nbytes, True) for a in order for b in order if a != b]
+                engine_rounds[0] += [
+                    Message(a, b, nbytes, True) for a in order for b in order if a != b
+                ]
             else:
                 lead = max(col, key=lambda w: (plan.abilities[w], -w))
                 engine_rounds[0] += [Message(a, lead, nbytes, True) for a in order if a != lead]
@@ -579,7 +635,10 @@ def predict_breakdown(
         link = net.worst_link(col)
         red = l * (s1 - s0) * net.reduce
         if alg == "gather":
-            v = 2 * (k - 1) * (link.latency + net.overhead + nbytes / link.bandwidth) + (k - 1) * red
+            v = (
+                2 * (k - 1) * (link.latency + net.overhead + nbytes / link.bandwidth)
+                + (k - 1) * red
+            )
         elif alg == "best":
             alg, v = best_collective(k, nbytes, link, net.overhead, red)
         else:
@@ -591,9 +650,14 @@ def predict_breakdown(
         timed = [round_seconds(r, net) if r else (0.0, {}) for r in engine_rounds]
         for c, (alg, order) in enumerate(col_rounds):
             if alg in ("allgather", "leader") and order:
-                vertical_t[c] += sum(max(worst if net.hosts is not None else 0.0,
-                                        max((own.get(w, 0.0) for w in order), default=0.0))
-                                    for worst, own in timed if own and any(w in own for w in order))
+                vertical_t[c] += sum(
+                    max(
+                        worst if net.hosts is not None else 0.0,
+                        max((own.get(w, 0.0) for w in order), default=0.0),
+                    )
+                    for worst, own in timed
+                    if own and any(w in own for w in order)
+                )
     if net.hosts is not None and net.reduce > 0:
         # every member of an allgather column (the leader of a leader column) computes the output
         # deltas at the same time as the other columns: on a shared host they share its cores
@@ -601,9 +665,13 @@ def predict_breakdown(
         for c, col in enumerate(plan.columns):
             s0, s1 = plan.column_samples(c)
             alg = vertical_alg[c]
-            members = [max(col, key=lambda w: (plan.abilities[w], -w))] if alg == "leader" else list(col)
+            members = (
+                [max(col, key=lambda w: (plan.abilities[w], -w))] if alg == "leader" else list(col)
+            )
             for w in members:
-                load[net.hosts[w]] = load.get(net.hosts[w], 0.0) + l * (s1 - s0) * net.reduce / net.host_cores
+                load[net.hosts[w]] = (
+                    load.get(net.hosts[w], 0.0) + l * (s1 - s0) * net.reduce / net.host_cores
+                )
         for c, col in enumerate(plan.columns):
             vertical_t[c] = max(vertical_t[c], max(load.get(net.hosts[w], 0.0) for w in col))
     for c in range(plan.n_columns):
@@ -625,7 +693,8 @@ def predict_breakdown(
     elif hmode == "bands":
         horizontal_by_band = [
             2 * (C - 1) * (net.latency + net.overhead + (b1 - b0) * per_row / net.bandwidth)
-            + (C - 1) * (b1 - b0) * (n + l) * net.reduce for b0, b1 in bands
+            + (C - 1) * (b1 - b0) * (n + l) * net.reduce
+            for b0, b1 in bands
         ]
         horizontal = float(sum(horizontal_by_band))
     else:
@@ -656,8 +725,14 @@ def predict_breakdown(
     straggler = 0.0
     if spread is not None:
         planned = plan.planned_workers
-        sig = [float(spread[w] if not isinstance(spread, Mapping) else
-                     spread.get(w, spread.get(plan.workers[w] if plan.workers else w, 0.0))) for w in planned]
+        sig = [
+            float(
+                spread[w]
+                if not isinstance(spread, Mapping)
+                else spread.get(w, spread.get(plan.workers[w] if plan.workers else w, 0.0))
+            )
+            for w in planned
+        ]
         if any(not (math.isfinite(v) and v >= 0) for v in sig):
             raise ValueError(f"spread must be non-negative finite seconds, got {sig}")
         straggler = float(np.mean(sig)) * expected_max_normal(len(planned))
@@ -685,15 +760,15 @@ def expected_max_normal(n: int) -> float:
     # E[max] = int_0^inf (1 - F(x)) dx - int_-inf^0 F(x) dx with F = Phi^n (trapezoids on each side)
     x = np.linspace(0.0, 9.0, 9001)
     phi = np.array([0.5 * (1.0 + math.erf(v / math.sqrt(2.0))) for v in x])
-    upper = 1.0 - phi ** n                 # on x >= 0
-    lower = (1.0 - phi) ** n               # F(-x) = (1 - Phi(x))^n on x >= 0
+    upper = 1.0 - phi**n  # on x >= 0
+    lower = (1.0 - phi) ** n  # F(-x) = (1 - Phi(x))^n on x >= 0
     dx = x[1] - x[0]
     trap = lambda y: float(dx * (y.sum() - 0.5 * (y[0] + y[-1])))  # noqa: E731
     return trap(upper) - trap(lower)
 
 
 def predict_iteration_seconds(
-    plan: "Plan",
+    plan: Plan,
     speeds: Sequence[float] | Mapping[Any, float],
     *,
     latency: float | None = None,
@@ -705,8 +780,17 @@ def predict_iteration_seconds(
     spread: Sequence[float] | Mapping[Any, float] | None = None,
 ) -> float:
     """Predicted seconds of one BP iteration; the ``total`` of :func:`predict_breakdown`."""
-    return predict_breakdown(plan, speeds, latency=latency, bandwidth=bandwidth, itemsize=itemsize,
-                             network=network, vertical=vertical, horizontal=horizontal, spread=spread)["total"]
+    return predict_breakdown(
+        plan,
+        speeds,
+        latency=latency,
+        bandwidth=bandwidth,
+        itemsize=itemsize,
+        network=network,
+        vertical=vertical,
+        horizontal=horizontal,
+        spread=spread,
+    )["total"]
 
 
 # ------------------------------------------------------------------ fitting
@@ -745,18 +829,31 @@ def fit_network(
 
     def net_of(v: np.ndarray, n_workers: int) -> Network:
         p = dict(zip(names, np.exp(v)))
-        return Network(latency=p["latency"], overhead=p["overhead"], bandwidth=p["bandwidth"],
-                       host_bandwidth=p["host_bandwidth"], fixed=p["fixed"], reduce=p["reduce"], worker_cpu=p["worker_cpu"],
-                       host_cores=host_cores, duplex=duplex,
-                       hosts=("localhost",) * n_workers if hosts == "one" else None)
+        return Network(
+            latency=p["latency"],
+            overhead=p["overhead"],
+            bandwidth=p["bandwidth"],
+            host_bandwidth=p["host_bandwidth"],
+            fixed=p["fixed"],
+            reduce=p["reduce"],
+            worker_cpu=p["worker_cpu"],
+            host_cores=host_cores,
+            duplex=duplex,
+            hosts=("localhost",) * n_workers if hosts == "one" else None,
+        )
 
     def loss(v: np.ndarray) -> float:
         err = 0.0
         for run in runs:
             plan, speeds, measured, vert = run[:4]
-            t = predict_iteration_seconds(plan, speeds, network=net_of(v, len(plan.abilities)),
-                                          vertical=vert if vert != "auto" else "engine", horizontal="engine",
-                                          spread=run[4] if len(run) > 4 else None)
+            t = predict_iteration_seconds(
+                plan,
+                speeds,
+                network=net_of(v, len(plan.abilities)),
+                vertical=vert if vert != "auto" else "engine",
+                horizontal="engine",
+                spread=run[4] if len(run) > 4 else None,
+            )
             err += abs(math.log(t / measured))  # L1: one noisy run does not drag the rest
         return err
 
@@ -782,7 +879,9 @@ def fit_network(
     return net_of(x, 0)._replace(hosts=None)
 
 
-def _nelder_mead(f: Any, x0: np.ndarray, f0: float, size: float, iterations: int) -> tuple[np.ndarray, float]:
+def _nelder_mead(
+    f: Any, x0: np.ndarray, f0: float, size: float, iterations: int
+) -> tuple[np.ndarray, float]:
     """Minimise ``f`` from ``x0`` by the Nelder-Mead simplex (initial edge ``size``); returns (x, f(x))."""
     n = len(x0)
     pts = [x0] + [x0 + size * np.eye(n)[i] for i in range(n)]

@@ -41,7 +41,13 @@ ROUTE = "/rpm"
 STATE_ROUTE = "/rpm/state.json"
 REFRESH_MS = 500
 #: Names (after the namespace prefix) of the Prometheus gauges.
-METRIC_NAMES = ("rpm_iteration_seconds", "rpm_iteration", "rpm_error", "rpm_worker_ability", "rpm_remaps")
+METRIC_NAMES = (
+    "rpm_iteration_seconds",
+    "rpm_iteration",
+    "rpm_error",
+    "rpm_worker_ability",
+    "rpm_remaps",
+)
 
 _REMAP_COLORS = {"whole": "#d62728", "column": "#ff7f0e"}
 _HATCHES = ("/", "\\", "x", ".", "+", "o", "-", "|")
@@ -64,7 +70,9 @@ class _Installed:
         self.workers: dict[str, list[Any]] = {}
 
     def snapshot(self, run: str | None = None, **kw: Any) -> dict[str, Any]:
-        return snapshot(self.plugin, run=run, known_workers=self.workers, scheduler=self.scheduler_ref(), **kw)
+        return snapshot(
+            self.plugin, run=run, known_workers=self.workers, scheduler=self.scheduler_ref(), **kw
+        )
 
 
 # install() leaves its _Installed on the scheduler's HTTP application under
@@ -184,7 +192,11 @@ def snapshot(
     for r in plan.get("rectangles") or ():
         w = r.get("worker")
         i = w if isinstance(w, int) else None
-        address = workers[i] if i is not None and i < len(workers) else (w if isinstance(w, str) else None)
+        address = (
+            workers[i]
+            if i is not None and i < len(workers)
+            else (w if isinstance(w, str) else None)
+        )
         rects.append(
             {
                 "worker": w,
@@ -202,7 +214,9 @@ def snapshot(
     last = iterations[-1] if iterations else {}
     times = [t for t in (_finite(row.get("time")) for row in iterations[-20:]) if t is not None]
     summary = {
-        "iterations_done": (int(last["iteration"]) + 1) if isinstance(last.get("iteration"), int) else 0,
+        "iterations_done": (int(last["iteration"]) + 1)
+        if isinstance(last.get("iteration"), int)
+        else 0,
         "iterations_total": state.get("iterations_total"),
         "last_error": _finite(last.get("error")),
         "last_time": _finite(last.get("time")),
@@ -253,7 +267,7 @@ def _state_handler() -> type:
                 try:
                     ints[name] = int(arg) if arg not in (None, "") else None
                 except ValueError:
-                    raise web.HTTPError(400, f"{name} must be an integer, not {arg!r}")
+                    raise web.HTTPError(400, f"{name} must be an integer, not {arg!r}") from None
             body = json.dumps(self.installed.snapshot(run, **ints), allow_nan=False)
             self.set_header("Content-Type", "application/json")
             self.set_header("Cache-Control", "no-store")
@@ -299,7 +313,10 @@ def _install_page(scheduler: Any, installed: _Installed) -> None:
         _make_document(installed, extra, doc)
 
     bokeh_app = BokehApplication(
-        {ROUTE: make}, scheduler, prefix=installed.prefix, template_variables=template_variables(scheduler)
+        {ROUTE: make},
+        scheduler,
+        prefix=installed.prefix,
+        template_variables=template_variables(scheduler),
     )
     scheduler.http_application.add_application(bokeh_app)
     bokeh_app.initialize(getattr(scheduler, "loop", None) or IOLoop.current())
@@ -334,7 +351,9 @@ def install(scheduler: Any, plugin: Any) -> None:
         logger.exception("rpm dashboard: install failed; the scheduler continues without it")
         return
     try:
-        http_app.add_handlers(r".*$", [(installed.prefix + STATE_ROUTE, _state_handler(), {"installed": installed})])
+        http_app.add_handlers(
+            r".*$", [(installed.prefix + STATE_ROUTE, _state_handler(), {"installed": installed})]
+        )
         installed.json = True
     except Exception:
         logger.exception("rpm dashboard: could not add %s", STATE_ROUTE)
@@ -342,7 +361,9 @@ def install(scheduler: Any, plugin: Any) -> None:
         _install_page(scheduler, installed)
         installed.page = True
     except ImportError as e:
-        logger.info("rpm dashboard: %s page unavailable (%s); %s still works", ROUTE, e, STATE_ROUTE)
+        logger.info(
+            "rpm dashboard: %s page unavailable (%s); %s still works", ROUTE, e, STATE_ROUTE
+        )
     except Exception:
         logger.exception("rpm dashboard: could not add the %s page", ROUTE)
     try:
@@ -383,15 +404,21 @@ class _RPMCollector:
             state = {}
         summary = state.get("summary") or {}
 
-        seconds = GaugeMetricFamily(name("rpm_iteration_seconds"), "Wall time of the last rpm training iteration (s)")
-        iteration = GaugeMetricFamily(name("rpm_iteration"), "rpm training iterations completed in the current run")
+        seconds = GaugeMetricFamily(
+            name("rpm_iteration_seconds"), "Wall time of the last rpm training iteration (s)"
+        )
+        iteration = GaugeMetricFamily(
+            name("rpm_iteration"), "rpm training iterations completed in the current run"
+        )
         error = GaugeMetricFamily(name("rpm_error"), "Training error after the last rpm iteration")
         ability = GaugeMetricFamily(
             name("rpm_worker_ability"),
             "Normalised ability per worker: planned (rectangle area) and latest estimate",
             labels=["worker", "source"],
         )
-        remaps = GaugeMetricFamily(name("rpm_remaps"), "Remaps in the current rpm run, by kind", labels=["kind"])
+        remaps = GaugeMetricFamily(
+            name("rpm_remaps"), "Remaps in the current rpm run, by kind", labels=["kind"]
+        )
         if state.get("run") is not None:
             if summary.get("last_time") is not None:
                 seconds.add_metric([], summary["last_time"])
@@ -402,7 +429,9 @@ class _RPMCollector:
                 worker = str(r["address"] if r.get("address") is not None else r.get("worker"))
                 for source in ("ability", "estimate"):
                     if r.get(source) is not None:
-                        ability.add_metric([worker, "plan" if source == "ability" else "estimate"], r[source])
+                        ability.add_metric(
+                            [worker, "plan" if source == "ability" else "estimate"], r[source]
+                        )
             for kind, count in (summary.get("remaps") or {}).items():
                 remaps.add_metric([kind], count)
         yield from (seconds, iteration, error, ability, remaps)
@@ -417,7 +446,9 @@ def _register_collector(installed: _Installed) -> None:
     try:
         import prometheus_client
     except ImportError:
-        logger.info("rpm dashboard: prometheus_client is not installed; rpm gauges on /metrics skipped")
+        logger.info(
+            "rpm dashboard: prometheus_client is not installed; rpm gauges on /metrics skipped"
+        )
         return
     if _COLLECTOR is None:
         collector = _RPMCollector()
@@ -465,12 +496,30 @@ class _RPMPage:
         self.header = Div(text=self._empty_text(), sizing_mode="stretch_width")
         self.rects = ColumnDataSource(
             name="rpm-rectangles",  # tests find it in the browser by this name
-            data=dict(left=[], right=[], bottom=[], top=[], x=[], y=[], color=[], hatch=[], label=[], worker=[],
-                      address=[], group=[], column=[], samples=[], hidden=[], ability=[], estimate=[]),
+            data=dict(
+                left=[],
+                right=[],
+                bottom=[],
+                top=[],
+                x=[],
+                y=[],
+                color=[],
+                hatch=[],
+                label=[],
+                worker=[],
+                address=[],
+                group=[],
+                column=[],
+                samples=[],
+                hidden=[],
+                ability=[],
+                estimate=[],
+            ),
         )
         self.it = ColumnDataSource(dict(iteration=[], error=[], time=[]))
-        self.remap = ColumnDataSource(dict(iteration=[], kind=[], color=[], bytes=[], sample_bytes=[], seconds=[],
-                                           reason=[]))
+        self.remap = ColumnDataSource(
+            dict(iteration=[], kind=[], color=[], bytes=[], sample_bytes=[], seconds=[], reason=[])
+        )
         self.est = ColumnDataSource(dict(xs=[], ys=[], color=[], label=[]))
         self.est_pts = ColumnDataSource(dict(iteration=[], ability=[], color=[], label=[]))
         self.planned = ColumnDataSource(dict(xs=[], ys=[], color=[], label=[]))
@@ -480,51 +529,99 @@ class _RPMPage:
         self.x_range = Range1d(0, 1)
         self.y_range = Range1d(1, 0)
         p = figure(
-            title="Rectangles of the current plan (area = work)", x_range=self.x_range, y_range=self.y_range,
-            height=330, sizing_mode="stretch_width", tools="pan,wheel_zoom,box_zoom,reset,save",
-            x_axis_label="samples", y_axis_label="hidden units",
+            title="Rectangles of the current plan (area = work)",
+            x_range=self.x_range,
+            y_range=self.y_range,
+            height=330,
+            sizing_mode="stretch_width",
+            tools="pan,wheel_zoom,box_zoom,reset,save",
+            x_axis_label="samples",
+            y_axis_label="hidden units",
         )
         quads = p.quad(
-            left="left", right="right", bottom="bottom", top="top", source=self.rects,
-            fill_color="color", fill_alpha=0.75, line_color="white", line_width=2,
-            hatch_pattern="hatch", hatch_color="white", hatch_alpha=0.35,
+            left="left",
+            right="right",
+            bottom="bottom",
+            top="top",
+            source=self.rects,
+            fill_color="color",
+            fill_alpha=0.75,
+            line_color="white",
+            line_width=2,
+            hatch_pattern="hatch",
+            hatch_color="white",
+            hatch_alpha=0.35,
         )
         p.text(
-            x="x", y="y", text="label", source=self.rects, text_align="center", text_baseline="middle",
-            text_font_size="12px", text_color="black",
+            x="x",
+            y="y",
+            text="label",
+            source=self.rects,
+            text_align="center",
+            text_baseline="middle",
+            text_font_size="12px",
+            text_color="black",
         )
-        p.add_tools(HoverTool(renderers=[quads], tooltips=[
-            ("worker", "@worker @address"), ("group", "@group"), ("column", "@column"),
-            ("samples", "@samples"), ("hidden units", "@hidden"),
-            ("planned ability", "@ability{0.000}"), ("estimated ability", "@estimate{0.000}"),
-        ]))
+        p.add_tools(
+            HoverTool(
+                renderers=[quads],
+                tooltips=[
+                    ("worker", "@worker @address"),
+                    ("group", "@group"),
+                    ("column", "@column"),
+                    ("samples", "@samples"),
+                    ("hidden units", "@hidden"),
+                    ("planned ability", "@ability{0.000}"),
+                    ("estimated ability", "@estimate{0.000}"),
+                ],
+            )
+        )
         p.xgrid.visible = p.ygrid.visible = False
         self.rect_fig = p
 
         # Abilities over time: estimates (solid) and the current plan (dashed).
         a = figure(
-            title="Ability per worker: estimates (solid) and current plan (dashed)", height=330,
-            sizing_mode="stretch_width", x_axis_label="iteration", y_axis_label="normalised ability",
+            title="Ability per worker: estimates (solid) and current plan (dashed)",
+            height=330,
+            sizing_mode="stretch_width",
+            x_axis_label="iteration",
+            y_axis_label="normalised ability",
             tools="pan,wheel_zoom,box_zoom,reset,save",
         )
         a.multi_line(xs="xs", ys="ys", line_color="color", line_width=2, source=self.est)
         a.scatter(x="iteration", y="ability", color="color", size=7, source=self.est_pts)
         # The legend hangs on the plan lines: every planned worker has one, estimated or not.
-        a.multi_line(xs="xs", ys="ys", line_color="color", line_dash="dashed", line_width=1.5, source=self.planned,
-                     legend_field="label")
+        a.multi_line(
+            xs="xs",
+            ys="ys",
+            line_color="color",
+            line_dash="dashed",
+            line_width=1.5,
+            source=self.planned,
+            legend_field="label",
+        )
         self.abil_fig = a
 
         t = figure(
-            title="Iteration time", height=260, sizing_mode="stretch_width", x_axis_label="iteration",
-            y_axis_label="seconds", tools="pan,wheel_zoom,box_zoom,reset,save",
+            title="Iteration time",
+            height=260,
+            sizing_mode="stretch_width",
+            x_axis_label="iteration",
+            y_axis_label="seconds",
+            tools="pan,wheel_zoom,box_zoom,reset,save",
         )
         t.line(x="iteration", y="time", source=self.it, line_width=1.5)
         t.scatter(x="iteration", y="time", source=self.it, size=3)
         self.time_fig = t
 
         e = figure(
-            title="Training error", height=260, sizing_mode="stretch_width", x_axis_label="iteration",
-            y_axis_label="error (0.5 sum ||h - d||^2)", x_range=t.x_range, y_axis_type="log",
+            title="Training error",
+            height=260,
+            sizing_mode="stretch_width",
+            x_axis_label="iteration",
+            y_axis_label="error (0.5 sum ||h - d||^2)",
+            x_range=t.x_range,
+            y_axis_type="log",
             tools="pan,wheel_zoom,box_zoom,reset,save",
         )
         e.line(x="iteration", y="error", source=self.it, line_width=2, color="#2ca02c")
@@ -533,12 +630,27 @@ class _RPMPage:
 
         # Remap events: one vertical line per remap on every time axis (legend once).
         for fig in (a, t, e):
-            spans = fig.vspan(x="iteration", source=self.remap, line_color="color", line_width=2, line_dash="dotted",
-                              **({"legend_field": "kind"} if fig is t else {}))
-            fig.add_tools(HoverTool(renderers=[spans], tooltips=[
-                ("remap", "@kind at iteration @iteration"), ("moved", "@bytes weight bytes, @sample_bytes sample bytes re-read, @seconds{0.000} s"),
-                ("why", "@reason"),
-            ]))
+            spans = fig.vspan(
+                x="iteration",
+                source=self.remap,
+                line_color="color",
+                line_width=2,
+                line_dash="dotted",
+                **({"legend_field": "kind"} if fig is t else {}),
+            )
+            fig.add_tools(
+                HoverTool(
+                    renderers=[spans],
+                    tooltips=[
+                        ("remap", "@kind at iteration @iteration"),
+                        (
+                            "moved",
+                            "@bytes weight bytes, @sample_bytes sample bytes re-read, @seconds{0.000} s",
+                        ),
+                        ("why", "@reason"),
+                    ],
+                )
+            )
         for fig in (a, t):
             fig.legend.location = "top_right"
             fig.legend.click_policy = "hide"
@@ -554,8 +666,10 @@ class _RPMPage:
 
     @staticmethod
     def _empty_text() -> str:
-        return ("<h2>dask_rpm</h2><p>No rpm training run yet. Train with "
-                "<code>dask_rpm.fit(x, d, ..., client=client)</code>; this page refreshes by itself.</p>")
+        return (
+            "<h2>dask_rpm</h2><p>No rpm training run yet. Train with "
+            "<code>dask_rpm.fit(x, d, ..., client=client)</code>; this page refreshes by itself.</p>"
+        )
 
     def update(self) -> None:
         try:
@@ -583,9 +697,11 @@ class _RPMPage:
         self._draw_abilities(state)
         rm = state.get("remaps") or []
         self.remap.data = dict(
-            iteration=[r.get("iteration") for r in rm], kind=[str(r.get("kind")) + " remap" for r in rm],
+            iteration=[r.get("iteration") for r in rm],
+            kind=[str(r.get("kind")) + " remap" for r in rm],
             color=[_REMAP_COLORS.get(r.get("kind"), "#7f7f7f") for r in rm],
-            bytes=[r.get("bytes") for r in rm], sample_bytes=[r.get("sample_bytes", 0) for r in rm],
+            bytes=[r.get("bytes") for r in rm],
+            sample_bytes=[r.get("sample_bytes", 0) for r in rm],
             seconds=[r.get("seconds") for r in rm],
             reason=[str(r.get("reason") or "") for r in rm],
         )
@@ -606,7 +722,9 @@ class _RPMPage:
         if s.get("last_error") is not None:
             parts.append(f"<b>error</b> {s['last_error']:.4g}")
         if s.get("median_time") is not None:
-            parts.append(f"<b>iteration time</b> {s['median_time'] * 1e3:.1f} ms (median of last 20)")
+            parts.append(
+                f"<b>iteration time</b> {s['median_time'] * 1e3:.1f} ms (median of last 20)"
+            )
         if s.get("validation"):
             v_it, v_loss, v_acc = s["validation"]
             acc = f", accuracy {100 * v_acc:.1f}%" if v_acc == v_acc else ""  # NaN: a regression
@@ -615,7 +733,11 @@ class _RPMPage:
         parts.append(f"<b>remaps</b> {rm.get('column', 0)} column, {rm.get('whole', 0)} whole")
         if plan.get("imbalance") is not None:
             parts.append(f"<b>imbalance</b> {plan['imbalance']:.3f}")
-        html = "<h2 style='margin:4px 0'>dask_rpm training</h2><div>" + " &nbsp;|&nbsp; ".join(parts) + "</div>"
+        html = (
+            "<h2 style='margin:4px 0'>dask_rpm training</h2><div>"
+            + " &nbsp;|&nbsp; ".join(parts)
+            + "</div>"
+        )
         if state.get("emulation"):
             html += (
                 "<div style='margin:6px 0;padding:6px 10px;background:#fff3cd;border:1px solid #e0a800;"
@@ -623,7 +745,11 @@ class _RPMPage:
             )
         notes = plan.get("notes") or []
         if notes:
-            html += "<div style='color:#555;font-size:90%'>" + escape("; ".join(map(str, notes))) + "</div>"
+            html += (
+                "<div style='color:#555;font-size:90%'>"
+                + escape("; ".join(map(str, notes)))
+                + "</div>"
+            )
         self.header.text = html
 
     def _draw_rectangles(self, state: dict[str, Any]) -> None:
@@ -632,7 +758,10 @@ class _RPMPage:
         n = len(plan.get("abilities") or ()) or len(rects)
         colors = _palette(n)
         groups = sorted({str(r["group"]) for r in rects if r.get("group") is not None})
-        hatch = {g: (_HATCHES[i % len(_HATCHES)] if len(groups) > 1 else " ") for i, g in enumerate(groups)}
+        hatch = {
+            g: (_HATCHES[i % len(_HATCHES)] if len(groups) > 1 else " ")
+            for i, g in enumerate(groups)
+        }
         cols: dict[str, list[Any]] = {k: [] for k in self.rects.data}
         for r in rects:
             (s0, s1), (m0, m1) = r["samples"], r["hidden"]
@@ -641,18 +770,36 @@ class _RPMPage:
             est, abil = r.get("estimate"), r.get("ability")
             # The estimate may differ from the planned area until the next remap: show both.
             ability_text = " \u00b7 ".join(
-                t for t in (f"p\u0302 {est:.2f}" if est is not None else "",
-                            f"area {abil:.2f}" if abil is not None else "") if t
+                t
+                for t in (
+                    f"p\u0302 {est:.2f}" if est is not None else "",
+                    f"area {abil:.2f}" if abil is not None else "",
+                )
+                if t
             )
             name = f"w{w}" + (f" {_tail(r['address'])}" if r.get("address") else "")
             group = r.get("group")
-            label = "\n".join(x for x in (name, ability_text, str(group) if group is not None else "") if x)
+            label = "\n".join(
+                x for x in (name, ability_text, str(group) if group is not None else "") if x
+            )
             for k, v in dict(
-                left=s0, right=s1, bottom=m0, top=m1, x=(s0 + s1) / 2, y=(m0 + m1) / 2, color=colors[i % len(colors)],
-                hatch=hatch.get(str(group), " ") if group is not None else " ", label=label, worker=str(w),
-                address=str(r.get("address") or ""), group=str(group or ""), column=r.get("column"),
-                samples=f"{s0}-{s1} ({s1 - s0})", hidden=f"{m0}-{m1} ({m1 - m0})",
-                ability=abil if abil is not None else float("nan"), estimate=est if est is not None else float("nan"),
+                left=s0,
+                right=s1,
+                bottom=m0,
+                top=m1,
+                x=(s0 + s1) / 2,
+                y=(m0 + m1) / 2,
+                color=colors[i % len(colors)],
+                hatch=hatch.get(str(group), " ") if group is not None else " ",
+                label=label,
+                worker=str(w),
+                address=str(r.get("address") or ""),
+                group=str(group or ""),
+                column=r.get("column"),
+                samples=f"{s0}-{s1} ({s1 - s0})",
+                hidden=f"{m0}-{m1} ({m1 - m0})",
+                ability=abil if abil is not None else float("nan"),
+                estimate=est if est is not None else float("nan"),
             ).items():
                 cols[k].append(v)
         self.rects.data = cols
@@ -661,11 +808,17 @@ class _RPMPage:
         m = shape[1] if len(shape) > 1 else max((r["hidden"][1] for r in rects), default=1)
         self.x_range.start, self.x_range.end = 0, s
         self.y_range.start, self.y_range.end = m, 0
-        self.rect_fig.title.text = f"Rectangles of the current plan: {s} samples x {m} hidden units (area = work)"
+        self.rect_fig.title.text = (
+            f"Rectangles of the current plan: {s} samples x {m} hidden units (area = work)"
+        )
 
     def _draw_iterations(self, state: dict[str, Any]) -> None:
         rows = state.get("iterations") or []
-        new = [r for r in rows if isinstance(r.get("iteration"), int) and r["iteration"] > self.last_iteration]
+        new = [
+            r
+            for r in rows
+            if isinstance(r.get("iteration"), int) and r["iteration"] > self.last_iteration
+        ]
         if not new:
             return
         nan = float("nan")
@@ -693,20 +846,31 @@ class _RPMPage:
                     xs[i].append(c.get("iteration"))
                     ys[i].append(v)
         workers = state.get("workers") or []
-        labels = [f"w{i}" + (f" {_short(workers[i])}" if i < len(workers) else "") for i in range(n)]
+        labels = [
+            f"w{i}" + (f" {_short(workers[i])}" if i < len(workers) else "") for i in range(n)
+        ]
         keep = [i for i in range(n) if xs[i]]
-        self.est.data = dict(xs=[xs[i] for i in keep], ys=[ys[i] for i in keep],
-                             color=[colors[i] for i in keep], label=[labels[i] for i in keep])
+        self.est.data = dict(
+            xs=[xs[i] for i in keep],
+            ys=[ys[i] for i in keep],
+            color=[colors[i] for i in keep],
+            label=[labels[i] for i in keep],
+        )
         self.est_pts.data = dict(
-            iteration=[x for i in keep for x in xs[i]], ability=[y for i in keep for y in ys[i]],
-            color=[colors[i] for i in keep for _ in xs[i]], label=[labels[i] for i in keep for _ in xs[i]],
+            iteration=[x for i in keep for x in xs[i]],
+            ability=[y for i in keep for y in ys[i]],
+            color=[colors[i] for i in keep for _ in xs[i]],
+            label=[labels[i] for i in keep for _ in xs[i]],
         )
         # The current plan holds from the last remap (or the start) to now.
         rm = state.get("remaps") or []
         x0 = rm[-1].get("iteration", 0) if rm else 0
         x1 = max(self.last_iteration + 1, x0 + 1)
         self.planned.data = dict(
-            xs=[[x0, x1] for _ in range(n)], ys=[[v, v] for v in planned], color=colors[:n], label=labels,
+            xs=[[x0, x1] for _ in range(n)],
+            ys=[[v, v] for v in planned],
+            color=colors[:n],
+            label=labels,
         )
 
 

@@ -46,7 +46,9 @@ def _open(path: str | os.PathLike) -> Any:
 
     path = os.fspath(path)
     if not os.path.exists(path):
-        raise DataError(f"data file {path!r} does not exist; pass a netCDF file with variables x(sample, input) and d(sample, output)")
+        raise DataError(
+            f"data file {path!r} does not exist; pass a netCDF file with variables x(sample, input) and d(sample, output)"
+        )
     return xr.open_dataset(path, engine="h5netcdf")
 
 
@@ -58,14 +60,18 @@ def _check_dataset(ds: Any, where: str) -> None:
             f"d(sample, output) (missing: {', '.join(missing)})"
         )
     if ds["x"].ndim != 2 or ds["d"].ndim != 2:
-        raise DataError(f"{where}: x and d must be 2-D (sample, feature); got x{ds['x'].dims}, d{ds['d'].dims}")
+        raise DataError(
+            f"{where}: x and d must be 2-D (sample, feature); got x{ds['x'].dims}, d{ds['d'].dims}"
+        )
     (xs, xn), (ds_, dl) = ds["x"].dims, ds["d"].dims
     if xs != ds_:
         raise DataError(
             f"{where}: x is indexed by ({xs}, {xn}) and d by ({ds_}, {dl}); their first dimension must be the "
             f"same sample dimension (e.g. x(sample, input), d(sample, output))"
         )
-    if ds["x"].shape[0] != ds["d"].shape[0]:  # pragma: no cover - one netCDF dimension has one length
+    if (
+        ds["x"].shape[0] != ds["d"].shape[0]
+    ):  # pragma: no cover - one netCDF dimension has one length
         raise DataError(f"{where}: x has {ds['x'].shape[0]} samples but d has {ds['d'].shape[0]}")
     for name in ("x", "d"):
         if not np.issubdtype(ds[name].dtype, np.number):
@@ -83,8 +89,10 @@ def first_non_finite(name: str, arr: np.ndarray, offset: int = 0) -> str | None:
         return None
     bad = np.argwhere(~finite)
     i, j = (int(v) for v in bad[0])
-    return (f"{name} has {len(bad)} NaN or infinite value(s); the first is {name}[{offset + i}, {j}] = "
-            f"{float(arr[i, j])} (sample {offset + i}); clean or drop those samples first")
+    return (
+        f"{name} has {len(bad)} NaN or infinite value(s); the first is {name}[{offset + i}, {j}] = "
+        f"{float(arr[i, j])} (sample {offset + i}); clean or drop those samples first"
+    )
 
 
 def data_shape(x: Any, d: Any = None) -> tuple[int, int, int]:
@@ -112,10 +120,14 @@ def as_arrays(x: Any, d: Any = None) -> tuple[np.ndarray, np.ndarray]:
         _check_dataset(x, "the dataset")
         return np.asarray(x["x"].values), np.asarray(x["d"].values)
     if d is None:
-        raise DataError("d (teacher signals, shape (samples, outputs)) is required when x is an array")
+        raise DataError(
+            "d (teacher signals, shape (samples, outputs)) is required when x is an array"
+        )
     xa, da = np.asarray(x), np.asarray(d)
     if xa.ndim != 2 or da.ndim != 2:
-        raise DataError(f"x must be (samples, inputs) and d (samples, outputs); got x{xa.shape}, d{da.shape}")
+        raise DataError(
+            f"x must be (samples, inputs) and d (samples, outputs); got x{xa.shape}, d{da.shape}"
+        )
     return xa, da
 
 
@@ -170,7 +182,13 @@ def check_training_args(
             W0, V0 = (np.asarray(a) for a in init)
         except (TypeError, ValueError) as e:
             raise DataError("init must be a pair (W0, V0) of arrays") from e
-        if W0.ndim != 2 or V0.ndim != 2 or W0.shape[1] != n or V0.shape[0] != l or V0.shape[1] != W0.shape[0]:
+        if (
+            W0.ndim != 2
+            or V0.ndim != 2
+            or W0.shape[1] != n
+            or V0.shape[0] != l
+            or V0.shape[1] != W0.shape[0]
+        ):
             raise DataError(
                 f"init has W0{W0.shape} and V0{V0.shape}; with {n} inputs and {l} outputs they must be "
                 f"W0 (m, {n}) and V0 ({l}, m)"
@@ -182,7 +200,9 @@ def check_training_args(
         return W0.astype(dtype, copy=True), V0.astype(dtype, copy=True)
     if hidden is None or not isinstance(hidden, (int, np.integer)) or hidden < 1:
         raise DataError(f"hidden={hidden!r}; give the number of hidden units as a positive integer")
-    return init_weights(n, int(hidden), l, seed=seed, scale=float(config.get("train.init-scale")), dtype=dtype)
+    return init_weights(
+        n, int(hidden), l, seed=seed, scale=float(config.get("train.init-scale")), dtype=dtype
+    )
 
 
 def load_slice(path: str, s0: int, s1: int, dtype: str) -> tuple[np.ndarray, np.ndarray]:

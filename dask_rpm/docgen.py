@@ -135,9 +135,9 @@ def config_markdown(yaml_path: str = YAML_PATH) -> str:
     out.append(
         "Every default of dask_rpm lives in [`dask_rpm/rpm.yaml`](../dask_rpm/rpm.yaml) under the `rpm:` key "
         "and is read through `dask.config` when a function is *called* (keyword arguments default to `None`, "
-        "meaning \"use the configuration\"). Override a value, most specific first:\n\n"
+        'meaning "use the configuration"). Override a value, most specific first:\n\n'
         "* an argument: `dask_rpm.fit(..., iterations=500)`;\n"
-        "* in code: `dask.config.set({\"rpm.drpm.interval\": 10})` (also as a context manager);\n"
+        '* in code: `dask.config.set({"rpm.drpm.interval": 10})` (also as a context manager);\n'
         "* an environment variable: `DASK_RPM__DRPM__INTERVAL=10` (the *env* column; set it before Python starts, "
         "and on the workers too when a worker reads the key);\n"
         "* a YAML file in your dask config directory (e.g. `~/.config/dask/rpm.yaml`) with the same nesting.\n\n"
@@ -173,7 +173,14 @@ def config_markdown(yaml_path: str = YAML_PATH) -> str:
     for path, block in blocks:
         out.append(f"\n### {path}\n\n")
         lines = block.splitlines()
-        cut = next((i + 1 for i, ln in enumerate(lines) if ln.rstrip().endswith(("Example:", "Examples:"))), len(lines))
+        cut = next(
+            (
+                i + 1
+                for i, ln in enumerate(lines)
+                if ln.rstrip().endswith(("Example:", "Examples:"))
+            ),
+            len(lines),
+        )
         prose = " ".join(ln.strip() for ln in lines[:cut]).strip()
         code = "\n".join(lines[cut:]).strip("\n")
         out.append(prose + "\n")
@@ -192,10 +199,14 @@ def _job_keys_markdown() -> str:
 
     blocks = re.findall(r"::\n\n((?:    .*\n|\n)+)", job.__doc__ or "")
     yaml_text = "\n".join(textwrap.dedent(b).strip("\n") for b in blocks)
-    return ("\n## Job files (`dask-rpm train --config FILE`)\n\n"
-            "A job file takes these keys (from [`dask_rpm/job.py`](../dask_rpm/job.py); relative paths are "
-            "relative to the job file; `config:` takes the `rpm.*` settings above). The training options "
-            "default to `rpm.train.*`; see [training.md](training.md).\n\n```yaml\n" + yaml_text + "\n```\n")
+    return (
+        "\n## Job files (`dask-rpm train --config FILE`)\n\n"
+        "A job file takes these keys (from [`dask_rpm/job.py`](../dask_rpm/job.py); relative paths are "
+        "relative to the job file; `config:` takes the `rpm.*` settings above). The training options "
+        "default to `rpm.train.*`; see [training.md](training.md).\n\n```yaml\n"
+        + yaml_text
+        + "\n```\n"
+    )
 
 
 def _cell(text: str) -> str:
@@ -210,8 +221,21 @@ def _anchor(path: str) -> str:
 # API
 # --------------------------------------------------------------------------
 
-_SECTIONS = {"Parameters", "Returns", "Yields", "Raises", "Warns", "Attributes", "Methods", "Examples",
-             "Notes", "See Also", "References", "Other Parameters", "Warnings"}
+_SECTIONS = {
+    "Parameters",
+    "Returns",
+    "Yields",
+    "Raises",
+    "Warns",
+    "Attributes",
+    "Methods",
+    "Examples",
+    "Notes",
+    "See Also",
+    "References",
+    "Other Parameters",
+    "Warnings",
+}
 
 
 def _numpydoc_to_markdown(doc: str) -> str:
@@ -230,8 +254,11 @@ def _numpydoc_to_markdown(doc: str) -> str:
             continue
         if section == "Examples" or line.lstrip().startswith(">>>"):
             code = []
-            while i < len(lines) and not (lines[i].strip() in _SECTIONS and i + 1 < len(lines)
-                                          and re.fullmatch(r"-{3,}", lines[i + 1].strip())):
+            while i < len(lines) and not (
+                lines[i].strip() in _SECTIONS
+                and i + 1 < len(lines)
+                and re.fullmatch(r"-{3,}", lines[i + 1].strip())
+            ):
                 code.append(lines[i])
                 i += 1
             while code and not code[-1].strip():
@@ -240,8 +267,20 @@ def _numpydoc_to_markdown(doc: str) -> str:
             if text:
                 out.append("```python\n" + "\n".join(code).strip("\n") + "\n```")
             continue
-        if section in {"Parameters", "Returns", "Yields", "Raises", "Warns", "Attributes", "Other Parameters"} \
-                and line.strip() and not line.startswith(" "):
+        if (
+            section
+            in {
+                "Parameters",
+                "Returns",
+                "Yields",
+                "Raises",
+                "Warns",
+                "Attributes",
+                "Other Parameters",
+            }
+            and line.strip()
+            and not line.startswith(" ")
+        ):
             desc = []
             i += 1
             while i < len(lines) and (lines[i].startswith(" ") or not lines[i].strip()):
@@ -262,11 +301,22 @@ def _numpydoc_to_markdown(doc: str) -> str:
             out[-1] = f"\n*{out[-1].strip()}*\n"
             i += 1
             continue
-        out.append(line[4:] if line.startswith("    ") and section is None and not line.strip().startswith(("*", "-"))
-                   and out and out[-1].strip().endswith("::") else line)
+        out.append(
+            line[4:]
+            if line.startswith("    ")
+            and section is None
+            and not line.strip().startswith(("*", "-"))
+            and out
+            and out[-1].strip().endswith("::")
+            else line
+        )
         i += 1
     text = "\n".join(out)
-    text = re.sub(r"::\n\n((?: {4}.*\n?|\n)+)", lambda m: ":\n\n```\n" + inspect.cleandoc(m.group(1)) + "\n```\n", text)
+    text = re.sub(
+        r"::\n\n((?: {4}.*\n?|\n)+)",
+        lambda m: ":\n\n```\n" + inspect.cleandoc(m.group(1)) + "\n```\n",
+        text,
+    )
     text = re.sub(r":(?:func|meth|class|mod|data|attr|exc|ref):`~?([^`]+)`", r"`\1`", text)
     return re.sub(r"\n{3,}", "\n\n", text).strip() + "\n"
 
@@ -305,8 +355,15 @@ def _public_members(cls: type) -> list[tuple[str, Any]]:
             continue
         if isinstance(member, (staticmethod, classmethod)):
             member = member.__func__
-        if isinstance(member, property) or callable(member) or hasattr(member, "__get__") and hasattr(member, "func"):
-            if getattr(member, "__doc__", None):  # its own docstring, not one inherited from a base class
+        if (
+            isinstance(member, property)
+            or callable(member)
+            or hasattr(member, "__get__")
+            and hasattr(member, "func")
+        ):
+            if getattr(
+                member, "__doc__", None
+            ):  # its own docstring, not one inherited from a base class
                 out.append((name, member))
     return out
 
@@ -323,7 +380,9 @@ def _document(qualname: str, obj: Any, level: int = 3) -> str:
     if inspect.isclass(obj):
         for name, member in _public_members(obj):
             if isinstance(member, property) or type(member).__name__ == "cached_property":
-                out.append(f"- **`.{name}`** (property) — {_first_paragraph(inspect.getdoc(member))}\n")
+                out.append(
+                    f"- **`.{name}`** (property) — {_first_paragraph(inspect.getdoc(member))}\n"
+                )
             else:
                 out.append(f"\n{'#' * (level + 1)} `{qualname}.{name}{_signature(member)}`\n\n")
                 out.append(_numpydoc_to_markdown(inspect.getdoc(member)) + "\n")
@@ -336,8 +395,12 @@ def _first_paragraph(doc: str | None) -> str:
 
 def _module_names(mod: Any) -> list[str]:
     names = list(getattr(mod, "__all__", []))
-    return [n for n in names if not n.startswith("_")
-            and (inspect.isfunction(getattr(mod, n, None)) or inspect.isclass(getattr(mod, n, None)))]
+    return [
+        n
+        for n in names
+        if not n.startswith("_")
+        and (inspect.isfunction(getattr(mod, n, None)) or inspect.isclass(getattr(mod, n, None)))
+    ]
 
 
 def api_markdown() -> str:
@@ -402,9 +465,15 @@ def stale(root: str = ROOT) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dask_rpm.docgen", description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="only check; exit 1 if a page is stale")
-    parser.add_argument("--root", default=ROOT, help="repository root (default: the one holding this package)")
+    parser = argparse.ArgumentParser(
+        prog="python -m dask_rpm.docgen", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="only check; exit 1 if a page is stale"
+    )
+    parser.add_argument(
+        "--root", default=ROOT, help="repository root (default: the one holding this package)"
+    )
     args = parser.parse_args(argv)
     if args.check:
         bad = stale(args.root)

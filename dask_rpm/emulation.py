@@ -75,8 +75,8 @@ from typing import Any
 import numpy as np
 from dask.system import CPU_COUNT
 from distributed import Nanny, Scheduler, SpecCluster, Worker
-from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.core import Status
+from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.worker import get_worker
 
 from . import config
@@ -161,7 +161,9 @@ def _parse_entries(
     return tuple(by_iter), tuple(by_time)
 
 
-def _last_at_or_before(entries: Sequence[tuple[float, float]], x: float) -> tuple[float, float] | None:
+def _last_at_or_before(
+    entries: Sequence[tuple[float, float]], x: float
+) -> tuple[float, float] | None:
     found = None
     for key, speed in entries:
         if key <= x:
@@ -263,8 +265,17 @@ class EmulationPlugin(WorkerPlugin):
         self.overrun_s = 0.0
 
     def __getstate__(self) -> dict[str, Any]:
-        keep = ("speed", "scale", "schedule", "_by_iter", "_by_time", "index", "pin_blas",
-                "overrun_tolerance", "rates")
+        keep = (
+            "speed",
+            "scale",
+            "schedule",
+            "_by_iter",
+            "_by_time",
+            "index",
+            "pin_blas",
+            "overrun_tolerance",
+            "rates",
+        )
         return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -280,8 +291,9 @@ class EmulationPlugin(WorkerPlugin):
             self.index = worker.name
         if self.pin_blas:
             self._limiter = _pin_blas(self.nthreads)
-        logger.info("EMULATED speed %g x scale %.3g on worker %s", self.speed, self.scale,
-                    worker.name)
+        logger.info(
+            "EMULATED speed %g x scale %.3g on worker %s", self.speed, self.scale, worker.name
+        )
         self._quiet_close = _HeartbeatAtClose(worker)
         logging.getLogger("distributed.worker").addFilter(self._quiet_close)
 
@@ -335,8 +347,9 @@ class EmulationPlugin(WorkerPlugin):
         return getattr(self._local, "last", None)
 
     # -- accounting
-    def _reference(self, key: Hashable, cpu: float, work: float | None = None,
-                   dtype: str = "float64") -> float:
+    def _reference(
+        self, key: Hashable, cpu: float, work: float | None = None, dtype: str = "float64"
+    ) -> float:
         """CPU time to pace a block on.
 
         The smallest CPU time seen for ``key`` (``cpu`` itself without a key);
@@ -470,8 +483,11 @@ class _NoPace:
 _NO_PACE = _NoPace()
 
 
-def calibrate_rate(repeats: int = 7, shape: tuple[int, int, int, int] = (256, 256, 16, 1024),
-                   dtype: Any = "float64") -> float:
+def calibrate_rate(
+    repeats: int = 7,
+    shape: tuple[int, int, int, int] = (256, 256, 16, 1024),
+    dtype: Any = "float64",
+) -> float:
     """Throughput of one warm core on the BP kernels, in flop equivalents per second.
 
     Runs :func:`~dask_rpm.kernels.forward_partial` and
@@ -486,8 +502,15 @@ def calibrate_rate(repeats: int = 7, shape: tuple[int, int, int, int] = (256, 25
 
     n, m, l, s = shape
     rng = np.random.default_rng(0)
-    x, W, V, delta2 = (a.astype(dtype) for a in (rng.normal(size=(s, n)), rng.normal(size=(m, n)) * 0.1,
-                                                 rng.normal(size=(l, m)) * 0.1, rng.normal(size=(s, l))))
+    x, W, V, delta2 = (
+        a.astype(dtype)
+        for a in (
+            rng.normal(size=(s, n)),
+            rng.normal(size=(m, n)) * 0.1,
+            rng.normal(size=(l, m)) * 0.1,
+            rng.normal(size=(s, l)),
+        )
+    )
     work = block_work("forward", s, m, n, l) + block_work("backward", s, m, n, l)
     try:  # one BLAS thread, as on the workers
         from threadpoolctl import threadpool_limits
@@ -527,8 +550,14 @@ class _Pace:
 
     __slots__ = ("plugin", "iteration", "key", "work", "dtype", "speed", "cpu0", "wall0", "outer")
 
-    def __init__(self, plugin: EmulationPlugin, iteration: int | None, key: Hashable = None,
-                 work: float | None = None, dtype: str = "float64") -> None:
+    def __init__(
+        self,
+        plugin: EmulationPlugin,
+        iteration: int | None,
+        key: Hashable = None,
+        work: float | None = None,
+        dtype: str = "float64",
+    ) -> None:
         self.plugin = plugin
         self.iteration = iteration
         self.key = key
@@ -569,8 +598,12 @@ class _Pace:
         return None
 
 
-def pace(iteration: int | None = None, key: Hashable = None, work: float | None = None,
-         dtype: Any = "float64") -> _Pace | _NoPace:
+def pace(
+    iteration: int | None = None,
+    key: Hashable = None,
+    work: float | None = None,
+    dtype: Any = "float64",
+) -> _Pace | _NoPace:
     """Context manager that runs the enclosed compute at the worker's EMULATED speed.
 
     Measures the calling thread's CPU time in the block and sleeps so that the
@@ -693,12 +726,20 @@ def _num(x: float) -> str:
     return text if any(c in text for c in ".en") else text + ".0"
 
 
-def _label(speeds: Sequence[float], scale: Sequence[float] | float, where: str,
-           schedule: Mapping[int, Sequence[Sequence[Any]]] | None = None) -> str:
-    scales = sorted({float(scale)} if isinstance(scale, (int, float)) else {float(s) for s in scale})
+def _label(
+    speeds: Sequence[float],
+    scale: Sequence[float] | float,
+    where: str,
+    schedule: Mapping[int, Sequence[Sequence[Any]]] | None = None,
+) -> str:
+    scales = sorted(
+        {float(scale)} if isinstance(scale, (int, float)) else {float(s) for s in scale}
+    )
     sc = ", ".join(f"{s:.3g}" for s in scales)
-    text = (f"EMULATED heterogeneity {where}: speeds {', '.join(_num(s) for s in speeds)}"
-            f" x scale {sc} of a core")
+    text = (
+        f"EMULATED heterogeneity {where}: speeds {', '.join(_num(s) for s in speeds)}"
+        f" x scale {sc} of a core"
+    )
     if schedule:
         text += f"; schedule: {_fmt_schedule(schedule)}"
     return text
@@ -760,14 +801,20 @@ class EmulatedCluster(SpecCluster):
         self.threads_per_worker = t
         self.cores = CPU_COUNT
         self.headroom = float(config.get("emulation.headroom", headroom))
-        self.scale_factor = (auto_scale(self.speeds, t, cores=self.cores, headroom=self.headroom)
-                             if scale is None else _check_speed(scale, "scale"))
+        self.scale_factor = (
+            auto_scale(self.speeds, t, cores=self.cores, headroom=self.headroom)
+            if scale is None
+            else _check_speed(scale, "scale")
+        )
         demand = self.scale_factor * t * sum(self.speeds)
         if demand > self.headroom * self.cores + 1e-9:
             logger.warning(
                 "EMULATED speeds x scale need %.2f cores, more than headroom %.2f x %d cores: "
                 "timings will measure contention, not the speed profile",
-                demand, self.headroom, self.cores)
+                demand,
+                self.headroom,
+                self.cores,
+            )
         schedule = dict(schedule or {})
         for i, entries in schedule.items():
             if not (isinstance(i, int) and 0 <= i < n):
@@ -775,8 +822,9 @@ class EmulatedCluster(SpecCluster):
             _parse_entries(entries)  # validate early, in the client
         self.schedule = {i: [tuple(e) for e in schedule[i]] for i in sorted(schedule)}
         self.processes = processes
-        self.emulation_label = _label(self.speeds, self.scale_factor, "on one machine",
-                                      self.schedule)
+        self.emulation_label = _label(
+            self.speeds, self.scale_factor, "on one machine", self.schedule
+        )
 
         protocol = "tcp://" if processes else "inproc://"
         host = "127.0.0.1" if processes else None
@@ -785,15 +833,27 @@ class EmulatedCluster(SpecCluster):
 
             worker_kwargs["memory_limit"] = parse_memory_limit("auto", 1, n, logger=logger)
         extra_env = dict(worker_kwargs.pop("env", None) or {})
-        base = dict(host=host, nthreads=t, protocol=protocol, dashboard=False,
-                    silence_logs=silence_logs, **worker_kwargs)
+        base = dict(
+            host=host,
+            nthreads=t,
+            protocol=protocol,
+            dashboard=False,
+            silence_logs=silence_logs,
+            **worker_kwargs,
+        )
         workers: dict[int, dict[str, Any]] = {}
         # one kernel throughput for all workers: their speeds then differ by exactly their ratios
         fraction = float(config.get("emulation.rate-fraction"))
         self.rates = {dt: fraction * _process_rate(dt) for dt in ("float64", "float32")}
         for i, speed in enumerate(self.speeds):
-            plugin = EmulationPlugin(speed, self.scale_factor, self.schedule.get(i, ()),
-                                     index=i, pin_blas=processes, rate=self.rates)
+            plugin = EmulationPlugin(
+                speed,
+                self.scale_factor,
+                self.schedule.get(i, ()),
+                index=i,
+                pin_blas=processes,
+                rate=self.rates,
+            )
             opts = dict(base, plugins=(plugin,))
             if processes:
                 # set before the worker starts importing numpy in the child
@@ -805,19 +865,25 @@ class EmulatedCluster(SpecCluster):
         self._limiter = None
         if not processes:
             try:
-                from threadpoolctl import threadpool_limits
-
                 import numpy  # noqa: F401
+                from threadpoolctl import threadpool_limits
 
                 self._limiter = threadpool_limits(limits=t)
             except ImportError:  # pragma: no cover
-                logger.warning("threadpoolctl not installed: BLAS threads not pinned "
-                               "for processes=False; pace() may under-count CPU time")
+                logger.warning(
+                    "threadpoolctl not installed: BLAS threads not pinned "
+                    "for processes=False; pace() may under-count CPU time"
+                )
 
         scheduler = {
             "cls": Scheduler,
-            "options": dict(host=host, protocol=protocol, dashboard=dashboard_address is not None,
-                            dashboard_address=dashboard_address, **(scheduler_kwargs or {})),
+            "options": dict(
+                host=host,
+                protocol=protocol,
+                dashboard=dashboard_address is not None,
+                dashboard_address=dashboard_address,
+                **(scheduler_kwargs or {}),
+            ),
         }
         super().__init__(
             scheduler=scheduler,
@@ -938,9 +1004,15 @@ def local_cluster(
     EMULATED heterogeneity on one machine: speeds 1.0, 0.5, 0.25 x scale 0.914 of a core
     >>> client = Client(cluster)  # doctest: +SKIP
     """
-    return EmulatedCluster(speeds, scale=scale, threads_per_worker=threads_per_worker,
-                           processes=processes, schedule=schedule,
-                           dashboard_address=dashboard_address, **kwargs)
+    return EmulatedCluster(
+        speeds,
+        scale=scale,
+        threads_per_worker=threads_per_worker,
+        processes=processes,
+        schedule=schedule,
+        dashboard_address=dashboard_address,
+        **kwargs,
+    )
 
 
 # --------------------------------------------------------------------------
@@ -1030,8 +1102,11 @@ async def _a_label(client: Any) -> str | None:
         return None
     hosts = {d.get("host") for d in emu}
     where = "on one machine" if len(hosts) <= 1 else f"on {len(hosts)} hosts"
-    sched = {d["index"] if d["index"] is not None else k: d["schedule"]
-             for k, d in enumerate(emu) if d["schedule"]}
+    sched = {
+        d["index"] if d["index"] is not None else k: d["schedule"]
+        for k, d in enumerate(emu)
+        if d["schedule"]
+    }
     text = _label([d["speed"] for d in emu], [d["scale"] for d in emu], where, sched)
     if len(emu) < len(info):
         text += f" ({len(info) - len(emu)} of {len(info)} workers not emulated)"
@@ -1110,9 +1185,11 @@ def emulation_report(client: Any) -> list[dict[str, Any]]:
 
 def format_report(rows: Sequence[Mapping[str, Any]], label: str | None = None) -> str:
     """Human-readable table of :func:`emulation_report` rows, headed by the label."""
-    lines = [label or "EMULATED heterogeneity (not a hardware measurement)",
-             f"{'idx':>3} {'speed':>6} {'now':>6} {'blocks':>7} {'cpu s':>8} {'wall s':>8} "
-             f"{'slept s':>8} {'overruns':>8} {'late s':>7}"]
+    lines = [
+        label or "EMULATED heterogeneity (not a hardware measurement)",
+        f"{'idx':>3} {'speed':>6} {'now':>6} {'blocks':>7} {'cpu s':>8} {'wall s':>8} "
+        f"{'slept s':>8} {'overruns':>8} {'late s':>7}",
+    ]
     for r in rows:
         idx = "-" if r.get("index") is None else r["index"]
         lines.append(
@@ -1123,8 +1200,10 @@ def format_report(rows: Sequence[Mapping[str, Any]], label: str | None = None) -
     blocks = sum(r["blocks"] for r in rows)
     over = sum(r["overruns"] for r in rows)
     if blocks and over > 0.05 * blocks:
-        lines.append(f"WARNING: {over} of {blocks} paced blocks overran their target: the "
-                     "timings include contention (lower the scale or the machine's load)")
+        lines.append(
+            f"WARNING: {over} of {blocks} paced blocks overran their target: the "
+            "timings include contention (lower the scale or the machine's load)"
+        )
     return "\n".join(lines)
 
 
@@ -1150,8 +1229,9 @@ def plugin_from_env(environ: Mapping[str, str] | None = None) -> EmulationPlugin
     scale = float(env.get(ENV_SCALE, "").strip() or 1.0)
     schedule = json.loads(env.get(ENV_SCHEDULE, "").strip() or "[]")
     idx_raw = env.get(ENV_INDEX, "").strip()
-    return EmulationPlugin(float(raw), scale, schedule,
-                           index=int(idx_raw) if idx_raw else None, pin_blas=True)
+    return EmulationPlugin(
+        float(raw), scale, schedule, index=int(idx_raw) if idx_raw else None, pin_blas=True
+    )
 
 
 def dask_setup(worker: Any) -> Any:

@@ -64,8 +64,9 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
-from typing import Hashable, Iterable, Literal, get_args
+from typing import Literal, get_args
 
 import numpy as np
 
@@ -120,7 +121,9 @@ def fit_slope(work: Iterable[float], times: Iterable[float]) -> float:
         raise EstimatorError("no observations to fit")
     den = float(np.dot(t, t))
     if den == 0.0:
-        raise EstimatorError("every recorded time is zero: the speed is undefined (check the timer)")
+        raise EstimatorError(
+            "every recorded time is zero: the speed is undefined (check the timer)"
+        )
     return float(np.dot(w, t)) / den
 
 
@@ -154,7 +157,9 @@ def _check_time(name: str, value: float, worker: Hashable, *, optional: bool) ->
     if optional and math.isnan(v):
         return v
     if not math.isfinite(v) or v < 0:
-        raise EstimatorError(f"worker {worker!r}: {name}={value!r} must be a finite time >= 0 seconds")
+        raise EstimatorError(
+            f"worker {worker!r}: {name}={value!r} must be a finite time >= 0 seconds"
+        )
     return v
 
 
@@ -186,7 +191,9 @@ class AbilityEstimator:
             raise EstimatorError(f"window must be at least 1 observation, got {window}")
         outlier = float(config.get("drpm.outlier", outlier) or 0.0)
         if not (math.isfinite(outlier) and outlier >= 0):
-            raise EstimatorError(f"outlier must be a finite factor >= 0 (0 = plain least squares), got {outlier}")
+            raise EstimatorError(
+                f"outlier must be a finite factor >= 0 (0 = plain least squares), got {outlier}"
+            )
         self._window = window
         self._outlier = outlier
         self._obs: dict[Hashable, deque[Observation]] = {}
@@ -215,7 +222,12 @@ class AbilityEstimator:
 
     # -------------------------------------------------------------- updates
     def observe(
-        self, worker: Hashable, work: float, t1: float, t2: float | None = None, tc: float | None = None
+        self,
+        worker: Hashable,
+        work: float,
+        t1: float,
+        t2: float | None = None,
+        tc: float | None = None,
     ) -> None:
         """Record one iteration of ``worker``.
 
@@ -282,7 +294,9 @@ class AbilityEstimator:
             raise EstimatorError(f"worker {worker!r} has no {kind} measurements in its window")
         return [p[0] for p in pts], [p[1] for p in pts]
 
-    def estimate(self, kind: Kind = "t1", workers: Iterable[Hashable] | None = None) -> dict[Hashable, float]:
+    def estimate(
+        self, kind: Kind = "t1", workers: Iterable[Hashable] | None = None
+    ) -> dict[Hashable, float]:
         """Estimated ability (work units per second) per worker.
 
         Parameters
@@ -315,7 +329,9 @@ class AbilityEstimator:
             out[w] = p
         return out
 
-    def normalised(self, kind: Kind = "t1", workers: Iterable[Hashable] | None = None) -> dict[Hashable, float]:
+    def normalised(
+        self, kind: Kind = "t1", workers: Iterable[Hashable] | None = None
+    ) -> dict[Hashable, float]:
         """:meth:`estimate` scaled to sum 1 (the paper's ability ratios)."""
         est = self.estimate(kind, workers)
         total = sum(est.values())

@@ -35,8 +35,9 @@ try:
     from sklearn.utils.multiclass import check_classification_targets
     from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_data
 except ImportError as exc:  # pragma: no cover - exercised only without scikit-learn
-    raise ImportError("dask_rpm.MLPClassifier and MLPRegressor need scikit-learn: "
-                      "pip install 'dask-rpm[sklearn]'") from exc
+    raise ImportError(
+        "dask_rpm.MLPClassifier and MLPRegressor need scikit-learn: pip install 'dask-rpm[sklearn]'"
+    ) from exc
 
 from .model import MLPModel
 
@@ -49,8 +50,13 @@ class EstimatorError(ValueError):
 
 #: hyperparameter -> rpm.estimator key (None values there fall through to rpm.train.*)
 _ESTIMATOR_KEYS = {
-    "hidden_units": "hidden-units", "activation": "activation", "optimizer": "optimizer",
-    "learning_rate": "learning-rate", "batch_size": "batch-size", "epochs": "epochs", "bias": "bias",
+    "hidden_units": "hidden-units",
+    "activation": "activation",
+    "optimizer": "optimizer",
+    "learning_rate": "learning-rate",
+    "batch_size": "batch-size",
+    "epochs": "epochs",
+    "bias": "bias",
     "validation_fraction": "validation-fraction",
 }
 
@@ -125,12 +131,24 @@ class _MLPBase(BaseEstimator):
             epochs = None  # an explicit iteration count replaces the configured epochs
         batch = self._setting("batch_size")
         seed = int(config.get("train.seed", self.seed))
-        return dict(hidden=int(hidden), epochs=epochs, iterations=iterations,
-                    learning_rate=self._setting("learning_rate"), seed=seed, dtype=self.dtype,
-                    batch_size=batch, shuffle=self.shuffle, activation=self._setting("activation"),
-                    loss=self._loss, output=self._output, bias=self._setting("bias"),
-                    optimizer=self._setting("optimizer"), validate_every=self.validate_every,
-                    early_stopping=self.early_stopping, tol=self.tol)
+        return dict(
+            hidden=int(hidden),
+            epochs=epochs,
+            iterations=iterations,
+            learning_rate=self._setting("learning_rate"),
+            seed=seed,
+            dtype=self.dtype,
+            batch_size=batch,
+            shuffle=self.shuffle,
+            activation=self._setting("activation"),
+            loss=self._loss,
+            output=self._output,
+            bias=self._setting("bias"),
+            optimizer=self._setting("optimizer"),
+            validate_every=self.validate_every,
+            early_stopping=self.early_stopping,
+            tol=self.tol,
+        )
 
     def _split(self, X: np.ndarray, D: np.ndarray, seed: int) -> tuple[Any, Any, Any]:
         """Training and held-out samples: a validation split when ``validation_fraction`` or
@@ -143,7 +161,9 @@ class _MLPBase(BaseEstimator):
         if fraction is None:
             return X, D, None
         try:
-            train, val = holdout(len(X), float(fraction) if not isinstance(fraction, bool) else fraction, seed)
+            train, val = holdout(
+                len(X), float(fraction) if not isinstance(fraction, bool) else fraction, seed
+            )
         except (TypeError, ValueError, RecipeError) as exc:
             raise EstimatorError(f"validation_fraction: {exc}") from None
         return X[train], D[train], (X[val], D[val])
@@ -153,8 +173,15 @@ class _MLPBase(BaseEstimator):
         # sets n_features_in_ (and feature_names_in_ for DataFrames)
         return validate_data(self, X, y, dtype=np.float64, ensure_min_samples=2, **kw)
 
-    def _train(self, X: np.ndarray, D: np.ndarray, classes: Any = None, *, target_shift: Any = None,
-               target_scale: Any = None) -> MLPModel:
+    def _train(
+        self,
+        X: np.ndarray,
+        D: np.ndarray,
+        classes: Any = None,
+        *,
+        target_shift: Any = None,
+        target_scale: Any = None,
+    ) -> MLPModel:
         opts = self._training_options(len(X))
         Xt, Dt, val = self._split(X, D, opts["seed"])
         opts["validation"] = val
@@ -167,14 +194,24 @@ class _MLPBase(BaseEstimator):
         else:
             from .engine import fit
 
-            result = fit(Xt, Dt, client=client, mapping=self.mapping, abilities=self.abilities,
-                         progress=self.progress, **opts)
+            result = fit(
+                Xt,
+                Dt,
+                client=client,
+                mapping=self.mapping,
+                abilities=self.abilities,
+                progress=self.progress,
+                **opts,
+            )
             stopped = result.stopped
         if stopped and "diverged" in stopped:
-            raise EstimatorError(f"{stopped}; lower learning_rate (now {opts['learning_rate']!r}, or the "
-                                 f"configured default) or standardize X")
-        model = MLPModel.from_result(result, classes=classes, target_shift=target_shift,
-                                     target_scale=target_scale)
+            raise EstimatorError(
+                f"{stopped}; lower learning_rate (now {opts['learning_rate']!r}, or the "
+                f"configured default) or standardize X"
+            )
+        model = MLPModel.from_result(
+            result, classes=classes, target_shift=target_shift, target_scale=target_scale
+        )
         rows = model.meta["validation"]
         self.result_ = result
         self.model_ = model
@@ -267,7 +304,7 @@ class MLPClassifier(ClassifierMixin, _MLPBase):
     _loss = "cross-entropy"
     _output = "softmax"
 
-    def fit(self, X: Any, y: Any) -> "MLPClassifier":
+    def fit(self, X: Any, y: Any) -> MLPClassifier:
         """Train on samples ``X (s, n)`` and labels ``y (s,)`` (any sortable labels); returns self."""
         from .recipe import one_hot
 
@@ -276,7 +313,9 @@ class MLPClassifier(ClassifierMixin, _MLPBase):
         check_classification_targets(y)
         classes = np.unique(y)
         if len(classes) < 2:
-            raise EstimatorError(f"y has only one class ({classes[0]!r}); a classifier needs at least 2")
+            raise EstimatorError(
+                f"y has only one class ({classes[0]!r}); a classifier needs at least 2"
+            )
         D, classes = one_hot(y, classes)
         self.classes_ = classes
         self._train(X, D, classes)
@@ -343,7 +382,7 @@ class MLPRegressor(RegressorMixin, _MLPBase):
         tags.target_tags.multi_output = True  # y may be (samples, outputs): one output unit each
         return tags
 
-    def fit(self, X: Any, y: Any) -> "MLPRegressor":
+    def fit(self, X: Any, y: Any) -> MLPRegressor:
         """Train on samples ``X (s, n)`` and targets ``y (s,)`` or ``(s, outputs)``; returns self."""
         X, y = self._check_X_y(X, y, multi_output=True, y_numeric=True)
         self._y_1d = y.ndim == 1

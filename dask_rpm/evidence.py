@@ -15,11 +15,19 @@ Pure module: it reads a ``FitResult`` and plain dicts, never a cluster
 
 from __future__ import annotations
 
-from typing import Any, Mapping, NamedTuple, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["SpeedCheck", "speed_check", "overrun_counts", "plan_speeds", "TOLERANCE", "BUSY_FRACTION"]
+__all__ = [
+    "SpeedCheck",
+    "speed_check",
+    "overrun_counts",
+    "plan_speeds",
+    "TOLERANCE",
+    "BUSY_FRACTION",
+]
 
 #: Largest relative difference between estimate (or area share) and the speed share called "close".
 TOLERANCE = 0.10
@@ -73,22 +81,34 @@ class SpeedCheck(NamedTuple):
         fmt = lambda vs: ", ".join(f"{v:.3f}" for v in vs)  # noqa: E731
         out = [f"EMULATED speed shares:          {fmt(self.truth)}"]
         if self.estimates is not None:
-            out.append(f"DRPM estimates (iteration {self.estimate_iteration}): {fmt(self.estimates)}"
-                       f"   (largest difference {self.estimate_error:.1%})")
-        out.append(f"final plan's area shares:       {fmt(self.areas)}   (largest difference {self.area_error:.1%})")
+            out.append(
+                f"DRPM estimates (iteration {self.estimate_iteration}): {fmt(self.estimates)}"
+                f"   (largest difference {self.estimate_error:.1%})"
+            )
+        out.append(
+            f"final plan's area shares:       {fmt(self.areas)}   (largest difference {self.area_error:.1%})"
+        )
         if self.shows_method:
-            out.append(f"the method works here: estimates and areas within {TOLERANCE:.0%} of the EMULATED speeds")
+            out.append(
+                f"the method works here: estimates and areas within {TOLERANCE:.0%} of the EMULATED speeds"
+            )
         elif self.busy:
-            out.append(f"not within {TOLERANCE:.0%}: the machine was busy - {self.overruns} of {self.blocks} "
-                       f"paced kernel blocks ran late, so the timings measured contention, not the EMULATED "
-                       f"speeds; run it again when the machine is quieter")
+            out.append(
+                f"not within {TOLERANCE:.0%}: the machine was busy - {self.overruns} of {self.blocks} "
+                f"paced kernel blocks ran late, so the timings measured contention, not the EMULATED "
+                f"speeds; run it again when the machine is quieter"
+            )
         elif self.blocks == 0:
-            out.append(f"not within {TOLERANCE:.0%}: at this size an iteration's kernels take a few milliseconds, "
-                       f"so per-call costs and the machine's load weigh as much as the EMULATED speeds "
-                       f"(late blocks were not counted)")
+            out.append(
+                f"not within {TOLERANCE:.0%}: at this size an iteration's kernels take a few milliseconds, "
+                f"so per-call costs and the machine's load weigh as much as the EMULATED speeds "
+                f"(late blocks were not counted)"
+            )
         else:
-            out.append(f"not within {TOLERANCE:.0%} although only {self.overruns} of {self.blocks} blocks ran late: "
-                       f"at this size an iteration's kernels are too short for the timings to show the speeds")
+            out.append(
+                f"not within {TOLERANCE:.0%} although only {self.overruns} of {self.blocks} blocks ran late: "
+                f"at this size an iteration's kernels are too short for the timings to show the speeds"
+            )
         return out
 
 
@@ -112,12 +132,16 @@ def plan_speeds(plan: Any, info: Mapping[str, Mapping[str, Any] | None]) -> list
     for address in plan.workers or ():
         row = info.get(address)
         if not row:
-            raise ValueError(f"worker {address} is not EMULATED: there is no chosen speed to compare with")
+            raise ValueError(
+                f"worker {address} is not EMULATED: there is no chosen speed to compare with"
+            )
         out.append(float(row["speed"]))
     return out
 
 
-def speed_check(result: Any, speeds: Sequence[float], *, blocks: int = 0, overruns: int = 0) -> SpeedCheck:
+def speed_check(
+    result: Any, speeds: Sequence[float], *, blocks: int = 0, overruns: int = 0
+) -> SpeedCheck:
     """Hold a finished run against the EMULATED ``speeds`` (one per worker, in the plan's worker order).
 
     Parameters
@@ -137,7 +161,9 @@ def speed_check(result: Any, speeds: Sequence[float], *, blocks: int = 0, overru
     speeds = tuple(float(s) for s in speeds)
     plan = result.plan
     if len(speeds) != len(plan.abilities):
-        raise ValueError(f"{len(speeds)} speeds for a plan of {len(plan.abilities)} workers; give one per worker")
+        raise ValueError(
+            f"{len(speeds)} speeds for a plan of {len(plan.abilities)} workers; give one per worker"
+        )
     total = sum(speeds)
     truth = tuple(s / total for s in speeds)
     area = np.zeros(len(speeds))

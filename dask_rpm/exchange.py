@@ -56,7 +56,8 @@ copy). Running every worker's steps through mailboxes gives exactly
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping, NamedTuple, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -121,14 +122,28 @@ def _allgather(h: Sequence[int], size: int) -> list[list[Transfer]]:
 
 def _gather(h: Sequence[int], size: int, leader: int) -> list[list[Transfer]]:
     root = h[leader]
-    return [[Transfer(a, root, 0, size, "sum") for a in h if a != root],
-            [Transfer(root, b, 0, size, "copy") for b in h if b != root]]
+    return [
+        [Transfer(a, root, 0, size, "sum") for a in h if a != root],
+        [Transfer(root, b, 0, size, "copy") for b in h if b != root],
+    ]
 
 
 def _direct(h: Sequence[int], size: int) -> list[list[Transfer]]:
     ch = _chunks(size, len(h))
-    first = [Transfer(a, h[j], lo, hi, "sum") for j, (lo, hi) in enumerate(ch) if hi > lo for a in h if a != h[j]]
-    second = [Transfer(h[j], b, lo, hi, "copy") for j, (lo, hi) in enumerate(ch) if hi > lo for b in h if b != h[j]]
+    first = [
+        Transfer(a, h[j], lo, hi, "sum")
+        for j, (lo, hi) in enumerate(ch)
+        if hi > lo
+        for a in h
+        if a != h[j]
+    ]
+    second = [
+        Transfer(h[j], b, lo, hi, "copy")
+        for j, (lo, hi) in enumerate(ch)
+        if hi > lo
+        for b in h
+        if b != h[j]
+    ]
     return [first, second]
 
 
@@ -137,11 +152,21 @@ def _ring(h: Sequence[int], size: int) -> list[list[Transfer]]:
     ch = _chunks(size, q)
     rounds = []
     for t in range(q - 1):  # reduce-scatter: holder i ends owning chunk (i + 1) mod q
-        rounds.append([Transfer(h[i], h[(i + 1) % q], *ch[(i - t) % q], "sum") for i in range(q)
-                       if ch[(i - t) % q][1] > ch[(i - t) % q][0]])
+        rounds.append(
+            [
+                Transfer(h[i], h[(i + 1) % q], *ch[(i - t) % q], "sum")
+                for i in range(q)
+                if ch[(i - t) % q][1] > ch[(i - t) % q][0]
+            ]
+        )
     for t in range(q - 1):  # all-gather
-        rounds.append([Transfer(h[i], h[(i + 1) % q], *ch[(i + 1 - t) % q], "copy") for i in range(q)
-                       if ch[(i + 1 - t) % q][1] > ch[(i + 1 - t) % q][0]])
+        rounds.append(
+            [
+                Transfer(h[i], h[(i + 1) % q], *ch[(i + 1 - t) % q], "copy")
+                for i in range(q)
+                if ch[(i + 1 - t) % q][1] > ch[(i + 1 - t) % q][0]
+            ]
+        )
     return rounds
 
 
@@ -207,7 +232,9 @@ def build(algorithm: str, holders: Sequence[int], size: int, *, leader: int = 0)
     if size < 0:
         raise ValueError(f"size={size} must be a non-negative number of elements")
     if algorithm not in ALGORITHMS:
-        raise ValueError(f"unknown exchange algorithm {algorithm!r}; valid: {', '.join(ALGORITHMS)}")
+        raise ValueError(
+            f"unknown exchange algorithm {algorithm!r}; valid: {', '.join(ALGORITHMS)}"
+        )
     if len(h) == 1 or size == 0:
         return Schedule(algorithm, h, size, ())
     if algorithm == "allgather":
@@ -227,7 +254,9 @@ def build(algorithm: str, holders: Sequence[int], size: int, *, leader: int = 0)
     return Schedule(algorithm, h, size, tuple(tuple(r) for r in rounds if r))
 
 
-def _fold(own_position: int, own: np.ndarray, parts: Sequence[tuple[int, np.ndarray]]) -> np.ndarray:
+def _fold(
+    own_position: int, own: np.ndarray, parts: Sequence[tuple[int, np.ndarray]]
+) -> np.ndarray:
     """Own slice and received ones added left to right in the order of the holders' positions."""
     terms = sorted([(own_position, own.copy()), *parts], key=lambda x: x[0])
     acc = terms[0][1]
@@ -236,18 +265,20 @@ def _fold(own_position: int, own: np.ndarray, parts: Sequence[tuple[int, np.ndar
     return acc
 
 
-def apply_round(buffers: dict[int, np.ndarray], transfers: Sequence[Transfer], position: Mapping[int, int]) -> None:
+def apply_round(
+    buffers: dict[int, np.ndarray], transfers: Sequence[Transfer], position: Mapping[int, int]
+) -> None:
     """Apply one round in place: payloads are the senders' slices at the round's start.
 
     ``"sum"``: for each receiver and range, the receiver's own slice and the
     received ones are added left to right in the order of their holders'
     positions. ``"copy"``: the receiver takes the slice as sent.
     """
-    payload = [buffers[t.src][t.lo:t.hi].copy() for t in transfers]
+    payload = [buffers[t.src][t.lo : t.hi].copy() for t in transfers]
     sums: dict[tuple[int, int, int], list[tuple[int, np.ndarray]]] = {}
     for t, data in zip(transfers, payload):
         if t.op == "copy":
-            buffers[t.dst][t.lo:t.hi] = data
+            buffers[t.dst][t.lo : t.hi] = data
         elif t.op == "sum":
             sums.setdefault((t.dst, t.lo, t.hi), []).append((position[t.src], data))
         else:
@@ -261,7 +292,9 @@ def execute(schedule: Schedule, contributions: Mapping[int, np.ndarray]) -> dict
     bufs = {w: np.array(contributions[w], copy=True).ravel() for w in schedule.holders}
     for w, b in bufs.items():
         if b.size != schedule.size:
-            raise ValueError(f"holder {w} contributes {b.size} elements; the schedule is for {schedule.size}")
+            raise ValueError(
+                f"holder {w} contributes {b.size} elements; the schedule is for {schedule.size}"
+            )
     position = {w: i for i, w in enumerate(schedule.holders)}
     for r in schedule.rounds:
         apply_round(bufs, r, position)
@@ -285,18 +318,27 @@ def worker_steps(schedule: Schedule, worker: int) -> list[WorkerStep]:
     """The rounds in which ``worker`` sends or receives: what an engine layout keeps for one worker."""
     position = {w: i for i, w in enumerate(schedule.holders)}
     if worker not in position:
-        raise ValueError(f"worker {worker} is not a holder of this schedule ({list(schedule.holders)})")
+        raise ValueError(
+            f"worker {worker} is not a holder of this schedule ({list(schedule.holders)})"
+        )
     out = []
     for r, transfers in enumerate(schedule.rounds):
         sends = tuple(t for t in transfers if t.src == worker)
-        recv = tuple(sorted((t for t in transfers if t.dst == worker), key=lambda t: (t.lo, position[t.src])))
+        recv = tuple(
+            sorted((t for t in transfers if t.dst == worker), key=lambda t: (t.lo, position[t.src]))
+        )
         if sends or recv:
             out.append(WorkerStep(r, sends, recv))
     return out
 
 
-def apply_received(buffer: np.ndarray, worker: int, step: WorkerStep, payloads: Mapping[Transfer, np.ndarray],
-                   holders: Sequence[int]) -> None:
+def apply_received(
+    buffer: np.ndarray,
+    worker: int,
+    step: WorkerStep,
+    payloads: Mapping[Transfer, np.ndarray],
+    holders: Sequence[int],
+) -> None:
     """Apply one step's received payloads to ``worker``'s buffer in place (same rule as :func:`apply_round`).
 
     ``payloads`` maps each of ``step.receives`` to the slice its sender sent
@@ -306,7 +348,7 @@ def apply_received(buffer: np.ndarray, worker: int, step: WorkerStep, payloads: 
     sums: dict[tuple[int, int], list[tuple[int, np.ndarray]]] = {}
     for t in step.receives:
         if t.op == "copy":
-            buffer[t.lo:t.hi] = payloads[t]
+            buffer[t.lo : t.hi] = payloads[t]
         else:
             sums.setdefault((t.lo, t.hi), []).append((position[t.src], payloads[t]))
     for (lo, hi), parts in sums.items():
@@ -316,12 +358,19 @@ def apply_received(buffer: np.ndarray, worker: int, step: WorkerStep, payloads: 
 def schedule_seconds(schedule: Schedule, network: Network) -> float:
     """Predicted seconds of a schedule: :func:`dask_rpm.cost.round_seconds` summed over its rounds."""
     isz = network.itemsize
-    return float(sum(round_seconds([Message(t.src, t.dst, (t.hi - t.lo) * isz, t.op == "sum") for t in r],
-                                   network)[0]
-                     for r in schedule.rounds))
+    return float(
+        sum(
+            round_seconds(
+                [Message(t.src, t.dst, (t.hi - t.lo) * isz, t.op == "sum") for t in r], network
+            )[0]
+            for r in schedule.rounds
+        )
+    )
 
 
-def choose(q: int, nbytes: float, link: LinkClass, overhead: float = 0.0, reduce: float = 0.0) -> str:
+def choose(
+    q: int, nbytes: float, link: LinkClass, overhead: float = 0.0, reduce: float = 0.0
+) -> str:
     """The scalable algorithm (``tree``, ``halving``, ``ring``, ``direct``) predicted fastest.
 
     Deterministic: every worker computing it from the same plan and network
@@ -330,8 +379,9 @@ def choose(q: int, nbytes: float, link: LinkClass, overhead: float = 0.0, reduce
     return best_collective(q, nbytes, link, overhead, reduce)[0]
 
 
-def vertical_schedule(plan: "Plan", column: int, network: Network | None = None, algorithm: str | None = None
-                      ) -> Schedule:
+def vertical_schedule(
+    plan: Plan, column: int, network: Network | None = None, algorithm: str | None = None
+) -> Schedule:
     """The in-column allreduce of column ``column``'s ``l x s_c`` partials (top to bottom order).
 
     ``algorithm=None`` chooses by the model (:func:`choose`) with ``network``
@@ -360,8 +410,9 @@ class BandExchange(NamedTuple):
     schedule: Schedule
 
 
-def horizontal_schedules(plan: "Plan", network: Network | None = None, algorithm: str | None = None
-                         ) -> list[BandExchange]:
+def horizontal_schedules(
+    plan: Plan, network: Network | None = None, algorithm: str | None = None
+) -> list[BandExchange]:
     """One allreduce per group of bands with the same holders, in band order.
 
     Bands with the same holder set are merged into one buffer (one message
@@ -380,7 +431,8 @@ def horizontal_schedules(plan: "Plan", network: Network | None = None, algorithm
     per_row = plan.n + plan.l
     for holders, rows in groups.items():
         size = per_row * sum(b - a for a, b in rows)
-        alg = algorithm or choose(len(holders), size * net.itemsize, net.worst_link(holders), net.overhead)
+        alg = algorithm or choose(
+            len(holders), size * net.itemsize, net.worst_link(holders), net.overhead
+        )
         out.append(BandExchange(holders, tuple(rows), build(alg, holders, size)))
     return out
-

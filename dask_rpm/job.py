@@ -84,8 +84,9 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, TextIO
+from typing import Any, TextIO
 
 import numpy as np
 
@@ -93,13 +94,37 @@ __all__ = ["Job", "JobError", "load_job", "run_job", "read_checkpoint"]
 
 #: Job keys that choose what is trained, and fit()'s keyword for each (validated by dask_rpm.recipe).
 TRAINING_KEYS = {
-    "epochs": "epochs", "batch-size": "batch_size", "shuffle": "shuffle", "activation": "activation",
-    "loss": "loss", "output-layer": "output", "bias": "bias", "optimizer": "optimizer", "validation": "validation",
-    "validate-every": "validate_every", "early-stopping": "early_stopping", "tol": "tol",
+    "epochs": "epochs",
+    "batch-size": "batch_size",
+    "shuffle": "shuffle",
+    "activation": "activation",
+    "loss": "loss",
+    "output-layer": "output",
+    "bias": "bias",
+    "optimizer": "optimizer",
+    "validation": "validation",
+    "validate-every": "validate_every",
+    "early-stopping": "early_stopping",
+    "tol": "tol",
 }
 _KEYS = (
-    "data", "hidden", "iterations", "target-error", "learning-rate", "mapping", "seed", "dtype", "output",
-    "overwrite", "checkpoint", "min-workers", "on-worker-loss", "time-limit", "workers", "config", "model",
+    "data",
+    "hidden",
+    "iterations",
+    "target-error",
+    "learning-rate",
+    "mapping",
+    "seed",
+    "dtype",
+    "output",
+    "overwrite",
+    "checkpoint",
+    "min-workers",
+    "on-worker-loss",
+    "time-limit",
+    "workers",
+    "config",
+    "model",
     *TRAINING_KEYS,
 )
 _OVERWRITE_HINT = "set overwrite: true in the job file (or pass --overwrite) to replace it"
@@ -140,8 +165,15 @@ class Job:
     def fingerprint(self) -> str:
         """What a checkpoint must match to be resumed by this job (data, network, learning)."""
         key = json.dumps(
-            [os.path.abspath(self.data), list(self.shape), self.hidden, self.learning_rate, self.seed, self.dtype,
-             *([sorted(self.training.items())] if self.training else [])],
+            [
+                os.path.abspath(self.data),
+                list(self.shape),
+                self.hidden,
+                self.learning_rate,
+                self.seed,
+                self.dtype,
+                *([sorted(self.training.items())] if self.training else []),
+            ],
         )
         return hashlib.sha256(key.encode()).hexdigest()[:16]
 
@@ -169,7 +201,9 @@ def _unknown(keys: Any, valid: tuple[str, ...], where: str) -> None:
         if k not in valid:
             close = difflib.get_close_matches(str(k), valid, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise JobError(f"job file: unknown key {k!r} in {where}; valid keys: {', '.join(valid)}.{hint}")
+            raise JobError(
+                f"job file: unknown key {k!r} in {where}; valid keys: {', '.join(valid)}.{hint}"
+            )
 
 
 def _int(raw: dict, key: str, lo: int, default: Any = None, where: str = "") -> Any:
@@ -177,8 +211,12 @@ def _int(raw: dict, key: str, lo: int, default: Any = None, where: str = "") -> 
     if v is None and default is None and key not in raw:
         return None
     if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        raise _bad(where + key, v, f"expected a whole number >= {lo}",
-                   f"Write e.g. {key}: {max(lo, 1) * 10 if lo else 0}.")
+        raise _bad(
+            where + key,
+            v,
+            f"expected a whole number >= {lo}",
+            f"Write e.g. {key}: {max(lo, 1) * 10 if lo else 0}.",
+        )
     return v
 
 
@@ -186,9 +224,19 @@ def _number(raw: dict, key: str, *, positive: bool, example: str = "0.01") -> fl
     v = raw.get(key)
     if v is None:
         return None
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and (v > 0 if positive else v >= 0)
+    ok = (
+        isinstance(v, (int, float))
+        and not isinstance(v, bool)
+        and math.isfinite(v)
+        and (v > 0 if positive else v >= 0)
+    )
     if not ok:
-        raise _bad(key, v, f"expected a finite number {'> 0' if positive else '>= 0'}", f"Write e.g. {key}: {example}.")
+        raise _bad(
+            key,
+            v,
+            f"expected a finite number {'> 0' if positive else '>= 0'}",
+            f"Write e.g. {key}: {example}.",
+        )
     return float(v)
 
 
@@ -197,17 +245,28 @@ def _training_iterations(training: dict[str, Any], shape: tuple[int, int, int], 
     from .recipe import RecipeError, recipe
 
     if "iterations" in raw and "epochs" in training:
-        raise JobError(f"job file: both iterations={raw['iterations']!r} and epochs={training['epochs']!r}; "
-                       f"give one of them")
+        raise JobError(
+            f"job file: both iterations={raw['iterations']!r} and epochs={training['epochs']!r}; "
+            f"give one of them"
+        )
     val = training.get("validation")
     if val is not None and not (isinstance(val, float) and 0 < val < 1):
-        raise _bad("validation", val, "expected a fraction of the samples to hold out, in (0, 1)",
-                   "Write e.g. validation: 0.1.")
+        raise _bad(
+            "validation",
+            val,
+            "expected a fraction of the samples to hold out, in (0, 1)",
+            "Write e.g. validation: 0.1.",
+        )
     s = shape[0] - (int(round(val * shape[0])) if val else 0)
     try:
-        rec = recipe(s, iterations=raw.get("iterations") if "epochs" not in training else None,
-                     learning_rate=1.0, **{k: v for k, v in training.items() if k not in ("validation", "optimizer")},
-                     optimizer_spec=training.get("optimizer"), validation=val is not None)
+        rec = recipe(
+            s,
+            iterations=raw.get("iterations") if "epochs" not in training else None,
+            learning_rate=1.0,
+            **{k: v for k, v in training.items() if k not in ("validation", "optimizer")},
+            optimizer_spec=training.get("optimizer"),
+            validation=val is not None,
+        )
     except (RecipeError, ValueError) as e:
         key = next((k for k, kw in TRAINING_KEYS.items() if f"{kw}=" in str(e)), None)
         raise JobError(f"job file: {key + ': ' if key else ''}{e}") from None
@@ -237,7 +296,9 @@ def load_job(path: str | os.PathLike, *, overwrite: bool = False) -> Job:
         with open(path) as f:
             text = f.read()
     except FileNotFoundError:
-        raise JobError(f"job file {path!r} does not exist; give the path of a YAML job file (see dask-rpm train --help)") from None
+        raise JobError(
+            f"job file {path!r} does not exist; give the path of a YAML job file (see dask-rpm train --help)"
+        ) from None
     except OSError as e:
         raise JobError(f"cannot read job file {path!r}: {e.strerror}") from None
     try:
@@ -245,9 +306,13 @@ def load_job(path: str | os.PathLike, *, overwrite: bool = False) -> Job:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise JobError(f"job file {path!r} is not valid YAML{where}: {getattr(e, 'problem', e)}") from None
+        raise JobError(
+            f"job file {path!r} is not valid YAML{where}: {getattr(e, 'problem', e)}"
+        ) from None
     if not isinstance(raw, dict):
-        raise JobError(f"job file {path!r} must hold a mapping of keys such as 'data:', 'hidden:', 'output:'; got {type(raw).__name__}")
+        raise JobError(
+            f"job file {path!r} must hold a mapping of keys such as 'data:', 'hidden:', 'output:'; got {type(raw).__name__}"
+        )
     _unknown(raw, _KEYS, "the job")
     base = os.path.dirname(os.path.abspath(path))
 
@@ -258,18 +323,23 @@ def load_job(path: str | os.PathLike, *, overwrite: bool = False) -> Job:
 
     for key in ("data", "hidden", "output"):
         if key not in raw:
-            raise JobError(f"job file {path!r} has no {key!r}; add e.g. " + {
-                "data": "data: digits.nc (netCDF with x(sample, input) and d(sample, output))",
-                "hidden": "hidden: 32 (hidden units)",
-                "output": "output: result.nc (where weights, history and plans go)",
-            }[key])
+            raise JobError(
+                f"job file {path!r} has no {key!r}; add e.g. "
+                + {
+                    "data": "data: digits.nc (netCDF with x(sample, input) and d(sample, output))",
+                    "hidden": "hidden: 32 (hidden units)",
+                    "output": "output: result.nc (where weights, history and plans go)",
+                }[key]
+            )
     data = rel(raw["data"], "data")
     try:
         shape = data_shape(data)
     except DataError as e:
         raise JobError(f"job file: data: {e}") from None
     except (OSError, ValueError) as e:
-        raise JobError(f"job file: data={raw['data']!r} cannot be read as netCDF ({e}); give a netCDF file with x(sample, input) and d(sample, output)") from None
+        raise JobError(
+            f"job file: data={raw['data']!r} cannot be read as netCDF ({e}); give a netCDF file with x(sample, input) and d(sample, output)"
+        ) from None
     hidden = _int(raw, "hidden", 1)
     iterations = _int(raw, "iterations", 1, default=None)
     target = _number(raw, "target-error", positive=False)
@@ -281,23 +351,36 @@ def load_job(path: str | os.PathLike, *, overwrite: bool = False) -> Job:
             training.pop("epochs")  # the job runs that many iterations (a resume counts from them)
     if iterations is None:
         if target is None:
-            raise JobError("job file: give 'iterations:' (how many BP iterations), 'target-error:' (train until the error is at most this), or both (iterations is then the maximum)")
-        raise JobError("job file: 'target-error:' needs 'iterations:' as the maximum number of iterations, so a run that never reaches it ends")
+            raise JobError(
+                "job file: give 'iterations:' (how many BP iterations), 'target-error:' (train until the error is at most this), or both (iterations is then the maximum)"
+            )
+        raise JobError(
+            "job file: 'target-error:' needs 'iterations:' as the maximum number of iterations, so a run that never reaches it ends"
+        )
     lr = _number(raw, "learning-rate", positive=True)
     if lr is None:
-        raise JobError("job file: no 'learning-rate:'; add e.g. learning-rate: 0.001 (eps in W <- W - eps * sum dW)")
+        raise JobError(
+            "job file: no 'learning-rate:'; add e.g. learning-rate: 0.001 (eps in W <- W - eps * sum dW)"
+        )
     mapping = raw.get("mapping", "drpm")
     from .planners import describe_names, mapping_names
 
     if mapping not in mapping_names():
-        raise _bad("mapping", mapping, f"valid: {describe_names(mapping_names())}", "drpm re-maps while training; srpm plans once.")
+        raise _bad(
+            "mapping",
+            mapping,
+            f"valid: {describe_names(mapping_names())}",
+            "drpm re-maps while training; srpm plans once.",
+        )
     seed = _int(raw, "seed", 0, default=0)
     dtype = raw.get("dtype", "float64")
     if dtype not in ("float64", "float32"):
         raise _bad("dtype", dtype, "valid: float64, float32", "float64 is exact to serial BP.")
     output = rel(raw["output"], "output")
     if os.path.abspath(output) == os.path.abspath(data):
-        raise _bad("output", raw["output"], "it is the data file", "Write the result to a new file.")
+        raise _bad(
+            "output", raw["output"], "it is the data file", "Write the result to a new file."
+        )
     model = raw.get("model")
     if model is None or model is True:
         model = os.path.splitext(output)[0] + ".model.nc"
@@ -306,40 +389,91 @@ def load_job(path: str | os.PathLike, *, overwrite: bool = False) -> Job:
     else:
         model = rel(model, "model")
         if os.path.abspath(model) in (os.path.abspath(output), os.path.abspath(data)):
-            raise _bad("model", raw["model"], "it is the output or the data file", "Give the model its own file.")
+            raise _bad(
+                "model",
+                raw["model"],
+                "it is the output or the data file",
+                "Give the model its own file.",
+            )
     over = raw.get("overwrite", False)
     if not isinstance(over, bool):
-        raise _bad("overwrite", over, "expected true or false", "Write overwrite: true to replace an existing output.")
+        raise _bad(
+            "overwrite",
+            over,
+            "expected true or false",
+            "Write overwrite: true to replace an existing output.",
+        )
 
     ck = raw.get("checkpoint") or {}
     if not isinstance(ck, dict):
-        raise _bad("checkpoint", ck, "expected a mapping with 'every' and optionally 'path'", "Write checkpoint: {every: 50}.")
+        raise _bad(
+            "checkpoint",
+            ck,
+            "expected a mapping with 'every' and optionally 'path'",
+            "Write checkpoint: {every: 50}.",
+        )
     _unknown(ck, ("every", "path"), "checkpoint")
     every = _int(ck, "every", 0, default=0, where="checkpoint.")
-    ck_path = rel(ck["path"], "checkpoint.path") if ck.get("path") else os.path.splitext(output)[0] + ".checkpoint.nc"
+    ck_path = (
+        rel(ck["path"], "checkpoint.path")
+        if ck.get("path")
+        else os.path.splitext(output)[0] + ".checkpoint.nc"
+    )
 
     min_workers = _int(raw, "min-workers", 1, default=1)
     loss = raw.get("on-worker-loss", "recover")
     if loss not in ("recover", "raise"):
-        raise _bad("on-worker-loss", loss, "valid: recover, raise", "recover goes on without the lost worker.")
+        raise _bad(
+            "on-worker-loss",
+            loss,
+            "valid: recover, raise",
+            "recover goes on without the lost worker.",
+        )
     time_limit = _number(raw, "time-limit", positive=True, example="3600 (seconds)")
     config = raw.get("config") or {}
     if not isinstance(config, dict):
-        raise _bad("config", config, "expected a mapping of rpm settings", "Write e.g. config: {drpm: {interval: 10}}.")
+        raise _bad(
+            "config",
+            config,
+            "expected a mapping of rpm settings",
+            "Write e.g. config: {drpm: {interval: 10}}.",
+        )
     if "rpm" in config and len(config) == 1:
         config = config["rpm"]
     _check_config(config)
     workers = _workers(raw.get("workers"))
     job = Job(
-        path=os.path.abspath(path), text=text, data=data, hidden=hidden, iterations=iterations,
-        learning_rate=lr, output=output, checkpoint_path=ck_path, checkpoint_every=every,
-        target_error=target, mapping=mapping, seed=seed, dtype=dtype, min_workers=min_workers,
-        on_worker_loss=loss, time_limit=time_limit, workers=workers, config=config, shape=shape,
-        overwrite=over or bool(overwrite), training=training, model=model,
+        path=os.path.abspath(path),
+        text=text,
+        data=data,
+        hidden=hidden,
+        iterations=iterations,
+        learning_rate=lr,
+        output=output,
+        checkpoint_path=ck_path,
+        checkpoint_every=every,
+        target_error=target,
+        mapping=mapping,
+        seed=seed,
+        dtype=dtype,
+        min_workers=min_workers,
+        on_worker_loss=loss,
+        time_limit=time_limit,
+        workers=workers,
+        config=config,
+        shape=shape,
+        overwrite=over or bool(overwrite),
+        training=training,
+        model=model,
     )
     expected = job.expected_workers
     if expected is not None and min_workers > expected:
-        raise _bad("min-workers", min_workers, f"the job starts only {expected} worker(s)", f"Use min-workers: {expected} or start more workers.")
+        raise _bad(
+            "min-workers",
+            min_workers,
+            f"the job starts only {expected} worker(s)",
+            f"Use min-workers: {expected} or start more workers.",
+        )
     return job
 
 
@@ -354,13 +488,19 @@ def _check_config(config: dict[str, Any]) -> None:
             if norm not in names:
                 close = difflib.get_close_matches(norm, list(names), n=1)
                 hint = f" Did you mean {close[0]!r}?" if close else ""
-                raise JobError(f"job file: unknown setting {where}.{key} under 'config:'; valid keys of {where}: "
-                               f"{', '.join(sorted(names))}.{hint} (all settings: docs/configuration.md)")
+                raise JobError(
+                    f"job file: unknown setting {where}.{key} under 'config:'; valid keys of {where}: "
+                    f"{', '.join(sorted(names))}.{hint} (all settings: docs/configuration.md)"
+                )
             default = known[names[norm]]
             if isinstance(default, dict) and default:
                 if not isinstance(value, dict):
-                    raise _bad(f"config {where}.{key}", value, f"{where}.{key} is a group of settings "
-                               f"({', '.join(sorted(default))})", f"Write e.g. {key}: {{{next(iter(default))}: ...}}.")
+                    raise _bad(
+                        f"config {where}.{key}",
+                        value,
+                        f"{where}.{key} is a group of settings ({', '.join(sorted(default))})",
+                        f"Write e.g. {key}: {{{next(iter(default))}: ...}}.",
+                    )
                 walk(value, default, f"{where}.{key}")
 
     walk(config, _DEFAULTS["rpm"], "rpm")
@@ -379,17 +519,25 @@ def check_paths(job: Job, *, resume: bool = False) -> None:
     from ._files import TargetError, check_target
 
     try:
-        check_target(job.output, what="job file: output", overwrite=job.overwrite, hint=_OVERWRITE_HINT)
+        check_target(
+            job.output, what="job file: output", overwrite=job.overwrite, hint=_OVERWRITE_HINT
+        )
         if job.model is not None:
-            check_target(job.model, what="job file: model", overwrite=job.overwrite, hint=_OVERWRITE_HINT)
+            check_target(
+                job.model, what="job file: model", overwrite=job.overwrite, hint=_OVERWRITE_HINT
+            )
     except TargetError as e:
         raise JobError(str(e)) from None
     try:
         if resume:  # rewritten in place: it may exist, but its directory must still take new files
             check_target(job.checkpoint_path, what="job file: checkpoint path", overwrite=True)
             return
-        check_target(job.checkpoint_path, what="job file: checkpoint path", overwrite=job.overwrite,
-                     hint="continue that run with --resume, or " + _OVERWRITE_HINT)
+        check_target(
+            job.checkpoint_path,
+            what="job file: checkpoint path",
+            overwrite=job.overwrite,
+            hint="continue that run with --resume, or " + _OVERWRITE_HINT,
+        )
     except TargetError as e:
         raise JobError(str(e)) from None
 
@@ -398,27 +546,63 @@ def _workers(spec: Any) -> dict[str, Any]:
     from .slurm import SlurmConfigError, load_groups
 
     if spec is None:
-        raise JobError("job file: no 'workers:'; add one of workers: {local: {speeds: [1.0, 0.5]}} (EMULATED, this machine), "
-                       "workers: {slurm: {groups: [...]}} or workers: {scheduler: tcp://host:8786}")
+        raise JobError(
+            "job file: no 'workers:'; add one of workers: {local: {speeds: [1.0, 0.5]}} (EMULATED, this machine), "
+            "workers: {slurm: {groups: [...]}} or workers: {scheduler: tcp://host:8786}"
+        )
     if not isinstance(spec, dict) or len(spec) != 1:
-        raise _bad("workers", spec, "expected exactly one of 'local', 'slurm', 'scheduler'", "Keep one of them.")
+        raise _bad(
+            "workers",
+            spec,
+            "expected exactly one of 'local', 'slurm', 'scheduler'",
+            "Keep one of them.",
+        )
     _unknown(spec, ("local", "slurm", "scheduler"), "workers")
     kind, value = next(iter(spec.items()))
     if kind == "scheduler":
         if not isinstance(value, str) or "://" not in value and ":" not in value:
-            raise _bad("workers.scheduler", value, "expected a scheduler address", "Write e.g. scheduler: tcp://10.0.0.1:8786.")
+            raise _bad(
+                "workers.scheduler",
+                value,
+                "expected a scheduler address",
+                "Write e.g. scheduler: tcp://10.0.0.1:8786.",
+            )
         return {"scheduler": value}
     if kind == "local":
         if not isinstance(value, dict):
-            raise _bad("workers.local", value, "expected a mapping with 'speeds'", "Write local: {speeds: [1.0, 0.5]}.")
+            raise _bad(
+                "workers.local",
+                value,
+                "expected a mapping with 'speeds'",
+                "Write local: {speeds: [1.0, 0.5]}.",
+            )
         _unknown(value, ("speeds",), "workers.local")
         speeds = value.get("speeds")
-        if (not isinstance(speeds, list) or not speeds or any(
-            isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0 for v in speeds)):
-            raise _bad("workers.local.speeds", speeds, "expected a list of EMULATED relative speeds > 0", "Write speeds: [1.0, 0.5, 0.25].")
+        if (
+            not isinstance(speeds, list)
+            or not speeds
+            or any(
+                isinstance(v, bool)
+                or not isinstance(v, (int, float))
+                or not math.isfinite(v)
+                or v <= 0
+                for v in speeds
+            )
+        ):
+            raise _bad(
+                "workers.local.speeds",
+                speeds,
+                "expected a list of EMULATED relative speeds > 0",
+                "Write speeds: [1.0, 0.5, 0.25].",
+            )
         return {"local": {"speeds": [float(v) for v in speeds]}}
     if not isinstance(value, dict):
-        raise _bad("workers.slurm", value, "expected a mapping with 'groups' and optionally 'cluster'", "See docs/slurm.md.")
+        raise _bad(
+            "workers.slurm",
+            value,
+            "expected a mapping with 'groups' and optionally 'cluster'",
+            "See docs/slurm.md.",
+        )
     _unknown(value, ("groups", "cluster"), "workers.slurm")
     try:
         groups = load_groups(value.get("groups"))
@@ -426,7 +610,12 @@ def _workers(spec: Any) -> dict[str, Any]:
         raise JobError(f"job file: workers.slurm.groups: {e}") from None
     cluster = value.get("cluster") or {}
     if not isinstance(cluster, dict):
-        raise _bad("workers.slurm.cluster", cluster, "expected a mapping of dask-jobqueue options", "Write e.g. cluster: {interface: ib0}.")
+        raise _bad(
+            "workers.slurm.cluster",
+            cluster,
+            "expected a mapping of dask-jobqueue options",
+            "Write e.g. cluster: {interface: ib0}.",
+        )
     cluster = {str(k).replace("-", "_"): v for k, v in cluster.items()}
     return {"slurm": {"groups": groups, "cluster": cluster}}
 
@@ -443,13 +632,34 @@ def write_checkpoint(job: Job, state: dict[str, Any]) -> str:
     W, V = state["W"], state["V"]
     ds = xr.Dataset(
         {
-            "W": (("hidden", "input"), W, {"description": "input-to-hidden weights after `iteration` updates"}),
-            "V": (("output", "hidden"), V, {"description": "hidden-to-output weights after `iteration` updates"}),
-            "error": (("iteration",), np.asarray(state["errors"], dtype=float),
-                      {"description": "0.5 * sum over samples of ||h - d||^2, before each iteration's update"}),
-            **{f"optimizer_{slot}_{name}": (dims, a, {"description": f"optimizer state {slot!r} of {name}"})
-               for slot, pair in (state.get("optimizer_state") or {}).items()
-               for name, dims, a in zip(("W", "V"), (("hidden", "input"), ("output", "hidden")), pair)},
+            "W": (
+                ("hidden", "input"),
+                W,
+                {"description": "input-to-hidden weights after `iteration` updates"},
+            ),
+            "V": (
+                ("output", "hidden"),
+                V,
+                {"description": "hidden-to-output weights after `iteration` updates"},
+            ),
+            "error": (
+                ("iteration",),
+                np.asarray(state["errors"], dtype=float),
+                {
+                    "description": "0.5 * sum over samples of ||h - d||^2, before each iteration's update"
+                },
+            ),
+            **{
+                f"optimizer_{slot}_{name}": (
+                    dims,
+                    a,
+                    {"description": f"optimizer state {slot!r} of {name}"},
+                )
+                for slot, pair in (state.get("optimizer_state") or {}).items()
+                for name, dims, a in zip(
+                    ("W", "V"), (("hidden", "input"), ("output", "hidden")), pair
+                )
+            },
         },
         attrs={
             "title": "dask_rpm training checkpoint",
@@ -472,59 +682,98 @@ def read_checkpoint(job: Job) -> dict[str, Any]:
 
     path = job.checkpoint_path
     if not os.path.exists(path):
-        raise JobError(f"--resume: no checkpoint at {path!r}; run without --resume to start from scratch "
-                       f"(or set checkpoint.path to where the checkpoint is)")
+        raise JobError(
+            f"--resume: no checkpoint at {path!r}; run without --resume to start from scratch "
+            f"(or set checkpoint.path to where the checkpoint is)"
+        )
     try:
         with xr.open_dataset(path, engine="h5netcdf") as ds:
             ds.load()
         ds["W"], ds["V"], ds["error"], ds.attrs["iteration"]  # noqa: B018 - what a checkpoint must hold
     except (OSError, ValueError, KeyError) as e:
-        raise JobError(f"--resume: {path!r} is not a dask_rpm checkpoint ({type(e).__name__}: {e}); "
-                       f"run without --resume to start from scratch") from None
+        raise JobError(
+            f"--resume: {path!r} is not a dask_rpm checkpoint ({type(e).__name__}: {e}); "
+            f"run without --resume to start from scratch"
+        ) from None
     network = ds.attrs.get("network") or "-".join(
-        str(v) for v in (ds["W"].shape[1], ds["W"].shape[0], ds["V"].shape[0]))
+        str(v) for v in (ds["W"].shape[1], ds["W"].shape[0], ds["V"].shape[0])
+    )
     if network != job.network:
-        raise JobError(f"--resume: checkpoint {path!r} is for a {network} network (inputs-hidden-outputs) but "
-                       f"this job trains {job.network}; run without --resume, or restore the job file it was "
-                       f"written with")
+        raise JobError(
+            f"--resume: checkpoint {path!r} is for a {network} network (inputs-hidden-outputs) but "
+            f"this job trains {job.network}; run without --resume, or restore the job file it was "
+            f"written with"
+        )
     if ds.attrs.get("fingerprint") != job.fingerprint:
-        raise JobError(f"--resume: checkpoint {path!r} is from a different job (data, hidden, learning-rate, seed "
-                       f"or dtype differ); run without --resume, or restore the job file it was written with")
+        raise JobError(
+            f"--resume: checkpoint {path!r} is from a different job (data, hidden, learning-rate, seed "
+            f"or dtype differ); run without --resume, or restore the job file it was written with"
+        )
     slots = sorted({str(k).split("_")[1] for k in ds.data_vars if str(k).startswith("optimizer_")})
     return {
-        "iteration": int(ds.attrs["iteration"]), "W": ds["W"].values, "V": ds["V"].values,
-        "errors": ds["error"].values, "plan": ds.attrs.get("plan", ""),
+        "iteration": int(ds.attrs["iteration"]),
+        "W": ds["W"].values,
+        "V": ds["V"].values,
+        "errors": ds["error"].values,
+        "plan": ds.attrs.get("plan", ""),
         "drpm": json.loads(ds.attrs["drpm"]) if ds.attrs.get("drpm") else None,
-        "optimizer_state": {k: [ds[f"optimizer_{k}_W"].values, ds[f"optimizer_{k}_V"].values] for k in slots},
+        "optimizer_state": {
+            k: [ds[f"optimizer_{k}_W"].values, ds[f"optimizer_{k}_V"].values] for k in slots
+        },
     }
 
 
-def write_output(job: Job, result: Any, *, start: int, errors_before: np.ndarray, summary: dict[str, Any],
-                 path: str | None = None) -> str:
+def write_output(
+    job: Job,
+    result: Any,
+    *,
+    start: int,
+    errors_before: np.ndarray,
+    summary: dict[str, Any],
+    path: str | None = None,
+) -> str:
     """Weights, the whole history and every plan of the run in one netCDF file (``path``, default
     ``job.output``), atomically."""
-    import xarray as xr
 
     hist = result.history
     total = start + hist.sizes.get("iteration", 0)
     if start:
         hist = hist.reindex(iteration=np.arange(total))
-        hist["error"] = ("iteration", np.concatenate([errors_before[:start], result.history["error"].values]),
-                         result.history["error"].attrs)
+        hist["error"] = (
+            "iteration",
+            np.concatenate([errors_before[:start], result.history["error"].values]),
+            result.history["error"].attrs,
+        )
     if "slurm" in job.workers and "name" in hist.coords:
         from .slurm import group_from_name
 
         groups = [g.name for g in job.workers["slurm"]["groups"]]
-        hist.coords["group"] = ("worker", np.array([group_from_name(n, groups) or "" for n in hist["name"].values]),
-                                {"description": "SLURM worker group"})
+        hist.coords["group"] = (
+            "worker",
+            np.array([group_from_name(n, groups) or "" for n in hist["name"].values]),
+            {"description": "SLURM worker group"},
+        )
     for name in list(hist.coords):
         if hist[name].dtype == object:
             hist[name] = hist[name].astype(str)
     ds = hist.copy()
-    ds["W"] = (("hidden", "input"), result.W, {"description": "final input-to-hidden weights (m x n)"})
-    ds["V"] = (("output", "hidden"), result.V, {"description": "final hidden-to-output weights (l x m)"})
-    ds["plan_json"] = (("plan",), np.array([p.to_json() for p in (result.plans or [result.plan])], dtype=str),
-                       {"description": "every plan used, in order, as JSON (dask_rpm.Plan.from_dict(json.loads(...)))"})
+    ds["W"] = (
+        ("hidden", "input"),
+        result.W,
+        {"description": "final input-to-hidden weights (m x n)"},
+    )
+    ds["V"] = (
+        ("output", "hidden"),
+        result.V,
+        {"description": "final hidden-to-output weights (l x m)"},
+    )
+    ds["plan_json"] = (
+        ("plan",),
+        np.array([p.to_json() for p in (result.plans or [result.plan])], dtype=str),
+        {
+            "description": "every plan used, in order, as JSON (dask_rpm.Plan.from_dict(json.loads(...)))"
+        },
+    )
     ds.attrs.update(
         title="dask_rpm training result",
         status="complete",
@@ -549,10 +798,14 @@ def _write(ds: Any, path: str) -> str:
 
     from ._files import atomic_write
 
-    with warnings.catch_warnings():  # h5netcdf's note on string attributes/variables; readers here use h5netcdf
+    with (
+        warnings.catch_warnings()
+    ):  # h5netcdf's note on string attributes/variables; readers here use h5netcdf
         warnings.filterwarnings("ignore", message=".*invalid netcdf features.*")
         # no makedirs: a directory that went away is a failure the caller reports, not one to paper over
-        return atomic_write(path, lambda tmp: ds.to_netcdf(tmp, engine="h5netcdf", invalid_netcdf=True))
+        return atomic_write(
+            path, lambda tmp: ds.to_netcdf(tmp, engine="h5netcdf", invalid_netcdf=True)
+        )
 
 
 def _rescue_paths(job: Job) -> Iterator[str]:
@@ -616,7 +869,10 @@ def _client_for(job: Job, out: TextIO) -> Iterator[Any]:
     if kind == "local":
         from .emulation import local_cluster
 
-        with local_cluster(job.workers["local"]["speeds"], dashboard_address=":0") as cluster, Client(cluster) as client:
+        with (
+            local_cluster(job.workers["local"]["speeds"], dashboard_address=":0") as cluster,
+            Client(cluster) as client,
+        ):
             print(f"workers: {cluster.emulation_label}", file=out, flush=True)
             yield client
         return
@@ -624,8 +880,14 @@ def _client_for(job: Job, out: TextIO) -> Iterator[Any]:
 
     spec = job.workers["slurm"]
     with HeterogeneousSLURMCluster(spec["groups"], **spec["cluster"]) as cluster:
-        jobs = ", ".join(f"{g.name}: {g.jobs} job(s) x {g.processes} worker(s)" for g in spec["groups"])
-        print(f"workers: SLURM groups {jobs}; scheduler {cluster.scheduler_address}", file=out, flush=True)
+        jobs = ", ".join(
+            f"{g.name}: {g.jobs} job(s) x {g.processes} worker(s)" for g in spec["groups"]
+        )
+        print(
+            f"workers: SLURM groups {jobs}; scheduler {cluster.scheduler_address}",
+            file=out,
+            flush=True,
+        )
         with Client(cluster) as client:
             yield client
 
@@ -706,11 +968,21 @@ def run_job(
         ck = read_checkpoint(job)
         start, errors_before = ck["iteration"], ck["errors"]
         if start >= job.iterations:
-            raise JobError(f"--resume: the checkpoint is at iteration {start}, already at iterations={job.iterations}; raise iterations to train on")
-        print(f"resuming from checkpoint {job.checkpoint_path} at iteration {start}", file=out, flush=True)
+            raise JobError(
+                f"--resume: the checkpoint is at iteration {start}, already at iterations={job.iterations}; raise iterations to train on"
+            )
+        print(
+            f"resuming from checkpoint {job.checkpoint_path} at iteration {start}",
+            file=out,
+            flush=True,
+        )
         if ck.get("drpm") and job.mapping == "drpm":
-            print(f"DRPM continues on the checkpoint's plan ({len(ck['drpm'].get('checks', []))} check(s), "
-                  f"estimator windows kept)", file=out, flush=True)
+            print(
+                f"DRPM continues on the checkpoint's plan ({len(ck['drpm'].get('checks', []))} check(s), "
+                f"estimator windows kept)",
+                file=out,
+                flush=True,
+            )
     stop = stop or threading.Event()
     t0 = time.monotonic()
 
@@ -730,36 +1002,62 @@ def run_job(
                 what = f"worker(s) {', '.join(rec['joined'])} joined"
             else:
                 what = rec.get("reason", "")
-            print(f"remap at iteration {rec['iteration']}: {rec['kind']} ({what}), {rec['bytes']} weight "
-                  f"bytes, {rec.get('sample_bytes', 0)} sample bytes re-read, {rec['seconds']:.3f} s",
-                  file=out, flush=True)
+            print(
+                f"remap at iteration {rec['iteration']}: {rec['kind']} ({what}), {rec['bytes']} weight "
+                f"bytes, {rec.get('sample_bytes', 0)} sample bytes re-read, {rec['seconds']:.3f} s",
+                file=out,
+                flush=True,
+            )
         spi = info["seconds_per_iteration"]
         print(
             f"iteration {info['iteration']}/{job.iterations}: error {info['error']:.6g}, "
             f"{spi * 1e3:.1f} ms/iteration, {len(info['workers'])} worker(s)",
-            file=out, flush=True,
+            file=out,
+            flush=True,
         )
 
     def on_checkpoint(state: dict[str, Any]) -> None:
         state = dict(state, errors=np.concatenate([errors_before[:start], state["errors"][start:]]))
         write_checkpoint(job, state)
-        print(f"checkpoint at iteration {state['iteration']} -> {job.checkpoint_path}", file=out, flush=True)
+        print(
+            f"checkpoint at iteration {state['iteration']} -> {job.checkpoint_path}",
+            file=out,
+            flush=True,
+        )
 
     every = job.checkpoint_every
-    settings = dict(_flatten(job.config, "rpm"))  # dotted keys: set() would replace the whole rpm tree
+    settings = dict(
+        _flatten(job.config, "rpm")
+    )  # dotted keys: set() would replace the whole rpm tree
     with dask.config.set(settings), _stop_signals(stop), contextlib.ExitStack() as stack:
         if client is None:
             client = stack.enter_context(_client_for(job, out))
-        print(f"training {job.shape[1]}-{job.hidden}-{job.shape[2]} on {job.shape[0]} samples from {job.data}: "
-              f"iterations {start}..{job.iterations}, mapping {job.mapping}, min-workers {job.min_workers}",
-              file=out, flush=True)
+        print(
+            f"training {job.shape[1]}-{job.hidden}-{job.shape[2]} on {job.shape[0]} samples from {job.data}: "
+            f"iterations {start}..{job.iterations}, mapping {job.mapping}, min-workers {job.min_workers}",
+            file=out,
+            flush=True,
+        )
         t_train = time.monotonic()
         result = fit(
-            job.data, hidden=job.hidden, iterations=job.iterations, learning_rate=job.learning_rate,
-            mapping=job.mapping, seed=job.seed, dtype=job.dtype, resume=ck, client=client, **job.training,
-            progress="none", on_worker_loss=job.on_worker_loss, min_workers=job.min_workers,
-            target_error=job.target_error, checkpoint_every=every, on_checkpoint=on_checkpoint if every else None,
-            should_stop=should_stop, callback=progress,
+            job.data,
+            hidden=job.hidden,
+            iterations=job.iterations,
+            learning_rate=job.learning_rate,
+            mapping=job.mapping,
+            seed=job.seed,
+            dtype=job.dtype,
+            resume=ck,
+            client=client,
+            **job.training,
+            progress="none",
+            on_worker_loss=job.on_worker_loss,
+            min_workers=job.min_workers,
+            target_error=job.target_error,
+            checkpoint_every=every,
+            on_checkpoint=on_checkpoint if every else None,
+            should_stop=should_stop,
+            callback=progress,
         )
         wall = time.monotonic() - t_train
     done = start + result.history.sizes.get("iteration", 0)
@@ -778,21 +1076,40 @@ def run_job(
     }
     if result.stopped and result.stopped.startswith("stop requested"):
         why = getattr(stop, "signal", "stop requested")
-        write_checkpoint(job, {"iteration": done, "W": result.W, "V": result.V, "plan": result.plan,
-                               "optimizer_state": result.optimizer_state, "drpm": result.drpm_state,
-                               "errors": np.concatenate([errors_before[:start], result.history["error"].values])})
-        print(f"stopped at iteration {done} ({why}); checkpoint written to {job.checkpoint_path}; "
-              f"continue with: dask-rpm train --config {path} --resume", file=out, flush=True)
+        write_checkpoint(
+            job,
+            {
+                "iteration": done,
+                "W": result.W,
+                "V": result.V,
+                "plan": result.plan,
+                "optimizer_state": result.optimizer_state,
+                "drpm": result.drpm_state,
+                "errors": np.concatenate([errors_before[:start], result.history["error"].values]),
+            },
+        )
+        print(
+            f"stopped at iteration {done} ({why}); checkpoint written to {job.checkpoint_path}; "
+            f"continue with: dask-rpm train --config {path} --resume",
+            file=out,
+            flush=True,
+        )
         summary["checkpoint"] = job.checkpoint_path
         return summary
     if result.stopped and "diverged" in result.stopped:
         print(result.stopped, file=out, flush=True)
-    written = _save_result(job, result, start=start, errors_before=errors_before, summary=summary, out=out)
+    written = _save_result(
+        job, result, start=start, errors_before=errors_before, summary=summary, out=out
+    )
     if job.model is not None:
         written += ", model " + _save_model(job, result, start=start, written=written, out=out)
-    print(f"done: {done} iterations, error {result.error:.6g}"
-          + (f" (target {job.target_error:g})" if job.target_error is not None else "")
-          + f", {wall:.1f} s; wrote {written}", file=out, flush=True)
+    print(
+        f"done: {done} iterations, error {result.error:.6g}"
+        + (f" (target {job.target_error:g})" if job.target_error is not None else "")
+        + f", {wall:.1f} s; wrote {written}",
+        file=out,
+        flush=True,
+    )
     if every and os.path.exists(job.checkpoint_path):
         os.unlink(job.checkpoint_path)  # the result file holds everything the checkpoint did
     return summary
@@ -815,8 +1132,10 @@ def _save_model(job: Job, result: Any, *, start: int, written: str, out: TextIO)
     try:
         saved = model.save(rescue)
     except (OSError, TargetError) as e:
-        raise TrainingError(f"could not write the model to {job.model!r} ({first}) nor to {rescue!r} ({e}); the "
-                            f"weights are in the result file {written!r}") from None
+        raise TrainingError(
+            f"could not write the model to {job.model!r} ({first}) nor to {rescue!r} ({e}); the "
+            f"weights are in the result file {written!r}"
+        ) from None
     msg = f"could not write the model {job.model!r} ({first}); it is saved to {saved!r} instead"
     print(msg, file=out, flush=True)
     if out is not sys.stderr:
@@ -824,8 +1143,15 @@ def _save_model(job: Job, result: Any, *, start: int, written: str, out: TextIO)
     return saved
 
 
-def _save_result(job: Job, result: Any, *, start: int, errors_before: np.ndarray, summary: dict[str, Any],
-                 out: TextIO) -> str:
+def _save_result(
+    job: Job,
+    result: Any,
+    *,
+    start: int,
+    errors_before: np.ndarray,
+    summary: dict[str, Any],
+    out: TextIO,
+) -> str:
     """Write the output; when that fails, save the result next to the checkpoint (or further) and say where."""
     from ._files import TargetError
     from .engine import TrainingError
@@ -838,15 +1164,21 @@ def _save_result(job: Job, result: Any, *, start: int, errors_before: np.ndarray
     for path in _rescue_paths(job):
         summary.update(output=path, rescued=True, output_requested=job.output)
         try:
-            written = write_output(job, result, start=start, errors_before=errors_before, summary=summary, path=path)
+            written = write_output(
+                job, result, start=start, errors_before=errors_before, summary=summary, path=path
+            )
         except (OSError, TargetError):
             tried.append(path)
             continue
-        msg = (f"could not write the output {job.output!r} ({first}); the finished run is saved to "
-               f"{written!r} instead - move it where you want it")
+        msg = (
+            f"could not write the output {job.output!r} ({first}); the finished run is saved to "
+            f"{written!r} instead - move it where you want it"
+        )
         print(msg, file=out, flush=True)
         if out is not sys.stderr:
             print(f"dask-rpm train: {msg}", file=sys.stderr, flush=True)
         return written
-    raise TrainingError(f"could not write the result to {job.output!r} ({first}) nor to {', '.join(tried[1:])}; "
-                        f"free space or fix permissions there")
+    raise TrainingError(
+        f"could not write the result to {job.output!r} ({first}) nor to {', '.join(tried[1:])}; "
+        f"free space or fix permissions there"
+    )

@@ -131,8 +131,16 @@ class Workspace:
         output is held at 1 and its delta at 0 (:mod:`dask_rpm.network`).
     """
 
-    def __init__(self, s: int, m: int, n: int, l: int, dtype: Any = "float64",  # noqa: E741
-                 net: Network | None = None, bias_row: int | None = None) -> None:
+    def __init__(
+        self,
+        s: int,
+        m: int,
+        n: int,
+        l: int,
+        dtype: Any = "float64",  # noqa: E741
+        net: Network | None = None,
+        bias_row: int | None = None,
+    ) -> None:
         self.net = Network() if net is None else net
         self.bias_row = bias_row
         self.key = (s, m, n, l, np.dtype(dtype).str, self.net, bias_row)
@@ -148,8 +156,16 @@ class Workspace:
         self.dV = np.empty((l, m), dt)
         self.rows = s
 
-    def fits(self, s: int, m: int, n: int, l: int, dtype: Any,  # noqa: E741
-             net: Network | None = None, bias_row: int | None = None) -> bool:
+    def fits(
+        self,
+        s: int,
+        m: int,
+        n: int,
+        l: int,
+        dtype: Any,  # noqa: E741
+        net: Network | None = None,
+        bias_row: int | None = None,
+    ) -> bool:
         net = Network() if net is None else net
         return self.key[1:] == (m, n, l, np.dtype(dtype).str, net, bias_row) and s <= self.key[0]
 
@@ -226,7 +242,9 @@ class Workspace:
         delta2 *= h
         return delta2, err
 
-    def backward(self, x: np.ndarray, V: np.ndarray, delta2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def backward(
+        self, x: np.ndarray, V: np.ndarray, delta2: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Weight-update sums ``(dW, dV)`` of the rectangle (``self.dW``, ``self.dV``); uses ``self.f``."""
         f, d1 = self.f, self.delta1
         np.matmul(delta2, V, out=d1)

@@ -25,7 +25,8 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -85,20 +86,34 @@ class MLPModel:
         match the outputs.
     """
 
-    def __init__(self, W: np.ndarray, V: np.ndarray, net: Network, classes: Any = None,
-                 meta: Mapping[str, Any] | None = None, *, target_shift: Any = None,
-                 target_scale: Any = None) -> None:
+    def __init__(
+        self,
+        W: np.ndarray,
+        V: np.ndarray,
+        net: Network,
+        classes: Any = None,
+        meta: Mapping[str, Any] | None = None,
+        *,
+        target_shift: Any = None,
+        target_scale: Any = None,
+    ) -> None:
         if not isinstance(net, Network):
             raise ModelError(f"net must be a dask_rpm.network.Network; got {type(net).__name__}")
         W, V = np.asarray(W), np.asarray(V)
         if W.ndim != 2 or V.ndim != 2 or V.shape[1] != W.shape[0]:
-            raise ModelError(f"W{W.shape} and V{V.shape} do not fit together: W must be (hidden, inputs) and V "
-                             f"(outputs, hidden)")
+            raise ModelError(
+                f"W{W.shape} and V{V.shape} do not fit together: W must be (hidden, inputs) and V "
+                f"(outputs, hidden)"
+            )
         if W.dtype.kind != "f" or V.dtype != W.dtype:
-            raise ModelError(f"W and V must be float arrays of one dtype; got {W.dtype} and {V.dtype}")
+            raise ModelError(
+                f"W and V must be float arrays of one dtype; got {W.dtype} and {V.dtype}"
+            )
         if net.bias and (W.shape[0] < 2 or W.shape[1] < 2):
-            raise ModelError(f"with bias=True W{W.shape} must hold the bias input and the bias unit "
-                             f"(at least 2 x 2): pass the augmented weights (dask_rpm.network.Network.join)")
+            raise ModelError(
+                f"with bias=True W{W.shape} must hold the bias input and the bias unit "
+                f"(at least 2 x 2): pass the augmented weights (dask_rpm.network.Network.join)"
+            )
         self.W, self.V, self.net = W, V, net
         self.classes = None if classes is None else np.asarray(classes)
         if self.classes is None and net.output == "softmax":
@@ -108,15 +123,18 @@ class MLPModel:
                 raise ModelError(f"classes must be 1-D; got shape {self.classes.shape}")
             k, l = len(self.classes), V.shape[0]  # noqa: E741
             if not (k == l or (k == 2 and l == 1 and net.output == "sigmoid")):
-                raise ModelError(f"{k} classes for {l} output(s): give one label per output (or 2 labels for "
-                                 f"one sigmoid output)")
+                raise ModelError(
+                    f"{k} classes for {l} output(s): give one label per output (or 2 labels for "
+                    f"one sigmoid output)"
+                )
         self.target_shift = self._per_output(target_shift, "target_shift")
         self.target_scale = self._per_output(target_scale, "target_scale")
         if (self.target_shift is None) != (self.target_scale is None):
             raise ModelError("give target_shift and target_scale together, or neither")
         if self.target_shift is not None and self.classes is not None:
-            raise ModelError("target_shift/target_scale un-standardize regression outputs; a classifier has "
-                             "none")
+            raise ModelError(
+                "target_shift/target_scale un-standardize regression outputs; a classifier has none"
+            )
         self.meta: dict[str, Any] = dict(meta or {})
 
     def _per_output(self, value: Any, name: str) -> np.ndarray | None:
@@ -124,7 +142,9 @@ class MLPModel:
             return None
         a = np.asarray(value, dtype=np.float64).reshape(-1)
         if a.shape != (self.n_outputs,) or not np.all(np.isfinite(a)):
-            raise ModelError(f"{name} must be {self.n_outputs} finite number(s), one per output; got {value!r}")
+            raise ModelError(
+                f"{name} must be {self.n_outputs} finite number(s), one per output; got {value!r}"
+            )
         return a
 
     # ------------------------------------------------------------------ shape
@@ -149,12 +169,16 @@ class MLPModel:
     def __repr__(self) -> str:
         kind = f"classifier of {len(self.classes)} classes" if self.is_classifier else "regressor"
         net = self.net
-        return (f"<MLPModel {self.n_inputs}-{self.n_hidden}-{self.n_outputs} {kind}: {net.activation} hidden, "
-                f"{net.output} output, {net.loss} loss, bias={net.bias}, {self.W.dtype}>")
+        return (
+            f"<MLPModel {self.n_inputs}-{self.n_hidden}-{self.n_outputs} {kind}: {net.activation} hidden, "
+            f"{net.output} output, {net.loss} loss, bias={net.bias}, {self.W.dtype}>"
+        )
 
     # ------------------------------------------------------------ construction
     @classmethod
-    def from_result(cls, result: Any, *, meta: Mapping[str, Any] | None = None, **kwargs: Any) -> "MLPModel":
+    def from_result(
+        cls, result: Any, *, meta: Mapping[str, Any] | None = None, **kwargs: Any
+    ) -> MLPModel:
         """The model of a training run: a :class:`dask_rpm.FitResult`, or :func:`dask_rpm.fit_serial`'s
         ``full_output=True`` dict.
 
@@ -168,17 +192,24 @@ class MLPModel:
             plans: list[Any] = []
             remaps: list[Any] = []
         else:
+
             def get(key: str, default: Any = None) -> Any:
                 return getattr(result, key, default)
 
             hist = get("history")
-            errors = None if hist is None or "error" not in getattr(hist, "variables", ()) else hist["error"].values
+            errors = (
+                None
+                if hist is None or "error" not in getattr(hist, "variables", ())
+                else hist["error"].values
+            )
             plans = list(get("plans") or ([get("plan")] if get("plan") is not None else []))
             remaps = list(get("remaps") or [])
         rec = get("recipe")
         if rec is None:
-            raise ModelError("the result has no recipe (which network was trained): give a dask_rpm.FitResult or "
-                             "fit_serial(..., full_output=True)")
+            raise ModelError(
+                "the result has no recipe (which network was trained): give a dask_rpm.FitResult or "
+                "fit_serial(..., full_output=True)"
+            )
         info: dict[str, Any] = {
             "recipe": recipe_summary(rec),
             "iterations": None if errors is None else int(len(errors)),
@@ -193,7 +224,9 @@ class MLPModel:
         if info["validation"] == [] and not isinstance(result, Mapping):
             info["validation"] = _validation_rows(get("history"))
         info.update(meta or {})
-        return cls(get("W"), get("V"), rec.net, kwargs.pop("classes", get("classes")), info, **kwargs)
+        return cls(
+            get("W"), get("V"), rec.net, kwargs.pop("classes", get("classes")), info, **kwargs
+        )
 
     # ------------------------------------------------------------- prediction
     def _check_x(self, x: Any) -> np.ndarray:
@@ -202,25 +235,33 @@ class MLPModel:
 
             if isinstance(x, xr.Dataset):
                 if "x" not in x.variables:
-                    raise ModelError(f"the dataset has variables {sorted(map(str, x.data_vars))}; it needs "
-                                     f"x(sample, input)")
+                    raise ModelError(
+                        f"the dataset has variables {sorted(map(str, x.data_vars))}; it needs "
+                        f"x(sample, input)"
+                    )
                 x = x["x"].values
         except ImportError:  # pragma: no cover - xarray is a dependency
             pass
         a = np.asarray(x)
         if a.ndim == 1 and a.size == self.n_inputs:
-            raise ModelError(f"x is 1-D (shape {a.shape}); give a 2-D array (samples, {self.n_inputs}) - one "
-                             f"sample is x.reshape(1, -1)")
+            raise ModelError(
+                f"x is 1-D (shape {a.shape}); give a 2-D array (samples, {self.n_inputs}) - one "
+                f"sample is x.reshape(1, -1)"
+            )
         if a.ndim != 2 or a.shape[1] != self.n_inputs:
-            raise ModelError(f"x has shape {a.shape}; this model takes (samples, {self.n_inputs}) - "
-                             f"{self.n_inputs} input(s) per sample, as it was trained on")
+            raise ModelError(
+                f"x has shape {a.shape}; this model takes (samples, {self.n_inputs}) - "
+                f"{self.n_inputs} input(s) per sample, as it was trained on"
+            )
         if a.dtype.kind not in "biuf":
             raise ModelError(f"x has dtype {a.dtype}; give numbers")
         a = np.ascontiguousarray(a, dtype=self.W.dtype)
         if not np.all(np.isfinite(a)):
             bad = int(np.argmax(~np.isfinite(a).all(axis=1)))
-            raise ModelError(f"x contains NaN or infinite values (first in sample {bad}); predictions need finite "
-                             f"inputs")
+            raise ModelError(
+                f"x contains NaN or infinite values (first in sample {bad}); predictions need finite "
+                f"inputs"
+            )
         return a
 
     def outputs(self, x: Any) -> np.ndarray:
@@ -235,22 +276,33 @@ class MLPModel:
         from .kernels import Workspace
 
         xa = self.net.augment(self._check_x(x))
-        ws = Workspace(xa.shape[0], self.W.shape[0], self.W.shape[1], self.n_outputs, self.W.dtype, self.net,
-                       self.net.bias_row(self.W.shape[0]))
+        ws = Workspace(
+            xa.shape[0],
+            self.W.shape[0],
+            self.W.shape[1],
+            self.n_outputs,
+            self.W.dtype,
+            self.net,
+            self.net.bias_row(self.W.shape[0]),
+        )
         return ws.forward(xa, self.W, self.V).copy()
 
     def predict_proba(self, x: Any) -> np.ndarray:
         """Class probabilities ``(samples, classes)`` (classifiers): the softmax outputs; for one sigmoid
         output ``[1 - h, h]``."""
         if not self.is_classifier:
-            raise ModelError("predict_proba needs a classifier; this model is a regressor (use predict)")
+            raise ModelError(
+                "predict_proba needs a classifier; this model is a regressor (use predict)"
+            )
         h = self.outputs(x)
         if self.net.output == "softmax":
             return h
         if self.n_outputs == 1:
             return np.hstack([1.0 - h, h])
-        raise ModelError(f"this classifier has {self.n_outputs} independent sigmoid outputs, not a distribution; "
-                         f"use outputs() for their values, or train with loss='cross-entropy' (softmax)")
+        raise ModelError(
+            f"this classifier has {self.n_outputs} independent sigmoid outputs, not a distribution; "
+            f"use outputs() for their values, or train with loss='cross-entropy' (softmax)"
+        )
 
     def predict(self, x: Any) -> np.ndarray:
         """Class labels ``(samples,)`` for classifiers (largest output; one sigmoid output: ``h > 0.5``);
@@ -272,7 +324,9 @@ class MLPModel:
         y = np.asarray(y)
         if self.is_classifier:
             if y.shape != p.shape:
-                raise ModelError(f"y has shape {y.shape}; give one label per sample, shape {p.shape}")
+                raise ModelError(
+                    f"y has shape {y.shape}; give one label per sample, shape {p.shape}"
+                )
             return float(np.mean(p == y))
         if y.ndim == 1 and p.shape[1] == 1:
             y = y[:, None]
@@ -282,7 +336,11 @@ class MLPModel:
         ss_res = ((y - p) ** 2).sum(axis=0)
         ss_tot = ((y - y.mean(axis=0)) ** 2).sum(axis=0)
         # a constant target: 1 if predicted exactly, else 0 (scikit-learn's convention)
-        r2 = np.where(ss_tot > 0, 1.0 - ss_res / np.where(ss_tot > 0, ss_tot, 1.0), (ss_res == 0).astype(float))
+        r2 = np.where(
+            ss_tot > 0,
+            1.0 - ss_res / np.where(ss_tot > 0, ss_tot, 1.0),
+            (ss_res == 0).astype(float),
+        )
         return float(np.mean(r2))
 
     def weights(self) -> dict[str, np.ndarray | None]:
@@ -299,13 +357,26 @@ class MLPModel:
         net = self.net
         ds = xr.Dataset(
             {
-                "W": (("hidden", "input"), self.W, {
-                    "description": "input-to-hidden weights as planned" + (
-                        " (last column: hidden biases; last row: the bias unit, output held at 1)" if net.bias
-                        else "")}),
-                "V": (("output", "hidden"), self.V, {
-                    "description": "hidden-to-output weights as planned" + (
-                        " (last column: output biases)" if net.bias else "")}),
+                "W": (
+                    ("hidden", "input"),
+                    self.W,
+                    {
+                        "description": "input-to-hidden weights as planned"
+                        + (
+                            " (last column: hidden biases; last row: the bias unit, output held at 1)"
+                            if net.bias
+                            else ""
+                        )
+                    },
+                ),
+                "V": (
+                    ("output", "hidden"),
+                    self.V,
+                    {
+                        "description": "hidden-to-output weights as planned"
+                        + (" (last column: output biases)" if net.bias else "")
+                    },
+                ),
             },
             attrs={
                 "title": "dask_rpm model",
@@ -325,12 +396,22 @@ class MLPModel:
         )
         if self.classes is not None:
             cls = self.classes
-            ds["classes"] = (("class",), cls.astype(str) if cls.dtype.kind in "OUS" else cls,
-                             {"description": "class label of each output", "dtype": cls.dtype.str})
+            ds["classes"] = (
+                ("class",),
+                cls.astype(str) if cls.dtype.kind in "OUS" else cls,
+                {"description": "class label of each output", "dtype": cls.dtype.str},
+            )
         if self.target_scale is not None:
-            ds["target_shift"] = (("output",), self.target_shift, {"description": "prediction = output * "
-                                                                   "target_scale + target_shift"})
-            ds["target_scale"] = (("output",), self.target_scale, {"description": "see target_shift"})
+            ds["target_shift"] = (
+                ("output",),
+                self.target_shift,
+                {"description": "prediction = output * target_scale + target_shift"},
+            )
+            ds["target_scale"] = (
+                ("output",),
+                self.target_scale,
+                {"description": "see target_shift"},
+            )
         return ds
 
     def save(self, path: str | os.PathLike) -> str:
@@ -342,13 +423,17 @@ class MLPModel:
 
         path = os.fspath(path)
         if os.path.isdir(path):
-            raise ModelError(f"model path {path!r} is a directory; give a file name such as model.nc")
-        with warnings.catch_warnings():  # h5netcdf's note on string attributes; readers here use h5netcdf
+            raise ModelError(
+                f"model path {path!r} is a directory; give a file name such as model.nc"
+            )
+        with (
+            warnings.catch_warnings()
+        ):  # h5netcdf's note on string attributes; readers here use h5netcdf
             warnings.filterwarnings("ignore", message=".*invalid netcdf features.*")
             return atomic_to_netcdf(self.to_dataset(), path)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "MLPModel":
+    def load(cls, path: str | os.PathLike) -> MLPModel:
         """Read a model written by :meth:`save` (or by ``dask-rpm train``).
 
         Raises
@@ -361,45 +446,67 @@ class MLPModel:
 
         path = os.fspath(path)
         if not os.path.exists(path):
-            raise ModelError(f"model file {path!r} does not exist; give a file written by MLPModel.save or "
-                             f"dask-rpm train (its 'model:' output)")
+            raise ModelError(
+                f"model file {path!r} does not exist; give a file written by MLPModel.save or "
+                f"dask-rpm train (its 'model:' output)"
+            )
         if os.path.isdir(path):
             raise ModelError(f"model file {path!r} is a directory; give the model's .nc file")
         try:
             with xr.open_dataset(path, engine="h5netcdf") as ds:
                 ds.load()
         except Exception as exc:  # h5py/h5netcdf raise many types for a non-HDF5 file
-            raise ModelError(f"{path!r} is not a dask_rpm model file: it cannot be read as netCDF "
-                             f"({type(exc).__name__}: {exc})") from None
+            raise ModelError(
+                f"{path!r} is not a dask_rpm model file: it cannot be read as netCDF "
+                f"({type(exc).__name__}: {exc})"
+            ) from None
         return cls.from_dataset(ds, where=repr(path))
 
     @classmethod
-    def from_dataset(cls, ds: Any, *, where: str = "the dataset") -> "MLPModel":
+    def from_dataset(cls, ds: Any, *, where: str = "the dataset") -> MLPModel:
         """The model in an ``xarray.Dataset`` written by :meth:`to_dataset`."""
         version = ds.attrs.get("dask_rpm_model")
         if version is None:
             title = ds.attrs.get("title", "")
-            what = (f"it is a {title}" if title else
-                    f"it has variables {sorted(map(str, ds.data_vars))} and no 'dask_rpm_model' attribute")
-            hint = (" (dask-rpm train writes the model next to it, <output stem>.model.nc)"
-                    if title == "dask_rpm training result" else "")
-            raise ModelError(f"{where} is not a dask_rpm model file: {what}{hint}. Give a file written by "
-                             f"MLPModel.save or dask-rpm train")
+            what = (
+                f"it is a {title}"
+                if title
+                else f"it has variables {sorted(map(str, ds.data_vars))} and no 'dask_rpm_model' attribute"
+            )
+            hint = (
+                " (dask-rpm train writes the model next to it, <output stem>.model.nc)"
+                if title == "dask_rpm training result"
+                else ""
+            )
+            raise ModelError(
+                f"{where} is not a dask_rpm model file: {what}{hint}. Give a file written by "
+                f"MLPModel.save or dask-rpm train"
+            )
         if int(version) > FORMAT_VERSION:
-            raise ModelError(f"{where} is a model file of format {int(version)}, newer than this dask_rpm "
-                             f"({_version()}) reads ({FORMAT_VERSION}); upgrade dask_rpm")
+            raise ModelError(
+                f"{where} is a model file of format {int(version)}, newer than this dask_rpm "
+                f"({_version()}) reads ({FORMAT_VERSION}); upgrade dask_rpm"
+            )
         missing = [v for v in ("W", "V") if v not in ds.variables]
         if missing:
-            raise ModelError(f"{where} is a damaged dask_rpm model file: variable(s) {missing} missing")
+            raise ModelError(
+                f"{where} is a damaged dask_rpm model file: variable(s) {missing} missing"
+            )
         try:
-            net = Network(str(ds.attrs["activation"]), str(ds.attrs["loss"]), str(ds.attrs["output"]),
-                          bool(int(ds.attrs["bias"])))
+            net = Network(
+                str(ds.attrs["activation"]),
+                str(ds.attrs["loss"]),
+                str(ds.attrs["output"]),
+                bool(int(ds.attrs["bias"])),
+            )
             from .network import network
 
             network(net.activation, net.loss, net.output, net.bias)  # validate
         except (KeyError, ValueError, NetworkError) as exc:
-            raise ModelError(f"{where} is a damaged dask_rpm model file: its network attributes are invalid "
-                             f"({exc})") from None
+            raise ModelError(
+                f"{where} is a damaged dask_rpm model file: its network attributes are invalid "
+                f"({exc})"
+            ) from None
         classes = None
         if "classes" in ds.variables:
             raw = ds["classes"].values
@@ -426,11 +533,17 @@ class MLPModel:
             import torch
             from torch import nn
         except ImportError:
-            raise ImportError("MLPModel.to_torch needs PyTorch: pip install 'dask-rpm[torch]'") from None
+            raise ImportError(
+                "MLPModel.to_torch needs PyTorch: pip install 'dask-rpm[torch]'"
+            ) from None
         parts = self.weights()
-        dtype = {np.dtype("float64"): torch.float64, np.dtype("float32"): torch.float32}.get(self.W.dtype)
+        dtype = {np.dtype("float64"): torch.float64, np.dtype("float32"): torch.float32}.get(
+            self.W.dtype
+        )
         if dtype is None:
-            raise ModelError(f"to_torch supports float32 and float64 weights; these are {self.W.dtype}")
+            raise ModelError(
+                f"to_torch supports float32 and float64 weights; these are {self.W.dtype}"
+            )
         bias = self.net.bias
         hidden = nn.Linear(self.n_inputs, self.n_hidden, bias=bias, dtype=dtype)
         out = nn.Linear(self.n_hidden, self.n_outputs, bias=bias, dtype=dtype)
@@ -453,11 +566,20 @@ def recipe_summary(rec: Any) -> dict[str, Any]:
     """The hyperparameters of a :class:`dask_rpm.recipe.Recipe` as a JSON-ready dict."""
     sched = rec.schedule
     return {
-        "activation": rec.net.activation, "loss": rec.net.loss, "output": rec.net.output, "bias": rec.net.bias,
-        "optimizer": rec.optimizer._asdict(), "learning_rate": float(rec.learning_rate),
-        "iterations": int(rec.iterations), "batch_size": sched.batch_size, "shuffle": bool(sched.shuffle),
-        "seed": int(sched.seed), "samples": int(sched.samples), "validate_every": rec.validate_every,
-        "early_stopping": rec.patience, "tol": float(rec.tol),
+        "activation": rec.net.activation,
+        "loss": rec.net.loss,
+        "output": rec.net.output,
+        "bias": rec.net.bias,
+        "optimizer": rec.optimizer._asdict(),
+        "learning_rate": float(rec.learning_rate),
+        "iterations": int(rec.iterations),
+        "batch_size": sched.batch_size,
+        "shuffle": bool(sched.shuffle),
+        "seed": int(sched.seed),
+        "samples": int(sched.samples),
+        "validate_every": rec.validate_every,
+        "early_stopping": rec.patience,
+        "tol": float(rec.tol),
     }
 
 

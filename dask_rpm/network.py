@@ -88,8 +88,9 @@ class Network(NamedTuple):
         out[:, -1] = 1.0
         return out
 
-    def join(self, W: np.ndarray, V: np.ndarray, b: np.ndarray | None = None,
-             c: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def join(
+        self, W: np.ndarray, V: np.ndarray, b: np.ndarray | None = None, c: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Augmented ``(W, V)`` from the user's weights (biases default to 0)."""
         if not self.bias:
             return W, V
@@ -110,8 +111,12 @@ class Network(NamedTuple):
         return {"W": W[:-1, :-1], "b": W[:-1, -1], "V": V[:, :-1], "c": V[:, -1]}
 
 
-def network(activation: str | None = None, loss: str | None = None, output: str | None = None,
-            bias: bool | None = None) -> Network:
+def network(
+    activation: str | None = None,
+    loss: str | None = None,
+    output: str | None = None,
+    bias: bool | None = None,
+) -> Network:
     """A validated :class:`Network`; ``None`` reads ``rpm.train.*`` (``output: auto`` follows the loss)."""
     from . import config
 

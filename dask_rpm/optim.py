@@ -74,10 +74,15 @@ def optimizer(spec: Any = None) -> Optimizer:
     defaults = dict(config.get("train.optimizer-parameters") or {})
     unknown = sorted(set(spec) - set(Optimizer._fields))
     if unknown:
-        raise OptimizerError(f"optimizer parameter(s) {unknown} not known; valid: "
-                             f"{', '.join(f for f in Optimizer._fields if f != 'name')}")
-    params = {k: float(spec.get(k, defaults.get(k, getattr(Optimizer(), k))))
-              for k in Optimizer._fields if k != "name"}
+        raise OptimizerError(
+            f"optimizer parameter(s) {unknown} not known; valid: "
+            f"{', '.join(f for f in Optimizer._fields if f != 'name')}"
+        )
+    params = {
+        k: float(spec.get(k, defaults.get(k, getattr(Optimizer(), k))))
+        for k in Optimizer._fields
+        if k != "name"
+    }
     return _check(Optimizer(str(name), **params))
 
 
@@ -93,8 +98,14 @@ def _check(opt: Optimizer) -> Optimizer:
     return opt
 
 
-def step(opt: Optimizer, lr: float, t: int, params: Sequence[np.ndarray], grads: Sequence[np.ndarray],
-         state: Mapping[str, Sequence[np.ndarray]]) -> None:
+def step(
+    opt: Optimizer,
+    lr: float,
+    t: int,
+    params: Sequence[np.ndarray],
+    grads: Sequence[np.ndarray],
+    state: Mapping[str, Sequence[np.ndarray]],
+) -> None:
     """One update of ``params`` in place, from the summed ``grads`` (used as scratch: overwritten).
 
     ``t`` is the 1-based step number (Adam's bias correction); ``state[slot][i]``
@@ -111,8 +122,8 @@ def step(opt: Optimizer, lr: float, t: int, params: Sequence[np.ndarray], grads:
             np.multiply(buf, lr, out=g)
             p -= g
     elif opt.name == "adam":
-        bc1 = 1.0 - opt.beta1 ** t
-        root_bc2 = math.sqrt(1.0 - opt.beta2 ** t)
+        bc1 = 1.0 - opt.beta1**t
+        root_bc2 = math.sqrt(1.0 - opt.beta2**t)
         size = lr / bc1
         for p, g, m, v in zip(params, grads, state["m"], state["v"]):
             m *= opt.beta1

@@ -31,9 +31,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -48,10 +49,10 @@ __all__ = [
 ]
 
 
-
 def _count(k: int, noun: str) -> str:
     """``1 worker``, ``2 workers``: counts in messages people read."""
     return f"{k} {noun}{'' if k == 1 else 's'}"
+
 
 class PlanError(ValueError):
     """A plan or a planner input is invalid; the message says what and how to fix it."""
@@ -130,7 +131,9 @@ def round_cuts(fractions: Sequence[float], total: int) -> list[int]:
         raise PlanError(f"cannot give {k} parts at least one unit each out of {total}")
     fr = np.asarray(fractions, dtype=float)
     if not np.all(np.isfinite(fr)) or np.any(fr < 0) or not fr.sum() > 0:
-        raise PlanError(f"fractions must be finite, non-negative and sum to more than 0; got {list(fr)}")
+        raise PlanError(
+            f"fractions must be finite, non-negative and sum to more than 0; got {list(fr)}"
+        )
     cum = np.cumsum(fr) / fr.sum()
     cuts = [int(math.floor(total * round(float(c), 12) + 0.5)) for c in cum[:-1]]
     # Keep every part non-empty: cut j must lie in [j+1, total-(k-1-j)].
@@ -424,7 +427,7 @@ class Plan:
         return float(np.max(a / p))
 
     # -------------------------------------------------------------- validation
-    def validate(self) -> "Plan":
+    def validate(self) -> Plan:
         """Check that the rectangles tile ``[0, s) x [0, m)`` exactly, column-fixed.
 
         Returns the plan itself so it can be chained; raises :class:`PlanError`.
@@ -451,7 +454,9 @@ class Plan:
                 f"rectangles are for workers {sorted(seen)}"
             )
         if set(self.excluded) & seen:
-            raise PlanError(f"excluded workers {sorted(set(self.excluded) & seen)} also have rectangles")
+            raise PlanError(
+                f"excluded workers {sorted(set(self.excluded) & seen)} also have rectangles"
+            )
         n_all = len(self.abilities)
         for w in seen | set(self.excluded):
             if not 0 <= w < n_all:
@@ -463,11 +468,15 @@ class Plan:
             rs = [by_worker[w] for w in col]
             srange = rs[0].samples
             if srange[0] != s_edge:
-                raise PlanError(f"column {c} starts at sample {srange[0]}; expected {s_edge} (gap or overlap)")
+                raise PlanError(
+                    f"column {c} starts at sample {srange[0]}; expected {s_edge} (gap or overlap)"
+                )
             m_edge = 0
             for r in rs:
                 if r.column != c:
-                    raise PlanError(f"rectangle of worker {r.worker} says column {r.column}, listed in {c}")
+                    raise PlanError(
+                        f"rectangle of worker {r.worker} says column {r.column}, listed in {c}"
+                    )
                 if r.samples != srange:
                     raise PlanError(
                         f"worker {r.worker} has samples {list(r.samples)} but its column {c} "
@@ -480,7 +489,9 @@ class Plan:
                     )
                 m_edge = r.hidden[1]
             if m_edge != m:
-                raise PlanError(f"column {c} covers hidden units [0, {m_edge}); must cover [0, {m})")
+                raise PlanError(
+                    f"column {c} covers hidden units [0, {m_edge}); must cover [0, {m})"
+                )
             s_edge = srange[1]
         if s_edge != s:
             raise PlanError(f"columns cover samples [0, {s_edge}); must cover [0, {s})")
@@ -498,7 +509,7 @@ class Plan:
         shape: tuple[int, int, int],
         method: str = "custom",
         **kwargs: Any,
-    ) -> "Plan":
+    ) -> Plan:
         """Build and validate a plan from per-column sample counts and per-worker unit counts."""
         cols = tuple(tuple(int(w) for w in c) for c in columns)
         n_workers = max(w for c in cols for w in c) + 1
@@ -530,7 +541,7 @@ class Plan:
             plan = replace(plan, t_comm=t_comm(plan))
         return plan
 
-    def with_workers(self, workers: Sequence[str]) -> "Plan":
+    def with_workers(self, workers: Sequence[str]) -> Plan:
         """Return a copy bound to Dask worker addresses (index-aligned with abilities)."""
         if len(workers) != len(self.abilities):
             raise PlanError(
@@ -565,14 +576,14 @@ class Plan:
         return plan_dataset(self)
 
     @classmethod
-    def from_dataset(cls, ds: Any) -> "Plan":
+    def from_dataset(cls, ds: Any) -> Plan:
         """The plan stored by :meth:`to_dataset` (exact round trip)."""
         from .results import plan_from_dataset
 
         return plan_from_dataset(ds)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Plan":
+    def from_dict(cls, d: dict[str, Any]) -> Plan:
         rects = tuple(
             Rectangle(int(r["worker"]), int(r["column"]), tuple(r["samples"]), tuple(r["hidden"]))  # type: ignore[arg-type]
             for r in d["rectangles"]

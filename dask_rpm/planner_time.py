@@ -37,7 +37,8 @@ How it searches
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -51,14 +52,28 @@ from .cost import (
     t_comm_partition,
 )
 from .partition import PlanError, RealPartition, _snap, to_integer
-from .planners import PlannerResult, _divisors, _normalise, _search, grid_hrev, register_planner, split_1d
+from .planners import (
+    PlannerResult,
+    _divisors,
+    _normalise,
+    _search,
+    grid_hrev,
+    register_planner,
+    split_1d,
+)
 
 __all__ = ["srpm_time", "time_table", "vertical_seconds", "resolve_vertical"]
 
 
 # ------------------------------------------------------------ closed forms
-def vertical_seconds(mode: str, k: np.ndarray, nbytes: np.ndarray, latency: np.ndarray,
-                     bandwidth: np.ndarray, overhead: float) -> np.ndarray:
+def vertical_seconds(
+    mode: str,
+    k: np.ndarray,
+    nbytes: np.ndarray,
+    latency: np.ndarray,
+    bandwidth: np.ndarray,
+    overhead: float,
+) -> np.ndarray:
     """In-column allreduce seconds of :func:`dask_rpm.cost.collective_seconds`, vectorised (0 for k = 1).
 
     Without the receivers' additions (the DP charges those through the
@@ -73,10 +88,12 @@ def vertical_seconds(mode: str, k: np.ndarray, nbytes: np.ndarray, latency: np.n
         if alg == "tree":
             return 2 * np.ceil(np.log2(np.maximum(k, 1))) * (a + o + b)
         if alg == "halving":
+
             def halving(kk: np.ndarray) -> np.ndarray:
                 p = 2.0 ** np.floor(np.log2(np.maximum(kk, 1)))
                 t = 2 * np.log2(p) * (a + 2 * o) + 2 * (1 - 1 / p) * b
                 return t + np.where(kk > p, 2 * (a + o + b), 0.0)
+
             # A power of two can cost less than one member fewer (no fold-in rounds); the DP needs
             # costs that never fall when a column grows, so it uses the running maximum, which only
             # differs there. Plans are then predicted exactly.
@@ -138,8 +155,17 @@ class _RangeMax:
 class _RunCost:
     """``w(q', q)`` of the module doc, vectorised over arrays of ``q'`` and ``q``."""
 
-    def __init__(self, ps: np.ndarray, rs: np.ndarray, labels: np.ndarray | None, shape: tuple[int, int, int],
-                 samples: int, net: Network, vertical: str, cap: int) -> None:
+    def __init__(
+        self,
+        ps: np.ndarray,
+        rs: np.ndarray,
+        labels: np.ndarray | None,
+        shape: tuple[int, int, int],
+        samples: int,
+        net: Network,
+        vertical: str,
+        cap: int,
+    ) -> None:
         n, m, l = shape
         self.prefix = np.concatenate([[0.0], np.cumsum(ps)])
         ratio = ps / rs
@@ -165,7 +191,11 @@ class _RunCost:
         first, last = qp, np.maximum(q - 1, qp)
         same_host = host_change[last] == host_change[first]
         same_group = group_change[last] == group_change[first]
-        for name, sel in (("across", ~same_group), ("group", same_group & ~same_host), ("host", same_host)):
+        for name, sel in (
+            ("across", ~same_group),
+            ("group", same_group & ~same_host),
+            ("host", same_host),
+        ):
             cls = net.classes.get(name, LinkClass(net.latency, net.bandwidth))
             lat[sel], bw[sel] = cls.latency, cls.bandwidth
         return lat, bw
@@ -174,9 +204,17 @@ class _RunCost:
         qp, q = np.atleast_1d(qp), np.atleast_1d(q)
         k = q - qp
         lat, bw = self.link(qp, q)
-        v = vertical_seconds(self.vertical, k, self.ls * (self.prefix[q] - self.prefix[qp]), lat, bw,
-                             self.net.overhead)
-        compute = self.ms * (self.ratio_value if self.ratio_value is not None else self.ratio(qp, q))
+        v = vertical_seconds(
+            self.vertical,
+            k,
+            self.ls * (self.prefix[q] - self.prefix[qp]),
+            lat,
+            bw,
+            self.net.overhead,
+        )
+        compute = self.ms * (
+            self.ratio_value if self.ratio_value is not None else self.ratio(qp, q)
+        )
         t = compute + v
         return np.where(k > self.cap, np.inf, t)
 
@@ -192,7 +230,8 @@ def time_table(w: _RunCost, n: int, last: int) -> tuple[list[float], np.ndarray]
     for c in range(2, last + 1):
         q = np.arange(c, n + 1)
         first = np.maximum(q - w.cap, c - 1)
-        star = _search(lambda mid: row[mid] >= w(mid, q), first, q - 1)
+        # _search calls the predicate before the loop moves on.
+        star = _search(lambda mid: row[mid] >= w(mid, q), first, q - 1)  # noqa: B023
         before = star - 1
         has_before = before >= first
         safe = np.maximum(before, first)
@@ -216,17 +255,27 @@ def _sizes(args: np.ndarray, n: int, c_best: int) -> list[int]:
     return sizes[::-1]
 
 
-def _horizontal_estimate(mode: str, C: np.ndarray, n: int, shape: tuple[int, int, int], net: Network) -> np.ndarray:
+def _horizontal_estimate(
+    mode: str, C: np.ndarray, n: int, shape: tuple[int, int, int], net: Network
+) -> np.ndarray:
     """Rough horizontal seconds with ``C`` columns of ``n`` workers (shortlisting only)."""
     _, m, l = shape
     nbytes = (shape[0] + l) * m * C / n * net.itemsize  # an average worker's rows
     if mode in ("engine", "pairwise", "bands"):
         return net.latency + (C - 1) * (4 * net.overhead + nbytes / net.bandwidth)
-    return vertical_seconds("best" if mode == "best" else mode, C, nbytes, np.full(len(C), net.latency),
-                            np.full(len(C), net.bandwidth), net.overhead)
+    return vertical_seconds(
+        "best" if mode == "best" else mode,
+        C,
+        nbytes,
+        np.full(len(C), net.latency),
+        np.full(len(C), net.bandwidth),
+        net.overhead,
+    )
 
 
-def _order(p: np.ndarray, net: Network, n_all: int) -> list[tuple[str, np.ndarray, np.ndarray | None]]:
+def _order(
+    p: np.ndarray, net: Network, n_all: int
+) -> list[tuple[str, np.ndarray, np.ndarray | None]]:
     """Worker orderings to try: by ability, and grouped by (group, host) when links differ."""
     by_ability = np.argsort(p, kind="stable")
     out: list[tuple[str, np.ndarray, np.ndarray | None]] = [("ability", by_ability, None)]
@@ -291,9 +340,13 @@ def srpm_time(
     else:
         r = np.asarray(rates, dtype=float)
         if r.shape != p.shape or not np.all(np.isfinite(r)) or np.any(r <= 0):
-            raise PlanError(f"rates must be {N} positive finite work units per second, one per worker; got {list(r)}")
+            raise PlanError(
+                f"rates must be {N} positive finite work units per second, one per worker; got {list(r)}"
+            )
     if dp is not None and not (1 <= dp <= min(N, samples)):
-        raise PlanError(f"dp={dp} columns must be between 1 and min(workers={N}, samples={samples})")
+        raise PlanError(
+            f"dp={dp} columns must be between 1 and min(workers={N}, samples={samples})"
+        )
     cap = m
     default_snap = float(config.get("planner.small-group"))
     snaps = sorted({0.0, default_snap, 0.2})
@@ -303,8 +356,14 @@ def srpm_time(
     def consider(part: RealPartition, label: str, snap: float) -> None:
         snapped, _ = _snap(part, snap)
         try:
-            plan = to_integer(snapped, abilities=p, shape=shape, samples=samples, method="srpm-time",
-                              t_comm=float("nan"))
+            plan = to_integer(
+                snapped,
+                abilities=p,
+                shape=shape,
+                samples=samples,
+                method="srpm-time",
+                t_comm=float("nan"),
+            )
         except PlanError:
             return
         t = predict_breakdown(plan, list(r), network=net, vertical=vmode, horizontal=hmode)["total"]
@@ -313,7 +372,7 @@ def srpm_time(
     def runs(order: np.ndarray, sizes: Sequence[int]) -> RealPartition:
         cols, i = [], 0
         for k in sizes:
-            cols.append(tuple(int(v) for v in order[i:i + k]))
+            cols.append(tuple(int(v) for v in order[i : i + k]))
             i += k
         widths = tuple(float(p[list(col)].sum()) for col in cols)
         heights = tuple(tuple(float(p[j]) / wd for j in col) for col, wd in zip(cols, widths))
@@ -330,7 +389,9 @@ def srpm_time(
         if dp is not None:
             pick = [dp]
         else:
-            pick = [int(c) for c in cs[np.argsort(est, kind="stable")] if math.isfinite(est[c - 1])][:shortlist]
+            pick = [
+                int(c) for c in cs[np.argsort(est, kind="stable")] if math.isfinite(est[c - 1])
+            ][:shortlist]
         for c in sorted(set(pick)):
             if math.isfinite(tv[c - 1]):
                 part = runs(order, _sizes(args, N, c))
@@ -356,12 +417,22 @@ def srpm_time(
                 continue
             consider(g, f"aligned grid C={d}", 0.0)
     if not candidates:
-        raise PlanError(f"srpm-time found no feasible plan for {N} workers, shape {shape}, samples={samples}")
+        raise PlanError(
+            f"srpm-time found no feasible plan for {N} workers, shape {shape}, samples={samples}"
+        )
     t, c, label, part, snap = min(candidates, key=lambda x: (x[0], x[1]))
-    note = (f"srpm-time: {label}, small-group {snap:g}; predicted {t:.6g} s/iteration "
-            f"({vmode} vertical, {hmode} horizontal exchanges) among {len(candidates)} plans built")
-    return PlannerResult(part, t_comm_partition(part, shape, samples), (), method="srpm-time", notes=(note,),
-                         meta={"predicted_seconds": t, "small_group": snap, "candidate": label})
+    note = (
+        f"srpm-time: {label}, small-group {snap:g}; predicted {t:.6g} s/iteration "
+        f"({vmode} vertical, {hmode} horizontal exchanges) among {len(candidates)} plans built"
+    )
+    return PlannerResult(
+        part,
+        t_comm_partition(part, shape, samples),
+        (),
+        method="srpm-time",
+        notes=(note,),
+        meta={"predicted_seconds": t, "small_group": snap, "candidate": label},
+    )
 
 
 srpm_time.time_objective = True  # type: ignore[attr-defined]  # make_plan passes rates and the network

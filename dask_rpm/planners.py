@@ -96,8 +96,9 @@ from __future__ import annotations
 import math
 import numbers
 import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -164,7 +165,12 @@ class Planner(Protocol):
     """Signature every registered planner follows."""
 
     def __call__(
-        self, abilities: np.ndarray, shape: tuple[int, int, int], samples: int, *, dp: int | None = None
+        self,
+        abilities: np.ndarray,
+        shape: tuple[int, int, int],
+        samples: int,
+        *,
+        dp: int | None = None,
     ) -> PlannerResult: ...
 
 
@@ -217,12 +223,16 @@ def validate_abilities(abilities: Iterable[Any]) -> np.ndarray:
             f"abilities must be a sequence of numbers, one per worker, got {abilities!r}"
         ) from None
     if not items:
-        raise PlanError("abilities is empty: give one positive number per worker, e.g. 0.05,0.10,0.20")
+        raise PlanError(
+            "abilities is empty: give one positive number per worker, e.g. 0.05,0.10,0.20"
+        )
     out = np.empty(len(items))
     for i, a in enumerate(items):
         where = f"ability #{i + 1} ({_label(i)})"
         if isinstance(a, (bool, np.bool_)):
-            raise PlanError(f"{where} is {a!r}, not a number: abilities must be positive finite numbers")
+            raise PlanError(
+                f"{where} is {a!r}, not a number: abilities must be positive finite numbers"
+            )
         if not isinstance(a, (numbers.Real, np.floating, np.integer)):
             try:
                 a = float(a)  # numeric strings and 0-d arrays are fine
@@ -348,7 +358,9 @@ class SRPMResult:
         return tuple(out)
 
 
-def _prepare(abilities: Sequence[float], max_per_column: int | None) -> tuple[np.ndarray, np.ndarray, int]:
+def _prepare(
+    abilities: Sequence[float], max_per_column: int | None
+) -> tuple[np.ndarray, np.ndarray, int]:
     p = validate_abilities(abilities)
     order = np.argsort(p, kind="stable")
     ps = _normalise(p[order])
@@ -391,7 +403,9 @@ def _search(pred: Callable[[np.ndarray], np.ndarray], lo: np.ndarray, hi: np.nda
     return lo
 
 
-def _next_row(prefix: np.ndarray, tprev: np.ndarray, c: int, cap: int) -> tuple[np.ndarray, np.ndarray]:
+def _next_row(
+    prefix: np.ndarray, tprev: np.ndarray, c: int, cap: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Row ``c >= 2`` of the table and its argmins, by vectorised binary search (module doc).
 
     Only ``q' >= q - cap`` can hold a finite optimum (a longer last column costs
@@ -422,7 +436,9 @@ def _next_row(prefix: np.ndarray, tprev: np.ndarray, c: int, cap: int) -> tuple[
         idx = idx[_w(prefix, pq[idx], args[idx] - 1, q[idx]) <= vals[idx]]
         if idx.size:
             pqi, qi, vi = pq[idx], q[idx], vals[idx]
-            args[idx] = _search(lambda mid: _w(prefix, pqi, mid, qi) <= vi, first[idx], args[idx] - 1)
+            args[idx] = _search(
+                lambda mid: _w(prefix, pqi, mid, qi) <= vi, first[idx], args[idx] - 1
+            )
     row = np.full(n + 1, np.inf)
     row[c:] = vals
     return row, args
@@ -460,7 +476,9 @@ def _backtrack(args: Mapping[int, np.ndarray], n: int, c_best: int) -> tuple[int
     return tuple(reversed(sizes))
 
 
-def _check_srpm_feasible(n_workers: int, shape: tuple[int, int, int], samples: int, columns: int | None) -> None:
+def _check_srpm_feasible(
+    n_workers: int, shape: tuple[int, int, int], samples: int, columns: int | None
+) -> None:
     m = shape[1]
     need = -(-n_workers // m)
     if columns is not None:
@@ -543,7 +561,9 @@ def srpm_dp(
     tcs = _t_comm_rows(t_vertical, shape, samples)
     c_best = _pick(tcs, columns)
     if not math.isfinite(tcs[c_best - 1]):
-        raise PlanError(f"no feasible plan with {c_best} columns for {n} workers")  # pragma: no cover
+        raise PlanError(
+            f"no feasible plan with {c_best} columns for {n} workers"
+        )  # pragma: no cover
     sizes = _backtrack(args, n, c_best)
     return SRPMResult(tuple(int(i) for i in order), sizes, tuple(t_vertical), tcs)
 
@@ -682,7 +702,11 @@ def _grid_dp_values(
 
 
 def _best_grid(
-    build: Callable[[int], RealPartition], dps: list[int], shape: tuple[int, int, int], samples: int, method: str
+    build: Callable[[int], RealPartition],
+    dps: list[int],
+    shape: tuple[int, int, int],
+    samples: int,
+    method: str,
 ) -> PlannerResult:
     scored = []
     for d in dps:
@@ -711,7 +735,9 @@ def uniform(
         cols = tuple(tuple(range(c * k, (c + 1) * k)) for c in range(d))
         return RealPartition(cols, (1.0 / d,) * d, ((1.0 / k,) * k,) * d)
 
-    return _best_grid(build, _grid_dp_values(n, shape, samples, dp, "uniform"), shape, samples, "uniform")
+    return _best_grid(
+        build, _grid_dp_values(n, shape, samples, dp, "uniform"), shape, samples, "uniform"
+    )
 
 
 def _grid(
@@ -903,14 +929,23 @@ def make_plan(
     ab = validate_abilities(abilities)
     shape = parse_shape(shape)
     samples = _check_count("samples", samples, "give the number of training samples, e.g. 1024")
-    if batch is not None and dp is None and batch < samples and str(method or config.get("planner.method")) == "srpm":
+    if (
+        batch is not None
+        and dp is None
+        and batch < samples
+        and str(method or config.get("planner.method")) == "srpm"
+    ):
         # the columns for one mini-batch's exchanges, the cuts for the whole set
         try:
             dp = make_plan(abilities, shape, batch, "srpm", small_group=small_group).n_columns
-        except PlanError:  # a batch too small to plan (fewer samples than columns): plan the set as is
+        except (
+            PlanError
+        ):  # a batch too small to plan (fewer samples than columns): plan the set as is
             dp = None
     if dp is not None:
-        dp = _check_count("dp", dp, "give the number of columns (data-parallel degree) or leave it out")
+        dp = _check_count(
+            "dp", dp, "give the number of columns (data-parallel degree) or leave it out"
+        )
     method = config.get("planner.method", method)
     if callable(method):
         planner, name = method, getattr(method, "__name__", "custom")
@@ -921,7 +956,9 @@ def make_plan(
     if not (math.isfinite(min_units) and min_units >= 0):
         raise PlanError(f"rpm.planner.min-units={min_units} must be a non-negative number")
     if workers is not None and len(workers) != len(ab):
-        raise PlanError(f"{len(workers)} worker names given for {len(ab)} abilities; give one per ability")
+        raise PlanError(
+            f"{len(workers)} worker names given for {len(ab)} abilities; give one per ability"
+        )
     if rates is not None and len(rates) != len(ab):
         raise PlanError(f"{len(rates)} rates given for {len(ab)} abilities; give one per ability")
     timed = bool(getattr(planner, "time_objective", False))
@@ -934,19 +971,28 @@ def make_plan(
     while True:
         try:
             if timed:
-                res = planner(_normalise(p_all[active]), shape, samples, dp=dp,
-                              rates=None if rates is None else [float(rates[i]) for i in active],
-                              network=_subset_network(network, active))
+                res = planner(
+                    _normalise(p_all[active]),
+                    shape,
+                    samples,
+                    dp=dp,
+                    rates=None if rates is None else [float(rates[i]) for i in active],
+                    network=_subset_network(network, active),
+                )
             else:
                 res = planner(_normalise(p_all[active]), shape, samples, dp=dp)
         except PlanError as e:
             if excluded:
-                raise PlanError(f"after leaving out {_names(excluded)} (too slow for one hidden unit): {e}") from None
+                raise PlanError(
+                    f"after leaving out {_names(excluded)} (too slow for one hidden unit): {e}"
+                ) from None
             raise
         # A worker's real rectangle, in whole units along each axis.
         shares = [
             (active[i], m * h, samples * wd)
-            for col, hs, wd in zip(res.partition.columns, res.partition.heights, res.partition.widths)
+            for col, hs, wd in zip(
+                res.partition.columns, res.partition.heights, res.partition.widths
+            )
             for i, h in zip(col, hs)
         ]
         low = [(w, hu, su) for w, hu, su in shares if hu < min_units or su < min_units]
@@ -1016,9 +1062,13 @@ def _fraction(name: str, v: Any) -> float:
     try:
         f = float(v)
     except (TypeError, ValueError):
-        raise PlanError(f"{name}={v!r} is not a number; give a fraction of m in [0, 1), e.g. 0.06") from None
+        raise PlanError(
+            f"{name}={v!r} is not a number; give a fraction of m in [0, 1), e.g. 0.06"
+        ) from None
     if not (math.isfinite(f) and 0 <= f < 1):
-        raise PlanError(f"{name}={v!r} must be a fraction of m in [0, 1), e.g. 0.06 (0 disables snapping)")
+        raise PlanError(
+            f"{name}={v!r} must be a fraction of m in [0, 1), e.g. 0.06 (0 disables snapping)"
+        )
     return f
 
 
@@ -1060,12 +1110,21 @@ def fastest_grid(
             plan = make_plan(abilities, shape, samples, method=method, dp=dp)
         except PlanError:
             continue
-        t = predict_iteration_seconds(plan, speeds, latency=latency, bandwidth=bandwidth, network=network,
-                                      vertical=vertical, horizontal=horizontal)
+        t = predict_iteration_seconds(
+            plan,
+            speeds,
+            latency=latency,
+            bandwidth=bandwidth,
+            network=network,
+            vertical=vertical,
+            horizontal=horizontal,
+        )
         if best is None or t < best[1]:
             best = (plan, t)
     if best is None:
-        raise PlanError(f"{method}: no N_DP dividing {len(abilities)} workers gives a feasible plan")
+        raise PlanError(
+            f"{method}: no N_DP dividing {len(abilities)} workers gives a feasible plan"
+        )
     return best
 
 

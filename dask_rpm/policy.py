@@ -34,12 +34,20 @@ Pure module: numpy only.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 from . import config
 from .partition import Plan
-from .remap import Abilities, ability_vector, column_remap, migration, migration_seconds, whole_remap
+from .remap import (
+    Abilities,
+    ability_vector,
+    column_remap,
+    migration,
+    migration_seconds,
+    whole_remap,
+)
 
 __all__ = [
     "CheckSchedule",
@@ -135,10 +143,14 @@ def paper_decision(
     t_whole = float(config.get("drpm.t-whole", t_whole))
     t_line = float(config.get("drpm.t-line", t_line))
     if not 0 <= t_whole <= t_line <= 1:
-        raise ValueError(f"need 0 <= t_whole <= t_line <= 1, got t_whole={t_whole}, t_line={t_line}")
+        raise ValueError(
+            f"need 0 <= t_whole <= t_line <= 1, got t_whole={t_whole}, t_line={t_line}"
+        )
     ratio = imbalance_ratio(times)
     if first_check and not initial_abilities:
-        return Decision("whole", ratio, f"first check without initial abilities (t_min/t_max={ratio:.3f})")
+        return Decision(
+            "whole", ratio, f"first check without initial abilities (t_min/t_max={ratio:.3f})"
+        )
     if ratio < t_whole:
         return Decision("whole", ratio, f"t_min/t_max={ratio:.3f} < T_whole={t_whole}")
     if ratio < t_line:
@@ -232,7 +244,9 @@ def cost_decision(
         if kind == "column":
             new = column_remap(plan, speeds)
         elif kind == "whole":
-            new = whole_remap(plan, whole_speeds if whole_speeds is not None else speeds, **(whole_kwargs or {}))
+            new = whole_remap(
+                plan, whole_speeds if whole_speeds is not None else speeds, **(whole_kwargs or {})
+            )
         else:
             raise ValueError(f"unknown remap kind {kind!r}; use 'column' or 'whole'")
         t_new = predict_step_seconds(new, speeds, comm_seconds)
@@ -244,13 +258,17 @@ def cost_decision(
             f"{saving:.4g}s, migration costs {cost:.4g}s"
         )
         ok = t_new <= (1 - min_gain) * t_cur and saving > cost
-        cands.append(Decision(kind if ok else None, ratio, reason, saving, cost, new if ok else None))
+        cands.append(
+            Decision(kind if ok else None, ratio, reason, saving, cost, new if ok else None)
+        )
     if not cands:
         return Decision(None, ratio, "keep: no candidate remap kinds")
     # The largest net saving among accepted candidates; else report the closest rejected one.
     best = max(cands, key=lambda d: (d.kind is not None, d.saving - d.cost))
     if best.kind is None:
-        return Decision(None, ratio, f"keep ({best.reason}; min gain {min_gain:.0%})", best.saving, best.cost)
+        return Decision(
+            None, ratio, f"keep ({best.reason}; min gain {min_gain:.0%})", best.saving, best.cost
+        )
     return best
 
 
@@ -277,7 +295,11 @@ def decide(
         if cost_kw:
             raise TypeError(f"the paper policy takes no {sorted(cost_kw)}")
         return paper_decision(
-            times, first_check=first_check, initial_abilities=initial_abilities, t_whole=t_whole, t_line=t_line
+            times,
+            first_check=first_check,
+            initial_abilities=initial_abilities,
+            t_whole=t_whole,
+            t_line=t_line,
         )
     if policy == "cost":
         missing = [k for k in ("plan", "speeds", "remaining") if k not in cost_kw]
@@ -324,7 +346,9 @@ def auto_interval(
     """
     t = float(iteration_seconds)
     if not (math.isfinite(t) and t > 0):
-        raise ValueError(f"iteration_seconds must be a positive finite time, got {iteration_seconds!r}")
+        raise ValueError(
+            f"iteration_seconds must be a positive finite time, got {iteration_seconds!r}"
+        )
     check = float(config.get("drpm.auto.check-seconds", check_seconds))
     target = float(config.get("drpm.auto.target-overhead", target_overhead))
     react = float(config.get("drpm.auto.react-seconds", react_seconds))

@@ -40,15 +40,23 @@ def add_predict_parser(subparsers: Any) -> None:
         "predict",
         help="apply a saved model to a data file and write the predictions",
         description="Apply a model saved by 'dask-rpm train' (or MLPModel.save) to inputs x(sample, input) "
-                    "from a netCDF or .npy file; write predictions (and class probabilities) to a netCDF file, "
-                    "atomically.",
+        "from a netCDF or .npy file; write predictions (and class probabilities) to a netCDF file, "
+        "atomically.",
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--model", required=True, metavar="FILE", help="model file (.nc) written by dask-rpm train")
-    p.add_argument("--data", required=True, metavar="FILE",
-                   help="inputs: netCDF with x(sample, input), or a 2-D .npy array")
-    p.add_argument("--output", required=True, metavar="FILE", help="where the predictions go (netCDF)")
+    p.add_argument(
+        "--model", required=True, metavar="FILE", help="model file (.nc) written by dask-rpm train"
+    )
+    p.add_argument(
+        "--data",
+        required=True,
+        metavar="FILE",
+        help="inputs: netCDF with x(sample, input), or a 2-D .npy array",
+    )
+    p.add_argument(
+        "--output", required=True, metavar="FILE", help="where the predictions go (netCDF)"
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     p.set_defaults(func=run_predict)
 
@@ -58,9 +66,13 @@ def read_inputs(path: str) -> tuple[np.ndarray, np.ndarray | None]:
     from .cli import CLIError
 
     if not os.path.exists(path):
-        raise CLIError(f"--data {path!r} does not exist; give a netCDF file with x(sample, input) or a .npy array")
+        raise CLIError(
+            f"--data {path!r} does not exist; give a netCDF file with x(sample, input) or a .npy array"
+        )
     if os.path.isdir(path):
-        raise CLIError(f"--data {path!r} is a directory; give a netCDF file with x(sample, input) or a .npy array")
+        raise CLIError(
+            f"--data {path!r} is a directory; give a netCDF file with x(sample, input) or a .npy array"
+        )
     if path.endswith(".npy"):
         try:
             x = np.load(path, allow_pickle=False)
@@ -72,15 +84,19 @@ def read_inputs(path: str) -> tuple[np.ndarray, np.ndarray | None]:
     try:
         with xr.open_dataset(path, engine="h5netcdf") as ds:
             if "x" not in ds.variables:
-                raise CLIError(f"--data {path!r} has variables {sorted(map(str, ds.data_vars))}; it needs "
-                               f"x(sample, input) (a .npy file is read as x itself)")
+                raise CLIError(
+                    f"--data {path!r} has variables {sorted(map(str, ds.data_vars))}; it needs "
+                    f"x(sample, input) (a .npy file is read as x itself)"
+                )
             x = np.asarray(ds["x"].values)
             d = np.asarray(ds["d"].values) if "d" in ds.variables else None
     except CLIError:
         raise
     except Exception as e:  # h5py/h5netcdf raise many types for a file that is not netCDF
-        raise CLIError(f"--data {path!r} cannot be read as netCDF ({type(e).__name__}: {e}); give a netCDF file "
-                       f"with x(sample, input) or a .npy array") from None
+        raise CLIError(
+            f"--data {path!r} cannot be read as netCDF ({type(e).__name__}: {e}); give a netCDF file "
+            f"with x(sample, input) or a .npy array"
+        ) from None
     return x, d
 
 
@@ -95,14 +111,19 @@ def predictions_dataset(model: Any, x: np.ndarray) -> Any:
         labels = cls.astype(str) if cls.dtype.kind in "OUS" else cls
         ds = xr.Dataset(
             {
-                "prediction": (("sample",), pred.astype(str) if cls.dtype.kind in "OUS" else pred,
-                               {"description": "predicted class label (the most probable class)"}),
+                "prediction": (
+                    ("sample",),
+                    pred.astype(str) if cls.dtype.kind in "OUS" else pred,
+                    {"description": "predicted class label (the most probable class)"},
+                ),
                 "probability": (("sample", "class"), proba, {"description": "class probabilities"}),
             },
             coords={"class": ("class", labels, {"description": "class labels, in output order"})},
         )
     else:
-        ds = xr.Dataset({"prediction": (("sample", "output"), pred, {"description": "predicted targets"})})
+        ds = xr.Dataset(
+            {"prediction": (("sample", "output"), pred, {"description": "predicted targets"})}
+        )
     return ds
 
 
@@ -116,10 +137,14 @@ def run_predict(args: argparse.Namespace) -> int:
     model_path, data_path = os.path.abspath(args.model), os.path.abspath(args.data)
     output = os.path.abspath(args.output)
     if output in (model_path, data_path):
-        raise CLIError(f"--output {args.output!r} is the {'model' if output == model_path else 'data'} file; "
-                       f"write the predictions to a new file")
+        raise CLIError(
+            f"--output {args.output!r} is the {'model' if output == model_path else 'data'} file; "
+            f"write the predictions to a new file"
+        )
     try:
-        check_target(output, what="--output", overwrite=args.overwrite, hint="pass --overwrite to replace it")
+        check_target(
+            output, what="--output", overwrite=args.overwrite, hint="pass --overwrite to replace it"
+        )
     except TargetError as e:
         raise CLIError(str(e)) from None
     try:
@@ -131,24 +156,36 @@ def run_predict(args: argparse.Namespace) -> int:
         ds = predictions_dataset(model, x)
         score = None
         if d is not None and d.ndim == 2 and len(d) == len(x):
-            truth = model.classes[np.argmax(d, axis=1)] if model.is_classifier and d.shape[1] == len(
-                model.classes) else (d if not model.is_classifier and d.shape[1] == model.n_outputs else None)
+            truth = (
+                model.classes[np.argmax(d, axis=1)]
+                if model.is_classifier and d.shape[1] == len(model.classes)
+                else (d if not model.is_classifier and d.shape[1] == model.n_outputs else None)
+            )
             if truth is not None:
                 score = model.score(x, truth)
     except ModelError as e:
         raise CLIError(f"--data {args.data!r}: {e}") from None
     from . import __version__
 
-    ds.attrs.update(title="dask_rpm predictions", model=model_path, data=data_path, dask_rpm_version=__version__,
-                    written=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    ds.attrs.update(
+        title="dask_rpm predictions",
+        model=model_path,
+        data=data_path,
+        dask_rpm_version=__version__,
+        written=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    )
     if score is not None:
         ds.attrs["accuracy" if model.is_classifier else "r2"] = score
     import warnings
 
-    with warnings.catch_warnings():  # h5netcdf's note on string attributes; readers here use h5netcdf
+    with (
+        warnings.catch_warnings()
+    ):  # h5netcdf's note on string attributes; readers here use h5netcdf
         warnings.filterwarnings("ignore", message=".*invalid netcdf features.*")
         atomic_to_netcdf(ds, output)
-    kind = f"classifier of {len(model.classes)} classes" if model.is_classifier else "regression model"
+    kind = (
+        f"classifier of {len(model.classes)} classes" if model.is_classifier else "regression model"
+    )
     line = f"predicted {len(x)} sample(s) with {os.path.basename(model_path)} ({kind})"
     if score is not None:
         line += f"; {'accuracy' if model.is_classifier else 'R^2'} against d: {score:.4f}"

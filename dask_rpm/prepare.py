@@ -46,15 +46,19 @@ class Prepared(NamedTuple):
         return Validator(self.recipe, *self.validation)
 
 
-def _targets(d: np.ndarray, loss: str | None, classes: Any = None) -> tuple[np.ndarray, np.ndarray | None]:
+def _targets(
+    d: np.ndarray, loss: str | None, classes: Any = None
+) -> tuple[np.ndarray, np.ndarray | None]:
     """2-D targets; 1-D labels become one-hot rows (cross-entropy only)."""
     from . import config
 
     loss = str(config.get("train.loss", loss))
     if d.ndim == 1:
         if loss != "cross-entropy":
-            raise DataError(f"d is 1-D (shape {d.shape}); class labels need loss='cross-entropy', "
-                            f"other losses take d as (samples, outputs)")
+            raise DataError(
+                f"d is 1-D (shape {d.shape}); class labels need loss='cross-entropy', "
+                f"other losses take d as (samples, outputs)"
+            )
         try:
             return one_hot(d, classes)
         except RecipeError as exc:
@@ -65,31 +69,60 @@ def _targets(d: np.ndarray, loss: str | None, classes: Any = None) -> tuple[np.n
 def _check_distribution(d: np.ndarray, where: str) -> None:
     """Cross-entropy targets must be probability rows (one-hot or soft labels)."""
     if d.size and (np.min(d) < 0 or not np.allclose(d.sum(axis=1), 1.0, rtol=0, atol=1e-9)):
-        bad = int(np.argmax((d < 0).any(axis=1) | ~np.isclose(d.sum(axis=1), 1.0, rtol=0, atol=1e-9)))
-        raise DataError(f"{where}: with loss='cross-entropy' every row of d must be >= 0 and sum to 1 "
-                        f"(one-hot or class probabilities); sample {bad} is {d[bad].tolist()[:8]}. "
-                        f"Pass 1-D integer labels to have them one-hot encoded")
+        bad = int(
+            np.argmax((d < 0).any(axis=1) | ~np.isclose(d.sum(axis=1), 1.0, rtol=0, atol=1e-9))
+        )
+        raise DataError(
+            f"{where}: with loss='cross-entropy' every row of d must be >= 0 and sum to 1 "
+            f"(one-hot or class probabilities); sample {bad} is {d[bad].tolist()[:8]}. "
+            f"Pass 1-D integer labels to have them one-hot encoded"
+        )
 
 
-def _weights(init: Any, W0: np.ndarray, V0: np.ndarray, rec: Recipe) -> tuple[np.ndarray, np.ndarray]:
+def _weights(
+    init: Any, W0: np.ndarray, V0: np.ndarray, rec: Recipe
+) -> tuple[np.ndarray, np.ndarray]:
     b0 = c0 = None
     if init is not None and len(init) == 4:
         b0, c0 = (np.asarray(a, dtype=W0.dtype) for a in init[2:])
         if b0.shape != (W0.shape[0],) or c0.shape != (V0.shape[0],):
-            raise DataError(f"init biases b0{b0.shape}, c0{c0.shape}; they must be ({W0.shape[0]},) and "
-                            f"({V0.shape[0]},)")
+            raise DataError(
+                f"init biases b0{b0.shape}, c0{c0.shape}; they must be ({W0.shape[0]},) and "
+                f"({V0.shape[0]},)"
+            )
         if not rec.net.bias:
-            raise DataError("init has bias terms (b0, c0) but bias=False; pass bias=True or init=(W0, V0)")
+            raise DataError(
+                "init has bias terms (b0, c0) but bias=False; pass bias=True or init=(W0, V0)"
+            )
     return rec.net.join(W0, V0, b0, c0)
 
 
-def prepare(x: Any, d: Any = None, *, hidden: int | None, iterations: int | None, learning_rate: float | None,
-            init: Any, seed: int | None, dtype: str | None, epochs: int | None = None,
-            batch_size: int | None = None, shuffle: bool | None = None, activation: str | None = None,
-            loss: str | None = None, output: str | None = None, bias: bool | None = None,
-            optimizer: Any = None, validation: Any = None, validate_every: int | None = None,
-            early_stopping: int | None = None, tol: float | None = None, target_error: float | None = None,
-            classes: Any = None, load: bool = False) -> Prepared:
+def prepare(
+    x: Any,
+    d: Any = None,
+    *,
+    hidden: int | None,
+    iterations: int | None,
+    learning_rate: float | None,
+    init: Any,
+    seed: int | None,
+    dtype: str | None,
+    epochs: int | None = None,
+    batch_size: int | None = None,
+    shuffle: bool | None = None,
+    activation: str | None = None,
+    loss: str | None = None,
+    output: str | None = None,
+    bias: bool | None = None,
+    optimizer: Any = None,
+    validation: Any = None,
+    validate_every: int | None = None,
+    early_stopping: int | None = None,
+    tol: float | None = None,
+    target_error: float | None = None,
+    classes: Any = None,
+    load: bool = False,
+) -> Prepared:
     """Validate the data and options of a training run (``None``: ``rpm.train.*``).
 
     With ``load=False`` a dataset path stays a path (workers read their
@@ -119,8 +152,9 @@ def prepare(x: Any, d: Any = None, *, hidden: int | None, iterations: int | None
     rows = val = None
     if validation is not None and not isinstance(validation, (tuple, list)):
         try:
-            train_idx, val_idx = holdout(s, float(validation) if not isinstance(validation, bool) else validation,
-                                         seed)
+            train_idx, val_idx = holdout(
+                s, float(validation) if not isinstance(validation, bool) else validation, seed
+            )
         except (TypeError, ValueError) as exc:
             raise DataError(str(exc)) from None
         if xa is not None:
@@ -137,18 +171,46 @@ def prepare(x: Any, d: Any = None, *, hidden: int | None, iterations: int | None
             raise DataError("validation must be a fraction or a pair (x_val, d_val)")
         xv, dv = np.asarray(validation[0]), np.asarray(validation[1])
         dv, _ = _targets(dv, loss, classes)
-        if xv.ndim != 2 or xv.shape[1] != n or dv.ndim != 2 or dv.shape[1] != l or len(xv) != len(dv):
-            raise DataError(f"validation data x{xv.shape}, d{dv.shape}; they must be (k, {n}) and (k, {l})")
+        if (
+            xv.ndim != 2
+            or xv.shape[1] != n
+            or dv.ndim != 2
+            or dv.shape[1] != l
+            or len(xv) != len(dv)
+        ):
+            raise DataError(
+                f"validation data x{xv.shape}, d{dv.shape}; they must be (k, {n}) and (k, {l})"
+            )
         val = (xv, dv)
     try:
-        rec = recipe(s, iterations=iterations, epochs=epochs, learning_rate=learning_rate, seed=seed,
-                     activation=activation, loss=loss, output=output, bias=bias, optimizer_spec=optimizer,
-                     batch_size=batch_size, shuffle=shuffle, validation=val is not None,
-                     validate_every=validate_every, early_stopping=early_stopping, tol=tol)
+        rec = recipe(
+            s,
+            iterations=iterations,
+            epochs=epochs,
+            learning_rate=learning_rate,
+            seed=seed,
+            activation=activation,
+            loss=loss,
+            output=output,
+            bias=bias,
+            optimizer_spec=optimizer,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            validation=val is not None,
+            validate_every=validate_every,
+            early_stopping=early_stopping,
+            tol=tol,
+        )
     except ValueError as exc:
         raise DataError(str(exc)) from None
-    common = dict(hidden=hidden, iterations=rec.iterations, learning_rate=rec.learning_rate,
-                  init=None if init is None else tuple(init[:2]), seed=seed, dtype=dtype)
+    common = dict(
+        hidden=hidden,
+        iterations=rec.iterations,
+        learning_rate=rec.learning_rate,
+        init=None if init is None else tuple(init[:2]),
+        seed=seed,
+        dtype=dtype,
+    )
     if xa is None:
         W0, V0 = check_training_args(None, None, shape=(s, n, l), **common)
         arrays = None

@@ -105,8 +105,9 @@ def _kernel_pass(x: np.ndarray, d: np.ndarray, W: np.ndarray, V: np.ndarray) -> 
     backward_partial(x, f, V, delta2)
 
 
-def _t_probe(block: tuple[int, int, int, int], loops: int, dtype: str, seed: int
-             ) -> tuple[float, int, float]:
+def _t_probe(
+    block: tuple[int, int, int, int], loops: int, dtype: str, seed: int
+) -> tuple[float, int, float]:
     """One repetition on a worker: ``loops`` kernel passes in one paced block.
 
     Returns ``(seconds, overruns, cpu_seconds)``: the block's wall time, how
@@ -235,8 +236,11 @@ def _t_receive(payload: np.ndarray) -> tuple[float, int]:
 
     worker = get_worker()
     ts = worker.state.tasks.get(worker.get_current_task())
-    spans = [ss["stop"] - ss["start"] for ss in (ts.startstops if ts is not None else ())
-             if ss.get("action") == "transfer"]
+    spans = [
+        ss["stop"] - ss["start"]
+        for ss in (ts.startstops if ts is not None else ())
+        if ss.get("action") == "transfer"
+    ]
     return (float(sum(spans)) if spans else float("nan")), int(payload.nbytes)
 
 
@@ -246,8 +250,9 @@ def _host(address: str) -> str:
     return rest.rsplit(":", 1)[0] if ":" in rest else rest
 
 
-def link_class_pairs(addresses: Sequence[str], groups: Sequence[Any], per_class: int
-                     ) -> dict[str, list[tuple[int, int]]]:
+def link_class_pairs(
+    addresses: Sequence[str], groups: Sequence[Any], per_class: int
+) -> dict[str, list[tuple[int, int]]]:
     """A few worker pairs per link class, by position in ``addresses``.
 
     ``"host"``: same host and same group; ``"group"``: same group, other
@@ -257,7 +262,9 @@ def link_class_pairs(addresses: Sequence[str], groups: Sequence[Any], per_class:
     pair are left out.
     """
     if len(groups) != len(addresses):
-        raise ValueError(f"{len(groups)} group labels given for {len(addresses)} workers; give one per worker")
+        raise ValueError(
+            f"{len(groups)} group labels given for {len(addresses)} workers; give one per worker"
+        )
     hosts = [_host(a) for a in addresses]
     out: dict[str, list[tuple[int, int]]] = {}
     used: dict[str, set[int]] = {}
@@ -280,14 +287,24 @@ def link_class_pairs(addresses: Sequence[str], groups: Sequence[Any], per_class:
     return {c: v for c, v in out.items() if v}
 
 
-async def _measure_links(client: Any, addresses: Sequence[str], token: str, *,
-                         repeats: int, big_bytes: int, pairs: int,
-                         links: Sequence[tuple[int, int]] | None = None) -> dict[str, Any]:
+async def _measure_links(
+    client: Any,
+    addresses: Sequence[str],
+    token: str,
+    *,
+    repeats: int,
+    big_bytes: int,
+    pairs: int,
+    links: Sequence[tuple[int, int]] | None = None,
+) -> dict[str, Any]:
     """Latency and bandwidth from one chain of worker-to-worker transfers (``links``: the pairs to use)."""
     n_workers = len(addresses)
     if n_workers < 2:
-        return {"latency": math.nan, "bandwidth": math.nan,
-                "link_note": "one worker: no worker-to-worker transfer to measure"}
+        return {
+            "latency": math.nan,
+            "bandwidth": math.nan,
+            "link_note": "one worker: no worker-to-worker transfer to measure",
+        }
     if links is None:  # neighbours in worker order: 0->1, 1->2, ... (2 workers: 0->1 and 1->0)
         links = [(i, (i + 1) % n_workers) for i in range(min(pairs, n_workers))]
     # per link: a warm-up hop (opens the connection), then tiny and big hops alternating
@@ -302,10 +319,23 @@ async def _measure_links(client: Any, addresses: Sequence[str], token: str, *,
     receivers = []
     for k, (a, b, nbytes, _) in enumerate(hops):
         # the payload waits for the previous hop's receipt, so transfers never overlap
-        payload = client.submit(_t_payload, nbytes, previous, key=(name, k, a),
-                                workers=[addresses[a]], allow_other_workers=False, pure=False)
-        previous = client.submit(_t_receive, payload, key=(name, k, b),
-                                 workers=[addresses[b]], allow_other_workers=False, pure=False)
+        payload = client.submit(
+            _t_payload,
+            nbytes,
+            previous,
+            key=(name, k, a),
+            workers=[addresses[a]],
+            allow_other_workers=False,
+            pure=False,
+        )
+        previous = client.submit(
+            _t_receive,
+            payload,
+            key=(name, k, b),
+            workers=[addresses[b]],
+            allow_other_workers=False,
+            pure=False,
+        )
         receivers.append(previous)
     results = await client.gather(receivers)
     del receivers, previous, payload
@@ -317,8 +347,11 @@ async def _measure_links(client: Any, addresses: Sequence[str], token: str, *,
         "link_bytes": int(big[0][1]) if big else int(big_bytes),
     }
     if not tiny or not big:
-        out.update(latency=math.nan, bandwidth=math.nan,
-                   link_note="no transfer was recorded (workers may share one process)")
+        out.update(
+            latency=math.nan,
+            bandwidth=math.nan,
+            link_note="no transfer was recorded (workers may share one process)",
+        )
         return out
     latency = statistics.median(tiny)
     t_big = statistics.median(r[0] for r in big)
@@ -335,8 +368,9 @@ async def _measure_links(client: Any, addresses: Sequence[str], token: str, *,
 # --------------------------------------------------------------------------
 
 
-def _check_args(shape: Any, samples: Any, repeats: Any, max_seconds: Any, target: Any
-                ) -> tuple[tuple[int, int, int], int, int, float, float]:
+def _check_args(
+    shape: Any, samples: Any, repeats: Any, max_seconds: Any, target: Any
+) -> tuple[tuple[int, int, int], int, int, float, float]:
     def whole(v: Any) -> bool:
         return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
@@ -350,11 +384,15 @@ def _check_args(shape: Any, samples: Any, repeats: Any, max_seconds: Any, target
             f"three whole numbers >= 1"
         )
     if not whole(samples) or samples < 1:
-        raise ValueError(f"samples={samples!r}; give the number of training samples, a whole number >= 1")
+        raise ValueError(
+            f"samples={samples!r}; give the number of training samples, a whole number >= 1"
+        )
     if not whole(repeats) or repeats < 1:
         raise ValueError(f"repeats={repeats!r}; give a whole number of timed repetitions >= 1")
     for name, v in (("max_seconds", max_seconds), ("probe.target-seconds", target)):
-        if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0):
+        if not (
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+        ):
             raise ValueError(f"{name}={v!r}; give a number of seconds > 0")
     n, m, l = (int(v) for v in dims)
     return (n, m, l), int(samples), int(repeats), float(max_seconds), float(target)
@@ -378,8 +416,11 @@ async def _probe_async(
 
     started = time.perf_counter()
     (n, m, l), s, repeats, max_seconds, target = _check_args(
-        shape, samples, config.get("probe.repeats", repeats),
-        config.get("probe.max-seconds", max_seconds), config.get("probe.target-seconds"),
+        shape,
+        samples,
+        config.get("probe.repeats", repeats),
+        config.get("probe.max-seconds", max_seconds),
+        config.get("probe.target-seconds"),
     )
     dtype = str(np.dtype(config.get("train.dtype", dtype)))
 
@@ -387,7 +428,9 @@ async def _probe_async(
     known = ordered_workers(info)
     addresses = known if workers is None else list(workers)
     if not addresses:
-        raise ValueError("no workers to probe; start some (e.g. dask_rpm.local_cluster()) and retry")
+        raise ValueError(
+            "no workers to probe; start some (e.g. dask_rpm.local_cluster()) and retry"
+        )
     unknown = [a for a in addresses if a not in info["workers"]]
     if unknown:
         raise ValueError(f"worker(s) {unknown} are not in the cluster; its workers are {known}")
@@ -395,20 +438,32 @@ async def _probe_async(
         raise ValueError(f"workers={addresses} lists a worker more than once")
     n_workers = len(addresses)
     if groups is not None:
-        pairs_by_class = link_class_pairs(addresses, list(groups), int(config.get("probe.link-pairs")))
+        pairs_by_class = link_class_pairs(
+            addresses, list(groups), int(config.get("probe.link-pairs"))
+        )
 
     # Each worker's share of the budget: warm-up plus `repeats` repetitions.
     target = min(target, max_seconds / (repeats + 1))
-    m_p, s_p, t_pass = _calibrate(n, -(-m // n_workers), l, -(-s // n_workers), dtype,
-                                  target / _PASSES_PER_TARGET)
+    m_p, s_p, t_pass = _calibrate(
+        n, -(-m // n_workers), l, -(-s // n_workers), dtype, target / _PASSES_PER_TARGET
+    )
     loops0 = int(min(_MAX_LOOPS, max(1, round(target / t_pass))))
     block = (n, m_p, l, s_p)
     token = uuid.uuid4().hex[:10]
     name = f"rpm-probe-{token}"
 
     def submit(rep: int, i: int, loops: int) -> Any:
-        return client.submit(_t_probe, block, loops, dtype, rep, key=(name, rep, i),
-                             workers=[addresses[i]], allow_other_workers=False, pure=False)
+        return client.submit(
+            _t_probe,
+            block,
+            loops,
+            dtype,
+            rep,
+            key=(name, rep, i),
+            workers=[addresses[i]],
+            allow_other_workers=False,
+            pure=False,
+        )
 
     # Warm-up (repetition 0, discarded): about a quarter of a target at full speed.
     compute_start = time.perf_counter()
@@ -430,8 +485,9 @@ async def _probe_async(
 
     # All at once: each worker queues its repetitions and runs them back to
     # back (the lock in _t_probe), with no scheduler round trip between them.
-    timed_futures = [[submit(r + 1, i, int(loops[i])) for r in range(int(reps[i]))]
-                     for i in range(n_workers)]
+    timed_futures = [
+        [submit(r + 1, i, int(loops[i])) for r in range(int(reps[i]))] for i in range(n_workers)
+    ]
     timed = await client.gather(timed_futures)
     compute_seconds = time.perf_counter() - compute_start
     del warm_futures, timed_futures
@@ -448,49 +504,101 @@ async def _probe_async(
 
     link_start = time.perf_counter()
     links = await _measure_links(
-        client, addresses, token, repeats=int(config.get("probe.link-repeats")),
-        big_bytes=int(config.get("probe.link-bytes")), pairs=int(config.get("probe.link-pairs")),
+        client,
+        addresses,
+        token,
+        repeats=int(config.get("probe.link-repeats")),
+        big_bytes=int(config.get("probe.link-bytes")),
+        pairs=int(config.get("probe.link-pairs")),
     )
     if groups is not None:  # latency and bandwidth per link class, a few pairs each
         for cls, pairs in pairs_by_class.items():
             got = await _measure_links(
-                client, addresses, f"{token}-{cls}", repeats=int(config.get("probe.link-repeats")),
-                big_bytes=int(config.get("probe.link-bytes")), pairs=len(pairs), links=pairs)
-            links.update({f"latency_{cls}": got["latency"], f"bandwidth_{cls}": got["bandwidth"],
-                          f"links_{cls}": got.get("links", "")})
+                client,
+                addresses,
+                f"{token}-{cls}",
+                repeats=int(config.get("probe.link-repeats")),
+                big_bytes=int(config.get("probe.link-bytes")),
+                pairs=len(pairs),
+                links=pairs,
+            )
+            links.update(
+                {
+                    f"latency_{cls}": got["latency"],
+                    f"bandwidth_{cls}": got["bandwidth"],
+                    f"links_{cls}": got.get("links", ""),
+                }
+            )
         links["groups"] = ",".join(map(str, groups))
     link_seconds = time.perf_counter() - link_start
 
     ds = xr.Dataset(
         {
-            "throughput": ("worker", throughput, {
-                "units": "work units/s",
-                "long_name": "kernel throughput",
-                "description": "work of one repetition / trimmed mean of the repetition seconds "
-                               "(1/8 cut at each end); one work unit "
-                               "is one (hidden unit x sample) pair of forward, output delta and "
-                               "backward - the unit of rectangle area",
-            }),
-            "ability": ("worker", throughput / throughput.sum(), {
-                "units": "1", "description": "throughput normalised to sum 1"}),
-            "seconds": (("repeat", "worker"), seconds, {
-                "units": "s",
-                "description": "wall time of each timed repetition's paced kernel block, measured "
-                               "inside the task (NaN: skipped to stay within max_seconds)"}),
-            "cpu_seconds": (("repeat", "worker"), cpu, {
-                "units": "s",
-                "description": "CPU time of the task's thread in each timed repetition's kernel "
-                               "block (with EMULATED speeds, seconds ~ cpu_seconds / speed)"}),
-            "warmup_seconds": ("worker", warm_seconds, {
-                "units": "s", "description": f"discarded warm-up repetition ({warm_loops} passes)"}),
-            "loops": ("worker", loops, {
-                "units": "1", "description": "kernel passes over the probe block per repetition"}),
-            "overruns": ("worker", overruns, {
-                "units": "1",
-                "description": "EMULATED clusters only: timed repetitions whose paced block "
-                               "overran its target, i.e. other load set the time (0 elsewhere)"}),
-            "work": ("worker", work, {
-                "units": "work units", "description": "loops x block hidden units x block samples"}),
+            "throughput": (
+                "worker",
+                throughput,
+                {
+                    "units": "work units/s",
+                    "long_name": "kernel throughput",
+                    "description": "work of one repetition / trimmed mean of the repetition seconds "
+                    "(1/8 cut at each end); one work unit "
+                    "is one (hidden unit x sample) pair of forward, output delta and "
+                    "backward - the unit of rectangle area",
+                },
+            ),
+            "ability": (
+                "worker",
+                throughput / throughput.sum(),
+                {"units": "1", "description": "throughput normalised to sum 1"},
+            ),
+            "seconds": (
+                ("repeat", "worker"),
+                seconds,
+                {
+                    "units": "s",
+                    "description": "wall time of each timed repetition's paced kernel block, measured "
+                    "inside the task (NaN: skipped to stay within max_seconds)",
+                },
+            ),
+            "cpu_seconds": (
+                ("repeat", "worker"),
+                cpu,
+                {
+                    "units": "s",
+                    "description": "CPU time of the task's thread in each timed repetition's kernel "
+                    "block (with EMULATED speeds, seconds ~ cpu_seconds / speed)",
+                },
+            ),
+            "warmup_seconds": (
+                "worker",
+                warm_seconds,
+                {
+                    "units": "s",
+                    "description": f"discarded warm-up repetition ({warm_loops} passes)",
+                },
+            ),
+            "loops": (
+                "worker",
+                loops,
+                {"units": "1", "description": "kernel passes over the probe block per repetition"},
+            ),
+            "overruns": (
+                "worker",
+                overruns,
+                {
+                    "units": "1",
+                    "description": "EMULATED clusters only: timed repetitions whose paced block "
+                    "overran its target, i.e. other load set the time (0 elsewhere)",
+                },
+            ),
+            "work": (
+                "worker",
+                work,
+                {
+                    "units": "work units",
+                    "description": "loops x block hidden units x block samples",
+                },
+            ),
         },
         coords={
             "worker": np.arange(n_workers),
@@ -608,16 +716,32 @@ def probe(
     >>> ds["throughput"] / ds["throughput"].max()  # doctest: +SKIP
     """
     # validate before looking for a client: bad input fails fast and clearly
-    _check_args(shape, samples, config.get("probe.repeats", repeats),
-                config.get("probe.max-seconds", max_seconds), config.get("probe.target-seconds"))
+    _check_args(
+        shape,
+        samples,
+        config.get("probe.repeats", repeats),
+        config.get("probe.max-seconds", max_seconds),
+        config.get("probe.target-seconds"),
+    )
     if client is None:
         from distributed import get_client
 
         client = get_client()
     if groups is not None and workers is not None and len(groups) != len(workers):
-        raise ValueError(f"{len(groups)} group labels given for {len(workers)} workers; give one per worker")
-    return client.sync(_probe_async, client, shape=shape, samples=samples, dtype=dtype,
-                       workers=workers, repeats=repeats, max_seconds=max_seconds, groups=groups)
+        raise ValueError(
+            f"{len(groups)} group labels given for {len(workers)} workers; give one per worker"
+        )
+    return client.sync(
+        _probe_async,
+        client,
+        shape=shape,
+        samples=samples,
+        dtype=dtype,
+        workers=workers,
+        repeats=repeats,
+        max_seconds=max_seconds,
+        groups=groups,
+    )
 
 
 def probe_network(ds: Any, *, overhead: float | None = None) -> Any:
@@ -636,7 +760,10 @@ def probe_network(ds: Any, *, overhead: float | None = None) -> Any:
     bw = float(a.get("bandwidth", math.nan))
     classes = {}
     for cls in LINK_CLASSES:
-        lc, bc = float(a.get(f"latency_{cls}", math.nan)), float(a.get(f"bandwidth_{cls}", math.nan))
+        lc, bc = (
+            float(a.get(f"latency_{cls}", math.nan)),
+            float(a.get(f"bandwidth_{cls}", math.nan)),
+        )
         if math.isfinite(lc) and math.isfinite(bc) and bc > 0:
             classes[cls] = LinkClass(lc, bc)
     addresses = [str(v) for v in ds["address"].values]

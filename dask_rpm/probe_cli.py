@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 from typing import Any
 
@@ -65,21 +64,47 @@ def add_probe_parser(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     where = p.add_mutually_exclusive_group()
-    where.add_argument("--scheduler", metavar="ADDRESS",
-                       help="probe the workers of this running cluster (e.g. tcp://host:8786)")
-    where.add_argument("--speeds", metavar="S1,S2,...",
-                       help="EMULATED relative speeds of the local workers (default rpm.demo.speeds, "
-                            "the same workers as dask-rpm train)")
-    p.add_argument("--shape", default=None, metavar="N-M-L",
-                   help="the job's network inputs-hidden-outputs (default rpm.demo.shape, the train demo's)")
-    p.add_argument("--samples", default=None, metavar="S",
-                   help="the job's number of training samples (default rpm.demo.samples)")
-    p.add_argument("--repeats", default=None, metavar="K",
-                   help="timed repetitions per worker (default rpm.probe.repeats)")
-    p.add_argument("--max-seconds", default=None, metavar="T",
-                   help="kernel-probe budget per worker in seconds (default rpm.probe.max-seconds)")
-    p.add_argument("--timeout", default="30", metavar="T",
-                   help="seconds to wait for --scheduler to answer (default 30)")
+    where.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="probe the workers of this running cluster (e.g. tcp://host:8786)",
+    )
+    where.add_argument(
+        "--speeds",
+        metavar="S1,S2,...",
+        help="EMULATED relative speeds of the local workers (default rpm.demo.speeds, "
+        "the same workers as dask-rpm train)",
+    )
+    p.add_argument(
+        "--shape",
+        default=None,
+        metavar="N-M-L",
+        help="the job's network inputs-hidden-outputs (default rpm.demo.shape, the train demo's)",
+    )
+    p.add_argument(
+        "--samples",
+        default=None,
+        metavar="S",
+        help="the job's number of training samples (default rpm.demo.samples)",
+    )
+    p.add_argument(
+        "--repeats",
+        default=None,
+        metavar="K",
+        help="timed repetitions per worker (default rpm.probe.repeats)",
+    )
+    p.add_argument(
+        "--max-seconds",
+        default=None,
+        metavar="T",
+        help="kernel-probe budget per worker in seconds (default rpm.probe.max-seconds)",
+    )
+    p.add_argument(
+        "--timeout",
+        default="30",
+        metavar="T",
+        help="seconds to wait for --scheduler to answer (default 30)",
+    )
     p.add_argument("--netcdf", metavar="PATH", help="also save the full probe dataset as netCDF")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.set_defaults(func=run_probe)
@@ -106,7 +131,9 @@ def _parse_speeds(text: str) -> list[float]:
     try:
         speeds = [float(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise CLIError(f"--speeds={text!r} is not a comma-separated list of numbers; use e.g. 1,0.5,0.25") from None
+        raise CLIError(
+            f"--speeds={text!r} is not a comma-separated list of numbers; use e.g. 1,0.5,0.25"
+        ) from None
     if not speeds or any(not math.isfinite(v) or v <= 0 for v in speeds):
         raise CLIError(f"--speeds={text!r}: give one finite speed > 0 per worker, e.g. 1,0.5,0.25")
     return speeds
@@ -123,14 +150,20 @@ def run_probe(args: argparse.Namespace) -> int:
     from .probe import probe
 
     shape = parse_shape(config.get("demo.shape", args.shape))
-    samples = _int_option("--samples", args.samples) if args.samples is not None else int(config.get("demo.samples"))
+    samples = (
+        _int_option("--samples", args.samples)
+        if args.samples is not None
+        else int(config.get("demo.samples"))
+    )
     if samples < 1:
         raise CLIError(f"--samples={samples} must be at least 1")
     repeats = _positive("--repeats", args.repeats, int)
     max_seconds = _positive("--max-seconds", args.max_seconds, float)
     timeout = _positive("--timeout", args.timeout, float)
     speeds = _parse_speeds(args.speeds) if args.speeds is not None else None
-    if args.netcdf is not None:  # before the cluster starts: a directory, a device or no place to write
+    if (
+        args.netcdf is not None
+    ):  # before the cluster starts: a directory, a device or no place to write
         from ._files import TargetError, check_target
 
         try:
@@ -140,7 +173,9 @@ def run_probe(args: argparse.Namespace) -> int:
 
     def measure(client: Any) -> Any:
         try:
-            return probe(client, shape=shape, samples=samples, repeats=repeats, max_seconds=max_seconds)
+            return probe(
+                client, shape=shape, samples=samples, repeats=repeats, max_seconds=max_seconds
+            )
         except ValueError as e:
             raise CLIError(str(e)) from None
 
@@ -154,7 +189,9 @@ def run_probe(args: argparse.Namespace) -> int:
             ) from None
         with client:
             if not client.scheduler_info().get("workers"):
-                raise CLIError(f"the cluster at {args.scheduler!r} has no workers; start some and retry")
+                raise CLIError(
+                    f"the cluster at {args.scheduler!r} has no workers; start some and retry"
+                )
             ds = measure(client)
     else:
         if speeds is None:
@@ -205,8 +242,13 @@ def probe_json(ds: Any) -> dict[str, Any]:
                 "relative": _num(t / thr.max()) if thr.size else None,
                 "overruns": int(o),
             }
-            for w, a, t, p, o in zip(ds["worker"].values, ds["address"].values, thr,
-                                     ds["ability"].values, ds["overruns"].values)
+            for w, a, t, p, o in zip(
+                ds["worker"].values,
+                ds["address"].values,
+                thr,
+                ds["ability"].values,
+                ds["overruns"].values,
+            )
         ],
         "throughput_units": ds["throughput"].attrs.get("units"),
         "latency": _num(ds.attrs.get("latency")),
@@ -215,7 +257,10 @@ def probe_json(ds: Any) -> dict[str, Any]:
         "bandwidth_units": "bytes/s",
         "links": ds.attrs.get("links"),
         "probe_seconds": _num(ds.attrs.get("probe_seconds")),
-        "block": {"hidden": int(ds.attrs["block_hidden"]), "samples": int(ds.attrs["block_samples"])},
+        "block": {
+            "hidden": int(ds.attrs["block_hidden"]),
+            "samples": int(ds.attrs["block_samples"]),
+        },
         "repeats": int(ds.attrs.get("repeats", 0)),
     }
 
@@ -233,22 +278,32 @@ def format_probe(ds: Any) -> str:
     )
     out.append("")
     width = max([len("address")] + [len(w["address"]) for w in d["workers"]])
-    out.append(f"  {'worker':<7}{'address':<{width + 2}}{'work units/s':>14}{'ability':>9}{'relative':>10}{'overruns':>10}")
+    out.append(
+        f"  {'worker':<7}{'address':<{width + 2}}{'work units/s':>14}{'ability':>9}{'relative':>10}{'overruns':>10}"
+    )
     for w in d["workers"]:
         thr = "-" if w["throughput"] is None else f"{w['throughput']:.4g}"
         ab = "-" if w["ability"] is None else f"{w['ability']:.3f}"
         rel = "-" if w["relative"] is None else f"{w['relative']:.3f}"
-        out.append(f"  P{w['worker'] + 1:<6}{w['address']:<{width + 2}}{thr:>14}{ab:>9}{rel:>10}{w['overruns']:>10}")
+        out.append(
+            f"  P{w['worker'] + 1:<6}{w['address']:<{width + 2}}{thr:>14}{ab:>9}{rel:>10}{w['overruns']:>10}"
+        )
     out.append("")
     if d["latency"] is not None and d["bandwidth"] is not None:
-        out.append(f"links ({d['links']}): latency {d['latency'] * 1e3:.3f} ms, bandwidth {d['bandwidth'] / 1e6:.1f} MB/s")
+        out.append(
+            f"links ({d['links']}): latency {d['latency'] * 1e3:.3f} ms, bandwidth {d['bandwidth'] / 1e6:.1f} MB/s"
+        )
     else:
         out.append(f"links: not measured ({ds.attrs.get('link_note', 'no transfer recorded')})")
     if any(w["overruns"] for w in d["workers"]):
-        out.append("note: some EMULATED repetitions overran (other load on the machine set their time)")
+        out.append(
+            "note: some EMULATED repetitions overran (other load on the machine set their time)"
+        )
     abilities = ",".join(f"{w['ability']:.4g}" for w in d["workers"] if w["ability"] is not None)
     out.append("plan with these abilities:")
-    out.append(f"  dask-rpm plan --abilities {abilities} --shape {d['shape']} --samples {d['samples']}")
+    out.append(
+        f"  dask-rpm plan --abilities {abilities} --shape {d['shape']} --samples {d['samples']}"
+    )
     return "\n".join(out)
 
 

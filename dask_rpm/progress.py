@@ -36,7 +36,6 @@ import sys
 import time
 from typing import Any, TextIO
 
-
 from . import config
 
 __all__ = ["MODES", "Progress", "resolve_mode"]
@@ -170,7 +169,7 @@ class Progress:
         self.error = float(error)
         if math.isfinite(iteration_time):
             self.iteration_time = float(iteration_time)
-        new_remaps = list(remaps or [])[self._n_remaps:]
+        new_remaps = list(remaps or [])[self._n_remaps :]
         self._n_remaps += len(new_remaps)
         if new_remaps:
             self.last_remap = new_remaps[-1]
@@ -180,7 +179,12 @@ class Progress:
         for rec in new_remaps:
             self._write_line(self._remap_line(rec))
         now = time.perf_counter()
-        if first_report or self.done >= self.total or new_remaps or now - self._last_line >= self.min_interval:
+        if (
+            first_report
+            or self.done >= self.total
+            or new_remaps
+            or now - self._last_line >= self.min_interval
+        ):
             self._write_line(self._log_line())
             self._last_line = now
 
@@ -201,7 +205,9 @@ class Progress:
         if self.validation is None:
             return ""
         _, loss, acc = self.validation
-        return f"val loss {loss:.4g}" + (f" acc {100 * acc:.1f}%" if math.isfinite(acc) else "") + sep
+        return (
+            f"val loss {loss:.4g}" + (f" acc {100 * acc:.1f}%" if math.isfinite(acc) else "") + sep
+        )
 
     def _remap_text(self) -> str:
         r = self.last_remap
@@ -251,4 +257,3 @@ class Progress:
         self.stream.write(text + "\n")
         self.stream.flush()
         self.lines += 1
-

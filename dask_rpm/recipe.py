@@ -20,8 +20,17 @@ from .batches import Schedule, schedule
 from .network import Network, network
 from .optim import Optimizer, optimizer
 
-__all__ = ["Recipe", "recipe", "RecipeError", "Validator", "holdout", "forward", "loss", "accuracy",
-           "one_hot"]
+__all__ = [
+    "Recipe",
+    "recipe",
+    "RecipeError",
+    "Validator",
+    "holdout",
+    "forward",
+    "loss",
+    "accuracy",
+    "one_hot",
+]
 
 
 class RecipeError(ValueError):
@@ -53,12 +62,25 @@ def _positive_int(name: str, value: Any) -> int:
     return int(value)
 
 
-def recipe(samples: int, *, iterations: int | None = None, epochs: int | None = None,
-           learning_rate: float | None = None, seed: int | None = None, activation: str | None = None,
-           loss: str | None = None, output: str | None = None, bias: bool | None = None,
-           optimizer_spec: Any = None, batch_size: int | None = None, shuffle: bool | None = None,
-           validation: bool = False, validate_every: int | None = None, early_stopping: int | None = None,
-           tol: float | None = None) -> Recipe:
+def recipe(
+    samples: int,
+    *,
+    iterations: int | None = None,
+    epochs: int | None = None,
+    learning_rate: float | None = None,
+    seed: int | None = None,
+    activation: str | None = None,
+    loss: str | None = None,
+    output: str | None = None,
+    bias: bool | None = None,
+    optimizer_spec: Any = None,
+    batch_size: int | None = None,
+    shuffle: bool | None = None,
+    validation: bool = False,
+    validate_every: int | None = None,
+    early_stopping: int | None = None,
+    tol: float | None = None,
+) -> Recipe:
     """Validate and complete the training options (``None``: ``rpm.train.*``).
 
     ``samples`` is the number of training samples (after a validation split).
@@ -74,7 +96,9 @@ def recipe(samples: int, *, iterations: int | None = None, epochs: int | None = 
     if epochs is None and iterations is None:
         epochs = config.get("train.epochs")
     if epochs is not None and iterations is not None:
-        raise RecipeError(f"both iterations={iterations!r} and epochs={epochs!r} given; give one of them")
+        raise RecipeError(
+            f"both iterations={iterations!r} and epochs={epochs!r} given; give one of them"
+        )
     if epochs is not None:
         iterations = _positive_int("epochs", epochs) * sched.per_epoch
     iterations = _positive_int("iterations", config.get("train.iterations", iterations))
@@ -89,13 +113,18 @@ def recipe(samples: int, *, iterations: int | None = None, epochs: int | None = 
     patience = config.get("train.early-stopping", early_stopping)
     if not validation:
         if early_stopping is not None:
-            raise RecipeError(f"early_stopping={early_stopping!r} needs validation data: pass validation= "
-                              f"(a fraction such as 0.1, or (x_val, d_val))")
+            raise RecipeError(
+                f"early_stopping={early_stopping!r} needs validation data: pass validation= "
+                f"(a fraction such as 0.1, or (x_val, d_val))"
+            )
         every, patience = None, None
     else:
         # auto: once an epoch with mini-batches; every 10 full-batch iterations
-        every = (sched.per_epoch if not sched.full_batch else 10) if every in (None, "auto") else \
-            _positive_int("validate_every", every)
+        every = (
+            (sched.per_epoch if not sched.full_batch else 10)
+            if every in (None, "auto")
+            else _positive_int("validate_every", every)
+        )
         patience = None if patience is None else _positive_int("early_stopping", patience)
     tol = float(config.get("train.tol", tol))
     if not (math.isfinite(tol) and tol >= 0):
@@ -106,11 +135,15 @@ def recipe(samples: int, *, iterations: int | None = None, epochs: int | None = 
 def holdout(samples: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Sorted ``(train, validation)`` sample indices: a seeded random ``fraction`` held out."""
     if not (isinstance(fraction, float) and 0.0 < fraction < 1.0):
-        raise RecipeError(f"validation={fraction!r}; give a fraction in (0, 1) to hold out, or (x_val, d_val)")
+        raise RecipeError(
+            f"validation={fraction!r}; give a fraction in (0, 1) to hold out, or (x_val, d_val)"
+        )
     k = int(round(fraction * samples))
     if k < 1 or k >= samples:
-        raise RecipeError(f"validation={fraction} of {samples} samples holds out {k}; at least 1 sample must be "
-                          f"held out and at least 1 left to train on")
+        raise RecipeError(
+            f"validation={fraction} of {samples} samples holds out {k}; at least 1 sample must be "
+            f"held out and at least 1 left to train on"
+        )
     perm = np.random.default_rng((seed, 104729)).permutation(samples)
     return np.sort(perm[k:]), np.sort(perm[:k])
 
@@ -136,7 +169,9 @@ def forward(x: np.ndarray, W: np.ndarray, V: np.ndarray, net: Network) -> np.nda
     from .kernels import Workspace
 
     xa = net.augment(np.ascontiguousarray(x, dtype=W.dtype))
-    ws = Workspace(xa.shape[0], W.shape[0], W.shape[1], V.shape[0], W.dtype, net, net.bias_row(W.shape[0]))
+    ws = Workspace(
+        xa.shape[0], W.shape[0], W.shape[1], V.shape[0], W.dtype, net, net.bias_row(W.shape[0])
+    )
     u = ws.forward(xa, W, V)
     out = net.output
     if out == "linear":
@@ -197,6 +232,8 @@ class Validator:
         else:
             self.bad += 1
         if self.recipe.patience is not None and self.bad >= self.recipe.patience:
-            return (f"early stopping after iteration {done}: validation loss has not improved for "
-                    f"{self.bad} evaluation(s) (best {self.best:.6g})")
+            return (
+                f"early stopping after iteration {done}: validation loss has not improved for "
+                f"{self.bad} evaluation(s) (best {self.best:.6g})"
+            )
         return None

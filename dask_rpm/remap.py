@@ -28,8 +28,9 @@ Pure module: numpy only.
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Hashable, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -109,7 +110,9 @@ def ability_vector(plan: Plan, abilities: Abilities) -> np.ndarray:
             idx = addr.get(key, key)
             if not (isinstance(idx, (int, np.integer)) and 0 <= idx < n_all):
                 known = list(plan.workers) if plan.workers else f"0..{n_all - 1}"
-                raise PlanError(f"ability given for unknown worker {key!r}; the plan has workers {known}")
+                raise PlanError(
+                    f"ability given for unknown worker {key!r}; the plan has workers {known}"
+                )
             vec[int(idx)] = float(val)
         missing = [w for w in planned if math.isnan(vec[w])]
         if missing:
@@ -123,10 +126,14 @@ def ability_vector(plan: Plan, abilities: Abilities) -> np.ndarray:
     else:
         vec = np.asarray(list(abilities), dtype=float)
         if vec.shape != (n_all,):
-            raise PlanError(f"need {n_all} abilities (one per plan worker, excluded included), got {vec.size}")
+            raise PlanError(
+                f"need {n_all} abilities (one per plan worker, excluded included), got {vec.size}"
+            )
     bad = [w for w in planned if not (math.isfinite(vec[w]) and vec[w] > 0)]
     if bad:
-        raise PlanError(f"planned worker(s) {bad} need a positive finite ability, got {[vec[w] for w in bad]}")
+        raise PlanError(
+            f"planned worker(s) {bad} need a positive finite ability, got {[vec[w] for w in bad]}"
+        )
     return vec
 
 
@@ -203,7 +210,9 @@ def whole_remap(plan: Plan, abilities: Abilities, **kw: Any) -> Plan:
         indices = set(range(len(plan.abilities)))
         known = set(plan.workers) if plan.workers is not None else indices
         planned = {plan.workers[w] if plan.workers else w for w in plan.planned_workers}
-        same_by_index = set(plan.planned_workers) <= set(keys) <= indices  # what the estimator returns
+        same_by_index = (
+            set(plan.planned_workers) <= set(keys) <= indices
+        )  # what the estimator returns
         if same_by_index or planned <= set(keys) <= known:
             # The same workers (excluded ones may lack an estimate): keep indices and addresses.
             vec = ability_vector(plan, abilities)
@@ -290,7 +299,10 @@ def migration(
 
     # Per old column, its holders as (m0, m1, identity, alive), top to bottom.
     holders = [
-        [(r.hidden[0], r.hidden[1], old_id[r.worker], old_id[r.worker] not in gone) for r in map(old.rectangle, col)]
+        [
+            (r.hidden[0], r.hidden[1], old_id[r.worker], old_id[r.worker] not in gone)
+            for r in map(old.rectangle, col)
+        ]
         for col in old.columns
     ]
     old_rect = {old_id[r.worker]: r for r in old.rectangles}
@@ -331,7 +343,9 @@ def migration(
                             f"worker: every old column lost its holder ({sorted(map(repr, gone))}); "
                             f"the weights cannot be rebuilt by migration - recovery needs a checkpoint"
                         )
-                    pick = min(alive, key=lambda ch: (-min(ch[1][1], cap), sent.get(ch[1][2], 0), ch[0]))
+                    pick = min(
+                        alive, key=lambda ch: (-min(ch[1][1], cap), sent.get(ch[1][2], 0), ch[0])
+                    )
                 src = pick[1][2]
                 y = min(pick[1][1], cap)
                 nbytes = (y - x) * row_bytes

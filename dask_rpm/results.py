@@ -21,7 +21,8 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -38,17 +39,44 @@ __all__ = [
 
 #: ``attrs`` of the per-worker variables of a plan dataset.
 _PLAN_VARS: dict[str, dict[str, str]] = {
-    "ability": {"units": "1", "description": "normalised ability the plan was made for (all workers sum to 1)"},
-    "planned": {"units": "1", "description": "True when the worker has a rectangle (False: deliberately left out)"},
+    "ability": {
+        "units": "1",
+        "description": "normalised ability the plan was made for (all workers sum to 1)",
+    },
+    "planned": {
+        "units": "1",
+        "description": "True when the worker has a rectangle (False: deliberately left out)",
+    },
     "column": {"units": "1", "description": "column index, left to right (-1: not planned)"},
     "row": {"units": "1", "description": "position in its column, top to bottom (-1: not planned)"},
-    "sample_start": {"units": "samples", "description": "first sample of the worker's column (-1: not planned)"},
-    "sample_stop": {"units": "samples", "description": "one past the last sample of the worker's column (-1: not planned)"},
-    "hidden_start": {"units": "hidden units", "description": "first hidden unit (row of W) the worker holds (-1: not planned)"},
-    "hidden_stop": {"units": "hidden units", "description": "one past the last hidden unit the worker holds (-1: not planned)"},
-    "work": {"units": "work units", "description": "rectangle area: samples x hidden units (one work unit is one hidden unit for one sample)"},
-    "work_share": {"units": "1", "description": "rectangle area / (samples x hidden units of the whole iteration)"},
-    "load": {"units": "1", "description": "work share / ability share among planned workers; 1 is perfect balance, the largest sets the pace"},
+    "sample_start": {
+        "units": "samples",
+        "description": "first sample of the worker's column (-1: not planned)",
+    },
+    "sample_stop": {
+        "units": "samples",
+        "description": "one past the last sample of the worker's column (-1: not planned)",
+    },
+    "hidden_start": {
+        "units": "hidden units",
+        "description": "first hidden unit (row of W) the worker holds (-1: not planned)",
+    },
+    "hidden_stop": {
+        "units": "hidden units",
+        "description": "one past the last hidden unit the worker holds (-1: not planned)",
+    },
+    "work": {
+        "units": "work units",
+        "description": "rectangle area: samples x hidden units (one work unit is one hidden unit for one sample)",
+    },
+    "work_share": {
+        "units": "1",
+        "description": "rectangle area / (samples x hidden units of the whole iteration)",
+    },
+    "load": {
+        "units": "1",
+        "description": "work share / ability share among planned workers; 1 is perfect balance, the largest sets the pace",
+    },
 }
 
 _NO_MATPLOTLIB = (
@@ -86,8 +114,10 @@ def plan_dataset(plan: Any) -> Any:
     import xarray as xr
 
     n_all = len(plan.abilities)
-    ints = {k: np.full(n_all, -1, dtype=np.int64) for k in
-            ("column", "row", "sample_start", "sample_stop", "hidden_start", "hidden_stop")}
+    ints = {
+        k: np.full(n_all, -1, dtype=np.int64)
+        for k in ("column", "row", "sample_start", "sample_stop", "hidden_start", "hidden_stop")
+    }
     work = np.zeros(n_all, dtype=np.int64)
     planned = np.zeros(n_all, dtype=bool)
     for c, col in enumerate(plan.columns):
@@ -103,23 +133,41 @@ def plan_dataset(plan: Any) -> Any:
     p = np.where(planned, ability, 0.0)
     with np.errstate(invalid="ignore", divide="ignore"):
         load = np.where(planned, share / (p / p.sum()), np.nan)
-    values: dict[str, Any] = {"ability": ability, "planned": planned, **ints, "work": work,
-                              "work_share": share, "load": load}
+    values: dict[str, Any] = {
+        "ability": ability,
+        "planned": planned,
+        **ints,
+        "work": work,
+        "work_share": share,
+        "load": load,
+    }
     data_vars = {k: ("worker", v, dict(_PLAN_VARS[k])) for k, v in values.items()}
     addresses = list(plan.workers) if plan.workers is not None else [""] * n_all
     coords = {
-        "worker": ("worker", np.arange(n_all), {"description": "worker index in the order the abilities were given"}),
-        "label": ("worker", np.array([f"P{w + 1}" for w in range(n_all)], dtype=object),
-                  {"description": "the paper's processor name"}),
-        "address": ("worker", np.array([str(a) for a in addresses], dtype=object),
-                    {"description": "Dask worker address or name (empty: plan not bound to a cluster)"}),
+        "worker": (
+            "worker",
+            np.arange(n_all),
+            {"description": "worker index in the order the abilities were given"},
+        ),
+        "label": (
+            "worker",
+            np.array([f"P{w + 1}" for w in range(n_all)], dtype=object),
+            {"description": "the paper's processor name"},
+        ),
+        "address": (
+            "worker",
+            np.array([str(a) for a in addresses], dtype=object),
+            {"description": "Dask worker address or name (empty: plan not bound to a cluster)"},
+        ),
     }
     n, m, l = plan.shape
     attrs = {
         "title": f"dask_rpm {plan.method} plan: {len(plan.rectangles)} rectangles in {plan.n_columns} column(s)",
         "method": plan.method,
         "shape": f"{n}-{m}-{l}",
-        "n": n, "m": m, "l": l,
+        "n": n,
+        "m": m,
+        "l": l,
         "samples": plan.samples,
         "n_columns": plan.n_columns,
         "t_comm": float(plan.t_comm),
@@ -176,28 +224,77 @@ def plans_dataset(plans: Sequence[Any], remaps: Sequence[dict[str, Any]] = ()) -
         if i == 0:
             start, kind = 0, "initial"
         elif len(remaps) == len(plans) - 1:
-            start, kind = int(remaps[i - 1].get("iteration", -1)), str(remaps[i - 1].get("kind", "remap"))
+            start, kind = (
+                int(remaps[i - 1].get("iteration", -1)),
+                str(remaps[i - 1].get("kind", "remap")),
+            )
         else:  # cannot tell which remap made which plan
             start, kind = -1, "remap"
         scalars = {
-            "from_iteration": ((), start, {"units": "iterations", "description": "first iteration run with this plan (-1: unknown)"}),
-            "kind": ((), kind, {"description": "how the plan came about: initial, or the remap kind"}),
+            "from_iteration": (
+                (),
+                start,
+                {
+                    "units": "iterations",
+                    "description": "first iteration run with this plan (-1: unknown)",
+                },
+            ),
+            "kind": (
+                (),
+                kind,
+                {"description": "how the plan came about: initial, or the remap kind"},
+            ),
             "method": ((), plan.method, {"description": "planner that made the plan"}),
-            "n_columns": ((), plan.n_columns, {"units": "1", "description": "number of columns (data-parallel groups)"}),
-            "t_comm": ((), float(plan.t_comm), {"units": "elements", "description": "the paper's communication cost model"}),
-            "imbalance": ((), plan.imbalance(), {"units": "1", "description": "largest load; 1 is perfect balance"}),
+            "n_columns": (
+                (),
+                plan.n_columns,
+                {"units": "1", "description": "number of columns (data-parallel groups)"},
+            ),
+            "t_comm": (
+                (),
+                float(plan.t_comm),
+                {"units": "elements", "description": "the paper's communication cost model"},
+            ),
+            "imbalance": (
+                (),
+                plan.imbalance(),
+                {"units": "1", "description": "largest load; 1 is perfect balance"},
+            ),
         }
         ds = ds.assign({k: xr.Variable(*v) for k, v in scalars.items()})
         ds.attrs = {}
         per.append(ds)
-    out = xr.concat(per, dim="plan", join="outer", data_vars="all", coords="minimal",
-                    fill_value={"planned": False, "address": "", **{k: -1 for k in
-                                ("column", "row", "sample_start", "sample_stop", "hidden_start", "hidden_stop")}})
-    out = out.assign_coords(plan=("plan", np.arange(len(plans)), {"description": "plan number, in the order used"}))
+    out = xr.concat(
+        per,
+        dim="plan",
+        join="outer",
+        data_vars="all",
+        coords="minimal",
+        fill_value={
+            "planned": False,
+            "address": "",
+            **{
+                k: -1
+                for k in (
+                    "column",
+                    "row",
+                    "sample_start",
+                    "sample_stop",
+                    "hidden_start",
+                    "hidden_stop",
+                )
+            },
+        },
+    )
+    out = out.assign_coords(
+        plan=("plan", np.arange(len(plans)), {"description": "plan number, in the order used"})
+    )
     for k, v in _PLAN_VARS.items():  # concat keeps the first dataset's attrs; make sure
         if k in out:
             out[k].attrs = dict(v)
-    out["address"].attrs = {"description": "Dask worker address or name of each worker index in each plan"}
+    out["address"].attrs = {
+        "description": "Dask worker address or name of each worker index in each plan"
+    }
     n, m, l = plans[0].shape
     out.attrs = {
         "title": f"dask_rpm plans of one run: {len(plans)} plan(s)",
@@ -215,16 +312,28 @@ def plans_dataset(plans: Sequence[Any], remaps: Sequence[dict[str, Any]] = ()) -
 def describe_history(history: Any, plan: Any = None) -> Any:
     """Add descriptions to the coordinates of ``FitResult.history`` and a title; returns it."""
     coords = {
-        "iteration": {"units": "iterations", "description": "BP iteration (0-based); the error is before its update"},
-        "worker": {"description": "worker index in dask_rpm.ordered_workers order (the plan's worker index)"},
+        "iteration": {
+            "units": "iterations",
+            "description": "BP iteration (0-based); the error is before its update",
+        },
+        "worker": {
+            "description": "worker index in dask_rpm.ordered_workers order (the plan's worker index)"
+        },
         "address": {"description": "Dask worker address"},
         "check": {"description": "DRPM check number"},
-        "check_iteration": {"units": "iterations", "description": "iterations completed at the DRPM check"},
+        "check_iteration": {
+            "units": "iterations",
+            "description": "iterations completed at the DRPM check",
+        },
     }
     for name, attrs in coords.items():
         if name in history.coords:
-            history[name].attrs.update({k: v for k, v in attrs.items() if k not in history[name].attrs})
-    history.attrs.setdefault("title", "dask_rpm training history: error and per-worker phase times per iteration")
+            history[name].attrs.update(
+                {k: v for k, v in attrs.items() if k not in history[name].attrs}
+            )
+    history.attrs.setdefault(
+        "title", "dask_rpm training history: error and per-worker phase times per iteration"
+    )
     if plan is not None:
         n, m, l = plan.shape
         history.attrs.setdefault("shape", f"{n}-{m}-{l}")
@@ -271,8 +380,17 @@ def plot_plan(plan: Any, ax: Any = None, *, title: str | None = None, labels: bo
         for w in col:
             r = plan.rectangle(w)
             (s0, s1), (m0, m1) = r.samples, r.hidden
-            ax.add_patch(Box((s0, m0), s1 - s0, m1 - m0, facecolor=_colour(w), edgecolor="black",
-                             linewidth=1.0, alpha=0.85))
+            ax.add_patch(
+                Box(
+                    (s0, m0),
+                    s1 - s0,
+                    m1 - m0,
+                    facecolor=_colour(w),
+                    edgecolor="black",
+                    linewidth=1.0,
+                    alpha=0.85,
+                )
+            )
             if labels:
                 text = f"P{w + 1}\n{r.area / total:.0%}"
                 size = max(5.0, min(10.0, 60.0 * min((s1 - s0) / s, (m1 - m0) / m) ** 0.5))
@@ -292,15 +410,22 @@ def _save_atomically(fig: Any, path: Any, **kwargs: Any) -> None:
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
-        raise FileNotFoundError(f"cannot save the figure to {path!r}: directory {directory!r} does not exist")
+        raise FileNotFoundError(
+            f"cannot save the figure to {path!r}: directory {directory!r} does not exist"
+        )
     fmt = os.path.splitext(path)[1].lstrip(".").lower() or "png"
     try:
         atomic_write(path, lambda tmp: fig.savefig(tmp, format=fmt, **kwargs))
     except OSError as e:  # name the file the caller asked for, not the temporary one written first
-        raise type(e)(e.errno, f"cannot save the figure to {path!r}: {e.strerror}; choose a writable directory") from None
+        raise type(e)(
+            e.errno,
+            f"cannot save the figure to {path!r}: {e.strerror}; choose a writable directory",
+        ) from None
 
 
-def plot_result(result: Any, path: Any = None, *, figsize: tuple[float, float] = (11.0, 8.0), dpi: int = 100) -> Any:
+def plot_result(
+    result: Any, path: Any = None, *, figsize: tuple[float, float] = (11.0, 8.0), dpi: int = 100
+) -> Any:
     """Draw a training run (``FitResult.plot()``).
 
     Four panels: the error per iteration (log scale) with remaps marked;
@@ -352,8 +477,13 @@ def plot_result(result: Any, path: Any = None, *, figsize: tuple[float, float] =
     remap_its = [r.get("iteration") for r in result.remaps]
     for r in result.remaps:
         colour = "tab:red" if r.get("kind") == "whole" else "tab:orange"
-        ax_err.axvline(r.get("iteration", math.nan), color=colour, linestyle="--", linewidth=1.0,
-                       label=f"{r.get('kind', 'remap')} remap")
+        ax_err.axvline(
+            r.get("iteration", math.nan),
+            color=colour,
+            linestyle="--",
+            linewidth=1.0,
+            label=f"{r.get('kind', 'remap')} remap",
+        )
     handles, names = ax_err.get_legend_handles_labels()
     unique = dict(zip(names, handles))
     ax_err.legend(unique.values(), unique.keys(), fontsize=8)
@@ -361,18 +491,33 @@ def plot_result(result: Any, path: Any = None, *, figsize: tuple[float, float] =
     ax_err.set_ylabel(f"error ({h['error'].attrs.get('units', '1')})")
     ax_err.set_title("error per iteration", fontsize=10)
 
-    compute = sum(np.asarray(h[p].values, dtype=float) for p in ("forward", "backward", "modify") if p in h)
+    compute = sum(
+        np.asarray(h[p].values, dtype=float) for p in ("forward", "backward", "modify") if p in h
+    )
     workers = np.asarray(h["worker"].values)
     if np.ndim(compute) == 2:
         for j, w in enumerate(workers):
             col = compute[:, j]
             if np.any(np.isfinite(col)):
-                ax_time.plot(its, col * 1e3, color=_colour(int(w)), linewidth=1.0, label=f"P{int(w) + 1} compute")
+                ax_time.plot(
+                    its,
+                    col * 1e3,
+                    color=_colour(int(w)),
+                    linewidth=1.0,
+                    label=f"P{int(w) + 1} compute",
+                )
     if "iteration_time" in h:
-        ax_time.plot(its, np.asarray(h["iteration_time"].values, dtype=float) * 1e3, color="black",
-                     linewidth=1.5, label="iteration")
+        ax_time.plot(
+            its,
+            np.asarray(h["iteration_time"].values, dtype=float) * 1e3,
+            color="black",
+            linewidth=1.5,
+            label="iteration",
+        )
     for it in remap_its:
-        ax_time.axvline(it if it is not None else math.nan, color="grey", linestyle="--", linewidth=0.8)
+        ax_time.axvline(
+            it if it is not None else math.nan, color="grey", linestyle="--", linewidth=0.8
+        )
     ax_time.set_xlabel("iteration")
     ax_time.set_ylabel("ms")
     ax_time.set_title("per-worker compute time and iteration time", fontsize=10)
@@ -381,7 +526,11 @@ def plot_result(result: Any, path: Any = None, *, figsize: tuple[float, float] =
     starts = [0] + [r.get("iteration") for r in result.remaps]
     for k, (ax, (plan, what)) in enumerate(zip(plan_axes, shown)):
         idx = 0 if k == 0 else len(plans) - 1
-        since = f", from iteration {starts[idx]}" if idx < len(starts) and starts[idx] is not None else ""
+        since = (
+            f", from iteration {starts[idx]}"
+            if idx < len(starts) and starts[idx] is not None
+            else ""
+        )
         plot_plan(plan, ax, title=f"{what}: {plan.method}, {plan.n_columns} column(s){since}")
 
     title = f"dask_rpm training: {its.size} iterations, {len(plans)} plan(s), {len(result.remaps)} remap(s)"

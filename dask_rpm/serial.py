@@ -17,8 +17,15 @@ from .recipe import Recipe, Validator
 __all__ = ["fit_serial", "train_arrays"]
 
 
-def train_arrays(x: np.ndarray, d: np.ndarray, W0: np.ndarray, V0: np.ndarray, rec: Recipe,
-                 validator: Validator | None = None, target_error: float | None = None) -> dict[str, Any]:
+def train_arrays(
+    x: np.ndarray,
+    d: np.ndarray,
+    W0: np.ndarray,
+    V0: np.ndarray,
+    rec: Recipe,
+    validator: Validator | None = None,
+    target_error: float | None = None,
+) -> dict[str, Any]:
     """Train on prepared arrays (``x`` with the bias input already appended when the recipe has bias).
 
     Returns a dict: ``W``, ``V`` (augmented, as planned), ``errors`` (loss of
@@ -29,8 +36,15 @@ def train_arrays(x: np.ndarray, d: np.ndarray, W0: np.ndarray, V0: np.ndarray, r
     W, V = W0.copy(), V0.copy()
     params = [W, V]
     state = {slot: [np.zeros_like(W), np.zeros_like(V)] for slot in opt.slots}
-    ws = Workspace(min(sched.batch, x.shape[0]), W.shape[0], W.shape[1], d.shape[1], W.dtype, net,
-                   net.bias_row(W.shape[0]))
+    ws = Workspace(
+        min(sched.batch, x.shape[0]),
+        W.shape[0],
+        W.shape[1],
+        d.shape[1],
+        W.dtype,
+        net,
+        net.bias_row(W.shape[0]),
+    )
     errors = np.empty(rec.iterations)
     stopped = None
     order_epoch, order = -1, None
@@ -61,8 +75,14 @@ def train_arrays(x: np.ndarray, d: np.ndarray, W0: np.ndarray, V0: np.ndarray, r
             if reason:
                 stopped = reason
                 break
-    return {"W": W, "V": V, "errors": errors[: done if stopped else rec.iterations], "stopped": stopped,
-            "validation": [] if validator is None else validator.rows, "iterations": done}
+    return {
+        "W": W,
+        "V": V,
+        "errors": errors[: done if stopped else rec.iterations],
+        "stopped": stopped,
+        "validation": [] if validator is None else validator.rows,
+        "iterations": done,
+    }
 
 
 def fit_serial(
@@ -127,15 +147,41 @@ def fit_serial(
     """
     from .prepare import prepare
 
-    job = prepare(x, d, hidden=hidden, iterations=iterations, learning_rate=learning_rate, init=init,
-                  seed=seed, dtype=dtype, epochs=epochs, batch_size=batch_size, shuffle=shuffle,
-                  activation=activation, loss=loss, output=output, bias=bias, optimizer=optimizer,
-                  validation=validation, validate_every=validate_every, early_stopping=early_stopping,
-                  tol=tol, target_error=target_error, load=True)
+    job = prepare(
+        x,
+        d,
+        hidden=hidden,
+        iterations=iterations,
+        learning_rate=learning_rate,
+        init=init,
+        seed=seed,
+        dtype=dtype,
+        epochs=epochs,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        activation=activation,
+        loss=loss,
+        output=output,
+        bias=bias,
+        optimizer=optimizer,
+        validation=validation,
+        validate_every=validate_every,
+        early_stopping=early_stopping,
+        tol=tol,
+        target_error=target_error,
+        load=True,
+    )
     assert job.arrays is not None
     x_train, d_train = job.arrays
-    out = train_arrays(job.recipe.net.augment(x_train), d_train, job.W0, job.V0, job.recipe,
-                       job.validator(), job.target_error)
+    out = train_arrays(
+        job.recipe.net.augment(x_train),
+        d_train,
+        job.W0,
+        job.V0,
+        job.recipe,
+        job.validator(),
+        job.target_error,
+    )
     if full_output:
         out["recipe"] = job.recipe
         out["classes"] = job.classes

@@ -32,7 +32,8 @@ import json
 import math
 import os
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -41,7 +42,11 @@ __all__ = ["speeds_for", "simulate", "check_against_bench", "add_simulate_parser
 DEFAULT_NS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 SIM_METHODS = ("srpm-time", "srpm", "split-1d", "uniform")
 #: exchanges= name -> (vertical, horizontal) modes of dask_rpm.cost.predict_breakdown
-EXCHANGES = {"scalable": ("best", "best"), "engine": ("engine", "engine"), "paper": ("gather", "bands")}
+EXCHANGES = {
+    "scalable": ("best", "best"),
+    "engine": ("engine", "engine"),
+    "paper": ("gather", "bands"),
+}
 #: One core of this machine runs the float64 kernels at ~25 GFLOP/s, ~968 flop per work unit
 #: for n-l = 203-26 (docs/benchmarks.md): about 2.6e7 work units per second.
 DEFAULT_UNIT_RATE = 2.6e7
@@ -71,9 +76,20 @@ def speeds_for(distribution: str, n: int, *, seed: int = 0) -> np.ndarray:
         vals = [float(v) for v in arg.split(",")] if arg else []
     except ValueError:
         vals = []
-    if kind == "uniform" and len(vals) == 2 and 0 < vals[0] <= vals[1] and all(map(math.isfinite, vals)):
+    if (
+        kind == "uniform"
+        and len(vals) == 2
+        and 0 < vals[0] <= vals[1]
+        and all(map(math.isfinite, vals))
+    ):
         return np.random.default_rng(seed).uniform(vals[0], vals[1], size=n)
-    if kind == "two" and len(vals) == 2 and 0 <= vals[0] <= 1 and 0 < vals[1] and math.isfinite(vals[1]):
+    if (
+        kind == "two"
+        and len(vals) == 2
+        and 0 <= vals[0] <= 1
+        and 0 < vals[1]
+        and math.isfinite(vals[1])
+    ):
         k = int(round(vals[0] * n))
         return np.array([vals[1]] * k + [1.0] * (n - k))
     raise SimulateError(
@@ -86,8 +102,15 @@ def _gamma(seconds: float, work: float, rates: np.ndarray) -> float:
     return float(work / (seconds * rates.sum()))
 
 
-def _predict(method: str, speeds: np.ndarray, shape: tuple[int, int, int], samples: int, rates: np.ndarray,
-             network: Any, modes: tuple[str, str]) -> tuple[float, Any]:
+def _predict(
+    method: str,
+    speeds: np.ndarray,
+    shape: tuple[int, int, int],
+    samples: int,
+    rates: np.ndarray,
+    network: Any,
+    modes: tuple[str, str],
+) -> tuple[float, Any]:
     import dask.config
 
     from .cost import predict_iteration_seconds
@@ -141,19 +164,31 @@ def simulate(
     if not ns or any(n < 1 for n in ns):
         raise SimulateError(f"worker counts {ns} must be positive whole numbers, e.g. 16,64,256")
     if not (samples_per_worker >= 1):
-        raise SimulateError(f"samples_per_worker={samples_per_worker} must be a positive whole number")
-    if not (latency >= 0 and math.isfinite(latency)) or not (bandwidth > 0 and math.isfinite(bandwidth)):
-        raise SimulateError(f"latency={latency} must be >= 0 s and bandwidth={bandwidth} > 0 bytes/s")
+        raise SimulateError(
+            f"samples_per_worker={samples_per_worker} must be a positive whole number"
+        )
+    if not (latency >= 0 and math.isfinite(latency)) or not (
+        bandwidth > 0 and math.isfinite(bandwidth)
+    ):
+        raise SimulateError(
+            f"latency={latency} must be >= 0 s and bandwidth={bandwidth} > 0 bytes/s"
+        )
     if not (unit_rate > 0 and math.isfinite(unit_rate)):
-        raise SimulateError(f"unit_rate={unit_rate} must be a positive number of work units per second")
+        raise SimulateError(
+            f"unit_rate={unit_rate} must be a positive number of work units per second"
+        )
     for m in methods:
         if m not in SIM_METHODS:
             raise SimulateError(f"method {m!r} is not one of {', '.join(SIM_METHODS)}")
     secs = np.full((len(methods), len(ns)), np.nan)
     gam = np.full_like(secs, np.nan)
     cols = np.zeros(secs.shape, dtype=int)
-    network = Network(latency=latency, bandwidth=bandwidth, overhead=overhead,
-                      itemsize=int(config.get("cost.itemsize")))
+    network = Network(
+        latency=latency,
+        bandwidth=bandwidth,
+        overhead=overhead,
+        itemsize=int(config.get("cost.itemsize")),
+    )
     for j, n in enumerate(ns):
         speeds = speeds_for(distribution, n, seed=seed)
         rates = unit_rate * speeds
@@ -165,21 +200,37 @@ def simulate(
             cols[k, j] = plan.n_columns
     return xr.Dataset(
         {
-            "seconds_per_iteration": (("method", "N"), secs, {"units": "s", "description": "SIMULATED (cost model)"}),
-            "gamma": (("method", "N"), gam, {"units": "1", "description": "SIMULATED parallel efficiency"}),
+            "seconds_per_iteration": (
+                ("method", "N"),
+                secs,
+                {"units": "s", "description": "SIMULATED (cost model)"},
+            ),
+            "gamma": (
+                ("method", "N"),
+                gam,
+                {"units": "1", "description": "SIMULATED parallel efficiency"},
+            ),
             "n_columns": (("method", "N"), cols, {"units": "1"}),
         },
         coords={"method": list(methods), "N": ns},
         attrs={
             "title": "dask-rpm simulate: SIMULATION from the cost model, not measured",
-            "distribution": distribution, "shape": "-".join(map(str, shape)),
-            "samples_per_worker": samples_per_worker, "latency": latency, "bandwidth": bandwidth,
-            "overhead": overhead, "exchanges": exchanges, "unit_rate": unit_rate, "seed": seed,
+            "distribution": distribution,
+            "shape": "-".join(map(str, shape)),
+            "samples_per_worker": samples_per_worker,
+            "latency": latency,
+            "bandwidth": bandwidth,
+            "overhead": overhead,
+            "exchanges": exchanges,
+            "unit_rate": unit_rate,
+            "seed": seed,
         },
     )
 
 
-def check_against_bench(path: str, *, latency: float | None = None, bandwidth: float | None = None) -> list[dict]:
+def check_against_bench(
+    path: str, *, latency: float | None = None, bandwidth: float | None = None
+) -> list[dict]:
     """Predict the measured bench rows of ``srpm-probed``, ``split-1d`` and ``uniform``; rows with the error.
 
     The plan is the one the run used (stored as JSON), speeds are the measured
@@ -192,7 +243,9 @@ def check_against_bench(path: str, *, latency: float | None = None, bandwidth: f
     from .partition import Plan
 
     if not os.path.isfile(path):
-        raise SimulateError(f"bench result {path!r} not found; give the bench.nc written by dask-rpm bench")
+        raise SimulateError(
+            f"bench result {path!r} not found; give the bench.nc written by dask-rpm bench"
+        )
     with xr.open_dataset(path, engine="h5netcdf") as ds:
         ds = ds.load()
     rows = []
@@ -204,14 +257,27 @@ def check_against_bench(path: str, *, latency: float | None = None, bandwidth: f
         lat = latency if latency is not None else float(ds["latency"].values[c])
         bw = bandwidth if bandwidth is not None else float(ds["bandwidth"].values[c])
         for k, method in enumerate(ds["method"].values.tolist()):
-            if method not in ("srpm-probed", "split-1d", "uniform") or not str(ds["plan"].values[c, k]):
+            if method not in ("srpm-probed", "split-1d", "uniform") or not str(
+                ds["plan"].values[c, k]
+            ):
                 continue
             plan = Plan.from_dict(json.loads(str(ds["plan"].values[c, k])))
-            pred = predict_iteration_seconds(plan, list(rates), latency=None if not math.isfinite(lat) else lat,
-                                             bandwidth=None if not math.isfinite(bw) else bw)
+            pred = predict_iteration_seconds(
+                plan,
+                list(rates),
+                latency=None if not math.isfinite(lat) else lat,
+                bandwidth=None if not math.isfinite(bw) else bw,
+            )
             meas = float(ds["seconds_per_iteration"].values[c, k])
-            rows.append({"case": str(ds["case"].values[c]), "method": method, "predicted": pred, "measured": meas,
-                         "error": pred / meas - 1.0})
+            rows.append(
+                {
+                    "case": str(ds["case"].values[c]),
+                    "method": method,
+                    "predicted": pred,
+                    "measured": meas,
+                    "error": pred / meas - 1.0,
+                }
+            )
     return rows
 
 
@@ -235,10 +301,13 @@ def plot_simulation(ds: Any, path: str) -> str:
     for ax in (a, b):
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.suptitle(f"SIMULATION (cost model, not measured): {ds.attrs['distribution']} speeds, "
-                 f"{ds.attrs['shape']}, {ds.attrs['samples_per_worker']} samples/worker, "
-                 f"latency {ds.attrs['latency'] * 1e6:g} us, {ds.attrs['bandwidth'] / 1e9:g} GB/s, "
-                 f"{ds.attrs.get('exchanges', 'scalable')} exchanges", fontsize=9)
+    fig.suptitle(
+        f"SIMULATION (cost model, not measured): {ds.attrs['distribution']} speeds, "
+        f"{ds.attrs['shape']}, {ds.attrs['samples_per_worker']} samples/worker, "
+        f"latency {ds.attrs['latency'] * 1e6:g} us, {ds.attrs['bandwidth'] / 1e9:g} GB/s, "
+        f"{ds.attrs.get('exchanges', 'scalable')} exchanges",
+        fontsize=9,
+    )
     fig.tight_layout()
     _atomic(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     plt.close(fig)
@@ -246,15 +315,20 @@ def plot_simulation(ds: Any, path: str) -> str:
 
 
 def markdown(ds: Any) -> str:
-    lines = [f"SIMULATION (cost model, not measured): {ds.attrs['distribution']} speeds, n-m-l {ds.attrs['shape']}, "
-             f"{ds.attrs['samples_per_worker']} samples per worker, latency {ds.attrs['latency']:g} s, "
-             f"bandwidth {ds.attrs['bandwidth']:g} B/s, overhead {ds.attrs.get('overhead', 0):g} s/message, "
-             f"{ds.attrs.get('exchanges', 'scalable')} exchanges, unit rate {ds.attrs['unit_rate']:g} units/s",
-             "", "| N | " + " | ".join(f"{m} s/it | {m} gamma" for m in ds["method"].values) + " |",
-             "| ---: |" + " ---: | ---: |" * ds.sizes["method"]]
+    lines = [
+        f"SIMULATION (cost model, not measured): {ds.attrs['distribution']} speeds, n-m-l {ds.attrs['shape']}, "
+        f"{ds.attrs['samples_per_worker']} samples per worker, latency {ds.attrs['latency']:g} s, "
+        f"bandwidth {ds.attrs['bandwidth']:g} B/s, overhead {ds.attrs.get('overhead', 0):g} s/message, "
+        f"{ds.attrs.get('exchanges', 'scalable')} exchanges, unit rate {ds.attrs['unit_rate']:g} units/s",
+        "",
+        "| N | " + " | ".join(f"{m} s/it | {m} gamma" for m in ds["method"].values) + " |",
+        "| ---: |" + " ---: | ---: |" * ds.sizes["method"],
+    ]
     for j, n in enumerate(ds["N"].values):
-        cells = " | ".join(f"{ds['seconds_per_iteration'].values[k, j]:.4f} | {ds['gamma'].values[k, j]:.3f}"
-                           for k in range(ds.sizes["method"]))
+        cells = " | ".join(
+            f"{ds['seconds_per_iteration'].values[k, j]:.4f} | {ds['gamma'].values[k, j]:.3f}"
+            for k in range(ds.sizes["method"])
+        )
         lines.append(f"| {n} | {cells} |")
     return "\n".join(lines) + "\n"
 
@@ -295,23 +369,57 @@ def add_simulate_parser(subparsers: Any) -> None:
         epilog=_EPILOG,
     )
     p.add_argument("--n", dest="ns", help="worker counts, comma-separated (default 16,32,...,4096)")
-    p.add_argument("--distribution", default="uniform:0.25,1",
-                   help="equal | A | B | uniform:LO,HI | two:FRACTION,SLOW (default uniform:0.25,1)")
+    p.add_argument(
+        "--distribution",
+        default="uniform:0.25,1",
+        help="equal | A | B | uniform:LO,HI | two:FRACTION,SLOW (default uniform:0.25,1)",
+    )
     p.add_argument("--shape", default="203-1024-26", help="network n-m-l (default 203-1024-26)")
-    p.add_argument("--samples-per-worker", type=int, default=4096, help="weak scaling: s = this x N (default 4096)")
-    p.add_argument("--latency", type=float, default=None, help="seconds per message (default rpm.cost.latency)")
-    p.add_argument("--bandwidth", type=float, default=None, help="bytes/s per link (default rpm.cost.bandwidth)")
-    p.add_argument("--overhead", type=float, default=None,
-                   help="seconds per message at each end (default rpm.cost.overhead)")
-    p.add_argument("--exchanges", default="scalable", choices=sorted(EXCHANGES),
-                   help="exchange algorithms charged: scalable (trees/rings, default), engine (what the engine "
-                        "sends today), paper (one gatherer, bands one after another)")
-    p.add_argument("--methods", default=",".join(SIM_METHODS),
-                   help=f"comma-separated, from {','.join(SIM_METHODS)} (default all)")
-    p.add_argument("--unit-rate", type=float, default=DEFAULT_UNIT_RATE,
-                   help=f"work units/s of a speed-1.0 worker (default {DEFAULT_UNIT_RATE:g})")
-    p.add_argument("--check", metavar="BENCH_NC", help="instead: predict the rows of a dask-rpm bench result")
-    p.add_argument("--out", default="rpm-simulate", help="output directory for simulate.png/.md/.nc")
+    p.add_argument(
+        "--samples-per-worker",
+        type=int,
+        default=4096,
+        help="weak scaling: s = this x N (default 4096)",
+    )
+    p.add_argument(
+        "--latency", type=float, default=None, help="seconds per message (default rpm.cost.latency)"
+    )
+    p.add_argument(
+        "--bandwidth",
+        type=float,
+        default=None,
+        help="bytes/s per link (default rpm.cost.bandwidth)",
+    )
+    p.add_argument(
+        "--overhead",
+        type=float,
+        default=None,
+        help="seconds per message at each end (default rpm.cost.overhead)",
+    )
+    p.add_argument(
+        "--exchanges",
+        default="scalable",
+        choices=sorted(EXCHANGES),
+        help="exchange algorithms charged: scalable (trees/rings, default), engine (what the engine "
+        "sends today), paper (one gatherer, bands one after another)",
+    )
+    p.add_argument(
+        "--methods",
+        default=",".join(SIM_METHODS),
+        help=f"comma-separated, from {','.join(SIM_METHODS)} (default all)",
+    )
+    p.add_argument(
+        "--unit-rate",
+        type=float,
+        default=DEFAULT_UNIT_RATE,
+        help=f"work units/s of a speed-1.0 worker (default {DEFAULT_UNIT_RATE:g})",
+    )
+    p.add_argument(
+        "--check", metavar="BENCH_NC", help="instead: predict the rows of a dask-rpm bench result"
+    )
+    p.add_argument(
+        "--out", default="rpm-simulate", help="output directory for simulate.png/.md/.nc"
+    )
     p.add_argument("--json", action="store_true", help="print JSON rows")
     p.set_defaults(func=_cmd_simulate)
 
@@ -327,21 +435,35 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             if args.json:
                 print(json.dumps(rows))
             else:
-                print("| case | method | predicted s/it | measured s/it | error |\n| --- | --- | ---: | ---: | ---: |")
+                print(
+                    "| case | method | predicted s/it | measured s/it | error |\n| --- | --- | ---: | ---: | ---: |"
+                )
                 for r in rows:
-                    print(f"| {r['case']} | {r['method']} | {r['predicted']:.3f} | {r['measured']:.3f} | "
-                          f"{100 * r['error']:+.0f} % |")
+                    print(
+                        f"| {r['case']} | {r['method']} | {r['predicted']:.3f} | {r['measured']:.3f} | "
+                        f"{100 * r['error']:+.0f} % |"
+                    )
             return 0
         ns = DEFAULT_NS
         if args.ns:
             try:
                 ns = [int(v) for v in args.ns.split(",") if v.strip()]
             except ValueError:
-                raise CLIError(f"--n {args.ns!r}: give comma-separated whole numbers, e.g. 16,64,256") from None
-        ds = simulate(ns=ns, distribution=args.distribution, shape=args.shape,
-                      samples_per_worker=args.samples_per_worker, latency=args.latency,
-                      bandwidth=args.bandwidth, unit_rate=args.unit_rate, overhead=args.overhead,
-                      exchanges=args.exchanges, methods=[m for m in args.methods.split(",") if m.strip()])
+                raise CLIError(
+                    f"--n {args.ns!r}: give comma-separated whole numbers, e.g. 16,64,256"
+                ) from None
+        ds = simulate(
+            ns=ns,
+            distribution=args.distribution,
+            shape=args.shape,
+            samples_per_worker=args.samples_per_worker,
+            latency=args.latency,
+            bandwidth=args.bandwidth,
+            unit_rate=args.unit_rate,
+            overhead=args.overhead,
+            exchanges=args.exchanges,
+            methods=[m for m in args.methods.split(",") if m.strip()],
+        )
     except (SimulateError, PlanError) as e:
         raise CLIError(str(e)) from None
     os.makedirs(args.out, exist_ok=True)
@@ -350,11 +472,21 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     _atomic(os.path.join(args.out, "simulate.md"), lambda tmp: open(tmp, "w").write(table))
     plot_simulation(ds, os.path.join(args.out, "simulate.png"))
     if args.json:
-        rows = [{"method": m, "N": int(n), "gamma": float(ds["gamma"].values[k, j]),
-                 "seconds_per_iteration": float(ds["seconds_per_iteration"].values[k, j])}
-                for k, m in enumerate(ds["method"].values.tolist()) for j, n in enumerate(ds["N"].values)]
+        rows = [
+            {
+                "method": m,
+                "N": int(n),
+                "gamma": float(ds["gamma"].values[k, j]),
+                "seconds_per_iteration": float(ds["seconds_per_iteration"].values[k, j]),
+            }
+            for k, m in enumerate(ds["method"].values.tolist())
+            for j, n in enumerate(ds["N"].values)
+        ]
         print(json.dumps(rows))
     else:
         print(table)
-        print(f"wrote {args.out}/simulate.nc, simulate.md, simulate.png  (SIMULATION, not measured)", file=sys.stderr)
+        print(
+            f"wrote {args.out}/simulate.nc, simulate.md, simulate.png  (SIMULATION, not measured)",
+            file=sys.stderr,
+        )
     return 0

@@ -145,7 +145,9 @@ def _fail(group: str | None, field: str, got: Any, valid: str, fix: str) -> Slur
 def _str_tuple(group: str, field: str, value: Any, example: str) -> tuple[str, ...]:
     # A bare string would silently become a tuple of characters.
     if isinstance(value, str) or not isinstance(value, Iterable):
-        raise _fail(group, field, value, "expected a list of strings", f"Write e.g. {field}=[{example!r}].")
+        raise _fail(
+            group, field, value, "expected a list of strings", f"Write e.g. {field}=[{example!r}]."
+        )
     out = tuple(value)
     bad = [v for v in out if not isinstance(v, str)]
     if bad:
@@ -264,7 +266,13 @@ class WorkerGroup:
         def integer(field: str, lo: int) -> int:
             v = getattr(self, field)
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-                raise _fail(name, field, v, f"expected an integer >= {lo}", f"Give e.g. {field}={max(lo, 1)}.")
+                raise _fail(
+                    name,
+                    field,
+                    v,
+                    f"expected an integer >= {lo}",
+                    f"Give e.g. {field}={max(lo, 1)}.",
+                )
             return v
 
         integer("jobs", 0)
@@ -288,16 +296,34 @@ class WorkerGroup:
         except (ValueError, TypeError):
             nbytes = None
         if not nbytes or nbytes <= 0:
-            raise _fail(name, "memory", self.memory, "expected a size such as '4GiB' or '500MB'", "Give memory per job.")
+            raise _fail(
+                name,
+                "memory",
+                self.memory,
+                "expected a size such as '4GiB' or '500MB'",
+                "Give memory per job.",
+            )
         if nbytes < 1024**2 * processes:
             raise _fail(
-                name, "memory", memory, "less than 1 MiB per worker process", "Give memory per job, e.g. '2GiB'."
+                name,
+                "memory",
+                memory,
+                "less than 1 MiB per worker process",
+                "Give memory per job, e.g. '2GiB'.",
             )
 
         for field in ("queue", "account"):
             v = getattr(self, field)
-            if v is not None and (not isinstance(v, str) or not v.strip() or any(c.isspace() for c in v)):
-                raise _fail(name, field, v, "expected a SLURM name without spaces, or None", f"Check {field}.")
+            if v is not None and (
+                not isinstance(v, str) or not v.strip() or any(c.isspace() for c in v)
+            ):
+                raise _fail(
+                    name,
+                    field,
+                    v,
+                    "expected a SLURM name without spaces, or None",
+                    f"Check {field}.",
+                )
 
         walltime = self.walltime
         if walltime is not None:
@@ -311,10 +337,12 @@ class WorkerGroup:
                     "walltime",
                     self.walltime,
                     "expected a SLURM time string: minutes ('90'), 'HH:MM:SS' or 'D-HH:MM:SS'",
-                    "Give a string; in YAML quote it, e.g. walltime: \"01:00:00\" (unquoted it becomes a number).",
+                    'Give a string; in YAML quote it, e.g. walltime: "01:00:00" (unquoted it becomes a number).',
                 )
 
-        directives = _str_tuple(name, "job_extra_directives", self.job_extra_directives, "--exclusive")
+        directives = _str_tuple(
+            name, "job_extra_directives", self.job_extra_directives, "--exclusive"
+        )
         for d in directives:
             if d.lstrip().upper().startswith("#SBATCH"):
                 raise _fail(
@@ -322,7 +350,7 @@ class WorkerGroup:
                     "job_extra_directives",
                     d,
                     "the '#SBATCH' prefix is added for you",
-                    f"Write {d.lstrip()[len('#SBATCH'):].strip()!r}.",
+                    f"Write {d.lstrip()[len('#SBATCH') :].strip()!r}.",
                 )
         object.__setattr__(self, "job_extra_directives", directives)
         object.__setattr__(
@@ -348,15 +376,30 @@ class WorkerGroup:
             except (ValueError, KeyError, TypeError):
                 ok = False
             if not ok:
-                raise _fail(name, "lifetime", lifetime, "expected a duration such as '55m' or '2h', false, or null "
-                            "(from the walltime)", "Give e.g. lifetime: \"50m\".")
+                raise _fail(
+                    name,
+                    "lifetime",
+                    lifetime,
+                    "expected a duration such as '55m' or '2h', false, or null (from the walltime)",
+                    'Give e.g. lifetime: "50m".',
+                )
         if any(a.split("=", 1)[0] == "--lifetime" for a in args) and lifetime not in (None, False):
-            raise _fail(name, "lifetime", lifetime, "worker_extra_args already has --lifetime",
-                        "Give the lifetime in one place.")
+            raise _fail(
+                name,
+                "lifetime",
+                lifetime,
+                "worker_extra_args already has --lifetime",
+                "Give the lifetime in one place.",
+            )
 
         speed = self.speed
         if speed is not None:
-            ok = isinstance(speed, (int, float)) and not isinstance(speed, bool) and math.isfinite(speed) and speed > 0
+            ok = (
+                isinstance(speed, (int, float))
+                and not isinstance(speed, bool)
+                and math.isfinite(speed)
+                and speed > 0
+            )
             if not ok:
                 raise _fail(
                     name,
@@ -422,7 +465,9 @@ class WorkerGroup:
         return out
 
 
-def load_groups(groups: Iterable[WorkerGroup | Mapping[str, Any]] | None = None) -> list[WorkerGroup]:
+def load_groups(
+    groups: Iterable[WorkerGroup | Mapping[str, Any]] | None = None,
+) -> list[WorkerGroup]:
     """Resolve worker groups given in Python or in dask config.
 
     Parameters
@@ -456,7 +501,9 @@ def load_groups(groups: Iterable[WorkerGroup | Mapping[str, Any]] | None = None)
     names = [g.name for g in out]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
-        raise SlurmConfigError(f"worker group names must be unique; repeated: {dup}. Rename or merge those groups.")
+        raise SlurmConfigError(
+            f"worker group names must be unique; repeated: {dup}. Rename or merge those groups."
+        )
     return out
 
 
@@ -470,11 +517,15 @@ def slurm_unavailable(partitions: Iterable[str] = ()) -> str | None:
     exit (the tutorials do).
     """
     if not shutil.which("sbatch"):
-        return "sbatch is not on the PATH (install SLURM, or run slurm/local-cluster.sh start as root)"
+        return (
+            "sbatch is not on the PATH (install SLURM, or run slurm/local-cluster.sh start as root)"
+        )
     conf = os.environ.get("SLURM_CONF")
     if not conf:
-        return ("SLURM_CONF is not set; for the local cluster: "
-                "export SLURM_CONF=/tmp/dask-rpm-slurm/slurm.conf (after sudo slurm/local-cluster.sh start)")
+        return (
+            "SLURM_CONF is not set; for the local cluster: "
+            "export SLURM_CONF=/tmp/dask-rpm-slurm/slurm.conf (after sudo slurm/local-cluster.sh start)"
+        )
     if not os.path.isfile(conf):
         return f"SLURM_CONF={conf} does not exist; start the cluster with sudo slurm/local-cluster.sh start"
     try:
@@ -486,8 +537,10 @@ def slurm_unavailable(partitions: Iterable[str] = ()) -> str | None:
     known = {name.rstrip("*") for name in p.stdout.split()}
     missing = [q for q in partitions if q not in known]
     if missing:
-        return (f"partition(s) {', '.join(missing)} not in this SLURM (it has: {', '.join(sorted(known)) or 'none'}); "
-                f"set DASK_RPM_SLURM_PARTITIONS or edit the worker groups")
+        return (
+            f"partition(s) {', '.join(missing)} not in this SLURM (it has: {', '.join(sorted(known)) or 'none'}); "
+            f"set DASK_RPM_SLURM_PARTITIONS or edit the worker groups"
+        )
     return None
 
 
@@ -611,7 +664,9 @@ class HeterogeneousSLURMCluster(SLURMCluster):
         self._next_index: dict[str, int] = {name: 0 for name in self._groups}
         self._group_specs: dict[str, dict[str, Any]] = {}
         self._retiring: set[str] = set()  # worker names of removed jobs, retired before scancel
-        self._replacements: dict[str, list[float]] = {}  # group -> when its ended jobs were resubmitted
+        self._replacements: dict[
+            str, list[float]
+        ] = {}  # group -> when its ended jobs were resubmitted
         self._given_up: set[str] = set()  # groups no longer resubmitted (their jobs keep ending)
         first = next(iter(self._groups.values()))
         # The base class validates job keywords by building one job; give it
@@ -660,10 +715,15 @@ class HeterogeneousSLURMCluster(SLURMCluster):
             "job_script_prologue": self._config_list("job-script-prologue", config_name)
             + exports
             + list(g.job_script_prologue),
-            "worker_extra_args": (args := self._config_list("worker-extra-args", config_name)
-                                  + list(g.worker_extra_args))
-            + ([] if any(a.split("=", 1)[0] == "--lifetime" for a in args)
-               else _lifetime_args(g, g.walltime or common.get("walltime")))
+            "worker_extra_args": (
+                args := self._config_list("worker-extra-args", config_name)
+                + list(g.worker_extra_args)
+            )
+            + (
+                []
+                if any(a.split("=", 1)[0] == "--lifetime" for a in args)
+                else _lifetime_args(g, g.walltime or common.get("walltime"))
+            )
             + preloads,
         }
 
@@ -685,7 +745,9 @@ class HeterogeneousSLURMCluster(SLURMCluster):
         try:
             return self._groups[name]
         except KeyError:
-            raise KeyError(f"no worker group {name!r}; this cluster has {list(self._groups)}") from None
+            raise KeyError(
+                f"no worker group {name!r}; this cluster has {list(self._groups)}"
+            ) from None
 
     def requested_jobs(self) -> dict[str, int]:
         """Jobs currently wanted per group (submitted or about to be)."""
@@ -741,7 +803,9 @@ class HeterogeneousSLURMCluster(SLURMCluster):
         """Edit the job spec of group ``name`` to hold ``jobs`` jobs (submits nothing)."""
         g = self._group(name)
         if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 0:
-            raise SlurmConfigError(f"scale_group({name!r}, jobs={jobs!r}): jobs must be an integer >= 0")
+            raise SlurmConfigError(
+                f"scale_group({name!r}, jobs={jobs!r}): jobs must be an integer >= 0"
+            )
         if jobs and self.status in (Status.closing, Status.closed):
             raise RuntimeError(f"cannot add {name!r} jobs: the cluster is {self.status.name}")
         mine = [job for job in self.worker_spec if self._job_group.get(job) == name]
@@ -767,7 +831,11 @@ class HeterogeneousSLURMCluster(SLURMCluster):
         # A job whose submission raised stays in self.workers; SpecCluster
         # would never retry it. Drop it from the spec so the cluster stays
         # consistent and a later scale_group submits a fresh job.
-        failed = [name for name, job in self.workers.items() if job.status in (Status.created, Status.failed)]
+        failed = [
+            name
+            for name, job in self.workers.items()
+            if job.status in (Status.created, Status.failed)
+        ]
         for name in failed:
             self.workers.pop(name).status = Status.failed
             self.worker_spec.pop(name, None)
@@ -797,13 +865,20 @@ class HeterogeneousSLURMCluster(SLURMCluster):
 
     def lost_jobs(self) -> list[str]:
         """Jobs of the spec whose SLURM job has ended (walltime, ``scancel``, node failure): not in ``squeue``."""
-        ids = {name: str(getattr(job, "job_id", "") or "") for name, job in self.workers.items()
-               if name in self.worker_spec}
+        ids = {
+            name: str(getattr(job, "job_id", "") or "")
+            for name, job in self.workers.items()
+            if name in self.worker_spec
+        }
         ids = {name: i for name, i in ids.items() if i}
         if not ids:
             return []
-        out = subprocess.run(["squeue", "-h", "-o", "%i", "-j", ",".join(ids.values())],
-                             capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            ["squeue", "-h", "-o", "%i", "-j", ",".join(ids.values())],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         if out.returncode not in (0, 1):  # 1: every id given has ended ("Invalid job id")
             logger.warning("squeue failed (%s): %s", out.returncode, out.stderr.strip())
             return []
@@ -819,7 +894,10 @@ class HeterogeneousSLURMCluster(SLURMCluster):
         import time as _time
 
         replaced: dict[str, str] = {}
-        limit, window = int(config.get("slurm.replace-max")), float(config.get("slurm.replace-window"))
+        limit, window = (
+            int(config.get("slurm.replace-max")),
+            float(config.get("slurm.replace-window")),
+        )
         now = _time.monotonic()
         for job in await asyncio.get_running_loop().run_in_executor(None, self.lost_jobs):
             group = self._job_group[job]
@@ -830,18 +908,24 @@ class HeterogeneousSLURMCluster(SLURMCluster):
             if len(history) >= limit:
                 if group not in self._given_up:
                     self._given_up.add(group)
-                    logger.warning(f"group {group!r}: {len(history) + 1} jobs ended within {window:g} s "
-                                   f"(rpm.slurm.replace-window); not resubmitting it any more")
+                    logger.warning(
+                        f"group {group!r}: {len(history) + 1} jobs ended within {window:g} s "
+                        f"(rpm.slurm.replace-window); not resubmitting it any more"
+                    )
                 continue
             history.append(now)
             before = set(self.worker_spec)
-            self._set_jobs(group, sum(1 for j in self.worker_spec if self._job_group.get(j) == group) + 1)
+            self._set_jobs(
+                group, sum(1 for j in self.worker_spec if self._job_group.get(j) == group) + 1
+            )
             (new,) = set(self.worker_spec) - before
             replaced[job] = new
         if replaced:
             await self._correct_state_checked()
-            logger.info("replaced ended SLURM job(s): %s",
-                        ", ".join(f"{old} -> {new}" for old, new in replaced.items()))
+            logger.info(
+                "replaced ended SLURM job(s): %s",
+                ", ".join(f"{old} -> {new}" for old, new in replaced.items()),
+            )
         return replaced
 
     def scale_group(self, name: str, jobs: int) -> Any:
@@ -872,12 +956,20 @@ class HeterogeneousSLURMCluster(SLURMCluster):
         for name, n in jobs.items():  # check everything before changing anything
             self._group(name)
             if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-                raise SlurmConfigError(f"scale_groups: jobs for {name!r} is {n!r}; give an integer >= 0")
+                raise SlurmConfigError(
+                    f"scale_groups: jobs for {name!r} is {n!r}; give an integer >= 0"
+                )
         for name, n in jobs.items():
             self._set_jobs(name, n)
         return self._apply()
 
-    def scale(self, n: int | None = None, jobs: int = 0, memory: str | None = None, cores: int | None = None) -> Any:
+    def scale(
+        self,
+        n: int | None = None,
+        jobs: int = 0,
+        memory: str | None = None,
+        cores: int | None = None,
+    ) -> Any:
         """Only ``scale(0)`` (stop every job) is supported; use :meth:`scale_group`.
 
         A single number cannot say which kind of worker to add.
@@ -917,7 +1009,11 @@ class HeterogeneousSLURMCluster(SLURMCluster):
             group = ident.get(GROUP_KEY)
             if group not in out:
                 job = self._job_of(ident.get("name"))
-                group = self._job_group[job] if job else group_from_name(ident.get("name"), self._groups)
+                group = (
+                    self._job_group[job]
+                    if job
+                    else group_from_name(ident.get("name"), self._groups)
+                )
             if group in out:
                 out[group] += 1
         return out
@@ -973,7 +1069,9 @@ class HeterogeneousSLURMCluster(SLURMCluster):
         """The job script of ``group`` (may be omitted when there is only one group)."""
         if group is None:
             if len(self._groups) != 1:
-                raise ValueError(f"several worker groups {list(self._groups)}: say which, job_script('<group>')")
+                raise ValueError(
+                    f"several worker groups {list(self._groups)}: say which, job_script('<group>')"
+                )
             group = next(iter(self._groups))
         self._group(group)
         return self.job_scripts()[group]

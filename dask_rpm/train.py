@@ -16,12 +16,14 @@ import argparse
 import json
 import sys
 import time
-from typing import Any, NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import dask
 import numpy as np
 
 __all__ = ["DemoSettings", "demo_data", "demo_settings", "run_demo", "add_train_parser"]
+
 
 class DemoSettings(NamedTuple):
     """The demo job, from ``rpm.demo.*`` (``dask-rpm probe`` starts the same workers)."""
@@ -33,8 +35,9 @@ class DemoSettings(NamedTuple):
     compare_iterations: int
 
 
-def demo_settings(speeds: Sequence[float] | None = None, iterations: int | None = None,
-                  samples: int | None = None) -> DemoSettings:
+def demo_settings(
+    speeds: Sequence[float] | None = None, iterations: int | None = None, samples: int | None = None
+) -> DemoSettings:
     """``rpm.demo.*`` with the given values taking precedence."""
     from . import config
     from .planners import parse_shape
@@ -48,7 +51,9 @@ def demo_settings(speeds: Sequence[float] | None = None, iterations: int | None 
     )
 
 
-def demo_data(samples: int | None = None, shape: Sequence[int] | None = None, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def demo_data(
+    samples: int | None = None, shape: Sequence[int] | None = None, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
     """A learnable synthetic task: targets produced by a random 'teacher' network.
 
     Inputs are standard normal with a constant-1 last column (the bias);
@@ -71,8 +76,15 @@ def demo_data(samples: int | None = None, shape: Sequence[int] | None = None, se
     return x, sigmoid(u)
 
 
-def _compare(client: Any, x: np.ndarray, d: np.ndarray, m: int, lr: float, speeds: Sequence[float],
-             iterations: int) -> dict[str, float]:
+def _compare(
+    client: Any,
+    x: np.ndarray,
+    d: np.ndarray,
+    m: int,
+    lr: float,
+    speeds: Sequence[float],
+    iterations: int,
+) -> dict[str, float]:
     """Seconds per iteration, on the same cluster and data, of the fastest worker alone and of a uniform plan."""
     from .engine import fit, ordered_workers
     from .partition import Plan
@@ -82,8 +94,15 @@ def _compare(client: Any, x: np.ndarray, d: np.ndarray, m: int, lr: float, speed
     n, l = x.shape[1], d.shape[1]
     alone = Plan.from_columns([[0]], [x.shape[0]], [[m]], shape=(n, m, l), method="single worker")
     alone = alone.with_workers([addresses[fastest]])
-    kw = dict(hidden=m, iterations=iterations, learning_rate=lr, client=client, seed=0, progress="none",
-              elastic=False)
+    kw = dict(
+        hidden=m,
+        iterations=iterations,
+        learning_rate=lr,
+        client=client,
+        seed=0,
+        progress="none",
+        elastic=False,
+    )
     t_alone = fit(x, d, mapping=alone, **kw).seconds_per_iteration
     t_uniform = fit(x, d, mapping="uniform", **kw).seconds_per_iteration
     return {"fastest_alone": t_alone, "uniform": t_uniform}
@@ -124,11 +143,21 @@ def run_demo(
         if not as_json:
             print(cluster.emulation_label, file=out)
             print(f"dashboard: {client.dashboard_link}", file=out, flush=True)
-        result = fit(x, d, hidden=m, iterations=demo.iterations, learning_rate=lr, mapping=mapping,
-                     client=client, seed=0)
+        result = fit(
+            x,
+            d,
+            hidden=m,
+            iterations=demo.iterations,
+            learning_rate=lr,
+            mapping=mapping,
+            client=client,
+            seed=0,
+        )
         wall = time.perf_counter() - t0
         blocks, overruns = overrun_counts(emulation_info(client))
-        others = _compare(client, x, d, m, lr, demo.speeds, demo.compare_iterations) if compare else {}
+        others = (
+            _compare(client, x, d, m, lr, demo.speeds, demo.compare_iterations) if compare else {}
+        )
     check = speed_check(result, demo.speeds, blocks=blocks, overruns=overruns)
     summary = _summary(result, demo, wall, others, check)
     if as_json:
@@ -138,7 +167,9 @@ def run_demo(
     return result
 
 
-def _summary(result: Any, demo: DemoSettings, wall: float, others: dict[str, float], check: Any) -> dict:
+def _summary(
+    result: Any, demo: DemoSettings, wall: float, others: dict[str, float], check: Any
+) -> dict:
     n, m, l = demo.shape
     err = result.history["error"].values
     t = result.seconds_per_iteration
@@ -166,13 +197,15 @@ def _summary(result: Any, demo: DemoSettings, wall: float, others: dict[str, flo
     if others:
         alone = others["fastest_alone"]
         # gamma = (1 / T) / sum_i (1 / T_i alone); T_i from the fastest worker's and the EMULATED speed ratios
-        summary.update({
-            "seconds_per_iteration_fastest_alone": alone,
-            "seconds_per_iteration_uniform": others["uniform"],
-            "speedup_vs_fastest_alone": alone / t,
-            "speedup_vs_uniform": others["uniform"] / t,
-            "gamma": (1.0 / t) / ((1.0 / alone) * sum(demo.speeds) / max(demo.speeds)),
-        })
+        summary.update(
+            {
+                "seconds_per_iteration_fastest_alone": alone,
+                "seconds_per_iteration_uniform": others["uniform"],
+                "speedup_vs_fastest_alone": alone / t,
+                "speedup_vs_uniform": others["uniform"] / t,
+                "gamma": (1.0 / t) / ((1.0 / alone) * sum(demo.speeds) / max(demo.speeds)),
+            }
+        )
     return summary
 
 
@@ -182,8 +215,11 @@ def _plural(k: int, word: str) -> str:
 
 def _print_summary(result: Any, summary: dict[str, Any], check: Any, out: Any) -> None:
     for r in result.remaps:
-        print(f"remap at iteration {r['iteration']}: {r['kind']}, {r['bytes']} weight bytes moved, "
-              f"{r.get('sample_bytes', 0)} sample bytes re-read, {r['seconds']:.3f} s", file=out)
+        print(
+            f"remap at iteration {r['iteration']}: {r['kind']}, {r['bytes']} weight bytes moved, "
+            f"{r.get('sample_bytes', 0)} sample bytes re-read, {r['seconds']:.3f} s",
+            file=out,
+        )
     k = summary["workers"]
     print(
         f"trained {summary['network']} on {summary['samples']} samples for {summary['iterations']} iterations on "
@@ -255,21 +291,47 @@ def add_train_parser(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=_EPILOG.format(mappings=describe_names(mapping_names())),
     )
-    p.add_argument("--config", metavar="FILE", help="YAML job file: data, network, workers, output (docs/slurm.md)")
-    p.add_argument("--resume", action="store_true", help="with --config: continue from the job's checkpoint")
-    p.add_argument("--overwrite", action="store_true",
-                   help="with --config: replace an existing output file (as overwrite: true in the job file)")
-    p.add_argument("--speeds", metavar="S1,S2,...",
-                   help="demo: EMULATED relative worker speeds (default rpm.demo.speeds: 1,0.6,0.4,0.25)")
-    p.add_argument("--iterations", type=int, help="demo: number of BP iterations (default rpm.demo.iterations)")
-    p.add_argument("--mapping", metavar="NAME",
-                   help=f"demo: how the work is mapped onto the workers; one of {describe_names(mapping_names())} "
-                        f"(default drpm)")
-    p.add_argument("--batch-size", type=int, metavar="B",
-                   help="demo: train on mini-batches of B samples (default: full batch, the paper's)")
-    p.add_argument("--optimizer", choices=("sgd", "momentum", "adam"),
-                   help="demo: sgd (default, the paper's), momentum or adam")
-    p.add_argument("--json", action="store_true", help="demo: print a JSON summary instead of the report")
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="YAML job file: data, network, workers, output (docs/slurm.md)",
+    )
+    p.add_argument(
+        "--resume", action="store_true", help="with --config: continue from the job's checkpoint"
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="with --config: replace an existing output file (as overwrite: true in the job file)",
+    )
+    p.add_argument(
+        "--speeds",
+        metavar="S1,S2,...",
+        help="demo: EMULATED relative worker speeds (default rpm.demo.speeds: 1,0.6,0.4,0.25)",
+    )
+    p.add_argument(
+        "--iterations", type=int, help="demo: number of BP iterations (default rpm.demo.iterations)"
+    )
+    p.add_argument(
+        "--mapping",
+        metavar="NAME",
+        help=f"demo: how the work is mapped onto the workers; one of {describe_names(mapping_names())} "
+        f"(default drpm)",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        metavar="B",
+        help="demo: train on mini-batches of B samples (default: full batch, the paper's)",
+    )
+    p.add_argument(
+        "--optimizer",
+        choices=("sgd", "momentum", "adam"),
+        help="demo: sgd (default, the paper's), momentum or adam",
+    )
+    p.add_argument(
+        "--json", action="store_true", help="demo: print a JSON summary instead of the report"
+    )
     p.set_defaults(func=_cmd_train)
 
 
@@ -284,7 +346,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
         try:
             speeds = [float(v) for v in args.speeds.split(",")]
         except ValueError:
-            raise CLIError(f"--speeds {args.speeds!r} is not a comma-separated list of numbers; use e.g. 1,0.5,0.25") from None
+            raise CLIError(
+                f"--speeds {args.speeds!r} is not a comma-separated list of numbers; use e.g. 1,0.5,0.25"
+            ) from None
         if any(not np.isfinite(v) or v <= 0 for v in speeds):
             raise CLIError(f"--speeds {args.speeds!r}: every speed must be a finite number > 0")
     if args.iterations is not None and args.iterations < 1:
@@ -293,9 +357,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     # the same names fit() and job files accept: drpm and every registered planner
     if args.mapping is not None and args.mapping not in mapping_names():
-        raise CLIError(f"--mapping {args.mapping!r} is not one of {describe_names(mapping_names())}")
+        raise CLIError(
+            f"--mapping {args.mapping!r} is not one of {describe_names(mapping_names())}"
+        )
     if args.batch_size is not None and args.batch_size < 1:
-        raise CLIError(f"--batch-size {args.batch_size}: must be a positive integer (omit it for full-batch training)")
+        raise CLIError(
+            f"--batch-size {args.batch_size}: must be a positive integer (omit it for full-batch training)"
+        )
     training = {"rpm.train.batch-size": args.batch_size, "rpm.train.optimizer": args.optimizer}
     with dask.config.set({k: v for k, v in training.items() if v is not None}):
         run_demo(speeds=speeds, iterations=args.iterations, mapping=args.mapping, as_json=args.json)
@@ -310,11 +378,18 @@ def _cmd_job(args: argparse.Namespace) -> int:
 
     if args.config is None:
         flag = "--resume" if args.resume else "--overwrite"
-        raise CLIError(f"{flag} needs --config FILE (the job whose {'checkpoint to continue' if args.resume else 'output to replace'})")
-    demo = [f"--{k.replace('_', '-')}" for k in ("speeds", "iterations", "mapping", "batch_size", "optimizer")
-            if getattr(args, k) is not None]
+        raise CLIError(
+            f"{flag} needs --config FILE (the job whose {'checkpoint to continue' if args.resume else 'output to replace'})"
+        )
+    demo = [
+        f"--{k.replace('_', '-')}"
+        for k in ("speeds", "iterations", "mapping", "batch_size", "optimizer")
+        if getattr(args, k) is not None
+    ]
     if demo or args.json:
-        raise CLIError(f"{', '.join(demo + (['--json'] if args.json else []))} belong to the demo; with --config put them in the job file")
+        raise CLIError(
+            f"{', '.join(demo + (['--json'] if args.json else []))} belong to the demo; with --config put them in the job file"
+        )
     try:
         summary = run_job(args.config, resume=args.resume, overwrite=args.overwrite)
     except JobError as e:
@@ -322,6 +397,9 @@ def _cmd_job(args: argparse.Namespace) -> int:
     except DataError as e:  # found by a worker reading its samples, before the first iteration
         raise CLIError(f"job file: data: {e}") from None
     except TrainingError as e:
-        print(f"dask-rpm train: training failed: {' '.join(str(e).split())}; no output written", file=sys.stderr)
+        print(
+            f"dask-rpm train: training failed: {' '.join(str(e).split())}; no output written",
+            file=sys.stderr,
+        )
         return 1
     return 1 if summary.get("rescued") else 0  # saved, but not where the job asked

@@ -40,14 +40,29 @@ def main() -> int:
     remapped = column_remap(srpm, slower)
     fig = Figure(figsize=(13, 4.2), layout="constrained")
     axes = fig.subplots(1, 3)
-    plot_plan(uniform, axes[0], title=f"equal work (heterogeneity ignored)\nimbalance {uniform.imbalance():.2f}: "
-                                      f"P1 has 5% of the ability, 20% of the work")
-    plot_plan(srpm, axes[1], title=f"SRPM: area = ability, 2 columns\nimbalance {srpm.imbalance():.2f}, "
-                                   f"t_comm {srpm.t_comm:.0f} elements")
-    plot_plan(remapped, axes[2], title="DRPM column remap after P4 slows to half\n"
-                                       f"same columns, cuts moved; imbalance {remapped.imbalance():.2f}")
-    fig.suptitle("one BP iteration = the unit square of samples x hidden units; one rectangle per worker "
-                 "(paper's example: abilities 0.05, 0.10, 0.20, 0.30, 0.35)", fontsize=11)
+    plot_plan(
+        uniform,
+        axes[0],
+        title=f"equal work (heterogeneity ignored)\nimbalance {uniform.imbalance():.2f}: "
+        f"P1 has 5% of the ability, 20% of the work",
+    )
+    plot_plan(
+        srpm,
+        axes[1],
+        title=f"SRPM: area = ability, 2 columns\nimbalance {srpm.imbalance():.2f}, "
+        f"t_comm {srpm.t_comm:.0f} elements",
+    )
+    plot_plan(
+        remapped,
+        axes[2],
+        title="DRPM column remap after P4 slows to half\n"
+        f"same columns, cuts moved; imbalance {remapped.imbalance():.2f}",
+    )
+    fig.suptitle(
+        "one BP iteration = the unit square of samples x hidden units; one rectangle per worker "
+        "(paper's example: abilities 0.05, 0.10, 0.20, 0.30, 0.35)",
+        fontsize=11,
+    )
     _save_atomically(fig, out, dpi=90)
     print(f"wrote {out}")
     return 0

@@ -5,7 +5,6 @@ Each fixture lives in its own section below; keep sections self-contained.
 
 import pytest
 
-
 # ---------------------------------------------------------------------------
 # slurm_cluster: the local single-node SLURM of slurm/local-cluster.sh (issue #5)
 # ---------------------------------------------------------------------------
@@ -39,7 +38,9 @@ def slurm_cluster():
 
     def unavailable(reason: str):
         if in_ci:
-            pytest.fail(f"local SLURM unavailable in CI (CI=true, so this fails instead of skipping): {reason}")
+            pytest.fail(
+                f"local SLURM unavailable in CI (CI=true, so this fails instead of skipping): {reason}"
+            )
         pytest.skip(f"local SLURM unavailable: {reason}")
 
     def run(command: str, timeout: float) -> subprocess.CompletedProcess:
@@ -50,12 +51,17 @@ def slurm_cluster():
     # Already running (perhaps started by root earlier): use it as it is.
     if run("status", 60).returncode != 0:
         if os.geteuid() != 0:
-            unavailable(f"it is not running and starting it needs root; run 'sudo {script} start' first")
+            unavailable(
+                f"it is not running and starting it needs root; run 'sudo {script} start' first"
+            )
         have_slurm = all(
             subprocess.run(["bash", "-c", f"command -v {c}"], capture_output=True).returncode == 0
             for c in ("slurmctld", "slurmd", "sbatch", "munged")
         )
-        have_apt = subprocess.run(["bash", "-c", "command -v apt-get"], capture_output=True).returncode == 0
+        have_apt = (
+            subprocess.run(["bash", "-c", "command -v apt-get"], capture_output=True).returncode
+            == 0
+        )
         if not have_slurm and not have_apt:
             unavailable("SLURM is not installed and apt-get is not available to install it")
         try:
@@ -94,4 +100,3 @@ def sigkill_after():
         return callback
 
     return make
-

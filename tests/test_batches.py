@@ -27,7 +27,9 @@ def test_epochs_shuffle_with_the_seed_and_cover_every_sample_once():
     assert sch.positions(10) == (100, 103)  # the last batch of an epoch is smaller
 
 
-@pytest.mark.parametrize("cuts", [[0, 103], [0, 50, 103], [0, 1, 2, 60, 103], [0, 17, 34, 51, 68, 85, 103]])
+@pytest.mark.parametrize(
+    "cuts", [[0, 103], [0, 50, 103], [0, 1, 2, 60, 103], [0, 17, 34, 51, 68, 85, 103]]
+)
 def test_column_shares_tile_every_batch(cuts):
     sch = Schedule(103, 10, True, seed=1)
     for it in range(25):
@@ -40,7 +42,7 @@ def test_epoch_plan_serves_each_iteration_from_a_contiguous_slice():
     cut = (20, 45)
     idx, off = sch.epoch_plan(1, cut, start=sch.per_epoch + 2)
     for j, it in enumerate(range(sch.per_epoch + 2, 2 * sch.per_epoch)):
-        assert np.array_equal(idx[off[j]:off[j + 1]], sch.indices(it, cut))
+        assert np.array_equal(idx[off[j] : off[j + 1]], sch.indices(it, cut))
 
 
 @pytest.mark.parametrize("bad", [0, -3, 2.5, "64", True])

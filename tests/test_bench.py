@@ -26,8 +26,16 @@ def run(tmp_path_factory):
     # the DDP peer's skip path (torch absent) is what this small run exercises; the real peer is a slow test
     mp.setattr(bench, "torch_available", lambda: (False, "torch is not installed (test)"))
     try:
-        ds = bench.run_bench(workloads=["custom"], custom=(12, 8, 3, 192), conditions=["A"], ns=[2],
-                             methods=METHODS, iterations=6, series_iterations=1, quiet=True)
+        ds = bench.run_bench(
+            workloads=["custom"],
+            custom=(12, 8, 3, 192),
+            conditions=["A"],
+            ns=[2],
+            methods=METHODS,
+            iterations=6,
+            series_iterations=1,
+            quiet=True,
+        )
     finally:
         mp.undo()
     paths = bench.write_outputs(ds, str(out))
@@ -38,7 +46,14 @@ def test_dataset_schema(run):
     ds, _ = run
     assert ds["method"].values.tolist() == METHODS
     assert ds.sizes["case"] == 1 and str(ds["case"].values[0]) == "custom/A/N=2"
-    for var in ("seconds_per_iteration", "gamma", "ratio_to_drpm", "series_seconds", "iteration_time", "plan"):
+    for var in (
+        "seconds_per_iteration",
+        "gamma",
+        "ratio_to_drpm",
+        "series_seconds",
+        "iteration_time",
+        "plan",
+    ):
         assert var in ds
     assert "EMULATED" in ds.attrs["title"] and "EMULATED" in str(ds["emulation_label"].values[0])
     # the emulated truth is the SPEC profile with 0.63 -> 0.5; the first two values stay
@@ -55,11 +70,13 @@ def test_gamma_is_computed_from_measured_times(run):
             continue
         t = float(ds["seconds_per_iteration"].values[0, k])
         it = ds["iteration_time"].values[0, k]
-        assert t == pytest.approx(float(np.nanmedian(it[3:])))   # steady state: second half
+        assert t == pytest.approx(float(np.nanmedian(it[3:])))  # steady state: second half
         g = float(ds["gamma"].values[0, k])
         assert g == pytest.approx((1 / t) / np.sum(1 / series))
         assert 0 < g <= 1.5
-        assert float(ds["ratio_to_drpm"].values[0, k]) == pytest.approx(t / float(ds["seconds_per_iteration"].sel({"method": "drpm"}).values[0]))
+        assert float(ds["ratio_to_drpm"].values[0, k]) == pytest.approx(
+            t / float(ds["seconds_per_iteration"].sel({"method": "drpm"}).values[0])
+        )
     plan = json.loads(str(ds["plan"].sel({"method": "split-1d"}).values[0]))
     assert plan["method"] == "split-1d" and len(plan["columns"]) == 2
 
@@ -92,16 +109,19 @@ def test_simulate_check_reads_the_bench_result(run):
     assert all(r["predicted"] > 0 and math.isfinite(r["error"]) for r in rows)
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["bench", "--n", "9"], "from 1 to 8"),
-    (["bench", "--n", "x"], "whole numbers"),
-    (["bench", "--methods", "srpm,foo"], "is not one of"),
-    (["bench", "--conditions", "C"], "condition 'C'"),
-    (["bench", "--workloads", "custom"], "needs a shape"),
-    (["bench", "--shape", "10-8-2"], "go together"),
-    (["bench", "--iterations", "1"], "at least 2"),
-    (["bench", "--dp-search", "best"], "invalid choice"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["bench", "--n", "9"], "from 1 to 8"),
+        (["bench", "--n", "x"], "whole numbers"),
+        (["bench", "--methods", "srpm,foo"], "is not one of"),
+        (["bench", "--conditions", "C"], "condition 'C'"),
+        (["bench", "--workloads", "custom"], "needs a shape"),
+        (["bench", "--shape", "10-8-2"], "go together"),
+        (["bench", "--iterations", "1"], "at least 2"),
+        (["bench", "--dp-search", "best"], "invalid choice"),
+    ],
+)
 def test_cli_bad_input_exits_2(argv, needle, capsys):
     assert main(argv) == 2
     assert needle in capsys.readouterr().err
@@ -119,7 +139,9 @@ def test_ddp_peer_runs_with_torch():
     from dask_rpm.train import demo_data
 
     x, d = demo_data(64, (6, 4, 2))
-    res = bench.run_ddp(x, d, hidden=4, speeds=[1.0, 0.5], scale=0.5, iterations=3, learning_rate=0.01)
+    res = bench.run_ddp(
+        x, d, hidden=4, speeds=[1.0, 0.5], scale=0.5, iterations=3, learning_rate=0.01
+    )
     assert len(res["times"]) == 3 and all(t > 0 for t in res["times"])
     # DDP's averaged gradient x world size is the batch sum: after 2 updates rank 0's local error
     # (its half of the samples) equals serial batch BP's weights applied to that half
@@ -142,7 +164,9 @@ def test_ddp_peer_is_paced_on_the_same_work_model():
     rows = 32  # two ranks, equal shares
     work = block_work("forward", rows, 4, 6, 2) + block_work("backward", rows, 4, 6, 2)
     rate = work / 0.2  # speed 1, scale 1: 0.2 s of forward + backward per iteration
-    res = bench.run_ddp(x, d, hidden=4, speeds=[1.0, 0.5], scale=1.0, iterations=4, learning_rate=0.01, rate=rate)
+    res = bench.run_ddp(
+        x, d, hidden=4, speeds=[1.0, 0.5], scale=1.0, iterations=4, learning_rate=0.01, rate=rate
+    )
     # the speed-0.5 rank needs 0.4 s and everyone waits for it at the all-reduce
     steady = sorted(res["times"][1:])
     assert 0.38 <= steady[len(steady) // 2] <= 0.8, res["times"]
@@ -156,8 +180,17 @@ MINI_SHAPE = (12, 8, 3, 192)
 @pytest.fixture(scope="module")
 def mini(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench-mini")
-    ds = bench.run_bench(workloads=["custom"], custom=MINI_SHAPE, conditions=["A"], ns=[2],
-                         methods=MINI_METHODS, iterations=8, series_iterations=1, batch_sizes=[32, 64], quiet=True)
+    ds = bench.run_bench(
+        workloads=["custom"],
+        custom=MINI_SHAPE,
+        conditions=["A"],
+        ns=[2],
+        methods=MINI_METHODS,
+        iterations=8,
+        series_iterations=1,
+        batch_sizes=[32, 64],
+        quiet=True,
+    )
     return ds, bench.write_outputs(ds, str(out), plot=False)
 
 
@@ -171,13 +204,21 @@ def test_minibatch_cases_and_dimension(mini):
     assert np.all(ds["iterations"].values == 8)
     # the phase profile is the engine's own history: every phase measured, none negative
     ph = ds["phase_seconds"].values
-    assert ds["phase"].values.tolist() == ["forward", "vertical_wait", "backward", "horizontal", "modify"]
+    assert ds["phase"].values.tolist() == [
+        "forward",
+        "vertical_wait",
+        "backward",
+        "horizontal",
+        "modify",
+    ]
     assert np.all(np.isfinite(ph)) and np.all(ph >= 0)
     back = xr.open_dataset(paths["netcdf"], engine="h5netcdf").load()
     assert back["batch_size"].values.tolist() == [32, 64]
     np.testing.assert_allclose(back["weights_vs_serial"].values, ds["weights_vs_serial"].values)
     table = open(paths["markdown"]).read()
-    assert "| custom B=32 | A | 2 | drpm |" in table and "| custom B=64 | A | 2 | uniform |" in table
+    assert (
+        "| custom B=32 | A | 2 | drpm |" in table and "| custom B=64 | A | 2 | uniform |" in table
+    )
     assert "mini-batches of 32 (6 per epoch)" in table and "Engine phases" in table
     rows = bench.summary_rows(ds)
     assert sorted({r["batch_size"] for r in rows}) == [32, 64] and len(rows) == 6
@@ -193,7 +234,9 @@ def test_minibatch_methods_train_the_serial_batches(mini):
 
     n, m, l, s = MINI_SHAPE
     x, d = demo_data(s, (n, m, l), seed=0)
-    case = bench.make_cases(["custom"], ["A"], [2], step_at=1, custom=MINI_SHAPE, batch_sizes=[32])[0]
+    case = bench.make_cases(["custom"], ["A"], [2], step_at=1, custom=MINI_SHAPE, batch_sizes=[32])[
+        0
+    ]
     lr = bench.bench_learning_rate(case)
     assert lr == 0.5 / (32 * m)
     W32, V32, _ = fit_serial(x, d, hidden=m, iterations=8, learning_rate=lr, seed=0, batch_size=32)
@@ -209,9 +252,14 @@ def test_minibatch_methods_train_the_serial_batches(mini):
 def test_minibatch_workload_definition():
     cases = bench.make_cases(["minibatch", "compute"], ["A"], [4, 8], step_at=1)
     assert [c.name for c in cases] == [
-        "minibatch/A/N=4/B=256", "minibatch/A/N=8/B=256", "minibatch/A/N=4/B=1024",
-        "minibatch/A/N=8/B=1024", "minibatch/A/N=4/B=4096", "minibatch/A/N=8/B=4096",
-        "compute/A/N=4", "compute/A/N=8",
+        "minibatch/A/N=4/B=256",
+        "minibatch/A/N=8/B=256",
+        "minibatch/A/N=4/B=1024",
+        "minibatch/A/N=8/B=1024",
+        "minibatch/A/N=4/B=4096",
+        "minibatch/A/N=8/B=4096",
+        "compute/A/N=4",
+        "compute/A/N=8",
     ]
     mb = cases[0]
     assert mb.shape == (203, 1024, 26) and mb.samples == 16384 and mb.samples // 4096 >= 4
@@ -227,14 +275,20 @@ def test_weights_difference():
     assert math.isnan(bench.weights_difference(None, a))
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["bench", "--workloads", "minibatch", "--batch-sizes", "x"], "whole numbers of samples"),
-    (["bench", "--workloads", "minibatch", "--batch-sizes", "0"], "batch size 0"),
-    (["bench", "--workloads", "minibatch", "--batch-sizes", "99999"], "larger than the minibatch workload's 16384"),
-    (["bench", "--workloads", "paper", "--batch-sizes", "256"], "add --workloads minibatch"),
-    (["bench", "--workloads", "minibatch", "--batch-sizes", "256,256"], "repeat a value"),
-    (["bench", "--batch-sizes", ","], "is empty"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["bench", "--workloads", "minibatch", "--batch-sizes", "x"], "whole numbers of samples"),
+        (["bench", "--workloads", "minibatch", "--batch-sizes", "0"], "batch size 0"),
+        (
+            ["bench", "--workloads", "minibatch", "--batch-sizes", "99999"],
+            "larger than the minibatch workload's 16384",
+        ),
+        (["bench", "--workloads", "paper", "--batch-sizes", "256"], "add --workloads minibatch"),
+        (["bench", "--workloads", "minibatch", "--batch-sizes", "256,256"], "repeat a value"),
+        (["bench", "--batch-sizes", ","], "is empty"),
+    ],
+)
 def test_cli_bad_batch_sizes_exit_2(argv, needle, capsys, tmp_path):
     assert main([*argv, "--out", str(tmp_path / "o")]) == 2
     assert needle in capsys.readouterr().err
@@ -250,8 +304,16 @@ def test_ddp_peer_trains_the_same_minibatches():
 
     x, d = demo_data(96, (6, 4, 2))
     lr = 0.5 / 32
-    res = bench.run_ddp(x, d, hidden=4, speeds=[1.0, 0.5, 1.0], scale=1.0, iterations=7, learning_rate=lr,
-                        batch_size=32)   # 3 batches per epoch, a new shuffled order in epochs 1 and 2
+    res = bench.run_ddp(
+        x,
+        d,
+        hidden=4,
+        speeds=[1.0, 0.5, 1.0],
+        scale=1.0,
+        iterations=7,
+        learning_rate=lr,
+        batch_size=32,
+    )  # 3 batches per epoch, a new shuffled order in epochs 1 and 2
     assert len(res["times"]) == 7 and all(t > 0 for t in res["times"])
     W, V, _ = fit_serial(x, d, hidden=4, iterations=7, learning_rate=lr, seed=0, batch_size=32)
     assert bench.weights_difference((res["W"], res["V"]), (W, V)) < 1e-12
@@ -268,7 +330,13 @@ def test_progress_lines_estimate_the_time_left(capsys):
     line = progress.step(cases[0], "custom-A-2 T_series")
     # 2 of 18 weight units in 30 s: 16 units left at that rate = 240 s = 4.0 min
     assert "1/6 steps (11%)" in line and "30 s elapsed" in line and "about 4.0 min left" in line
-    for case, what in [(cases[0], "a"), (cases[0], "b"), (cases[1], "c"), (cases[1], "d"), (cases[1], "e")]:
+    for case, what in [
+        (cases[0], "a"),
+        (cases[0], "b"),
+        (cases[1], "c"),
+        (cases[1], "d"),
+        (cases[1], "e"),
+    ]:
         line = progress.step(case, what)
     assert "6/6 steps (100%)" in line and "about 0 s left" in line and "[" + "#" * 24 + "]" in line
     err = capsys.readouterr().err.splitlines()

@@ -46,4 +46,3 @@ def test_a_short_soak_survives_every_fault_and_equals_serial(chaos):
     assert rep["relative_difference_vs_serial"] <= 1e-10
     # the killed worker held rows (every worker does at the start): a recovery remap names it
     assert rep["outcomes"][0].startswith("recovered from the"), rep["outcomes"]
-

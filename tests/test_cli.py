@@ -36,12 +36,27 @@ def test_plan_json_worked_example(capsys):
     rects = {r["worker"]: r for r in d["rectangles"]}
     assert rects[0]["samples"] == [0, 358] and rects[0]["hidden"] == [0, 11]
     assert rects[4]["samples"] == [358, 1024] and rects[4]["hidden"] == [34, 80]
-    assert sum((r["samples"][1] - r["samples"][0]) * (r["hidden"][1] - r["hidden"][0]) for r in rects.values()) == 1024 * 80
+    assert (
+        sum(
+            (r["samples"][1] - r["samples"][0]) * (r["hidden"][1] - r["hidden"][0])
+            for r in rects.values()
+        )
+        == 1024 * 80
+    )
 
 
 def test_plan_json_columns_follow_command_line_order(capsys):
     code, out, _ = _run(
-        ["plan", "--abilities", "0.30,0.05,0.35,0.20,0.10", "--shape", "203-80-26", "--samples", "1024", "--json"],
+        [
+            "plan",
+            "--abilities",
+            "0.30,0.05,0.35,0.20,0.10",
+            "--shape",
+            "203-80-26",
+            "--samples",
+            "1024",
+            "--json",
+        ],
         capsys,
     )
     assert code == 0
@@ -50,8 +65,20 @@ def test_plan_json_columns_follow_command_line_order(capsys):
 
 def test_plan_json_baseline_has_no_t_comm_by_columns(capsys):
     code, out, _ = _run(
-        ["plan", "--abilities", "1,1.5,2,2.5,3,3.5", "--shape", "10-60-3", "--samples", "700",
-         "--method", "grid-hrev", "--dp", "2", "--json"],
+        [
+            "plan",
+            "--abilities",
+            "1,1.5,2,2.5,3,3.5",
+            "--shape",
+            "10-60-3",
+            "--samples",
+            "700",
+            "--method",
+            "grid-hrev",
+            "--dp",
+            "2",
+            "--json",
+        ],
         capsys,
     )
     d = json.loads(out)
@@ -137,27 +164,90 @@ def test_no_command_is_an_error(capsys):
 # ------------------------------------------------------------- bad input
 BAD = [
     (["--abilities", "", "--shape", "203-80-26", "--samples", "1024"], "--abilities is empty"),
-    (["--abilities", "1,-2", "--shape", "203-80-26", "--samples", "1024"], "ability #2 (P2) is -2.0"),
-    (["--abilities", "-1,2", "--shape", "203-80-26", "--samples", "1024"], "ability #1 (P1) is -1.0"),
+    (
+        ["--abilities", "1,-2", "--shape", "203-80-26", "--samples", "1024"],
+        "ability #2 (P2) is -2.0",
+    ),
+    (
+        ["--abilities", "-1,2", "--shape", "203-80-26", "--samples", "1024"],
+        "ability #1 (P1) is -1.0",
+    ),
     (["--abilities", "1,0", "--shape", "203-80-26", "--samples", "1024"], "ability #2 (P2) is 0"),
-    (["--abilities", "1,nan", "--shape", "203-80-26", "--samples", "1024"], "ability #2 (P2) is nan"),
-    (["--abilities", "1,inf", "--shape", "203-80-26", "--samples", "1024"], "ability #2 (P2) is inf"),
+    (
+        ["--abilities", "1,nan", "--shape", "203-80-26", "--samples", "1024"],
+        "ability #2 (P2) is nan",
+    ),
+    (
+        ["--abilities", "1,inf", "--shape", "203-80-26", "--samples", "1024"],
+        "ability #2 (P2) is inf",
+    ),
     (["--abilities", "1,fast", "--shape", "203-80-26", "--samples", "1024"], "ability #2 'fast'"),
-    (["--abilities", "1,2", "--shape", "203-80", "--samples", "1024"], "shape must be three positive integers"),
+    (
+        ["--abilities", "1,2", "--shape", "203-80", "--samples", "1024"],
+        "shape must be three positive integers",
+    ),
     (["--abilities", "1,2", "--shape", "203-x-26", "--samples", "1024"], "m='x'"),
-    (["--abilities", "1,2", "--shape", "203-80-26", "--samples", "many"], "--samples='many' is not a whole number"),
-    (["--abilities", "1,2,3,4", "--shape", "203-80-26", "--samples", "1", "--dp", "2"],
-     "samples=1 is fewer than the dp=2 columns"),
-    (["--abilities", "1,2,3,4", "--shape", "203-2-26", "--samples", "100", "--dp", "1", "--method", "uniform"],
-     "dp=1 puts 4 workers in a column but the network has only m=2 hidden units"),
-    (["--abilities", "1,2,3", "--shape", "203-80-26", "--samples", "100", "--dp", "2", "--method", "grid-h"],
-     "dp=2 does not divide the 3 workers"),
-    (["--abilities-file", "/nonexistent/speeds.txt", "--shape", "203-80-26", "--samples", "1024"],
-     "abilities file '/nonexistent/speeds.txt' not found"),
-    (["--abilities", "1,2", "--shape", "203-80-26", "--samples", "10", "--method", "best"], "invalid choice: 'best'"),
-    (["--shape", "203-80-26", "--samples", "10"], "one of the arguments --abilities --abilities-file is required"),
-    (["--abilities", "1,2", "--shape", "203-80-26", "--samples", "10", "--small-group", "2"],
-     "small_group=2.0 must be a fraction"),
+    (
+        ["--abilities", "1,2", "--shape", "203-80-26", "--samples", "many"],
+        "--samples='many' is not a whole number",
+    ),
+    (
+        ["--abilities", "1,2,3,4", "--shape", "203-80-26", "--samples", "1", "--dp", "2"],
+        "samples=1 is fewer than the dp=2 columns",
+    ),
+    (
+        [
+            "--abilities",
+            "1,2,3,4",
+            "--shape",
+            "203-2-26",
+            "--samples",
+            "100",
+            "--dp",
+            "1",
+            "--method",
+            "uniform",
+        ],
+        "dp=1 puts 4 workers in a column but the network has only m=2 hidden units",
+    ),
+    (
+        [
+            "--abilities",
+            "1,2,3",
+            "--shape",
+            "203-80-26",
+            "--samples",
+            "100",
+            "--dp",
+            "2",
+            "--method",
+            "grid-h",
+        ],
+        "dp=2 does not divide the 3 workers",
+    ),
+    (
+        [
+            "--abilities-file",
+            "/nonexistent/speeds.txt",
+            "--shape",
+            "203-80-26",
+            "--samples",
+            "1024",
+        ],
+        "abilities file '/nonexistent/speeds.txt' not found",
+    ),
+    (
+        ["--abilities", "1,2", "--shape", "203-80-26", "--samples", "10", "--method", "best"],
+        "invalid choice: 'best'",
+    ),
+    (
+        ["--shape", "203-80-26", "--samples", "10"],
+        "one of the arguments --abilities --abilities-file is required",
+    ),
+    (
+        ["--abilities", "1,2", "--shape", "203-80-26", "--samples", "10", "--small-group", "2"],
+        "small_group=2.0 must be a fraction",
+    ),
 ]
 
 
@@ -174,9 +264,9 @@ def test_bad_input_via_main(args, message, capsys):
 
 def test_bad_abilities_file_contents(tmp_path, capsys):
     cases = {
-        "[1, \"a\"]": "ability #2 'a'",
+        '[1, "a"]': "ability #2 'a'",
         "[1, 2": "is not valid JSON",
-        "{\"a\": 1}": "",  # not a list: read as text -> not a number
+        '{"a": 1}': "",  # not a list: read as text -> not a number
         "1\nfoo\n": "ability #2 'foo'",
         "# only a comment\n": "is empty",
         "[]": "is empty",
@@ -184,7 +274,9 @@ def test_bad_abilities_file_contents(tmp_path, capsys):
     for i, (text, msg) in enumerate(cases.items()):
         f = tmp_path / f"f{i}.txt"
         f.write_text(text)
-        code, out, err = _run(["plan", "--abilities-file", str(f), "--shape", "3-4-5", "--samples", "10"], capsys)
+        code, out, err = _run(
+            ["plan", "--abilities-file", str(f), "--shape", "3-4-5", "--samples", "10"], capsys
+        )
         assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, text
         assert msg in err, (text, err)
 
@@ -192,7 +284,10 @@ def test_bad_abilities_file_contents(tmp_path, capsys):
 def test_bad_input_via_subprocess():
     def run(args):
         return subprocess.run(
-            [sys.executable, "-m", "dask_rpm.cli", "plan", *args], capture_output=True, text=True, timeout=120
+            [sys.executable, "-m", "dask_rpm.cli", "plan", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
 
     # One of each kind named in the CLI's contract (every BAD case runs through main() above).
@@ -209,12 +304,27 @@ def test_bad_input_via_subprocess():
 
 def test_console_script_and_dask_rpm_forwarding():
     ok = subprocess.run(
-        [sys.executable, "-m", "dask", "rpm", "plan", *EX, "--json"], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "dask", "rpm", "plan", *EX, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout)["columns"] == [[0, 1, 2], [3, 4]]
     bad = subprocess.run(
-        [sys.executable, "-m", "dask", "rpm", "plan", "--abilities", "1,-1", "--shape", "1-2-3", "--samples", "4"],
+        [
+            sys.executable,
+            "-m",
+            "dask",
+            "rpm",
+            "plan",
+            "--abilities",
+            "1,-1",
+            "--shape",
+            "1-2-3",
+            "--samples",
+            "4",
+        ],
         capture_output=True,
         text=True,
         timeout=120,
@@ -227,12 +337,22 @@ def test_console_script_and_dask_rpm_forwarding():
 
 
 def test_dask_rpm_help_names_the_dask_entry_point():
-    r = subprocess.run([sys.executable, "-m", "dask", "rpm", "plan", "--help"], capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "dask", "rpm", "plan", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("usage: dask rpm plan "), r.stdout[:200]
-    r = subprocess.run([sys.executable, "-m", "dask", "rpm", "--help"], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0 and r.stdout.startswith("usage: dask rpm ") and "dask rpm train" in r.stdout
+    r = subprocess.run(
+        [sys.executable, "-m", "dask", "rpm", "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert (
+        r.returncode == 0
+        and r.stdout.startswith("usage: dask rpm ")
+        and "dask rpm train" in r.stdout
+    )
 
 
 def test_dask_cli_is_a_click_command():
@@ -337,8 +457,15 @@ def test_readme_help_errors_and_config_list_the_registry(capsys, tmp_path):
     from dask_rpm.data import write_dataset
 
     write_dataset(tmp_path / "d.nc", np.ones((4, 2)), np.ones((4, 1)))
-    job = {"data": "d.nc", "hidden": 2, "iterations": 1, "learning-rate": 0.1, "mapping": "nope",
-           "output": "r.nc", "workers": {"local": {"speeds": [1.0]}}}
+    job = {
+        "data": "d.nc",
+        "hidden": 2,
+        "iterations": 1,
+        "learning-rate": 0.1,
+        "mapping": "nope",
+        "output": "r.nc",
+        "workers": {"local": {"speeds": [1.0]}},
+    }
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
     try:
         load_job(tmp_path / "job.yaml")

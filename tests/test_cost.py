@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import numpy as np
 import dask.config
+import numpy as np
 import pytest
 
 from dask_rpm.cost import (
@@ -21,7 +21,9 @@ from dask_rpm.partition import Plan, RealPartition
 from dask_rpm.planners import make_plan
 
 SHAPE = (203, 80, 26)
-PAPER = dict(vertical="gather", horizontal="bands")  # the paper-style model the by-hand values below use
+PAPER = dict(
+    vertical="gather", horizontal="bands"
+)  # the paper-style model the by-hand values below use
 
 
 @pytest.fixture(autouse=True)
@@ -35,7 +37,9 @@ def test_t_comm_model_worked_example_values():
     # C=2 with k=(3, 2), widths 0.35 / 0.65 (SPEC section 4)
     assert t_comm_model([0.35, 0.65], [3, 2], SHAPE, 1024) == pytest.approx(73913.6)
     assert t_comm_model([1.0], [5], SHAPE, 1024) == pytest.approx(212992.0)
-    assert t_comm_model([0.05, 0.10, 0.20, 0.30, 0.35], [1] * 5, SHAPE, 1024) == pytest.approx(146560.0)
+    assert t_comm_model([0.05, 0.10, 0.20, 0.30, 0.35], [1] * 5, SHAPE, 1024) == pytest.approx(
+        146560.0
+    )
     # widths are normalised
     assert t_comm_model([35, 65], [3, 2], SHAPE, 1024) == pytest.approx(73913.6)
 
@@ -63,13 +67,17 @@ def _two_columns() -> Plan:
 
 def test_single_worker_is_pure_compute():
     plan = Plan.from_columns([[0]], [100], [[10]], shape=(5, 10, 3))
-    assert predict_iteration_seconds(plan, [500.0], latency=1e-3, bandwidth=1e6, itemsize=8) == pytest.approx(2.0)
+    assert predict_iteration_seconds(
+        plan, [500.0], latency=1e-3, bandwidth=1e6, itemsize=8
+    ) == pytest.approx(2.0)
 
 
 def test_breakdown_by_hand():
     plan = _two_columns()
     lat, bw, isz = 0.01, 1000.0, 4
-    out = predict_breakdown(plan, [10.0, 20.0, 50.0], latency=lat, bandwidth=bw, itemsize=isz, **PAPER)
+    out = predict_breakdown(
+        plan, [10.0, 20.0, 50.0], latency=lat, bandwidth=bw, itemsize=isz, **PAPER
+    )
     # compute: areas 240, 360, 400
     assert out["compute"] == pytest.approx({0: 24.0, 1: 18.0, 2: 8.0})
     assert out["column_compute"] == pytest.approx([24.0, 8.0])
@@ -82,8 +90,12 @@ def test_breakdown_by_hand():
     assert out["horizontal_by_band"] == pytest.approx(h)
     assert out["bottleneck_column"] == 0
     assert out["total"] == pytest.approx(24.0 + v0 + sum(h))
-    assert predict_iteration_seconds(plan, [10.0, 20.0, 50.0], latency=lat, bandwidth=bw, itemsize=isz,
-                                     **PAPER) == out["total"]
+    assert (
+        predict_iteration_seconds(
+            plan, [10.0, 20.0, 50.0], latency=lat, bandwidth=bw, itemsize=isz, **PAPER
+        )
+        == out["total"]
+    )
 
 
 def test_more_bands_cost_more_latency():
@@ -93,9 +105,10 @@ def test_more_bands_cost_more_latency():
     plain = make_plan(ab, SHAPE, 1024, small_group=0)
     speeds = [a * 1e6 for a in ab]
     kw = dict(bandwidth=1e12, itemsize=8, **PAPER)
-    gap_hi = predict_breakdown(plain, speeds, latency=1.0, **kw)["horizontal"] - predict_breakdown(
-        snapped, speeds, latency=1.0, **kw
-    )["horizontal"]
+    gap_hi = (
+        predict_breakdown(plain, speeds, latency=1.0, **kw)["horizontal"]
+        - predict_breakdown(snapped, speeds, latency=1.0, **kw)["horizontal"]
+    )
     # one band fewer, 2 (C - 1) = 2 messages of 1 s each saved
     assert gap_hi == pytest.approx(2.0, rel=1e-6)
 
@@ -111,11 +124,23 @@ def test_balanced_plan_beats_uniform_on_heterogeneous_workers():
 def test_defaults_come_from_config():
     plan = _two_columns()
     speeds = [10.0, 20.0, 50.0]
-    with dask.config.set({"rpm.cost.latency": 0.0, "rpm.cost.bandwidth": 1e30,
-                          "rpm.cost.vertical": "gather", "rpm.cost.horizontal": "bands"}):
+    with dask.config.set(
+        {
+            "rpm.cost.latency": 0.0,
+            "rpm.cost.bandwidth": 1e30,
+            "rpm.cost.vertical": "gather",
+            "rpm.cost.horizontal": "bands",
+        }
+    ):
         assert predict_iteration_seconds(plan, speeds) == pytest.approx(24.0)
-    with dask.config.set({"rpm.cost.latency": 1.0, "rpm.cost.bandwidth": 1e30,
-                          "rpm.cost.vertical": "gather", "rpm.cost.horizontal": "bands"}):
+    with dask.config.set(
+        {
+            "rpm.cost.latency": 1.0,
+            "rpm.cost.bandwidth": 1e30,
+            "rpm.cost.vertical": "gather",
+            "rpm.cost.horizontal": "bands",
+        }
+    ):
         # vertical 2 messages in column 0, horizontal 2 bands x 2 messages
         assert predict_iteration_seconds(plan, speeds) == pytest.approx(24.0 + 2 + 4)
 
@@ -157,7 +182,9 @@ def test_engine_exchanges_by_hand():
     # worker of the other column: 0 -> 2 (rows 0-4), 1 -> 2 (4-10), 2 -> 0 and 2 -> 1.
     plan = _two_columns()
     net = Network(latency=0.01, bandwidth=1000.0, overhead=0.001, itemsize=4)
-    out = predict_breakdown(plan, [10.0, 20.0, 50.0], network=net, vertical="engine", horizontal="engine")
+    out = predict_breakdown(
+        plan, [10.0, 20.0, 50.0], network=net, vertical="engine", horizontal="engine"
+    )
     assert out["vertical_algorithm"] == ["allgather", "none"]
     # one round: each member sends and receives one message of l * s_c = 3 * 60 elements
     v0 = 0.01 + 2 * 0.001 + 3 * 60 * 4 / 1000.0
@@ -169,15 +196,20 @@ def test_engine_exchanges_by_hand():
 
 
 def test_leader_vertical_is_two_rounds_through_the_fastest_member():
-    plan = Plan.from_columns([[0, 1, 2, 3, 4]], [10], [[2, 2, 2, 2, 2]], shape=(5, 10, 3),
-                             abilities=[1, 1, 5, 1, 1])
+    plan = Plan.from_columns(
+        [[0, 1, 2, 3, 4]], [10], [[2, 2, 2, 2, 2]], shape=(5, 10, 3), abilities=[1, 1, 5, 1, 1]
+    )
     net = Network(latency=0.5, bandwidth=1e30, overhead=0.0)
     with dask.config.set({"rpm.engine.vertical": "auto", "rpm.engine.allgather-max": 4}):
-        out = predict_breakdown(plan, [1.0] * 5, network=net, vertical="engine", horizontal="engine")
+        out = predict_breakdown(
+            plan, [1.0] * 5, network=net, vertical="engine", horizontal="engine"
+        )
     assert out["vertical_algorithm"] == ["leader"]
     assert out["vertical"] == pytest.approx([1.0])  # two rounds of one latency
     with dask.config.set({"rpm.engine.allgather-max": 8}):
-        out = predict_breakdown(plan, [1.0] * 5, network=net, vertical="engine", horizontal="engine")
+        out = predict_breakdown(
+            plan, [1.0] * 5, network=net, vertical="engine", horizontal="engine"
+        )
     assert out["vertical_algorithm"] == ["allgather"] and out["vertical"] == pytest.approx([0.5])
 
 
@@ -195,9 +227,16 @@ def test_one_host_shares_its_cores_and_bandwidth():
 def test_collective_modes_charge_the_band_groups_and_best_is_cheapest():
     plan = make_plan([0.05, 0.10, 0.20, 0.30, 0.35], SHAPE, 1024, small_group=0)
     net = Network(latency=1e-4, bandwidth=1e8, overhead=1e-5)
-    got = {h: predict_breakdown(plan, [1e6] * 5, network=net, vertical=v, horizontal=h)["total"]
-           for v, h in [("tree", "tree"), ("ring", "ring"), ("halving", "halving"), ("direct", "direct"),
-                        ("best", "best")]}
+    got = {
+        h: predict_breakdown(plan, [1e6] * 5, network=net, vertical=v, horizontal=h)["total"]
+        for v, h in [
+            ("tree", "tree"),
+            ("ring", "ring"),
+            ("halving", "halving"),
+            ("direct", "direct"),
+            ("best", "best"),
+        ]
+    }
     assert got["best"] <= min(got.values()) + 1e-12
     out = predict_breakdown(plan, [1e6] * 5, network=net, vertical="best", horizontal="best")
     assert {g[2] for g in out["horizontal_groups"]} <= {"tree", "halving", "ring", "direct"}
@@ -208,7 +247,9 @@ def test_link_classes_charge_each_message_by_its_link():
     plan = make_plan([1.0] * 4, (20, 64, 4), 800, "srpm", dp=2)
     fast, slow = LinkClass(1e-5, 1e10), LinkClass(1e-2, 1e7)
     classes = {"host": fast, "group": fast, "across": slow}
-    together = Network(classes=classes, groups=("a", "a", "b", "b"))  # columns (0, 1) and (2, 3) inside a group
+    together = Network(
+        classes=classes, groups=("a", "a", "b", "b")
+    )  # columns (0, 1) and (2, 3) inside a group
     apart = Network(classes=classes, groups=("a", "b", "a", "b"))
     assert together.link_class(0, 1) == "group" and together.link_class(0, 2) == "across"
     t1 = predict_breakdown(plan, [1e9] * 4, network=together, vertical="tree", horizontal="tree")
@@ -217,21 +258,45 @@ def test_link_classes_charge_each_message_by_its_link():
 
 
 def test_fit_network_recovers_the_parameters_of_synthetic_runs():
-    truth = Network(latency=2e-4, bandwidth=3e8, overhead=1e-4, host_bandwidth=5e8, fixed=1e-3, host_cores=2.0,
-                    duplex=False, reduce=2e-8, worker_cpu=1e-4)
+    truth = Network(
+        latency=2e-4,
+        bandwidth=3e8,
+        overhead=1e-4,
+        host_bandwidth=5e8,
+        fixed=1e-3,
+        host_cores=2.0,
+        duplex=False,
+        reduce=2e-8,
+        worker_cpu=1e-4,
+    )
     runs = []
-    for n, shape, s, method in [(2, (8, 8, 1), 16, "split-1d"), (2, (8, 20000, 2), 16, "split-1d"),
-                                (8, (8, 8, 1), 64, "split-1d"), (8, (8, 2000, 2), 64, "split-1d"),
-                                (4, (4, 8, 8), 12800, "srpm"), (16, (8, 8, 1), 64, "split-1d")]:
+    for n, shape, s, method in [
+        (2, (8, 8, 1), 16, "split-1d"),
+        (2, (8, 20000, 2), 16, "split-1d"),
+        (8, (8, 8, 1), 64, "split-1d"),
+        (8, (8, 2000, 2), 64, "split-1d"),
+        (4, (4, 8, 8), 12800, "srpm"),
+        (16, (8, 8, 1), 64, "split-1d"),
+    ]:
         plan = make_plan([1.0] * n, shape, s, method, dp=1 if method == "srpm" else None)
         speeds = [1e9] * n
-        t = predict_breakdown(plan, speeds, network=truth._replace(hosts=("h",) * n), vertical="engine",
-                              horizontal="engine")["total"]
+        t = predict_breakdown(
+            plan,
+            speeds,
+            network=truth._replace(hosts=("h",) * n),
+            vertical="engine",
+            horizontal="engine",
+        )["total"]
         runs.append((plan, speeds, t, "auto"))
     net = fit_network(runs, host_cores=2.0, duplex=False, rounds=200)
     for plan, speeds, t, _ in runs:
-        got = predict_breakdown(plan, speeds, network=net._replace(hosts=("h",) * len(speeds)),
-                                vertical="engine", horizontal="engine")["total"]
+        got = predict_breakdown(
+            plan,
+            speeds,
+            network=net._replace(hosts=("h",) * len(speeds)),
+            vertical="engine",
+            horizontal="engine",
+        )["total"]
         assert got == pytest.approx(t, rel=0.05)
 
 
@@ -241,7 +306,9 @@ def test_bad_modes_and_network():
     with pytest.raises(ValueError, match="horizontal='x'; valid: engine"):
         predict_breakdown(_two_columns(), [1.0] * 3, horizontal="x")
     with pytest.raises(ValueError, match="link class 'rack'"):
-        predict_breakdown(_two_columns(), [1.0] * 3, network=Network(classes={"rack": LinkClass(1, 1)}))
+        predict_breakdown(
+            _two_columns(), [1.0] * 3, network=Network(classes={"rack": LinkClass(1, 1)})
+        )
     with pytest.raises(ValueError, match="overhead=-1.0"):
         predict_breakdown(_two_columns(), [1.0] * 3, network=Network(overhead=-1.0))
     with pytest.raises(ValueError, match="unknown exchange algorithm 'x'"):
@@ -255,7 +322,9 @@ def test_expected_max_normal_and_the_straggler_term():
     assert expected_max_normal(2) == pytest.approx(1 / np.sqrt(np.pi), rel=1e-6)
     assert expected_max_normal(3) == pytest.approx(1.5 / np.sqrt(np.pi), rel=1e-6)
     rng = np.random.default_rng(0)
-    assert expected_max_normal(16) == pytest.approx(rng.normal(size=(200000, 16)).max(axis=1).mean(), rel=0.01)
+    assert expected_max_normal(16) == pytest.approx(
+        rng.normal(size=(200000, 16)).max(axis=1).mean(), rel=0.01
+    )
     plan = _two_columns()
     net = Network(latency=0.0, bandwidth=1e30, overhead=0.0)
     base = predict_breakdown(plan, [10.0, 20.0, 50.0], network=net)

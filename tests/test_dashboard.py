@@ -30,8 +30,8 @@ import pytest
 
 import dask_rpm
 from dask_rpm import dashboard
-from dask_rpm.estimator import EstimatorError
 from dask_rpm.engine.records import TimingRecord
+from dask_rpm.estimator import EstimatorError
 from dask_rpm.plugin import RPMSchedulerPlugin
 
 SPEEDS = [1.0, 0.5, 0.25]
@@ -59,7 +59,13 @@ def trained():
             for attempt in range(3):
                 try:
                     result = dask_rpm.fit(
-                        x, d, hidden=48, iterations=ITERATIONS, learning_rate=0.005, mapping="drpm", seed=0,
+                        x,
+                        d,
+                        hidden=48,
+                        iterations=ITERATIONS,
+                        learning_rate=0.005,
+                        mapping="drpm",
+                        seed=0,
                         client=client,
                     )
                     break
@@ -100,7 +106,10 @@ def test_state_json(trained):
         assert 0 < r["ability"] <= 1
         assert r["samples"][1] > r["samples"][0] and r["hidden"][1] > r["hidden"][0]
     # The rectangles tile the whole samples x hidden square.
-    area = sum((r["samples"][1] - r["samples"][0]) * (r["hidden"][1] - r["hidden"][0]) for r in state["rectangles"])
+    area = sum(
+        (r["samples"][1] - r["samples"][0]) * (r["hidden"][1] - r["hidden"][0])
+        for r in state["rectangles"]
+    )
     assert area == state["plan"]["samples"] * state["plan"]["shape"][1]
     # Everything plugin.state() has, accumulated over all blocks.
     assert state["emulation"] == cluster.emulation_label and "EMULATED" in state["emulation"]
@@ -111,7 +120,9 @@ def test_state_json(trained):
     assert state["run"] in state["runs"]
 
     tail = json.loads(_get(base + "/rpm/state.json?tail=5")[2])
-    assert [row["iteration"] for row in tail["iterations"]] == list(range(ITERATIONS - 5, ITERATIONS))
+    assert [row["iteration"] for row in tail["iterations"]] == list(
+        range(ITERATIONS - 5, ITERATIONS)
+    )
     since = json.loads(_get(base + "/rpm/state.json?since=40")[2])
     assert [row["iteration"] for row in since["iterations"]] == list(range(41, ITERATIONS))
     with pytest.raises(urllib.error.HTTPError) as e:
@@ -126,10 +137,16 @@ def test_metrics(trained):
     assert status == 200
     for name in dashboard.METRIC_NAMES:
         assert f"# TYPE dask_{name} gauge" in body
-    lines = [ln for ln in body.splitlines() if ln.startswith("dask_rpm_worker_ability{") and 'source="plan"' in ln]
+    lines = [
+        ln
+        for ln in body.splitlines()
+        if ln.startswith("dask_rpm_worker_ability{") and 'source="plan"' in ln
+    ]
     assert len(lines) == len(result.plan.planned_workers)
     assert f"dask_rpm_iteration {float(ITERATIONS)}" in body
-    remaps = sum(float(ln.rsplit(" ", 1)[1]) for ln in body.splitlines() if ln.startswith("dask_rpm_remaps{"))
+    remaps = sum(
+        float(ln.rsplit(" ", 1)[1]) for ln in body.splitlines() if ln.startswith("dask_rpm_remaps{")
+    )
     assert remaps == len(result.remaps)
 
 
@@ -144,11 +161,18 @@ def test_install_is_idempotent(trained):
         def count() -> tuple[int, int, int]:
             app = dask_scheduler.http_application
             state_routes = sum(
-                1 for rule in app.default_router.rules for sub in getattr(rule.target, "rules", [])
-                if getattr(sub.matcher, "regex", None) is not None and "state.json" in sub.matcher.regex.pattern
+                1
+                for rule in app.default_router.rules
+                for sub in getattr(rule.target, "rules", [])
+                if getattr(sub.matcher, "regex", None) is not None
+                and "state.json" in sub.matcher.regex.pattern
             )
             pages = sum(1 for a in app.applications if "/rpm" in getattr(a, "app_paths", ()))
-            collectors = sum(1 for c in prometheus_client.REGISTRY._collector_to_names if isinstance(c, dash._RPMCollector))
+            collectors = sum(
+                1
+                for c in prometheus_client.REGISTRY._collector_to_names
+                if isinstance(c, dash._RPMCollector)
+            )
             return state_routes, pages, collectors
 
         before = count()
@@ -171,7 +195,9 @@ def test_preload_and_empty_state():
             assert isinstance(s.plugins.get("rpm"), RPMSchedulerPlugin)
             base = f"http://127.0.0.1:{s.http_server.port}"
             loop = asyncio.get_running_loop()  # urllib blocks: keep the scheduler's loop free
-            state = json.loads((await loop.run_in_executor(None, _get, base + "/rpm/state.json"))[2])
+            state = json.loads(
+                (await loop.run_in_executor(None, _get, base + "/rpm/state.json"))[2]
+            )
             page = (await loop.run_in_executor(None, _get, base + "/rpm"))[2]
             return state, page
 
@@ -205,7 +231,10 @@ class _FakePlugin:
 
 def _plan(workers: list[str] | None) -> dict[str, Any]:
     return {
-        "method": "srpm", "abilities": (0.5, 0.3, 0.2), "shape": (4, 10, 2), "samples": 100,
+        "method": "srpm",
+        "abilities": (0.5, 0.3, 0.2),
+        "shape": (4, 10, 2),
+        "samples": 100,
         "workers": workers,
         "rectangles": (
             {"worker": 2, "column": 0, "samples": (0, 50), "hidden": (0, 4)},
@@ -217,13 +246,21 @@ def _plan(workers: list[str] | None) -> dict[str, Any]:
 
 def test_snapshot_enriches_and_cleans():
     workers = ["tcp://a:1", "tcp://b:2", "tcp://c:3"]
-    plugin = _FakePlugin({
-        "run": "r1", "plan": _plan(workers),
-        "groups": {"tcp://a:1": "fast", "tcp://b:2": "slow", "tcp://c:3": "slow"},
-        "iterations": [{"iteration": i, "error": float("nan") if i == 1 else 1.0 / (i + 1), "time": 0.1} for i in range(4)],
-        "abilities": [{"check": 0, "iteration": 2, "abilities": [0.6, None, float("inf")]},
-                      {"check": 1, "iteration": 3, "abilities": [0.55, 0.25, None]}],
-    })
+    plugin = _FakePlugin(
+        {
+            "run": "r1",
+            "plan": _plan(workers),
+            "groups": {"tcp://a:1": "fast", "tcp://b:2": "slow", "tcp://c:3": "slow"},
+            "iterations": [
+                {"iteration": i, "error": float("nan") if i == 1 else 1.0 / (i + 1), "time": 0.1}
+                for i in range(4)
+            ],
+            "abilities": [
+                {"check": 0, "iteration": 2, "abilities": [0.6, None, float("inf")]},
+                {"check": 1, "iteration": 3, "abilities": [0.55, 0.25, None]},
+            ],
+        }
+    )
     cache: dict[str, list] = {}
     state = dashboard.snapshot(plugin, known_workers=cache)
     json.dumps(state, allow_nan=False)  # strictly JSON
@@ -231,9 +268,16 @@ def test_snapshot_enriches_and_cleans():
     assert by_worker[0]["address"] == "tcp://a:1" and by_worker[0]["group"] == "fast"
     assert by_worker[2]["group"] == "slow" and by_worker[2]["ability"] == 0.2
     # Latest finite estimate per worker; none for a worker never estimated.
-    assert by_worker[0]["estimate"] == 0.55 and by_worker[1]["estimate"] == 0.25 and by_worker[2]["estimate"] is None
+    assert (
+        by_worker[0]["estimate"] == 0.55
+        and by_worker[1]["estimate"] == 0.25
+        and by_worker[2]["estimate"] is None
+    )
     assert state["iterations"][1]["error"] is None
-    assert state["summary"]["iterations_done"] == 4 and state["summary"]["remaps"] == {"column": 0, "whole": 0}
+    assert state["summary"]["iterations_done"] == 4 and state["summary"]["remaps"] == {
+        "column": 0,
+        "whole": 0,
+    }
     assert cache == {"r1": workers} and state["workers_source"] == "plan"
 
     # A later plan of the same run without addresses reuses the ones seen before.
@@ -251,34 +295,76 @@ def test_snapshot_tolerates_missing_keys():
 def test_page_model_with_groups_and_remaps():
     """The Bokeh page's data sources, filled from a recorded state (no server, no browser)."""
     plugin = RPMSchedulerPlugin()
-    plugin.update("r1", {
-        "plan": _plan(["tcp://a:1", "tcp://b:2", "tcp://c:3"]), "iterations_total": 10,
-        "groups": {"tcp://a:1": "fast", "tcp://b:2": "slow", "tcp://c:3": "slow"},
-        "emulation": "EMULATED heterogeneity on one machine: test",
-    })
+    plugin.update(
+        "r1",
+        {
+            "plan": _plan(["tcp://a:1", "tcp://b:2", "tcp://c:3"]),
+            "iterations_total": 10,
+            "groups": {"tcp://a:1": "fast", "tcp://b:2": "slow", "tcp://c:3": "slow"},
+            "emulation": "EMULATED heterogeneity on one machine: test",
+        },
+    )
     # What the workers stream: timing records 0.1 s apart (worker clocks) and the errors.
-    records = [TimingRecord(i, 0, 0.1 * i, 0.1 * i + 0.03, 0.1 * i + 0.04, 0.1 * i + 0.07, 0.1 * i + 0.08,
-                            0.1 * (i + 1)) for i in range(5)]
-    plugin.log_event("rpm", {"kind": "iterations", "run": "r1", "records": [tuple(r) for r in records],
-                             "errors": [(i, 10.0 - i) for i in range(5)]})
-    plugin.update("r1", {"abilities": [{"check": 0, "iteration": 5, "abilities": [0.6, 0.3, None]}],
-                         "remaps": [{"iteration": 5, "kind": "column", "bytes": 64, "sample_bytes": 4096,
-                                     "seconds": 0.01}]})
+    records = [
+        TimingRecord(
+            i,
+            0,
+            0.1 * i,
+            0.1 * i + 0.03,
+            0.1 * i + 0.04,
+            0.1 * i + 0.07,
+            0.1 * i + 0.08,
+            0.1 * (i + 1),
+        )
+        for i in range(5)
+    ]
+    plugin.log_event(
+        "rpm",
+        {
+            "kind": "iterations",
+            "run": "r1",
+            "records": [tuple(r) for r in records],
+            "errors": [(i, 10.0 - i) for i in range(5)],
+        },
+    )
+    plugin.update(
+        "r1",
+        {
+            "abilities": [{"check": 0, "iteration": 5, "abilities": [0.6, 0.3, None]}],
+            "remaps": [
+                {
+                    "iteration": 5,
+                    "kind": "column",
+                    "bytes": 64,
+                    "sample_bytes": 4096,
+                    "seconds": 0.01,
+                }
+            ],
+        },
+    )
     page = dashboard._RPMPage(dashboard._Installed(type("S", (), {})(), plugin, ""))
     page._update()
     rects = page.rects.data
     assert rects["worker"] == ["2", "1", "0"]
     assert rects["group"] == ["slow", "slow", "fast"] and len(set(rects["hatch"])) == 2
-    assert rects["label"][2].startswith("w0 :1") and "p\u0302 0.60" in rects["label"][2] and "fast" in rects["label"][2]
+    assert (
+        rects["label"][2].startswith("w0 :1")
+        and "p\u0302 0.60" in rects["label"][2]
+        and "fast" in rects["label"][2]
+    )
     assert (page.x_range.end, page.y_range.start) == (100, 10)
-    assert page.it.data["iteration"] == [0, 1, 2, 3, 4] and page.remap.data["kind"] == ["column remap"]
+    assert page.it.data["iteration"] == [0, 1, 2, 3, 4] and page.remap.data["kind"] == [
+        "column remap"
+    ]
     # the remap's hover names both what moved between workers and what was re-read from storage
     assert page.remap.data["bytes"] == [64] and page.remap.data["sample_bytes"] == [4096]
     np.testing.assert_allclose(page.it.data["time"], [0.1] * 5)
     assert len(page.est.data["xs"]) == 2 and len(page.planned.data["xs"]) == 3
     assert "EMULATED" in page.header.text
 
-    plugin.log_event("rpm", {"kind": "iterations", "run": "r1", "records": [], "errors": [(5, 4.0)]})
+    plugin.log_event(
+        "rpm", {"kind": "iterations", "run": "r1", "records": [], "errors": [(5, 4.0)]}
+    )
     page._update()  # streams only the new row (no timing record yet: no time)
     assert page.it.data["iteration"] == [0, 1, 2, 3, 4, 5] and np.isnan(page.it.data["time"][-1])
 
@@ -294,7 +380,9 @@ def _free_port() -> int:
 
 def _webdriver(base: str, method: str, path: str, body: dict | None = None) -> Any:
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(base + path, data=data, method=method, headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        base + path, data=data, method=method, headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=60) as f:
         return json.loads(f.read())["value"]
 
@@ -303,7 +391,9 @@ def _screenshot(url: str, size: tuple[int, int] = (1400, 1000)) -> tuple[bytes, 
     """PNG of ``url`` once its Bokeh document has the rectangles, and how many it has (headless Chromium)."""
     port = _free_port()
     driver = subprocess.Popen(
-        [shutil.which("chromedriver"), f"--port={port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        [shutil.which("chromedriver"), f"--port={port}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     wd = f"http://127.0.0.1:{port}"
     profile = tempfile.mkdtemp(prefix="rpm-chromium-")
@@ -318,13 +408,26 @@ def _screenshot(url: str, size: tuple[int, int] = (1400, 1000)) -> tuple[bytes, 
                     raise
                 time.sleep(0.1)
         args = [
-            "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
             # Without these Chromium phones home, and the closed network refuses it.
-            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-            "--disable-dev-shm-usage", f"--user-data-dir={profile}", f"--window-size={size[0]},{size[1]}",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--disable-dev-shm-usage",
+            f"--user-data-dir={profile}",
+            f"--window-size={size[0]},{size[1]}",
         ]
-        caps = {"browserName": "chrome", "goog:chromeOptions": {"binary": shutil.which("chromium"), "args": args}}
-        sid = _webdriver(wd, "POST", "/session", {"capabilities": {"alwaysMatch": caps}})["sessionId"]
+        caps = {
+            "browserName": "chrome",
+            "goog:chromeOptions": {"binary": shutil.which("chromium"), "args": args},
+        }
+        sid = _webdriver(wd, "POST", "/session", {"capabilities": {"alwaysMatch": caps}})[
+            "sessionId"
+        ]
         try:
             _webdriver(wd, "POST", f"/session/{sid}/url", {"url": url})
             # The page is a live Bokeh server document: wait until its websocket
@@ -335,8 +438,14 @@ def _screenshot(url: str, size: tuple[int, int] = (1400, 1000)) -> tuple[bytes, 
                 "return s ? s.data.left.length : -1;"
             )
             deadline = time.monotonic() + 60
-            while (n := _webdriver(wd, "POST", f"/session/{sid}/execute/sync", {"script": script, "args": []})) <= 0:
-                assert time.monotonic() < deadline, "the /rpm Bokeh document never showed its rectangles"
+            while (
+                n := _webdriver(
+                    wd, "POST", f"/session/{sid}/execute/sync", {"script": script, "args": []}
+                )
+            ) <= 0:
+                assert time.monotonic() < deadline, (
+                    "the /rpm Bokeh document never showed its rectangles"
+                )
                 time.sleep(0.2)
             time.sleep(1.5)
             return base64.b64decode(_webdriver(wd, "GET", f"/session/{sid}/screenshot")), n
@@ -360,7 +469,9 @@ def test_screenshot(trained, tmp_path):
 
     _, _, result, base = trained
     png, shown = _screenshot(base + "/rpm")
-    assert shown == len(result.plan.planned_workers)  # the browser got one rectangle per planned worker
+    assert shown == len(
+        result.plan.planned_workers
+    )  # the browser got one rectangle per planned worker
     (tmp_path / "dashboard.png").write_bytes(png)
     if os.environ.get("DASK_RPM_SAVE_SCREENSHOT"):
         (REPO / "docs" / "img").mkdir(parents=True, exist_ok=True)

@@ -27,7 +27,9 @@ def _leaves(d, prefix=""):
 
 def test_committed_pages_are_current():
     bad = docgen.stale(str(ROOT))
-    assert not bad, f"{bad} differ from the generated text: run `python -m dask_rpm.docgen` and commit the result"
+    assert not bad, (
+        f"{bad} differ from the generated text: run `python -m dask_rpm.docgen` and commit the result"
+    )
 
 
 def test_configuration_page_lists_every_key_with_its_comment():
@@ -35,8 +37,13 @@ def test_configuration_page_lists_every_key_with_its_comment():
     data = yaml.safe_load((ROOT / "dask_rpm" / "rpm.yaml").read_text())
     for key in _leaves(data):
         assert f"| `{key}` |" in text, key
-    assert "| `rpm.drpm.interval` | `20` | R: iterations between checks, or \"auto\" | `DASK_RPM__DRPM__INTERVAL` |" in text
-    assert "| `rpm.cost.latency` | `50.0e-6` | seconds per message" in text  # the literal from the file
+    assert (
+        '| `rpm.drpm.interval` | `20` | R: iterations between checks, or "auto" | `DASK_RPM__DRPM__INTERVAL` |'
+        in text
+    )
+    assert (
+        "| `rpm.cost.latency` | `50.0e-6` | seconds per message" in text
+    )  # the literal from the file
     assert "### rpm.slurm.groups" in text and "```yaml\ngroups:\n  - name: fast" in text
 
 
@@ -50,13 +57,13 @@ def test_comment_parser_on_a_small_file(tmp_path):
         "    # Example:\n"
         "    # l: [1]\n"
         "    l: []\n"
-        "    s: \"a b\"\n"
+        '    s: "a b"\n'
     )
     text = docgen.config_markdown(str(p))
     assert "| `rpm.a.k` | `1` | one \\| two | `DASK_RPM__A__K` |" in text
     assert "| `rpm.a.l` | `[]` | (see [below](#rpmal)) |" in text
     assert "### rpm.a.l\n\nabout the list Example:\n\n```yaml\nl: [1]\n```" in text
-    assert "| `rpm.a.s` | `\"a b\"` |  |" in text
+    assert '| `rpm.a.s` | `"a b"` |  |' in text
 
 
 def test_api_page_documents_every_public_function_and_class():
@@ -76,10 +83,19 @@ def test_check_reports_a_stale_page_and_write_fixes_it(tmp_path):
     for rel in docgen.OUTPUTS:
         shutil.copy(ROOT / rel, tmp_path / rel)
     (tmp_path / "docs" / "api.md").write_text("old\n")
-    p = subprocess.run([sys.executable, "-m", "dask_rpm.docgen", "--check", "--root", str(tmp_path)],
-                       capture_output=True, text=True)
-    assert p.returncode == 1 and "docs/api.md is stale" in p.stderr and "configuration" not in p.stderr
-    p = subprocess.run([sys.executable, "-m", "dask_rpm.docgen", "--root", str(tmp_path)], capture_output=True, text=True)
+    p = subprocess.run(
+        [sys.executable, "-m", "dask_rpm.docgen", "--check", "--root", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    assert (
+        p.returncode == 1 and "docs/api.md is stale" in p.stderr and "configuration" not in p.stderr
+    )
+    p = subprocess.run(
+        [sys.executable, "-m", "dask_rpm.docgen", "--root", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
     assert p.returncode == 0 and docgen.stale(str(tmp_path)) == []
     assert sorted(f.name for f in (tmp_path / "docs").iterdir()) == ["api.md", "configuration.md"]
 
@@ -92,10 +108,22 @@ def test_concepts_page_and_its_picture(tmp_path):
     assert "![Three plans of the same five workers](img/concepts.png)" in page
     assert (ROOT / "docs" / "img" / "concepts.png").is_file()
     out = tmp_path / "concepts.png"
-    p = subprocess.run([sys.executable, str(ROOT / "docs" / "make_figures.py"), "--out", str(out)],
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "docs" / "make_figures.py"), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     img = np.asarray(Image.open(out).convert("RGB"), dtype=float)
-    assert img.shape[1] > 2 * img.shape[0] > 400 and img.std() > 20  # three panels side by side, not blank
-    for rel in ("planner.md", "drpm.md", "configuration.md", "api.md", "../tutorials/01_planning.py"):
+    assert (
+        img.shape[1] > 2 * img.shape[0] > 400 and img.std() > 20
+    )  # three panels side by side, not blank
+    for rel in (
+        "planner.md",
+        "drpm.md",
+        "configuration.md",
+        "api.md",
+        "../tutorials/01_planning.py",
+    ):
         assert f"]({rel}" in page, rel

@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
+import dask
 import numpy as np
 import pytest
 from distributed import Client, LocalCluster
 
-import dask
 import dask_rpm
 from dask_rpm.emulation import emulation_report, set_speed
 from dask_rpm.engine import Driver, ensure_plugins, fit, ordered_workers
 from dask_rpm.kernels import init_weights
-from dask_rpm.recipe import recipe
-from dask_rpm.serial import fit_serial
 from dask_rpm.partition import Plan
-from dask_rpm.planners import make_plan
+from dask_rpm.recipe import recipe
 from dask_rpm.remap import column_remap
+from dask_rpm.serial import fit_serial
 from dask_rpm.train import demo_data
 
 RTOL = 1e-10
@@ -45,15 +44,33 @@ def _random_plan(rng, addresses, s, shape):
     n, m, l = shape
     order = [int(v) for v in rng.permutation(n_workers)]
     n_cols = int(rng.integers(1, n_workers + 1))
-    cuts = sorted(int(c) for c in rng.choice(np.arange(1, n_workers), size=n_cols - 1, replace=False)) if n_cols > 1 else []
+    cuts = (
+        sorted(int(c) for c in rng.choice(np.arange(1, n_workers), size=n_cols - 1, replace=False))
+        if n_cols > 1
+        else []
+    )
     columns = [order[a:b] for a, b in zip([0, *cuts], [*cuts, n_workers])]
-    scuts = sorted(int(c) for c in rng.choice(np.arange(1, s), size=n_cols - 1, replace=False)) if n_cols > 1 else []
+    scuts = (
+        sorted(int(c) for c in rng.choice(np.arange(1, s), size=n_cols - 1, replace=False))
+        if n_cols > 1
+        else []
+    )
     hidden = []
     for col in columns:
-        mc = sorted(int(c) for c in rng.choice(np.arange(1, m), size=len(col) - 1, replace=False)) if len(col) > 1 else []
+        mc = (
+            sorted(int(c) for c in rng.choice(np.arange(1, m), size=len(col) - 1, replace=False))
+            if len(col) > 1
+            else []
+        )
         hidden.append(list(np.diff([0, *mc, m])))
-    plan = Plan.from_columns(columns, np.diff([0, *scuts, s]), hidden, shape=shape,
-                             abilities=rng.uniform(0.2, 1, n_workers), method="random")
+    plan = Plan.from_columns(
+        columns,
+        np.diff([0, *scuts, s]),
+        hidden,
+        shape=shape,
+        abilities=rng.uniform(0.2, 1, n_workers),
+        method="random",
+    )
     return plan.with_workers(addresses)
 
 
@@ -66,15 +83,24 @@ def test_any_sequence_of_remaps_equals_serial(seed):
     d = rng.uniform(0.1, 0.9, size=(s, l))
     W0, V0 = init_weights(n, m, l, seed=seed)
     eps, block = 0.05, 4
-    with LocalCluster(n_workers=5, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster:
+    with LocalCluster(
+        n_workers=5, threads_per_worker=1, processes=False, dashboard_address=":0"
+    ) as cluster:
         with Client(cluster) as client:
             addresses = ordered_workers(client.scheduler_info())
 
             async def run() -> tuple[np.ndarray, np.ndarray, int, list[int]]:
                 await ensure_plugins(client)
                 plan = _random_plan(rng, addresses, s, (n, m, l))
-                tr = Driver(client, run=f"t{seed}", plan=plan, source=None, arrays=(x, d),
-                            recipe=recipe(s, iterations=7 * block, learning_rate=eps), dtype="float64")
+                tr = Driver(
+                    client,
+                    run=f"t{seed}",
+                    plan=plan,
+                    source=None,
+                    arrays=(x, d),
+                    recipe=recipe(s, iterations=7 * block, learning_rate=eps),
+                    dtype="float64",
+                )
                 await tr.install(plan, W0, V0, 0)
                 moved = []
                 for step in range(6):
@@ -105,10 +131,22 @@ def test_any_sequence_of_remaps_equals_serial(seed):
 def test_drpm_fit_with_remaps_equals_serial(column_times):
     x, d = demo_data(512, (17, 24, 4))
     speeds = [1.0, 0.3, 0.6]
-    with dask_rpm.local_cluster(speeds, scale=0.5, processes=False) as cluster, Client(cluster) as client:
+    with (
+        dask_rpm.local_cluster(speeds, scale=0.5, processes=False) as cluster,
+        Client(cluster) as client,
+    ):
         # t-line 1.0: remap at every check (t_min < t_max)
         with dask.config.set({"rpm.drpm.t-line": 1.0, "rpm.drpm.column-times": column_times}):
-            r = fit(x, d, hidden=24, iterations=40, learning_rate=2e-3, mapping="drpm", client=client, interval=8)
+            r = fit(
+                x,
+                d,
+                hidden=24,
+                iterations=40,
+                learning_rate=2e-3,
+                mapping="drpm",
+                client=client,
+                interval=8,
+            )
     assert len(r.remaps) == 4 and r.remaps[0]["kind"] == "whole"
     assert all(rec["kind"] in ("whole", "column") for rec in r.remaps)
     assert "ability" in r.history and r.history["ability"].dims == ("check", "worker")
@@ -121,13 +159,29 @@ def test_drpm_fit_with_remaps_equals_serial(column_times):
 
 def test_bad_column_times_is_refused_before_training():
     x, d = demo_data(64, (5, 6, 2))
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster, \
-            Client(cluster) as client, dask.config.set({"rpm.drpm.column-times": "t3"}):
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+        dask.config.set({"rpm.drpm.column-times": "t3"}),
+    ):
         with pytest.raises(ValueError, match="column-times must be 'tc'.*or 't1'.*got 't3'"):
-            fit(x, d, hidden=6, iterations=4, learning_rate=1e-2, mapping="drpm", client=client, progress="none")
+            fit(
+                x,
+                d,
+                hidden=6,
+                iterations=4,
+                learning_rate=1e-2,
+                mapping="drpm",
+                client=client,
+                progress="none",
+            )
         # no BP task ran: the scheduler plugin (registered by fit) recorded none
         recorded = client.run_on_scheduler(
-            lambda dask_scheduler: sum(len(r.log) for r in dask_scheduler.plugins["rpm"].runs.values())
+            lambda dask_scheduler: sum(
+                len(r.log) for r in dask_scheduler.plugins["rpm"].runs.values()
+            )
         )
         assert recorded == 0
 
@@ -165,8 +219,15 @@ def test_condition_a_without_initial_abilities_recovers_speeds(record_property):
     with dask_rpm.local_cluster(speeds, scale=0.25) as cluster, Client(cluster) as client:
         r = fit(x, d, iterations=40, mapping="drpm", client=client, progress="none", **common)
         assert len(r.plans) == 2  # uniform, then the one remap at 20: r.plan ran iterations 20..40
-        med = _interleaved_medians(client, x, d, {"drpm": dict(mapping=r.plan, **common),
-                                                  "srpm-true": dict(mapping="srpm", abilities=speeds, **common)})
+        med = _interleaved_medians(
+            client,
+            x,
+            d,
+            {
+                "drpm": dict(mapping=r.plan, **common),
+                "srpm-true": dict(mapping="srpm", abilities=speeds, **common),
+            },
+        )
         record_property("medians", med)  # in the JUnit XML, also when the guard skips
         record_property("in_run_drpm", float(np.median(r.history["iteration_time"].values[22:])))
         _skip_if_emulation_violated(client)
@@ -189,13 +250,32 @@ def test_step_change_is_detected_and_remapped(record_property):
     x, d = demo_data(4096, (257, 384, 16))
     schedule = {1: [(30, 1.0 / 3.0)]}
     common = dict(hidden=384, learning_rate=1e-4, interval=20)
-    with dask_rpm.local_cluster(speeds, scale=0.25, schedule=schedule) as cluster, Client(cluster) as client:
-        r = fit(x, d, iterations=80, mapping="drpm", abilities=speeds, client=client, progress="none", **common)
+    with (
+        dask_rpm.local_cluster(speeds, scale=0.25, schedule=schedule) as cluster,
+        Client(cluster) as client,
+    ):
+        r = fit(
+            x,
+            d,
+            iterations=80,
+            mapping="drpm",
+            abilities=speeds,
+            client=client,
+            progress="none",
+            **common,
+        )
         # Worker 1 kept at its new speed (a new run restarts the iteration
         # schedule; the override outlasts it).
         set_speed(client, 1, 1.0 / 3.0)
-        med = _interleaved_medians(client, x, d, {"drpm": dict(mapping=r.plan, **common),
-                                                  "srpm-true": dict(mapping="srpm", abilities=new_speeds, **common)})
+        med = _interleaved_medians(
+            client,
+            x,
+            d,
+            {
+                "drpm": dict(mapping=r.plan, **common),
+                "srpm-true": dict(mapping="srpm", abilities=new_speeds, **common),
+            },
+        )
         assert emulation_report(client)[1]["current_speed"] == pytest.approx(1.0 / 3.0)
         record_property("medians", med)  # in the JUnit XML, also when the guard skips
         record_property("in_run_drpm", float(np.median(r.history["iteration_time"].values[62:])))
@@ -219,10 +299,25 @@ def test_resume_continues_drpm_on_the_plan_it_had_reached():
     kw = dict(hidden=48, learning_rate=1e-3, mapping="drpm", interval=10, progress="none")
     saved: dict = {}
     with dask_rpm.local_cluster([1.0, 0.5, 0.25]) as cluster, Client(cluster) as client:
-        before = fit(x, d, iterations=20, checkpoint_every=20, on_checkpoint=saved.update, client=client, **kw)
+        before = fit(
+            x,
+            d,
+            iterations=20,
+            checkpoint_every=20,
+            on_checkpoint=saved.update,
+            client=client,
+            **kw,
+        )
         assert before.remaps[0]["iteration"] == 10 and "first check" in before.remaps[0]["reason"]
         resumed = fit(x, d, iterations=40, resume=saved, client=client, **kw)
-        afresh = fit(x, d, iterations=40, resume={k: v for k, v in saved.items() if k != "drpm"}, client=client, **kw)
+        afresh = fit(
+            x,
+            d,
+            iterations=40,
+            resume={k: v for k, v in saved.items() if k != "drpm"},
+            client=client,
+            **kw,
+        )
     state = saved["drpm"]
     assert state["plan"] == before.plan.to_dict() and before.plan.method != "uniform"
     assert [it for it, _ in state["checks"]] == [10]
@@ -233,7 +328,10 @@ def test_resume_continues_drpm_on_the_plan_it_had_reached():
     assert not any("first check" in rec.get("reason", "") for rec in resumed.remaps), resumed.remaps
     # Without the state: uniform again, and a forced whole remap at the first check.
     assert afresh.plans[0].method == "uniform"
-    assert afresh.remaps[0]["iteration"] == 30 and "first check without initial abilities" in afresh.remaps[0]["reason"]
+    assert (
+        afresh.remaps[0]["iteration"] == 30
+        and "first check without initial abilities" in afresh.remaps[0]["reason"]
+    )
     W, V, _ = fit_serial(x, d, hidden=48, iterations=40, learning_rate=1e-3)
     for r in (resumed, afresh):
         np.testing.assert_allclose(r.W, W, rtol=RTOL, atol=0)

@@ -37,7 +37,9 @@ pytestmark = pytest.mark.timeout(120)
 PROFILE_A = (0.25, 0.31, 0.63, 1.0, 1.0, 0.42, 0.67, 0.63)
 
 
-def _gemm_block(iteration: int | None = None, reps: int = 12, stated: bool = False) -> tuple[float, float]:
+def _gemm_block(
+    iteration: int | None = None, reps: int = 12, stated: bool = False
+) -> tuple[float, float]:
     """A fixed numpy workload inside pace(); returns (wall, cpu) of the block.
 
     ``stated``: the block tells pace() its work (2 n^3 flops per product), as
@@ -66,8 +68,9 @@ def _timed_paced_block() -> tuple[float, tuple[float, float, float]]:
     return wall, emu._plugin().last_block
 
 
-def _check_paced(client, worker: str, rate: float, iteration: int | None = None,
-                 tries: int = 6) -> float:
+def _check_paced(
+    client, worker: str, rate: float, iteration: int | None = None, tries: int = 6
+) -> float:
     """Run paced blocks on ``worker`` until one lasts cpu / rate (within 10%).
 
     A paced block never ends early; it can end late when the machine is busy
@@ -75,8 +78,9 @@ def _check_paced(client, worker: str, rate: float, iteration: int | None = None,
     """
     best = math.inf
     for _ in range(tries):
-        cpu, wall, target = client.submit(_paced_block, iteration, workers=[worker],
-                                          pure=False).result()
+        cpu, wall, target = client.submit(
+            _paced_block, iteration, workers=[worker], pure=False
+        ).result()
         assert target == pytest.approx(cpu / rate)
         assert wall >= target, "a paced block ended early"
         best = min(best, wall / target)
@@ -108,8 +112,12 @@ def test_pace_is_noop_outside_workers():
 
 
 def test_pace_is_noop_on_plain_worker():
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
-                      dashboard_address=None) as cluster, Client(cluster) as client:
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         assert client.submit(current_speed, 3).result() is None
         assert emulation_label(client) is None
         assert emulation_report(client) == []
@@ -147,8 +155,7 @@ def test_cluster_of_eight_reports_scale_and_label():
         with Client(cluster) as client:
             addrs = cluster.worker_names()
             assert addrs == emu.worker_addresses(client)
-            speeds = [client.submit(current_speed, workers=[a], pure=False).result()
-                      for a in addrs]
+            speeds = [client.submit(current_speed, workers=[a], pure=False).result() for a in addrs]
             assert speeds == list(PROFILE_A)
             assert emulation_label(client) == label
             with pytest.raises(ValueError):
@@ -171,8 +178,10 @@ def test_defaults_and_validation():
 def test_wall_time_ratios_follow_speeds_on_nanny_workers():
     speeds, scale = (1.0, 0.5, 0.25), 0.15
     # scale well below a core: robust to other load on a shared machine
-    with local_cluster(speeds, scale=scale, dashboard_address=None) as cluster, \
-            Client(cluster) as client:
+    with (
+        local_cluster(speeds, scale=scale, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
         addrs = cluster.worker_names()
         assert len(addrs) == 3 and all(a.startswith("tcp://127.0.0.1:") for a in addrs)
         # BLAS pinned to the worker's one thread, so thread_time sees all the work
@@ -183,8 +192,9 @@ def test_wall_time_ratios_follow_speeds_on_nanny_workers():
         walls: list[list[float]] = [[], [], []]
         for rnd in range(15):  # interleaved and sequential: no contention between them
             for i, a in enumerate(addrs):
-                wall, (_, inner, target) = client.submit(_timed_paced_block, pure=False,
-                                                         workers=[a]).result()
+                wall, (_, inner, target) = client.submit(
+                    _timed_paced_block, pure=False, workers=[a]
+                ).result()
                 # a block that overran measures other load, not the profile (and is counted)
                 if inner <= 1.05 * target:
                     walls[i].append(wall)
@@ -197,8 +207,10 @@ def test_wall_time_ratios_follow_speeds_on_nanny_workers():
         assert min(len(w) for w in walls) >= 3, f"machine too busy: most blocks overran {walls}"
         med = [statistics.median(w) for w in walls]
         ratios = [m / med[0] for m in med]
-        print(f"EMULATED wall-time ratios after {rnd + 1} rounds: "
-              f"{ratios[1]:.3f} (expect 2), {ratios[2]:.3f} (expect 4)")
+        print(
+            f"EMULATED wall-time ratios after {rnd + 1} rounds: "
+            f"{ratios[1]:.3f} (expect 2), {ratios[2]:.3f} (expect 4)"
+        )
         # fixed work: the wall-time ratios follow the speed ratios
         assert ratios[1] == pytest.approx(2.0, rel=0.15)
         assert ratios[2] == pytest.approx(4.0, rel=0.15)
@@ -210,8 +222,12 @@ def test_wall_time_ratios_follow_speeds_on_nanny_workers():
 
 def test_schedule_by_iteration_and_time():
     schedule = {1: [(3, 0.125)], 0: [("t", 1.0, 0.25)]}
-    with local_cluster((1.0, 0.5), scale=0.5, processes=False, schedule=schedule,
-                       dashboard_address=None) as cluster, Client(cluster) as client:
+    with (
+        local_cluster(
+            (1.0, 0.5), scale=0.5, processes=False, schedule=schedule, dashboard_address=None
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         assert "w1->0.125 from iteration 3" in cluster.emulation_label
         assert "w0->0.25 after 1 s" in cluster.emulation_label
         w0, w1 = cluster.worker_names()
@@ -240,8 +256,10 @@ def test_schedule_by_iteration_and_time():
 
 
 def test_set_speed_at_run_time():
-    with local_cluster((1.0, 0.5), scale=0.5, processes=False,
-                       dashboard_address=None) as cluster, Client(cluster) as client:
+    with (
+        local_cluster((1.0, 0.5), scale=0.5, processes=False, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
         w0, w1 = cluster.worker_names()
         set_speed(client, 0, 0.2)
         assert client.submit(current_speed, workers=[w0], pure=False).result() == 0.2
@@ -269,8 +287,10 @@ def test_overruns_nesting_and_errors_are_accounted():
         with pytest.raises(RuntimeError), pace(2):
             raise RuntimeError("not paced")
 
-    with local_cluster((0.5,), scale=0.5, processes=False,
-                       dashboard_address=None) as cluster, Client(cluster) as client:
+    with (
+        local_cluster((0.5,), scale=0.5, processes=False, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
         client.submit(blocks, pure=False).result()
         (row,) = emulation_report(client)
         assert row["blocks"] == 2
@@ -287,8 +307,9 @@ def test_helpers_work_with_an_asynchronous_client():
     import asyncio
 
     async def main() -> tuple[str | None, list[str], float | None]:
-        async with local_cluster((1.0, 0.5), processes=False, dashboard_address=None,
-                                 asynchronous=True) as cluster:
+        async with local_cluster(
+            (1.0, 0.5), processes=False, dashboard_address=None, asynchronous=True
+        ) as cluster:
             async with Client(cluster, asynchronous=True) as client:
                 await set_speed(client, 1, 0.125)
                 addrs = await emu.worker_addresses(client)
@@ -305,8 +326,14 @@ def test_helpers_work_with_an_asynchronous_client():
 
 def test_plugin_from_env():
     assert emu.plugin_from_env({}) is None
-    p = emu.plugin_from_env({emu.ENV_SPEED: "0.5", emu.ENV_SCALE: "0.25",
-                             emu.ENV_SCHEDULE: '[[10, 0.2], ["t", 5, 1.0]]', emu.ENV_INDEX: "3"})
+    p = emu.plugin_from_env(
+        {
+            emu.ENV_SPEED: "0.5",
+            emu.ENV_SCALE: "0.25",
+            emu.ENV_SCHEDULE: '[[10, 0.2], ["t", 5, 1.0]]',
+            emu.ENV_INDEX: "3",
+        }
+    )
     assert isinstance(p, EmulationPlugin)
     assert (p.speed, p.scale, p.index) == (0.5, 0.25, 3)
     assert p.speed_at(9) == 0.5 and p.speed_at(10) == 0.2
@@ -318,17 +345,36 @@ def test_plugin_from_env():
 
 
 def test_env_var_preload_on_a_worker_started_elsewhere():
-    with LocalCluster(n_workers=0, processes=True, dashboard_address=None) as cluster, \
-            Client(cluster) as client:
+    with (
+        LocalCluster(n_workers=0, processes=True, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
         # like a batch job on a shared file system: the job sees the same code
         path = os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])
-        env = dict(os.environ, **{emu.ENV_SPEED: "0.5", emu.ENV_SCALE: "0.25",
-                                  "OPENBLAS_NUM_THREADS": "2", "PYTHONPATH": path})
-        cmd = [sys.executable, "-m", "distributed.cli.dask_worker", cluster.scheduler_address,
-               "--nthreads", "1", "--no-nanny", "--no-dashboard", "--name", "slurm-job-0",
-               "--preload", "dask_rpm.emulation"]
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+        env = dict(
+            os.environ,
+            **{
+                emu.ENV_SPEED: "0.5",
+                emu.ENV_SCALE: "0.25",
+                "OPENBLAS_NUM_THREADS": "2",
+                "PYTHONPATH": path,
+            },
+        )
+        cmd = [
+            sys.executable,
+            "-m",
+            "distributed.cli.dask_worker",
+            cluster.scheduler_address,
+            "--nthreads",
+            "1",
+            "--no-nanny",
+            "--no-dashboard",
+            "--name",
+            "slurm-job-0",
+            "--preload",
+            "dask_rpm.emulation",
+        ]
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             client.wait_for_workers(1, timeout=60)
             assert proc.poll() is None
@@ -339,7 +385,9 @@ def test_env_var_preload_on_a_worker_started_elsewhere():
             assert all(t == 1 for t in client.run(_blas_threads)[row["address"]])
             _check_paced(client, row["address"], 0.5 * 0.25)
             label = emulation_label(client)
-            assert label == "EMULATED heterogeneity on one machine: speeds 0.5 x scale 0.25 of a core"
+            assert (
+                label == "EMULATED heterogeneity on one machine: speeds 0.5 x scale 0.25 of a core"
+            )
         finally:
             proc.terminate()
             proc.wait(timeout=30)
@@ -362,7 +410,11 @@ def test_heartbeat_failure_of_a_closing_worker_is_not_logged():
         assert quiet.filter(record("something else"))
     finally:
         cluster.close()
-    assert not quiet.filter(record(beat))  # once closing: the in-flight heartbeat's traceback is dropped
+    assert not quiet.filter(
+        record(beat)
+    )  # once closing: the in-flight heartbeat's traceback is dropped
     assert quiet.filter(record("something else"))  # everything else still passes
     # the emulation plugin installs the filter on every emulated worker
-    assert any(isinstance(f, _HeartbeatAtClose) for f in logging.getLogger("distributed.worker").filters)
+    assert any(
+        isinstance(f, _HeartbeatAtClose) for f in logging.getLogger("distributed.worker").filters
+    )

@@ -13,8 +13,8 @@ from distributed import Client, LocalCluster
 import dask_rpm
 from dask_rpm.data import DataError, write_dataset
 from dask_rpm.engine import TrainingError, WorkerLostError, fit, ordered_workers
-from dask_rpm.serial import fit_serial
 from dask_rpm.partition import Plan, PlanError
+from dask_rpm.serial import fit_serial
 
 RTOL = 1e-10
 
@@ -32,9 +32,15 @@ def _random_plan(rng, n_workers, s, shape):
     n, m, l = shape
     order = list(rng.permutation(n_workers))
     n_cols = int(rng.integers(1, n_workers + 1))
-    cuts = sorted(rng.choice(np.arange(1, n_workers), size=n_cols - 1, replace=False)) if n_cols > 1 else []
+    cuts = (
+        sorted(rng.choice(np.arange(1, n_workers), size=n_cols - 1, replace=False))
+        if n_cols > 1
+        else []
+    )
     columns = [order[a:b] for a, b in zip([0, *cuts], [*cuts, n_workers])]
-    scuts = sorted(rng.choice(np.arange(1, s), size=n_cols - 1, replace=False)) if n_cols > 1 else []
+    scuts = (
+        sorted(rng.choice(np.arange(1, s), size=n_cols - 1, replace=False)) if n_cols > 1 else []
+    )
     sample_sizes = np.diff([0, *scuts, s])
     hidden = []
     for col in columns:
@@ -42,7 +48,9 @@ def _random_plan(rng, n_workers, s, shape):
         mc = sorted(rng.choice(np.arange(1, m), size=k - 1, replace=False)) if k > 1 else []
         hidden.append(list(np.diff([0, *mc, m])))
     ab = rng.uniform(0.2, 1.0, size=n_workers)
-    return Plan.from_columns(columns, sample_sizes, hidden, shape=shape, abilities=ab, method="random")
+    return Plan.from_columns(
+        columns, sample_sizes, hidden, shape=shape, abilities=ab, method="random"
+    )
 
 
 def _assert_equal_serial(result, x, d, m, iterations, lr, seed=0):
@@ -54,16 +62,22 @@ def _assert_equal_serial(result, x, d, m, iterations, lr, seed=0):
 
 @pytest.fixture(scope="module")
 def client6():
-    with LocalCluster(n_workers=6, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
+    with LocalCluster(
+        n_workers=6, threads_per_worker=1, processes=True, dashboard_address=":0"
+    ) as cluster:
         with Client(cluster) as client:
             yield client
 
 
 def test_one_worker_cluster_equals_serial():
     x, d = _problem()
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster:
+    with LocalCluster(
+        n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0"
+    ) as cluster:
         with Client(cluster) as client:
-            r = fit(x, d, hidden=7, iterations=50, learning_rate=0.05, mapping="uniform", client=client)
+            r = fit(
+                x, d, hidden=7, iterations=50, learning_rate=0.05, mapping="uniform", client=client
+            )
     assert r.plan.n_columns == 1 and len(r.plan.rectangles) == 1
     _assert_equal_serial(r, x, d, 7, 50, 0.05)
     assert r.history.sizes == {"iteration": 50, "worker": 1}
@@ -72,11 +86,18 @@ def test_one_worker_cluster_equals_serial():
 @pytest.mark.parametrize("seed", range(6))
 def test_random_plans_equal_serial(client6, seed):
     rng = np.random.default_rng(100 + seed)
-    x, d = _problem(s=int(rng.integers(20, 80)), n=int(rng.integers(2, 12)), l=int(rng.integers(1, 6)), seed=seed)
+    x, d = _problem(
+        s=int(rng.integers(20, 80)),
+        n=int(rng.integers(2, 12)),
+        l=int(rng.integers(1, 6)),
+        seed=seed,
+    )
     m = int(rng.integers(6, 15))
     n_workers = 1 + seed % 6
     plan = _random_plan(rng, n_workers, x.shape[0], (x.shape[1], m, d.shape[1]))
-    r = fit(x, d, hidden=m, iterations=50, learning_rate=0.03, mapping=plan, seed=seed, client=client6)
+    r = fit(
+        x, d, hidden=m, iterations=50, learning_rate=0.03, mapping=plan, seed=seed, client=client6
+    )
     _assert_equal_serial(r, x, d, m, 50, 0.03, seed=seed)
     # Only the plan's workers worked.
     assert int(np.isfinite(r.history["forward"].values).any(axis=0).sum()) == n_workers
@@ -107,7 +128,16 @@ def test_every_column_count_equals_serial(client6):
 )
 def test_planner_mappings_equal_serial(client6, mapping, abilities):
     x, d = _problem(s=64, n=8, l=3, seed=7)
-    r = fit(x, d, hidden=16, iterations=50, learning_rate=0.05, mapping=mapping, abilities=abilities, client=client6)
+    r = fit(
+        x,
+        d,
+        hidden=16,
+        iterations=50,
+        learning_rate=0.05,
+        mapping=mapping,
+        abilities=abilities,
+        client=client6,
+    )
     _assert_equal_serial(r, x, d, 16, 50, 0.05)
 
 
@@ -129,9 +159,21 @@ def test_xarray_and_netcdf_inputs(client6, tmp_path):
 def test_history_and_task_keys(client6):
     x, d = _problem(s=30, n=4, l=2)
     plan = Plan.from_columns([[0, 1], [2, 3]], [15, 15], [[2, 4], [4, 2]], shape=(4, 6, 2))
-    r = fit(x, d, hidden=6, iterations=5, learning_rate=0.1, mapping=plan, client=client6, interval=2)
+    r = fit(
+        x, d, hidden=6, iterations=5, learning_rate=0.1, mapping=plan, client=client6, interval=2
+    )
     h = r.history
-    for var in ("error", "iteration_time", "forward", "vertical_wait", "backward", "horizontal", "modify", "t1", "t2"):
+    for var in (
+        "error",
+        "iteration_time",
+        "forward",
+        "vertical_wait",
+        "backward",
+        "horizontal",
+        "modify",
+        "t1",
+        "t2",
+    ):
         assert var in h and "units" in h[var].attrs and "description" in h[var].attrs
     assert h["forward"].dims == ("iteration", "worker")
     assert np.all(h["forward"].values > 0) and np.all(h["modify"].values > 0)
@@ -157,10 +199,14 @@ def test_bad_inputs_fail_before_work(client6):
         fit(x, d, hidden=4, iterations=2, learning_rate=0.0, client=client6)
     with pytest.raises(DataError, match="learning_rate"):
         fit(x, d, hidden=4, iterations=2, learning_rate=-1.0, client=client6)
-    plan7 = Plan.from_columns([[0, 1, 2, 3, 4, 5, 6]], [20], [[1, 1, 1, 1, 1, 1, 2]], shape=(4, 8, 2))
+    plan7 = Plan.from_columns(
+        [[0, 1, 2, 3, 4, 5, 6]], [20], [[1, 1, 1, 1, 1, 1, 2]], shape=(4, 8, 2)
+    )
     with pytest.raises(PlanError, match="needs 7 workers but the cluster has 6"):
         fit(x, d, hidden=8, iterations=2, mapping=plan7, client=client6)
-    plan2 = Plan.from_columns([[0, 1]], [20], [[2, 2]], shape=(4, 4, 2)).with_workers(["tcp://10.0.0.1:1", "tcp://10.0.0.2:1"])
+    plan2 = Plan.from_columns([[0, 1]], [20], [[2, 2]], shape=(4, 4, 2)).with_workers(
+        ["tcp://10.0.0.1:1", "tcp://10.0.0.2:1"]
+    )
     with pytest.raises(PlanError, match="does not have"):
         fit(x, d, hidden=4, iterations=2, mapping=plan2, client=client6)
     with pytest.raises(PlanError, match="abilities given for 6 workers"):
@@ -176,7 +222,16 @@ def test_divergence_returns_last_finite_weights(client6, interval):
     d = np.column_stack([np.ones(100), np.zeros(100)])
     plan = Plan.from_columns([[0], [1]], [50, 50], [[6], [6]], shape=(4, 6, 2))
     W0, V0 = dask_rpm.kernels.init_weights(4, 6, 2, seed=0, scale=0.1)
-    r = fit(x, d, hidden=6, iterations=30, learning_rate=1e308, mapping=plan, client=client6, interval=interval)
+    r = fit(
+        x,
+        d,
+        hidden=6,
+        iterations=30,
+        learning_rate=1e308,
+        mapping=plan,
+        client=client6,
+        interval=interval,
+    )
     assert r.stopped is not None and "diverged" in r.stopped and "after 0 iteration" in r.stopped
     # The last finite weights are the initial ones (the first update overflowed).
     np.testing.assert_array_equal(r.W, W0)
@@ -186,7 +241,9 @@ def test_divergence_returns_last_finite_weights(client6, interval):
 
 def test_worker_loss_raises_naming_the_worker():
     x, d = _problem(s=40, n=4, l=2)
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+    ) as cluster:
         with Client(cluster) as client:
             victim = ordered_workers(client.scheduler_info())[1]
             plan = Plan.from_columns([[0, 1]], [40], [[3, 3]], shape=(4, 6, 2))
@@ -201,8 +258,16 @@ def test_worker_loss_raises_naming_the_worker():
             t = threading.Thread(target=kill)
             t.start()
             with pytest.raises(WorkerLostError, match=victim.replace(".", r"\.")):
-                fit(x, d, hidden=6, iterations=100_000, learning_rate=0.01, mapping=plan, client=client,
-                    on_worker_loss="raise")
+                fit(
+                    x,
+                    d,
+                    hidden=6,
+                    iterations=100_000,
+                    learning_rate=0.01,
+                    mapping=plan,
+                    client=client,
+                    on_worker_loss="raise",
+                )
             t.join()
 
 
@@ -217,10 +282,24 @@ def test_vertical_algorithms_equal_serial(client6, vertical):
 
     rng = np.random.default_rng(5)
     x, d = _problem(s=45, n=7, l=3, seed=5)
-    plan = Plan.from_columns([[0, 1, 2], [3, 4], [5]], [15, 18, 12], [[3, 4, 5], [7, 5], [12]],
-                             shape=(7, 12, 3), abilities=rng.uniform(0.2, 1, 6))
+    plan = Plan.from_columns(
+        [[0, 1, 2], [3, 4], [5]],
+        [15, 18, 12],
+        [[3, 4, 5], [7, 5], [12]],
+        shape=(7, 12, 3),
+        abilities=rng.uniform(0.2, 1, 6),
+    )
     with dask.config.set({"rpm.engine.vertical": vertical}):
-        r = fit(x, d, hidden=12, iterations=40, learning_rate=0.05, mapping=plan, client=client6, progress="none")
+        r = fit(
+            x,
+            d,
+            hidden=12,
+            iterations=40,
+            learning_rate=0.05,
+            mapping=plan,
+            client=client6,
+            progress="none",
+        )
     _assert_equal_serial(r, x, d, 12, 40, 0.05)
 
 
@@ -237,15 +316,34 @@ def test_a_peer_that_does_not_answer_fails_the_block_naming_it(client6):
 
     def stall(info):
         if not stalls:  # the loop of worker 1 sleeps: it neither computes nor answers
-            stalls.append(threading.Thread(target=client6.run, args=(time.sleep, 4.0), kwargs={"workers": [addrs[1]]}))
+            stalls.append(
+                threading.Thread(
+                    target=client6.run, args=(time.sleep, 4.0), kwargs={"workers": [addrs[1]]}
+                )
+            )
             stalls[0].start()
 
     t0 = time.monotonic()
     with dask.config.set({"rpm.engine.receive-timeout": 1.0}):
-        with pytest.raises(TrainingError, match=rf"no horizontal data of iteration \d+ from worker 1 "
-                                                rf"\({addrs[1]}\) within 1 s"):
-            fit(x, d, hidden=6, iterations=100_000, learning_rate=0.01, mapping=plan, client=client6,
-                interval=5, progress="none", on_worker_loss="raise", callback=stall, elastic=False)
+        with pytest.raises(
+            TrainingError,
+            match=rf"no horizontal data of iteration \d+ from worker 1 "
+            rf"\({addrs[1]}\) within 1 s",
+        ):
+            fit(
+                x,
+                d,
+                hidden=6,
+                iterations=100_000,
+                learning_rate=0.01,
+                mapping=plan,
+                client=client6,
+                interval=5,
+                progress="none",
+                on_worker_loss="raise",
+                callback=stall,
+                elastic=False,
+            )
     assert time.monotonic() - t0 < 30
     stalls[0].join()
 
@@ -257,7 +355,9 @@ def test_sigkill_mid_block_recovers_to_serial_weights():
     import signal
 
     x, d = _problem(s=64, n=6, l=3, seed=2)
-    with LocalCluster(n_workers=4, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
+    with LocalCluster(
+        n_workers=4, threads_per_worker=1, processes=True, dashboard_address=":0"
+    ) as cluster:
         with Client(cluster) as client:
             addrs = ordered_workers(client.scheduler_info())
             pids = client.run(os.getpid)
@@ -269,8 +369,18 @@ def test_sigkill_mid_block_recovers_to_serial_weights():
                     started.append(info["iteration"])
                     threading.Timer(0.5, os.kill, args=(pids[addrs[1]], signal.SIGKILL)).start()
 
-            r = fit(x, d, hidden=9, iterations=4000, learning_rate=0.05, mapping=plan, client=client,
-                    interval=2000, callback=callback, progress="none")
+            r = fit(
+                x,
+                d,
+                hidden=9,
+                iterations=4000,
+                learning_rate=0.05,
+                mapping=plan,
+                client=client,
+                interval=2000,
+                callback=callback,
+                progress="none",
+            )
     (rec,) = [rec for rec in r.remaps if rec.get("lost")]
     assert rec["lost"] == [addrs[1]] and rec["recovered_from"] == "columns"
     # the kill landed inside the second block (iterations 2000..3999), which was rolled back to 2000
@@ -284,16 +394,29 @@ def test_min_workers_wait_says_what_it_waits_for(caplog):
     import dask
 
     x, d = _problem(s=20, n=4, l=2)
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster, \
-            Client(cluster) as client, dask.config.set({"rpm.train.wait-workers": 1.5}):
-        with caplog.at_level("WARNING", logger="dask_rpm"), \
-                pytest.raises(TrainingError, match=r"only 1 of min_workers=3 workers connected within 1.5 s"):
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+        dask.config.set({"rpm.train.wait-workers": 1.5}),
+    ):
+        with (
+            caplog.at_level("WARNING", logger="dask_rpm"),
+            pytest.raises(
+                TrainingError, match=r"only 1 of min_workers=3 workers connected within 1.5 s"
+            ),
+        ):
             fit(x, d, hidden=4, iterations=2, client=client, min_workers=3, progress="none")
         # nothing ran: the scheduler has no rpm task
-        prefixes = client.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.task_prefixes))
+        prefixes = client.run_on_scheduler(
+            lambda dask_scheduler: sorted(dask_scheduler.task_prefixes)
+        )
         assert not [p for p in prefixes if p.startswith("rpm-")], prefixes
     waits = [r.getMessage() for r in caplog.records if "waiting for" in r.getMessage()]
-    assert waits and waits[0].startswith("fit: waiting for min_workers=3 workers: 1 connected; giving up in ")
+    assert waits and waits[0].startswith(
+        "fit: waiting for min_workers=3 workers: 1 connected; giving up in "
+    )
     assert "(rpm.train.wait-workers=1.5 s)" in waits[0]
 
 
@@ -302,10 +425,14 @@ def test_fit_without_a_client_says_how_to_start_one():
     import subprocess
     import sys
 
-    code = ("import numpy as np, dask_rpm\n"
-            "dask_rpm.fit(np.ones((8, 3)), np.ones((8, 2)), hidden=2, iterations=1)\n")
+    code = (
+        "import numpy as np, dask_rpm\n"
+        "dask_rpm.fit(np.ones((8, 3)), np.ones((8, 2)), hidden=2, iterations=1)\n"
+    )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 1
     last = p.stderr.strip().splitlines()[-1]
-    assert last == ("dask_rpm.engine.errors.TrainingError: fit() found no Dask client: start one first, e.g. "
-                    "`client = distributed.Client(dask_rpm.local_cluster())`, or pass client=..."), p.stderr[-2000:]
+    assert last == (
+        "dask_rpm.engine.errors.TrainingError: fit() found no Dask client: start one first, e.g. "
+        "`client = distributed.Client(dask_rpm.local_cluster())`, or pass client=..."
+    ), p.stderr[-2000:]

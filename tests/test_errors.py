@@ -19,8 +19,9 @@ import re
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
@@ -42,8 +43,14 @@ class Case(NamedTuple):
 # Helpers: real files, the real CLI
 # --------------------------------------------------------------------------
 
-JOB = {"data": "data.nc", "hidden": 4, "iterations": 3, "learning-rate": 0.01, "output": "result.nc",
-       "workers": {"local": {"speeds": [1.0]}}}
+JOB = {
+    "data": "data.nc",
+    "hidden": 4,
+    "iterations": 3,
+    "learning-rate": 0.01,
+    "output": "result.nc",
+    "workers": {"local": {"speeds": [1.0]}},
+}
 
 
 def _arrays(s: int = 40, n: int = 5, l: int = 2) -> tuple[np.ndarray, np.ndarray]:
@@ -67,7 +74,10 @@ def _job(tmp: Path, name: str = "job.yaml", **over: Any) -> Path:
 
 
 def _listing(tmp: Path) -> dict[str, tuple[int, int]]:
-    return {str(p.relative_to(tmp)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(tmp.rglob("*"))}
+    return {
+        str(p.relative_to(tmp)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(tmp.rglob("*"))
+    }
 
 
 def _norm(text: str, tmp: Path) -> str:
@@ -110,12 +120,21 @@ def _api(tmp: Path, call: Callable[[], Any], error: type = ValueError) -> str:
     return _norm(f"{type(info.value).__name__}: {info.value}", tmp)
 
 
-def _fit(tmp: Path, client: Any, x: Any = None, d: Any = None, error: type = ValueError, **kw: Any) -> str:
+def _fit(
+    tmp: Path, client: Any, x: Any = None, d: Any = None, error: type = ValueError, **kw: Any
+) -> str:
     """``dask_rpm.fit`` refusing before any work: no iteration is timed anywhere."""
     from dask_rpm import fit
 
     xa, da = _arrays()
-    args = {"hidden": 4, "iterations": 3, "learning_rate": 0.01, "client": client, "progress": "none", **kw}
+    args = {
+        "hidden": 4,
+        "iterations": 3,
+        "learning_rate": 0.01,
+        "client": client,
+        "progress": "none",
+        **kw,
+    }
     before = _tasks(client)
     msg = _api(tmp, lambda: fit(xa if x is None else x, da if d is None else d, **args), error)
     assert _tasks(client) == before, "fit ran iterations before refusing"
@@ -139,8 +158,15 @@ def _checkpoint(tmp: Path, iteration: int = 2, **over: Any) -> None:
     _data(tmp)
     job = load_job(_job(tmp, "other.yaml", **over))
     n, m, l = job.shape[1], job.hidden, job.shape[2]
-    write_checkpoint(job, {"iteration": iteration, "W": np.zeros((m, n)), "V": np.zeros((l, m)),
-                           "errors": np.ones(iteration)})
+    write_checkpoint(
+        job,
+        {
+            "iteration": iteration,
+            "W": np.zeros((m, n)),
+            "V": np.zeros((l, m)),
+            "errors": np.ones(iteration),
+        },
+    )
     (tmp / "other.yaml").unlink()
 
 
@@ -161,7 +187,9 @@ def _unreachable(tmp: Path, _: Any) -> str:
 
 def _no_client(tmp: Path, _: Any) -> str:
     code = "import numpy as np, dask_rpm\ndask_rpm.fit(np.ones((8, 3)), np.ones((8, 2)), hidden=2, iterations=1)\n"
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp)
+    p = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp
+    )
     assert p.returncode == 1
     name, _, msg = p.stderr.strip().splitlines()[-1].partition(": ")
     return f"{name.rsplit('.', 1)[-1]}: {msg}"
@@ -181,8 +209,9 @@ def _load_result(tmp: Path) -> str:
 
     from dask_rpm.model import MLPModel
 
-    xr.Dataset({"W": (("hidden", "input"), np.zeros((2, 2)))}, attrs={"title": "dask_rpm training result"}).to_netcdf(
-        tmp / "result.nc", engine="h5netcdf")
+    xr.Dataset(
+        {"W": (("hidden", "input"), np.zeros((2, 2)))}, attrs={"title": "dask_rpm training result"}
+    ).to_netcdf(tmp / "result.nc", engine="h5netcdf")
     return _api(tmp, lambda: MLPModel.load(tmp / "result.nc"))
 
 
@@ -191,8 +220,13 @@ def _raw(tmp: Path, text: str) -> Path:
     return tmp / "job.yaml"
 
 
-J, D, P, C, A = ("The job file (dask-rpm train --config FILE)", "Data files", "Output and checkpoint paths",
-                 "Command-line options", "The Python API (dask_rpm.fit)")
+J, D, P, C, A = (
+    "The job file (dask-rpm train --config FILE)",
+    "Data files",
+    "Output and checkpoint paths",
+    "Command-line options",
+    "The Python API (dask_rpm.fit)",
+)
 M = "Models (dask-rpm predict, MLPModel.load)"
 
 
@@ -202,8 +236,11 @@ def _model(tmp: Path) -> None:
     from dask_rpm.network import Network
 
     rng = np.random.default_rng(0)
-    MLPModel(rng.normal(size=(3, 5)), rng.normal(size=(2, 3)), Network("tanh", "cross-entropy", "softmax")).save(
-        tmp / "model.nc")
+    MLPModel(
+        rng.normal(size=(3, 5)),
+        rng.normal(size=(2, 3)),
+        Network("tanh", "cross-entropy", "softmax"),
+    ).save(tmp / "model.nc")
     _data(tmp)
 
 
@@ -215,159 +252,489 @@ def _predict(tmp: Path, *argv: str) -> str:
     for i in range(0, len(extra) - 1, 2):
         if extra[i] in opts:
             opts[extra[i]] = extra[i + 1]
-    args = [a for kv in opts.items() for a in kv] + [a for a in extra if a.startswith("--") and a not in opts]
+    args = [a for kv in opts.items() for a in kv] + [
+        a for a in extra if a.startswith("--") and a not in opts
+    ]
     return _cli(tmp, "predict", *args)
+
 
 CASES = [
     # ---- the job file
-    Case("job-file-missing", J, "The job file does not exist.",
-         lambda t, c: _cli(t, "train", "--config", "nope.yaml")),
-    Case("job-not-yaml", J, "The job file is not valid YAML.",
-         lambda t, c: _cli(t, "train", "--config", str(_raw(t, "data: [unclosed\n")))),
-    Case("job-not-mapping", J, "The job file holds a list, not keys.",
-         lambda t, c: _cli(t, "train", "--config", str(_raw(t, "- data.nc\n- 4\n")))),
+    Case(
+        "job-file-missing",
+        J,
+        "The job file does not exist.",
+        lambda t, c: _cli(t, "train", "--config", "nope.yaml"),
+    ),
+    Case(
+        "job-not-yaml",
+        J,
+        "The job file is not valid YAML.",
+        lambda t, c: _cli(t, "train", "--config", str(_raw(t, "data: [unclosed\n"))),
+    ),
+    Case(
+        "job-not-mapping",
+        J,
+        "The job file holds a list, not keys.",
+        lambda t, c: _cli(t, "train", "--config", str(_raw(t, "- data.nc\n- 4\n"))),
+    ),
     Case("job-unknown-key", J, "A misspelt top-level key.", lambda t, c: _train(t, itterations=5)),
     Case("job-missing-data", J, "No `data:`.", lambda t, c: _train(t, data=None)),
     Case("job-missing-hidden", J, "No `hidden:`.", lambda t, c: _train(t, hidden=None)),
     Case("job-missing-output", J, "No `output:`.", lambda t, c: _train(t, output=None)),
-    Case("hidden-zero", J, "`hidden:` is not a whole number >= 1.", lambda t, c: _train(t, hidden=0)),
+    Case(
+        "hidden-zero", J, "`hidden:` is not a whole number >= 1.", lambda t, c: _train(t, hidden=0)
+    ),
     Case("hidden-text", J, "`hidden:` is text.", lambda t, c: _train(t, hidden="many")),
-    Case("iterations-missing", J, "Neither `iterations:` nor `target-error:`.",
-         lambda t, c: _train(t, iterations=None)),
-    Case("target-without-iterations", J, "`target-error:` without `iterations:` as the maximum.",
-         lambda t, c: _train(t, iterations=None, target_error=1.0)),
+    Case(
+        "iterations-missing",
+        J,
+        "Neither `iterations:` nor `target-error:`.",
+        lambda t, c: _train(t, iterations=None),
+    ),
+    Case(
+        "target-without-iterations",
+        J,
+        "`target-error:` without `iterations:` as the maximum.",
+        lambda t, c: _train(t, iterations=None, target_error=1.0),
+    ),
     Case("iterations-zero", J, "`iterations: 0`.", lambda t, c: _train(t, iterations=0)),
-    Case("target-error-negative", J, "A negative target error.", lambda t, c: _train(t, target_error=-1)),
-    Case("learning-rate-missing", J, "No `learning-rate:`.", lambda t, c: _train(t, learning_rate=None)),
-    Case("learning-rate-negative", J, "A learning rate <= 0.", lambda t, c: _train(t, learning_rate=-1)),
-    Case("learning-rate-nan", J, "A learning rate that is not finite.",
-         lambda t, c: _train(t, learning_rate=float("nan"))),
+    Case(
+        "target-error-negative",
+        J,
+        "A negative target error.",
+        lambda t, c: _train(t, target_error=-1),
+    ),
+    Case(
+        "learning-rate-missing",
+        J,
+        "No `learning-rate:`.",
+        lambda t, c: _train(t, learning_rate=None),
+    ),
+    Case(
+        "learning-rate-negative",
+        J,
+        "A learning rate <= 0.",
+        lambda t, c: _train(t, learning_rate=-1),
+    ),
+    Case(
+        "learning-rate-nan",
+        J,
+        "A learning rate that is not finite.",
+        lambda t, c: _train(t, learning_rate=float("nan")),
+    ),
     Case("batch-size-zero", J, "`batch-size: 0`.", lambda t, c: _train(t, batch_size=0)),
-    Case("mapping-unknown", J, "A mapping that is not DRPM or a planner.", lambda t, c: _train(t, mapping="best")),
-    Case("dtype-unknown", J, "A dtype other than float64 / float32.", lambda t, c: _train(t, dtype="float16")),
+    Case(
+        "mapping-unknown",
+        J,
+        "A mapping that is not DRPM or a planner.",
+        lambda t, c: _train(t, mapping="best"),
+    ),
+    Case(
+        "dtype-unknown",
+        J,
+        "A dtype other than float64 / float32.",
+        lambda t, c: _train(t, dtype="float16"),
+    ),
     Case("seed-negative", J, "A negative seed.", lambda t, c: _train(t, seed=-1)),
-    Case("min-workers-too-many", J, "`min-workers:` above the workers the job starts.",
-         lambda t, c: _train(t, min_workers=3)),
-    Case("on-worker-loss-unknown", J, "`on-worker-loss:` other than recover / raise.",
-         lambda t, c: _train(t, on_worker_loss="retry")),
+    Case(
+        "min-workers-too-many",
+        J,
+        "`min-workers:` above the workers the job starts.",
+        lambda t, c: _train(t, min_workers=3),
+    ),
+    Case(
+        "on-worker-loss-unknown",
+        J,
+        "`on-worker-loss:` other than recover / raise.",
+        lambda t, c: _train(t, on_worker_loss="retry"),
+    ),
     Case("time-limit-negative", J, "A time limit <= 0.", lambda t, c: _train(t, time_limit=-5)),
     Case("config-not-mapping", J, "`config:` is not a mapping.", lambda t, c: _train(t, config=5)),
-    Case("config-typo", J, "A misspelt setting under `config:` (checked against rpm.yaml).",
-         lambda t, c: _train(t, config={"drpm": {"intervall": 10}})),
-    Case("config-group-not-mapping", J, "A group of settings given a value.",
-         lambda t, c: _train(t, config={"drpm": 5})),
+    Case(
+        "config-typo",
+        J,
+        "A misspelt setting under `config:` (checked against rpm.yaml).",
+        lambda t, c: _train(t, config={"drpm": {"intervall": 10}}),
+    ),
+    Case(
+        "config-group-not-mapping",
+        J,
+        "A group of settings given a value.",
+        lambda t, c: _train(t, config={"drpm": 5}),
+    ),
     Case("workers-missing", J, "No `workers:`.", lambda t, c: _train(t, workers=None)),
-    Case("workers-two-kinds", J, "Two kinds of workers at once.",
-         lambda t, c: _train(t, workers={"local": {"speeds": [1]}, "scheduler": "tcp://h:8786"})),
-    Case("workers-local-speeds", J, "An EMULATED speed <= 0.",
-         lambda t, c: _train(t, workers={"local": {"speeds": [1.0, 0]}})),
-    Case("workers-scheduler-address", J, "A scheduler address that is not one.",
-         lambda t, c: _train(t, workers={"scheduler": 8786})),
-    Case("workers-scheduler-unreachable", J, "A scheduler nobody answers at (connect timeout 2 s here).",
-         _unreachable),
-    Case("workers-slurm-group", J, "A SLURM worker group with a bad name.",
-         lambda t, c: _train(t, workers={"slurm": {"groups": [{"name": "a-b", "jobs": 1, "cores": 1,
-                                                                "memory": "1GiB"}]}})),
-    Case("checkpoint-not-mapping", J, "`checkpoint:` is not a mapping.", lambda t, c: _train(t, checkpoint=5)),
-    Case("checkpoint-unknown-key", J, "A misspelt key under `checkpoint:`.",
-         lambda t, c: _train(t, checkpoint={"evry": 5})),
-    Case("checkpoint-every-negative", J, "`checkpoint.every` < 0.",
-         lambda t, c: _train(t, checkpoint={"every": -1})),
-    Case("overwrite-not-bool", J, "`overwrite:` is not true / false.", lambda t, c: _train(t, overwrite="yes")),
+    Case(
+        "workers-two-kinds",
+        J,
+        "Two kinds of workers at once.",
+        lambda t, c: _train(t, workers={"local": {"speeds": [1]}, "scheduler": "tcp://h:8786"}),
+    ),
+    Case(
+        "workers-local-speeds",
+        J,
+        "An EMULATED speed <= 0.",
+        lambda t, c: _train(t, workers={"local": {"speeds": [1.0, 0]}}),
+    ),
+    Case(
+        "workers-scheduler-address",
+        J,
+        "A scheduler address that is not one.",
+        lambda t, c: _train(t, workers={"scheduler": 8786}),
+    ),
+    Case(
+        "workers-scheduler-unreachable",
+        J,
+        "A scheduler nobody answers at (connect timeout 2 s here).",
+        _unreachable,
+    ),
+    Case(
+        "workers-slurm-group",
+        J,
+        "A SLURM worker group with a bad name.",
+        lambda t, c: _train(
+            t,
+            workers={
+                "slurm": {"groups": [{"name": "a-b", "jobs": 1, "cores": 1, "memory": "1GiB"}]}
+            },
+        ),
+    ),
+    Case(
+        "checkpoint-not-mapping",
+        J,
+        "`checkpoint:` is not a mapping.",
+        lambda t, c: _train(t, checkpoint=5),
+    ),
+    Case(
+        "checkpoint-unknown-key",
+        J,
+        "A misspelt key under `checkpoint:`.",
+        lambda t, c: _train(t, checkpoint={"evry": 5}),
+    ),
+    Case(
+        "checkpoint-every-negative",
+        J,
+        "`checkpoint.every` < 0.",
+        lambda t, c: _train(t, checkpoint={"every": -1}),
+    ),
+    Case(
+        "overwrite-not-bool",
+        J,
+        "`overwrite:` is not true / false.",
+        lambda t, c: _train(t, overwrite="yes"),
+    ),
     # ---- data
-    Case("data-missing", D, "The data file does not exist.", lambda t, c: _train(t, data="missing.nc")),
-    Case("data-not-netcdf", D, "The data file is not netCDF.",
-         lambda t, c: (t.joinpath("notes.nc").write_text("x,d\n1,2\n"), _train(t, data="notes.nc"))[1]),
-    Case("data-lacks-d", D, "The data file has no teacher signals `d`.",
-         lambda t, c: (_xr(t, "onlyx.nc", d=False), _train(t, data="onlyx.nc"))[1]),
-    Case("data-not-2d", D, "`x` is not 2-D (sample, input).",
-         lambda t, c: (_xr(t, "x1d.nc", x1d=True), _train(t, data="x1d.nc"))[1]),
-    Case("data-sample-dims", D, "`x` and `d` on different sample dimensions.",
-         lambda t, c: (_xr(t, "dims.nc", ddims=("row", "output")), _train(t, data="dims.nc"))[1]),
-    Case("data-nan", D, "A NaN in `x`: found by the worker reading that slice, before the first iteration.",
-         lambda t, c: (_data(t, "nan.nc", x=_with(_arrays()[0], (17, 3), np.nan)), _train(t, data="nan.nc"))[1]),
-    Case("data-inf", D, "An infinite teacher signal in `d`.",
-         lambda t, c: (_data(t, "inf.nc", d=_with(_arrays()[1], (33, 1), -np.inf)), _train(t, data="inf.nc"))[1]),
+    Case(
+        "data-missing",
+        D,
+        "The data file does not exist.",
+        lambda t, c: _train(t, data="missing.nc"),
+    ),
+    Case(
+        "data-not-netcdf",
+        D,
+        "The data file is not netCDF.",
+        lambda t, c: (t.joinpath("notes.nc").write_text("x,d\n1,2\n"), _train(t, data="notes.nc"))[
+            1
+        ],
+    ),
+    Case(
+        "data-lacks-d",
+        D,
+        "The data file has no teacher signals `d`.",
+        lambda t, c: (_xr(t, "onlyx.nc", d=False), _train(t, data="onlyx.nc"))[1],
+    ),
+    Case(
+        "data-not-2d",
+        D,
+        "`x` is not 2-D (sample, input).",
+        lambda t, c: (_xr(t, "x1d.nc", x1d=True), _train(t, data="x1d.nc"))[1],
+    ),
+    Case(
+        "data-sample-dims",
+        D,
+        "`x` and `d` on different sample dimensions.",
+        lambda t, c: (_xr(t, "dims.nc", ddims=("row", "output")), _train(t, data="dims.nc"))[1],
+    ),
+    Case(
+        "data-nan",
+        D,
+        "A NaN in `x`: found by the worker reading that slice, before the first iteration.",
+        lambda t, c: (
+            _data(t, "nan.nc", x=_with(_arrays()[0], (17, 3), np.nan)),
+            _train(t, data="nan.nc"),
+        )[1],
+    ),
+    Case(
+        "data-inf",
+        D,
+        "An infinite teacher signal in `d`.",
+        lambda t, c: (
+            _data(t, "inf.nc", d=_with(_arrays()[1], (33, 1), -np.inf)),
+            _train(t, data="inf.nc"),
+        )[1],
+    ),
     # ---- output and checkpoint paths
-    Case("output-exists", P, "The output exists (and `overwrite:` is not true).",
-         lambda t, c: (t.joinpath("result.nc").write_text("last week's result"), _train(t))[1]),
-    Case("output-device", P, "The output is a device, even with `overwrite: true`.",
-         lambda t, c: _train(t, output="/dev/full", overwrite=True)),
-    Case("output-directory", P, "The output is a directory.",
-         lambda t, c: (t.joinpath("runs").mkdir(), _train(t, output="runs"))[1]),
-    Case("output-dir-missing", P, "The output's directory does not exist.",
-         lambda t, c: _train(t, output="nodir/result.nc")),
-    Case("output-unwritable", P, "The output's directory cannot be written (tried by creating a file).",
-         lambda t, c: _train(t, output="/proc/result.nc")),
-    Case("output-is-data", P, "The output is the data file.", lambda t, c: _train(t, output="data.nc")),
-    Case("checkpoint-exists", P, "A checkpoint exists and the run does not `--resume`.",
-         lambda t, c: (t.joinpath("result.checkpoint.nc").write_text("a stopped run"), _train(t))[1]),
-    Case("checkpoint-unwritable", P, "The checkpoint's directory cannot be written.",
-         lambda t, c: _train(t, checkpoint={"every": 1, "path": "/proc/ck.nc"})),
-    Case("resume-without-checkpoint", P, "`--resume` and no checkpoint.", lambda t, c: _train(t, "--resume")),
-    Case("resume-other-network", P, "`--resume` with a checkpoint of another network shape.",
-         lambda t, c: (_checkpoint(t, hidden=6), _train(t, "--resume"))[1]),
-    Case("resume-other-job", P, "`--resume` with a checkpoint of the same shape but another learning rate.",
-         lambda t, c: (_checkpoint(t, learning_rate=0.02), _train(t, "--resume"))[1]),
-    Case("resume-not-a-checkpoint", P, "`--resume` and the checkpoint path holds something else.",
-         lambda t, c: (t.joinpath("result.checkpoint.nc").write_text("notes"), _train(t, "--resume"))[1]),
-    Case("resume-past-end", P, "`--resume` with a checkpoint already at `iterations`.",
-         lambda t, c: (_checkpoint(t, iteration=3), _train(t, "--resume"))[1]),
+    Case(
+        "output-exists",
+        P,
+        "The output exists (and `overwrite:` is not true).",
+        lambda t, c: (t.joinpath("result.nc").write_text("last week's result"), _train(t))[1],
+    ),
+    Case(
+        "output-device",
+        P,
+        "The output is a device, even with `overwrite: true`.",
+        lambda t, c: _train(t, output="/dev/full", overwrite=True),
+    ),
+    Case(
+        "output-directory",
+        P,
+        "The output is a directory.",
+        lambda t, c: (t.joinpath("runs").mkdir(), _train(t, output="runs"))[1],
+    ),
+    Case(
+        "output-dir-missing",
+        P,
+        "The output's directory does not exist.",
+        lambda t, c: _train(t, output="nodir/result.nc"),
+    ),
+    Case(
+        "output-unwritable",
+        P,
+        "The output's directory cannot be written (tried by creating a file).",
+        lambda t, c: _train(t, output="/proc/result.nc"),
+    ),
+    Case(
+        "output-is-data",
+        P,
+        "The output is the data file.",
+        lambda t, c: _train(t, output="data.nc"),
+    ),
+    Case(
+        "checkpoint-exists",
+        P,
+        "A checkpoint exists and the run does not `--resume`.",
+        lambda t, c: (t.joinpath("result.checkpoint.nc").write_text("a stopped run"), _train(t))[1],
+    ),
+    Case(
+        "checkpoint-unwritable",
+        P,
+        "The checkpoint's directory cannot be written.",
+        lambda t, c: _train(t, checkpoint={"every": 1, "path": "/proc/ck.nc"}),
+    ),
+    Case(
+        "resume-without-checkpoint",
+        P,
+        "`--resume` and no checkpoint.",
+        lambda t, c: _train(t, "--resume"),
+    ),
+    Case(
+        "resume-other-network",
+        P,
+        "`--resume` with a checkpoint of another network shape.",
+        lambda t, c: (_checkpoint(t, hidden=6), _train(t, "--resume"))[1],
+    ),
+    Case(
+        "resume-other-job",
+        P,
+        "`--resume` with a checkpoint of the same shape but another learning rate.",
+        lambda t, c: (_checkpoint(t, learning_rate=0.02), _train(t, "--resume"))[1],
+    ),
+    Case(
+        "resume-not-a-checkpoint",
+        P,
+        "`--resume` and the checkpoint path holds something else.",
+        lambda t, c: (
+            t.joinpath("result.checkpoint.nc").write_text("notes"),
+            _train(t, "--resume"),
+        )[1],
+    ),
+    Case(
+        "resume-past-end",
+        P,
+        "`--resume` with a checkpoint already at `iterations`.",
+        lambda t, c: (_checkpoint(t, iteration=3), _train(t, "--resume"))[1],
+    ),
     # ---- command line
-    Case("cli-resume-without-config", C, "`--resume` without `--config`.", lambda t, c: _cli(t, "train", "--resume")),
-    Case("cli-overwrite-without-config", C, "`--overwrite` without `--config`.",
-         lambda t, c: _cli(t, "train", "--overwrite")),
-    Case("cli-demo-options-with-config", C, "Demo options next to `--config`.",
-         lambda t, c: (_data(t), _cli(t, "train", "--config", str(_job(t)), "--speeds", "1,2"))[1]),
-    Case("cli-speeds", C, "`--speeds` that are not numbers.", lambda t, c: _cli(t, "train", "--speeds", "1,fast")),
-    Case("cli-iterations", C, "`--iterations 0`.", lambda t, c: _cli(t, "train", "--iterations", "0")),
-    Case("cli-mapping", C, "`--mapping` unknown.", lambda t, c: _cli(t, "train", "--mapping", "best")),
-    Case("cli-probe-netcdf-device", C, "`dask-rpm probe --netcdf` naming a device (refused before the cluster "
-         "starts).", lambda t, c: _cli(t, "probe", "--netcdf", "/dev/full")),
-    Case("cli-plan-ability", C, "`dask-rpm plan` with an ability <= 0.",
-         lambda t, c: _cli(t, "plan", "--abilities", "1,-2", "--shape", "10-8-2", "--samples", "100")),
-    Case("cli-plan-shape", C, "`dask-rpm plan` with a shape that is not n-m-l.",
-         lambda t, c: _cli(t, "plan", "--abilities", "1,2", "--shape", "10-8", "--samples", "100")),
+    Case(
+        "cli-resume-without-config",
+        C,
+        "`--resume` without `--config`.",
+        lambda t, c: _cli(t, "train", "--resume"),
+    ),
+    Case(
+        "cli-overwrite-without-config",
+        C,
+        "`--overwrite` without `--config`.",
+        lambda t, c: _cli(t, "train", "--overwrite"),
+    ),
+    Case(
+        "cli-demo-options-with-config",
+        C,
+        "Demo options next to `--config`.",
+        lambda t, c: (_data(t), _cli(t, "train", "--config", str(_job(t)), "--speeds", "1,2"))[1],
+    ),
+    Case(
+        "cli-speeds",
+        C,
+        "`--speeds` that are not numbers.",
+        lambda t, c: _cli(t, "train", "--speeds", "1,fast"),
+    ),
+    Case(
+        "cli-iterations", C, "`--iterations 0`.", lambda t, c: _cli(t, "train", "--iterations", "0")
+    ),
+    Case(
+        "cli-mapping", C, "`--mapping` unknown.", lambda t, c: _cli(t, "train", "--mapping", "best")
+    ),
+    Case(
+        "cli-probe-netcdf-device",
+        C,
+        "`dask-rpm probe --netcdf` naming a device (refused before the cluster starts).",
+        lambda t, c: _cli(t, "probe", "--netcdf", "/dev/full"),
+    ),
+    Case(
+        "cli-plan-ability",
+        C,
+        "`dask-rpm plan` with an ability <= 0.",
+        lambda t, c: _cli(
+            t, "plan", "--abilities", "1,-2", "--shape", "10-8-2", "--samples", "100"
+        ),
+    ),
+    Case(
+        "cli-plan-shape",
+        C,
+        "`dask-rpm plan` with a shape that is not n-m-l.",
+        lambda t, c: _cli(t, "plan", "--abilities", "1,2", "--shape", "10-8", "--samples", "100"),
+    ),
     # ---- Python API
     Case("fit-no-client", A, "`fit()` with no Dask client started.", _no_client),
-    Case("fit-rows-differ", A, "`x` and `d` with different numbers of samples.",
-         lambda t, c: _fit(t, c, d=_arrays()[1][:-1])),
-    Case("fit-nan", A, "A NaN in `x` (arrays are checked on the client).",
-         lambda t, c: _fit(t, c, x=_with(_arrays()[0], (17, 3), np.nan))),
-    Case("fit-netcdf-nan", A, "A NaN in a netCDF file given by path (checked by the workers).",
-         lambda t, c: _fit(t, c, x=str(_data(t, "nan.nc", x=_with(_arrays()[0], (17, 3), np.nan))))),
+    Case(
+        "fit-rows-differ",
+        A,
+        "`x` and `d` with different numbers of samples.",
+        lambda t, c: _fit(t, c, d=_arrays()[1][:-1]),
+    ),
+    Case(
+        "fit-nan",
+        A,
+        "A NaN in `x` (arrays are checked on the client).",
+        lambda t, c: _fit(t, c, x=_with(_arrays()[0], (17, 3), np.nan)),
+    ),
+    Case(
+        "fit-netcdf-nan",
+        A,
+        "A NaN in a netCDF file given by path (checked by the workers).",
+        lambda t, c: _fit(t, c, x=str(_data(t, "nan.nc", x=_with(_arrays()[0], (17, 3), np.nan)))),
+    ),
     Case("fit-learning-rate", A, "`learning_rate=0`.", lambda t, c: _fit(t, c, learning_rate=0.0)),
-    Case("fit-hidden-missing", A, "No `hidden` (and no `init`).", lambda t, c: _fit(t, c, hidden=None)),
-    Case("fit-init-shape", A, "`init` weights of another shape.",
-         lambda t, c: _fit(t, c, init=(np.zeros((4, 6)), np.zeros((2, 4))))),
-    Case("fit-dtype", A, "`dtype` other than float64 / float32.", lambda t, c: _fit(t, c, dtype="float16")),
+    Case(
+        "fit-hidden-missing",
+        A,
+        "No `hidden` (and no `init`).",
+        lambda t, c: _fit(t, c, hidden=None),
+    ),
+    Case(
+        "fit-init-shape",
+        A,
+        "`init` weights of another shape.",
+        lambda t, c: _fit(t, c, init=(np.zeros((4, 6)), np.zeros((2, 4)))),
+    ),
+    Case(
+        "fit-dtype",
+        A,
+        "`dtype` other than float64 / float32.",
+        lambda t, c: _fit(t, c, dtype="float16"),
+    ),
     Case("fit-iterations", A, "`iterations=0`.", lambda t, c: _fit(t, c, iterations=0)),
-    Case("fit-plan-shape", A, "A `Plan` made for another network or sample count.",
-         lambda t, c: _fit(t, c, mapping=_plan((5, 8, 2), 40), error=Exception)),
-    Case("fit-abilities", A, "Abilities for a different number of workers.",
-         lambda t, c: _fit(t, c, mapping="srpm", abilities=[1, 2, 3], error=Exception)),
-    Case("fit-batch-size", A, "`batch_size=0` (mini-batches need at least one sample).",
-         lambda t, c: _fit(t, c, batch_size=0)),
+    Case(
+        "fit-plan-shape",
+        A,
+        "A `Plan` made for another network or sample count.",
+        lambda t, c: _fit(t, c, mapping=_plan((5, 8, 2), 40), error=Exception),
+    ),
+    Case(
+        "fit-abilities",
+        A,
+        "Abilities for a different number of workers.",
+        lambda t, c: _fit(t, c, mapping="srpm", abilities=[1, 2, 3], error=Exception),
+    ),
+    Case(
+        "fit-batch-size",
+        A,
+        "`batch_size=0` (mini-batches need at least one sample).",
+        lambda t, c: _fit(t, c, batch_size=0),
+    ),
     Case("fit-loss", A, "A loss that is not known.", lambda t, c: _fit(t, c, loss="hinge")),
-    Case("fit-optimizer", A, "An optimizer that is not known.", lambda t, c: _fit(t, c, optimizer="sgdx")),
+    Case(
+        "fit-optimizer",
+        A,
+        "An optimizer that is not known.",
+        lambda t, c: _fit(t, c, optimizer="sgdx"),
+    ),
     Case("fit-min-workers", A, "`min_workers=0`.", lambda t, c: _fit(t, c, min_workers=0)),
-    Case("fit-min-workers-timeout", A, "More `min_workers` than connect within `rpm.train.wait-workers` "
-         "(1 s here; the wait is logged).", lambda t, c: _wait_timeout(t, c)),
-    Case("fit-on-worker-loss", A, "`on_worker_loss` other than recover / raise.",
-         lambda t, c: _fit(t, c, on_worker_loss="retry")),
-    Case("fit-progress", A, "`progress` of an unknown kind.", lambda t, c: _fit(t, c, progress="loud")),
+    Case(
+        "fit-min-workers-timeout",
+        A,
+        "More `min_workers` than connect within `rpm.train.wait-workers` "
+        "(1 s here; the wait is logged).",
+        lambda t, c: _wait_timeout(t, c),
+    ),
+    Case(
+        "fit-on-worker-loss",
+        A,
+        "`on_worker_loss` other than recover / raise.",
+        lambda t, c: _fit(t, c, on_worker_loss="retry"),
+    ),
+    Case(
+        "fit-progress",
+        A,
+        "`progress` of an unknown kind.",
+        lambda t, c: _fit(t, c, progress="loud"),
+    ),
     # ---- models
-    Case("predict-model-missing", M, "`--model` does not exist.", lambda t, c: _predict(t, "--model", "nope.nc")),
-    Case("predict-not-a-model", M, "`--model` is a netCDF file but not a model (here a training dataset).",
-         lambda t, c: _predict(t, "--model", "data.nc")),
-    Case("predict-data-missing", M, "`--data` does not exist.", lambda t, c: _predict(t, "--data", "nope.nc")),
-    Case("predict-input-width", M, "The inputs have another width than the model was trained on.",
-         lambda t, c: _predict_wide(t)),
-    Case("predict-output-exists", M, "`--output` exists and `--overwrite` is not given.",
-         lambda t, c: (t.joinpath("pred.nc").write_text("old"), _predict(t))[1]),
-    Case("predict-output-is-data", M, "`--output` is the data file.", lambda t, c: _predict(t, "--output", "data.nc")),
-    Case("model-load-result", M, "`MLPModel.load` given a training result file (the model is next to it).",
-         lambda t, c: _load_result(t)),
+    Case(
+        "predict-model-missing",
+        M,
+        "`--model` does not exist.",
+        lambda t, c: _predict(t, "--model", "nope.nc"),
+    ),
+    Case(
+        "predict-not-a-model",
+        M,
+        "`--model` is a netCDF file but not a model (here a training dataset).",
+        lambda t, c: _predict(t, "--model", "data.nc"),
+    ),
+    Case(
+        "predict-data-missing",
+        M,
+        "`--data` does not exist.",
+        lambda t, c: _predict(t, "--data", "nope.nc"),
+    ),
+    Case(
+        "predict-input-width",
+        M,
+        "The inputs have another width than the model was trained on.",
+        lambda t, c: _predict_wide(t),
+    ),
+    Case(
+        "predict-output-exists",
+        M,
+        "`--output` exists and `--overwrite` is not given.",
+        lambda t, c: (t.joinpath("pred.nc").write_text("old"), _predict(t))[1],
+    ),
+    Case(
+        "predict-output-is-data",
+        M,
+        "`--output` is the data file.",
+        lambda t, c: _predict(t, "--output", "data.nc"),
+    ),
+    Case(
+        "model-load-result",
+        M,
+        "`MLPModel.load` given a training result file (the model is next to it).",
+        lambda t, c: _load_result(t),
+    ),
 ]
 
 
@@ -377,7 +744,14 @@ def _with(arr: np.ndarray, where: tuple[int, int], value: float) -> np.ndarray:
     return out
 
 
-def _xr(tmp: Path, name: str, *, d: bool = True, x1d: bool = False, ddims: tuple[str, str] = ("sample", "output")) -> None:
+def _xr(
+    tmp: Path,
+    name: str,
+    *,
+    d: bool = True,
+    x1d: bool = False,
+    ddims: tuple[str, str] = ("sample", "output"),
+) -> None:
     import xarray as xr
 
     xa, da = _arrays()
@@ -418,7 +792,9 @@ def _doc_messages() -> dict[str, str]:
 def client():
     from distributed import Client, LocalCluster
 
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster:
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0"
+    ) as cluster:
         with Client(cluster) as c:
             yield c
 
@@ -435,13 +811,15 @@ def test_docs_and_cases_are_in_sync():
     ids = [c.id for c in CASES]
     assert len(ids) == len(set(ids)) and len(ids) >= 30
     doc = _doc_messages()
-    assert sorted(doc) == sorted(ids), (set(doc) ^ set(ids))
+    assert sorted(doc) == sorted(ids), set(doc) ^ set(ids)
     assert DOC.read_text().count("\n### `") == len(ids)  # no entry the parser missed
 
 
 def _markdown(messages: dict[str, str]) -> str:
     """docs/errors.md from the cases and their messages (``python tests/test_errors.py``)."""
-    head = (DOC.read_text().split("\n## ", 1)[0].rstrip() + "\n") if DOC.exists() else "# Bad input\n"
+    head = (
+        (DOC.read_text().split("\n## ", 1)[0].rstrip() + "\n") if DOC.exists() else "# Bad input\n"
+    )
     out = [head]
     for section in dict.fromkeys(c.section for c in CASES):
         out.append(f"\n## {section}\n")
@@ -456,8 +834,12 @@ if __name__ == "__main__":  # regenerate docs/errors.md from what the code says 
     from distributed import Client, LocalCluster
 
     msgs = {}
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as cl, \
-            Client(cl) as cli:
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0"
+        ) as cl,
+        Client(cl) as cli,
+    ):
         for case in CASES:
             with tempfile.TemporaryDirectory() as d:
                 msgs[case.id] = case.run(Path(d), cli)

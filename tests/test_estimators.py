@@ -18,8 +18,12 @@ from dask_rpm.recipe import holdout, one_hot  # noqa: E402
 
 # scikit-learn's own estimator checks (fit/predict contracts, input validation, pickling, clone, ...),
 # with enough training for its accuracy (> 0.83) and R^2 (> 0.5) checks on its small datasets
-@parametrize_with_checks([MLPClassifier(hidden_units=16, epochs=100, learning_rate=0.01),
-                          MLPRegressor(hidden_units=16, epochs=100, learning_rate=0.01)])
+@parametrize_with_checks(
+    [
+        MLPClassifier(hidden_units=16, epochs=100, learning_rate=0.01),
+        MLPRegressor(hidden_units=16, epochs=100, learning_rate=0.01),
+    ]
+)
 def test_scikit_learn_estimator_checks(estimator, check):
     check(estimator)
 
@@ -32,11 +36,21 @@ def _blobs(s=120, n=4, seed=0):
 
 
 def test_params_round_trip_and_clone():
-    est = MLPClassifier(hidden_units=12, activation="tanh", optimizer={"name": "adam", "beta1": 0.8},
-                        batch_size=32, epochs=7, early_stopping=3, validation_fraction=0.2, seed=4)
+    est = MLPClassifier(
+        hidden_units=12,
+        activation="tanh",
+        optimizer={"name": "adam", "beta1": 0.8},
+        batch_size=32,
+        epochs=7,
+        early_stopping=3,
+        validation_fraction=0.2,
+        seed=4,
+    )
     params = est.get_params()
     assert params["hidden_units"] == 12 and params["optimizer"] == {"name": "adam", "beta1": 0.8}
-    assert params["client"] is None and params["learning_rate"] is None  # None: resolved at fit time
+    assert (
+        params["client"] is None and params["learning_rate"] is None
+    )  # None: resolved at fit time
     twin = clone(est)
     assert twin is not est and twin.get_params() == params
     twin.set_params(hidden_units=5, activation="relu")
@@ -47,12 +61,24 @@ def test_params_round_trip_and_clone():
 
 def test_classifier_is_fit_serial_with_the_resolved_options():
     x, y = _blobs()
-    est = MLPClassifier(hidden_units=8, batch_size=25, epochs=6, learning_rate=0.005, activation="relu",
-                        seed=2).fit(x, y)
+    est = MLPClassifier(
+        hidden_units=8, batch_size=25, epochs=6, learning_rate=0.005, activation="relu", seed=2
+    ).fit(x, y)
     # what the estimator resolved: rpm.estimator (adam, bias) over rpm.train
     D, classes = one_hot(y)
-    W, V, err = fit_serial(x, D, hidden=8, batch_size=25, epochs=6, learning_rate=0.005, activation="relu",
-                           seed=2, loss="cross-entropy", bias=True, optimizer="adam")
+    W, V, err = fit_serial(
+        x,
+        D,
+        hidden=8,
+        batch_size=25,
+        epochs=6,
+        learning_rate=0.005,
+        activation="relu",
+        seed=2,
+        loss="cross-entropy",
+        bias=True,
+        optimizer="adam",
+    )
     assert np.array_equal(est.model_.W, W) and np.array_equal(est.model_.V, V)
     assert list(est.classes_) == ["blue", "green", "red"] and est.model_.net.bias
     assert est.n_iter_ == 6 * 5 == len(est.loss_curve_) and np.array_equal(est.loss_curve_, err)
@@ -67,24 +93,35 @@ def test_classifier_is_fit_serial_with_the_resolved_options():
 
 def test_defaults_come_from_config_at_fit_time():
     x, y = _blobs(s=60)
-    with dask.config.set({"rpm.estimator.hidden-units": 7, "rpm.estimator.epochs": 2,
-                          "rpm.estimator.batch-size": 20, "rpm.estimator.activation": None,
-                          "rpm.train.activation": "tanh"}):
+    with dask.config.set(
+        {
+            "rpm.estimator.hidden-units": 7,
+            "rpm.estimator.epochs": 2,
+            "rpm.estimator.batch-size": 20,
+            "rpm.estimator.activation": None,
+            "rpm.train.activation": "tanh",
+        }
+    ):
         est = MLPClassifier().fit(x, y)
     assert est.model_.n_hidden == 7 and est.n_iter_ == 2 * 3 and est.model_.net.activation == "tanh"
     # iterations replaces the configured epochs
     est = MLPClassifier(hidden_units=3, iterations=4).fit(x, y)
     assert est.n_iter_ == 4
-    with dask.config.set({"rpm.estimator.bias": None}):  # falls through to rpm.train.bias (the paper's false)
+    with dask.config.set(
+        {"rpm.estimator.bias": None}
+    ):  # falls through to rpm.train.bias (the paper's false)
         assert not MLPClassifier(hidden_units=3, iterations=2).fit(x, y).model_.net.bias
 
 
 def test_early_stopping_on_a_held_out_split():
     x, y = _blobs(s=200)
-    est = MLPClassifier(hidden_units=10, batch_size=20, epochs=300, learning_rate=0.01, early_stopping=3,
-                        seed=1).fit(x, y)
+    est = MLPClassifier(
+        hidden_units=10, batch_size=20, epochs=300, learning_rate=0.01, early_stopping=3, seed=1
+    ).fit(x, y)
     assert est.stopped_ and est.stopped_.startswith("early stopping")
-    assert est.n_iter_ < 300 * 9  # 180 training samples (rpm.estimator.validation-fraction 0.1): 9 batches
+    assert (
+        est.n_iter_ < 300 * 9
+    )  # 180 training samples (rpm.estimator.validation-fraction 0.1): 9 batches
     assert len(est.validation_scores_) == len(est.validation_loss_) >= 4
     # the scores are the held-out accuracy of the seeded split; training stopped right after the last one
     _, val = holdout(200, 0.1, 1)
@@ -96,15 +133,24 @@ def test_regressor_standardizes_targets_and_undoes_it():
     rng = np.random.default_rng(5)
     x = rng.normal(size=(150, 3))
     y = 1000.0 + 300.0 * np.tanh(x[:, 0]) - 200.0 * x[:, 1] * x[:, 2]
-    est = MLPRegressor(hidden_units=16, batch_size=30, epochs=80, learning_rate=0.01, activation="tanh",
-                       validation_fraction=0.2, seed=0).fit(x, y)
+    est = MLPRegressor(
+        hidden_units=16,
+        batch_size=30,
+        epochs=80,
+        learning_rate=0.01,
+        activation="tanh",
+        validation_fraction=0.2,
+        seed=0,
+    ).fit(x, y)
     _, val = holdout(150, 0.2, 0)
     train = np.setdiff1d(np.arange(150), val)
     assert est.model_.target_shift[0] == pytest.approx(y[train].mean(), rel=1e-12)
     assert est.model_.target_scale[0] == pytest.approx(y[train].std(), rel=1e-12)
     pred = est.predict(x)
     assert pred.shape == (150,)
-    assert np.allclose(pred, est.model_.outputs(x)[:, 0] * y[train].std() + y[train].mean(), rtol=1e-12)
+    assert np.allclose(
+        pred, est.model_.outputs(x)[:, 0] * y[train].std() + y[train].mean(), rtol=1e-12
+    )
     r2 = est.score(x[val], y[val])
     assert r2 > 0.5  # a constant prediction scores <= 0
     # held-out R^2 from the validation loss (standardized units) equals scikit-learn's on the same split
@@ -112,7 +158,9 @@ def test_regressor_standardizes_targets_and_undoes_it():
 
     assert est.validation_scores_[-1] == pytest.approx(r2_score(y[val], pred[val]), rel=1e-9)
     # two outputs: 2-D predictions
-    est2 = MLPRegressor(hidden_units=8, epochs=20, batch_size=50, seed=0).fit(x, np.stack([y, -y], axis=1))
+    est2 = MLPRegressor(hidden_units=8, epochs=20, batch_size=50, seed=0).fit(
+        x, np.stack([y, -y], axis=1)
+    )
     assert est2.predict(x).shape == (150, 2)
 
 
@@ -138,8 +186,9 @@ def test_bad_input_is_refused():
     with pytest.raises(ValueError, match="optimizer 'lbfgs' is not known"):
         MLPClassifier(hidden_units=2, iterations=1, optimizer="lbfgs").fit(x, y)
     with pytest.raises(EstimatorError, match="diverged .* lower learning_rate"):
-        MLPRegressor(hidden_units=4, iterations=50, optimizer="sgd", learning_rate=50.0,
-                     activation="relu").fit(x, x[:, 0])
+        MLPRegressor(
+            hidden_units=4, iterations=50, optimizer="sgd", learning_rate=50.0, activation="relu"
+        ).fit(x, x[:, 0])
     est = MLPClassifier(hidden_units=2, iterations=2).fit(x, y)
     with pytest.raises(ValueError, match="X has 3 features, but MLPClassifier is expecting 4"):
         est.predict(x[:, :3])
@@ -153,6 +202,7 @@ def test_bad_input_is_refused():
 # Real data on a local EMULATED heterogeneous cluster, against scikit-learn's own MLP
 # ---------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def emulated_client():
     """Two workers with EMULATED speeds 1.0 and 0.5 (one machine; docs/emulation.md)."""
@@ -160,7 +210,10 @@ def emulated_client():
 
     from dask_rpm import local_cluster
 
-    with local_cluster(speeds=[1.0, 0.5], dashboard_address=":0") as cluster, Client(cluster) as client:
+    with (
+        local_cluster(speeds=[1.0, 0.5], dashboard_address=":0") as cluster,
+        Client(cluster) as client,
+    ):
         yield client
 
 
@@ -169,8 +222,13 @@ def _split(loader, seed=0):
     from sklearn.preprocessing import StandardScaler
 
     X, y = loader(return_X_y=True)
-    Xtr, Xte, ytr, yte = train_test_split(X, y, test_size=0.25, random_state=seed,
-                                          stratify=y if loader.__name__ != "load_diabetes" else None)
+    Xtr, Xte, ytr, yte = train_test_split(
+        X,
+        y,
+        test_size=0.25,
+        random_state=seed,
+        stratify=y if loader.__name__ != "load_diabetes" else None,
+    )
     scaler = StandardScaler().fit(Xtr)
     return scaler.transform(Xtr), scaler.transform(Xte), ytr, yte
 
@@ -179,37 +237,58 @@ def _sklearn_mlp(kind, Xtr, ytr, Xte, yte, hidden):
     import warnings
 
     from sklearn.exceptions import ConvergenceWarning
-    from sklearn.neural_network import MLPClassifier as SKC, MLPRegressor as SKR
+    from sklearn.neural_network import MLPClassifier as SKC
+    from sklearn.neural_network import MLPRegressor as SKR
 
-    est = (SKC if kind == "classifier" else SKR)(hidden_layer_sizes=(hidden,), random_state=0,
-                                                 max_iter=500 if kind == "classifier" else 3000)
+    est = (SKC if kind == "classifier" else SKR)(
+        hidden_layer_sizes=(hidden,), random_state=0, max_iter=500 if kind == "classifier" else 3000
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         return est.fit(Xtr, ytr).score(Xte, yte)
 
 
 @pytest.mark.parametrize("name,floor", [("digits", 0.95), ("breast_cancer", 0.94)])
-def test_real_classifier_on_an_emulated_cluster_matches_scikit_learn(name, floor, emulated_client, capsys):
+def test_real_classifier_on_an_emulated_cluster_matches_scikit_learn(
+    name, floor, emulated_client, capsys
+):
     """Held-out accuracy, measured (25 % stratified split, inputs standardized, 64 hidden units):
     digits 0.973 (dask_rpm, 30 epochs of Adam, batches of 64) vs 0.973 (scikit-learn's MLPClassifier);
     breast cancer 0.958 vs 0.951. The floors sit a little under those; scikit-learn is measured here too."""
     from sklearn import datasets
 
     Xtr, Xte, ytr, yte = _split(getattr(datasets, f"load_{name}"))
-    opts = dict(hidden_units=64, activation="tanh", batch_size=64, epochs=30, learning_rate=1e-3, seed=0)
-    ours = MLPClassifier(client=emulated_client, mapping="srpm", progress="none", **opts).fit(Xtr, ytr)
+    opts = dict(
+        hidden_units=64, activation="tanh", batch_size=64, epochs=30, learning_rate=1e-3, seed=0
+    )
+    ours = MLPClassifier(client=emulated_client, mapping="srpm", progress="none", **opts).fit(
+        Xtr, ytr
+    )
     acc = ours.score(Xte, yte)
     assert ours.result_.emulation and "EMULATED" in ours.result_.emulation  # trained on the cluster
     sk = _sklearn_mlp("classifier", Xtr, ytr, Xte, yte, 64)
     with capsys.disabled():
-        print(f"\n{name}: dask_rpm {acc:.3f} held out (EMULATED 2 workers, {ours.n_iter_} Adam steps), "
-              f"scikit-learn MLPClassifier {sk:.3f}")
+        print(
+            f"\n{name}: dask_rpm {acc:.3f} held out (EMULATED 2 workers, {ours.n_iter_} Adam steps), "
+            f"scikit-learn MLPClassifier {sk:.3f}"
+        )
     assert acc >= floor
     assert acc >= sk - 0.03  # within a few points of scikit-learn's own MLP, or better
     # the cluster changes the speed, not the model: the serial reference trains the same weights
     D, _ = one_hot(ytr)
-    W, V, _ = fit_serial(Xtr, D, hidden=64, activation="tanh", batch_size=64, epochs=30, learning_rate=1e-3,
-                         seed=0, loss="cross-entropy", bias=True, optimizer="adam")
+    W, V, _ = fit_serial(
+        Xtr,
+        D,
+        hidden=64,
+        activation="tanh",
+        batch_size=64,
+        epochs=30,
+        learning_rate=1e-3,
+        seed=0,
+        loss="cross-entropy",
+        bias=True,
+        optimizer="adam",
+    )
     np.testing.assert_allclose(ours.model_.W, W, rtol=1e-10, atol=0)
     np.testing.assert_allclose(ours.model_.V, V, rtol=1e-10, atol=0)
 
@@ -220,10 +299,21 @@ def test_diabetes_regression_on_an_emulated_cluster(emulated_client, capsys):
     from sklearn.datasets import load_diabetes
 
     Xtr, Xte, ytr, yte = _split(load_diabetes)
-    ours = MLPRegressor(hidden_units=32, activation="tanh", batch_size=32, epochs=40, learning_rate=1e-3,
-                        seed=0, client=emulated_client, mapping="srpm", progress="none").fit(Xtr, ytr)
+    ours = MLPRegressor(
+        hidden_units=32,
+        activation="tanh",
+        batch_size=32,
+        epochs=40,
+        learning_rate=1e-3,
+        seed=0,
+        client=emulated_client,
+        mapping="srpm",
+        progress="none",
+    ).fit(Xtr, ytr)
     r2 = ours.score(Xte, yte)
     sk = _sklearn_mlp("regressor", Xtr, ytr, Xte, yte, 32)
     with capsys.disabled():
-        print(f"\ndiabetes: dask_rpm R^2 {r2:.3f} held out (EMULATED 2 workers), scikit-learn MLPRegressor {sk:.3f}")
+        print(
+            f"\ndiabetes: dask_rpm R^2 {r2:.3f} held out (EMULATED 2 workers), scikit-learn MLPRegressor {sk:.3f}"
+        )
     assert r2 > 0.3 and r2 >= sk - 0.05

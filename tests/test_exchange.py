@@ -45,7 +45,9 @@ def test_every_holder_gets_identical_bits_equal_to_the_column_order_sum(algorith
     if algorithm in EXACT:
         assert first.tobytes() == ref.tobytes()
     else:
-        np.testing.assert_allclose(first, ref, rtol=1e-12, atol=1e-12 * np.abs(ref).max(initial=1.0))
+        np.testing.assert_allclose(
+            first, ref, rtol=1e-12, atol=1e-12 * np.abs(ref).max(initial=1.0)
+        )
     for w in holders:  # inputs untouched
         assert np.array_equal(contrib[w], before[w])
 
@@ -66,8 +68,9 @@ def test_closed_form_matches_the_schedule_rounds(algorithm, q):
     net = Network(latency=1e-3, bandwidth=1e6, overhead=1e-4)
     size = q * 64 * 3  # divisible by every chunking used
     s = build(algorithm, list(range(q)), size)
-    closed = collective_seconds("leader" if algorithm == "gather" else algorithm, q, size * 8,
-                                LinkClass(1e-3, 1e6), 1e-4)
+    closed = collective_seconds(
+        "leader" if algorithm == "gather" else algorithm, q, size * 8, LinkClass(1e-3, 1e6), 1e-4
+    )
     assert schedule_seconds(s, net) == pytest.approx(closed, rel=1e-12)
 
 
@@ -80,8 +83,12 @@ def test_choose_latency_bound_tree_bandwidth_bound_ring_or_halving():
     # the choice is the cheapest of the scalable ones
     for q, b in [(3, 1e4), (16, 1e7), (100, 1e5)]:
         link = LinkClass(1e-4, 1e9)
-        best = min(("tree", "halving", "ring", "direct"), key=lambda a: collective_seconds(a, q, b, link))
-        assert collective_seconds(choose(q, b, link), q, b, link) == collective_seconds(best, q, b, link)
+        best = min(
+            ("tree", "halving", "ring", "direct"), key=lambda a: collective_seconds(a, q, b, link)
+        )
+        assert collective_seconds(choose(q, b, link), q, b, link) == collective_seconds(
+            best, q, b, link
+        )
 
 
 def test_bad_arguments():
@@ -104,16 +111,24 @@ def test_plan_schedules_cover_every_row_once_and_reduce_exactly():
     assert covered[0][0] == 0 and covered[-1][1] == m
     assert all(a[1] == b[0] for a, b in zip(covered[:-1], covered[1:]))
     rng = np.random.default_rng(0)
-    dW = {w: rng.normal(size=(m, n)) for w in plan.planned_workers}  # full-size stand-ins for each worker's update
+    dW = {
+        w: rng.normal(size=(m, n)) for w in plan.planned_workers
+    }  # full-size stand-ins for each worker's update
     dV = {w: rng.normal(size=(l, m)) for w in plan.planned_workers}
     for b in bands:
         assert len(b.holders) == plan.n_columns
         for w, (a, z) in zip(b.holders, b.rows[:1]):
             r = plan.rectangle(w).hidden
             assert r[0] <= a and z <= r[1]
-        pack = {w: np.concatenate([np.concatenate([dW[w][a:z].ravel() for a, z in b.rows]),
-                                   np.concatenate([dV[w][:, a:z].ravel() for a, z in b.rows])])
-                for w in b.holders}
+        pack = {
+            w: np.concatenate(
+                [
+                    np.concatenate([dW[w][a:z].ravel() for a, z in b.rows]),
+                    np.concatenate([dV[w][:, a:z].ravel() for a, z in b.rows]),
+                ]
+            )
+            for w in b.holders
+        }
         out = execute(b.schedule, pack)
         ref = _column_order_sum(pack, list(b.holders))
         assert all(out[w].tobytes() == out[b.holders[0]].tobytes() for w in b.holders)
@@ -153,7 +168,7 @@ def test_per_worker_steps_with_mailboxes_match_the_reference(algorithm, q):
         for w in holders:  # every sender posts its slices before anyone applies this round
             if r in steps[w]:
                 for t in steps[w][r].sends:
-                    mail[t] = bufs[w][t.lo:t.hi].copy()
+                    mail[t] = bufs[w][t.lo : t.hi].copy()
         for w in holders:
             if r in steps[w]:
                 apply_received(bufs[w], w, steps[w][r], mail, holders)

@@ -36,7 +36,12 @@ class _KillOnTask(WorkerPlugin):
 
     def transition(self, key, start, finish, **kwargs):
         name, index = (key[0], key[1]) if isinstance(key, tuple) else (key, 0)
-        if self.armed and finish == "executing" and str(name).startswith(self.prefix) and index >= self.from_index:
+        if (
+            self.armed
+            and finish == "executing"
+            and str(name).startswith(self.prefix)
+            and index >= self.from_index
+        ):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -62,8 +67,12 @@ def _problem(seed):
 
 @contextlib.contextmanager
 def _cluster4():
-    with LocalCluster(n_workers=4, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster, \
-            Client(cluster) as client:
+    with (
+        LocalCluster(
+            n_workers=4, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         yield client
 
 
@@ -72,11 +81,26 @@ def test_a_worker_killed_at_each_point_is_survived(point):
     x, d, kw = _problem(3)
     plan = Plan.from_columns([[0, 1], [2, 3]], [25, 35], [[5, 5], [4, 6]], shape=(6, 10, 3))
     with _cluster4() as client:
-        victim = ordered_workers(client.scheduler_info())[1]  # column 0: the one gathered for checkpoints
+        victim = ordered_workers(client.scheduler_info())[
+            1
+        ]  # column 0: the one gathered for checkpoints
         client.register_plugin(_KillOnTask([victim], point))
-        extra = dict(mapping=plan) if point != "rpm-setup" else dict(mapping="srpm", abilities=[1, 1, 1, 1])
-        r = fit(x, d, client=client, interval=5, checkpoint_every=10 if point == "rpm-gather" else 0,
-                callbacks=[_ColumnRemapAt(10)] if point == "rpm-remap" else None, progress="none", **extra, **kw)
+        extra = (
+            dict(mapping=plan)
+            if point != "rpm-setup"
+            else dict(mapping="srpm", abilities=[1, 1, 1, 1])
+        )
+        r = fit(
+            x,
+            d,
+            client=client,
+            interval=5,
+            checkpoint_every=10 if point == "rpm-gather" else 0,
+            callbacks=[_ColumnRemapAt(10)] if point == "rpm-remap" else None,
+            progress="none",
+            **extra,
+            **kw,
+        )
     lost = [rec for rec in r.remaps if rec.get("lost")]
     assert lost and lost[0]["lost"] == [victim], r.remaps
     if point == "rpm-setup":
@@ -95,11 +119,24 @@ def test_two_workers_lost_at_once_holding_the_same_rows_recover_from_the_checkpo
     with _cluster4() as client:
         addrs = ordered_workers(client.scheduler_info())
         victims = [addrs[0], addrs[2]]
-        client.register_plugin(_KillOnTask(victims, "rpm-block", from_index=3))  # the block of iterations 15..19
-        r = fit(x, d, client=client, mapping=plan, interval=5, checkpoint_every=10, progress="none", **kw)
+        client.register_plugin(
+            _KillOnTask(victims, "rpm-block", from_index=3)
+        )  # the block of iterations 15..19
+        r = fit(
+            x,
+            d,
+            client=client,
+            mapping=plan,
+            interval=5,
+            checkpoint_every=10,
+            progress="none",
+            **kw,
+        )
     (rec,) = [rec for rec in r.remaps if rec.get("lost")]
     assert sorted(rec["lost"]) == sorted(victims) and rec["recovered_from"] == "checkpoint"
-    assert rec["iteration"] == 10 and rec["replayed"] >= 5  # back to the checkpoint, iterations 10..14 again
+    assert (
+        rec["iteration"] == 10 and rec["replayed"] >= 5
+    )  # back to the checkpoint, iterations 10..14 again
     W, V, err = fit_serial(x, d, **kw)
     np.testing.assert_allclose(r.W, W, rtol=1e-10)
     np.testing.assert_allclose(r.history["error"].values, err, rtol=1e-10)

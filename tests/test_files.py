@@ -7,7 +7,13 @@ import stat
 
 import pytest
 
-from dask_rpm._files import TargetError, atomic_write, atomic_write_text, check_target, unwritable_reason
+from dask_rpm._files import (
+    TargetError,
+    atomic_write,
+    atomic_write_text,
+    check_target,
+    unwritable_reason,
+)
 
 
 @pytest.fixture
@@ -63,7 +69,9 @@ def test_never_replaces_a_device_or_directory(tmp_path):
 
 def test_check_target(tmp_path):
     (tmp_path / "old.nc").write_text("keep")
-    with pytest.raises(TargetError, match="already exists and would be overwritten.*or use --force"):
+    with pytest.raises(
+        TargetError, match="already exists and would be overwritten.*or use --force"
+    ):
         check_target(tmp_path / "old.nc", hint="use --force")
     assert check_target(tmp_path / "old.nc", overwrite=True) == str(tmp_path / "old.nc")
     with pytest.raises(TargetError, match="device"):
@@ -72,6 +80,8 @@ def test_check_target(tmp_path):
         check_target(tmp_path / "nodir" / "r.nc")
     with pytest.raises(TargetError, match="not writable"):
         check_target("/proc/r.nc")  # creating a file fails even for root
-    assert (tmp_path / "old.nc").read_text() == "keep" and sorted(os.listdir(tmp_path)) == ["old.nc"]
+    assert (tmp_path / "old.nc").read_text() == "keep" and sorted(os.listdir(tmp_path)) == [
+        "old.nc"
+    ]
     assert unwritable_reason(tmp_path) is None
     assert "is not a directory" in unwritable_reason(tmp_path / "old.nc")

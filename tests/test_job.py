@@ -49,8 +49,14 @@ def digits(tmp_path_factory):
 
 def write_job(tmp_path, data_path, **over):
     job = {
-        "data": data_path, "hidden": 12, "iterations": 60, "learning-rate": 0.005, "mapping": "drpm",
-        "output": "result.nc", "workers": {"local": {"speeds": [1.0, 0.5]}}, "config": {"drpm": {"interval": 10}},
+        "data": data_path,
+        "hidden": 12,
+        "iterations": 60,
+        "learning-rate": 0.005,
+        "mapping": "drpm",
+        "output": "result.nc",
+        "workers": {"local": {"speeds": [1.0, 0.5]}},
+        "config": {"drpm": {"interval": 10}},
     }
     job.update(over)
     job = {k: v for k, v in job.items() if v is not None}
@@ -83,14 +89,20 @@ def _open(path):
         ({"output": "/dev/full", "overwrite": True}, "'/dev/full' is refused: it is a device"),
         ({"output": "/proc/result.nc"}, "'/proc/result.nc' cannot be written"),
         ({"overwrite": "yes"}, "overwrite='yes' is invalid; expected true or false"),
-        ({"config": {"drpm": {"intervall": 10}}}, "unknown setting rpm.drpm.intervall under 'config:'"),
+        (
+            {"config": {"drpm": {"intervall": 10}}},
+            "unknown setting rpm.drpm.intervall under 'config:'",
+        ),
         ({"config": {"drpm": {"intervall": 10}}}, "Did you mean 'interval'?"),
         ({"config": {"trian": {"seed": 1}}}, "Did you mean 'train'?"),
         ({"batch-size": 0}, "batch-size: batch_size=0; give a positive integer"),
         ({"optimizer": "lbfgs"}, "optimizer 'lbfgs' is not known; valid: sgd, momentum, adam"),
         ({"epochs": 3}, "both iterations=60 and epochs=3; give one of them"),
         ({"validation": 2}, "validation=2 is invalid; expected a fraction"),
-        ({"loss": "cross-entropy", "output-layer": "sigmoid"}, "output='sigmoid' with loss='cross-entropy'"),
+        (
+            {"loss": "cross-entropy", "output-layer": "sigmoid"},
+            "output='sigmoid' with loss='cross-entropy'",
+        ),
         ({"batch-sise": 64}, "Did you mean 'batch-size'"),
     ],
 )
@@ -111,7 +123,10 @@ def test_nan_in_the_data_file_exits_2_naming_the_sample(tmp_path, digits, capsys
     before = sorted(os.listdir(tmp_path))
     assert main(["train", "--config", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "x has 1 NaN or infinite value(s); the first is x[417, 5] = nan (sample 417)" in err[0], err
+    assert (
+        len(err) == 1
+        and "x has 1 NaN or infinite value(s); the first is x[417, 5] = nan (sample 417)" in err[0]
+    ), err
     assert sorted(os.listdir(tmp_path)) == before
 
 
@@ -133,8 +148,10 @@ def test_unreachable_scheduler_is_one_line_exit_2(tmp_path, digits, capsys, monk
         dask.config.refresh()
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1, err
-    assert err[0].startswith(f"dask-rpm train: error: job file: workers.scheduler='tcp://127.0.0.1:{port}': "
-                             f"cannot connect within 2s"), err
+    assert err[0].startswith(
+        f"dask-rpm train: error: job file: workers.scheduler='tcp://127.0.0.1:{port}': "
+        f"cannot connect within 2s"
+    ), err
     assert not (tmp_path / "result.nc").exists()
 
 
@@ -169,7 +186,9 @@ def test_job_trains_to_target_and_writes_one_output(tmp_path, digits):
     # iteration 78 is the first at or below it, and training stops right after its update
     target = float(0.5 * (err[77] + err[78]))
     path = write_job(tmp_path, data, iterations=200, **{"target-error": target})
-    with LocalCluster(n_workers=3, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster:
+    with LocalCluster(
+        n_workers=3, threads_per_worker=1, processes=False, dashboard_address=":0"
+    ) as cluster:
         with Client(cluster) as client:
             log = tmp_path / "log.txt"
             with open(log, "w") as out:
@@ -192,7 +211,9 @@ def test_job_trains_to_target_and_writes_one_output(tmp_path, digits):
 
     model = MLPModel.load(tmp_path / "result.model.nc")
     assert np.array_equal(model.W, ds["W"].values) and model.meta["iterations"] == 79
-    assert lines[-1].endswith(f"wrote {tmp_path / 'result.nc'}, model {tmp_path / 'result.model.nc'}")
+    assert lines[-1].endswith(
+        f"wrote {tmp_path / 'result.nc'}, model {tmp_path / 'result.model.nc'}"
+    )
 
 
 def test_sigterm_checkpoints_and_resume_equals_uninterrupted(tmp_path, digits):
@@ -201,7 +222,10 @@ def test_sigterm_checkpoints_and_resume_equals_uninterrupted(tmp_path, digits):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
         [sys.executable, "-m", "dask_rpm.cli", "train", "--config", str(path)],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
     )
     lines = []
     for line in proc.stdout:
@@ -219,10 +243,17 @@ def test_sigterm_checkpoints_and_resume_equals_uninterrupted(tmp_path, digits):
     drpm = json.loads(ck.attrs["drpm"])  # DRPM's plan, checks and windows, for --resume
     assert drpm["plan"] == json.loads(ck.attrs["plan"]) and drpm["checks"] and drpm["windows"]
 
-    p = subprocess.run([sys.executable, "-m", "dask_rpm.cli", "train", "--config", str(path), "--resume"],
-                       capture_output=True, text=True, timeout=300, env=env)
+    p = subprocess.run(
+        [sys.executable, "-m", "dask_rpm.cli", "train", "--config", str(path), "--resume"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
-    assert f"resuming from checkpoint {tmp_path / 'result.checkpoint.nc'} at iteration {k}" in p.stdout
+    assert (
+        f"resuming from checkpoint {tmp_path / 'result.checkpoint.nc'} at iteration {k}" in p.stdout
+    )
     assert f"DRPM continues on the checkpoint's plan ({len(drpm['checks'])} check(s)" in p.stdout
     resumed = _open(tmp_path / "result.nc")
     assert resumed.attrs["resumed_from_iteration"] == k and resumed.sizes["iteration"] == 150
@@ -231,7 +262,9 @@ def test_sigterm_checkpoints_and_resume_equals_uninterrupted(tmp_path, digits):
     # The same job, uninterrupted.
     os.rename(tmp_path / "result.nc", tmp_path / "resumed.nc")
     os.rename(tmp_path / "result.model.nc", tmp_path / "resumed.model.nc")
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster:
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0"
+    ) as cluster:
         with Client(cluster) as client, open(os.devnull, "w") as out:
             run_job(path, client=client, out=out)
     whole = _open(tmp_path / "result.nc")
@@ -254,18 +287,41 @@ def digits_onehot(tmp_path_factory):
     return str(path), x, d
 
 
-def test_classifier_job_with_adam_minibatches_resumes_equal_to_uninterrupted(tmp_path, digits_onehot):
+def test_classifier_job_with_adam_minibatches_resumes_equal_to_uninterrupted(
+    tmp_path, digits_onehot
+):
     """Training keys in the job file; SIGTERM, --resume: Adam's state and the batch order carry on."""
     data, x, d = digits_onehot
-    keys = {"loss": "cross-entropy", "optimizer": "adam", "batch-size": 64, "bias": True, "activation": "tanh",
-            "validation": 0.2, "early-stopping": None}
-    path = write_job(tmp_path, data, iterations=None, epochs=15, checkpoint={"every": 10},
-                     **{"learning-rate": 0.002}, **keys)
+    keys = {
+        "loss": "cross-entropy",
+        "optimizer": "adam",
+        "batch-size": 64,
+        "bias": True,
+        "activation": "tanh",
+        "validation": 0.2,
+        "early-stopping": None,
+    }
+    path = write_job(
+        tmp_path,
+        data,
+        iterations=None,
+        epochs=15,
+        checkpoint={"every": 10},
+        **{"learning-rate": 0.002},
+        **keys,
+    )
     job = load_job(path)
-    assert job.iterations == 15 * 8 and job.training["batch_size"] == 64  # 480 training samples / 64 -> 8 per epoch
+    assert (
+        job.iterations == 15 * 8 and job.training["batch_size"] == 64
+    )  # 480 training samples / 64 -> 8 per epoch
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "dask_rpm.cli", "train", "--config", str(path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dask_rpm.cli", "train", "--config", str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
     lines = []
     for line in proc.stdout:
         lines.append(line.rstrip())
@@ -274,13 +330,33 @@ def test_classifier_job_with_adam_minibatches_resumes_equal_to_uninterrupted(tmp
     assert proc.wait(timeout=120) == 0, lines
     ck = _open(tmp_path / "result.checkpoint.nc")
     assert {"optimizer_m_W", "optimizer_v_V"} <= set(ck.data_vars)
-    p = subprocess.run([sys.executable, "-m", "dask_rpm.cli", "train", "--config", str(path), "--resume"],
-                       capture_output=True, text=True, timeout=300, env=env)
+    p = subprocess.run(
+        [sys.executable, "-m", "dask_rpm.cli", "train", "--config", str(path), "--resume"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     resumed = _open(tmp_path / "result.nc")
-    out = fit_serial(x, d, hidden=12, iterations=120, learning_rate=0.002, seed=0, loss="cross-entropy",
-                     optimizer="adam", batch_size=64, bias=True, activation="tanh", validation=0.2, full_output=True)
-    np.testing.assert_allclose(resumed["W"].values, out["W"], rtol=RTOL, atol=1e-14 * np.abs(out["W"]).max())
+    out = fit_serial(
+        x,
+        d,
+        hidden=12,
+        iterations=120,
+        learning_rate=0.002,
+        seed=0,
+        loss="cross-entropy",
+        optimizer="adam",
+        batch_size=64,
+        bias=True,
+        activation="tanh",
+        validation=0.2,
+        full_output=True,
+    )
+    np.testing.assert_allclose(
+        resumed["W"].values, out["W"], rtol=RTOL, atol=1e-14 * np.abs(out["W"]).max()
+    )
     np.testing.assert_allclose(resumed["error"].values, out["errors"], rtol=RTOL)
 
 
@@ -300,8 +376,12 @@ def test_resume_refuses_a_checkpoint_of_another_job(tmp_path, digits):
 
 
 def test_time_limit_stops_cleanly(tmp_path, digits):
-    path = write_job(tmp_path, digits[0], iterations=100_000, checkpoint={"every": 10}, **{"time-limit": 1.0})
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster:
+    path = write_job(
+        tmp_path, digits[0], iterations=100_000, checkpoint={"every": 10}, **{"time-limit": 1.0}
+    )
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0"
+    ) as cluster:
         with Client(cluster) as client, open(tmp_path / "log.txt", "w") as out:
             t0 = time.monotonic()
             summary = run_job(path, client=client, out=out)
@@ -318,22 +398,30 @@ def test_overwrite_replaces_an_existing_output_and_new_results_honour_the_umask(
     path = write_job(tmp_path, data, iterations=5)
     out = tmp_path / "result.nc"
     out.write_text("a result of last week")
-    assert main(["train", "--config", str(path)]) == 2  # refused before any work: the file is untouched
+    assert (
+        main(["train", "--config", str(path)]) == 2
+    )  # refused before any work: the file is untouched
     assert out.read_text() == "a result of last week"
     os.chmod(out, 0o604)
     old = os.umask(0o027)
     try:
-        with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster:
+        with LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0"
+        ) as cluster:
             with Client(cluster) as client, open(os.devnull, "w") as log:
                 run_job(path, client=client, out=log, overwrite=True)  # as --overwrite
                 assert _open(out).attrs["iterations"] == 5
                 assert stat.S_IMODE(os.stat(out).st_mode) == 0o604  # a replaced file keeps its mode
                 out.unlink()
-                path = write_job(tmp_path, data, iterations=5, overwrite=True)  # as the job file says
+                path = write_job(
+                    tmp_path, data, iterations=5, overwrite=True
+                )  # as the job file says
                 run_job(path, client=client, out=log)
     finally:
         os.umask(old)
-    assert stat.S_IMODE(os.stat(out).st_mode) == 0o640  # a new file: 0666 minus the umask (mkstemp gives 0600)
+    assert (
+        stat.S_IMODE(os.stat(out).st_mode) == 0o640
+    )  # a new file: 0666 minus the umask (mkstemp gives 0600)
     W, V, _ = fit_serial(x, d, hidden=12, iterations=5, learning_rate=0.005, seed=0)
     np.testing.assert_allclose(_open(out)["W"].values, W, rtol=RTOL, atol=0)
 
@@ -342,8 +430,13 @@ def test_final_write_failing_saves_the_result_next_to_the_checkpoint(tmp_path, d
     data, x, d = digits
     (tmp_path / "out").mkdir()
     (tmp_path / "ck").mkdir()
-    path = write_job(tmp_path, data, iterations=30, output="out/result.nc",
-                     checkpoint={"every": 10, "path": "ck/result.checkpoint.nc"})
+    path = write_job(
+        tmp_path,
+        data,
+        iterations=30,
+        output="out/result.nc",
+        checkpoint={"every": 10, "path": "ck/result.checkpoint.nc"},
+    )
 
     class Log(io.StringIO):
         """After the first checkpoint the output directory turns into a file: the final write must fail."""
@@ -355,7 +448,9 @@ def test_final_write_failing_saves_the_result_next_to_the_checkpoint(tmp_path, d
             return super().write(text)
 
     log = Log()
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster:
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0"
+    ) as cluster:
         with Client(cluster) as client:
             summary = run_job(path, client=client, out=log)
     rescued = tmp_path / "ck" / "result.nc"
@@ -377,9 +472,16 @@ def test_final_write_failing_saves_the_result_next_to_the_checkpoint(tmp_path, d
 # worker jobs (two groups) to the local SLURM of slurm/local-cluster.sh.
 # --------------------------------------------------------------------------
 
-SBATCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "slurm", "train.sbatch")
+SBATCH = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "slurm", "train.sbatch"
+)
 # Full digits set: 1797 samples, 65-24-10. Serial BP reaches error 120 at iteration 181.
-DIGITS_JOB = {"hidden": 24, "learning-rate": 0.005, "mapping": "drpm", "config": {"drpm": {"interval": 10}}}
+DIGITS_JOB = {
+    "hidden": 24,
+    "learning-rate": 0.005,
+    "mapping": "drpm",
+    "config": {"drpm": {"interval": 10}},
+}
 
 
 def slurm_job(tmp_path, partitions, groups, **over):
@@ -388,14 +490,29 @@ def slurm_job(tmp_path, partitions, groups, **over):
         digits_dataset(data)
     fast_p, slow_p = partitions[0], partitions[-1]
     job = {
-        "data": str(data), "output": str(tmp_path / "result.nc"), **DIGITS_JOB,
-        "workers": {"slurm": {
-            "groups": [{"partition": fast_p if g["name"] == "big" else slow_p, "cores": 1, "memory": "1GiB",
-                        "walltime": "00:15:00", **g} for g in groups],
-            "cluster": {"interface": "lo", "python": sys.executable,
-                        "scheduler-options": {"host": "127.0.0.1", "dashboard_address": ":0"},
-                        "log-directory": str(tmp_path / "jobs")},
-        }},
+        "data": str(data),
+        "output": str(tmp_path / "result.nc"),
+        **DIGITS_JOB,
+        "workers": {
+            "slurm": {
+                "groups": [
+                    {
+                        "partition": fast_p if g["name"] == "big" else slow_p,
+                        "cores": 1,
+                        "memory": "1GiB",
+                        "walltime": "00:15:00",
+                        **g,
+                    }
+                    for g in groups
+                ],
+                "cluster": {
+                    "interface": "lo",
+                    "python": sys.executable,
+                    "scheduler-options": {"host": "127.0.0.1", "dashboard_address": ":0"},
+                    "log-directory": str(tmp_path / "jobs"),
+                },
+            }
+        },
     }
     job["config"] = {**job["config"], "train": {"wait-workers": 180}}
     job.update(over)
@@ -405,7 +522,9 @@ def slurm_job(tmp_path, partitions, groups, **over):
 
 
 def _squeue(fmt="%i %j %T"):
-    out = subprocess.run(["squeue", "-h", "-o", fmt], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["squeue", "-h", "-o", fmt], capture_output=True, text=True, check=True
+    ).stdout
     return [line.split() for line in out.splitlines() if line.strip()]
 
 
@@ -419,10 +538,25 @@ class Driver:
         # this interpreter's dask-rpm even when its bin directory is not on PATH.
         exe = os.path.join(os.path.dirname(sys.executable), "dask-rpm")
         env = dict(os.environ, DASK_RPM=exe if os.path.exists(exe) else "dask-rpm")
-        self.id = subprocess.run(
-            ["sbatch", "--parsable", f"--output={self.log}", "--job-name=dask-rpm-train-test", SBATCH, str(job_file), *args],
-            capture_output=True, text=True, check=True, env=env,
-        ).stdout.strip().split(";")[0]
+        self.id = (
+            subprocess.run(
+                [
+                    "sbatch",
+                    "--parsable",
+                    f"--output={self.log}",
+                    "--job-name=dask-rpm-train-test",
+                    SBATCH,
+                    str(job_file),
+                    *args,
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+                env=env,
+            )
+            .stdout.strip()
+            .split(";")[0]
+        )
         self.marks = {}
 
     def text(self):
@@ -431,7 +565,9 @@ class Driver:
     def wait_for(self, needle, timeout=240):
         deadline = time.monotonic() + timeout
         while needle not in self.text():
-            assert self.running() and time.monotonic() < deadline, f"no {needle!r} in the driver log:\n{self.text()}"
+            assert self.running() and time.monotonic() < deadline, (
+                f"no {needle!r} in the driver log:\n{self.text()}"
+            )
             time.sleep(0.1)
         self.marks[needle] = time.monotonic() - self.t0
 
@@ -468,14 +604,21 @@ def _digits_arrays(tmp_path):
 @pytest.mark.slurm
 def test_sbatch_driver_two_groups_reaches_target_error(slurm_cluster, tmp_path):
     groups = [{"name": "big", "jobs": 2, "speed": 1.0}, {"name": "small", "jobs": 2, "speed": 0.5}]
-    path = slurm_job(tmp_path, slurm_cluster.partitions, groups, iterations=400,
-                     **{"target-error": 120.0, "min-workers": 4, "checkpoint": {"every": 50}})
+    path = slurm_job(
+        tmp_path,
+        slurm_cluster.partitions,
+        groups,
+        iterations=400,
+        **{"target-error": 120.0, "min-workers": 4, "checkpoint": {"every": 50}},
+    )
     drv = Driver(tmp_path, path)
     drv.wait_for("iteration 10/400")
     assert len(drv.worker_jobs("big")) == 2 and len(drv.worker_jobs("small")) == 2
     log = drv.finish()
-    print(f"\n[slurm] two groups, 4 worker jobs, digits to error 120: {drv.seconds:.1f} s from sbatch to done "
-          f"(first iteration block logged after {drv.marks['iteration 10/400']:.1f} s)")
+    print(
+        f"\n[slurm] two groups, 4 worker jobs, digits to error 120: {drv.seconds:.1f} s from sbatch to done "
+        f"(first iteration block logged after {drv.marks['iteration 10/400']:.1f} s)"
+    )
     assert "workers: SLURM groups big: 2 job(s) x 1 worker(s), small: 2 job(s) x 1 worker(s)" in log
     # serial BP's error first falls to 120 or below at iteration 181 (120.022 at 180): stop right there
     assert "done: 182 iterations, error 119.292 (target 120)" in log, log
@@ -491,14 +634,21 @@ def test_sbatch_driver_two_groups_reaches_target_error(slurm_cluster, tmp_path):
     _, u = forward_partial(x, ds["W"].values, ds["V"].values)
     accuracy = float(np.mean(sigmoid(u).argmax(1) == d.argmax(1)))
     assert accuracy > 0.9, accuracy
-    assert not [row for row in _squeue() if row[1] in ("dask-rpm-big", "dask-rpm-small")]  # workers cancelled
+    assert not [
+        row for row in _squeue() if row[1] in ("dask-rpm-big", "dask-rpm-small")
+    ]  # workers cancelled
 
 
 @pytest.mark.slurm
 def test_scancel_of_a_worker_job_still_ends_serial_equal(slurm_cluster, tmp_path):
     groups = [{"name": "big", "jobs": 2, "speed": 1.0}, {"name": "small", "jobs": 2, "speed": 0.5}]
-    path = slurm_job(tmp_path, slurm_cluster.partitions, groups, iterations=300,
-                     **{"min-workers": 4, "checkpoint": {"every": 50}})
+    path = slurm_job(
+        tmp_path,
+        slurm_cluster.partitions,
+        groups,
+        iterations=300,
+        **{"min-workers": 4, "checkpoint": {"every": 50}},
+    )
     drv = Driver(tmp_path, path)
     drv.wait_for("iteration 60/300")
     victim = drv.worker_jobs("small")[0]
@@ -516,10 +666,12 @@ def test_scancel_of_a_worker_job_still_ends_serial_equal(slurm_cluster, tmp_path
     (rec,) = [r for r in json.loads(ds.attrs["remaps"]) if r.get("lost")]
     assert rec["recovered_from"] in ("columns", "checkpoint") and rec["kind"] == "whole"
     spi = float(np.nanmedian(ds["iteration_time"].values))
-    print(f"\n[slurm] scancel of worker job {victim}: recovered from the {rec['recovered_from']}, "
-          f"{rec['bytes']} weight bytes + {rec['sample_bytes']} sample bytes re-read, remap {rec['seconds']:.3f} s, {rec['replayed']} iteration(s) recomputed "
-          f"(~{rec['replayed'] * spi:.2f} s at {spi * 1e3:.1f} ms/iteration); scancel -> recovery logged in "
-          f"{detect:.1f} s; whole test run {drv.seconds:.1f} s")
+    print(
+        f"\n[slurm] scancel of worker job {victim}: recovered from the {rec['recovered_from']}, "
+        f"{rec['bytes']} weight bytes + {rec['sample_bytes']} sample bytes re-read, remap {rec['seconds']:.3f} s, {rec['replayed']} iteration(s) recomputed "
+        f"(~{rec['replayed'] * spi:.2f} s at {spi * 1e3:.1f} ms/iteration); scancel -> recovery logged in "
+        f"{detect:.1f} s; whole test run {drv.seconds:.1f} s"
+    )
     assert "worker(s) 1 of" not in log  # sanity: the log names addresses, not counts
 
 
@@ -527,10 +679,14 @@ def test_scancel_of_a_worker_job_still_ends_serial_equal(slurm_cluster, tmp_path
 def test_late_worker_job_is_absorbed(slurm_cluster, tmp_path):
     # The small group's job is submitted held (a real queued job that cannot start yet);
     # training starts with min-workers=2 and the job is released once it runs.
-    groups = [{"name": "big", "jobs": 2, "speed": 1.0},
-              {"name": "small", "jobs": 1, "speed": 0.5, "job-extra-directives": ["--hold"]}]
+    groups = [
+        {"name": "big", "jobs": 2, "speed": 1.0},
+        {"name": "small", "jobs": 1, "speed": 0.5, "job-extra-directives": ["--hold"]},
+    ]
     # enough iterations to outlast the late job's start (an iteration takes ~3 ms on the direct data plane)
-    path = slurm_job(tmp_path, slurm_cluster.partitions, groups, iterations=6000, **{"min-workers": 2})
+    path = slurm_job(
+        tmp_path, slurm_cluster.partitions, groups, iterations=6000, **{"min-workers": 2}
+    )
     drv = Driver(tmp_path, path)
     drv.wait_for("iteration 20/6000")
     (late,) = drv.worker_jobs("small")
@@ -547,16 +703,23 @@ def test_late_worker_job_is_absorbed(slurm_cluster, tmp_path):
     assert ds.sizes["worker"] == 3 and ds.sizes["iteration"] == 6000
     x, d = _digits_arrays(tmp_path)
     _serial_check(ds, x, d, 6000)
-    print(f"\n[slurm] late job absorbed at iteration {joins[0]['iteration']}: {joins[0]['bytes']} bytes, "
-          f"{joins[0]['seconds']:.3f} s; whole test run {drv.seconds:.1f} s")
+    print(
+        f"\n[slurm] late job absorbed at iteration {joins[0]['iteration']}: {joins[0]['bytes']} bytes, "
+        f"{joins[0]['seconds']:.3f} s; whole test run {drv.seconds:.1f} s"
+    )
 
 
 @pytest.mark.slurm
 def test_walltime_signal_checkpoints_and_sbatch_resume_finishes(slurm_cluster, tmp_path):
     # What #SBATCH --signal=B:TERM@120 does before the walltime, sent by hand.
     groups = [{"name": "big", "jobs": 1, "speed": 1.0}, {"name": "small", "jobs": 1, "speed": 0.5}]
-    path = slurm_job(tmp_path, slurm_cluster.partitions, groups, iterations=200,
-                     **{"min-workers": 2, "checkpoint": {"every": 25}})
+    path = slurm_job(
+        tmp_path,
+        slurm_cluster.partitions,
+        groups,
+        iterations=200,
+        **{"min-workers": 2, "checkpoint": {"every": 25}},
+    )
     drv = Driver(tmp_path, path)
     drv.wait_for("checkpoint at iteration 50")
     subprocess.run(["scancel", "--batch", "--signal=TERM", drv.id], check=True)
@@ -575,7 +738,9 @@ def test_walltime_signal_checkpoints_and_sbatch_resume_finishes(slurm_cluster, t
     assert ds.attrs["resumed_from_iteration"] == k
     x, d = _digits_arrays(tmp_path)
     _serial_check(ds, x, d, 200)
-    print(f"\n[slurm] SIGTERM at iteration {k}, resumed with sbatch ... --resume: {first:.1f} s + {drv.seconds:.1f} s")
+    print(
+        f"\n[slurm] SIGTERM at iteration {k}, resumed with sbatch ... --resume: {first:.1f} s + {drv.seconds:.1f} s"
+    )
 
 
 @pytest.mark.slurm
@@ -595,34 +760,75 @@ def test_sbatch_classifier_reaches_sklearns_held_out_accuracy(slurm_cluster, tmp
     x = (x - x.mean(0)) / np.where(x.std(0) > 0, x.std(0), 1.0)  # standardized features
     d = np.eye(y.max() + 1)[y]
     write_dataset(tmp_path / f"{dataset}.nc", x, d, source=f"sklearn.datasets.load_{dataset}")
-    keys = {"loss": "cross-entropy", "optimizer": "adam", "batch-size": 64, "bias": True, "activation": "relu",
-            "validation": 0.2, "epochs": 30, "learning-rate": 0.002, "hidden": 32}
+    keys = {
+        "loss": "cross-entropy",
+        "optimizer": "adam",
+        "batch-size": 64,
+        "bias": True,
+        "activation": "relu",
+        "validation": 0.2,
+        "epochs": 30,
+        "learning-rate": 0.002,
+        "hidden": 32,
+    }
     groups = [{"name": "big", "jobs": 1, "speed": 1.0}, {"name": "small", "jobs": 2, "speed": 0.5}]
-    path = slurm_job(tmp_path, slurm_cluster.partitions, groups, **{"min-workers": 3}, **keys,
-                     data=str(tmp_path / f"{dataset}.nc"))
+    path = slurm_job(
+        tmp_path,
+        slurm_cluster.partitions,
+        groups,
+        **{"min-workers": 3},
+        **keys,
+        data=str(tmp_path / f"{dataset}.nc"),
+    )
     drv = Driver(tmp_path, path)
     log = drv.finish()
     ds = _open(tmp_path / "result.nc")
     ours = float(ds["validation_accuracy"].values[-1])
     train, held = holdout(len(x), 0.2, 0)
-    sk = MLPClassifier(hidden_layer_sizes=(32,), max_iter=300, random_state=0).fit(x[train], y[train])
+    sk = MLPClassifier(hidden_layer_sizes=(32,), max_iter=300, random_state=0).fit(
+        x[train], y[train]
+    )
     theirs = float(sk.score(x[held], y[held]))
-    print(f"\n[slurm] {dataset}: held-out accuracy {ours:.3f} (scikit-learn MLPClassifier {theirs:.3f}), "
-          f"{drv.seconds:.1f} s from sbatch to done")
+    print(
+        f"\n[slurm] {dataset}: held-out accuracy {ours:.3f} (scikit-learn MLPClassifier {theirs:.3f}), "
+        f"{drv.seconds:.1f} s from sbatch to done"
+    )
     assert ours >= theirs - 0.03 and ours > 0.9, (ours, theirs, log)
-    out = fit_serial(x, d, hidden=32, epochs=30, batch_size=64, learning_rate=0.002, loss="cross-entropy",
-                     optimizer="adam", bias=True, activation="relu", validation=0.2, seed=0, full_output=True)
-    np.testing.assert_allclose(ds["W"].values, out["W"], rtol=RTOL, atol=1e-14 * np.abs(out["W"]).max())
+    out = fit_serial(
+        x,
+        d,
+        hidden=32,
+        epochs=30,
+        batch_size=64,
+        learning_rate=0.002,
+        loss="cross-entropy",
+        optimizer="adam",
+        bias=True,
+        activation="relu",
+        validation=0.2,
+        seed=0,
+        full_output=True,
+    )
+    np.testing.assert_allclose(
+        ds["W"].values, out["W"], rtol=RTOL, atol=1e-14 * np.abs(out["W"]).max()
+    )
 
 
 @pytest.mark.slurm
 def test_a_worker_job_near_its_walltime_retires_without_losing_work(slurm_cluster, tmp_path):
     """A group with a short walltime: its worker's Dask lifetime is set from it; training moves the worker's
     rows to the others before the lifetime ends and retires it. Nothing recomputed, nothing lost."""
-    groups = [{"name": "big", "jobs": 1, "speed": 1.0, "walltime": "00:01:10"},
-              {"name": "small", "jobs": 2, "speed": 0.5, "walltime": "00:10:00"}]
-    path = slurm_job(tmp_path, slurm_cluster.partitions, groups, iterations=100000,
-                     **{"min-workers": 3, "time-limit": 55, "checkpoint": {"every": 1000}})
+    groups = [
+        {"name": "big", "jobs": 1, "speed": 1.0, "walltime": "00:01:10"},
+        {"name": "small", "jobs": 2, "speed": 0.5, "walltime": "00:10:00"},
+    ]
+    path = slurm_job(
+        tmp_path,
+        slurm_cluster.partitions,
+        groups,
+        iterations=100000,
+        **{"min-workers": 3, "time-limit": 55, "checkpoint": {"every": 1000}},
+    )
     raw = yaml.safe_load(path.read_text())
     raw["config"]["train"]["retire-margin"] = 20.0
     path.write_text(yaml.safe_dump(raw))
@@ -635,7 +841,9 @@ def test_a_worker_job_near_its_walltime_retires_without_losing_work(slurm_cluste
     ck = _open(tmp_path / "result.checkpoint.nc")
     assert ck.attrs["iteration"] > k  # trained on after the retirement, on the two others
     x, d = _digits_arrays(tmp_path)
-    W, V, err = fit_serial(x, d, hidden=24, iterations=int(ck.attrs["iteration"]), learning_rate=0.005, seed=0)
+    W, V, err = fit_serial(
+        x, d, hidden=24, iterations=int(ck.attrs["iteration"]), learning_rate=0.005, seed=0
+    )
     # thousands of iterations: compare on the scale of the weights (an entry near 0 carries rounding
     # of the order of the largest ones, ~1e-15 absolute)
     assert np.abs(ck["W"].values - W).max() <= RTOL * np.abs(W).max()
@@ -648,9 +856,14 @@ def test_driver_sigkill_then_resume_equals_uninterrupted(tmp_path, digits):
     data, x, d = digits
     path = write_job(tmp_path, data, iterations=120, checkpoint={"every": 20})
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "dask_rpm.cli", "train", "--config", str(path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dask_rpm.cli", "train", "--config", str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     lines = []
     for line in proc.stdout:
         lines.append(line.rstrip())
@@ -663,8 +876,13 @@ def test_driver_sigkill_then_resume_equals_uninterrupted(tmp_path, digits):
     ck = _open(tmp_path / "result.checkpoint.nc")
     k = int(ck.attrs["iteration"])
     assert k >= 40
-    p = subprocess.run([sys.executable, "-m", "dask_rpm.cli", "train", "--config", str(path), "--resume"],
-                       capture_output=True, text=True, timeout=300, env=env)
+    p = subprocess.run(
+        [sys.executable, "-m", "dask_rpm.cli", "train", "--config", str(path), "--resume"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     assert f"at iteration {k}" in p.stdout
     out = _open(tmp_path / "result.nc")
@@ -677,8 +895,13 @@ def test_driver_sigkill_then_resume_equals_uninterrupted(tmp_path, digits):
 def test_an_ended_worker_job_is_resubmitted_and_its_worker_absorbed(slurm_cluster, tmp_path):
     """scancel of a worker job: training recovers, resubmits the group's job, and takes in its worker."""
     groups = [{"name": "big", "jobs": 1, "speed": 1.0}, {"name": "small", "jobs": 2, "speed": 0.5}]
-    path = slurm_job(tmp_path, slurm_cluster.partitions, groups, iterations=100000,
-                     **{"min-workers": 3, "time-limit": 50, "checkpoint": {"every": 500}})
+    path = slurm_job(
+        tmp_path,
+        slurm_cluster.partitions,
+        groups,
+        iterations=100000,
+        **{"min-workers": 3, "time-limit": 50, "checkpoint": {"every": 500}},
+    )
     drv = Driver(tmp_path, path)
     drv.wait_for("iteration 100/")
     victim = drv.worker_jobs("small")[0]
@@ -690,6 +913,8 @@ def test_an_ended_worker_job_is_resubmitted_and_its_worker_absorbed(slurm_cluste
     assert "to replace it" in log and "not resubmitting" not in log, log
     ck = _open(tmp_path / "result.checkpoint.nc")
     x, d = _digits_arrays(tmp_path)
-    W, V, err = fit_serial(x, d, hidden=24, iterations=int(ck.attrs["iteration"]), learning_rate=0.005, seed=0)
+    W, V, err = fit_serial(
+        x, d, hidden=24, iterations=int(ck.attrs["iteration"]), learning_rate=0.005, seed=0
+    )
     assert np.abs(ck["W"].values - W).max() <= RTOL * np.abs(W).max()  # on the scale of the weights
     np.testing.assert_allclose(ck["error"].values, err, rtol=RTOL, atol=0)

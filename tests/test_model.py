@@ -24,8 +24,19 @@ def _classifier(labels=None, **kw):
     x, y = _data()
     if labels is not None:
         y = np.asarray(labels)[y]
-    out = fit_serial(x, y, hidden=6, iterations=200, learning_rate=0.03, loss="cross-entropy", bias=True,
-                     optimizer="adam", batch_size=20, full_output=True, **kw)
+    out = fit_serial(
+        x,
+        y,
+        hidden=6,
+        iterations=200,
+        learning_rate=0.03,
+        loss="cross-entropy",
+        bias=True,
+        optimizer="adam",
+        batch_size=20,
+        full_output=True,
+        **kw,
+    )
     return MLPModel.from_result(out), x, y, out
 
 
@@ -44,7 +55,10 @@ def test_from_fit_serial_classifier_predicts_like_forward():
     e = np.exp(u - u.max(axis=1, keepdims=True))
     assert np.allclose(e / e.sum(axis=1, keepdims=True), h, rtol=0, atol=1e-14)
     # what the result says about itself
-    assert model.meta["recipe"]["optimizer"]["name"] == "adam" and model.meta["recipe"]["batch_size"] == 20
+    assert (
+        model.meta["recipe"]["optimizer"]["name"] == "adam"
+        and model.meta["recipe"]["batch_size"] == 20
+    )
     assert model.meta["iterations"] == 200 and len(model.meta["loss_curve"]) == 200
     assert model.meta["dask_rpm_version"]
 
@@ -60,13 +74,20 @@ def test_string_labels_predict_labels():
 def test_weights_split_the_augmented_matrices():
     model, *_ = _classifier()
     w = model.weights()
-    assert w["W"].shape == (6, 5) and w["b"].shape == (6,) and w["V"].shape == (3, 6) and w["c"].shape == (3,)
+    assert (
+        w["W"].shape == (6, 5)
+        and w["b"].shape == (6,)
+        and w["V"].shape == (3, 6)
+        and w["c"].shape == (3,)
+    )
     assert np.array_equal(w["b"], model.W[:6, 5]) and np.array_equal(w["c"], model.V[:, 6])
     w["W"][0, 0] = 99.0  # copies: the model is untouched
     assert model.W[0, 0] != 99.0
 
 
-@pytest.mark.parametrize("labels", [None, ["cat", "dog", "emu"], [2.5, 7.0, 9.5]], ids=["int", "str", "float"])
+@pytest.mark.parametrize(
+    "labels", [None, ["cat", "dog", "emu"], [2.5, 7.0, 9.5]], ids=["int", "str", "float"]
+)
 def test_save_load_round_trip_is_exact(tmp_path, labels):
     model, x, _, _ = _classifier(labels=labels)
     path = model.save(tmp_path / "m.nc")
@@ -84,15 +105,29 @@ def test_regression_model_round_trip_with_target_scale(tmp_path):
     rng = np.random.default_rng(3)
     x = rng.normal(size=(50, 4))
     d = np.stack([x @ [0.5, -1.0, 0.2, 0.0], x[:, 0] * x[:, 1]], axis=1)
-    out = fit_serial(x, d, hidden=8, iterations=200, learning_rate=0.002, loss="squared", output="linear",
-                     activation="tanh", bias=True, optimizer="adam", full_output=True, dtype="float32")
+    out = fit_serial(
+        x,
+        d,
+        hidden=8,
+        iterations=200,
+        learning_rate=0.002,
+        loss="squared",
+        output="linear",
+        activation="tanh",
+        bias=True,
+        optimizer="adam",
+        full_output=True,
+        dtype="float32",
+    )
     model = MLPModel.from_result(out, target_shift=[1.0, -2.0], target_scale=[3.0, 0.5])
     assert not model.is_classifier and model.W.dtype == np.float32
     pred = model.predict(x)
     assert np.allclose(pred, model.outputs(x) * [3.0, 0.5] + [1.0, -2.0], rtol=1e-6)
     back = MLPModel.load(model.save(tmp_path / "r.nc"))
     assert back.W.dtype == np.float32 and np.array_equal(back.W, model.W)
-    assert np.array_equal(back.target_scale, model.target_scale) and np.array_equal(back.predict(x), pred)
+    assert np.array_equal(back.target_scale, model.target_scale) and np.array_equal(
+        back.predict(x), pred
+    )
     with pytest.raises(ModelError, match="predict_proba needs a classifier"):
         model.predict_proba(x)
 
@@ -103,29 +138,52 @@ def test_r2_score_matches_scikit_learn():
     rng = np.random.default_rng(4)
     x = rng.normal(size=(40, 3))
     d = np.stack([np.tanh(x[:, 0]), x[:, 1] - x[:, 2]], axis=1)
-    out = fit_serial(x, d, hidden=10, iterations=300, learning_rate=0.003, loss="squared", output="linear",
-                     bias=True, optimizer="adam", full_output=True)
+    out = fit_serial(
+        x,
+        d,
+        hidden=10,
+        iterations=300,
+        learning_rate=0.003,
+        loss="squared",
+        output="linear",
+        bias=True,
+        optimizer="adam",
+        full_output=True,
+    )
     model = MLPModel.from_result(out)
     r2 = model.score(x, d)
     assert r2 == pytest.approx(r2_score(d, model.predict(x)), rel=1e-12)
     assert r2 > 0.5
-    one = MLPModel(out["W"], out["V"][:1], out["recipe"].net)  # one output: 1-D targets are accepted
-    assert one.score(x, d[:, 0]) == pytest.approx(r2_score(d[:, 0], one.predict(x)[:, 0]), rel=1e-12)
+    one = MLPModel(
+        out["W"], out["V"][:1], out["recipe"].net
+    )  # one output: 1-D targets are accepted
+    assert one.score(x, d[:, 0]) == pytest.approx(
+        r2_score(d[:, 0], one.predict(x)[:, 0]), rel=1e-12
+    )
 
 
-NETS = [Network(a, loss, out, bias) for a in ("sigmoid", "tanh", "relu")
-        for loss, out in (("squared", "sigmoid"), ("squared", "linear"), ("cross-entropy", "softmax"))
-        for bias in (True, False)]
+NETS = [
+    Network(a, loss, out, bias)
+    for a in ("sigmoid", "tanh", "relu")
+    for loss, out in (("squared", "sigmoid"), ("squared", "linear"), ("cross-entropy", "softmax"))
+    for bias in (True, False)
+]
 
 
-@pytest.mark.parametrize("net", NETS, ids=lambda n: f"{n.activation}-{n.output}-{'bias' if n.bias else 'nobias'}")
+@pytest.mark.parametrize(
+    "net", NETS, ids=lambda n: f"{n.activation}-{n.output}-{'bias' if n.bias else 'nobias'}"
+)
 def test_to_torch_outputs_equal_ours(net):
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(7)
     n, m, l = 6, 9, 4  # noqa: E741
-    W, V = net.join(rng.normal(size=(m, n)), rng.normal(size=(l, m)), rng.normal(size=m), rng.normal(size=l))
+    W, V = net.join(
+        rng.normal(size=(m, n)), rng.normal(size=(l, m)), rng.normal(size=m), rng.normal(size=l)
+    )
     if net.bias:
-        W[-1] = rng.normal(size=n + 1)  # the bias unit's own weights are ignored, whatever they hold
+        W[-1] = rng.normal(
+            size=n + 1
+        )  # the bias unit's own weights are ignored, whatever they hold
     model = MLPModel(W, V, net)
     x = rng.normal(size=(30, n)) * 2.0
     seq = model.to_torch()
@@ -135,12 +193,15 @@ def test_to_torch_outputs_equal_ours(net):
         logits = model.to_torch(output_layer=False)(torch.from_numpy(x)).numpy()
     assert got.dtype == np.float64
     assert np.max(np.abs(got - model.outputs(x))) <= 1e-12 * max(1.0, np.max(np.abs(got)))
-    assert np.max(np.abs(logits - model.decision_function(x))) <= 1e-12 * max(1.0, np.max(np.abs(logits)))
+    assert np.max(np.abs(logits - model.decision_function(x))) <= 1e-12 * max(
+        1.0, np.max(np.abs(logits))
+    )
     if net.output == "softmax":
         assert np.max(np.abs(got - model.predict_proba(x))) <= 1e-12
 
 
 # ------------------------------------------------------------------ bad input
+
 
 def test_predict_refuses_bad_inputs():
     model, x, _, _ = _classifier()
@@ -189,7 +250,9 @@ def test_load_refuses_what_is_not_a_model(tmp_path):
     with pytest.raises(ModelError, match="not a dask_rpm model file: it cannot be read as netCDF"):
         MLPModel.load(text)
     data = write_dataset(tmp_path / "data.nc", np.zeros((3, 2)), np.zeros((3, 1)))
-    with pytest.raises(ModelError, match=r"not a dask_rpm model file: it has variables \['d', 'x'\]"):
+    with pytest.raises(
+        ModelError, match=r"not a dask_rpm model file: it has variables \['d', 'x'\]"
+    ):
         MLPModel.load(data)
     model, *_ = _classifier()
     ds = model.to_dataset()
@@ -203,7 +266,9 @@ def test_load_refuses_what_is_not_a_model(tmp_path):
     ds.attrs["title"] = "dask_rpm training result"
     result = tmp_path / "result.nc"
     ds.to_netcdf(result, engine="h5netcdf")
-    with pytest.raises(ModelError, match=r"it is a dask_rpm training result .*<output stem>.model.nc"):
+    with pytest.raises(
+        ModelError, match=r"it is a dask_rpm training result .*<output stem>.model.nc"
+    ):
         MLPModel.load(result)
     with pytest.raises(ModelError, match="is a directory"):
         model.save(tmp_path)

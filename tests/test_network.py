@@ -11,22 +11,37 @@ from dask_rpm.kernels import Workspace, init_weights
 from dask_rpm.network import Network, NetworkError, network
 from dask_rpm.recipe import forward, loss
 
-FORMS = [Network(a, lo, o, b) for a, (lo, o), b in itertools.product(
-    ["sigmoid", "tanh", "relu"], [("squared", "sigmoid"), ("squared", "linear"), ("cross-entropy", "softmax")],
-    [False, True])]
+FORMS = [
+    Network(a, lo, o, b)
+    for a, (lo, o), b in itertools.product(
+        ["sigmoid", "tanh", "relu"],
+        [("squared", "sigmoid"), ("squared", "linear"), ("cross-entropy", "softmax")],
+        [False, True],
+    )
+]
 
 
 def _loss(net, x, d, W, V):
     return loss(forward(x, W, V, net), d, net)
 
 
-@pytest.mark.parametrize("net", FORMS, ids=lambda n: f"{n.activation}-{n.output}-{'bias' if n.bias else 'nobias'}")
+@pytest.mark.parametrize(
+    "net", FORMS, ids=lambda n: f"{n.activation}-{n.output}-{'bias' if n.bias else 'nobias'}"
+)
 def test_gradients_match_finite_differences(net):
     rng = np.random.default_rng(0)
     s, n, m, l = 11, 4, 5, 3
     x = rng.normal(size=(s, n))
-    d = np.eye(l)[rng.integers(0, l, s)] if net.loss == "cross-entropy" else rng.uniform(0.1, 0.9, (s, l))
-    W, V = net.join(*init_weights(n, m, l, seed=1, scale=0.5), rng.normal(size=m) * 0.1, rng.normal(size=l) * 0.1)
+    d = (
+        np.eye(l)[rng.integers(0, l, s)]
+        if net.loss == "cross-entropy"
+        else rng.uniform(0.1, 0.9, (s, l))
+    )
+    W, V = net.join(
+        *init_weights(n, m, l, seed=1, scale=0.5),
+        rng.normal(size=m) * 0.1,
+        rng.normal(size=l) * 0.1,
+    )
     xa = net.augment(x)
     ws = Workspace(s, W.shape[0], W.shape[1], l, "float64", net, net.bias_row(W.shape[0]))
     u = ws.forward(xa, W, V)
@@ -34,13 +49,13 @@ def test_gradients_match_finite_differences(net):
     assert err == pytest.approx(_loss(net, x, d, W, V), rel=1e-12)
     dW, dV = (a.copy() for a in ws.backward(xa, V, ws.delta2))
     h = 1e-6
-    for (i, j) in [(0, 0), (2, 1), (W.shape[0] - 1, W.shape[1] - 1)]:
+    for i, j in [(0, 0), (2, 1), (W.shape[0] - 1, W.shape[1] - 1)]:
         Wp, Wm = W.copy(), W.copy()
         Wp[i, j] += h
         Wm[i, j] -= h
         num = (_loss(net, x, d, Wp, V) - _loss(net, x, d, Wm, V)) / (2 * h)
         assert dW[i, j] == pytest.approx(num, rel=1e-5, abs=1e-8)
-    for (i, j) in [(0, 0), (l - 1, V.shape[1] - 1)]:
+    for i, j in [(0, 0), (l - 1, V.shape[1] - 1)]:
         Vp, Vm = V.copy(), V.copy()
         Vp[i, j] += h
         Vm[i, j] -= h
@@ -61,13 +76,19 @@ def test_join_and_split_round_trip():
         assert np.array_equal(got[k], v)
 
 
-@pytest.mark.parametrize("kw,match", [
-    (dict(activation="gelu"), "activation='gelu'; valid: sigmoid, tanh, relu"),
-    (dict(loss="hinge"), "loss='hinge'; valid: squared, cross-entropy"),
-    (dict(loss="cross-entropy", output="sigmoid"), "output='sigmoid' with loss='cross-entropy'"),
-    (dict(loss="squared", output="softmax"), "output='softmax' with loss='squared'"),
-    (dict(bias="yes"), "bias='yes'; give true or false"),
-])
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(activation="gelu"), "activation='gelu'; valid: sigmoid, tanh, relu"),
+        (dict(loss="hinge"), "loss='hinge'; valid: squared, cross-entropy"),
+        (
+            dict(loss="cross-entropy", output="sigmoid"),
+            "output='sigmoid' with loss='cross-entropy'",
+        ),
+        (dict(loss="squared", output="softmax"), "output='softmax' with loss='squared'"),
+        (dict(bias="yes"), "bias='yes'; give true or false"),
+    ],
+)
 def test_bad_forms_are_refused(kw, match):
     with pytest.raises(NetworkError, match=match):
         network(**kw)

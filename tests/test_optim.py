@@ -47,13 +47,16 @@ def test_momentum_accumulates():
     np.testing.assert_allclose(p, [-5.61])
 
 
-@pytest.mark.parametrize("spec,match", [
-    ("rmsprop", "'rmsprop' is not known; valid: sgd, momentum, adam"),
-    ({"name": "adam", "beta3": 0.5}, r"\['beta3'\] not known"),
-    ({"name": "momentum", "momentum": 1.5}, "momentum=1.5; it must be in"),
-    ({"name": "adam", "eps": 0.0}, "eps=0.0"),
-    (3, "optimizer=3; give a name"),
-])
+@pytest.mark.parametrize(
+    "spec,match",
+    [
+        ("rmsprop", "'rmsprop' is not known; valid: sgd, momentum, adam"),
+        ({"name": "adam", "beta3": 0.5}, r"\['beta3'\] not known"),
+        ({"name": "momentum", "momentum": 1.5}, "momentum=1.5; it must be in"),
+        ({"name": "adam", "eps": 0.0}, "eps=0.0"),
+        (3, "optimizer=3; give a name"),
+    ],
+)
 def test_bad_optimizers_are_refused(spec, match):
     with pytest.raises(OptimizerError, match=match):
         optimizer(spec)
@@ -62,5 +65,7 @@ def test_bad_optimizers_are_refused(spec, match):
 def test_optimizer_defaults_come_from_config():
     import dask
 
-    with dask.config.set({"rpm.train.optimizer": "adam", "rpm.train.optimizer-parameters.beta2": 0.99}):
+    with dask.config.set(
+        {"rpm.train.optimizer": "adam", "rpm.train.optimizer-parameters.beta2": 0.99}
+    ):
         assert optimizer() == Optimizer("adam", beta2=0.99)

@@ -21,7 +21,9 @@ P_EX = (0.05, 0.10, 0.20, 0.30, 0.35)
 
 
 def _example_partition() -> RealPartition:
-    return RealPartition(((0, 1, 2), (3, 4)), (0.35, 0.65), ((1 / 7, 2 / 7, 4 / 7), (0.3 / 0.65, 0.35 / 0.65)))
+    return RealPartition(
+        ((0, 1, 2), (3, 4)), (0.35, 0.65), ((1 / 7, 2 / 7, 4 / 7), (0.3 / 0.65, 0.35 / 0.65))
+    )
 
 
 # ------------------------------------------------------------------ round_cuts
@@ -185,10 +187,16 @@ def test_snap_properties(part, a):
             if cols_lo & cols_hi:
                 continue
             orig = {
-                (i, j): before[i][j] for i, c in enumerate(after) for j, v in enumerate(c) if abs(v - lo) < 1e-9
+                (i, j): before[i][j]
+                for i, c in enumerate(after)
+                for j, v in enumerate(c)
+                if abs(v - lo) < 1e-9
             }
             orig_hi = {
-                (i, j): before[i][j] for i, c in enumerate(after) for j, v in enumerate(c) if abs(v - hi) < 1e-9
+                (i, j): before[i][j]
+                for i, c in enumerate(after)
+                for j, v in enumerate(c)
+                if abs(v - hi) < 1e-9
             }
             down_blocked = any(abs(lo - o) > a + 1e-12 for o in orig_hi.values())
             up_blocked = any(abs(hi - o) > a + 1e-12 for o in orig.values())
@@ -205,13 +213,15 @@ def test_snapped_cuts_stay_aligned_after_rounding():
 
 # --------------------------------------------------------------- to_integer
 def test_to_integer_worked_example():
-    plan = to_integer(_example_partition(), abilities=P_EX, shape=(203, 80, 26), samples=1024, method="x")
+    plan = to_integer(
+        _example_partition(), abilities=P_EX, shape=(203, 80, 26), samples=1024, method="x"
+    )
     assert [plan.column_samples(c) for c in range(2)] == [(0, 358), (358, 1024)]
     assert [plan.rectangle(w).hidden for w in (0, 1, 2)] == [(0, 11), (11, 34), (34, 80)]
     assert [plan.rectangle(w).hidden for w in (3, 4)] == [(0, 37), (37, 80)]
-    assert plan.imbalance() == pytest.approx(max(
-        plan.rectangle(w).area / (1024 * 80) / P_EX[w] for w in range(5)
-    ))
+    assert plan.imbalance() == pytest.approx(
+        max(plan.rectangle(w).area / (1024 * 80) / P_EX[w] for w in range(5))
+    )
 
 
 def test_to_integer_errors():
@@ -235,7 +245,13 @@ def _plan(rects, columns=((0, 1), (2,)), s=10, m=4):
 
 
 def test_validate_accepts_exact_tiling():
-    p = _plan([Rectangle(0, 0, (0, 5), (0, 2)), Rectangle(1, 0, (0, 5), (2, 4)), Rectangle(2, 1, (5, 10), (0, 4))])
+    p = _plan(
+        [
+            Rectangle(0, 0, (0, 5), (0, 2)),
+            Rectangle(1, 0, (0, 5), (2, 4)),
+            Rectangle(2, 1, (5, 10), (0, 4)),
+        ]
+    )
     assert p.validate() is p
     assert p.bands() == [(0, 2), (2, 4)]
     assert p.holders((2, 4)) == [1, 2]
@@ -245,31 +261,59 @@ def test_validate_accepts_exact_tiling():
     "rects,match",
     [
         (
-            [Rectangle(0, 0, (0, 5), (0, 2)), Rectangle(1, 0, (0, 5), (3, 4)), Rectangle(2, 1, (5, 10), (0, 4))],
+            [
+                Rectangle(0, 0, (0, 5), (0, 2)),
+                Rectangle(1, 0, (0, 5), (3, 4)),
+                Rectangle(2, 1, (5, 10), (0, 4)),
+            ],
             "starts at hidden unit 3; expected 2",
         ),
         (
-            [Rectangle(0, 0, (0, 5), (0, 2)), Rectangle(1, 0, (0, 6), (2, 4)), Rectangle(2, 1, (5, 10), (0, 4))],
+            [
+                Rectangle(0, 0, (0, 5), (0, 2)),
+                Rectangle(1, 0, (0, 6), (2, 4)),
+                Rectangle(2, 1, (5, 10), (0, 4)),
+            ],
             "column-fixed",
         ),
         (
-            [Rectangle(0, 0, (0, 5), (0, 2)), Rectangle(1, 0, (0, 5), (2, 4)), Rectangle(2, 1, (6, 10), (0, 4))],
+            [
+                Rectangle(0, 0, (0, 5), (0, 2)),
+                Rectangle(1, 0, (0, 5), (2, 4)),
+                Rectangle(2, 1, (6, 10), (0, 4)),
+            ],
             "starts at sample 6; expected 5",
         ),
         (
-            [Rectangle(0, 0, (0, 5), (0, 2)), Rectangle(1, 0, (0, 5), (2, 3)), Rectangle(2, 1, (5, 10), (0, 4))],
+            [
+                Rectangle(0, 0, (0, 5), (0, 2)),
+                Rectangle(1, 0, (0, 5), (2, 3)),
+                Rectangle(2, 1, (5, 10), (0, 4)),
+            ],
             r"covers hidden units \[0, 3\)",
         ),
         (
-            [Rectangle(0, 0, (0, 5), (0, 2)), Rectangle(1, 0, (0, 5), (2, 4)), Rectangle(2, 1, (5, 9), (0, 4))],
+            [
+                Rectangle(0, 0, (0, 5), (0, 2)),
+                Rectangle(1, 0, (0, 5), (2, 4)),
+                Rectangle(2, 1, (5, 9), (0, 4)),
+            ],
             r"cover samples \[0, 9\)",
         ),
         (
-            [Rectangle(0, 0, (0, 5), (0, 0)), Rectangle(1, 0, (0, 5), (0, 4)), Rectangle(2, 1, (5, 10), (0, 4))],
+            [
+                Rectangle(0, 0, (0, 5), (0, 0)),
+                Rectangle(1, 0, (0, 5), (0, 4)),
+                Rectangle(2, 1, (5, 10), (0, 4)),
+            ],
             "must be non-empty",
         ),
         (
-            [Rectangle(0, 0, (0, 5), (0, 2)), Rectangle(0, 0, (0, 5), (2, 4)), Rectangle(2, 1, (5, 10), (0, 4))],
+            [
+                Rectangle(0, 0, (0, 5), (0, 2)),
+                Rectangle(0, 0, (0, 5), (2, 4)),
+                Rectangle(2, 1, (5, 10), (0, 4)),
+            ],
             "more than one rectangle",
         ),
     ],
@@ -280,7 +324,9 @@ def test_validate_rejects(rects, match):
 
 
 def test_from_dict_round_trip_and_with_workers():
-    plan = to_integer(_example_partition(), abilities=P_EX, shape=(203, 80, 26), samples=1024, method="x")
+    plan = to_integer(
+        _example_partition(), abilities=P_EX, shape=(203, 80, 26), samples=1024, method="x"
+    )
     assert Plan.from_dict(plan.to_dict()) == plan
     bound = plan.with_workers([f"w{i}" for i in range(5)])
     assert bound.workers == ("w0", "w1", "w2", "w3", "w4")

@@ -42,10 +42,19 @@ def test_never_predicted_slower_than_srpm_split_1d_or_any_uniform_grid(mode, n):
     with dask.config.set({"rpm.cost.vertical": vertical, "rpm.cost.horizontal": horizontal}):
         timed = make_plan(speeds, SHAPE, s, "srpm-time", rates=rates, network=net)
     t = predict_iteration_seconds(timed, rates, **kw)
-    assert t == pytest.approx(timed.notes and float(timed.notes[0].split("predicted ")[1].split(" ")[0]), rel=1e-5)
-    others = [predict_iteration_seconds(make_plan(speeds, SHAPE, s, m), rates, **kw) for m in ("srpm", "split-1d")]
+    assert t == pytest.approx(
+        timed.notes and float(timed.notes[0].split("predicted ")[1].split(" ")[0]), rel=1e-5
+    )
+    others = [
+        predict_iteration_seconds(make_plan(speeds, SHAPE, s, m), rates, **kw)
+        for m in ("srpm", "split-1d")
+    ]
     for dp in [d for d in range(1, n + 1) if n % d == 0]:
-        others.append(predict_iteration_seconds(make_plan(np.ones(n), SHAPE, s, "uniform", dp=dp), rates, **kw))
+        others.append(
+            predict_iteration_seconds(
+                make_plan(np.ones(n), SHAPE, s, "uniform", dp=dp), rates, **kw
+            )
+        )
     assert t <= min(others) * (1 + 1e-9)
 
 
@@ -63,7 +72,13 @@ def test_time_dp_matches_brute_force_over_sorted_runs():
             best = np.inf
             for cuts in itertools.combinations(range(1, n), c - 1):
                 edges = [0, *cuts, n]
-                best = min(best, max(float(w(np.array([a]), np.array([b]))[0]) for a, b in zip(edges[:-1], edges[1:])))
+                best = min(
+                    best,
+                    max(
+                        float(w(np.array([a]), np.array([b]))[0])
+                        for a, b in zip(edges[:-1], edges[1:])
+                    ),
+                )
             assert tv[c - 1] == pytest.approx(best, rel=1e-12)
 
 
@@ -77,7 +92,9 @@ def test_range_max():
 def test_vertical_seconds_is_monotone_in_members_and_bytes():
     k = np.arange(1, 40)
     for mode in ("best", "tree", "halving", "ring", "direct", "auto:4"):
-        t = vertical_seconds(mode, k, np.full(len(k), 1e6), np.full(len(k), 1e-4), np.full(len(k), 1e9), 1e-5)
+        t = vertical_seconds(
+            mode, k, np.full(len(k), 1e6), np.full(len(k), 1e-4), np.full(len(k), 1e9), 1e-5
+        )
         assert t[0] == 0 and np.all(np.diff(t) >= -1e-15), mode
 
 
@@ -85,7 +102,11 @@ def test_link_aware_columns_stay_inside_fast_links():
     # 8 equal workers on 2 groups of 4, listed interleaved; crossing groups is slow
     n = 8
     groups = tuple("ab"[i % 2] for i in range(n))
-    classes = {"host": LinkClass(1e-5, 1e10), "group": LinkClass(1e-5, 1e10), "across": LinkClass(5e-3, 1e8)}
+    classes = {
+        "host": LinkClass(1e-5, 1e10),
+        "group": LinkClass(1e-5, 1e10),
+        "across": LinkClass(5e-3, 1e8),
+    }
     aware = Network(latency=1e-5, bandwidth=1e10, overhead=1e-6, classes=classes, groups=groups)
     blind = aware._replace(classes=None)
     rates = [2e7] * n
@@ -94,7 +115,9 @@ def test_link_aware_columns_stay_inside_fast_links():
         p_aware = make_plan([1.0] * n, shape, s, "srpm-time", rates=rates, network=aware)
         p_blind = make_plan([1.0] * n, shape, s, "srpm-time", rates=rates, network=blind)
         t_aware = predict_iteration_seconds(p_aware, rates, network=aware)
-        t_blind = predict_iteration_seconds(p_blind, rates, network=aware)  # the blind plan on the real links
+        t_blind = predict_iteration_seconds(
+            p_blind, rates, network=aware
+        )  # the blind plan on the real links
     assert t_aware < t_blind
     for col in p_aware.columns:  # every multi-worker column is inside one group
         assert len({groups[w] for w in col}) == 1
@@ -137,19 +160,38 @@ def test_link_aware_plan_trains_exactly_like_serial():
     x[:, -1] = 1.0
     d = rng.uniform(0.1, 0.9, size=(s, l))
     groups = ("a", "b", "a", "b", "a", "b")
-    classes = {"host": LinkClass(1e-5, 1e10), "group": LinkClass(1e-5, 1e10), "across": LinkClass(5e-3, 1e7)}
+    classes = {
+        "host": LinkClass(1e-5, 1e10),
+        "group": LinkClass(1e-5, 1e10),
+        "across": LinkClass(5e-3, 1e7),
+    }
     net = Network(latency=1e-5, bandwidth=1e10, overhead=1e-6, classes=classes, groups=groups)
     rates = [1e5, 1e5, 1e5, 1e5, 2e5, 2e5]
     with dask.config.set({"rpm.cost.vertical": "best", "rpm.cost.horizontal": "best"}):
         plan = make_plan([1, 1, 1, 1, 2, 2], (n, m, l), s, "srpm-time", rates=rates, network=net)
-        blind = make_plan([1, 1, 1, 1, 2, 2], (n, m, l), s, "srpm-time", rates=rates,
-                          network=net._replace(classes=None))
-        assert predict_iteration_seconds(plan, rates, network=net) <= predict_iteration_seconds(blind, rates,
-                                                                                               network=net)
-    assert plan.n_columns > 1 and max(len(c) for c in plan.columns) > 1  # both exchanges are exercised
-    with LocalCluster(n_workers=6, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster, \
-            Client(cluster) as client:
-        r = fit(x, d, hidden=m, iterations=30, learning_rate=0.03, mapping=plan, client=client, seed=0)
+        blind = make_plan(
+            [1, 1, 1, 1, 2, 2],
+            (n, m, l),
+            s,
+            "srpm-time",
+            rates=rates,
+            network=net._replace(classes=None),
+        )
+        assert predict_iteration_seconds(plan, rates, network=net) <= predict_iteration_seconds(
+            blind, rates, network=net
+        )
+    assert (
+        plan.n_columns > 1 and max(len(c) for c in plan.columns) > 1
+    )  # both exchanges are exercised
+    with (
+        LocalCluster(
+            n_workers=6, threads_per_worker=1, processes=False, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        r = fit(
+            x, d, hidden=m, iterations=30, learning_rate=0.03, mapping=plan, client=client, seed=0
+        )
     W, V, err = fit_serial(x, d, hidden=m, iterations=30, learning_rate=0.03, seed=0)
     np.testing.assert_allclose(r.W, W, rtol=1e-10, atol=0)
     np.testing.assert_allclose(r.V, V, rtol=1e-10, atol=0)

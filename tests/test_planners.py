@@ -201,7 +201,9 @@ def test_srpm_is_optimal_over_all_compositions():
         res = srpm_dp(p, shape, samples)
         assert res.t_comm == pytest.approx(best, rel=1e-12, abs=1e-9), trial
         # the chosen sizes really cost that much
-        assert _t_comm_of_sizes(ps, res.sizes, shape, samples) == pytest.approx(best, rel=1e-12, abs=1e-9)
+        assert _t_comm_of_sizes(ps, res.sizes, shape, samples) == pytest.approx(
+            best, rel=1e-12, abs=1e-9
+        )
         # and among optimal compositions SRPM has the fewest columns
         fewest = min(
             len(sz)
@@ -328,7 +330,9 @@ def test_dp_must_divide_n(method):
         make_plan(SPEC_AB, (10, 60, 3), 700, method, dp=4)
 
 
-@pytest.mark.parametrize("method,fn", [("uniform", uniform), ("grid-h", grid_h), ("grid-hrev", grid_hrev)])
+@pytest.mark.parametrize(
+    "method,fn", [("uniform", uniform), ("grid-h", grid_h), ("grid-hrev", grid_hrev)]
+)
 def test_auto_dp_is_best_by_the_model(method, fn):
     rng = np.random.default_rng(1)
     for _ in range(10):
@@ -370,7 +374,10 @@ def test_integer_plans_tile_exactly_and_round_closely(ab, m, s, method, sg):
     with dask.config.set({"rpm.planner.min-units": 0.0}):
         plan = make_plan(ab, shape, s, method, small_group=sg)
     plan.validate()
-    assert sum(plan.column_samples(c)[1] - plan.column_samples(c)[0] for c in range(plan.n_columns)) == s
+    assert (
+        sum(plan.column_samples(c)[1] - plan.column_samples(c)[0] for c in range(plan.n_columns))
+        == s
+    )
     for col in plan.columns:
         assert sum(plan.rectangle(w).n_hidden for w in col) == m
     assert sorted(plan.planned_workers) == list(range(len(ab)))
@@ -381,7 +388,9 @@ def test_integer_plans_tile_exactly_and_round_closely(ab, m, s, method, sg):
     real = get_planner(method)(p, shape, s).partition
     assert real.columns == plan.columns
     widths = np.array(real.widths) * s
-    got = np.array([plan.column_samples(c)[1] - plan.column_samples(c)[0] for c in range(plan.n_columns)])
+    got = np.array(
+        [plan.column_samples(c)[1] - plan.column_samples(c)[0] for c in range(plan.n_columns)]
+    )
     if np.all(widths >= 1):  # no-zero rule cannot push
         assert np.all(np.abs(got - widths) <= 1 + 1e-9)
     for col, hs in zip(real.columns, real.heights):
@@ -504,7 +513,9 @@ def test_bad_samples_dp_small_group_and_method():
 
 
 def test_too_many_workers_in_a_column():
-    with pytest.raises(PlanError, match=r"dp=1 puts 4 workers in a column but the network has only m=2"):
+    with pytest.raises(
+        PlanError, match=r"dp=1 puts 4 workers in a column but the network has only m=2"
+    ):
         make_plan([1, 1, 1, 1], (3, 2, 5), 10, "uniform", dp=1)
     with pytest.raises(PlanError, match=r"dp=1 columns would put more than m=2 workers"):
         make_plan([1, 1, 1, 1], (3, 2, 5), 10, "srpm", dp=1)
@@ -569,12 +580,23 @@ def test_fastest_grid_picks_the_n_dp_with_the_least_predicted_seconds():
     from dask_rpm.planners import fastest_grid
 
     speeds = [1.0, 1.0, 0.25, 0.25, 1.0, 0.25]  # work units / s; N = 6: N_DP in 1, 2, 3, 6
-    plan, t = fastest_grid([1.0] * 6, (20, 12, 3), 60, "uniform", speeds, latency=1e-3, bandwidth=1e6)
-    each = {dp: predict_iteration_seconds(make_plan([1.0] * 6, (20, 12, 3), 60, "uniform", dp=dp), speeds,
-                                          latency=1e-3, bandwidth=1e6) for dp in (1, 2, 3, 6)}
+    plan, t = fastest_grid(
+        [1.0] * 6, (20, 12, 3), 60, "uniform", speeds, latency=1e-3, bandwidth=1e6
+    )
+    each = {
+        dp: predict_iteration_seconds(
+            make_plan([1.0] * 6, (20, 12, 3), 60, "uniform", dp=dp),
+            speeds,
+            latency=1e-3,
+            bandwidth=1e6,
+        )
+        for dp in (1, 2, 3, 6)
+    }
     assert t == min(each.values()) and plan.n_columns == min(each, key=each.get)
     with pytest.raises(PlanError, match="no N_DP"):
-        fastest_grid([1.0] * 4, (20, 1, 3), 1, "uniform", [1.0] * 4)  # 1 hidden unit, 1 sample: nothing fits
+        fastest_grid(
+            [1.0] * 4, (20, 1, 3), 1, "uniform", [1.0] * 4
+        )  # 1 hidden unit, 1 sample: nothing fits
 
 
 def test_minibatch_plans_choose_columns_for_one_batch():

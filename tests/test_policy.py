@@ -20,7 +20,7 @@ from dask_rpm.policy import (
     predict_step_seconds,
     predict_worker_seconds,
 )
-from dask_rpm.remap import column_remap, migration, migration_seconds
+from dask_rpm.remap import migration, migration_seconds
 
 SHAPE = (7, 40, 3)
 ROW = (7 + 3) * 8
@@ -136,14 +136,19 @@ def test_cost_rule_keeps_when_migration_dearer(skewed):
     # The same network, a longer run: now worth it.
     assert cost_decision(plan, speeds, remaining=100, **slow_net).kind == "column"
     # Nothing left to run: never worth it.
-    assert cost_decision(plan, speeds, remaining=0, kinds=("column",), latency=0, bandwidth=1e12).kind is None
+    assert (
+        cost_decision(plan, speeds, remaining=0, kinds=("column",), latency=0, bandwidth=1e12).kind
+        is None
+    )
     with pytest.raises(ValueError, match="remaining"):
         cost_decision(plan, speeds, remaining=-1, kinds=("column",))
 
 
 def test_cost_rule_min_gain_ignores_noise():
     # Fine enough (s = 1000, m = 400) that a 1.5 % speed difference moves cuts.
-    plan = Plan.from_columns([[0, 1], [2, 3]], [500, 500], [[200, 200], [200, 200]], shape=(7, 400, 3))
+    plan = Plan.from_columns(
+        [[0, 1], [2, 3]], [500, 500], [[200, 200], [200, 200]], shape=(7, 400, 3)
+    )
     near = {0: 1000.0, 1: 1000.0, 2: 1000.0, 3: 985.0}  # predicted gain 0.9 %: within noise
     free = dict(kinds=("column",), latency=0.0, bandwidth=1e15, remaining=10**6)
     assert cost_decision(plan, near, **free).kind is None
@@ -155,8 +160,14 @@ def test_cost_rule_min_gain_ignores_noise():
 def test_cost_rule_uses_times_and_comm(skewed):
     plan, speeds = skewed
     d = cost_decision(
-        plan, speeds, remaining=10, kinds=("column",), latency=0.0, bandwidth=1e9,
-        times={0: 1.0, 1: 2.0, 2: 1.0, 3: 4.0}, comm_seconds=lambda p: 0.5,
+        plan,
+        speeds,
+        remaining=10,
+        kinds=("column",),
+        latency=0.0,
+        bandwidth=1e9,
+        times={0: 1.0, 1: 2.0, 2: 1.0, 3: 4.0},
+        comm_seconds=lambda p: 0.5,
     )
     assert d.ratio == 0.25
     assert d.saving == pytest.approx((4.5 - 1.74) * 10)  # comm adds to both sides
@@ -164,7 +175,9 @@ def test_cost_rule_uses_times_and_comm(skewed):
 
 def test_decide_cost_policy(skewed):
     plan, speeds = skewed
-    kw = dict(plan=plan, speeds=speeds, remaining=10, kinds=("column",), latency=0.01, bandwidth=1000.0)
+    kw = dict(
+        plan=plan, speeds=speeds, remaining=10, kinds=("column",), latency=0.01, bandwidth=1000.0
+    )
     d = decide([1.0, 4.0], policy="cost", **kw)
     assert d.kind == "column" and d.ratio == 0.25
     with dask.config.set({"rpm.drpm.policy": "cost"}):
@@ -206,7 +219,11 @@ def test_auto_interval_paper_point_and_bounds():
 
 def test_auto_interval_monotone_and_bounded():
     ts = np.logspace(-6, 3, 400)
-    for kw in ({}, {"target_overhead": 0.001, "react_seconds": 5.0}, {"min_interval": 1, "max_interval": 50}):
+    for kw in (
+        {},
+        {"target_overhead": 0.001, "react_seconds": 5.0},
+        {"min_interval": 1, "max_interval": 50},
+    ):
         rs = [auto_interval(t, **kw) for t in ts]
         assert all(a >= b for a, b in zip(rs, rs[1:])), kw
         lo = kw.get("min_interval", 6)

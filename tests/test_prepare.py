@@ -16,20 +16,35 @@ Y = rng.integers(0, 3, size=40)
 BASE = dict(hidden=4, iterations=3, learning_rate=0.01, init=None, seed=0, dtype="float64")
 
 
-@pytest.mark.parametrize("x,d,kw,match", [
-    (X, Y, {}, r"d is 1-D \(shape \(40,\)\); class labels need loss='cross-entropy'"),
-    (X, D, dict(loss="cross-entropy"), "every row of d must be >= 0 and sum to 1"),
-    (X, D, dict(epochs=2, iterations=5), "both iterations=5 and epochs=2 given; give one of them"),
-    (X, D, dict(early_stopping=3), "early_stopping=3 needs validation data"),
-    (X, D, dict(validation=1.5), r"validation=1.5; give a fraction in \(0, 1\)"),
-    (X, D, dict(validation=0.001), "holds out 0"),
-    (X, D, dict(validation=(X[:5], D[:5, :1])), r"validation data x\(5, 3\), d\(5, 1\)"),
-    (X, D, dict(batch_size=0), "batch_size=0; give a positive integer"),
-    (X, D, dict(optimizer="lbfgs"), "optimizer 'lbfgs' is not known"),
-    (X, D, dict(activation="swish"), "activation='swish'"),
-    (X, Y, dict(loss="cross-entropy", init=(np.zeros((4, 3)), np.zeros((3, 4)), np.zeros(4), np.zeros(3))),
-     r"init has bias terms \(b0, c0\) but bias=False"),
-])
+@pytest.mark.parametrize(
+    "x,d,kw,match",
+    [
+        (X, Y, {}, r"d is 1-D \(shape \(40,\)\); class labels need loss='cross-entropy'"),
+        (X, D, dict(loss="cross-entropy"), "every row of d must be >= 0 and sum to 1"),
+        (
+            X,
+            D,
+            dict(epochs=2, iterations=5),
+            "both iterations=5 and epochs=2 given; give one of them",
+        ),
+        (X, D, dict(early_stopping=3), "early_stopping=3 needs validation data"),
+        (X, D, dict(validation=1.5), r"validation=1.5; give a fraction in \(0, 1\)"),
+        (X, D, dict(validation=0.001), "holds out 0"),
+        (X, D, dict(validation=(X[:5], D[:5, :1])), r"validation data x\(5, 3\), d\(5, 1\)"),
+        (X, D, dict(batch_size=0), "batch_size=0; give a positive integer"),
+        (X, D, dict(optimizer="lbfgs"), "optimizer 'lbfgs' is not known"),
+        (X, D, dict(activation="swish"), "activation='swish'"),
+        (
+            X,
+            Y,
+            dict(
+                loss="cross-entropy",
+                init=(np.zeros((4, 3)), np.zeros((3, 4)), np.zeros(4), np.zeros(3)),
+            ),
+            r"init has bias terms \(b0, c0\) but bias=False",
+        ),
+    ],
+)
 def test_bad_training_options_are_refused_before_any_work(x, d, kw, match):
     with pytest.raises(DataError, match=match):
         prepare(x, d, **{**BASE, **kw})

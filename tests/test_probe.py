@@ -49,8 +49,11 @@ def _ratio_error(ds: xr.Dataset) -> float:
 # ---------------------------------------------------------------- must-show
 
 
-@pytest.mark.parametrize("shape,samples", [(SHAPE, SAMPLES), ((9, 7, 4), 61), ((50, 400, 10), 20000)],
-                         ids=["nettalk", "tiny-job", "large-job"])
+@pytest.mark.parametrize(
+    "shape,samples",
+    [(SHAPE, SAMPLES), ((9, 7, 4), 61), ((50, 400, 10), 20000)],
+    ids=["nettalk", "tiny-job", "large-job"],
+)
 def test_probe_recovers_emulated_speed_ratios_within_10_percent(emulated, shape, samples):
     # Other load can spoil one probe, and on this VM a worker *process* can run
     # the same kernel 20-30 % faster or slower than its siblings for seconds
@@ -60,8 +63,13 @@ def test_probe_recovers_emulated_speed_ratios_within_10_percent(emulated, shape,
 
     def attempt(client):
         ds = probe(client, shape=shape, samples=samples)
-        attempts.append((_ratio_error(ds), ds["throughput"].values / ds["throughput"].values[0],
-                         ds.attrs["probe_seconds"]))
+        attempts.append(
+            (
+                _ratio_error(ds),
+                ds["throughput"].values / ds["throughput"].values[0],
+                ds.attrs["probe_seconds"],
+            )
+        )
         return attempts[-1][0] < 0.10
 
     ok = any(attempt(emulated) for _ in range(3))
@@ -103,8 +111,9 @@ def test_dataset_structure_and_units(probed):
     assert np.all(np.isfinite(ds["seconds"].values))  # every repetition ran (within budget)
     assert np.all(ds["cpu_seconds"].values > 0) and ds["cpu_seconds"].attrs["units"] == "s"
     assert ds["overruns"].dims == ("worker",)
-    np.testing.assert_allclose(ds["work"].values,
-                               ds["loops"].values * ds.attrs["block_hidden"] * ds.attrs["block_samples"])
+    np.testing.assert_allclose(
+        ds["work"].values, ds["loops"].values * ds.attrs["block_hidden"] * ds.attrs["block_samples"]
+    )
     # the probe block comes from the job: all n inputs and l outputs, at most the average rectangle
     n, m, l = SHAPE
     assert (ds.attrs["block_inputs"], ds.attrs["block_outputs"]) == (n, l)
@@ -155,14 +164,20 @@ def test_probe_tasks_are_pinned_and_named_in_the_task_stream(probed):
                 lo, hi = spans.get(w, (math.inf, -math.inf))
                 spans[w] = (min(lo, ss["start"]), max(hi, ss["stop"]))
     assert max(lo for lo, _ in spans.values()) < min(hi for _, hi in spans.values())
-    links = [t for t in stream if isinstance(t["key"], tuple) and t["key"][0] == f"rpm-link-{ds.attrs['token']}"]
+    links = [
+        t
+        for t in stream
+        if isinstance(t["key"], tuple) and t["key"][0] == f"rpm-link-{ds.attrs['token']}"
+    ]
     assert links
 
 
 def test_worker_subset_and_order(emulated):
     info = emulated.scheduler_info(n_workers=-1)
     addresses = dask_rpm.ordered_workers(info)
-    ds = probe(emulated, shape=(9, 7, 4), samples=61, workers=[addresses[2], addresses[0]], repeats=3)
+    ds = probe(
+        emulated, shape=(9, 7, 4), samples=61, workers=[addresses[2], addresses[0]], repeats=3
+    )
     assert ds["address"].values.tolist() == [addresses[2], addresses[0]]
     assert ds.sizes == {"worker": 2, "repeat": 3}
     assert ds["throughput"].values[1] > ds["throughput"].values[0]  # speed 1.0 beats 0.25
@@ -170,7 +185,9 @@ def test_worker_subset_and_order(emulated):
 
 
 def test_one_worker_has_no_links():
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster:
+    with LocalCluster(
+        n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0"
+    ) as cluster:
         with Client(cluster) as client:
             ds = probe(client, shape=(9, 7, 4), samples=61, repeats=2)
     assert ds.sizes["worker"] == 1
@@ -230,7 +247,9 @@ def test_fit_with_probed_abilities(emulated):
     s, n, l, m = 240, 12, 3, 24
     x = rng.normal(size=(s, n))
     d = rng.uniform(0.1, 0.9, size=(s, l))
-    r = dask_rpm.fit(x, d, hidden=m, iterations=5, mapping="srpm", abilities="probe", client=emulated)
+    r = dask_rpm.fit(
+        x, d, hidden=m, iterations=5, mapping="srpm", abilities="probe", client=emulated
+    )
     assert isinstance(r.probe, xr.Dataset)
     assert r.probe.attrs["shape"] == f"{n}-{m}-{l}" and r.probe.attrs["samples"] == s
     th = r.probe["throughput"].values
@@ -251,7 +270,10 @@ def test_link_class_pairs_by_host_and_group():
     addresses = ["tcp://10.0.0.1:1", "tcp://10.0.0.1:2", "tcp://10.0.0.2:1", "tcp://10.0.0.3:1"]
     pairs = link_class_pairs(addresses, ["a", "a", "a", "b"], 2)
     assert pairs["host"] == [(0, 1), (1, 0)]
-    assert all({i, j} & {2} and 3 not in (i, j) for i, j in pairs["group"]) and len(pairs["group"]) == 2
+    assert (
+        all({i, j} & {2} and 3 not in (i, j) for i, j in pairs["group"])
+        and len(pairs["group"]) == 2
+    )
     assert all(3 in (i, j) for i, j in pairs["across"]) and len(pairs["across"]) == 2
     assert set(link_class_pairs(addresses[:2], ["a", "b"], 3)) == {"across"}
     with pytest.raises(ValueError, match="3 group labels given for 4 workers"):
@@ -274,4 +296,10 @@ def test_probe_measures_link_classes_and_gives_a_network(emulated):
     assert net.link(0, 2).latency == ds.attrs["latency_across"]
     with pytest.raises(ValueError, match="2 group labels given for 3 workers"):
         info = emulated.scheduler_info(n_workers=-1)
-        probe(emulated, shape=(9, 7, 4), samples=61, workers=dask_rpm.ordered_workers(info), groups=["x", "y"])
+        probe(
+            emulated,
+            shape=(9, 7, 4),
+            samples=61,
+            workers=dask_rpm.ordered_workers(info),
+            groups=["x", "y"],
+        )

@@ -14,8 +14,12 @@ from dask_rpm.cli import main
 
 
 def _run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dask_rpm.cli", "probe", *args],
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "dask_rpm.cli", "probe", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_local_emulated_probe_prints_a_table_and_the_plan_command():
@@ -26,12 +30,16 @@ def test_local_emulated_probe_prints_a_table_and_the_plan_command():
     import dask
 
     shape, samples = dask.config.get("rpm.demo.shape"), dask.config.get("rpm.demo.samples")
-    assert f"probe of 2 worker(s) for a {shape} job on {samples} samples" in out  # the demo's job by default
+    assert (
+        f"probe of 2 worker(s) for a {shape} job on {samples} samples" in out
+    )  # the demo's job by default
     rows = [ln.split() for ln in out.splitlines() if ln.strip().startswith(("P1 ", "P2 "))]
     assert [r[0] for r in rows] == ["P1", "P2"]
     ability = [float(r[3]) for r in rows]
     assert sum(ability) == pytest.approx(1.0, abs=2e-3)
-    assert all(float(r[2]) > 0 for r in rows)  # throughput (no speed ratio here: timings are for benchmarks)
+    assert all(
+        float(r[2]) > 0 for r in rows
+    )  # throughput (no speed ratio here: timings are for benchmarks)
     assert "links (0->1" in out and "latency" in out
     cmd = out.strip().splitlines()[-1].split()
     assert cmd[:3] == ["dask-rpm", "plan", "--abilities"] and "--shape" in cmd
@@ -49,16 +57,34 @@ def test_default_local_probe_starts_the_demos_workers():
     assert p.returncode == 0, p.stderr[-3000:]
     d = json.loads(p.stdout)
     assert len(d["workers"]) == len(speeds)
-    assert d["emulation"].startswith("EMULATED heterogeneity on one machine: speeds "
-                                     + ", ".join(str(v) for v in speeds))
+    assert d["emulation"].startswith(
+        "EMULATED heterogeneity on one machine: speeds " + ", ".join(str(v) for v in speeds)
+    )
 
 
 def test_scheduler_json_and_netcdf(tmp_path, capsys):
     path = tmp_path / "probe.nc"
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster:
-        code = main(["probe", "--scheduler", cluster.scheduler_address, "--shape", "20-16-4",
-                     "--samples", "256", "--repeats", "3", "--max-seconds", "0.5", "--json",
-                     "--netcdf", str(path)])
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0"
+    ) as cluster:
+        code = main(
+            [
+                "probe",
+                "--scheduler",
+                cluster.scheduler_address,
+                "--shape",
+                "20-16-4",
+                "--samples",
+                "256",
+                "--repeats",
+                "3",
+                "--max-seconds",
+                "0.5",
+                "--json",
+                "--netcdf",
+                str(path),
+            ]
+        )
         addresses = sorted(cluster.scheduler_info["workers"])
     assert code == 0
     d = json.loads(capsys.readouterr().out)
@@ -70,7 +96,8 @@ def test_scheduler_json_and_netcdf(tmp_path, capsys):
     with xr.open_dataset(path) as ds:
         assert ds.sizes["worker"] == 2
         assert [float(v) for v in ds["throughput"].values] == pytest.approx(
-            [w["throughput"] for w in d["workers"]])
+            [w["throughput"] for w in d["workers"]]
+        )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["probe.nc"]
 
 
@@ -87,7 +114,10 @@ def test_scheduler_json_and_netcdf(tmp_path, capsys):
         (["--speeds", "1,-1"], "give one finite speed > 0"),
         (["--speeds", "1", "--scheduler", "tcp://a:1"], "not allowed with argument"),
         (["--netcdf", "/nonexistent-dir/p.nc"], "does not exist"),
-        (["--scheduler", "tcp://127.0.0.1:1", "--timeout", "1"], "cannot connect to scheduler 'tcp://127.0.0.1:1'"),
+        (
+            ["--scheduler", "tcp://127.0.0.1:1", "--timeout", "1"],
+            "cannot connect to scheduler 'tcp://127.0.0.1:1'",
+        ),
     ],
 )
 def test_bad_input_exits_2_with_one_clear_line(args, needle, capsys):

@@ -25,7 +25,9 @@ def _problem(s=48, n=6, l=3, seed=0):
 
 @pytest.fixture(scope="module")
 def client3():
-    with LocalCluster(n_workers=3, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster:
+    with LocalCluster(
+        n_workers=3, threads_per_worker=1, processes=False, dashboard_address=":0"
+    ) as cluster:
         with Client(cluster) as client:
             yield client
 
@@ -65,27 +67,56 @@ def test_log_lines_are_throttled_but_keep_first_last_and_remaps():
     p = Progress("log", 100, stream=out, min_interval=3600)
     p.update(20, error=12.5, iteration_time=0.0123)
     p.update(40, error=10.0, iteration_time=0.0120)  # throttled
-    p.update(60, error=8.0, iteration_time=0.0119,
-             remaps=[{"iteration": 60, "kind": "column", "bytes": 640, "sample_bytes": 4096,
-                      "reason": "t_min/t_max < 0.8"}])
-    p.update(80, error=7.0, iteration_time=0.0118, remaps=[{"iteration": 60, "kind": "column", "bytes": 640}])
-    p.update(100, error=6.0, iteration_time=0.0117, remaps=[{"iteration": 60, "kind": "column", "bytes": 640}])
+    p.update(
+        60,
+        error=8.0,
+        iteration_time=0.0119,
+        remaps=[
+            {
+                "iteration": 60,
+                "kind": "column",
+                "bytes": 640,
+                "sample_bytes": 4096,
+                "reason": "t_min/t_max < 0.8",
+            }
+        ],
+    )
+    p.update(
+        80,
+        error=7.0,
+        iteration_time=0.0118,
+        remaps=[{"iteration": 60, "kind": "column", "bytes": 640}],
+    )
+    p.update(
+        100,
+        error=6.0,
+        iteration_time=0.0117,
+        remaps=[{"iteration": 60, "kind": "column", "bytes": 640}],
+    )
     p.close()
     lines = out.getvalue().splitlines()
     assert "\r" not in out.getvalue()
-    assert lines[0].startswith("dask-rpm fit: iteration 20/100 (20%), error 12.5, 12.3 ms/iteration, last remap -")
-    assert lines[1] == ("dask-rpm fit: column remap at iteration 60, 640 weight bytes moved, "
-                        "4096 sample bytes re-read (t_min/t_max < 0.8)")
-    assert lines[2].startswith("dask-rpm fit: iteration 60/100 (60%), error 8,") and "last remap column@60" in lines[2]
+    assert lines[0].startswith(
+        "dask-rpm fit: iteration 20/100 (20%), error 12.5, 12.3 ms/iteration, last remap -"
+    )
+    assert lines[1] == (
+        "dask-rpm fit: column remap at iteration 60, 640 weight bytes moved, "
+        "4096 sample bytes re-read (t_min/t_max < 0.8)"
+    )
+    assert (
+        lines[2].startswith("dask-rpm fit: iteration 60/100 (60%), error 8,")
+        and "last remap column@60" in lines[2]
+    )
     assert lines[3].startswith("dask-rpm fit: iteration 100/100 (100%), error 6,")
-    assert len(lines) == 4  # 40 and 80 were throttled; the remap list repeated is not reported twice
+    assert (
+        len(lines) == 4
+    )  # 40 and 80 were throttled; the remap list repeated is not reported twice
 
 
 def test_bar_redraws_in_place_and_ends_the_line():
     out = io.StringIO()
     p = Progress("bar", 50, stream=out, width=90)
-    p.update(25, error=3.25, iteration_time=0.004,
-             remaps=[{"iteration": 20, "kind": "whole"}])
+    p.update(25, error=3.25, iteration_time=0.004, remaps=[{"iteration": 20, "kind": "whole"}])
     half = p.bar_text()
     p.update(50, error=1.5, iteration_time=0.005)
     p.close("diverged")
@@ -112,8 +143,18 @@ def test_none_writes_nothing():
 def test_fit_logs_progress_from_the_real_run(client3, capsys):
     x, d = _problem()
     with dask.config.set({"rpm.train.progress-interval": 0.0}):
-        result = dask_rpm.fit(x, d, hidden=7, iterations=12, learning_rate=0.05, interval=4,
-                              mapping="srpm", abilities=[1, 2, 3], client=client3, progress="log")
+        result = dask_rpm.fit(
+            x,
+            d,
+            hidden=7,
+            iterations=12,
+            learning_rate=0.05,
+            interval=4,
+            mapping="srpm",
+            abilities=[1, 2, 3],
+            client=client3,
+            progress="log",
+        )
     err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if ln.startswith("dask-rpm fit: iteration")]
     assert [re.search(r"iteration (\d+)/12", ln).group(1) for ln in lines] == ["4", "8", "12"]
@@ -126,12 +167,30 @@ def test_fit_logs_progress_from_the_real_run(client3, capsys):
 
 def test_fit_bar_and_silence(client3, capsys):
     x, d = _problem()
-    dask_rpm.fit(x, d, hidden=7, iterations=6, learning_rate=0.05, interval=3, mapping="uniform",
-                 client=client3, progress="bar")
+    dask_rpm.fit(
+        x,
+        d,
+        hidden=7,
+        iterations=6,
+        learning_rate=0.05,
+        interval=3,
+        mapping="uniform",
+        client=client3,
+        progress="bar",
+    )
     err = capsys.readouterr().err
     assert err.count("\r") == 2 and "6/6" in err and err.endswith("\n")
-    dask_rpm.fit(x, d, hidden=7, iterations=6, learning_rate=0.05, interval=3, mapping="uniform",
-                 client=client3, progress=False)
+    dask_rpm.fit(
+        x,
+        d,
+        hidden=7,
+        iterations=6,
+        learning_rate=0.05,
+        interval=3,
+        mapping="uniform",
+        client=client3,
+        progress=False,
+    )
     err = capsys.readouterr().err
     assert "dask-rpm fit" not in err and "rpm [" not in err
 

@@ -15,8 +15,8 @@ import pytest
 from distributed import Client, LocalCluster
 
 from dask_rpm.engine import TrainingError, WorkerLostError, fit, ordered_workers
-from dask_rpm.serial import fit_serial
 from dask_rpm.partition import Plan
+from dask_rpm.serial import fit_serial
 
 RTOL = 1e-10
 
@@ -39,7 +39,9 @@ def _assert_serial(r, x, d, m, lr, iterations=None):
 
 @pytest.fixture
 def cluster4():
-    with LocalCluster(n_workers=4, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
+    with LocalCluster(
+        n_workers=4, threads_per_worker=1, processes=True, dashboard_address=":0"
+    ) as cluster:
         with Client(cluster) as client:
             yield cluster, client
 
@@ -51,8 +53,18 @@ def test_lost_worker_rows_come_from_another_column(cluster4, sigkill_after):
     victim = addrs[1]
     plan = Plan.from_columns([[0, 1], [2, 3]], [20, 28], [[4, 5], [6, 3]], shape=(6, 9, 3))
     cb = sigkill_after(client, victim, at=10)
-    r = fit(x, d, hidden=9, iterations=60, learning_rate=0.05, mapping=plan, client=client,
-            interval=5, callback=cb, progress="none")
+    r = fit(
+        x,
+        d,
+        hidden=9,
+        iterations=60,
+        learning_rate=0.05,
+        mapping=plan,
+        client=client,
+        interval=5,
+        callback=cb,
+        progress="none",
+    )
     assert cb.fired == [10]
     (rec,) = [rec for rec in r.remaps if rec.get("lost")]
     assert rec["lost"] == [victim] and rec["recovered_from"] == "columns"
@@ -76,8 +88,19 @@ def test_single_column_recovers_from_the_last_checkpoint(cluster4, sigkill_after
         seen.append(info["iteration"])
         killer(info)
 
-    r = fit(x, d, hidden=9, iterations=50, learning_rate=0.05, mapping=plan, client=client,
-            interval=5, checkpoint_every=20, callback=callback, progress="none")
+    r = fit(
+        x,
+        d,
+        hidden=9,
+        iterations=50,
+        learning_rate=0.05,
+        mapping=plan,
+        client=client,
+        interval=5,
+        checkpoint_every=20,
+        callback=callback,
+        progress="none",
+    )
     (rec,) = [rec for rec in r.remaps if rec.get("lost")]
     assert rec["recovered_from"] == "checkpoint"
     assert rec["iteration"] == 20  # restarted from the checkpoint at 20 ...
@@ -93,13 +116,26 @@ def test_raise_mode_keeps_worker_lost_error(cluster4, sigkill_after):
     victim = ordered_workers(client.scheduler_info())[0]
     cb = sigkill_after(client, victim, at=5)
     with pytest.raises(WorkerLostError, match=victim.replace(".", r"\.")):
-        fit(x, d, hidden=9, iterations=10_000, learning_rate=0.05, mapping="uniform", client=client,
-            interval=5, callback=cb, on_worker_loss="raise", progress="none")
+        fit(
+            x,
+            d,
+            hidden=9,
+            iterations=10_000,
+            learning_rate=0.05,
+            mapping="uniform",
+            client=client,
+            interval=5,
+            callback=cb,
+            on_worker_loss="raise",
+            progress="none",
+        )
 
 
 def test_late_worker_is_absorbed_and_min_workers_waits():
     x, d = _problem(s=60)
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
+    with LocalCluster(
+        n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0"
+    ) as cluster:
         with Client(cluster) as client:
             # min_workers=2: fit waits until a second worker is up.
             threading.Timer(1.0, cluster.scale, args=(2,)).start()
@@ -111,8 +147,19 @@ def test_late_worker_is_absorbed_and_min_workers_waits():
                     cluster.scale(3)  # a late arrival, mid-run
 
             t0 = time.monotonic()
-            r = fit(x, d, hidden=8, iterations=400, learning_rate=0.05, mapping="srpm", client=client,
-                    interval=5, min_workers=2, callback=callback, progress="none")
+            r = fit(
+                x,
+                d,
+                hidden=8,
+                iterations=400,
+                learning_rate=0.05,
+                mapping="srpm",
+                client=client,
+                interval=5,
+                min_workers=2,
+                callback=callback,
+                progress="none",
+            )
             assert time.monotonic() - t0 > 1.0
     assert added == [2]
     assert len(r.plans[0].planned_workers) == 2
@@ -127,7 +174,9 @@ def test_min_workers_timeout_is_clear():
     import dask.config
 
     x, d = _problem()
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster:
+    with LocalCluster(
+        n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0"
+    ) as cluster:
         with Client(cluster) as client, dask.config.set({"rpm.train.wait-workers": 0.5}):
             with pytest.raises(TrainingError, match="only 1 of min_workers=3"):
                 fit(x, d, hidden=4, iterations=2, min_workers=3, client=client, progress="none")
@@ -135,13 +184,25 @@ def test_min_workers_timeout_is_clear():
 
 def test_target_error_and_should_stop():
     x, d = _problem()
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster:
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0"
+    ) as cluster:
         with Client(cluster) as client:
             _, _, err = fit_serial(x, d, hidden=6, iterations=200, learning_rate=0.05, seed=0)
             # between two iterations' errors: distributed and serial errors differ in the last bits
             target = float(0.5 * (err[57] + err[58]))
-            r = fit(x, d, hidden=6, iterations=200, learning_rate=0.05, mapping="uniform", client=client,
-                    interval=10, target_error=target, progress="none")
+            r = fit(
+                x,
+                d,
+                hidden=6,
+                iterations=200,
+                learning_rate=0.05,
+                mapping="uniform",
+                client=client,
+                interval=10,
+                target_error=target,
+                progress="none",
+            )
             first = int(np.argmax(err <= target))
             assert r.stopped.startswith(f"target error {target:g} reached at iteration {first}")
             # the workers stop right after that iteration's update, not at the end of the block
@@ -153,8 +214,18 @@ def test_target_error_and_should_stop():
                 calls.append(1)
                 return len(calls) >= 3
 
-            r = fit(x, d, hidden=6, iterations=200, learning_rate=0.05, mapping="uniform", client=client,
-                    interval=10, should_stop=stop, progress="none")
+            r = fit(
+                x,
+                d,
+                hidden=6,
+                iterations=200,
+                learning_rate=0.05,
+                mapping="uniform",
+                client=client,
+                interval=10,
+                should_stop=stop,
+                progress="none",
+            )
             assert r.stopped == "stop requested after iteration 30"
             _assert_serial(r, x, d, 6, 0.05)
 
@@ -164,10 +235,21 @@ def test_drpm_goes_on_after_a_loss_without_planning_the_lost_worker(cluster4, si
     x, d = _problem(s=64)
     victim = ordered_workers(client.scheduler_info())[2]
     cb = sigkill_after(client, victim, at=10)
-    r = fit(x, d, hidden=9, iterations=80, learning_rate=0.05, mapping="drpm", client=client,
-            interval=5, callback=cb, checkpoint_every=20, progress="none")
+    r = fit(
+        x,
+        d,
+        hidden=9,
+        iterations=80,
+        learning_rate=0.05,
+        mapping="drpm",
+        client=client,
+        interval=5,
+        callback=cb,
+        checkpoint_every=20,
+        progress="none",
+    )
     assert [rec["lost"] for rec in r.remaps if rec.get("lost")] == [[victim]]
-    after = r.plans[[i for i, rec in enumerate(r.remaps) if rec.get("lost")][0] + 1:]
+    after = r.plans[[i for i, rec in enumerate(r.remaps) if rec.get("lost")][0] + 1 :]
     for plan in after:  # no later plan (DRPM's own remaps included) gives the lost worker work
         assert victim not in [plan.workers[w] for w in plan.planned_workers]
     # The restarted worker (new address) is taken in by a later whole remap.
@@ -180,9 +262,22 @@ def test_worker_lost_after_the_last_block_is_recovered_too(cluster4, sigkill_aft
     x, d = _problem()
     addrs = ordered_workers(client.scheduler_info())
     plan = Plan.from_columns([[0, 1, 2]], [48], [[3, 3, 3]], shape=(6, 9, 3))
-    cb = sigkill_after(client, addrs[0], at=45)  # fires after the final block, before the weights are gathered
-    r = fit(x, d, hidden=9, iterations=45, learning_rate=0.05, mapping=plan, client=client,
-            interval=5, checkpoint_every=20, callback=cb, progress="none")
+    cb = sigkill_after(
+        client, addrs[0], at=45
+    )  # fires after the final block, before the weights are gathered
+    r = fit(
+        x,
+        d,
+        hidden=9,
+        iterations=45,
+        learning_rate=0.05,
+        mapping=plan,
+        client=client,
+        interval=5,
+        checkpoint_every=20,
+        callback=cb,
+        progress="none",
+    )
     assert cb.fired == [45]
     (rec,) = [rec for rec in r.remaps if rec.get("lost")]
     assert rec["recovered_from"] == "checkpoint" and rec["iteration"] == 40 and rec["replayed"] == 5

@@ -28,12 +28,16 @@ ROW = (7 + 3) * 8  # bytes of one hidden unit's W row + V column in float64
 
 
 def _plan(columns, samples, hidden, *, abilities=None, shape=SHAPE, workers=None, **kw):
-    plan = Plan.from_columns(columns, samples, hidden, abilities=abilities, shape=shape, method="test", **kw)
+    plan = Plan.from_columns(
+        columns, samples, hidden, abilities=abilities, shape=shape, method="test", **kw
+    )
     return plan.with_workers(workers) if workers is not None else plan
 
 
 def _compositions(draw, total, k):
-    cuts = sorted(draw(st.lists(st.integers(1, total - 1), min_size=k - 1, max_size=k - 1, unique=True)))
+    cuts = sorted(
+        draw(st.lists(st.integers(1, total - 1), min_size=k - 1, max_size=k - 1, unique=True))
+    )
     return list(np.diff([0, *cuts, total]))
 
 
@@ -92,7 +96,9 @@ def check_migration(old, new, transfers, lost=(), itemsize=8):
 
 # ------------------------------------------------------------------- abilities
 def test_ability_vector_forms():
-    plan = _plan([[0, 1], [2]], [20, 30], [[10, 30], [40]], abilities=[1, 1, 2], workers=["a", "b", "c"])
+    plan = _plan(
+        [[0, 1], [2]], [20, 30], [[10, 30], [40]], abilities=[1, 1, 2], workers=["a", "b", "c"]
+    )
     np.testing.assert_array_equal(ability_vector(plan, [3, 4, 5]), [3, 4, 5])
     np.testing.assert_array_equal(ability_vector(plan, {0: 3, 1: 4, 2: 5}), [3, 4, 5])
     np.testing.assert_array_equal(ability_vector(plan, {"a": 3, "b": 4, "c": 5}), [3, 4, 5])
@@ -139,7 +145,9 @@ def test_column_remap_uses_configured_small_group():
 
 
 def test_column_remap_keeps_excluded():
-    plan = _plan([[0, 1], [2]], [20, 30], [[10, 30], [40]], abilities=[1, 1, 2, 0.01], excluded=(3,))
+    plan = _plan(
+        [[0, 1], [2]], [20, 30], [[10, 30], [40]], abilities=[1, 1, 2, 0.01], excluded=(3,)
+    )
     new = column_remap(plan, {0: 1.0, 1: 2.0, 2: 3.0})
     assert new.excluded == (3,) and new.columns == plan.columns
 
@@ -148,7 +156,9 @@ def test_column_remap_keeps_excluded():
 @given(data=st.data())
 def test_column_remap_property(data):
     plan = data.draw(plans())
-    ab = data.draw(st.lists(st.floats(0.2, 1.0), min_size=len(plan.abilities), max_size=len(plan.abilities)))
+    ab = data.draw(
+        st.lists(st.floats(0.2, 1.0), min_size=len(plan.abilities), max_size=len(plan.abilities))
+    )
     new = column_remap(plan, ab, small_group=0).validate()
     assert new.columns == plan.columns and new.samples == plan.samples and new.shape == plan.shape
     p = np.asarray(ab) / sum(ab)
@@ -178,7 +188,9 @@ def test_column_remap_moves_rows_between_vertical_neighbours_only():
 @given(data=st.data())
 def test_column_remap_migration_stays_in_column(data):
     plan = data.draw(plans())
-    ab = data.draw(st.lists(st.floats(0.2, 1.0), min_size=len(plan.abilities), max_size=len(plan.abilities)))
+    ab = data.draw(
+        st.lists(st.floats(0.2, 1.0), min_size=len(plan.abilities), max_size=len(plan.abilities))
+    )
     new = column_remap(plan, ab, small_group=0)
     moves = migration(plan, new)
     check_migration(plan, new, moves)
@@ -231,7 +243,11 @@ def test_migration_lost_and_new_workers_random(data):
     lost = set(old_names) - set(keep)
     # Rows whose every old holder is gone cannot be rebuilt.
     orphan = any(
-        all(old.workers[r.worker] in lost for r in old.rectangles if r.hidden[0] <= row < r.hidden[1])
+        all(
+            old.workers[r.worker] in lost
+            for r in old.rectangles
+            if r.hidden[0] <= row < r.hidden[1]
+        )
         for row in range(old.m)
     )
     if orphan:
@@ -262,7 +278,9 @@ def test_migration_prefers_destination_old_column():
 def test_new_worker_gets_everything_with_fewest_messages_and_spread_load():
     a, b, c, d = "tcp://a", "tcp://b", "tcp://c", "tcp://d"
     old = _plan([[0], [1]], [25, 25], [[40], [40]], workers=[a, b])
-    new = _plan([[0], [1], [2], [3]], [10, 10, 15, 15], [[40], [40], [40], [40]], workers=[a, b, c, d])
+    new = _plan(
+        [[0], [1], [2], [3]], [10, 10, 15, 15], [[40], [40], [40], [40]], workers=[a, b, c, d]
+    )
     moves = migration(old, new)
     # Each newcomer needs the whole model; both old columns hold it whole, so
     # one message each, and the second newcomer is served by the idle source.
@@ -295,8 +313,12 @@ def test_newcomer_message_count_is_minimal(data):
     n = data.draw(st.integers(1, 5))
     old = data.draw(plans(workers=list(range(n))))
     # One newcomer (index n) alone in the last column of the new plan.
-    new = _plan([[*range(n)], [n]], [30, 20], [[*_compositions(data.draw, SHAPE[1], n)] if n > 1 else [40], [40]],
-                abilities=[1.0] * (n + 1))
+    new = _plan(
+        [[*range(n)], [n]],
+        [30, 20],
+        [[*_compositions(data.draw, SHAPE[1], n)] if n > 1 else [40], [40]],
+        abilities=[1.0] * (n + 1),
+    )
     moves = [t for t in migration(old, new) if t.dst == n]
     ranges = [r.hidden for r in old.rectangles]
     assert len(moves) == _min_cover(ranges, 0, SHAPE[1])
@@ -344,11 +366,17 @@ def test_migration_rejects_shape_change():
 
 # ---------------------------------------------------------------- cost helpers
 def test_migration_bytes_and_seconds():
-    moves = [Transfer(0, 1, (0, 10), 800), Transfer(0, 2, (10, 20), 800), Transfer(3, 1, (20, 25), 400)]
+    moves = [
+        Transfer(0, 1, (0, 10), 800),
+        Transfer(0, 2, (10, 20), 800),
+        Transfer(3, 1, (20, 25), 400),
+    ]
     assert migration_bytes(moves) == 2000
     assert migration_seconds(moves, latency=0.01, bandwidth=1000.0) == pytest.approx(2.0 + 0.03)
     # Concurrent: worker 0 sends 1600 bytes in 2 messages; worker 1 receives 1200 in 2.
-    assert migration_seconds(moves, latency=0.01, bandwidth=1000.0, concurrent=True) == pytest.approx(1.62)
+    assert migration_seconds(
+        moves, latency=0.01, bandwidth=1000.0, concurrent=True
+    ) == pytest.approx(1.62)
     assert migration_seconds([], latency=1, bandwidth=1) == 0.0
     with dask.config.set({"rpm.cost.latency": 0.5, "rpm.cost.bandwidth": 100.0}):
         assert migration_seconds(moves) == pytest.approx(20 + 1.5)
@@ -403,8 +431,10 @@ def test_whole_remap_index_keyed_mapping_in_any_order_keeps_each_workers_ability
     measured = {2: 0.216, 3: 0.216, 0: 0.43, 1: 0.143}  # insertion order = plan.planned_workers
     new = whole_remap(plan, measured).validate()
     assert new.workers == tuple(ws)
-    np.testing.assert_allclose(np.asarray(new.abilities) / sum(new.abilities),
-                               [measured[w] / sum(measured.values()) for w in range(4)])
+    np.testing.assert_allclose(
+        np.asarray(new.abilities) / sum(new.abilities),
+        [measured[w] / sum(measured.values()) for w in range(4)],
+    )
     # every worker's area follows its own ability
     areas = [new.rectangle(w).n_samples * new.rectangle(w).n_hidden for w in range(4)]
     assert areas.index(max(areas)) == 0 and areas.index(min(areas)) == 1

@@ -30,10 +30,21 @@ def _problem(s=64, n=6, l=3, seed=0):
 def drpm_result():
     """A DRPM run that remaps (no initial abilities: whole remap at the first check)."""
     x, d = _problem()
-    with LocalCluster(n_workers=3, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster:
+    with LocalCluster(
+        n_workers=3, threads_per_worker=1, processes=False, dashboard_address=":0"
+    ) as cluster:
         with Client(cluster) as client:
-            yield dask_rpm.fit(x, d, hidden=9, iterations=16, learning_rate=0.05, interval=6,
-                               mapping="drpm", client=client, progress=False)
+            yield dask_rpm.fit(
+                x,
+                d,
+                hidden=9,
+                iterations=16,
+                learning_rate=0.05,
+                interval=6,
+                mapping="drpm",
+                client=client,
+                progress=False,
+            )
 
 
 # ------------------------------------------------------------------- plans
@@ -55,7 +66,10 @@ def test_plan_dataset_matches_the_plan_with_units():
     for name, var in ds.data_vars.items():
         assert var.attrs.get("description"), name
         assert "units" in var.attrs, name
-    assert ds.sample_start.attrs["units"] == "samples" and ds.hidden_start.attrs["units"] == "hidden units"
+    assert (
+        ds.sample_start.attrs["units"] == "samples"
+        and ds.hidden_start.attrs["units"] == "hidden units"
+    )
 
 
 def test_plan_dataset_round_trips_through_netcdf(tmp_path):
@@ -86,9 +100,14 @@ def test_plans_dataset_stacks_plans_with_their_start():
     b = make_plan([0.2, 0.2, 0.2, 0.2, 0.2], PAPER[1], PAPER[2])
     ds = plans_dataset([a, b], [{"iteration": 20, "kind": "whole"}])
     assert ds.sizes == {"plan": 2, "worker": 5}
-    assert list(ds.from_iteration.values) == [0, 20] and list(ds.kind.values) == ["initial", "whole"]
-    xr.testing.assert_equal(ds.isel(plan=1).sample_stop.drop_vars("plan"),
-                            plan_dataset(b).sample_stop.reset_coords(drop=True))
+    assert list(ds.from_iteration.values) == [0, 20] and list(ds.kind.values) == [
+        "initial",
+        "whole",
+    ]
+    xr.testing.assert_equal(
+        ds.isel(plan=1).sample_stop.drop_vars("plan"),
+        plan_dataset(b).sample_stop.reset_coords(drop=True),
+    )
     assert ds.t_comm.attrs["units"] == "elements"
     with pytest.raises(ValueError, match="plans is empty"):
         plans_dataset([])
@@ -120,13 +139,18 @@ def test_plot_writes_a_nonblank_png(drpm_result, tmp_path):
     assert img.std() > 20  # not a blank page
     assert len(np.unique(img.reshape(-1, 3)[::7], axis=0)) > 50  # lines, text, coloured rectangles
     # the rectangles are filled with the workers' colours
-    colours = {tuple(np.round(np.array(fig.axes[3].patches[i].get_facecolor()[:3]) * 255)) for i in range(3)}
+    colours = {
+        tuple(np.round(np.array(fig.axes[3].patches[i].get_facecolor()[:3]) * 255))
+        for i in range(3)
+    }
     assert len(colours) == 3
 
 
 def test_plot_plan_draws_every_rectangle():
     ax = plot_plan(make_plan(*PAPER))
-    assert len(ax.patches) == 5 and sorted(t.get_text().split("\n")[0] for t in ax.texts) == [f"P{i}" for i in range(1, 6)]
+    assert len(ax.patches) == 5 and sorted(t.get_text().split("\n")[0] for t in ax.texts) == [
+        f"P{i}" for i in range(1, 6)
+    ]
     assert ax.get_ylim() == (80, 0)
 
 

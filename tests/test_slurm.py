@@ -55,7 +55,9 @@ def two_groups(**fast_extra) -> list[WorkerGroup]:
             job_script_prologue=["echo prologue-of-fast"],
             **fast_extra,
         ),
-        WorkerGroup("slow", jobs=1, cores=2, processes=2, memory="2GiB", queue="slow", account="proj1"),
+        WorkerGroup(
+            "slow", jobs=1, cores=2, processes=2, memory="2GiB", queue="slow", account="proj1"
+        ),
     ]
 
 
@@ -96,9 +98,18 @@ def test_from_dict_accepts_yaml_keys_and_partition_alias():
         ({"name": "x", "memory": "lots"}, ["memory='lots'", "4GiB"]),
         ({"name": "x", "walltime": 43200}, ["walltime=43200", "quote"]),
         ({"name": "x", "walltime": "1h"}, ["walltime='1h'", "HH:MM:SS"]),
-        ({"name": "x", "job_extra_directives": "--exclusive"}, ["list of strings", "['--exclusive']"]),
-        ({"name": "x", "job_extra_directives": ["#SBATCH --exclusive"]}, ["#SBATCH", "'--exclusive'"]),
-        ({"name": "x", "worker_extra_args": ["--nthreads", "4"]}, ["--nthreads", "set from the group"]),
+        (
+            {"name": "x", "job_extra_directives": "--exclusive"},
+            ["list of strings", "['--exclusive']"],
+        ),
+        (
+            {"name": "x", "job_extra_directives": ["#SBATCH --exclusive"]},
+            ["#SBATCH", "'--exclusive'"],
+        ),
+        (
+            {"name": "x", "worker_extra_args": ["--nthreads", "4"]},
+            ["--nthreads", "set from the group"],
+        ),
         ({"name": "x", "speed": 0}, ["speed=0", "real hardware"]),
         ({"name": "x", "queue": "a", "partition": "b"}, ["given twice", "queue"]),
         ({"name": "x", "queue": "two words"}, ["queue='two words'"]),
@@ -112,7 +123,9 @@ def test_invalid_groups_explain_what_and_how(spec, words):
 
 
 def test_load_groups_from_config_at_call_time():
-    with dask.config.set({"rpm.slurm.groups": [{"name": "a", "cores": 2}, {"name": "b", "partition": "slow"}]}):
+    with dask.config.set(
+        {"rpm.slurm.groups": [{"name": "a", "cores": 2}, {"name": "b", "partition": "slow"}]}
+    ):
         groups = load_groups()
     assert [g.name for g in groups] == ["a", "b"]
     assert groups[1].queue == "slow"
@@ -155,7 +168,10 @@ def test_worker_preload_reports_group_and_speed(monkeypatch):
     monkeypatch.setenv(GROUP_ENV, "slow")
     monkeypatch.setenv(SPEED_ENV, "0.5")
     dask_setup(w)
-    assert {k: f(w) for k, f in w.startup_information.items()} == {GROUP_KEY: "slow", SPEED_KEY: 0.5}
+    assert {k: f(w) for k, f in w.startup_information.items()} == {
+        GROUP_KEY: "slow",
+        SPEED_KEY: 0.5,
+    }
 
     w.startup_information = {}
     monkeypatch.delenv(GROUP_ENV)
@@ -218,8 +234,12 @@ def test_site_wide_jobqueue_lists_are_kept():
 
 def test_worker_lifetime_comes_from_the_walltime_unless_given():
     """Workers retire before the walltime kills them (dask_rpm.engine.retirement moves their rows first)."""
-    groups = [WorkerGroup("a", walltime="00:20:00"), WorkerGroup("b", walltime="12:00:00"),
-              WorkerGroup("c", walltime="00:20:00", lifetime="7m"), WorkerGroup("d", walltime="1", lifetime=False)]
+    groups = [
+        WorkerGroup("a", walltime="00:20:00"),
+        WorkerGroup("b", walltime="12:00:00"),
+        WorkerGroup("c", walltime="00:20:00", lifetime="7m"),
+        WorkerGroup("d", walltime="1", lifetime=False),
+    ]
     with HeterogeneousSLURMCluster(groups, submit=False, **LOCAL) as cluster:
         s = cluster.job_scripts()
     assert "--lifetime 1080s" in s["a"]  # 20 min - 10 %
@@ -266,11 +286,18 @@ def test_scale_group_bookkeeping_with_stand_in_jobs():
     with HeterogeneousSLURMCluster(two_groups(), job_cls=_EchoJob, **LOCAL) as cluster:
         assert cluster.requested_jobs() == {"fast": 1, "slow": 1}
         cluster.scale_group("fast", 3)
-        assert sorted(n for n in cluster.worker_spec if n.startswith("fast")) == ["fast-0", "fast-1", "fast-2"]
+        assert sorted(n for n in cluster.worker_spec if n.startswith("fast")) == [
+            "fast-0",
+            "fast-1",
+            "fast-2",
+        ]
         cluster.scale_group("fast", 1)  # none connected: the newest go first
         assert [n for n in cluster.worker_spec if n.startswith("fast")] == ["fast-0"]
         cluster.scale_group("fast", 2)  # numbers are never reused
-        assert sorted(n for n in cluster.worker_spec if n.startswith("fast")) == ["fast-0", "fast-3"]
+        assert sorted(n for n in cluster.worker_spec if n.startswith("fast")) == [
+            "fast-0",
+            "fast-3",
+        ]
         cluster.scale_groups({"slow": 0})
         assert cluster.requested_jobs() == {"fast": 2, "slow": 0}
         with pytest.raises(KeyError, match="no worker group"):
@@ -296,13 +323,17 @@ class _FailingJob(SLURMJob):
 def test_submission_errors_reach_the_caller():
     with pytest.raises(RuntimeError, match="invalid partition"):
         HeterogeneousSLURMCluster(two_groups(), job_cls=_FailingJob, **LOCAL)
-    with HeterogeneousSLURMCluster(two_groups(), submit=False, job_cls=_FailingJob, **LOCAL) as cluster:
+    with HeterogeneousSLURMCluster(
+        two_groups(), submit=False, job_cls=_FailingJob, **LOCAL
+    ) as cluster:
         with pytest.raises(RuntimeError, match="invalid partition"):
             cluster.scale_group("slow", 1)
         assert cluster.requested_jobs() == {"fast": 0, "slow": 0}  # the failed job is forgotten
 
     async def main() -> None:
-        async with HeterogeneousSLURMCluster(two_groups(), job_cls=_FailingJob, asynchronous=True, **LOCAL):
+        async with HeterogeneousSLURMCluster(
+            two_groups(), job_cls=_FailingJob, asynchronous=True, **LOCAL
+        ):
             pass
 
     with pytest.raises(RuntimeError, match="invalid partition"):
@@ -327,7 +358,9 @@ def test_asynchronous_cluster_scales_with_await():
 def test_scheduler_preload_passes_through(tmp_path):
     preload = tmp_path / "rpm_test_scheduler_preload.py"
     preload.write_text("def dask_setup(scheduler):\n    scheduler.rpm_test_preloaded = True\n")
-    options = dict(LOCAL, scheduler_options={**LOCAL["scheduler_options"], "preload": [str(preload)]})
+    options = dict(
+        LOCAL, scheduler_options={**LOCAL["scheduler_options"], "preload": [str(preload)]}
+    )
     with HeterogeneousSLURMCluster(two_groups(), submit=False, **options) as cluster:
         assert getattr(cluster.scheduler, "rpm_test_preloaded", False)
 
@@ -345,7 +378,9 @@ def _squeue(job_ids: list[str]) -> dict[str, tuple[str, str]]:
     return {i: (s, p) for i, s, p in (line.split() for line in out.splitlines() if line.strip())}
 
 
-def _wait_squeue(job_ids: list[str], predicate, timeout: float = 30.0) -> dict[str, tuple[str, str]]:
+def _wait_squeue(
+    job_ids: list[str], predicate, timeout: float = 30.0
+) -> dict[str, tuple[str, str]]:
     deadline = time.monotonic() + timeout
     while True:
         seen = _squeue(job_ids)
@@ -361,7 +396,9 @@ def test_two_groups_on_real_slurm(slurm_cluster, tmp_path):
     # --exclusive would give one job the whole (only) node and queue the rest.
     groups[0] = replace(groups[0], queue=fast_p, job_extra_directives=["--comment=rpm-test"])
     groups[1] = replace(groups[1], queue=slow_p)  # keeps -A proj1: no accounting, so accepted
-    with HeterogeneousSLURMCluster(groups, log_directory=str(tmp_path / "jobs"), **LOCAL) as cluster:
+    with HeterogeneousSLURMCluster(
+        groups, log_directory=str(tmp_path / "jobs"), **LOCAL
+    ) as cluster:
         assert cluster.wait_for_groups(timeout=120) == {"fast": 1, "slow": 2}
         jobs = {name: job.job_id for name, job in cluster.workers.items()}
         assert set(jobs) == {"fast-0", "slow-0"}
@@ -383,7 +420,10 @@ def test_two_groups_on_real_slurm(slurm_cluster, tmp_path):
 
         with Client(cluster) as client:
             env = client.run(lambda: __import__("os").environ.get(GROUP_ENV))
-            assert {names[n]: g for n, g in [("fast-0", "fast"), ("slow-0-0", "slow"), ("slow-0-1", "slow")]} == env
+            assert {
+                names[n]: g
+                for n, g in [("fast-0", "fast"), ("slow-0-0", "slow"), ("slow-0-1", "slow")]
+            } == env
             plugins = client.run(lambda dask_worker: sorted(dask_worker.plugins))
             # Emulated speed reached the emulation layer only on the group that asked for it.
             assert "rpm-emulation" in plugins[names["fast-0"]]
@@ -399,7 +439,10 @@ def test_two_groups_on_real_slurm(slurm_cluster, tmp_path):
             cluster.scale_group("slow", 0)
             assert cluster.wait_for_groups(timeout=120) == {"fast": 2, "slow": 0}
             assert kept.result(timeout=30) == payload
-            assert sorted(w["name"] for w in cluster.scheduler_info["workers"].values()) == ["fast-0", "fast-1"]
+            assert sorted(w["name"] for w in cluster.scheduler_info["workers"].values()) == [
+                "fast-0",
+                "fast-1",
+            ]
             gone = _wait_squeue([jobs["slow-0"]], lambda s: jobs["slow-0"] not in s)
             assert jobs["slow-0"] not in gone, f"slow job still in squeue: {gone}"
             all_ids = [job.job_id for job in cluster.workers.values()]
@@ -412,8 +455,20 @@ def test_two_groups_on_real_slurm(slurm_cluster, tmp_path):
 @pytest.mark.slurm
 def test_groups_from_config_on_real_slurm(slurm_cluster, tmp_path):
     groups = [
-        {"name": "a", "jobs": 1, "cores": 1, "memory": "512MiB", "partition": slurm_cluster.partitions[0]},
-        {"name": "b", "jobs": 0, "cores": 1, "memory": "512MiB", "partition": slurm_cluster.partitions[-1]},
+        {
+            "name": "a",
+            "jobs": 1,
+            "cores": 1,
+            "memory": "512MiB",
+            "partition": slurm_cluster.partitions[0],
+        },
+        {
+            "name": "b",
+            "jobs": 0,
+            "cores": 1,
+            "memory": "512MiB",
+            "partition": slurm_cluster.partitions[-1],
+        },
     ]
     with dask.config.set({"rpm.slurm.groups": groups}):
         with HeterogeneousSLURMCluster(log_directory=str(tmp_path / "jobs"), **LOCAL) as cluster:

@@ -14,8 +14,8 @@ from dask_rpm.engine.layout import layouts
 from dask_rpm.engine.records import BlockSpec, TimingRecord
 from dask_rpm.engine.timing import TimingLog
 from dask_rpm.kernels import Workspace, init_weights
-from dask_rpm.serial import fit_serial
 from dask_rpm.partition import Plan
+from dask_rpm.serial import fit_serial
 
 
 def _rec(it, w, start, f=0.01, v=0.002, b=0.02, h=0.003, mod=0.001):
@@ -68,8 +68,13 @@ class _OneWorkerState:
 
         self.shard = Shard(W, V)
         self.recipe = recipe(x.shape[0], iterations=4, learning_rate=0.05)
-        self.data = ColumnData(SampleSource("slice", x, d), (0, x.shape[0]), self.recipe.schedule,
-                               self.recipe.net, "float64")
+        self.data = ColumnData(
+            SampleSource("slice", x, d),
+            (0, x.shape[0]),
+            self.recipe.schedule,
+            self.recipe.net,
+            "float64",
+        )
         self.iteration = 0
         self.ws = Workspace(x.shape[0], W.shape[0], x.shape[1], d.shape[1])
 
@@ -110,8 +115,15 @@ def test_block_loop_times_known_sleeps(monkeypatch):
 
     monkeypatch.setattr(Workspace, "forward", slow_forward)
     monkeypatch.setattr(Workspace, "backward", slow_backward)
-    spec = BlockSpec(epoch=0, first=0, count=4, learning_rate=0.05, target_error=None,
-                     receive_timeout=5.0, report_seconds=60.0)
+    spec = BlockSpec(
+        epoch=0,
+        first=0,
+        count=4,
+        learning_rate=0.05,
+        target_error=None,
+        receive_timeout=5.0,
+        report_seconds=60.0,
+    )
     streamed = []
     res = asyncio.run(block_mod.run_block(state, spec, log=streamed.append))
     assert res.status == "ok" and res.stop == 4 and len(res.records) == 4
@@ -122,7 +134,9 @@ def test_block_loop_times_known_sleeps(monkeypatch):
     # a sleep lasts at least as long as asked, and not much longer on an idle worker
     assert np.all(ph["forward"] >= sleep_f) and np.all(ph["forward"] < sleep_f + slack)
     assert np.all(ph["backward"] >= sleep_b) and np.all(ph["backward"] < sleep_b + slack)
-    assert np.all(ph["vertical_wait"] < slack) and np.all(ph["horizontal"] < slack)  # no peers: nothing to wait for
+    assert np.all(ph["vertical_wait"] < slack) and np.all(
+        ph["horizontal"] < slack
+    )  # no peers: nothing to wait for
     its = log.iteration_times(range(4))
     assert np.all(its >= sleep_f + sleep_b) and np.all(its < sleep_f + sleep_b + slack)
     # the records were streamed once, at the end of the block (report_seconds is long)

@@ -41,23 +41,43 @@ def _problem(loss: str) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...]]
         d = np.eye(L)[rng.integers(0, L, size=S)]
     else:
         d = rng.uniform(0.1, 0.9, size=(S, L))
-    init = (rng.uniform(-0.3, 0.3, (M, N)), rng.uniform(-0.3, 0.3, (L, M)),
-            rng.uniform(-0.1, 0.1, M), rng.uniform(-0.1, 0.1, L))
+    init = (
+        rng.uniform(-0.3, 0.3, (M, N)),
+        rng.uniform(-0.3, 0.3, (L, M)),
+        rng.uniform(-0.1, 0.1, M),
+        rng.uniform(-0.1, 0.1, L),
+    )
     return x, d, init
 
 
 def _ours(x, d, init, *, loss, output, activation, optimizer, bias):
     init = init if bias else init[:2]
-    out = fit_serial(x, d, init=init, iterations=STEPS, learning_rate=LR[optimizer], seed=SEED, loss=loss,
-                     output=output, activation=activation, optimizer=optimizer, bias=bias, batch_size=BATCH,
-                     shuffle=True, dtype="float64", full_output=True)
+    out = fit_serial(
+        x,
+        d,
+        init=init,
+        iterations=STEPS,
+        learning_rate=LR[optimizer],
+        seed=SEED,
+        loss=loss,
+        output=output,
+        activation=activation,
+        optimizer=optimizer,
+        bias=bias,
+        batch_size=BATCH,
+        shuffle=True,
+        dtype="float64",
+        full_output=True,
+    )
     assert out["stopped"] is None and out["iterations"] == STEPS
     return out["recipe"].net.split(out["W"], out["V"])
 
 
 def _torch(x, d, init, *, loss, output, activation, optimizer, bias):
-    t = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True)
-         for k, v in zip(("W", "V", "b", "c"), init)}
+    t = {
+        k: torch.tensor(v, dtype=torch.float64, requires_grad=True)
+        for k, v in zip(("W", "V", "b", "c"), init)
+    }
     params = [t["W"], t["V"]] + ([t["b"], t["c"]] if bias else [])
     lr = LR[optimizer]
     opt = {
@@ -74,7 +94,9 @@ def _torch(x, d, init, *, loss, output, activation, optimizer, bias):
         hidden = xb @ t["W"].T + (t["b"] if bias else 0.0)
         u = act(hidden) @ t["V"].T + (t["c"] if bias else 0.0)
         if loss == "cross-entropy":
-            err = torch.nn.functional.cross_entropy(u, db, reduction="sum")  # d: class probabilities (one-hot)
+            err = torch.nn.functional.cross_entropy(
+                u, db, reduction="sum"
+            )  # d: class probabilities (one-hot)
         else:
             h = torch.sigmoid(u) if output == "sigmoid" else u
             err = 0.5 * torch.nn.functional.mse_loss(h, db, reduction="sum")
@@ -82,12 +104,19 @@ def _torch(x, d, init, *, loss, output, activation, optimizer, bias):
         err.backward()
         opt.step()
     out = {k: v.detach().numpy() for k, v in t.items()}
-    return {"W": out["W"], "V": out["V"], "b": out["b"] if bias else None, "c": out["c"] if bias else None}
+    return {
+        "W": out["W"],
+        "V": out["V"],
+        "b": out["b"] if bias else None,
+        "c": out["c"] if bias else None,
+    }
 
 
 def _rel(a: dict, b: dict) -> float:
     """Largest difference over all weight arrays, relative to that array's largest weight."""
-    return max(float(np.max(np.abs(a[k] - b[k])) / np.max(np.abs(b[k]))) for k in a if a[k] is not None)
+    return max(
+        float(np.max(np.abs(a[k] - b[k])) / np.max(np.abs(b[k]))) for k in a if a[k] is not None
+    )
 
 
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
@@ -107,7 +136,9 @@ def test_fit_serial_equals_pytorch(loss, output, optimizer, activation, bias):
     assert not np.array_equal(W0p, init[0])
     perturbed = _ours(x, d, (W0p, *init[1:]), **kw)
     sensitivity = _rel(perturbed, ours)
-    assert sensitivity < 1e-12, f"ill-conditioned case: a 1e-15 change of W0 grew to {sensitivity:.2e}"
+    assert sensitivity < 1e-12, (
+        f"ill-conditioned case: a 1e-15 change of W0 grew to {sensitivity:.2e}"
+    )
     diff = _rel(ours, ref)
     assert diff < 1e-9, f"dask_rpm and PyTorch differ by {diff:.2e} relative after {STEPS} steps"
 
@@ -117,8 +148,19 @@ def test_a_chaotic_problem_is_detected():
     in 50 steps (batch BP is chaotic there, though it does not diverge), which is why the cases above use
     small learning rates."""
     x, d, init = _problem("squared")
-    kw = dict(iterations=STEPS, learning_rate=1.0, seed=SEED, loss="squared", activation="tanh",
-              optimizer="sgd", output="linear", bias=False, batch_size=BATCH, shuffle=True, full_output=True)
+    kw = dict(
+        iterations=STEPS,
+        learning_rate=1.0,
+        seed=SEED,
+        loss="squared",
+        activation="tanh",
+        optimizer="sgd",
+        output="linear",
+        bias=False,
+        batch_size=BATCH,
+        shuffle=True,
+        full_output=True,
+    )
     a = fit_serial(x, d, init=init[:2], **kw)
     b = fit_serial(x, d, init=(init[0] * (1.0 + 1e-15 * np.sign(init[0])), init[1]), **kw)
     assert a["stopped"] is None and b["stopped"] is None

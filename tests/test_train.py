@@ -15,7 +15,9 @@ from dask_rpm.cli import main
 def _run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "dask_rpm.cli", "train", *args],
-        capture_output=True, text=True, timeout=timeout,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -74,23 +76,39 @@ def test_demo_prints_its_own_evidence():
     out = p.stdout
     assert out.startswith("EMULATED heterogeneity on one machine: speeds 1.0, 0.6, 0.4, 0.25")
     assert " 1 workers" not in out and " 1 columns" not in out
-    final = re.search(r"^final plan \(after (\d+) remaps?\): <Plan srpm: 4 workers in \d+ columns? ", out, re.M)
+    final = re.search(
+        r"^final plan \(after (\d+) remaps?\): <Plan srpm: 4 workers in \d+ columns? ", out, re.M
+    )
     assert final, out
     assert int(final.group(1)) == len(re.findall(r"^remap at iteration \d+: ", out, re.M)) >= 1
     for line in re.findall(r"^remap at iteration .*$", out, re.M):  # both kinds of bytes, named
-        assert re.search(r"\d+ weight bytes moved, \d+ sample bytes re-read, \d+\.\d+ s$", line), line
-    trained = re.search(r"trained 33-256-8 on 8192 samples for 60 iterations on 4 EMULATED workers: "
-                        r"error (\d+\.\d+) -> (\d+\.\d+), (\d+\.\d) ms/iteration", out)
+        assert re.search(r"\d+ weight bytes moved, \d+ sample bytes re-read, \d+\.\d+ s$", line), (
+            line
+        )
+    trained = re.search(
+        r"trained 33-256-8 on 8192 samples for 60 iterations on 4 EMULATED workers: "
+        r"error (\d+\.\d+) -> (\d+\.\d+), (\d+\.\d) ms/iteration",
+        out,
+    )
     assert trained and float(trained.group(2)) < float(trained.group(1))
     verdict = _speed_check(out, [1.0, 0.6, 0.4, 0.25])
-    t = re.search(r"this plan (\d+\.\d) ms \| fastest worker alone (\d+\.\d) ms \(speed-up (\d+\.\d+)x\) \| "
-                  r"uniform plan (\d+\.\d) ms \(speed-up (\d+\.\d+)x\)", out)
+    t = re.search(
+        r"this plan (\d+\.\d) ms \| fastest worker alone (\d+\.\d) ms \(speed-up (\d+\.\d+)x\) \| "
+        r"uniform plan (\d+\.\d) ms \(speed-up (\d+\.\d+)x\)",
+        out,
+    )
     assert t, out
     plan_ms, alone_ms, up_alone, uniform_ms, up_uniform = (float(v) for v in t.groups())
     assert plan_ms == float(trained.group(3))
     assert up_alone == pytest.approx(alone_ms / plan_ms, abs=0.02)
     assert up_uniform == pytest.approx(uniform_ms / plan_ms, abs=0.02)
-    g = float(re.search(r"parallel efficiency gamma (\d+\.\d+) \(1 = every worker's speed used: 2.25x", out).group(1))
+    g = float(
+        re.search(
+            r"parallel efficiency gamma (\d+\.\d+) \(1 = every worker's speed used: 2.25x", out
+        ).group(1)
+    )
     assert g == pytest.approx((1 / plan_ms) / (2.25 / alone_ms), abs=0.02)
-    if verdict == "works":  # the speeds were honoured, so the plan must beat the fastest worker alone
+    if (
+        verdict == "works"
+    ):  # the speeds were honoured, so the plan must beat the fastest worker alone
         assert up_alone > 1.0, out

@@ -45,17 +45,33 @@ def _problem(loss: str, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
 def _kw(out, act, opt, bias, batch):
     loss, output = out
     lr = LR if opt != "adam" else 1e-3  # adam's steps are lr-sized whatever the gradient
-    return dict(hidden=M, iterations=ITERATIONS, learning_rate=lr, loss=loss, output=output, activation=act,
-                optimizer=opt, bias=bias, batch_size=batch, seed=0)
+    return dict(
+        hidden=M,
+        iterations=ITERATIONS,
+        learning_rate=lr,
+        loss=loss,
+        output=output,
+        activation=act,
+        optimizer=opt,
+        bias=bias,
+        batch_size=batch,
+        seed=0,
+    )
 
 
 def _assert_well_conditioned(x, d, kw):
     """A 1e-15 relative change of W0 must not grow beyond 1e-12 in the serial run."""
     W0, V0 = init_weights(N, M, L, seed=0, scale=0.1)
     W_a, V_a, _ = fit_serial(x, d, init=(W0, V0), **{k: v for k, v in kw.items() if k != "hidden"})
-    W_b, V_b, _ = fit_serial(x, d, init=(W0 * (1 + 1e-15), V0), **{k: v for k, v in kw.items() if k != "hidden"})
-    change = max(np.abs(W_a - W_b).max() / np.abs(W_a).max(), np.abs(V_a - V_b).max() / np.abs(V_a).max())
-    assert change < 1e-12, f"problem is ill-conditioned ({change:.2e}); the comparison would mean nothing"
+    W_b, V_b, _ = fit_serial(
+        x, d, init=(W0 * (1 + 1e-15), V0), **{k: v for k, v in kw.items() if k != "hidden"}
+    )
+    change = max(
+        np.abs(W_a - W_b).max() / np.abs(W_a).max(), np.abs(V_a - V_b).max() / np.abs(V_a).max()
+    )
+    assert change < 1e-12, (
+        f"problem is ill-conditioned ({change:.2e}); the comparison would mean nothing"
+    )
 
 
 def _assert_serial(r, x, d, kw, iterations=None):
@@ -83,7 +99,9 @@ class _Remapper(TrainingCallback):
             return None
         kind, abilities = job
         d = info.driver
-        new = column_remap(d.plan, abilities) if kind == "column" else whole_remap(d.plan, abilities)
+        new = (
+            column_remap(d.plan, abilities) if kind == "column" else whole_remap(d.plan, abilities)
+        )
         await d.remap(new, kind)
         self.kinds.append((info.iteration, kind))
         return None
@@ -91,15 +109,24 @@ class _Remapper(TrainingCallback):
 
 @pytest.fixture(scope="module")
 def client3():
-    with LocalCluster(n_workers=3, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
+    with LocalCluster(
+        n_workers=3, threads_per_worker=1, processes=True, dashboard_address=":0"
+    ) as cluster:
         with Client(cluster) as client:
             yield client
 
 
-@pytest.mark.parametrize("out,act,opt,bias,batch", GRID,
-                         ids=[f"{o[0]}-{o[1]}-{a}-{p}-{'bias' if b else 'nobias'}-{bs or 'full'}"
-                              for o, a, p, b, bs in GRID])
-def test_every_option_equals_serial_through_column_and_whole_remaps(client3, out, act, opt, bias, batch):
+@pytest.mark.parametrize(
+    "out,act,opt,bias,batch",
+    GRID,
+    ids=[
+        f"{o[0]}-{o[1]}-{a}-{p}-{'bias' if b else 'nobias'}-{bs or 'full'}"
+        for o, a, p, b, bs in GRID
+    ],
+)
+def test_every_option_equals_serial_through_column_and_whole_remaps(
+    client3, out, act, opt, bias, batch
+):
     x, d = _problem(out[0])
     kw = _kw(out, act, opt, bias, batch)
     _assert_well_conditioned(x, d, kw)
@@ -107,7 +134,9 @@ def test_every_option_equals_serial_through_column_and_whole_remaps(client3, out
     plan = make_plan([0.5, 0.3, 0.2], (n_eff, m_eff, L), S, method="grid-h")  # 3 workers, 2 columns
     assert plan.n_columns >= 2
     remapper = _Remapper({4: ("column", [0.2, 0.3, 0.5]), 8: ("whole", [0.45, 0.35, 0.2])})
-    r = fit(x, d, mapping=plan, client=client3, interval=5, progress="none", callbacks=[remapper], **kw)
+    r = fit(
+        x, d, mapping=plan, client=client3, interval=5, progress="none", callbacks=[remapper], **kw
+    )
     assert [k for _, k in remapper.kinds] == ["column", "whole"]
     assert len(r.plans) == 3
     _assert_serial(r, x, d, kw)
@@ -125,8 +154,12 @@ def test_one_to_n_columns_equal_serial_with_adam_minibatches_and_bias(columns):
     hidden = [list(np.diff(np.linspace(0, M + 1, len(c) + 1).astype(int))) for c in cols]
     widths = list(np.diff(np.linspace(0, S, columns + 1).astype(int)))
     plan = Plan.from_columns([list(map(int, c)) for c in cols], widths, hidden, shape=shape)
-    with LocalCluster(n_workers=4, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster, \
-            Client(cluster) as client:
+    with (
+        LocalCluster(
+            n_workers=4, threads_per_worker=1, processes=False, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         r = fit(x, d, mapping=plan, client=client, interval=5, progress="none", **kw)
     assert r.plan.n_columns == columns
     _assert_serial(r, x, d, kw)
@@ -144,18 +177,31 @@ def test_dataset_file_with_minibatches_and_a_validation_split_equals_serial(clie
     np.testing.assert_allclose(r.history["error"].values, out["errors"], rtol=RTOL)
     # validation every 3 iterations, the same numbers as the serial run's
     assert list(r.history["validation_iteration"].values) == [3, 6, 9, 12]
-    np.testing.assert_allclose(r.history["validation_loss"].values, [v for _, v, _ in out["validation"]],
-                               rtol=RTOL)
+    np.testing.assert_allclose(
+        r.history["validation_loss"].values, [v for _, v, _ in out["validation"]], rtol=RTOL
+    )
 
 
 def test_early_stopping_stops_where_the_serial_run_stops(client3, capsys):
     rng = np.random.default_rng(9)
     x = rng.normal(size=(120, 5))
     y = (x[:, 0] + 0.3 * rng.normal(size=120) > 0).astype(int)
-    kw = dict(hidden=6, epochs=200, batch_size=24, learning_rate=0.05, loss="cross-entropy", optimizer="adam",
-              validation=0.25, early_stopping=3, bias=True, seed=1)
+    kw = dict(
+        hidden=6,
+        epochs=200,
+        batch_size=24,
+        learning_rate=0.05,
+        loss="cross-entropy",
+        optimizer="adam",
+        validation=0.25,
+        early_stopping=3,
+        bias=True,
+        seed=1,
+    )
     out = fit_serial(x, y, full_output=True, **kw)
-    assert out["stopped"] and "early stopping" in out["stopped"], "the problem must stop early to test it"
+    assert out["stopped"] and "early stopping" in out["stopped"], (
+        "the problem must stop early to test it"
+    )
     import dask
 
     with dask.config.set({"rpm.train.progress-interval": 0}):  # a log line after every block
@@ -168,8 +214,11 @@ def test_early_stopping_stops_where_the_serial_run_stops(client3, capsys):
     from dask_rpm import dashboard
 
     summary = client3.run_on_scheduler(
-        lambda dask_scheduler: dashboard.snapshot(dask_scheduler.plugins["rpm"])["summary"])
-    assert summary["validation"][0] == v_it and summary["validation"][1] == pytest.approx(v_loss, rel=1e-9)
+        lambda dask_scheduler: dashboard.snapshot(dask_scheduler.plugins["rpm"])["summary"]
+    )
+    assert summary["validation"][0] == v_it and summary["validation"][1] == pytest.approx(
+        v_loss, rel=1e-9
+    )
     assert r.history.sizes["iteration"] == out["iterations"]
     np.testing.assert_allclose(r.W, out["W"], rtol=1e-9)
     assert 0.5 < r.history["validation_accuracy"].values[-1] <= 1.0
@@ -187,12 +236,25 @@ def test_optimizer_state_survives_a_worker_loss(layout, sigkill_after):
         plan = Plan.from_columns([[0, 1], [2, 3]], [40, 50], [[4, 6], [5, 5]], shape=shape)
     else:
         plan = Plan.from_columns([[0, 1, 2]], [S], [[3, 3, 4]], shape=shape)
-    with LocalCluster(n_workers=4, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster, \
-            Client(cluster) as client:
+    with (
+        LocalCluster(
+            n_workers=4, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         victim = ordered_workers(client.scheduler_info())[1]
         killer = sigkill_after(client, victim, at=15)
-        r = fit(x, d, mapping=plan, client=client, interval=5, checkpoint_every=10, callback=killer,
-                progress="none", **kw)
+        r = fit(
+            x,
+            d,
+            mapping=plan,
+            client=client,
+            interval=5,
+            checkpoint_every=10,
+            callback=killer,
+            progress="none",
+            **kw,
+        )
     assert killer.fired
     (rec,) = [rec for rec in r.remaps if rec.get("lost")]
     assert rec["recovered_from"] == ("columns" if layout == "two-columns" else "checkpoint")
@@ -206,10 +268,27 @@ def test_resume_from_a_checkpoint_continues_batches_and_optimizer_state(client3)
     kw["iterations"] = 24
     _assert_well_conditioned(x, d, kw)
     saved = []
-    first = fit(x, d, mapping="srpm", abilities=[1.0, 0.5, 0.3], client=client3, interval=4, checkpoint_every=10,
-                on_checkpoint=saved.append, should_stop=lambda: len(saved) >= 1, progress="none", **kw)
-    assert first.stopped and saved[-1]["iteration"] == 10 and set(saved[-1]["optimizer_state"]) == {"m", "v"}
-    r = fit(x, d, mapping="uniform", client=client3, interval=5, resume=saved[-1], progress="none", **kw)
+    first = fit(
+        x,
+        d,
+        mapping="srpm",
+        abilities=[1.0, 0.5, 0.3],
+        client=client3,
+        interval=4,
+        checkpoint_every=10,
+        on_checkpoint=saved.append,
+        should_stop=lambda: len(saved) >= 1,
+        progress="none",
+        **kw,
+    )
+    assert (
+        first.stopped
+        and saved[-1]["iteration"] == 10
+        and set(saved[-1]["optimizer_state"]) == {"m", "v"}
+    )
+    r = fit(
+        x, d, mapping="uniform", client=client3, interval=5, resume=saved[-1], progress="none", **kw
+    )
     assert list(r.history["iteration"].values) == list(range(10, 24))
     W, V, err = fit_serial(x, d, **kw)
     np.testing.assert_allclose(r.W, W, rtol=RTOL, atol=1e-14 * np.abs(W).max())

@@ -12,20 +12,35 @@ import numpy as np
 import pytest
 
 TUTORIALS = Path(__file__).resolve().parents[1] / "tutorials"
-COVERED = {"01_planning.py", "02_local_training.py", "03_slurm.py", "04_dashboard.py", "05_sbatch_job.py",
-           "06_classifier.py"}
+COVERED = {
+    "01_planning.py",
+    "02_local_training.py",
+    "03_slurm.py",
+    "04_dashboard.py",
+    "05_sbatch_job.py",
+    "06_classifier.py",
+}
 
 
-def _run(name: str, *args: str, env: dict | None = None, timeout: float = 600,
-         tmp: Path | None = None) -> subprocess.CompletedProcess:
+def _run(
+    name: str, *args: str, env: dict | None = None, timeout: float = 600, tmp: Path | None = None
+) -> subprocess.CompletedProcess:
     """Run a tutorial; with ``tmp`` its temporary files go there (TMPDIR) and none may be left behind."""
     env = dict(os.environ if env is None else env)
     if tmp is not None:
         tmp.mkdir(exist_ok=True)
         env["TMPDIR"] = str(tmp)
-    p = subprocess.run([sys.executable, str(TUTORIALS / name), *args], capture_output=True, text=True,
-                       timeout=timeout, env=env, cwd=str(TUTORIALS.parent))
-    assert p.returncode == 0, f"{name} exited {p.returncode}\nstdout:\n{p.stdout[-3000:]}\nstderr:\n{p.stderr[-3000:]}"
+    p = subprocess.run(
+        [sys.executable, str(TUTORIALS / name), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=str(TUTORIALS.parent),
+    )
+    assert p.returncode == 0, (
+        f"{name} exited {p.returncode}\nstdout:\n{p.stdout[-3000:]}\nstderr:\n{p.stderr[-3000:]}"
+    )
     _assert_clean_stderr(name, p.stderr)
     if tmp is not None:
         # Dask's own scratch root (dask-scratch-space) may stay; nothing of the tutorial's
@@ -59,16 +74,21 @@ def _speed_check(out: str, speeds: list[float], *, small: bool = False) -> str:
     truth = np.array(_numbers(truth_line))
     np.testing.assert_allclose(truth, np.array(speeds) / sum(speeds), atol=6e-4)
     est_line, area_line, verdict = lines[i + 1], lines[i + 2], lines[i + 3]
-    assert "DRPM estimates (iteration " in est_line and "final plan's area shares:" in area_line, lines[i:i + 4]
+    assert "DRPM estimates (iteration " in est_line and "final plan's area shares:" in area_line, (
+        lines[i : i + 4]
+    )
     est, area = np.array(_numbers(est_line)), np.array(_numbers(area_line))
     assert est.shape == area.shape == truth.shape
     off = max(np.max(np.abs(est - truth) / truth), np.max(np.abs(area - truth) / truth))
     if "the method works here" in verdict:
-        assert off <= 0.10 + 0.01, (off, lines[i:i + 4])  # +1 %: the printed numbers are rounded
+        assert off <= 0.10 + 0.01, (off, lines[i : i + 4])  # +1 %: the printed numbers are rounded
         return "works"
     assert "not within 10%" in verdict and off > 0.10 - 0.01, (off, verdict)
     if "the machine was busy" in verdict:
-        late, blocks = (int(v) for v in re.search(r"(\d+) of (\d+) paced kernel blocks ran late", verdict).groups())
+        late, blocks = (
+            int(v)
+            for v in re.search(r"(\d+) of (\d+) paced kernel blocks ran late", verdict).groups()
+        )
         assert late > 0.05 * blocks, verdict  # the excuse must be backed by the count
         return "busy"
     assert small, f"the tutorial's size should show the method: {verdict}"
@@ -104,11 +124,18 @@ def test_02_local_training(tmp_path):
     nc, png = tmp_path / "history.nc", tmp_path / "run.png"
     p = _run("02_local_training.py", "--netcdf", str(nc), "--png", str(png), tmp=tmp_path / "tmp")
     out = p.stdout
-    assert out.splitlines()[0].startswith("EMULATED heterogeneity on one machine: speeds 1.0, 0.5, 0.25")
+    assert out.splitlines()[0].startswith(
+        "EMULATED heterogeneity on one machine: speeds 1.0, 0.5, 0.25"
+    )
     assert "equal to serial BP up to float64 rounding: True" in out
     assert "history variables:" in out and "iteration_time" in out and "[s]" in out
-    assert "plan 0 (initial, uniform, from iteration 0): w0: 1365 x 256; w1: 1366 x 256; w2: 1365 x 256" in out
-    assert "remap at iteration 20: whole" in out  # DRPM without initial abilities: whole remap at the first check
+    assert (
+        "plan 0 (initial, uniform, from iteration 0): w0: 1365 x 256; w1: 1366 x 256; w2: 1365 x 256"
+        in out
+    )
+    assert (
+        "remap at iteration 20: whole" in out
+    )  # DRPM without initial abilities: whole remap at the first check
     assert "ability estimates at the DRPM checks" in out
     verdict = _speed_check(out, [1.0, 0.5, 0.25])
     if verdict == "works":
@@ -116,7 +143,9 @@ def test_02_local_training(tmp_path):
         last = [ln for ln in out.splitlines() if ln.startswith("  plan 1 (iterations 20-59)")][0]
         ms = [float(v) for v in re.findall(r"(\d+\.\d) ms", last)]
         assert max(ms) / min(ms) < 1.35, last
-    assert "dask-rpm fit: iteration 60/60 (100%)" in p.stderr  # progress lines on stderr (not a terminal)
+    assert (
+        "dask-rpm fit: iteration 60/60 (100%)" in p.stderr
+    )  # progress lines on stderr (not a terminal)
     with xr.open_dataset(nc) as h:
         assert h.sizes["iteration"] == 60 and "EMULATED" in h.attrs["emulation"]
         assert float(h["error"][-1]) < float(h["error"][0])
@@ -136,7 +165,11 @@ def test_03_slurm(slurm_cluster, tmp_path):
     assert "#SBATCH -J dask-rpm-slow" in out
     assert "workers per group: {'fast': 1, 'slow': 2}" in out
     assert "EMULATED heterogeneity" in out and "<FitResult 60 iterations" in out
-    plan_lines = [ln.split() for ln in out.splitlines() if ln.startswith("  fast ") or ln.startswith("  slow ")]
+    plan_lines = [
+        ln.split()
+        for ln in out.splitlines()
+        if ln.startswith("  fast ") or ln.startswith("  slow ")
+    ]
     assert sorted(ln[0] for ln in plan_lines) == ["fast", "slow", "slow"]
     # the speeds in plan-worker order are those of the groups (fast 1.0, slow 0.5)
     speeds = [1.0 if ln[0] == "fast" else 0.5 for ln in plan_lines]
@@ -164,18 +197,29 @@ def test_05_sbatch_job(slurm_cluster, tmp_path):
     out = _run("05_sbatch_job.py", tmp=tmp_path / "tmp").stdout
     assert "SKIPPED" not in out
     assert "slurm/train.sbatch job.yaml   -> driver job" in out
-    assert "  | workers: SLURM groups fast: 2 job(s) x 1 worker(s), slow: 1 job(s) x 1 worker(s)" in out
+    assert (
+        "  | workers: SLURM groups fast: 2 job(s) x 1 worker(s), slow: 1 job(s) x 1 worker(s)"
+        in out
+    )
     # training stops right after the first iteration at or below the target (181)
     assert "  | done: 182 iterations, error 119.292 (target 120)" in out
-    assert "status complete, 182 iterations, error 1449.8 -> 119.3 (target error 120 reached at iteration 181)" in out
+    assert (
+        "status complete, 182 iterations, error 1449.8 -> 119.3 (target error 120 reached at iteration 181)"
+        in out
+    )
     assert "digits classified right by the trained net: 94.4%" in out
     assert "netcdf" not in out.lower()  # no h5netcdf warning in the driver's log
     # the workers in the last plan's order and their groups' EMULATED speeds
     workers = out.split("workers: ")[-1].splitlines()[0].split(", ")
     assert len(workers) == 3
     # a small job (1797 samples x 24 hidden units): the output may say why it cannot show the speeds
-    shares = [float(v) for v in re.findall(r"\d+\.\d+", next(ln for ln in out.splitlines()
-                                                             if "EMULATED speed shares:" in ln).split(":")[1])]
+    shares = [
+        float(v)
+        for v in re.findall(
+            r"\d+\.\d+",
+            next(ln for ln in out.splitlines() if "EMULATED speed shares:" in ln).split(":")[1],
+        )
+    ]
     speeds = [1.0 if abs(v - 0.4) < 1e-3 else 0.5 for v in shares]  # shares: fast 0.4, slow 0.2
     assert sorted(speeds) == [0.5, 1.0, 1.0]
     _speed_check(out, speeds, small=True)

@@ -42,11 +42,15 @@ def main() -> None:
     print(plan)
     for c, col in enumerate(plan.columns):
         s0, s1 = plan.column_samples(c)
-        print(f"column {c + 1}: samples [{s0}, {s1}) shared by " + ", ".join(f"P{w + 1}" for w in col))
+        print(
+            f"column {c + 1}: samples [{s0}, {s1}) shared by " + ", ".join(f"P{w + 1}" for w in col)
+        )
     for w in plan.planned_workers:
         r = plan.rectangle(w)
-        print(f"  P{w + 1} (ability {ABILITIES[w]:.2f}): {r.n_samples} samples x {r.n_hidden} hidden units "
-              f"= {r.area} work units ({r.area / (SAMPLES * SHAPE[1]):.1%} of the iteration)")
+        print(
+            f"  P{w + 1} (ability {ABILITIES[w]:.2f}): {r.n_samples} samples x {r.n_hidden} hidden units "
+            f"= {r.area} work units ({r.area / (SAMPLES * SHAPE[1]):.1%} of the iteration)"
+        )
     print()
     print(draw_plan(plan, width=60))
 
@@ -55,8 +59,10 @@ def main() -> None:
     print("\nas an xarray.Dataset:")
     table = ds[["column", "sample_start", "sample_stop", "hidden_start", "hidden_stop", "load"]]
     print(table.reset_coords(drop=True).to_dataframe().round(3).to_string())
-    print(f"units: samples in {ds.sample_start.attrs['units']!r}, rows in {ds.hidden_start.attrs['units']!r}; "
-          f"load: {ds['load'].attrs['description']}")
+    print(
+        f"units: samples in {ds.sample_start.attrs['units']!r}, rows in {ds.hidden_start.attrs['units']!r}; "
+        f"load: {ds['load'].attrs['description']}"
+    )
 
     # 3. Why two columns: the paper's communication model for every column count C.
     print("\nt_comm (elements) by number of columns:")
@@ -66,12 +72,22 @@ def main() -> None:
     # 4. Baselines: equal work for everyone, and the regular grid of method H_rev.
     print("\npredicted imbalance (largest work share / ability share; 1.0 is perfect):")
     # (with 5 workers the regular grids can only have 1 or 5 columns)
-    for method, dp in (("srpm", None), ("uniform", 1), ("uniform", 5), ("grid-hrev", 1), ("grid-hrev", 5)):
+    for method, dp in (
+        ("srpm", None),
+        ("uniform", 1),
+        ("uniform", 5),
+        ("grid-hrev", 1),
+        ("grid-hrev", 5),
+    ):
         other = dask_rpm.make_plan(ABILITIES, SHAPE, SAMPLES, method=method, dp=dp)
-        print(f"  {method:<10} {other.n_columns} column(s)  imbalance {other.imbalance():.3f}  "
-              f"t_comm {other.t_comm:9.1f}")
-    print("uniform gives the slowest worker (P1, 5% of the ability) 20% of the work: it sets the pace;\n"
-          "grid-hrev balances, but only with 1 or 5 columns, both costlier to communicate than SRPM's 2.")
+        print(
+            f"  {method:<10} {other.n_columns} column(s)  imbalance {other.imbalance():.3f}  "
+            f"t_comm {other.t_comm:9.1f}"
+        )
+    print(
+        "uniform gives the slowest worker (P1, 5% of the ability) 20% of the work: it sets the pace;\n"
+        "grid-hrev balances, but only with 1 or 5 columns, both costlier to communicate than SRPM's 2."
+    )
 
     if args.png:
         from dask_rpm.results import _save_atomically, plot_plan

@@ -44,7 +44,9 @@ from dask_rpm.slurm import slurm_unavailable
 PARTITIONS = os.environ.get("DASK_RPM_SLURM_PARTITIONS", "fast slow").split()
 
 
-def make_data(samples: int = 4096, inputs: int = 32, outputs: int = 8, seed: int = 3) -> tuple[np.ndarray, np.ndarray]:
+def make_data(
+    samples: int = 4096, inputs: int = 32, outputs: int = 8, seed: int = 3
+) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(samples, inputs))
     x[:, -1] = 1.0
@@ -54,7 +56,9 @@ def make_data(samples: int = 4096, inputs: int = 32, outputs: int = 8, seed: int
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--keep-logs", action="store_true", help="keep the SLURM job logs (printed path)")
+    ap.add_argument(
+        "--keep-logs", action="store_true", help="keep the SLURM job logs (printed path)"
+    )
     args = ap.parse_args()
     reason = slurm_unavailable(PARTITIONS)
     if reason:
@@ -80,11 +84,19 @@ def run(logs: str) -> int:
     # 1. Two node types = two groups. `speed` is EMULATION ONLY (one machine);
     #    on real hardware leave it unset and let DRPM measure the abilities.
     groups = [
-        WorkerGroup("fast", jobs=1, cores=1, memory="1GiB", queue=fast_p, walltime="00:10:00", speed=1.0),
-        WorkerGroup("slow", jobs=2, cores=1, memory="1GiB", queue=slow_p, walltime="00:10:00", speed=0.5),
+        WorkerGroup(
+            "fast", jobs=1, cores=1, memory="1GiB", queue=fast_p, walltime="00:10:00", speed=1.0
+        ),
+        WorkerGroup(
+            "slow", jobs=2, cores=1, memory="1GiB", queue=slow_p, walltime="00:10:00", speed=0.5
+        ),
     ]
-    options = dict(interface="lo", scheduler_options={"host": "127.0.0.1", "dashboard_address": ":0"},
-                   python=sys.executable, log_directory=logs)
+    options = dict(
+        interface="lo",
+        scheduler_options={"host": "127.0.0.1", "dashboard_address": ":0"},
+        python=sys.executable,
+        log_directory=logs,
+    )
     with HeterogeneousSLURMCluster(groups, submit=False, **options) as dry:
         script = dry.job_script("slow")
     print("the job script of the 'slow' group (first lines):")
@@ -94,13 +106,17 @@ def run(logs: str) -> int:
     # 2. Start the jobs; wait until every group has its workers.
     x, d = make_data()
     with HeterogeneousSLURMCluster(groups, **options) as cluster:
-        print(f"\nsubmitted {cluster.requested_jobs()} jobs; job logs in {logs} (removed at the end unless --keep-logs)")
+        print(
+            f"\nsubmitted {cluster.requested_jobs()} jobs; job logs in {logs} (removed at the end unless --keep-logs)"
+        )
         print("workers per group:", cluster.wait_for_groups(timeout=180))
         with Client(cluster) as client:
             label = dask_rpm.emulation.emulation_label(client)
             print(label or "no emulation: real hardware")
             # 3. Train: DRPM estimates each worker's ability and remaps.
-            result = dask_rpm.fit(x, d, hidden=256, iterations=60, learning_rate=1e-4, client=client)
+            result = dask_rpm.fit(
+                x, d, hidden=256, iterations=60, learning_rate=1e-4, client=client
+            )
             print(result)
             info = emulation_info(client)
             groups_of = cluster.worker_groups()
@@ -113,7 +129,9 @@ def run(logs: str) -> int:
             print(f"error {float(result.history['error'][0]):.1f} -> {result.error:.1f}")
             print("the run against the EMULATED speeds:")
             blocks, overruns = overrun_counts(info)
-            for line in speed_check(result, plan_speeds(result.plan, info), blocks=blocks, overruns=overruns).lines():
+            for line in speed_check(
+                result, plan_speeds(result.plan, info), blocks=blocks, overruns=overruns
+            ).lines():
                 print("  " + line)
     # 4. Leaving the `with` block cancelled the jobs.
     print("cluster closed: its SLURM jobs are cancelled")

@@ -35,7 +35,9 @@ from dask_rpm.evidence import overrun_counts, speed_check
 SPEEDS = [1.0, 0.5, 0.25]  # EMULATED relative speeds
 
 
-def make_data(samples: int = 4096, inputs: int = 32, outputs: int = 8, seed: int = 4) -> tuple[np.ndarray, np.ndarray]:
+def make_data(
+    samples: int = 4096, inputs: int = 32, outputs: int = 8, seed: int = 4
+) -> tuple[np.ndarray, np.ndarray]:
     """A fixed, learnable task: ``d_k = 1`` when a random linear form of ``x`` is positive."""
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(samples, inputs))
@@ -55,34 +57,52 @@ def _fmt(value: float | None, spec: str, scale: float = 1.0) -> str:
 
 def summarise(state: dict) -> None:
     s = state["summary"]
-    print(f"\nrun {state['run']}: {s['iterations_done']}/{s['iterations_total']} iterations, "
-          f"error {_fmt(s['last_error'], '.1f')}, median iteration {_fmt(s['median_time'], '.0f', 1e3)} ms")
+    print(
+        f"\nrun {state['run']}: {s['iterations_done']}/{s['iterations_total']} iterations, "
+        f"error {_fmt(s['last_error'], '.1f')}, median iteration {_fmt(s['median_time'], '.0f', 1e3)} ms"
+    )
     print(f"remaps: {s['remaps']['whole']} whole, {s['remaps']['column']} column")
     for r in state["remaps"]:
         print(f"  iteration {r['iteration']}: {r['kind']} remap ({r.get('reason', '')})")
     print(f"current plan ({s['method']}), samples x hidden units per worker:")
     for r in state["rectangles"]:
-        print(f"  w{r['worker']} {r['address']}: samples {r['samples'][0]}-{r['samples'][1]}, "
-              f"hidden {r['hidden'][0]}-{r['hidden'][1]}, area {_fmt(r['ability'], '.2f')}, "
-              f"estimated ability {_fmt(r['estimate'], '.2f')}")
+        print(
+            f"  w{r['worker']} {r['address']}: samples {r['samples'][0]}-{r['samples'][1]}, "
+            f"hidden {r['hidden'][0]}-{r['hidden'][1]}, area {_fmt(r['ability'], '.2f')}, "
+            f"estimated ability {_fmt(r['estimate'], '.2f')}"
+        )
     if state.get("emulation"):
         print(state["emulation"])  # every result from an emulated cluster carries this label
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hold", type=float, default=0.0, help="seconds to keep the cluster up afterwards")
+    parser.add_argument(
+        "--hold", type=float, default=0.0, help="seconds to keep the cluster up afterwards"
+    )
     parser.add_argument("--iterations", type=int, default=60)
     args = parser.parse_args()
 
     x, d = make_data()
     # Loopback only: the dashboard has no authentication.
-    with dask_rpm.local_cluster(SPEEDS, dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as client:
+    with (
+        dask_rpm.local_cluster(SPEEDS, dashboard_address="127.0.0.1:0") as cluster,
+        Client(cluster) as client,
+    ):
         base = f"http://127.0.0.1:{client.scheduler_info()['services']['dashboard']}"
-        print(f"dashboard: {base}/rpm   (Dask's own pages: {base}/status; JSON: {base}/rpm/state.json)")
+        print(
+            f"dashboard: {base}/rpm   (Dask's own pages: {base}/status; JSON: {base}/rpm/state.json)"
+        )
         print(cluster.emulation_label)
         result = dask_rpm.fit(
-            x, d, hidden=256, iterations=args.iterations, learning_rate=1e-4, mapping="drpm", seed=0, client=client
+            x,
+            d,
+            hidden=256,
+            iterations=args.iterations,
+            learning_rate=1e-4,
+            mapping="drpm",
+            seed=0,
+            client=client,
         )
         print(result)
         state = fetch_state(base)

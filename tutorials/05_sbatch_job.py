@@ -88,7 +88,9 @@ config:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--keep", metavar="DIR", help="write the files here and keep them")
     args = ap.parse_args()
     reason = slurm_unavailable(PARTITIONS)
@@ -123,11 +125,20 @@ def run(work: str) -> int:
     exe = os.path.join(os.path.dirname(sys.executable), "dask-rpm")
     env = dict(os.environ, DASK_RPM=exe if os.path.exists(exe) else "dask-rpm")
     cmd = ["sbatch", "--parsable", "--output=driver.out", os.path.abspath(SBATCH), "job.yaml"]
-    job_id = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout.strip().split(";")[0]
+    job_id = (
+        subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
+        .stdout.strip()
+        .split(";")[0]
+    )
     print(f"\n$ sbatch --output=driver.out slurm/train.sbatch job.yaml   -> driver job {job_id}")
     shown, deadline = 0, time.monotonic() + 300
     while True:
-        running = job_id in subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split()
+        running = (
+            job_id
+            in subprocess.run(
+                ["squeue", "-h", "-o", "%i"], capture_output=True, text=True
+            ).stdout.split()
+        )
         lines = open("driver.out").read().splitlines() if os.path.exists("driver.out") else []
         for line in lines[shown:]:
             print("  | " + line)
@@ -147,13 +158,17 @@ def run(work: str) -> int:
     from dask_rpm.evidence import speed_check
     from dask_rpm.kernels import forward_partial, sigmoid
 
-    with xr.open_dataset("digits-result.nc", engine="h5netcdf") as res, \
-            xr.open_dataset("digits.nc", engine="h5netcdf") as data:
+    with (
+        xr.open_dataset("digits-result.nc", engine="h5netcdf") as res,
+        xr.open_dataset("digits.nc", engine="h5netcdf") as data,
+    ):
         res.load()
         _, u = forward_partial(data["x"].values, res["W"].values, res["V"].values)
         right = float(np.mean(sigmoid(u).argmax(1) == data["d"].values.argmax(1)))
-    print(f"\noutput digits-result.nc: status {res.attrs['status']}, {res.attrs['iterations']} iterations, "
-          f"error {float(res['error'][0]):.1f} -> {res.attrs['final_error']:.1f} ({res.attrs['stopped']})")
+    print(
+        f"\noutput digits-result.nc: status {res.attrs['status']}, {res.attrs['iterations']} iterations, "
+        f"error {float(res['error'][0]):.1f} -> {res.attrs['final_error']:.1f} ({res.attrs['stopped']})"
+    )
     plans = [Plan.from_dict(json.loads(str(s))) for s in res["plan_json"].values]
     print(f"{len(plans)} plan(s); the last: {plans[-1]!r}")
     print(f"workers: {', '.join(str(a) for a in res['address'].values)}")

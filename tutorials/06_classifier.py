@@ -49,21 +49,41 @@ def main() -> None:
 
     # 1. Data: 1347 training digits, 450 held out; pixels standardized on the training part.
     X, y = load_digits(return_X_y=True)
-    X_train, X_test, y_train, y_test = train_test_split(X, y, test_size=0.25, random_state=0, stratify=y)
+    X_train, X_test, y_train, y_test = train_test_split(
+        X, y, test_size=0.25, random_state=0, stratify=y
+    )
     scaler = StandardScaler().fit(X_train)
     X_train, X_test = scaler.transform(X_train), scaler.transform(X_test)
-    print(f"digits: {len(X_train)} training and {len(X_test)} held-out samples, {X.shape[1]} pixels, "
-          f"{len(np.unique(y))} classes")
+    print(
+        f"digits: {len(X_train)} training and {len(X_test)} held-out samples, {X.shape[1]} pixels, "
+        f"{len(np.unique(y))} classes"
+    )
 
-    options = dict(hidden_units=64, activation="tanh", optimizer="adam", learning_rate=1e-3, batch_size=64,
-                   epochs=args.epochs, validation_fraction=0.1, early_stopping=5, seed=0)
-    with dask_rpm.local_cluster(SPEEDS, dashboard_address=":0") as cluster, Client(cluster) as client:
+    options = dict(
+        hidden_units=64,
+        activation="tanh",
+        optimizer="adam",
+        learning_rate=1e-3,
+        batch_size=64,
+        epochs=args.epochs,
+        validation_fraction=0.1,
+        early_stopping=5,
+        seed=0,
+    )
+    with (
+        dask_rpm.local_cluster(SPEEDS, dashboard_address=":0") as cluster,
+        Client(cluster) as client,
+    ):
         print(cluster.emulation_label)  # results from an emulated cluster always say so
         # 2. Train on the cluster (client=None would also find this client: it is the default one).
         clf = dask_rpm.MLPClassifier(client=client, progress=False, **options)
         clf.fit(X_train, y_train)
-    print(f"trained: {clf.n_iter_} Adam steps of 64 samples, stopped: {clf.stopped_ or 'no (all epochs done)'}")
-    print(f"validation accuracy per epoch (last 3): {[round(a, 3) for a in clf.validation_scores_[-3:]]}")
+    print(
+        f"trained: {clf.n_iter_} Adam steps of 64 samples, stopped: {clf.stopped_ or 'no (all epochs done)'}"
+    )
+    print(
+        f"validation accuracy per epoch (last 3): {[round(a, 3) for a in clf.validation_scores_[-3:]]}"
+    )
     print(f"plans used: {len(clf.result_.plans)}, remaps: {len(clf.result_.remaps)} (DRPM)")
 
     # 3. Predict and score on the held-out digits.
@@ -80,22 +100,39 @@ def main() -> None:
         clf.save(path)
         model = dask_rpm.MLPModel.load(path)
         print(f"saved and loaded: {model}")
-        print(f"  hyperparameters: optimizer {model.meta['recipe']['optimizer']['name']}, batch size "
-              f"{model.meta['recipe']['batch_size']}, learning rate {model.meta['recipe']['learning_rate']}; "
-              f"dask_rpm {model.meta['dask_rpm_version']}")
+        print(
+            f"  hyperparameters: optimizer {model.meta['recipe']['optimizer']['name']}, batch size "
+            f"{model.meta['recipe']['batch_size']}, learning rate {model.meta['recipe']['learning_rate']}; "
+            f"dask_rpm {model.meta['dask_rpm_version']}"
+        )
         same = np.array_equal(model.predict(X_test), clf.predict(X_test)) and np.array_equal(
-            model.predict_proba(X_test), clf.predict_proba(X_test))
+            model.predict_proba(X_test), clf.predict_proba(X_test)
+        )
         print(f"loaded model predicts exactly the same: {same}")
 
     # 5. The serial reference with the same options trains the same weights (float64, rtol 1e-10).
     from dask_rpm.recipe import one_hot
 
     D, _ = one_hot(y_train)
-    ref = dask_rpm.fit_serial(X_train, D, hidden=64, activation="tanh", optimizer="adam", learning_rate=1e-3,
-                              batch_size=64, epochs=args.epochs, validation=0.1, early_stopping=5, seed=0,
-                              loss="cross-entropy", bias=True, full_output=True)
+    ref = dask_rpm.fit_serial(
+        X_train,
+        D,
+        hidden=64,
+        activation="tanh",
+        optimizer="adam",
+        learning_rate=1e-3,
+        batch_size=64,
+        epochs=args.epochs,
+        validation=0.1,
+        early_stopping=5,
+        seed=0,
+        loss="cross-entropy",
+        bias=True,
+        full_output=True,
+    )
     equal = np.allclose(clf.model_.W, ref["W"], rtol=1e-10, atol=0) and np.allclose(
-        clf.model_.V, ref["V"], rtol=1e-10, atol=0)
+        clf.model_.V, ref["V"], rtol=1e-10, atol=0
+    )
     print(f"equal to serial training (rtol 1e-10): {equal}")
 
 

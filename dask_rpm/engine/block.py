@@ -69,12 +69,23 @@ class _Exchange:
     def send(self, address: str, it: int, phase: str, payload: tuple) -> None:
         self.state.send(address, self.epoch, it, phase, payload)
 
-    async def receive(self, it: int, phase: str, senders: list[int], deadline: float) -> dict[int, Any]:
-        return await self.state.receive(self.epoch, it, phase, senders, deadline, self.names, self.timeout)
+    async def receive(
+        self, it: int, phase: str, senders: list[int], deadline: float
+    ) -> dict[int, Any]:
+        return await self.state.receive(
+            self.epoch, it, phase, senders, deadline, self.names, self.timeout
+        )
 
 
-async def _vertical(ex: _Exchange, it: int, partial: np.ndarray, ws: Any, d: np.ndarray,
-              finite: bool, deadline: float) -> tuple[np.ndarray, float, bool]:
+async def _vertical(
+    ex: _Exchange,
+    it: int,
+    partial: np.ndarray,
+    ws: Any,
+    d: np.ndarray,
+    finite: bool,
+    deadline: float,
+) -> tuple[np.ndarray, float, bool]:
     """Output deltas, column error and "every member's weights are finite" for iteration ``it``."""
     lay = ex.state.layout
     me = lay.worker
@@ -85,7 +96,7 @@ async def _vertical(ex: _Exchange, it: int, partial: np.ndarray, ws: Any, d: np.
     if lay.vertical == "leader" and me != lay.leader:
         leader = next(p for p in lay.members if p.worker == lay.leader)
         ex.send(leader.address, it, "v", (partial, finite))
-        (delta2, err, ok), = (await ex.receive(it, "vd", [lay.leader], deadline)).values()
+        ((delta2, err, ok),) = (await ex.receive(it, "vd", [lay.leader], deadline)).values()
         return delta2, float(err), bool(ok)
     if lay.vertical == "leader":
         got = await ex.receive(it, "v", [p.worker for p in others], deadline)
@@ -109,8 +120,16 @@ async def _vertical(ex: _Exchange, it: int, partial: np.ndarray, ws: Any, d: np.
     return delta2, err, ok
 
 
-async def _horizontal(ex: _Exchange, it: int, dW: np.ndarray, dV: np.ndarray, sums: Any,
-                err: float, ok: bool, deadline: float) -> tuple[np.ndarray, np.ndarray, list[float], bool]:
+async def _horizontal(
+    ex: _Exchange,
+    it: int,
+    dW: np.ndarray,
+    dV: np.ndarray,
+    sums: Any,
+    err: float,
+    ok: bool,
+    deadline: float,
+) -> tuple[np.ndarray, np.ndarray, list[float], bool]:
     """Sum the weight updates of my rows over all columns; every column's error and status."""
     lay = ex.state.layout
     if lay.n_columns == 1:
@@ -162,12 +181,21 @@ class _Reporter:
 
     def flush(self) -> None:
         if self.records and self.log is not None:
-            self.log({"kind": "iterations", "run": self.run, "records": self.records, "errors": self.errors})
+            self.log(
+                {
+                    "kind": "iterations",
+                    "run": self.run,
+                    "records": self.records,
+                    "errors": self.errors,
+                }
+            )
         self.records, self.errors = [], []
         self.last = time.monotonic()
 
 
-async def run_block(state: Any, spec: BlockSpec, log: Any = None, inline_work: float = 2e7) -> BlockResult:
+async def run_block(
+    state: Any, spec: BlockSpec, log: Any = None, inline_work: float = 2e7
+) -> BlockResult:
     """Run iterations ``spec.first`` .. ``spec.first + spec.count - 1`` on this worker.
 
     ``log(msg)`` streams progress (the worker's ``log_event``); None: silent.
@@ -189,7 +217,10 @@ async def run_block(state: Any, spec: BlockSpec, log: Any = None, inline_work: f
     n, _, l = lay.shape
     m = lay.n_hidden
     inline_rows = data.capacity
-    inline = block_work("forward", inline_rows, m, n, l) + block_work("backward", inline_rows, m, n, l) <= inline_work
+    inline = (
+        block_work("forward", inline_rows, m, n, l) + block_work("backward", inline_rows, m, n, l)
+        <= inline_work
+    )
     pace = _pacer()
 
     def forward(it: int, x: np.ndarray) -> np.ndarray:
@@ -211,8 +242,12 @@ async def run_block(state: Any, spec: BlockSpec, log: Any = None, inline_work: f
     try:
         for it in range(spec.first, spec.first + spec.count):
             state.check_abort(spec.epoch)
-            await state.flush(spec.receive_timeout)  # last iteration's messages are out: buffers are free
-            if not data.ready(it):  # a new epoch of mini-batches: this column's rows of it (off the event loop)
+            await state.flush(
+                spec.receive_timeout
+            )  # last iteration's messages are out: buffers are free
+            if not data.ready(
+                it
+            ):  # a new epoch of mini-batches: this column's rows of it (off the event loop)
                 await state.compute(False, data.load, it)
             x, d = data.batch(it)
             t_f0 = time.monotonic()

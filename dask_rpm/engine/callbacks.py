@@ -132,16 +132,22 @@ class ProgressCallback(TrainingCallback):
             return
         self._shown = (last, len(self.remaps), len(rows))
         self.reporter.update(
-            last + 1, error=driver.log.error(last),
-            iteration_time=driver.log.median_iteration_time(max(last - 9, 0), last + 1, skip_first=False),
-            remaps=self.remaps, validation=rows[-1] if rows else None,
+            last + 1,
+            error=driver.log.error(last),
+            iteration_time=driver.log.median_iteration_time(
+                max(last - 9, 0), last + 1, skip_first=False
+            ),
+            remaps=self.remaps,
+            validation=rows[-1] if rows else None,
         )
 
     def after_block(self, info: BlockInfo) -> None:
         self.on_progress(info.driver)
 
     def after_training(self, driver: Driver, stopped: str | None) -> None:
-        self.on_progress(driver)  # what a callback that stopped training saw last (e.g. a validation)
+        self.on_progress(
+            driver
+        )  # what a callback that stopped training saw last (e.g. a validation)
         self.reporter.close(stopped)
 
 
@@ -149,8 +155,9 @@ class CheckpointCallback(TrainingCallback):
     """Every ``every`` iterations: gather the weights to the client (the recovery point) and
     hand them to ``on_checkpoint(state)`` in a thread."""
 
-    def __init__(self, every: int, on_checkpoint: Callable[[dict[str, Any]], None] | None,
-                 initial: Any) -> None:
+    def __init__(
+        self, every: int, on_checkpoint: Callable[[dict[str, Any]], None] | None, initial: Any
+    ) -> None:
         self.every = int(every)
         self.on_checkpoint = on_checkpoint
         self.latest = initial
@@ -162,18 +169,31 @@ class CheckpointCallback(TrainingCallback):
 
     async def after_block(self, info: BlockInfo) -> None:
         done = info.iteration
-        if not self.every or done % self.every or info.status not in ("ok", "target") or done == self.latest[0]:
+        if (
+            not self.every
+            or done % self.every
+            or info.status not in ("ok", "target")
+            or done == self.latest[0]
+        ):
             return None
         try:
             W, V, opt_state = await info.driver.gather(with_state=True)
-        except WorkerLostError as exc:  # the next block notices the loss and recovers; the old checkpoint stays
+        except (
+            WorkerLostError
+        ) as exc:  # the next block notices the loss and recovers; the old checkpoint stays
             logger.warning(f"iteration {done}: no checkpoint: {exc}")
             return None
         self.latest = Checkpoint(done, W, V, opt_state)
         if self.on_checkpoint is not None:
             log = info.driver.log
-            state = {"iteration": done, "W": W, "V": V, "optimizer_state": opt_state, "plan": info.driver.plan,
-                     "errors": np.array([log.error(it) for it in range(done)])}
+            state = {
+                "iteration": done,
+                "W": W,
+                "V": V,
+                "optimizer_state": opt_state,
+                "plan": info.driver.plan,
+                "errors": np.array([log.error(it) for it in range(done)]),
+            }
             if self.extra is not None:
                 state.update(self.extra(info.driver))
             await asyncio.get_running_loop().run_in_executor(None, self.on_checkpoint, state)
@@ -193,7 +213,11 @@ class ValidationCallback(TrainingCallback):
     async def after_block(self, info: BlockInfo) -> str | None:
         done = info.iteration
         v = self.validator
-        if info.status not in ("ok", "target") or not v.due(done) or (v.rows and v.rows[-1][0] >= done):
+        if (
+            info.status not in ("ok", "target")
+            or not v.due(done)
+            or (v.rows and v.rows[-1][0] >= done)
+        ):
             return None
         W, V = await info.driver.gather()
         return v.evaluate(done, W, V)
@@ -246,14 +270,20 @@ class DashboardCallback(TrainingCallback):
         self.plan = driver.plan
         await driver.client.scheduler.rpm_update(
             run=driver.run,
-            info={"plan": driver.plan.to_dict(), "iterations_total": total, "emulation": self.emulation},
+            info={
+                "plan": driver.plan.to_dict(),
+                "iterations_total": total,
+                "emulation": self.emulation,
+            },
         )
 
     async def after_block(self, info: BlockInfo) -> None:
         await self._push(info.driver, info.remaps)
 
     async def after_training(self, driver: Driver, stopped: str | None) -> None:
-        await self._push(driver, [])  # what a callback that stopped training saw last (e.g. a validation)
+        await self._push(
+            driver, []
+        )  # what a callback that stopped training saw last (e.g. a validation)
 
     async def _push(self, driver: Driver, remaps: list[dict[str, Any]]) -> None:
         from .drpm import jsonable

@@ -27,7 +27,17 @@ from ..remap import migration, sample_changes
 from .errors import TrainingError, WorkerLostError
 from .layout import layouts
 from .records import BlockResult, BlockSpec
-from .tasks import run_abort, run_clear, run_commit, run_revert, run_rollback, t_block, t_gather, t_setup, t_stage
+from .tasks import (
+    run_abort,
+    run_clear,
+    run_commit,
+    run_revert,
+    run_rollback,
+    t_block,
+    t_gather,
+    t_setup,
+    t_stage,
+)
 from .timing import TimingLog
 from .worker import rows_of
 
@@ -76,8 +86,16 @@ class Driver:
     """
 
     def __init__(
-        self, client: Any, *, run: str, plan: Plan, source: str | None,
-        arrays: tuple[np.ndarray, np.ndarray] | None, recipe: Recipe, dtype: str, rows: Any = None,
+        self,
+        client: Any,
+        *,
+        run: str,
+        plan: Plan,
+        source: str | None,
+        arrays: tuple[np.ndarray, np.ndarray] | None,
+        recipe: Recipe,
+        dtype: str,
+        rows: Any = None,
     ) -> None:
         self.client = client
         self.run = run
@@ -86,12 +104,16 @@ class Driver:
         # Workers of the old plan already declared lost must not count as lost again (issue 14, chaos soak).
         self._watch: set[str] | None = None
         self.source = source  # a netCDF path the workers read, or None (arrays on the client)
-        self.rows = rows  # file rows of the training samples (a validation split), or None: all rows
+        self.rows = (
+            rows  # file rows of the training samples (a validation split), or None: all rows
+        )
         self.arrays = arrays
         self.recipe = recipe
         self.eps = recipe.learning_rate
         self.dtype = dtype
-        self._broadcast: Any = None  # the whole training set on every worker (mini-batches from arrays)
+        self._broadcast: Any = (
+            None  # the whole training set on every worker (mini-batches from arrays)
+        )
         self.addresses: list[str] = list(plan.workers or ())
         self.gone: set[int] = set()
         self.log = TimingLog()
@@ -106,7 +128,12 @@ class Driver:
     def _submit(self, fn: Any, *args: Any, key: tuple, worker: int) -> Any:
         self.tasks_submitted += 1
         return self.client.submit(
-            fn, *args, key=key, workers=[self.addresses[worker]], allow_other_workers=False, pure=False
+            fn,
+            *args,
+            key=key,
+            workers=[self.addresses[worker]],
+            allow_other_workers=False,
+            pure=False,
         )
 
     def _key(self, what: str, n: int, worker: int) -> tuple[str, int, int]:
@@ -147,8 +174,14 @@ class Driver:
             raise WorkerLostError([self.addresses[w]], self.iteration) from None
         return fut
 
-    async def install(self, plan: Plan, W: np.ndarray, V: np.ndarray, iteration: int,
-                      state: dict[str, list[np.ndarray]] | None = None) -> int:
+    async def install(
+        self,
+        plan: Plan,
+        W: np.ndarray,
+        V: np.ndarray,
+        iteration: int,
+        state: dict[str, list[np.ndarray]] | None = None,
+    ) -> int:
         """Send every planned worker its shard of ``W``, ``V`` (and of the optimizer ``state``, if
         given; else it starts at zero) and its samples; returns bytes sent."""
         self.version += 1
@@ -157,17 +190,38 @@ class Driver:
         for w, lay in lays.items():
             m0, m1 = lay.rows
             shard = rows_of(W, V, state, m0, m1)
-            sent += shard["W"].nbytes + shard["V"].nbytes + sum(a.nbytes for v in shard["state"].values() for a in v)
+            sent += (
+                shard["W"].nbytes
+                + shard["V"].nbytes
+                + sum(a.nbytes for v in shard["state"].values() for a in v)
+            )
             weights = await self._scatter_to(shard, w)
             data = await self._samples(plan, w)
-            futures.append(self._submit(t_setup, lay, weights, data, self.recipe, self.dtype, iteration,
-                                        key=self._key("setup", self.version, w), worker=w))
-        self._watch = {self.addresses[w] for w in plan.planned_workers}  # the old plan's workers do not matter
+            futures.append(
+                self._submit(
+                    t_setup,
+                    lay,
+                    weights,
+                    data,
+                    self.recipe,
+                    self.dtype,
+                    iteration,
+                    key=self._key("setup", self.version, w),
+                    worker=w,
+                )
+            )
+        self._watch = {
+            self.addresses[w] for w in plan.planned_workers
+        }  # the old plan's workers do not matter
         try:
             await self._wait_all(futures)
         finally:
             self._watch = None
-        others = [self.addresses[i] for i in range(len(self.addresses)) if i not in lays and i not in self.gone]
+        others = [
+            self.addresses[i]
+            for i in range(len(self.addresses))
+            if i not in lays and i not in self.gone
+        ]
         if others:  # workers of an earlier plan that have no rectangle now
             await self.client.run(run_clear, self.run, workers=others, on_error="ignore")
         self.plan, self.iteration = plan, iteration
@@ -192,19 +246,27 @@ class Driver:
         :class:`TrainingError` when a peer failed otherwise.
         """
         spec = BlockSpec(
-            epoch=self.epoch, first=self.iteration, count=int(count), learning_rate=self.eps,
-            target_error=target_error, receive_timeout=self._receive_timeout(),
+            epoch=self.epoch,
+            first=self.iteration,
+            count=int(count),
+            learning_rate=self.eps,
+            target_error=target_error,
+            receive_timeout=self._receive_timeout(),
             report_seconds=float(config.get("engine.report-seconds")),
         )
         self.epoch += 1
         futures = {
-            w: self._submit(t_block, self.run, spec, key=self._key("block", spec.epoch, w), worker=w)
+            w: self._submit(
+                t_block, self.run, spec, key=self._key("block", spec.epoch, w), worker=w
+            )
             for w in self.plan.planned_workers
         }
         results = await self._watch_block(futures, spec)
         return await self._conclude(spec, results)
 
-    async def _watch_block(self, futures: dict[int, Any], spec: BlockSpec) -> dict[int, BlockResult]:
+    async def _watch_block(
+        self, futures: dict[int, Any], spec: BlockSpec
+    ) -> dict[int, BlockResult]:
         """Wait for a block's tasks; abort the block on the first failure or lost worker."""
         pending = set(futures.values())
         results: dict[int, BlockResult] = {}
@@ -226,19 +288,25 @@ class Driver:
                 except Exception as exc:  # the task itself failed (or its worker died)
                     await self._abort(spec, f"task {f.key} failed: {exc!r}", futures)
                     await self._raise_lost(spec.first, grace=2.0)
-                    if isinstance(exc, DataError):  # bad samples found by the worker reading them: the user's to fix
+                    if isinstance(
+                        exc, DataError
+                    ):  # bad samples found by the worker reading them: the user's to fix
                         raise DataError(str(exc)) from None
                     raise TrainingError(f"block task {f.key} failed: {exc!r}") from exc
                 results[by_key[f.key]] = res
                 if res.status in ("failed", "aborted"):
                     await self._abort(spec, res.message, futures)
                     await self._raise_lost(spec.first, grace=2.0)
-                    raise TrainingError(f"training failed in iterations {spec.first}.. : {res.message}")
+                    raise TrainingError(
+                        f"training failed in iterations {spec.first}.. : {res.message}"
+                    )
             if pending and time.monotonic() - last_check >= 0.5:
                 last_check = time.monotonic()
                 lost = await self._lost()
                 if lost:
-                    await self._abort(spec, f"worker(s) {', '.join(lost)} left the cluster", futures)
+                    await self._abort(
+                        spec, f"worker(s) {', '.join(lost)} left the cluster", futures
+                    )
                     raise WorkerLostError(lost, spec.first)
                 await self.pull_progress()
         return results
@@ -247,14 +315,18 @@ class Driver:
         """Make every worker of the block stop, wait for them, roll the survivors back to the block start."""
         alive = set(await self.client.scheduler.ncores())
         targets = [self.addresses[w] for w in futures if self.addresses[w] in alive]
-        await self.client.run(run_abort, self.run, spec.epoch, reason, workers=targets, on_error="ignore")
+        await self.client.run(
+            run_abort, self.run, spec.epoch, reason, workers=targets, on_error="ignore"
+        )
         live = [f for w, f in futures.items() if self.addresses[w] in alive]
         try:
             await _wait(live, timeout=max(spec.receive_timeout, 5.0))
         except Exception:  # a task that errs or a worker dying meanwhile: nothing left to wait for
             pass
         await self.client.cancel(list(futures.values()))
-        await self.client.run(run_rollback, self.run, spec.first, workers=targets, on_error="ignore")
+        await self.client.run(
+            run_rollback, self.run, spec.first, workers=targets, on_error="ignore"
+        )
         self.iteration = spec.first
         self.log.forget_from(spec.first)
         await self.client.scheduler.rpm_update(run=self.run, info={"forget_from": spec.first})
@@ -263,8 +335,10 @@ class Driver:
         """Merge the workers' results; agree on where the block stopped; revert on divergence."""
         statuses = {(r.status, r.stop) for r in results.values()}
         if len(statuses) != 1:
-            raise TrainingError(f"internal error: workers ended block {spec.epoch} differently: {sorted(statuses)}")
-        (status, stop), = statuses
+            raise TrainingError(
+                f"internal error: workers ended block {spec.epoch} differently: {sorted(statuses)}"
+            )
+        ((status, stop),) = statuses
         for r in results.values():
             self.log.add(r.records)
             self.log.add_errors(r.errors)
@@ -322,13 +396,17 @@ class Driver:
                 await self._raise_lost(self.iteration)
             except Exception as exc:
                 await self._raise_lost(self.iteration, grace=2.0)
-                raise TrainingError(f"training failed at iteration {self.iteration}: {exc}") from exc
+                raise TrainingError(
+                    f"training failed at iteration {self.iteration}: {exc}"
+                ) from exc
         out = []
         for f in futures:
             if f.status == "error":
                 await self._raise_lost(self.iteration, grace=2.0)
                 exc = await f.exception()
-                if isinstance(exc, DataError):  # bad samples found by the worker reading them: the user's to fix
+                if isinstance(
+                    exc, DataError
+                ):  # bad samples found by the worker reading them: the user's to fix
                     raise DataError(str(exc)) from None
                 raise TrainingError(f"task {f.key} failed: {exc!r}") from exc
             out.append(await self._result(f))
@@ -359,18 +437,27 @@ class Driver:
         """Full weights ``(W, V)`` from the first column (every column holds a full, identical copy);
         with ``with_state`` also the optimizer state (``{slot: [W_slot, V_slot]}``)."""
         col = sorted(self.plan.columns[0], key=lambda w: self.plan.rectangle(w).hidden[0])
-        futures = [self._submit(t_gather, self.run, key=self._key("gather", self.iteration, w), worker=w)
-                   for w in col]
+        futures = [
+            self._submit(t_gather, self.run, key=self._key("gather", self.iteration, w), worker=w)
+            for w in col
+        ]
         shards = await self._wait_all(futures)
         its = {s[2] for s in shards}
         if its != {self.iteration}:
-            raise TrainingError(f"internal error: shards are at iterations {sorted(its)}, not {self.iteration}")
+            raise TrainingError(
+                f"internal error: shards are at iterations {sorted(its)}, not {self.iteration}"
+            )
         W = np.concatenate([s[0] for s in shards], axis=0)
         V = np.concatenate([s[1] for s in shards], axis=1)
         if not with_state:
             return W, V
-        state = {k: [np.concatenate([s[3][k][0] for s in shards], axis=0),
-                     np.concatenate([s[3][k][1] for s in shards], axis=1)] for k in shards[0][3]}
+        state = {
+            k: [
+                np.concatenate([s[3][k][0] for s in shards], axis=0),
+                np.concatenate([s[3][k][1] for s in shards], axis=1),
+            ]
+            for k in shards[0][3]
+        }
         return W, V, state
 
     async def remap(self, new: Plan, kind: str, lost: Sequence[str] = ()) -> dict[str, Any]:
@@ -389,23 +476,44 @@ class Driver:
         itemsize = np.dtype(self.dtype).itemsize
         transfers = migration(old, new, itemsize=itemsize, lost=lost)
         index = {a: i for i, a in enumerate(self.addresses)}
-        changed = {index[c.worker] if isinstance(c.worker, str) else int(c.worker) for c in sample_changes(old, new)}
+        changed = {
+            index[c.worker] if isinstance(c.worker, str) else int(c.worker)
+            for c in sample_changes(old, new)
+        }
         self.version += 1
         lays = self._layouts(new)
         futures = []
         for w, lay in lays.items():
             pieces = self._pieces(old, new, w, transfers, lost)
             data = await self._samples(new, w) if w in changed else None
-            futures.append(self._submit(t_stage, self.run, lay, pieces, data, self.recipe, self.dtype, self.iteration,
-                                        key=self._key("remap", self.version, w), worker=w))
+            futures.append(
+                self._submit(
+                    t_stage,
+                    self.run,
+                    lay,
+                    pieces,
+                    data,
+                    self.recipe,
+                    self.dtype,
+                    self.iteration,
+                    key=self._key("remap", self.version, w),
+                    worker=w,
+                )
+            )
         # the sources (old plan) and targets (new plan), but not the workers this remap replaces as lost
-        self._watch = {self.addresses[w] for w in (*old.planned_workers, *new.planned_workers)} - set(lost)
+        self._watch = {
+            self.addresses[w] for w in (*old.planned_workers, *new.planned_workers)
+        } - set(lost)
         try:
             await self._wait_all(futures)
         finally:
             self._watch = None
-        involved = sorted({self.addresses[w] for w in (*old.planned_workers, *new.planned_workers)} - set(lost))
-        await self.client.run(run_commit, self.run, self.version, self.iteration, workers=involved, on_error="ignore")
+        involved = sorted(
+            {self.addresses[w] for w in (*old.planned_workers, *new.planned_workers)} - set(lost)
+        )
+        await self.client.run(
+            run_commit, self.run, self.version, self.iteration, workers=involved, on_error="ignore"
+        )
         self.plan = new
         n, _, l = new.shape
         return {
@@ -416,11 +524,14 @@ class Driver:
             "transfers": len(transfers),
             "samples_reloaded": len(changed),
             # each of those workers reads its column's samples (x and d rows) again
-            "sample_bytes": int(sum(new.rectangle(w).n_samples for w in changed) * (n + l) * itemsize),
+            "sample_bytes": int(
+                sum(new.rectangle(w).n_samples for w in changed) * (n + l) * itemsize
+            ),
         }
 
-    def _pieces(self, old: Plan, new: Plan, w: int, transfers: Sequence[Any],
-                lost: Sequence[str]) -> list[tuple[int, int, str | None]]:
+    def _pieces(
+        self, old: Plan, new: Plan, w: int, transfers: Sequence[Any], lost: Sequence[str]
+    ) -> list[tuple[int, int, str | None]]:
         """Row ranges of worker ``w``'s new shard and where each comes from (None: kept locally)."""
         m0, m1 = new.rectangle(w).hidden
         me = self.addresses[w]
@@ -436,10 +547,15 @@ class Driver:
                 pieces.append((a, b, None))
         pieces.sort(key=lambda p: p[0])
         edges = [(a, b) for a, b, _ in pieces]
-        if not edges or edges[0][0] != m0 or edges[-1][1] != m1 or any(
-            p[1] != q[0] for p, q in zip(edges[:-1], edges[1:])
+        if (
+            not edges
+            or edges[0][0] != m0
+            or edges[-1][1] != m1
+            or any(p[1] != q[0] for p, q in zip(edges[:-1], edges[1:]))
         ):
-            raise TrainingError(f"internal error: migration does not cover rows [{m0}, {m1}) of worker {w}: {edges}")
+            raise TrainingError(
+                f"internal error: migration does not cover rows [{m0}, {m1}) of worker {w}: {edges}"
+            )
         return pieces
 
     async def close(self) -> None:

@@ -51,9 +51,16 @@ class DRPMState:
         """
         return {
             "initial_abilities": bool(self.initial_abilities),
-            "checks": [[int(it), [None if not np.isfinite(v) else float(v) for v in vec]] for it, vec in self.checks],
-            "windows": {str(w): [[o.work, o.t1, _num(o.t2), _num(o.tc)] for o in self.estimator.observations(w)]
-                        for w in self.estimator.workers},
+            "checks": [
+                [int(it), [None if not np.isfinite(v) else float(v) for v in vec]]
+                for it, vec in self.checks
+            ],
+            "windows": {
+                str(w): [
+                    [o.work, o.t1, _num(o.t2), _num(o.tc)] for o in self.estimator.observations(w)
+                ]
+                for w in self.estimator.workers
+            },
         }
 
     def restore(self, state: dict[str, Any], n_workers: int) -> None:
@@ -65,8 +72,10 @@ class DRPMState:
         window of iterations first.
         """
         self.initial_abilities = bool(state.get("initial_abilities", True))
-        self.checks = [(int(it), np.array([np.nan if v is None else v for v in vec], dtype=float)[:n_workers])
-                       for it, vec in state.get("checks", [])]
+        self.checks = [
+            (int(it), np.array([np.nan if v is None else v for v in vec], dtype=float)[:n_workers])
+            for it, vec in state.get("checks", [])
+        ]
         for w, rows in state.get("windows", {}).items():
             if int(w) < n_workers:
                 for work, t1, t2, tc in rows:
@@ -74,7 +83,9 @@ class DRPMState:
 
     def _observe(self, driver: Driver, first: int, stop: int) -> None:
         plan = driver.plan
-        for ob in driver.log.observations(first, stop, plan.planned_workers, lambda w: plan.rectangle(w).area):
+        for ob in driver.log.observations(
+            first, stop, plan.planned_workers, lambda w: plan.rectangle(w).area
+        ):
             self.estimator.observe(ob.worker, ob.work, ob.t1, ob.t2, ob.tc)
 
     def _new_plan(self, driver: Driver, decision: Any, speeds_col: dict, speeds_t2: dict) -> Any:
@@ -83,13 +94,18 @@ class DRPMState:
             new = None  # planned from abilities that still count lost workers: plan again below
         if decision.kind == "whole" and new is None:
             # After a worker loss, plan only the workers still there.
-            new = whole_plan(driver, speeds_t2) if driver.gone else whole_remap(
-                driver.plan, speeds_t2, batch=driver.recipe.schedule.batch)
+            new = (
+                whole_plan(driver, speeds_t2)
+                if driver.gone
+                else whole_remap(driver.plan, speeds_t2, batch=driver.recipe.schedule.batch)
+            )
         elif decision.kind == "column" and new is None:
             new = column_remap(driver.plan, speeds_col)
         return new
 
-    async def check(self, driver: Driver, first: int, stop: int, remaining: int, interval: int) -> int:
+    async def check(
+        self, driver: Driver, first: int, stop: int, remaining: int, interval: int
+    ) -> int:
         """One DRPM check after iterations ``[first, stop)``; returns the interval to the next one."""
         self._observe(driver, first, stop)
         planned = driver.plan.planned_workers
@@ -103,9 +119,19 @@ class DRPMState:
         policy = config.get("drpm.policy")
         kw: dict[str, Any] = {}
         if policy == "cost":
-            kw = {"plan": driver.plan, "speeds": speeds_col, "whole_speeds": speeds_t2, "remaining": remaining}
-        decision = decide(times, policy=policy, first_check=not self.checks,
-                          initial_abilities=self.initial_abilities, **kw)
+            kw = {
+                "plan": driver.plan,
+                "speeds": speeds_col,
+                "whole_speeds": speeds_t2,
+                "remaining": remaining,
+            }
+        decision = decide(
+            times,
+            policy=policy,
+            first_check=not self.checks,
+            initial_abilities=self.initial_abilities,
+            **kw,
+        )
         vec = np.full(len(driver.plan.abilities), np.nan)
         for w, v in speeds_t2.items():
             vec[w] = v
@@ -116,13 +142,24 @@ class DRPMState:
             rec = await driver.remap(new, decision.kind)
             rec["reason"] = decision.reason
             self.remaps.append(rec)
-            line += f" -> {decision.kind} remap, {rec['bytes']} weight bytes in {rec['seconds']:.3f} s"
+            line += (
+                f" -> {decision.kind} remap, {rec['bytes']} weight bytes in {rec['seconds']:.3f} s"
+            )
         logger.info(line)
         total = float(np.nansum(vec))
         await driver.client.scheduler.rpm_update(
             run=driver.run,
-            info={"abilities": [{"check": len(self.checks) - 1, "iteration": stop,
-                                 "abilities": [None if not np.isfinite(v) else float(v / total) for v in vec]}]},
+            info={
+                "abilities": [
+                    {
+                        "check": len(self.checks) - 1,
+                        "iteration": stop,
+                        "abilities": [
+                            None if not np.isfinite(v) else float(v / total) for v in vec
+                        ],
+                    }
+                ]
+            },
         )
         if self.auto:
             secs = driver.log.median_iteration_time(first, stop)
@@ -135,11 +172,17 @@ class DRPMState:
             return
         # Workers that joined during the run make later vectors longer: pad with NaN.
         width = max(max(v.size for _, v in self.checks), int(history.sizes.get("worker", 0)))
-        ab = np.array([np.pad(v, (0, width - v.size), constant_values=np.nan) for _, v in self.checks])
+        ab = np.array(
+            [np.pad(v, (0, width - v.size), constant_values=np.nan) for _, v in self.checks]
+        )
         with np.errstate(invalid="ignore"):
             ab = ab / np.nansum(ab, axis=1, keepdims=True)
         history["ability"] = (
-            ("check", "worker"), ab,
-            {"units": "1", "description": "estimated ability (t2 least squares), normalised to sum 1 at each check"},
+            ("check", "worker"),
+            ab,
+            {
+                "units": "1",
+                "description": "estimated ability (t2 least squares), normalised to sum 1 at each check",
+            },
         )
         history.coords["check_iteration"] = ("check", np.array([it for it, _ in self.checks]))

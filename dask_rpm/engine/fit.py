@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -68,29 +67,50 @@ def _options(kw: dict[str, Any], job: Prepared) -> _Options:
     # With R="auto" the first check comes after one estimation window.
     interval = max(int(config.get("drpm.window")), 2) if auto else int(interval)
     if interval < 1:
-        raise DataError(f"interval={interval}; it must be a positive number of iterations or 'auto'")
+        raise DataError(
+            f"interval={interval}; it must be a positive number of iterations or 'auto'"
+        )
     on_loss = config.get("train.on-worker-loss", kw["on_worker_loss"])
     if on_loss not in ("recover", "raise"):
-        raise DataError(f"on_worker_loss={on_loss!r}; use 'recover' (go on without the worker) or 'raise'")
+        raise DataError(
+            f"on_worker_loss={on_loss!r}; use 'recover' (go on without the worker) or 'raise'"
+        )
     min_workers = config.get("train.min-workers", kw["min_workers"])
-    if isinstance(min_workers, bool) or not isinstance(min_workers, (int, np.integer)) or min_workers < 1:
+    if (
+        isinstance(min_workers, bool)
+        or not isinstance(min_workers, (int, np.integer))
+        or min_workers < 1
+    ):
         raise DataError(f"min_workers={min_workers!r}; it must be a positive integer")
     every = config.get("checkpoint.every", kw["checkpoint_every"])
     if isinstance(every, bool) or not isinstance(every, (int, np.integer)) or every < 0:
-        raise DataError(f"checkpoint_every={every!r}; it must be an integer >= 0 (0: no checkpoints)")
+        raise DataError(
+            f"checkpoint_every={every!r}; it must be an integer >= 0 (0: no checkpoints)"
+        )
     return _Options(
         iterations=job.recipe.iterations,
         learning_rate=job.recipe.learning_rate,
         dtype=job.dtype,
-        mapping=mapping, interval=interval, auto_interval=auto, on_worker_loss=on_loss,
+        mapping=mapping,
+        interval=interval,
+        auto_interval=auto,
+        on_worker_loss=on_loss,
         min_workers=int(min_workers),
         elastic=bool(config.get("train.elastic", kw["elastic"])) and not isinstance(mapping, Plan),
-        checkpoint_every=int(every), target_error=job.target_error,
+        checkpoint_every=int(every),
+        target_error=job.target_error,
     )
 
 
-def _resolve_plan(mapping: Any, abilities: Any, *, addresses: list[str], shape: tuple[int, int, int],
-                  samples: int, batch: int | None = None) -> Plan:
+def _resolve_plan(
+    mapping: Any,
+    abilities: Any,
+    *,
+    addresses: list[str],
+    shape: tuple[int, int, int],
+    samples: int,
+    batch: int | None = None,
+) -> Plan:
     """Turn ``mapping`` (a method name or a Plan) into a plan bound to worker addresses."""
     if not isinstance(mapping, Plan):
         from ..planners import make_plan
@@ -107,11 +127,15 @@ def _resolve_plan(mapping: Any, abilities: Any, *, addresses: list[str], shape: 
     if plan.workers is not None:
         missing = [a for a in plan.workers if a not in addresses]
         if missing:
-            raise PlanError(f"the plan names worker(s) {missing} that the cluster does not have; "
-                            f"cluster workers are {addresses}")
+            raise PlanError(
+                f"the plan names worker(s) {missing} that the cluster does not have; "
+                f"cluster workers are {addresses}"
+            )
     elif len(plan.abilities) > len(addresses):
-        raise PlanError(f"the plan needs {len(plan.abilities)} workers but the cluster has {len(addresses)}; "
-                        f"start more workers or plan for fewer")
+        raise PlanError(
+            f"the plan needs {len(plan.abilities)} workers but the cluster has {len(addresses)}; "
+            f"start more workers or plan for fewer"
+        )
     else:
         plan = plan.with_workers(addresses[: len(plan.abilities)])
     if plan.shape != shape or plan.samples != samples:
@@ -132,7 +156,9 @@ async def _wait_for_workers(client: Any, min_workers: int) -> dict[str, Any]:
         have = len(info.get("workers", {}))
         if have >= min_workers:
             if said is not None:
-                logger.warning(f"fit: {have} workers connected after {time.monotonic() - t0:.0f} s; starting")
+                logger.warning(
+                    f"fit: {have} workers connected after {time.monotonic() - t0:.0f} s; starting"
+                )
             return info
         now = time.monotonic()
         if now > deadline:
@@ -332,21 +358,65 @@ def fit(
                 "fit() found no Dask client: start one first, e.g. "
                 "`client = distributed.Client(dask_rpm.local_cluster())`, or pass client=..."
             ) from exc
-    kw = dict(hidden=hidden, iterations=iterations, learning_rate=learning_rate, mapping=mapping,
-              abilities=abilities, init=init, seed=seed, dtype=dtype, interval=interval, progress=progress,
-              on_worker_loss=on_worker_loss, min_workers=min_workers, elastic=elastic, target_error=target_error,
-              checkpoint_every=checkpoint_every, on_checkpoint=on_checkpoint, should_stop=should_stop,
-              callback=callback, callbacks=callbacks, epochs=epochs, batch_size=batch_size, shuffle=shuffle,
-              activation=activation, loss=loss, output=output, bias=bias, optimizer=optimizer,
-              validation=validation, validate_every=validate_every, early_stopping=early_stopping, tol=tol,
-              resume=resume)
+    kw = dict(
+        hidden=hidden,
+        iterations=iterations,
+        learning_rate=learning_rate,
+        mapping=mapping,
+        abilities=abilities,
+        init=init,
+        seed=seed,
+        dtype=dtype,
+        interval=interval,
+        progress=progress,
+        on_worker_loss=on_worker_loss,
+        min_workers=min_workers,
+        elastic=elastic,
+        target_error=target_error,
+        checkpoint_every=checkpoint_every,
+        on_checkpoint=on_checkpoint,
+        should_stop=should_stop,
+        callback=callback,
+        callbacks=callbacks,
+        epochs=epochs,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        activation=activation,
+        loss=loss,
+        output=output,
+        bias=bias,
+        optimizer=optimizer,
+        validation=validation,
+        validate_every=validate_every,
+        early_stopping=early_stopping,
+        tol=tol,
+        resume=resume,
+    )
     return client.sync(_fit_async, client, x, d, kw)
 
 
 #: fit()'s keywords that decide what is computed (shared with fit_serial through dask_rpm.prepare).
-_TRAINING_KEYWORDS = ("hidden", "iterations", "learning_rate", "init", "seed", "dtype", "epochs", "batch_size",
-                      "shuffle", "activation", "loss", "output", "bias", "optimizer", "validation",
-                      "validate_every", "early_stopping", "tol", "target_error")
+_TRAINING_KEYWORDS = (
+    "hidden",
+    "iterations",
+    "learning_rate",
+    "init",
+    "seed",
+    "dtype",
+    "epochs",
+    "batch_size",
+    "shuffle",
+    "activation",
+    "loss",
+    "output",
+    "bias",
+    "optimizer",
+    "validation",
+    "validate_every",
+    "early_stopping",
+    "tol",
+    "target_error",
+)
 
 
 def _resumed_plan(saved: dict[str, Any], addresses: list[str], data: Prepared) -> Plan | None:
@@ -355,23 +425,34 @@ def _resumed_plan(saved: dict[str, Any], addresses: list[str], data: Prepared) -
     try:
         plan = Plan.from_dict(saved["plan"])
     except (KeyError, TypeError, ValueError, PlanError) as exc:
-        logger.warning(f"resume: the checkpoint's DRPM plan cannot be read ({exc}); DRPM starts afresh")
+        logger.warning(
+            f"resume: the checkpoint's DRPM plan cannot be read ({exc}); DRPM starts afresh"
+        )
         return None
-    if len(plan.abilities) != len(addresses) or plan.shape != data.shape or plan.samples != data.samples:
-        logger.warning(f"resume: the checkpoint's DRPM plan is for {len(plan.abilities)} workers, the cluster has "
-                       f"{len(addresses)}; DRPM starts afresh")
+    if (
+        len(plan.abilities) != len(addresses)
+        or plan.shape != data.shape
+        or plan.samples != data.samples
+    ):
+        logger.warning(
+            f"resume: the checkpoint's DRPM plan is for {len(plan.abilities)} workers, the cluster has "
+            f"{len(addresses)}; DRPM starts afresh"
+        )
         return None
     return plan.with_workers(addresses).validate()
 
 
-async def _plan(client: Any, opts: _Options, data: Prepared, abilities: Any,
-                saved: dict[str, Any] | None = None) -> tuple[Plan, dict[str, Any], Any, bool, bool]:
+async def _plan(
+    client: Any, opts: _Options, data: Prepared, abilities: Any, saved: dict[str, Any] | None = None
+) -> tuple[Plan, dict[str, Any], Any, bool, bool]:
     """The first plan (probing first when asked); returns it, the scheduler identity, the probe,
     whether abilities were given, and whether the plan is a resumed DRPM run's (``saved``)."""
     info = await _wait_for_workers(client, opts.min_workers)
     addresses = ordered_workers(info)
     if not addresses:
-        raise TrainingError("the cluster has no workers; start some (e.g. dask_rpm.local_cluster()) and retry")
+        raise TrainingError(
+            "the cluster has no workers; start some (e.g. dask_rpm.local_cluster()) and retry"
+        )
     if saved is not None and opts.mapping == "drpm":
         resumed = _resumed_plan(saved, addresses, data)
         if resumed is not None:  # back at the pre-stop plan at once, not from a uniform start
@@ -379,27 +460,49 @@ async def _plan(client: Any, opts: _Options, data: Prepared, abilities: Any,
     probe_result = None
     if isinstance(abilities, str):
         if abilities != "probe":
-            raise PlanError(f"abilities={abilities!r}; give a sequence of numbers, None, or 'probe'")
+            raise PlanError(
+                f"abilities={abilities!r}; give a sequence of numbers, None, or 'probe'"
+            )
         from ..probe import _probe_async
 
-        probe_result = await _probe_async(client, shape=data.shape, samples=data.samples, dtype=opts.dtype,
-                                          workers=addresses)
+        probe_result = await _probe_async(
+            client, shape=data.shape, samples=data.samples, dtype=opts.dtype, workers=addresses
+        )
         abilities = [float(v) for v in probe_result["throughput"].values]
     given = abilities is not None
     # Without initial abilities DRPM starts from a uniform mapping (docs/drpm.md).
     first = ("srpm" if given else "uniform") if opts.mapping == "drpm" else opts.mapping
-    plan = _resolve_plan(first, abilities, addresses=addresses, shape=data.shape, samples=data.samples,
-                         batch=data.recipe.schedule.batch)
+    plan = _resolve_plan(
+        first,
+        abilities,
+        addresses=addresses,
+        shape=data.shape,
+        samples=data.samples,
+        batch=data.recipe.schedule.batch,
+    )
     return plan, info, probe_result, given, False
 
 
-def _callbacks(kw: dict[str, Any], opts: _Options, data: Prepared, reporter: Progress, remaps: list,
-               emulation: str | None, start: Checkpoint) -> tuple[list[cb.TrainingCallback], cb.CheckpointCallback]:
+def _callbacks(
+    kw: dict[str, Any],
+    opts: _Options,
+    data: Prepared,
+    reporter: Progress,
+    remaps: list,
+    emulation: str | None,
+    start: Checkpoint,
+) -> tuple[list[cb.TrainingCallback], cb.CheckpointCallback]:
     ckpt = cb.CheckpointCallback(opts.checkpoint_every, kw["on_checkpoint"], start)
     validator = data.validator()
     # validation first: the progress line and the /rpm page then show this boundary's evaluation
-    out: list[cb.TrainingCallback] = [cb.ValidationCallback(validator)] if validator is not None else []
-    out += [cb.DashboardCallback(emulation, validator), ckpt, cb.ProgressCallback(reporter, remaps, validator)]
+    out: list[cb.TrainingCallback] = (
+        [cb.ValidationCallback(validator)] if validator is not None else []
+    )
+    out += [
+        cb.DashboardCallback(emulation, validator),
+        ckpt,
+        cb.ProgressCallback(reporter, remaps, validator),
+    ]
     if opts.target_error is not None:
         out.append(cb.TargetError(opts.target_error))
     if kw["callback"] is not None:
@@ -415,24 +518,42 @@ def _start(resume: Any, data: Prepared) -> Checkpoint:
     if resume is None:
         return Checkpoint(0, data.W0, data.V0)
     if not isinstance(resume, dict) or not {"iteration", "W", "V"} <= set(resume):
-        raise DataError("resume must be a checkpoint dict with 'iteration', 'W', 'V' (and 'optimizer_state'), "
-                        "as fit's on_checkpoint receives it")
+        raise DataError(
+            "resume must be a checkpoint dict with 'iteration', 'W', 'V' (and 'optimizer_state'), "
+            "as fit's on_checkpoint receives it"
+        )
     k = resume["iteration"]
     W, V = np.asarray(resume["W"], dtype=data.dtype), np.asarray(resume["V"], dtype=data.dtype)
     if W.shape != data.W0.shape or V.shape != data.V0.shape:
-        raise DataError(f"resume: the checkpoint's weights are W{W.shape}, V{V.shape}; this network needs "
-                        f"W{data.W0.shape}, V{data.V0.shape} (same data, hidden units and bias)")
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k < data.recipe.iterations:
-        raise DataError(f"resume: the checkpoint is at iteration {k!r}; it must be below iterations="
-                        f"{data.recipe.iterations} (the total to reach)")
+        raise DataError(
+            f"resume: the checkpoint's weights are W{W.shape}, V{V.shape}; this network needs "
+            f"W{data.W0.shape}, V{data.V0.shape} (same data, hidden units and bias)"
+        )
+    if (
+        isinstance(k, bool)
+        or not isinstance(k, (int, np.integer))
+        or not 0 <= k < data.recipe.iterations
+    ):
+        raise DataError(
+            f"resume: the checkpoint is at iteration {k!r}; it must be below iterations="
+            f"{data.recipe.iterations} (the total to reach)"
+        )
     state = resume.get("optimizer_state") or None
     slots = set(data.recipe.optimizer.slots)
     if (state is None and slots) or (state is not None and set(state) != slots):
-        raise DataError(f"resume: the checkpoint has optimizer state {sorted(state or {})}; optimizer "
-                        f"{data.recipe.optimizer.name!r} needs {sorted(slots)} (resume with the optimizer it was "
-                        f"written with)")
-    return Checkpoint(int(k), W, V, {k2: [np.asarray(a, dtype=data.dtype) for a in v] for k2, v in state.items()}
-                      if state else None)
+        raise DataError(
+            f"resume: the checkpoint has optimizer state {sorted(state or {})}; optimizer "
+            f"{data.recipe.optimizer.name!r} needs {sorted(slots)} (resume with the optimizer it was "
+            f"written with)"
+        )
+    return Checkpoint(
+        int(k),
+        W,
+        V,
+        {k2: [np.asarray(a, dtype=data.dtype) for a in v] for k2, v in state.items()}
+        if state
+        else None,
+    )
 
 
 async def _fit_async(client: Any, x: Any, d: Any, kw: dict[str, Any]) -> FitResult:
@@ -441,22 +562,42 @@ async def _fit_async(client: Any, x: Any, d: Any, kw: dict[str, Any]) -> FitResu
     opts = _options(kw, data)
     start = _start(kw["resume"], data)  # a bad checkpoint is refused before waiting for workers
     saved = kw["resume"].get("drpm") if isinstance(kw["resume"], dict) else None
-    plan, info, probe_result, given, resumed = await _plan(client, opts, data, kw["abilities"], saved)
+    plan, info, probe_result, given, resumed = await _plan(
+        client, opts, data, kw["abilities"], saved
+    )
     await ensure_plugins(client)
-    driver = Driver(client, run=uuid.uuid4().hex[:10], plan=plan, source=data.source, arrays=data.arrays,
-                    recipe=data.recipe, dtype=data.dtype, rows=data.rows)
-    drpm = DRPMState(initial_abilities=given, auto=opts.auto_interval) if opts.mapping == "drpm" else None
+    driver = Driver(
+        client,
+        run=uuid.uuid4().hex[:10],
+        plan=plan,
+        source=data.source,
+        arrays=data.arrays,
+        recipe=data.recipe,
+        dtype=data.dtype,
+        rows=data.rows,
+    )
+    drpm = (
+        DRPMState(initial_abilities=given, auto=opts.auto_interval)
+        if opts.mapping == "drpm"
+        else None
+    )
     if drpm is not None and resumed:
         drpm.restore(saved, len(plan.abilities))
-        logger.info(f"resume: DRPM continues on the checkpoint's plan with {len(drpm.checks)} check(s) and the "
-                    f"estimator windows of {len(drpm.estimator.workers)} worker(s)")
+        logger.info(
+            f"resume: DRPM continues on the checkpoint's plan with {len(drpm.checks)} check(s) and the "
+            f"estimator windows of {len(drpm.estimator.workers)} worker(s)"
+        )
     remaps: list[dict[str, Any]] = drpm.remaps if drpm is not None else []
     emulation = await _emulation_label(client)
     hooks, ckpt = _callbacks(kw, opts, data, reporter, remaps, emulation, start)
-    if drpm is not None:  # checkpoints carry the DRPM state, so --resume continues at the plan reached
+    if (
+        drpm is not None
+    ):  # checkpoints carry the DRPM state, so --resume continues at the plan reached
         ckpt.extra = lambda d: {"drpm": {**drpm.to_dict(), "plan": d.plan.to_dict()}}
     loop = _Loop(driver, opts, hooks, ckpt, drpm, remaps)
-    names = {a: w.get("name", a) for a, w in info["workers"].items()}  # worker names (SLURM: <group>-<n>)
+    names = {
+        a: w.get("name", a) for a, w in info["workers"].items()
+    }  # worker names (SLURM: <group>-<n>)
     plans = [plan]
     stopped = None
     try:
@@ -477,26 +618,54 @@ async def _fit_async(client: Any, x: Any, d: Any, kw: dict[str, Any]) -> FitResu
     from ..results import describe_history
 
     describe_history(history, driver.plan)
-    history.coords["name"] = ("worker", np.array([str(names.get(a, a)) for a in history["address"].values],
-                                                 dtype=object),
-                              {"description": "Dask worker name (on SLURM <group>-<n>)"})
+    history.coords["name"] = (
+        "worker",
+        np.array([str(names.get(a, a)) for a in history["address"].values], dtype=object),
+        {"description": "Dask worker name (on SLURM <group>-<n>)"},
+    )
     if emulation:
         history.attrs["emulation"] = emulation
     validation = next((h.validator.rows for h in hooks if isinstance(h, cb.ValidationCallback)), [])
     add_validation(history, validation)
-    return FitResult(W=W, V=V, history=history, plan=driver.plan, plans=plans, stopped=stopped,
-                     emulation=emulation, remaps=remaps, probe=probe_result,
-                     stats={"tasks": driver.tasks_submitted, "blocks": driver.epoch},
-                     recipe=data.recipe, classes=data.classes, validation=validation, optimizer_state=opt_state,
-                     drpm_state={**drpm.to_dict(), "plan": driver.plan.to_dict()} if drpm is not None else None)
+    return FitResult(
+        W=W,
+        V=V,
+        history=history,
+        plan=driver.plan,
+        plans=plans,
+        stopped=stopped,
+        emulation=emulation,
+        remaps=remaps,
+        probe=probe_result,
+        stats={"tasks": driver.tasks_submitted, "blocks": driver.epoch},
+        recipe=data.recipe,
+        classes=data.classes,
+        validation=validation,
+        optimizer_state=opt_state,
+        drpm_state={**drpm.to_dict(), "plan": driver.plan.to_dict()} if drpm is not None else None,
+    )
 
 
 class _Loop:
     """The block loop: run a block, then membership changes or a DRPM check, then the callbacks."""
 
-    def __init__(self, driver: Driver, opts: _Options, hooks: list[cb.TrainingCallback],
-                 ckpt: cb.CheckpointCallback, drpm: DRPMState | None, remaps: list[dict[str, Any]]) -> None:
-        self.driver, self.opts, self.hooks, self.ckpt, self.drpm, self.remaps = driver, opts, hooks, ckpt, drpm, remaps
+    def __init__(
+        self,
+        driver: Driver,
+        opts: _Options,
+        hooks: list[cb.TrainingCallback],
+        ckpt: cb.CheckpointCallback,
+        drpm: DRPMState | None,
+        remaps: list[dict[str, Any]],
+    ) -> None:
+        self.driver, self.opts, self.hooks, self.ckpt, self.drpm, self.remaps = (
+            driver,
+            opts,
+            hooks,
+            ckpt,
+            drpm,
+            remaps,
+        )
         self.interval = opts.interval
         self.target = next((h.target_error for h in hooks if h.target_error is not None), None)
         self.jobs_suspect = False  # a worker was lost: look for ended jobs at the next boundary
@@ -513,8 +682,13 @@ class _Loop:
         sizes = [self.interval, self.opts.iterations - done]
         sizes += [b for h in self.hooks if (b := h.boundary(done))]
         d = self.driver
-        before = retirement.iterations_before(self.deadlines, d._planned_addresses(), time.time(), self.margin,
-                                              d.log.median_iteration_time(max(done - 20, 0), done))
+        before = retirement.iterations_before(
+            self.deadlines,
+            d._planned_addresses(),
+            time.time(),
+            self.margin,
+            d.log.median_iteration_time(max(done - 20, 0), done),
+        )
         if before is not None:  # a boundary before a worker's lifetime ends (it retires there)
             sizes.append(before)
         return max(min(sizes), 1)
@@ -542,13 +716,25 @@ class _Loop:
                 d.gone |= {d.addresses.index(a) for a in exc.workers if a in d.addresses}
                 d.plan = whole_plan(d, note=reason)
                 logger.warning(f"{reason}; planning again without them")
-                self.remaps.append({
-                    "iteration": start.iteration, "kind": "whole", "bytes": 0, "transfers": 0,
-                    "samples_reloaded": 0, "sample_bytes": 0, "seconds": time.perf_counter() - t0,
-                    "reason": reason, "lost": list(exc.workers), "joined": [], "recovered_from": "initial weights",
-                    "replayed": 0,
-                })
-        raise TrainingError("could not place the first shards: workers kept leaving")  # pragma: no cover
+                self.remaps.append(
+                    {
+                        "iteration": start.iteration,
+                        "kind": "whole",
+                        "bytes": 0,
+                        "transfers": 0,
+                        "samples_reloaded": 0,
+                        "sample_bytes": 0,
+                        "seconds": time.perf_counter() - t0,
+                        "reason": reason,
+                        "lost": list(exc.workers),
+                        "joined": [],
+                        "recovered_from": "initial weights",
+                        "replayed": 0,
+                    }
+                )
+        raise TrainingError(
+            "could not place the first shards: workers kept leaving"
+        )  # pragma: no cover
 
     async def _retire_due(self) -> bool:
         """Retire the planned workers whose lifetime ends before the next block is over."""
@@ -560,18 +746,23 @@ class _Loop:
         if not going:
             return False
         if len(going) == len([a for i, a in enumerate(d.addresses) if i not in d.gone]):
-            logger.warning(f"iteration {d.iteration}: every worker's lifetime ends within {self.margin:g} s "
-                           f"(rpm.train.retire-margin) and none is there to take over; training goes on until "
-                           f"they leave, then recovers from the last checkpoint")
+            logger.warning(
+                f"iteration {d.iteration}: every worker's lifetime ends within {self.margin:g} s "
+                f"(rpm.train.retire-margin) and none is there to take over; training goes on until "
+                f"they leave, then recovers from the last checkpoint"
+            )
             self.margin = -math.inf  # do not ask again
             return False
         left = {a: self.deadlines[a] - time.time() for a in going}
         reason = "worker(s) {} retiring (Dask lifetime ends in {})".format(
-            ", ".join(going), ", ".join(f"{t:.0f} s" for t in left.values()))
+            ", ".join(going), ", ".join(f"{t:.0f} s" for t in left.values())
+        )
         rec = await retirement.retire(d, going, reason)
         self.remaps.append(rec)
-        logger.info(f"iteration {d.iteration}: {reason} -> whole remap, {rec['bytes']} weight bytes in "
-                    f"{rec['seconds']:.3f} s, no iteration recomputed")
+        logger.info(
+            f"iteration {d.iteration}: {reason} -> whole remap, {rec['bytes']} weight bytes in "
+            f"{rec['seconds']:.3f} s, no iteration recomputed"
+        )
         return True
 
     async def run(self, plans: list[Plan], names: dict[str, Any]) -> str | None:
@@ -591,7 +782,9 @@ class _Loop:
                 status = "recovered"
             if driver.plan is not plans[-1]:
                 plans.append(driver.plan)
-            info = cb.BlockInfo(driver, first, driver.iteration, total, status, self.remaps[n_remaps:])
+            info = cb.BlockInfo(
+                driver, first, driver.iteration, total, status, self.remaps[n_remaps:]
+            )
             for h in self.hooks:
                 try:
                     reason = await cb.call(h.after_block(info))
@@ -617,7 +810,9 @@ class _Loop:
         if not hasattr(cluster, "replace_lost") or not config.get("slurm.replace-lost"):
             return
         now = time.monotonic()
-        if not self.jobs_suspect and now - self._jobs_checked < float(config.get("slurm.replace-check")):
+        if not self.jobs_suspect and now - self._jobs_checked < float(
+            config.get("slurm.replace-check")
+        ):
             return
         self._jobs_checked, self.jobs_suspect = now, False
         try:
@@ -626,7 +821,9 @@ class _Loop:
             logger.warning(f"could not resubmit ended jobs: {exc}")
             return
         for old, new in replaced.items():
-            logger.warning(f"iteration {self.driver.iteration}: job {old} ended; submitted {new} to replace it")
+            logger.warning(
+                f"iteration {self.driver.iteration}: job {old} ended; submitted {new} to replace it"
+            )
 
     async def _between_blocks(self, first: int, names: dict[str, Any]) -> None:
         """Retire workers whose lifetime ends, resubmit ended jobs, take in workers that joined (elastic),
@@ -641,14 +838,23 @@ class _Loop:
             alive = ordered_workers(ident)
             joined = [a for a in alive if a not in driver.addresses]
             if joined:
-                rec = await rebalance(driver, alive, self.ckpt.latest, f"{len(joined)} worker(s) joined")
+                rec = await rebalance(
+                    driver, alive, self.ckpt.latest, f"{len(joined)} worker(s) joined"
+                )
                 self.remaps.append(rec)
-                logger.info(f"iteration {driver.iteration}: worker(s) {', '.join(joined)} joined -> whole remap, "
-                            f"{rec['bytes']} weight bytes in {rec['seconds']:.3f} s")
+                logger.info(
+                    f"iteration {driver.iteration}: worker(s) {', '.join(joined)} joined -> whole remap, "
+                    f"{rec['bytes']} weight bytes in {rec['seconds']:.3f} s"
+                )
                 return
         if self.drpm is not None:
-            self.interval = await self.drpm.check(driver, first, driver.iteration,
-                                                  self.opts.iterations - driver.iteration, self.interval)
+            self.interval = await self.drpm.check(
+                driver,
+                first,
+                driver.iteration,
+                self.opts.iterations - driver.iteration,
+                self.interval,
+            )
 
     def _diverged(self, keep: int | None) -> str:
         msg = (
@@ -659,17 +865,23 @@ class _Loop:
         logger.warning(msg)
         return msg
 
-    async def final_weights(self, stopped: str | None) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+    async def final_weights(
+        self, stopped: str | None
+    ) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
         """Gather the final weights; a worker lost now is recovered from like one lost mid-run."""
         driver = self.driver
         target = driver.iteration
         for _ in range(len(driver.addresses) + 1):
             try:
-                while driver.iteration < target:  # recovered from a checkpoint: compute up to where we were
+                while (
+                    driver.iteration < target
+                ):  # recovered from a checkpoint: compute up to where we were
                     await driver.run_block(target - driver.iteration)
                 return await driver.gather(with_state=True)
             except WorkerLostError as exc:
                 if stopped and "diverged" in stopped:
                     raise
                 await self._recover(exc)
-        raise TrainingError("could not gather the final weights: workers kept leaving")  # pragma: no cover
+        raise TrainingError(
+            "could not gather the final weights: workers kept leaving"
+        )  # pragma: no cover

@@ -22,7 +22,10 @@ __all__ = ["whole_plan", "rebalance", "recover", "Checkpoint"]
 
 logger = logging.getLogger("dask_rpm")
 
-def whole_plan(driver: Driver, abilities: dict[int, float] | None = None, note: str = "whole remap") -> Plan:
+
+def whole_plan(
+    driver: Driver, abilities: dict[int, float] | None = None, note: str = "whole remap"
+) -> Plan:
     """SRPM over every worker not lost (joined ones included), indexed like ``driver.addresses``.
 
     ``abilities`` maps worker index to ability; workers without one get the
@@ -43,8 +46,13 @@ def whole_plan(driver: Driver, abilities: dict[int, float] | None = None, note: 
     for i in active:
         v = abilities.get(i, cur[i] if i < len(cur) and cur[i] > 0 else fill)
         vec.append(float(v) if np.isfinite(v) and v > 0 else fill)
-    compact = make_plan(vec, driver.plan.shape, driver.plan.samples, method="srpm",
-                        batch=driver.recipe.schedule.batch)
+    compact = make_plan(
+        vec,
+        driver.plan.shape,
+        driver.plan.samples,
+        method="srpm",
+        batch=driver.recipe.schedule.batch,
+    )
     full = np.zeros(len(driver.addresses))
     full[active] = np.asarray(vec) / np.sum(vec)
     lift = dict(enumerate(active))
@@ -60,7 +68,9 @@ def whole_plan(driver: Driver, abilities: dict[int, float] | None = None, note: 
     return new.validate()
 
 
-async def rebalance(driver: Driver, alive: Sequence[str], fallback: Checkpoint, reason: str) -> dict[str, Any]:
+async def rebalance(
+    driver: Driver, alive: Sequence[str], fallback: Checkpoint, reason: str
+) -> dict[str, Any]:
     """Whole remap onto the workers ``alive`` now: absorb new ones, drop lost ones.
 
     Rows a lost worker held come from another column holding the same rows.
@@ -73,8 +83,11 @@ async def rebalance(driver: Driver, alive: Sequence[str], fallback: Checkpoint, 
     planned = set(driver.plan.planned_workers)
     # Lost: workers that left, and planned workers already marked gone by an attempt that failed (another
     # worker left during that recovery): their rows must not be fetched from them (found by the chaos soak).
-    lost = [a for i, a in enumerate(driver.addresses)
-            if (i not in driver.gone and a not in alive_set) or (i in driver.gone and i in planned)]
+    lost = [
+        a
+        for i, a in enumerate(driver.addresses)
+        if (i not in driver.gone and a not in alive_set) or (i in driver.gone and i in planned)
+    ]
     driver.gone |= {driver.addresses.index(a) for a in lost}
     joined = [a for a in alive if a not in set(driver.addresses)]
     driver.addresses.extend(joined)
@@ -86,18 +99,26 @@ async def rebalance(driver: Driver, alive: Sequence[str], fallback: Checkpoint, 
         k, W, V, state = fallback
         driver.log.forget_from(k)
         await driver.client.scheduler.rpm_update(run=driver.run, info={"forget_from": k})
-        sent = await driver.install(new.with_workers(driver.addresses) if new.workers is None else new, W, V, k,
-                                    state)
+        sent = await driver.install(
+            new.with_workers(driver.addresses) if new.workers is None else new, W, V, k, state
+        )
         source = "checkpoint"
         n, _, l = new.shape
         rec = {
-            "iteration": k, "kind": "whole", "bytes": sent,  # every shard is sent from the client
-            "transfers": len(new.planned_workers), "samples_reloaded": len(new.planned_workers),
+            "iteration": k,
+            "kind": "whole",
+            "bytes": sent,  # every shard is sent from the client
+            "transfers": len(new.planned_workers),
+            "samples_reloaded": len(new.planned_workers),
             "sample_bytes": int(new.samples * (n + l) * np.dtype(driver.dtype).itemsize),
         }
     rec.update(
-        seconds=time.perf_counter() - t0, reason=reason, lost=lost, joined=joined,
-        recovered_from=source if lost else None, replayed=at - driver.iteration,
+        seconds=time.perf_counter() - t0,
+        reason=reason,
+        lost=lost,
+        joined=joined,
+        recovered_from=source if lost else None,
+        replayed=at - driver.iteration,
     )
     return rec
 
@@ -111,7 +132,9 @@ async def recover(driver: Driver, exc: WorkerLostError, fallback: Checkpoint) ->
         # A worker named lost is gone even if its address is still listed (closing).
         alive = [a for a in alive if a not in exc.workers]
         try:
-            rec = await rebalance(driver, alive, fallback, f"worker(s) {', '.join(exc.workers)} lost")
+            rec = await rebalance(
+                driver, alive, fallback, f"worker(s) {', '.join(exc.workers)} lost"
+            )
             break
         except WorkerLostError as again:  # another worker left during recovery
             exc = WorkerLostError([*exc.workers, *again.workers], again.iteration)

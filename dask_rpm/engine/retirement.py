@@ -31,15 +31,25 @@ __all__ = ["due", "iterations_before", "retire"]
 logger = logging.getLogger("dask_rpm")
 
 
-def due(deadlines: Mapping[str, float | None], planned: Sequence[str], now: float, margin: float,
-        block_seconds: float) -> list[str]:
+def due(
+    deadlines: Mapping[str, float | None],
+    planned: Sequence[str],
+    now: float,
+    margin: float,
+    block_seconds: float,
+) -> list[str]:
     """Planned workers whose lifetime ends before the next block would be over, plus ``margin`` seconds."""
     horizon = now + margin + (block_seconds if math.isfinite(block_seconds) else 0.0)
     return [a for a in planned if (t := deadlines.get(a)) is not None and t <= horizon]
 
 
-def iterations_before(deadlines: Mapping[str, float | None], planned: Sequence[str], now: float, margin: float,
-                      seconds_per_iteration: float) -> int | None:
+def iterations_before(
+    deadlines: Mapping[str, float | None],
+    planned: Sequence[str],
+    now: float,
+    margin: float,
+    seconds_per_iteration: float,
+) -> int | None:
     """Iterations that fit before the first planned worker is due (None: no deadline or no timing yet)."""
     ends = [t for a in planned if (t := deadlines.get(a)) is not None]
     if not ends or not (math.isfinite(seconds_per_iteration) and seconds_per_iteration > 0):
@@ -55,11 +65,20 @@ async def retire(driver: Any, addresses: Sequence[str], reason: str) -> dict[str
     t0 = time.perf_counter()
     driver.gone |= {driver.addresses.index(a) for a in addresses}  # never planned again
     new = whole_plan(driver, note=reason)
-    rec = await driver.remap(new, "whole")  # they are alive: no lost workers, every row has a source
+    rec = await driver.remap(
+        new, "whole"
+    )  # they are alive: no lost workers, every row has a source
     try:
         await driver.client.retire_workers(workers=list(addresses), close_workers=True)
     except Exception:  # pragma: no cover - they leave by their own lifetime anyway
         logger.debug("retire_workers(%s) failed", addresses, exc_info=True)
-    rec.update(seconds=time.perf_counter() - t0, reason=reason, retired=list(addresses), lost=[], joined=[],
-               recovered_from=None, replayed=0)
+    rec.update(
+        seconds=time.perf_counter() - t0,
+        reason=reason,
+        retired=list(addresses),
+        lost=[],
+        joined=[],
+        recovered_from=None,
+        replayed=0,
+    )
     return rec

@@ -64,9 +64,21 @@ class ColumnData:
     dtype : str
     """
 
-    def __init__(self, source: SampleSource, cut: tuple[int, int], schedule: Schedule, net: Network,
-                 dtype: str) -> None:
-        self.source, self.cut, self.schedule, self.net, self.dtype = source, tuple(cut), schedule, net, dtype
+    def __init__(
+        self,
+        source: SampleSource,
+        cut: tuple[int, int],
+        schedule: Schedule,
+        net: Network,
+        dtype: str,
+    ) -> None:
+        self.source, self.cut, self.schedule, self.net, self.dtype = (
+            source,
+            tuple(cut),
+            schedule,
+            net,
+            dtype,
+        )
         self._x: np.ndarray | None = None
         self._d: np.ndarray | None = None
         self._first = 0  # iteration whose rows start at offset 0

@@ -21,8 +21,16 @@ from .samples import ColumnData, SampleSource
 from .worker import PLUGIN_NAME, RunState, Shard, get_state
 
 __all__ = [
-    "t_setup", "t_block", "t_stage", "t_gather",
-    "run_commit", "run_rollback", "run_revert", "run_abort", "run_clear", "run_deadline",
+    "t_setup",
+    "t_block",
+    "t_stage",
+    "t_gather",
+    "run_commit",
+    "run_rollback",
+    "run_revert",
+    "run_abort",
+    "run_clear",
+    "run_deadline",
 ]
 
 
@@ -36,9 +44,13 @@ def _column(source: Any, layout: Layout, recipe: Recipe, dtype: str) -> ColumnDa
     """The column's samples (:class:`~dask_rpm.engine.samples.ColumnData`) from what the driver sent."""
     if isinstance(source, str):  # the path of a dataset file
         source = SampleSource("file", path=source)
-    elif isinstance(source[0], str) and source[0] == "file":  # ("file", path, rows of the training samples)
+    elif (
+        isinstance(source[0], str) and source[0] == "file"
+    ):  # ("file", path, rows of the training samples)
         source = SampleSource("file", path=source[1], rows=source[2])
-    elif isinstance(source[0], str) and source[0] == "arrays":  # ("arrays", (x, d)): the whole training set
+    elif (
+        isinstance(source[0], str) and source[0] == "arrays"
+    ):  # ("arrays", (x, d)): the whole training set
         source = SampleSource("arrays", *source[1])
     else:  # the column's rows as (x, d)
         source = SampleSource("slice", *source)
@@ -53,7 +65,9 @@ def _shard(rows: dict[str, Any], recipe: Recipe) -> Shard:
     return Shard.fresh(rows["W"], rows["V"], recipe.optimizer)
 
 
-def t_setup(layout: Layout, weights: dict[str, Any], source: Any, recipe: Recipe, dtype: str, iteration: int) -> int:
+def t_setup(
+    layout: Layout, weights: dict[str, Any], source: Any, recipe: Recipe, dtype: str, iteration: int
+) -> int:
     """Create this worker's state for a run: its shard, its samples (``source``: path, rows or a
     :class:`~dask_rpm.engine.samples.SampleSource`)."""
     worker = _worker()
@@ -74,12 +88,23 @@ async def t_block(run: str, spec: BlockSpec) -> BlockResult:
     worker = _worker()
     state = get_state(run, worker)
     async with state.busy:
-        return await run_block(state, spec, log=lambda msg: worker.log_event("rpm", msg),
-                               inline_work=float(config.get("engine.inline-work")))
+        return await run_block(
+            state,
+            spec,
+            log=lambda msg: worker.log_event("rpm", msg),
+            inline_work=float(config.get("engine.inline-work")),
+        )
 
 
-def t_stage(run: str, layout: Layout, pieces: list[tuple[int, int, str | None]], source: Any,
-            recipe: Recipe, dtype: str, iteration: int) -> int:
+def t_stage(
+    run: str,
+    layout: Layout,
+    pieces: list[tuple[int, int, str | None]],
+    source: Any,
+    recipe: Recipe,
+    dtype: str,
+    iteration: int,
+) -> int:
     """Build this worker's shard of a new plan: keep own rows, fetch the others from their holders.
 
     ``pieces`` are ``(a, b, source)`` covering the new rows in order, ``source``
@@ -97,7 +122,9 @@ def t_stage(run: str, layout: Layout, pieces: list[tuple[int, int, str | None]],
     m = layout.n_hidden
     W = np.empty((m, n), dtype)
     V = np.empty((l, m), dtype)
-    opt_state = {slot: [np.empty((m, n), dtype), np.empty((l, m), dtype)] for slot in recipe.optimizer.slots}
+    opt_state = {
+        slot: [np.empty((m, n), dtype), np.empty((l, m), dtype)] for slot in recipe.optimizer.slots
+    }
     m0 = layout.rows[0]
 
     async def fetch(a: int, b: int, src: str) -> dict[str, Any]:
@@ -134,7 +161,12 @@ def t_gather(run: str) -> tuple[np.ndarray, np.ndarray, int, dict[str, list[np.n
     """This worker's current shard (copies), the iteration it is at, and its optimizer state (copies)."""
     state = get_state(run)
     sh = state.shard
-    return sh.W.copy(), sh.V.copy(), state.iteration, {k: [a.copy() for a in v] for k, v in sh.state.items()}
+    return (
+        sh.W.copy(),
+        sh.V.copy(),
+        state.iteration,
+        {k: [a.copy() for a in v] for k, v in sh.state.items()},
+    )
 
 
 # ------------------------------------------------------------ control calls

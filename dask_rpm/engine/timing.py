@@ -166,5 +166,7 @@ class TimingLog:
         rows = []
         for it in its:
             t = self.iteration_time(it)
-            rows.append({"iteration": it, "error": self.errors[it], "time": t if math.isfinite(t) else None})
+            rows.append(
+                {"iteration": it, "error": self.errors[it], "time": t if math.isfinite(t) else None}
+            )
         return rows

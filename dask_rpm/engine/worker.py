@@ -39,7 +39,14 @@ from .errors import BlockAborted, PeerError
 from .records import Layout
 from .samples import ColumnData
 
-__all__ = ["RPMEnginePlugin", "RunState", "PLUGIN_NAME", "get_state", "lifetime_deadline", "rows_of"]
+__all__ = [
+    "RPMEnginePlugin",
+    "RunState",
+    "PLUGIN_NAME",
+    "get_state",
+    "lifetime_deadline",
+    "rows_of",
+]
 
 logger = logging.getLogger("dask_rpm")
 
@@ -76,13 +83,27 @@ class Shard:
     slots (:mod:`dask_rpm.optim`): shaped and split by rows like ``W``, ``V``.
     """
 
-    __slots__ = ("W", "V", "state", "W_prev", "V_prev", "state_prev", "prev_valid", "W_snap", "V_snap",
-                 "state_snap", "snap_iteration", "finite")
+    __slots__ = (
+        "W",
+        "V",
+        "state",
+        "W_prev",
+        "V_prev",
+        "state_prev",
+        "prev_valid",
+        "W_snap",
+        "V_snap",
+        "state_snap",
+        "snap_iteration",
+        "finite",
+    )
 
     def __init__(self, W: np.ndarray, V: np.ndarray, state: dict[str, Any] | None = None) -> None:
         self.W = np.array(W, copy=True, order="C")
         self.V = np.array(V, copy=True, order="C")
-        self.state = {k: [np.array(a, copy=True, order="C") for a in v] for k, v in (state or {}).items()}
+        self.state = {
+            k: [np.array(a, copy=True, order="C") for a in v] for k, v in (state or {}).items()
+        }
         self.W_prev = np.empty_like(self.W)
         self.V_prev = np.empty_like(self.V)
         self.state_prev = {k: [np.empty_like(a) for a in v] for k, v in self.state.items()}
@@ -98,7 +119,9 @@ class Shard:
         """A shard with zero optimizer state (the start of training)."""
         return cls(W, V, {slot: [np.zeros_like(W), np.zeros_like(V)] for slot in opt.slots})
 
-    def _copy_state(self, dst: dict[str, list[np.ndarray]], src: dict[str, list[np.ndarray]]) -> None:
+    def _copy_state(
+        self, dst: dict[str, list[np.ndarray]], src: dict[str, list[np.ndarray]]
+    ) -> None:
         for k, arrays in src.items():
             for a, b in zip(dst[k], arrays):
                 np.copyto(a, b)
@@ -109,8 +132,14 @@ class Shard:
         self._copy_state(self.state_snap, self.state)
         self.snap_iteration = iteration
 
-    def update(self, sum_W: np.ndarray, sum_V: np.ndarray, eps: float, opt: Optimizer | None = None,
-               t: int = 1) -> bool:
+    def update(
+        self,
+        sum_W: np.ndarray,
+        sum_V: np.ndarray,
+        eps: float,
+        opt: Optimizer | None = None,
+        t: int = 1,
+    ) -> bool:
         """One optimizer step from the summed updates (scratch: overwritten); returns finiteness.
 
         The weights before the step stay in the spare buffers, so on
@@ -161,14 +190,18 @@ class Shard:
         return rows_of(self.W, self.V, self.state, a, b)
 
 
-def rows_of(W: np.ndarray, V: np.ndarray, state: dict[str, Any] | None, a: int, b: int) -> dict[str, Any]:
+def rows_of(
+    W: np.ndarray, V: np.ndarray, state: dict[str, Any] | None, a: int, b: int
+) -> dict[str, Any]:
     """Hidden rows ``[a, b)`` of ``W``, ``V`` and of the optimizer ``state`` (``{slot: [W_slot, V_slot]}``),
     as contiguous copies: what a worker holds of those rows, wherever they are cut from."""
     return {
         "W": np.ascontiguousarray(W[a:b]),
         "V": np.ascontiguousarray(V[:, a:b]),
-        "state": {k: [np.ascontiguousarray(Ws[a:b]), np.ascontiguousarray(Vs[:, a:b])]
-                  for k, (Ws, Vs) in (state or {}).items()},
+        "state": {
+            k: [np.ascontiguousarray(Ws[a:b]), np.ascontiguousarray(Vs[:, a:b])]
+            for k, (Ws, Vs) in (state or {}).items()
+        },
     }
 
 
@@ -182,7 +215,9 @@ class RunState:
     all run on the worker's event loop, so the slots need no lock.
     """
 
-    def __init__(self, worker: Any, layout: Layout, shard: Shard, data: ColumnData, recipe: Recipe) -> None:
+    def __init__(
+        self, worker: Any, layout: Layout, shard: Shard, data: ColumnData, recipe: Recipe
+    ) -> None:
         self.worker = worker
         self.run = layout.run
         self.layout = layout
@@ -220,7 +255,9 @@ class RunState:
         if inline:
             return fn(*args)
         if self._executor is None:
-            self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rpm-compute")
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="rpm-compute"
+            )
         ctx = contextvars.copy_context()  # get_worker() (EMULATED pacing) works in the thread too
         return await asyncio.get_running_loop().run_in_executor(self._executor, ctx.run, fn, *args)
 
@@ -270,8 +307,12 @@ class RunState:
         """Send a message (in the background); ``payload``'s arrays must stay unchanged until
         :meth:`flush` returns."""
         msg = {
-            "run": self.run, "epoch": epoch, "iteration": iteration, "phase": phase,
-            "sender": self.layout.worker, "payload": tuple(_pack(p) for p in payload),
+            "run": self.run,
+            "epoch": epoch,
+            "iteration": iteration,
+            "phase": phase,
+            "sender": self.layout.worker,
+            "payload": tuple(_pack(p) for p in payload),
         }
         self.pending.append(asyncio.ensure_future(self._send(address, msg)))
 
@@ -294,14 +335,22 @@ class RunState:
             pending, self.pending = self.pending, []
             done, not_done = await asyncio.wait(pending, timeout=timeout)
             if not_done:
-                raise PeerError(f"worker {self.layout.address}: {len(not_done)} message(s) could not be "
-                                f"written within {timeout:g} s")
+                raise PeerError(
+                    f"worker {self.layout.address}: {len(not_done)} message(s) could not be "
+                    f"written within {timeout:g} s"
+                )
         if self.send_error is not None:
             raise PeerError(self.send_error)
 
     async def receive(
-        self, epoch: int, iteration: int, phase: str, senders: list[int], deadline: float,
-        names: dict[int, str], timeout: float,
+        self,
+        epoch: int,
+        iteration: int,
+        phase: str,
+        senders: list[int],
+        deadline: float,
+        names: dict[int, str],
+        timeout: float,
     ) -> dict[int, Any]:
         """The payloads of ``senders`` for one phase; raises if aborted, a send failed or the deadline passed."""
         keys = [(epoch, iteration, phase, s) for s in senders]
@@ -354,7 +403,9 @@ class RPMEnginePlugin(WorkerPlugin):
         self.runs.clear()
 
     # ----------------------------------------------------------- handlers
-    def put(self, run: str, epoch: int, iteration: int, phase: str, sender: int, payload: Any) -> None:
+    def put(
+        self, run: str, epoch: int, iteration: int, phase: str, sender: int, payload: Any
+    ) -> None:
         state = self.runs.get(run)
         if state is not None:
             state.deliver(epoch, iteration, phase, sender, tuple(_unpack(p) for p in payload))
@@ -371,7 +422,9 @@ class RPMEnginePlugin(WorkerPlugin):
         return {
             "W": to_serialize(out["W"]),
             "V": to_serialize(out["V"]),
-            "state": {k: [to_serialize(Ws), to_serialize(Vs)] for k, (Ws, Vs) in out["state"].items()},
+            "state": {
+                k: [to_serialize(Ws), to_serialize(Vs)] for k, (Ws, Vs) in out["state"].items()
+            },
         }
 
 
