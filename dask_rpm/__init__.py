@@ -5,38 +5,79 @@ Public API
 fit, fit_serial       train on a Dask cluster / the serial reference
 make_plan, Plan       plan rectangles (SRPM and the paper's baselines)
 MLPModel              a trained network: predict, score, save/load, to_torch
-MLPClassifier, MLPRegressor  scikit-learn estimators (need scikit-learn; imported on first use)
+MLPClassifier, MLPRegressor  scikit-learn estimators (need scikit-learn)
 local_cluster         a local cluster with EMULATED heterogeneous worker speeds
 RPMSchedulerPlugin    the scheduler plugin that records rpm-* task timings
+
+Every name is imported on first use (PEP 562), so ``import dask_rpm.planners`` (the pure
+layer: planning, cost model, kernels) loads neither ``distributed`` nor scikit-learn.
 """
 
-from . import (
-    config,  # noqa: F401  (registers the rpm.yaml defaults)
-    kernels,
-    train,
-)
-from .cost import predict_iteration_seconds, t_comm
-from .emulation import local_cluster
-from .engine import FitResult, TrainingError, WorkerLostError, fit, ordered_workers
-from .model import MLPModel
-from .partition import Plan, PlanError, Rectangle
-from .planners import PLANNERS, get_planner, make_plan, register_planner
-from .plugin import RPMSchedulerPlugin
-from .serial import fit_serial
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+from . import config  # noqa: F401  (registers the rpm.yaml defaults with dask.config)
 
 __version__ = "0.1.0.dev0"
 
+#: public name -> the module that defines it (imported when the name is first asked for)
+_LAZY = {
+    "predict_iteration_seconds": "cost",
+    "t_comm": "cost",
+    "local_cluster": "emulation",
+    "FitResult": "engine",
+    "TrainingError": "engine",
+    "WorkerLostError": "engine",
+    "fit": "engine",
+    "ordered_workers": "engine",
+    "MLPModel": "model",
+    "Plan": "partition",
+    "PlanError": "partition",
+    "Rectangle": "partition",
+    "PLANNERS": "planners",
+    "get_planner": "planners",
+    "make_plan": "planners",
+    "register_planner": "planners",
+    "RPMSchedulerPlugin": "plugin",
+    "fit_serial": "serial",
+    "MLPClassifier": "estimators",
+    "MLPRegressor": "estimators",
+}
+
+#: submodules that are part of the public namespace (``dask_rpm.kernels.block_work``)
+_SUBMODULES = ("kernels", "train")
+
 
 def __getattr__(name: str) -> object:
-    # the estimators import scikit-learn: only when asked for, so `import dask_rpm` stays light
-    if name in ("MLPClassifier", "MLPRegressor"):
-        from . import estimators
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f".{name}", __name__)
+    else:
+        raise AttributeError(f"module 'dask_rpm' has no attribute {name!r}")
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
 
-        return getattr(estimators, name)
-    raise AttributeError(f"module 'dask_rpm' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY, *_SUBMODULES})
 
 
-__all__ = [
+if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports these
+    from . import kernels, train
+    from .cost import predict_iteration_seconds, t_comm
+    from .emulation import local_cluster
+    from .engine import FitResult, TrainingError, WorkerLostError, fit, ordered_workers
+    from .estimators import MLPClassifier, MLPRegressor
+    from .model import MLPModel
+    from .partition import Plan, PlanError, Rectangle
+    from .planners import PLANNERS, get_planner, make_plan, register_planner
+    from .plugin import RPMSchedulerPlugin
+    from .serial import fit_serial
+
+__all__ = [  # the lazy names above, spelled out for linters and `from dask_rpm import *`
     "FitResult",
     "MLPClassifier",
     "MLPModel",
@@ -52,12 +93,12 @@ __all__ = [
     "fit",
     "fit_serial",
     "get_planner",
-    "predict_iteration_seconds",
-    "t_comm",
     "kernels",
-    "train",
     "local_cluster",
     "make_plan",
     "ordered_workers",
+    "predict_iteration_seconds",
     "register_planner",
+    "t_comm",
+    "train",
 ]

@@ -398,7 +398,7 @@ def _single_plan(shape: tuple[int, int, int], samples: int, address: str) -> Any
 def _phase_profile(history: Any, start: int) -> dict[str, float]:
     """Seconds per engine phase over the steady state: per worker the median over iterations
     from ``start`` on, then the mean over the workers that had a rectangle (where time goes)."""
-    from .engine.records import PHASES
+    from .records import PHASES
 
     out = {}
     for p in PHASES:
@@ -1240,7 +1240,7 @@ def _add_batch_fields(
     ds: Any, cases: list[BenchCase], results: list[dict[str, Any]], methods: list[str]
 ) -> None:
     """Mini-batch size per case, the weight check against ``fit_serial`` and the phase profile."""
-    from .engine.records import PHASES
+    from .records import PHASES
 
     ds.coords["batch_size"] = (
         "case",

@@ -30,9 +30,9 @@ import pytest
 
 import dask_rpm
 from dask_rpm import dashboard
-from dask_rpm.engine.records import TimingRecord
 from dask_rpm.estimator import EstimatorError
 from dask_rpm.plugin import RPMSchedulerPlugin
+from dask_rpm.records import TimingRecord
 
 SPEEDS = [1.0, 0.5, 0.25]
 ITERATIONS = 45  # two DRPM checks at the default interval (20): at least one remap

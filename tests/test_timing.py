@@ -11,10 +11,10 @@ import pytest
 
 from dask_rpm.engine import block as block_mod
 from dask_rpm.engine.layout import layouts
-from dask_rpm.engine.records import BlockSpec, TimingRecord
 from dask_rpm.engine.timing import TimingLog
 from dask_rpm.kernels import Workspace, init_weights
 from dask_rpm.partition import Plan
+from dask_rpm.records import BlockSpec, TimingRecord
 from dask_rpm.serial import fit_serial
 
 

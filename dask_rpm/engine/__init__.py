@@ -7,18 +7,18 @@
 * :mod:`~dask_rpm.engine.callbacks` - per-block hooks;
 * :mod:`~dask_rpm.engine.timing` - the one timing log;
 * :mod:`~dask_rpm.engine.scheduler_plugin` - what the scheduler records (``/rpm`` page);
-* :mod:`~dask_rpm.engine.layout`, :mod:`~dask_rpm.engine.records` - pure plan views and record types.
+* :mod:`~dask_rpm.engine.layout` - pure plan views (record types: :mod:`dask_rpm.records`).
 
 See docs/architecture.md for the path of one iteration's data.
 """
 
 from __future__ import annotations
 
+from ..records import PHASES
 from .callbacks import BlockInfo, TrainingCallback
 from .driver import Driver, ordered_workers
 from .errors import TrainingError, WorkerLostError
 from .fit import ensure_plugins, fit
-from .records import PHASES
 from .result import FitResult
 
 __all__ = [

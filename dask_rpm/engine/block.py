@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 
 from ..kernels import block_work
+from ..records import BlockResult, BlockSpec, TimingRecord
 from .errors import BlockAborted, PeerError
-from .records import BlockResult, BlockSpec, TimingRecord
 
 __all__ = ["run_block"]
 

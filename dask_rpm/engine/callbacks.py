@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 
 from ..partition import Plan
+from ..records import Checkpoint
 from .driver import Driver
 from .errors import WorkerLostError
-from .records import Checkpoint
 
 logger = logging.getLogger("dask_rpm")
 

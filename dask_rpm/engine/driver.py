@@ -23,10 +23,10 @@ from .. import config
 from ..data import DataError
 from ..partition import Plan
 from ..recipe import Recipe
+from ..records import BlockResult, BlockSpec
 from ..remap import migration, sample_changes
 from .errors import TrainingError, WorkerLostError
 from .layout import layouts
-from .records import BlockResult, BlockSpec
 from .tasks import (
     run_abort,
     run_clear,

@@ -23,13 +23,13 @@ from ..data import DataError
 from ..partition import Plan, PlanError
 from ..prepare import Prepared, prepare
 from ..progress import Progress
+from ..records import Checkpoint
 from . import callbacks as cb
 from . import retirement
 from .driver import Driver, ordered_workers
 from .drpm import DRPMState
 from .errors import TrainingError, WorkerLostError
 from .history import add_validation, build_history
-from .records import Checkpoint
 from .recovery import rebalance, recover, whole_plan
 from .result import FitResult
 from .scheduler_plugin import PLUGIN_NAME, RPMSchedulerPlugin

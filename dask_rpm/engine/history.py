@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from ..partition import Plan
-from .records import PHASES
+from ..records import PHASES
 from .timing import TimingLog
 
 __all__ = ["build_history", "add_validation"]

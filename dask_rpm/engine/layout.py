@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 from .. import config
 from ..partition import Plan
-from .records import Layout, Peer
+from ..records import Layout, Peer
 
 __all__ = ["layouts", "VERTICAL_ALGORITHMS"]
 

@@ -13,10 +13,10 @@ import numpy as np
 
 from ..partition import Plan
 from ..planners import make_plan
+from ..records import Checkpoint
 from ..remap import MigrationError
 from .driver import Driver, ordered_workers
 from .errors import TrainingError, WorkerLostError
-from .records import Checkpoint
 
 __all__ = ["whole_plan", "rebalance", "recover", "Checkpoint"]
 

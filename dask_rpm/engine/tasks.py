@@ -15,8 +15,8 @@ import numpy as np
 
 from .. import config
 from ..recipe import Recipe
+from ..records import BlockResult, BlockSpec, Layout
 from .block import run_block
-from .records import BlockResult, BlockSpec, Layout
 from .samples import ColumnData, SampleSource
 from .worker import PLUGIN_NAME, RunState, Shard, get_state
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .records import PHASES, Observation, TimingRecord
+from ..records import PHASES, Observation, TimingRecord
 
 __all__ = ["TimingLog"]
 

@@ -35,8 +35,8 @@ from distributed.protocol import to_serialize
 from ..kernels import Workspace, all_finite
 from ..optim import Optimizer, step
 from ..recipe import Recipe
+from ..records import Layout
 from .errors import BlockAborted, PeerError
-from .records import Layout
 from .samples import ColumnData
 
 __all__ = [
