@@ -519,7 +519,7 @@ def _run_case(
     from distributed import Client
 
     from .emulation import emulation_report, local_cluster, worker_addresses
-    from .planners import _divisors, fastest_grid, make_plan
+    from .planners import divisors, fastest_grid, make_plan
     from .train import demo_data
 
     n_, m, l_ = case.shape
@@ -598,7 +598,7 @@ def _run_case(
                 ab = [1.0] * case.n if method == "uniform" else list(case.assumed)
                 if dp_search == "measured":
                     r = MethodResult()
-                    for dp in _divisors(case.n):
+                    for dp in divisors(case.n):
                         try:
                             plan = make_plan(ab, case.shape, case.samples, method=planner, dp=dp)
                         except Exception:  # noqa: BLE001 - an infeasible N_DP is skipped

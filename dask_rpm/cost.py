@@ -17,14 +17,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from . import config
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .partition import Plan, RealPartition
+from .partition import Plan, RealPartition, t_comm_model
 
 __all__ = [
     "t_comm",
@@ -46,28 +44,6 @@ __all__ = [
     "HORIZONTAL_MODES",
     "SCALABLE",
 ]
-
-
-def t_comm_model(
-    widths: Sequence[float], sizes: Sequence[int], shape: tuple[int, int, int], samples: int
-) -> float:
-    """``2 l s max_c(s_c* (k(c) - 1)) + 2 (l + n) m (C - 1)`` from column widths and sizes.
-
-    Parameters
-    ----------
-    widths
-        Sample fraction ``s_c*`` of each column (any positive scale; normalised here).
-    sizes
-        Number of workers ``k(c)`` of each column.
-    shape
-        ``(n, m, l)``.
-    samples
-        ``s``.
-    """
-    n, m, l = shape
-    total = float(sum(widths))
-    vertical = max(w / total * (k - 1) for w, k in zip(widths, sizes))
-    return float(2 * l * samples * vertical + 2 * (l + n) * m * (len(sizes) - 1))
 
 
 def t_comm_partition(part: RealPartition, shape: tuple[int, int, int], samples: int) -> float:

@@ -38,12 +38,15 @@ from typing import Any
 
 import numpy as np
 
+from .plan_dataset import plan_dataset
+
 __all__ = [
     "PlanError",
     "RealPartition",
     "Rectangle",
     "Plan",
     "snap_small_groups",
+    "snap_with_count",
     "to_integer",
     "round_cuts",
 ]
@@ -89,6 +92,28 @@ class RealPartition:
     def row_cuts(self) -> list[list[float]]:
         """Interior row-cut positions (fractions of m) per column."""
         return [list(np.cumsum(hs)[:-1]) for hs in self.heights]
+
+
+def t_comm_model(
+    widths: Sequence[float], sizes: Sequence[int], shape: tuple[int, int, int], samples: int
+) -> float:
+    """The paper's communication model (elements), ``2 l s max_c(s_c* (k(c) - 1)) + 2 (l + n) m (C - 1)`` from column widths and sizes.
+
+    Parameters
+    ----------
+    widths
+        Sample fraction ``s_c*`` of each column (any positive scale; normalised here).
+    sizes
+        Number of workers ``k(c)`` of each column.
+    shape
+        ``(n, m, l)``.
+    samples
+        ``s``.
+    """
+    n, m, l = shape
+    total = float(sum(widths))
+    vertical = max(w / total * (k - 1) for w, k in zip(widths, sizes))
+    return float(2 * l * samples * vertical + 2 * (l + n) * m * (len(sizes) - 1))
 
 
 def round_cuts(fractions: Sequence[float], total: int) -> list[int]:
@@ -191,10 +216,10 @@ def snap_small_groups(part: RealPartition, threshold: float) -> RealPartition:
     RealPartition
         Same columns and widths; heights changed where cuts moved.
     """
-    return _snap(part, threshold)[0]
+    return snap_with_count(part, threshold)[0]
 
 
-def _snap(part: RealPartition, threshold: float) -> tuple[RealPartition, int]:
+def snap_with_count(part: RealPartition, threshold: float) -> tuple[RealPartition, int]:
     """:func:`snap_small_groups` that also returns the number of merged bands."""
     import heapq
 
@@ -536,9 +561,11 @@ class Plan:
         )
         plan.validate()
         if math.isnan(plan.t_comm):
-            from .cost import t_comm  # local import: cost imports partition
-
-            plan = replace(plan, t_comm=t_comm(plan))
+            widths = [
+                plan.column_samples(c)[1] - plan.column_samples(c)[0] for c in range(len(cols))
+            ]
+            tc = t_comm_model(widths, [len(col) for col in cols], plan.shape, plan.samples)
+            plan = replace(plan, t_comm=tc)
         return plan
 
     def with_workers(self, workers: Sequence[str]) -> Plan:
@@ -571,16 +598,18 @@ class Plan:
 
     def to_dataset(self) -> Any:
         """The plan as an ``xarray.Dataset`` per worker, with units (:func:`dask_rpm.results.plan_dataset`)."""
-        from .results import plan_dataset  # local import: keeps this module numpy-only
-
         return plan_dataset(self)
 
     @classmethod
     def from_dataset(cls, ds: Any) -> Plan:
         """The plan stored by :meth:`to_dataset` (exact round trip)."""
-        from .results import plan_from_dataset
-
-        return plan_from_dataset(ds)
+        text = getattr(ds, "attrs", {}).get("plan_json")
+        if not text:
+            raise PlanError(
+                "this dataset holds no plan: it has no 'plan_json' attribute; "
+                "make it with Plan.to_dataset() (or dask_rpm.results.plan_dataset)"
+            )
+        return cls.from_dict(json.loads(text))
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Plan:

@@ -18,7 +18,6 @@ Everything here works on finished results; nothing talks to a cluster.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Sequence
@@ -27,6 +26,13 @@ from typing import Any
 import numpy as np
 
 from ._files import atomic_write
+from .partition import Plan
+from .plan_dataset import PLAN_VARS, plan_dataset
+
+_NO_MATPLOTLIB = (
+    "{what} needs matplotlib, an optional extra of dask-rpm that is not installed; "
+    "install it with: pip install 'dask-rpm[plot]' (or: pip install matplotlib)"
+)
 
 __all__ = [
     "describe_history",
@@ -37,160 +43,10 @@ __all__ = [
     "plot_result",
 ]
 
-#: ``attrs`` of the per-worker variables of a plan dataset.
-_PLAN_VARS: dict[str, dict[str, str]] = {
-    "ability": {
-        "units": "1",
-        "description": "normalised ability the plan was made for (all workers sum to 1)",
-    },
-    "planned": {
-        "units": "1",
-        "description": "True when the worker has a rectangle (False: deliberately left out)",
-    },
-    "column": {"units": "1", "description": "column index, left to right (-1: not planned)"},
-    "row": {"units": "1", "description": "position in its column, top to bottom (-1: not planned)"},
-    "sample_start": {
-        "units": "samples",
-        "description": "first sample of the worker's column (-1: not planned)",
-    },
-    "sample_stop": {
-        "units": "samples",
-        "description": "one past the last sample of the worker's column (-1: not planned)",
-    },
-    "hidden_start": {
-        "units": "hidden units",
-        "description": "first hidden unit (row of W) the worker holds (-1: not planned)",
-    },
-    "hidden_stop": {
-        "units": "hidden units",
-        "description": "one past the last hidden unit the worker holds (-1: not planned)",
-    },
-    "work": {
-        "units": "work units",
-        "description": "rectangle area: samples x hidden units (one work unit is one hidden unit for one sample)",
-    },
-    "work_share": {
-        "units": "1",
-        "description": "rectangle area / (samples x hidden units of the whole iteration)",
-    },
-    "load": {
-        "units": "1",
-        "description": "work share / ability share among planned workers; 1 is perfect balance, the largest sets the pace",
-    },
-}
 
-_NO_MATPLOTLIB = (
-    "{what} needs matplotlib, an optional extra of dask-rpm that is not installed; "
-    "install it with: pip install 'dask-rpm[plot]' (or: pip install matplotlib)"
-)
-
-
-# --------------------------------------------------------------------------
-# Plans as datasets
-# --------------------------------------------------------------------------
-
-
-def plan_dataset(plan: Any) -> Any:
-    """One plan as an ``xarray.Dataset`` indexed by ``worker`` (``Plan.to_dataset()``).
-
-    Parameters
-    ----------
-    plan : dask_rpm.Plan
-
-    Returns
-    -------
-    xarray.Dataset
-        Dimension ``worker`` (0..N-1, every worker the plan was made for,
-        planned or not) with coordinates ``label`` (``P1``..``PN``) and
-        ``address`` (empty when the plan is not bound to a cluster). Variables
-        ``ability``, ``planned``, ``column``, ``row``, ``sample_start``,
-        ``sample_stop``, ``hidden_start``, ``hidden_stop``, ``work``,
-        ``work_share``, ``load``, each with ``units`` and ``description``.
-        Attributes: ``method``, ``shape`` (``"n-m-l"``), ``n``, ``m``, ``l``,
-        ``samples``, ``n_columns``, ``t_comm`` (elements, the paper's model),
-        ``imbalance``, ``notes`` and ``plan_json`` (the exact plan, for
-        :func:`plan_from_dataset`).
-    """
-    import xarray as xr
-
-    n_all = len(plan.abilities)
-    ints = {
-        k: np.full(n_all, -1, dtype=np.int64)
-        for k in ("column", "row", "sample_start", "sample_stop", "hidden_start", "hidden_stop")
-    }
-    work = np.zeros(n_all, dtype=np.int64)
-    planned = np.zeros(n_all, dtype=bool)
-    for c, col in enumerate(plan.columns):
-        for k, w in enumerate(col):
-            r = plan.rectangle(w)
-            planned[w] = True
-            ints["column"][w], ints["row"][w] = c, k
-            ints["sample_start"][w], ints["sample_stop"][w] = r.samples
-            ints["hidden_start"][w], ints["hidden_stop"][w] = r.hidden
-            work[w] = r.area
-    ability = np.asarray(plan.abilities, dtype=float)
-    share = work / float(plan.samples * plan.m)
-    p = np.where(planned, ability, 0.0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        load = np.where(planned, share / (p / p.sum()), np.nan)
-    values: dict[str, Any] = {
-        "ability": ability,
-        "planned": planned,
-        **ints,
-        "work": work,
-        "work_share": share,
-        "load": load,
-    }
-    data_vars = {k: ("worker", v, dict(_PLAN_VARS[k])) for k, v in values.items()}
-    addresses = list(plan.workers) if plan.workers is not None else [""] * n_all
-    coords = {
-        "worker": (
-            "worker",
-            np.arange(n_all),
-            {"description": "worker index in the order the abilities were given"},
-        ),
-        "label": (
-            "worker",
-            np.array([f"P{w + 1}" for w in range(n_all)], dtype=object),
-            {"description": "the paper's processor name"},
-        ),
-        "address": (
-            "worker",
-            np.array([str(a) for a in addresses], dtype=object),
-            {"description": "Dask worker address or name (empty: plan not bound to a cluster)"},
-        ),
-    }
-    n, m, l = plan.shape
-    attrs = {
-        "title": f"dask_rpm {plan.method} plan: {len(plan.rectangles)} rectangles in {plan.n_columns} column(s)",
-        "method": plan.method,
-        "shape": f"{n}-{m}-{l}",
-        "n": n,
-        "m": m,
-        "l": l,
-        "samples": plan.samples,
-        "n_columns": plan.n_columns,
-        "t_comm": float(plan.t_comm),
-        "t_comm_units": "elements (the paper's communication model)",
-        "imbalance": plan.imbalance(),
-        "imbalance_description": "largest load; 1 is perfect balance",
-        "notes": "; ".join(plan.notes),
-        "plan_json": plan.to_json(),
-    }
-    return xr.Dataset(data_vars, coords=coords, attrs=attrs)
-
-
-def plan_from_dataset(ds: Any) -> Any:
+def plan_from_dataset(ds: Any) -> Plan:
     """The :class:`~dask_rpm.Plan` stored in a :func:`plan_dataset` (``Plan.from_dataset()``)."""
-    from .partition import Plan, PlanError
-
-    text = getattr(ds, "attrs", {}).get("plan_json")
-    if not text:
-        raise PlanError(
-            "this dataset holds no plan: it has no 'plan_json' attribute; "
-            "make it with Plan.to_dataset() (or dask_rpm.results.plan_dataset)"
-        )
-    return Plan.from_dict(json.loads(text))
+    return Plan.from_dataset(ds)
 
 
 def plans_dataset(plans: Sequence[Any], remaps: Sequence[dict[str, Any]] = ()) -> Any:
@@ -289,7 +145,7 @@ def plans_dataset(plans: Sequence[Any], remaps: Sequence[dict[str, Any]] = ()) -
     out = out.assign_coords(
         plan=("plan", np.arange(len(plans)), {"description": "plan number, in the order used"})
     )
-    for k, v in _PLAN_VARS.items():  # concat keeps the first dataset's attrs; make sure
+    for k, v in PLAN_VARS.items():  # concat keeps the first dataset's attrs; make sure
         if k in out:
             out[k].attrs = dict(v)
     out["address"].attrs = {

@@ -542,6 +542,25 @@ def test_register_custom_planner_and_callable_method():
         register_planner("", one_column)
 
 
+def test_register_planner_refuses_a_taken_name_unless_replace():
+    def mine(abilities, shape, samples, *, dp=None):
+        return srpm(abilities, shape, samples, dp=dp)
+
+    before = dict(PLANNERS)
+    with pytest.raises(PlanError, match=r"'srpm' is already registered .*replace=True"):
+        register_planner("SRPM", mine)
+    assert PLANNERS == before  # nothing changed
+    with pytest.raises(PlanError, match="reserved for the dynamic mapping"):
+        register_planner("drpm", mine)
+    assert register_planner("srpm", PLANNERS["srpm"]) is before["srpm"]  # the same function again
+    try:
+        register_planner("srpm", mine, replace=True)
+        assert get_planner("srpm") is mine
+    finally:
+        PLANNERS["srpm"] = before["srpm"]
+    assert list(PLANNERS) == list(before)
+
+
 def test_method_default_from_config():
     with dask.config.set({"rpm.planner.method": "uniform"}):
         assert make_plan([1, 2, 3, 6], (3, 10, 2), 30).method == "uniform"

@@ -42,8 +42,8 @@ from typing import Any
 
 import numpy as np
 
-from . import config
-from .cost import (
+from .. import config
+from ..cost import (
     SCALABLE,
     LinkClass,
     Network,
@@ -51,16 +51,11 @@ from .cost import (
     predict_breakdown,
     t_comm_partition,
 )
-from .partition import PlanError, RealPartition, _snap, to_integer
-from .planners import (
-    PlannerResult,
-    _divisors,
-    _normalise,
-    _search,
-    grid_hrev,
-    register_planner,
-    split_1d,
-)
+from ..partition import PlanError, RealPartition, snap_with_count, to_integer
+from .grids import divisors, grid_hrev, split_1d
+from .inputs import normalise
+from .registry import PlannerResult
+from .srpm import first_true
 
 __all__ = ["srpm_time", "time_table", "vertical_seconds", "resolve_vertical"]
 
@@ -230,8 +225,8 @@ def time_table(w: _RunCost, n: int, last: int) -> tuple[list[float], np.ndarray]
     for c in range(2, last + 1):
         q = np.arange(c, n + 1)
         first = np.maximum(q - w.cap, c - 1)
-        # _search calls the predicate before the loop moves on.
-        star = _search(lambda mid: row[mid] >= w(mid, q), first, q - 1)  # noqa: B023
+        # first_true calls the predicate before the loop moves on.
+        star = first_true(lambda mid: row[mid] >= w(mid, q), first, q - 1)  # noqa: B023
         before = star - 1
         has_before = before >= first
         safe = np.maximum(before, first)
@@ -329,101 +324,38 @@ def srpm_time(
         Rows of the DP (column counts) computed; more columns are tried as
         equal runs of 1, 2, 3, 4, 6, 8, 12 or 16 workers. Keeps N = 4096 within seconds.
     """
-    p = _normalise(abilities)
+    p = normalise(abilities)
     N = len(p)
-    n_, m, l = shape
     net = network_from_config(network)
     vmode = str(config.get("cost.vertical", vertical))
     hmode = str(config.get("cost.horizontal", horizontal))
-    if rates is None:
-        r = p * N * float(config.get("planner.rate"))
-    else:
-        r = np.asarray(rates, dtype=float)
-        if r.shape != p.shape or not np.all(np.isfinite(r)) or np.any(r <= 0):
-            raise PlanError(
-                f"rates must be {N} positive finite work units per second, one per worker; got {list(r)}"
-            )
+    r = _absolute_rates(p, rates)
     if dp is not None and not (1 <= dp <= min(N, samples)):
         raise PlanError(
             f"dp={dp} columns must be between 1 and min(workers={N}, samples={samples})"
         )
-    cap = m
     default_snap = float(config.get("planner.small-group"))
-    snaps = sorted({0.0, default_snap, 0.2})
-
-    candidates: list[tuple[float, int, str, RealPartition, float]] = []
-
-    def consider(part: RealPartition, label: str, snap: float) -> None:
-        snapped, _ = _snap(part, snap)
-        try:
-            plan = to_integer(
-                snapped,
-                abilities=p,
-                shape=shape,
-                samples=samples,
-                method="srpm-time",
-                t_comm=float("nan"),
-            )
-        except PlanError:
-            return
-        t = predict_breakdown(plan, list(r), network=net, vertical=vmode, horizontal=hmode)["total"]
-        candidates.append((t, len(part.columns), label, part, snap))
-
-    def runs(order: np.ndarray, sizes: Sequence[int]) -> RealPartition:
-        cols, i = [], 0
-        for k in sizes:
-            cols.append(tuple(int(v) for v in order[i : i + k]))
-            i += k
-        widths = tuple(float(p[list(col)].sum()) for col in cols)
-        heights = tuple(tuple(float(p[j]) / wd for j in col) for col, wd in zip(cols, widths))
-        return RealPartition(tuple(cols), widths, heights)
-
-    need = -(-N // cap)
+    cands = _Candidates(p, r, shape, samples, net, vmode, hmode, sorted({0.0, default_snap, 0.2}))
     for name, order, labels in _order(p, net, N):
-        w = _RunCost(p[order], r[order], labels, shape, samples, net, vmode, cap)
-        last = min(N if dp is None else dp, samples, max_dp_columns if dp is None else N)
-        tv, args = time_table(w, N, last)
-        cs = np.arange(1, last + 1)
-        est = np.array(tv) + _horizontal_estimate(hmode, cs.astype(float), N, shape, net)
-        est[cs < need] = np.inf
-        if dp is not None:
-            pick = [dp]
-        else:
-            pick = [
-                int(c) for c in cs[np.argsort(est, kind="stable")] if math.isfinite(est[c - 1])
-            ][:shortlist]
-        for c in sorted(set(pick)):
-            if math.isfinite(tv[c - 1]):
-                part = runs(order, _sizes(args, N, c))
-                for snap in snaps if c > 1 else (0.0,):
-                    consider(part, f"{name} C={c}", snap)
-        if dp is None:
-            # beyond the DP's rows: equal runs of k workers (k = 1 is the proportional 1-D split)
-            for k in (1, 2, 3, 4, 6, 8, 12, 16):
-                c = -(-N // k)
-                if k <= cap and c <= samples and c > last:
-                    sizes = [k] * (N // k) + ([N % k] if N % k else [])
-                    for snap in snaps if k > 1 else (0.0,):
-                        consider(runs(order, sizes), f"{name} runs of {k}", snap)
+        _sorted_run_candidates(cands, name, order, labels, dp, shortlist, max_dp_columns)
     if dp is None and N <= samples:
-        consider(split_1d(p, shape, samples).partition, "one column per worker", 0.0)
-    if dp is None and candidates:
-        best_c = min(candidates, key=lambda x: (x[0], x[1]))[1]
-        divs = sorted(_divisors(N), key=lambda d: (abs(math.log(d / best_c)), d))[:2]
-        for d in divs:
+        cands.consider(split_1d(p, shape, samples).partition, "one column per worker", 0.0)
+    if dp is None and cands.built:
+        best_c = min(cands.built, key=lambda x: (x[0], x[1]))[1]
+        for d in sorted(divisors(N), key=lambda d: (abs(math.log(d / best_c)), d))[:2]:
             try:
                 g = grid_hrev(p, shape, samples, dp=d).partition
             except PlanError:
                 continue
-            consider(g, f"aligned grid C={d}", 0.0)
-    if not candidates:
+            cands.consider(g, f"aligned grid C={d}", 0.0)
+    if not cands.built:
         raise PlanError(
             f"srpm-time found no feasible plan for {N} workers, shape {shape}, samples={samples}"
         )
-    t, c, label, part, snap = min(candidates, key=lambda x: (x[0], x[1]))
+    t, c, label, part, snap = min(cands.built, key=lambda x: (x[0], x[1]))
     note = (
         f"srpm-time: {label}, small-group {snap:g}; predicted {t:.6g} s/iteration "
-        f"({vmode} vertical, {hmode} horizontal exchanges) among {len(candidates)} plans built"
+        f"({vmode} vertical, {hmode} horizontal exchanges) among {len(cands.built)} plans built"
     )
     return PlannerResult(
         part,
@@ -435,5 +367,107 @@ def srpm_time(
     )
 
 
-srpm_time.time_objective = True  # type: ignore[attr-defined]  # make_plan passes rates and the network
-register_planner("srpm-time", srpm_time)
+# make_plan passes rates and the network to planners that say they minimise seconds
+srpm_time.time_objective = True  # type: ignore[attr-defined]
+
+
+def _absolute_rates(p: np.ndarray, rates: Sequence[float] | None) -> np.ndarray:
+    """Each worker's work units per second: given, or abilities scaled by rpm.planner.rate."""
+    N = len(p)
+    if rates is None:
+        return p * N * float(config.get("planner.rate"))
+    r = np.asarray(rates, dtype=float)
+    if r.shape != p.shape or not np.all(np.isfinite(r)) or np.any(r <= 0):
+        raise PlanError(
+            f"rates must be {N} positive finite work units per second, one per worker; got {list(r)}"
+        )
+    return r
+
+
+class _Candidates:
+    """The plans built so far, each with its predicted seconds per iteration."""
+
+    def __init__(
+        self,
+        p: np.ndarray,
+        r: np.ndarray,
+        shape: tuple[int, int, int],
+        samples: int,
+        net: Network,
+        vmode: str,
+        hmode: str,
+        snaps: Sequence[float],
+    ) -> None:
+        self.p, self.r, self.shape, self.samples, self.net = p, r, shape, samples, net
+        self.vmode, self.hmode, self.snaps = vmode, hmode, tuple(snaps)
+        #: (predicted seconds, columns, label, real partition, small-group threshold)
+        self.built: list[tuple[float, int, str, RealPartition, float]] = []
+
+    def consider(self, part: RealPartition, label: str, snap: float) -> None:
+        """Snap, round and predict ``part``; infeasible integer plans are skipped."""
+        snapped, _ = snap_with_count(part, snap)
+        try:
+            plan = to_integer(
+                snapped,
+                abilities=self.p,
+                shape=self.shape,
+                samples=self.samples,
+                method="srpm-time",
+                t_comm=float("nan"),
+            )
+        except PlanError:
+            return
+        t = predict_breakdown(
+            plan, list(self.r), network=self.net, vertical=self.vmode, horizontal=self.hmode
+        )["total"]
+        self.built.append((t, len(part.columns), label, part, snap))
+
+    def runs(self, order: np.ndarray, sizes: Sequence[int]) -> RealPartition:
+        """Columns of consecutive workers of ``order``, ``sizes[c]`` in column ``c``."""
+        p = self.p
+        cols, i = [], 0
+        for k in sizes:
+            cols.append(tuple(int(v) for v in order[i : i + k]))
+            i += k
+        widths = tuple(float(p[list(col)].sum()) for col in cols)
+        heights = tuple(tuple(float(p[j]) / wd for j in col) for col, wd in zip(cols, widths))
+        return RealPartition(tuple(cols), widths, heights)
+
+
+def _sorted_run_candidates(
+    cands: _Candidates,
+    name: str,
+    order: np.ndarray,
+    labels: np.ndarray | None,
+    dp: int | None,
+    shortlist: int,
+    max_dp_columns: int,
+) -> None:
+    """The DP's shortlisted column counts of one worker order, then equal runs beyond them."""
+    p, r, shape, samples, net = cands.p, cands.r, cands.shape, cands.samples, cands.net
+    N, cap = len(p), shape[1]
+    need = -(-N // cap)
+    w = _RunCost(p[order], r[order], labels, shape, samples, net, cands.vmode, cap)
+    last = min(N if dp is None else dp, samples, max_dp_columns if dp is None else N)
+    tv, args = time_table(w, N, last)
+    cs = np.arange(1, last + 1)
+    est = np.array(tv) + _horizontal_estimate(cands.hmode, cs.astype(float), N, shape, net)
+    est[cs < need] = np.inf
+    if dp is not None:
+        pick = [dp]
+    else:
+        finite = [int(c) for c in cs[np.argsort(est, kind="stable")] if math.isfinite(est[c - 1])]
+        pick = finite[:shortlist]
+    for c in sorted(set(pick)):
+        if math.isfinite(tv[c - 1]):
+            part = cands.runs(order, _sizes(args, N, c))
+            for snap in cands.snaps if c > 1 else (0.0,):
+                cands.consider(part, f"{name} C={c}", snap)
+    if dp is None:
+        # beyond the DP's rows: equal runs of k workers (k = 1 is the proportional 1-D split)
+        for k in (1, 2, 3, 4, 6, 8, 12, 16):
+            c = -(-N // k)
+            if k <= cap and c <= samples and c > last:
+                sizes = [k] * (N // k) + ([N % k] if N % k else [])
+                for snap in cands.snaps if k > 1 else (0.0,):
+                    cands.consider(cands.runs(order, sizes), f"{name} runs of {k}", snap)

@@ -10,8 +10,8 @@ import pytest
 
 from dask_rpm.cost import LinkClass, Network, predict_iteration_seconds
 from dask_rpm.partition import PlanError
-from dask_rpm.planner_time import _RangeMax, _RunCost, time_table, vertical_seconds
 from dask_rpm.planners import PLANNERS, fastest_grid, make_plan
+from dask_rpm.planners.srpm_time import _RangeMax, _RunCost, time_table, vertical_seconds
 
 SHAPE = (203, 1024, 26)
 A = [0.25, 0.3125, 0.5, 1.0, 1.0, 0.4167, 0.6667, 0.5]
