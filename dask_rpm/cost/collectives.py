@@ -1,0 +1,156 @@
+"""Messages, rounds and collective exchanges in seconds (the alpha-beta model of one exchange)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from .network import LinkClass, Network
+
+__all__ = [
+    "HORIZONTAL_MODES",
+    "SCALABLE",
+    "VERTICAL_MODES",
+    "Message",
+    "best_collective",
+    "collective_seconds",
+    "round_seconds",
+]
+
+
+class Message(NamedTuple):
+    """One point-to-point message of a round: ``nbytes`` bytes from ``src`` to ``dst``.
+
+    ``reduce``: the receiver adds the payload into its buffer (charged ``Network.reduce`` per element).
+    """
+
+    src: int
+    dst: int
+    nbytes: float
+    reduce: bool = False
+
+
+def round_seconds(messages: Sequence[Message], network: Network) -> tuple[float, dict[int, float]]:
+    """Seconds of one round of concurrent messages, and each worker's own part.
+
+    A worker's part is ``latency + overhead x (sent + received) + max(bytes out / bw, bytes in / bw)``
+    (links are full duplex; latency of its slowest link); the round lasts until
+    the slowest worker and every host are done, a host needing
+    ``overhead x message ends on it / host_cores + bytes touching it / host_bandwidth``.
+    """
+    per: dict[int, list[float]] = {}
+    host_load: dict[Any, float] = {}
+    o = network.overhead
+    for msg in messages:
+        link = network.link(msg.src, msg.dst)
+        t = msg.nbytes / link.bandwidth
+        for w, slot in ((msg.src, 1), (msg.dst, 2)):
+            p = per.setdefault(w, [0.0, 0.0, 0.0, 0.0])  # latency, cpu, out, in
+            p[0] = max(p[0], link.latency)
+            p[1] += o
+            p[slot + 1] += t
+        if msg.reduce:
+            add = msg.nbytes / network.itemsize * network.reduce
+            per[msg.dst][1] += add
+            if network.hosts is not None:  # the additions also need the host's cores
+                h = network.hosts[msg.dst]
+                host_load[h] = host_load.get(h, 0.0) + add / network.host_cores
+        if network.hosts is not None:
+            hs, hd = network.hosts[msg.src], network.hosts[msg.dst]
+            for h in {hs, hd}:
+                ends = (hs == h) + (hd == h)
+                host_load[h] = (
+                    host_load.get(h, 0.0)
+                    + ends * o / network.host_cores
+                    + msg.nbytes / network.host_bandwidth
+                )
+    own = {
+        w: p[0] + p[1] + (max(p[2], p[3]) if network.duplex else p[2] + p[3])
+        for w, p in per.items()
+    }
+    worst = max(own.values(), default=0.0)
+    if host_load:
+        worst = max(worst, network.latency + max(host_load.values()))
+    return worst, own
+
+
+# ----------------------------------------------------------- exchange costs
+#: In-column algorithms the model knows: the engine's today, and the scalable ones of dask_rpm.exchange.
+VERTICAL_MODES = (
+    "engine",
+    "allgather",
+    "leader",
+    "gather",
+    "tree",
+    "halving",
+    "ring",
+    "direct",
+    "best",
+)
+#: Across-column algorithms: the engine's pairwise messages, the paper's serialised bands, per-band schedules.
+HORIZONTAL_MODES = ("engine", "pairwise", "bands", "tree", "halving", "ring", "direct", "best")
+#: The scalable collectives "best" chooses from (dask_rpm.exchange builds their schedules).
+SCALABLE = ("tree", "halving", "ring", "direct")
+
+
+def collective_seconds(
+    algorithm: str,
+    q: int,
+    nbytes: float,
+    link: LinkClass,
+    overhead: float = 0.0,
+    reduce: float = 0.0,
+) -> float:
+    """Seconds of a sum-and-share (allreduce) of ``nbytes`` among ``q`` holders, closed form.
+
+    Matches :func:`round_seconds` summed over the rounds of the schedules of
+    :mod:`dask_rpm.exchange` on uniform links (tested):
+
+    * ``tree``: binomial reduce then binomial broadcast, ``2 ceil(log2 q)`` rounds of the whole buffer;
+    * ``halving``: recursive halving reduce-scatter + doubling all-gather (Rabenseifner);
+      ``2 log2 p`` rounds for the largest power of two ``p <= q`` plus 2 rounds folding the rest in and out;
+    * ``ring``: ring reduce-scatter + all-gather, ``2 (q - 1)`` rounds of ``1/q`` of the buffer;
+    * ``direct``: every holder sends each other holder the share it owns (2 rounds, ``q - 1`` messages each);
+    * ``allgather``: everyone sends everything to everyone (the engine's small-column vertical);
+    * ``leader`` / ``gather``: one holder gathers and sends the sum back (the engine's large-column vertical).
+
+    ``reduce`` is the seconds to add the whole buffer once at a receiver
+    (``elements x Network.reduce``); each algorithm's critical path adds
+    ``(1 - 1/q)`` (ring, halving, direct), ``ceil(log2 q)`` (tree) or ``q - 1``
+    (allgather, leader) buffers.
+    """
+    if q <= 1:
+        return 0.0
+    a, b, o, r = link.latency, nbytes / link.bandwidth, overhead, reduce
+    if algorithm == "tree":
+        return 2 * math.ceil(math.log2(q)) * (a + o + b) + math.ceil(math.log2(q)) * r
+    if algorithm == "halving":
+        p = 1 << (q.bit_length() - 1)
+        lg = p.bit_length() - 1
+        t = 2 * lg * (a + 2 * o) + 2 * (1 - 1 / p) * b + (1 - 1 / p) * r
+        if q > p:  # the q - p extra holders hand their buffer in first and get the result last
+            t += 2 * (a + o + b) + r
+        return t
+    if algorithm == "ring":
+        return 2 * (q - 1) * (a + 2 * o + b / q) + (q - 1) * r / q
+    if algorithm == "direct":
+        return 2 * (a + 2 * (q - 1) * o + (q - 1) * b / q) + (q - 1) * r / q
+    if algorithm == "allgather":
+        return a + 2 * (q - 1) * o + (q - 1) * b + (q - 1) * r
+    if algorithm in ("leader", "gather"):
+        return 2 * (a + (q - 1) * (o + b)) + (q - 1) * r
+    raise ValueError(
+        f"unknown exchange algorithm {algorithm!r}; valid: tree, halving, ring, direct, "
+        f"allgather, leader"
+    )
+
+
+def best_collective(
+    q: int, nbytes: float, link: LinkClass, overhead: float = 0.0, reduce: float = 0.0
+) -> tuple[str, float]:
+    """The scalable algorithm with the least :func:`collective_seconds` (ties: the order of ``SCALABLE``)."""
+    return min(
+        ((alg, collective_seconds(alg, q, nbytes, link, overhead, reduce)) for alg in SCALABLE),
+        key=lambda x: x[1],
+    )
