@@ -19,8 +19,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 from . import config  # noqa: F401  (registers the rpm.yaml defaults with dask.config)
-
-__version__ = "0.1.0.dev0"
+from ._version import __version__
 
 #: public name -> the module that defines it (imported when the name is first asked for)
 _LAZY = {

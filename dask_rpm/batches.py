@@ -26,6 +26,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from . import config
+
 __all__ = ["Schedule", "BatchError", "schedule"]
 
 
@@ -107,8 +109,6 @@ def schedule(
     samples: int, batch_size: int | None = None, *, shuffle: bool | None = None, seed: int = 0
 ) -> Schedule:
     """A validated :class:`Schedule`; ``None`` reads ``rpm.train.batch-size`` / ``rpm.train.shuffle``."""
-    from . import config
-
     batch_size = config.get("train.batch-size", batch_size)
     shuffle = config.get("train.shuffle", shuffle)
     if batch_size is not None and batch_size != "full":

@@ -17,6 +17,10 @@ from typing import Any
 
 import numpy as np
 
+from . import config
+from ._files import atomic_write
+from .kernels import init_weights
+
 __all__ = [
     "DataError",
     "as_arrays",
@@ -147,9 +151,6 @@ def check_training_args(
 
     ``shape`` is ``(s, n, l)`` when the data are not loaded (path input).
     """
-    from . import config
-    from .kernels import init_weights
-
     if shape is None:
         assert x is not None and d is not None
         if x.shape[0] != d.shape[0]:
@@ -257,8 +258,6 @@ def atomic_to_netcdf(ds: Any, path: str | os.PathLike) -> str:
     a plain ``open()`` would give (the umask is honoured). The directory is
     created when missing; ``path`` must not be a directory or a device.
     """
-    from ._files import atomic_write
-
     path = os.fspath(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     return atomic_write(path, lambda tmp: ds.to_netcdf(tmp, engine="h5netcdf"))

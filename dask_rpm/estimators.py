@@ -39,7 +39,10 @@ except ImportError as exc:  # pragma: no cover - exercised only without scikit-l
         "dask_rpm.MLPClassifier and MLPRegressor need scikit-learn: pip install 'dask-rpm[sklearn]'"
     ) from exc
 
+from . import config
 from .model import MLPModel
+from .recipe import RecipeError, holdout, one_hot
+from .serial import fit_serial
 
 __all__ = ["MLPClassifier", "MLPRegressor", "EstimatorError"]
 
@@ -121,8 +124,6 @@ class _MLPBase(BaseEstimator):
         return value
 
     def _training_options(self, samples: int) -> dict[str, Any]:
-        from . import config
-
         hidden = self._setting("hidden_units")
         if isinstance(hidden, bool) or not isinstance(hidden, (int, np.integer)) or hidden < 1:
             raise EstimatorError(f"hidden_units={hidden!r}; give a positive integer")
@@ -153,8 +154,6 @@ class _MLPBase(BaseEstimator):
     def _split(self, X: np.ndarray, D: np.ndarray, seed: int) -> tuple[Any, Any, Any]:
         """Training and held-out samples: a validation split when ``validation_fraction`` or
         ``early_stopping`` asks for one (the seeded split of :func:`dask_rpm.recipe.holdout`)."""
-        from .recipe import RecipeError, holdout
-
         fraction = self.validation_fraction
         if fraction is None and self.early_stopping is not None:
             fraction = self._setting("validation_fraction")
@@ -187,8 +186,6 @@ class _MLPBase(BaseEstimator):
         opts["validation"] = val
         client = self._client()
         if client is None:
-            from .serial import fit_serial
-
             result: Any = fit_serial(Xt, Dt, full_output=True, **opts)
             stopped = result["stopped"]
         else:
@@ -306,8 +303,6 @@ class MLPClassifier(ClassifierMixin, _MLPBase):
 
     def fit(self, X: Any, y: Any) -> MLPClassifier:
         """Train on samples ``X (s, n)`` and labels ``y (s,)`` (any sortable labels); returns self."""
-        from .recipe import one_hot
-
         X, y = self._check_X_y(X, y)
         y = column_or_1d(y, warn=True)
         check_classification_targets(y)

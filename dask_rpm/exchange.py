@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from .cost import LinkClass, Message, Network, best_collective, round_seconds
+from .cost import LinkClass, Message, Network, best_collective, network_from_config, round_seconds
 
 if TYPE_CHECKING:  # pragma: no cover
     from .partition import Plan
@@ -387,8 +387,6 @@ def vertical_schedule(
     ``algorithm=None`` chooses by the model (:func:`choose`) with ``network``
     (default: ``rpm.cost.*``).
     """
-    from .cost import network_from_config
-
     net = network_from_config(network)
     col = sorted(plan.columns[column], key=lambda w: plan.rectangle(w).hidden[0])
     s0, s1 = plan.column_samples(column)
@@ -419,8 +417,6 @@ def horizontal_schedules(
     per transfer instead of one per band). ``algorithm=None`` chooses per
     group by the model.
     """
-    from .cost import network_from_config
-
     net = network_from_config(network)
     if plan.n_columns == 1:
         return []

@@ -30,7 +30,11 @@ from typing import Any
 
 import numpy as np
 
-from .network import Network, NetworkError
+from ._version import __version__
+from .data import atomic_to_netcdf
+from .kernels import Workspace
+from .network import Network, NetworkError, network
+from .recipe import forward
 
 __all__ = ["MLPModel", "ModelError", "FORMAT_VERSION"]
 
@@ -267,14 +271,10 @@ class MLPModel:
     def outputs(self, x: Any) -> np.ndarray:
         """Network outputs ``h`` (after the output layer), ``(samples, outputs)``: exactly
         :func:`dask_rpm.recipe.forward` of the weights."""
-        from .recipe import forward
-
         return forward(self._check_x(x), self.W, self.V, self.net)
 
     def decision_function(self, x: Any) -> np.ndarray:
         """Output pre-activations ``u = f(x W^T) V^T`` (logits), ``(samples, outputs)``."""
-        from .kernels import Workspace
-
         xa = self.net.augment(self._check_x(x))
         ws = Workspace(
             xa.shape[0],
@@ -419,8 +419,6 @@ class MLPModel:
         returns the path."""
         import warnings
 
-        from .data import atomic_to_netcdf
-
         path = os.fspath(path)
         if os.path.isdir(path):
             raise ModelError(
@@ -499,7 +497,6 @@ class MLPModel:
                 str(ds.attrs["output"]),
                 bool(int(ds.attrs["bias"])),
             )
-            from .network import network
 
             network(net.activation, net.loss, net.output, net.bias)  # validate
         except (KeyError, ValueError, NetworkError) as exc:
@@ -600,6 +597,4 @@ def _validation_rows(hist: Any) -> list[list[float]]:
 
 
 def _version() -> str:
-    from . import __version__
-
     return str(__version__)

@@ -24,6 +24,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from . import config
+
 __all__ = ["Network", "ACTIVATIONS", "OUTPUTS", "LOSSES", "network", "NetworkError"]
 
 #: Hidden-layer activations.
@@ -118,8 +120,6 @@ def network(
     bias: bool | None = None,
 ) -> Network:
     """A validated :class:`Network`; ``None`` reads ``rpm.train.*`` (``output: auto`` follows the loss)."""
-    from . import config
-
     activation = str(config.get("train.activation", activation))
     loss = str(config.get("train.loss", loss))
     output = config.get("train.output", output)

@@ -28,6 +28,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from . import config
+
 __all__ = ["Optimizer", "OPTIMIZERS", "optimizer", "OptimizerError", "step"]
 
 #: Names of the optimizers and the state arrays each keeps per weight matrix.
@@ -56,8 +58,6 @@ class Optimizer(NamedTuple):
 def optimizer(spec: Any = None) -> Optimizer:
     """A validated :class:`Optimizer` from a name, a mapping ``{"name": ..., <parameter>: ...}``,
     an :class:`Optimizer`, or None (``rpm.train.optimizer``)."""
-    from . import config
-
     if isinstance(spec, Optimizer):
         return _check(spec)
     if spec is None:

@@ -13,7 +13,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .data import DataError, as_arrays, check_training_args, data_shape
+from . import config
+from .data import DataError, as_arrays, check_training_args, data_shape, load_rows
 from .recipe import Recipe, RecipeError, Validator, holdout, one_hot, recipe
 
 __all__ = ["Prepared", "prepare"]
@@ -50,8 +51,6 @@ def _targets(
     d: np.ndarray, loss: str | None, classes: Any = None
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """2-D targets; 1-D labels become one-hot rows (cross-entropy only)."""
-    from . import config
-
     loss = str(config.get("train.loss", loss))
     if d.ndim == 1:
         if loss != "cross-entropy":
@@ -129,8 +128,6 @@ def prepare(
     samples); ``validation`` may be None, a fraction to hold out (seeded), or
     ``(x_val, d_val)``.
     """
-    from . import config
-
     dtype = str(config.get("train.dtype", dtype))
     seed = int(config.get("train.seed", seed))
     if target_error is not None and not (np.isfinite(target_error) and target_error >= 0):
@@ -161,8 +158,6 @@ def prepare(
             val = (xa[val_idx], da[val_idx])
             xa, da = xa[train_idx], da[train_idx]
         else:
-            from .data import load_rows
-
             val = load_rows(path, val_idx, dtype)
             rows = train_idx
         s = len(train_idx)

@@ -16,7 +16,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from . import config
 from .batches import Schedule, schedule
+from .kernels import Workspace
 from .network import Network, network
 from .optim import Optimizer, optimizer
 
@@ -87,8 +89,6 @@ def recipe(
     ``epochs`` and ``iterations`` are alternatives; with ``epochs`` the run
     has ``epochs * ceil(samples / batch_size)`` iterations.
     """
-    from . import config
-
     seed = int(config.get("train.seed", seed))
     sched = schedule(samples, batch_size, shuffle=shuffle, seed=seed)
     net = network(activation, loss, output, bias)
@@ -166,8 +166,6 @@ def one_hot(labels: Any, classes: Sequence[Any] | None = None) -> tuple[np.ndarr
 
 def forward(x: np.ndarray, W: np.ndarray, V: np.ndarray, net: Network) -> np.ndarray:
     """Network outputs ``h`` for inputs ``x`` (data inputs; augmented ``W``, ``V``)."""
-    from .kernels import Workspace
-
     xa = net.augment(np.ascontiguousarray(x, dtype=W.dtype))
     ws = Workspace(
         xa.shape[0], W.shape[0], W.shape[1], V.shape[0], W.dtype, net, net.bias_row(W.shape[0])

@@ -36,6 +36,7 @@ import numpy as np
 
 from . import config
 from .partition import Plan, PlanError, RealPartition, snap_small_groups, to_integer
+from .planners import make_plan
 
 __all__ = [
     "MigrationError",
@@ -202,7 +203,6 @@ def whole_remap(plan: Plan, abilities: Abilities, **kw: Any) -> Plan:
     **kw
         Passed to :func:`dask_rpm.planners.make_plan`.
     """
-    from .planners import make_plan  # lazy: the planner module is optional here
 
     workers: tuple[Hashable, ...] | None = None
     if isinstance(abilities, Mapping):

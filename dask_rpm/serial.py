@@ -12,6 +12,7 @@ import numpy as np
 
 from .kernels import Workspace, all_finite
 from .optim import step
+from .prepare import prepare
 from .recipe import Recipe, Validator
 
 __all__ = ["fit_serial", "train_arrays"]
@@ -145,8 +146,6 @@ def fit_serial(
     err : numpy.ndarray
         Loss of each iteration's forward pass (before that iteration's update).
     """
-    from .prepare import prepare
-
     job = prepare(
         x,
         d,

@@ -22,6 +22,7 @@ import numpy as np
 from ..partition import Plan
 from ..records import Checkpoint
 from .driver import Driver
+from .drpm import jsonable
 from .errors import WorkerLostError
 
 logger = logging.getLogger("dask_rpm")
@@ -286,8 +287,6 @@ class DashboardCallback(TrainingCallback):
         )  # what a callback that stopped training saw last (e.g. a validation)
 
     async def _push(self, driver: Driver, remaps: list[dict[str, Any]]) -> None:
-        from .drpm import jsonable
-
         update: dict[str, Any] = {}
         if driver.plan is not self.plan:
             self.plan = driver.plan

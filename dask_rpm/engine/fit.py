@@ -21,9 +21,11 @@ import numpy as np
 from .. import config
 from ..data import DataError
 from ..partition import Plan, PlanError
+from ..planners import make_plan
 from ..prepare import Prepared, prepare
 from ..progress import Progress
 from ..records import Checkpoint
+from ..results import describe_history
 from . import callbacks as cb
 from . import retirement
 from .driver import Driver, ordered_workers
@@ -113,8 +115,6 @@ def _resolve_plan(
 ) -> Plan:
     """Turn ``mapping`` (a method name or a Plan) into a plan bound to worker addresses."""
     if not isinstance(mapping, Plan):
-        from ..planners import make_plan
-
         abilities = [1.0] * len(addresses) if abilities is None else list(abilities)
         if len(abilities) != len(addresses):
             raise PlanError(
@@ -615,7 +615,6 @@ async def _fit_async(client: Any, x: Any, d: Any, kw: dict[str, Any]) -> FitResu
     history = build_history(driver.log, driver.plan, driver.addresses, driver.run)
     if drpm is not None:
         drpm.add_to_history(history)
-    from ..results import describe_history
 
     describe_history(history, driver.plan)
     history.coords["name"] = (

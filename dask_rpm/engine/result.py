@@ -7,7 +7,9 @@ from typing import Any
 
 import numpy as np
 
+from ..model import MLPModel
 from ..partition import Plan
+from ..results import plans_dataset, plot_result
 
 __all__ = ["FitResult"]
 
@@ -86,8 +88,6 @@ class FitResult:
     @property
     def model(self) -> Any:
         """The trained network as a :class:`dask_rpm.MLPModel`: predict, score, save, to_torch."""
-        from ..model import MLPModel
-
         return MLPModel.from_result(self)
 
     def predict(self, x: Any) -> np.ndarray:
@@ -100,14 +100,10 @@ class FitResult:
 
     def plans_dataset(self) -> Any:
         """Every plan used, as one ``xarray.Dataset`` along ``plan`` (:func:`dask_rpm.results.plans_dataset`)."""
-        from ..results import plans_dataset
-
         return plans_dataset(self.plans or [self.plan], self.remaps)
 
     def plot(self, path: Any = None, **kwargs: Any) -> Any:
         """Error curve, per-worker times and rectangles as a matplotlib Figure (:func:`dask_rpm.results.plot_result`)."""
-        from ..results import plot_result
-
         return plot_result(self, path, **kwargs)
 
     def __repr__(self) -> str:
