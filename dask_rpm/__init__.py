@@ -30,7 +30,7 @@ _LAZY = {
     "TrainingError": "engine",
     "WorkerLostError": "engine",
     "fit": "engine",
-    "ordered_workers": "engine",
+    "ordered_workers": "ordering",
     "MLPModel": "model",
     "Plan": "partition",
     "PlanError": "partition",
@@ -68,9 +68,10 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from . import kernels, train
     from .cost import predict_iteration_seconds, t_comm
     from .emulation import local_cluster
-    from .engine import FitResult, TrainingError, WorkerLostError, fit, ordered_workers
+    from .engine import FitResult, TrainingError, WorkerLostError, fit
     from .estimators import MLPClassifier, MLPRegressor
     from .model import MLPModel
+    from .ordering import ordered_workers
     from .partition import Plan, PlanError, Rectangle
     from .planners import PLANNERS, get_planner, make_plan, register_planner
     from .plugin import RPMSchedulerPlugin

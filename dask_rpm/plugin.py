@@ -1,12 +1,28 @@
-"""The scheduler plugin, at the path job scripts and preloads name: ``dask_rpm.plugin``.
+"""The scheduler side of dask_rpm, at the path job scripts and preloads name: ``dask_rpm.plugin``.
 
-It lives in :mod:`dask_rpm.engine.scheduler_plugin`; this module keeps the
-public import path and the preload entry point
-(``dask scheduler --preload dask_rpm.plugin``).
+The recorder, :class:`RPMSchedulerPlugin`, lives in
+:mod:`dask_rpm.engine.scheduler_plugin`; the ``/rpm`` dashboard that reads it
+in :mod:`dask_rpm.dashboard`. This module keeps the public import path and is
+the preload entry point (``dask scheduler --preload dask_rpm.plugin``, or
+dask-jobqueue's ``scheduler_options={"preload": ["dask_rpm.plugin"]}``),
+which adds both.
 """
 
 from __future__ import annotations
 
-from .engine.scheduler_plugin import PLUGIN_NAME, TOPIC, RPMSchedulerPlugin, dask_setup
+from typing import Any
+
+from .dashboard import RPMDashboardPlugin
+from .engine.scheduler_plugin import PLUGIN_NAME, TOPIC, RPMSchedulerPlugin
 
 __all__ = ["RPMSchedulerPlugin", "PLUGIN_NAME", "TOPIC", "dask_setup"]
+
+
+def dask_setup(scheduler: Any) -> None:
+    """Scheduler preload entry point: add the recorder and the dashboard that shows it.
+
+    Both start with the scheduler (after the preloads ran), so ``/rpm``
+    exists before the first training run.
+    """
+    scheduler.add_plugin(RPMSchedulerPlugin(), idempotent=True)
+    scheduler.add_plugin(RPMDashboardPlugin(PLUGIN_NAME), idempotent=True)

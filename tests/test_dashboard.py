@@ -30,6 +30,8 @@ import pytest
 
 import dask_rpm
 from dask_rpm import dashboard
+from dask_rpm.dashboard.page import RPMPage
+from dask_rpm.dashboard.state import Installed
 from dask_rpm.estimator import EstimatorError
 from dask_rpm.plugin import RPMSchedulerPlugin
 from dask_rpm.records import TimingRecord
@@ -157,6 +159,7 @@ def test_install_is_idempotent(trained):
         import prometheus_client
 
         from dask_rpm import dashboard as dash
+        from dask_rpm.dashboard.metrics import RPMCollector
 
         def count() -> tuple[int, int, int]:
             app = dask_scheduler.http_application
@@ -171,7 +174,7 @@ def test_install_is_idempotent(trained):
             collectors = sum(
                 1
                 for c in prometheus_client.REGISTRY._collector_to_names
-                if isinstance(c, dash._RPMCollector)
+                if isinstance(c, RPMCollector)
             )
             return state_routes, pages, collectors
 
@@ -342,9 +345,9 @@ def test_page_model_with_groups_and_remaps():
             ],
         },
     )
-    page = dashboard._RPMPage(dashboard._Installed(type("S", (), {})(), plugin, ""))
-    page._update()
-    rects = page.rects.data
+    page = RPMPage(Installed(type("S", (), {})(), plugin, ""))
+    page.refresh()
+    rects = page.rectangles.source.data
     assert rects["worker"] == ["2", "1", "0"]
     assert rects["group"] == ["slow", "slow", "fast"] and len(set(rects["hatch"])) == 2
     assert (
@@ -352,21 +355,23 @@ def test_page_model_with_groups_and_remaps():
         and "p\u0302 0.60" in rects["label"][2]
         and "fast" in rects["label"][2]
     )
-    assert (page.x_range.end, page.y_range.start) == (100, 10)
-    assert page.it.data["iteration"] == [0, 1, 2, 3, 4] and page.remap.data["kind"] == [
+    assert (page.rectangles.x_range.end, page.rectangles.y_range.start) == (100, 10)
+    assert page.iterations.data["iteration"] == [0, 1, 2, 3, 4] and page.remaps.data["kind"] == [
         "column remap"
     ]
     # the remap's hover names both what moved between workers and what was re-read from storage
-    assert page.remap.data["bytes"] == [64] and page.remap.data["sample_bytes"] == [4096]
-    np.testing.assert_allclose(page.it.data["time"], [0.1] * 5)
-    assert len(page.est.data["xs"]) == 2 and len(page.planned.data["xs"]) == 3
-    assert "EMULATED" in page.header.text
+    assert page.remaps.data["bytes"] == [64] and page.remaps.data["sample_bytes"] == [4096]
+    np.testing.assert_allclose(page.iterations.data["time"], [0.1] * 5)
+    assert len(page.abilities.estimates.data["xs"]) == 2
+    assert len(page.abilities.planned.data["xs"]) == 3
+    assert "EMULATED" in page.header.root.text
 
     plugin.log_event(
         "rpm", {"kind": "iterations", "run": "r1", "records": [], "errors": [(5, 4.0)]}
     )
-    page._update()  # streams only the new row (no timing record yet: no time)
-    assert page.it.data["iteration"] == [0, 1, 2, 3, 4, 5] and np.isnan(page.it.data["time"][-1])
+    page.refresh()  # streams only the new row (no timing record yet: no time)
+    assert page.iterations.data["iteration"] == [0, 1, 2, 3, 4, 5]
+    assert np.isnan(page.iterations.data["time"][-1])
 
 
 # --------------------------------------------------------------------------- browser

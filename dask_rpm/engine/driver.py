@@ -21,6 +21,7 @@ from distributed.client import FIRST_COMPLETED, _wait
 
 from .. import config
 from ..data import DataError
+from ..ordering import ordered_workers
 from ..partition import Plan
 from ..recipe import Recipe
 from ..records import BlockResult, BlockSpec
@@ -44,23 +45,6 @@ from .worker import rows_of
 __all__ = ["Driver", "BlockOutcome", "ordered_workers"]
 
 logger = logging.getLogger("dask_rpm")
-
-
-def ordered_workers(info: dict[str, Any]) -> list[str]:
-    """Worker addresses in a stable order: by group/name, numbers compared as numbers.
-
-    Index ``i`` in this order is worker ``i`` of a plan (and ``speeds[i]`` of
-    :func:`dask_rpm.local_cluster`).
-    """
-    ws = info["workers"]
-    return sorted(ws, key=lambda a: _sort_key(ws[a].get("name", a)))
-
-
-def _sort_key(name: Any) -> tuple:
-    s = str(name)
-    head = s.rstrip("0123456789")
-    tail = s[len(head) :]
-    return (head, int(tail) if tail else -1, s)
 
 
 @dataclass

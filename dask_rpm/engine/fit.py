@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from .. import config
+from ..dashboard import RPMDashboardPlugin
 from ..data import DataError
 from ..partition import Plan, PlanError
 from ..planners import make_plan
@@ -178,10 +179,10 @@ async def _wait_for_workers(client: Any, min_workers: int) -> dict[str, Any]:
 
 
 async def ensure_plugins(client: Any) -> None:
-    """Register the scheduler plugin (records) and the worker plugin (data plane) once per cluster."""
-    plugins = await client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.plugins))
-    if PLUGIN_NAME not in plugins:
-        await client.register_plugin(RPMSchedulerPlugin())
+    """Register the scheduler plugins (records, ``/rpm`` dashboard) and the worker plugin (data plane)."""
+    # all idempotent: a scheduler that has them keeps them (and what they recorded)
+    await client.register_plugin(RPMSchedulerPlugin())
+    await client.register_plugin(RPMDashboardPlugin(PLUGIN_NAME))
     # idempotent: the scheduler skips it when registered before, and installs it on workers that join later
     await client.register_plugin(RPMEnginePlugin(), name=WORKER_PLUGIN_NAME)
 

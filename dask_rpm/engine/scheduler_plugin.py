@@ -7,13 +7,18 @@ and the errors as ``rpm`` events (batched, at most every
 per run) and serves them to the driver (``rpm_pull``) and to the ``/rpm``
 dashboard page (``rpm_state``). Estimating abilities and deciding remaps live
 in pure modules (:mod:`dask_rpm.estimator`, :mod:`dask_rpm.policy`) that the
-driver calls between blocks; the dashboard only displays what is recorded.
+driver calls between blocks.
+
+The plugin knows nothing of the dashboard: :mod:`dask_rpm.dashboard` reads
+it (as distributed's dashboard reads its task-stream plugin), installed by
+its own :class:`~dask_rpm.dashboard.RPMDashboardPlugin`.
 
 Use it from a client session (:func:`dask_rpm.fit` registers it for you)::
 
     client.register_plugin(RPMSchedulerPlugin())
 
-or as a scheduler preload, e.g. in dask-jobqueue's
+or through the scheduler preload ``dask_rpm.plugin`` (recorder and
+dashboard), e.g. in dask-jobqueue's
 ``scheduler_options={"preload": ["dask_rpm.plugin"]}`` or
 ``dask scheduler --preload dask_rpm.plugin``.
 """
@@ -28,7 +33,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .timing import TimingLog
 
-__all__ = ["RPMSchedulerPlugin", "PLUGIN_NAME", "TOPIC", "dask_setup"]
+__all__ = ["RPMSchedulerPlugin", "PLUGIN_NAME", "TOPIC"]
 
 PLUGIN_NAME = "rpm"
 TOPIC = "rpm"
@@ -61,6 +66,9 @@ class RPMSchedulerPlugin(SchedulerPlugin):
     """
 
     name = PLUGIN_NAME
+    #: Registering it again (a second ``fit``, another client) keeps the
+    #: running instance and what it recorded (distributed skips the new one).
+    idempotent = True
 
     def __init__(self, max_records: int = 200_000, max_runs: int = 8) -> None:
         self.max_records = int(max_records)
@@ -78,13 +86,6 @@ class RPMSchedulerPlugin(SchedulerPlugin):
                 "rpm_state": self.state,
             }
         )
-        # Dashboard page and metrics, if the dashboard module is present.
-        try:
-            from .. import dashboard
-
-            dashboard.install(scheduler, self)
-        except ImportError:  # pragma: no cover - dashboard is optional
-            pass
 
     def _run(self, run: str) -> _Run:
         rec = self.runs.get(run)
@@ -148,8 +149,3 @@ class RPMSchedulerPlugin(SchedulerPlugin):
         out.update(rec.info)
         out["iterations"] = rec.log.rows()
         return out
-
-
-def dask_setup(scheduler: Any) -> None:
-    """Scheduler preload entry point: ``--preload dask_rpm.plugin``."""
-    scheduler.add_plugin(RPMSchedulerPlugin())
