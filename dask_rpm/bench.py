@@ -846,9 +846,9 @@ def run_ddp(
             np.save(paths[k], np.ascontiguousarray(v, dtype="float64"))
         if rate is None:
             from . import config
-            from .emulation import _process_rate
+            from .emulation import process_rate
 
-            rate = float(config.get("emulation.rate-fraction")) * _process_rate("float64")
+            rate = float(config.get("emulation.rate-fraction")) * process_rate("float64")
         from .batches import schedule
 
         sched = schedule(

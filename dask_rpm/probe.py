@@ -63,6 +63,7 @@ from typing import Any
 import numpy as np
 
 from . import config
+from .emulation import emulation_label_async
 from .kernels import backward_partial, block_work, forward_partial, init_weights, output_delta
 
 __all__ = ["probe", "probe_network", "link_class_pairs"]
@@ -625,24 +626,11 @@ async def _probe_async(
             **links,
         },
     )
-    emulation = await _emulation_label(client)
+    emulation = await emulation_label_async(client)
     if emulation:
         ds.attrs["emulation"] = emulation
     ds.attrs["probe_seconds"] = time.perf_counter() - started
     return ds
-
-
-async def _emulation_label(client: Any) -> str | None:
-    """The cluster's EMULATED label, or one built from the workers' plugins, or None."""
-    label = getattr(getattr(client, "cluster", None), "emulation_label", None)
-    if label:
-        return str(label)
-    try:
-        from .emulation import _a_label
-
-        return await _a_label(client)
-    except Exception:  # noqa: BLE001 - a label is informative only; never fail the probe
-        return None
 
 
 def probe(

@@ -17,6 +17,7 @@ import time
 import dask
 import numpy as np
 import pytest
+from dask.system import CPU_COUNT
 from distributed import Client, LocalCluster
 
 from dask_rpm import emulation as emu
@@ -28,6 +29,7 @@ from dask_rpm.emulation import (
     emulation_report,
     local_cluster,
     pace,
+    pacing,
     set_speed,
 )
 
@@ -59,13 +61,13 @@ def _gemm_block(
 def _paced_block(iteration: int | None = None) -> tuple[float, float, float]:
     """Run :func:`_gemm_block` and return pace's own (cpu, wall, target)."""
     _gemm_block(iteration)
-    return emu._plugin().last_block
+    return emu.worker_plugin().last_block
 
 
 def _timed_paced_block() -> tuple[float, tuple[float, float, float]]:
     """Outer wall time of a work-stating :func:`_gemm_block` and pace's own (cpu, wall, target)."""
     wall, _ = _gemm_block(stated=True)
-    return wall, emu._plugin().last_block
+    return wall, emu.worker_plugin().last_block
 
 
 def _check_paced(
@@ -102,7 +104,7 @@ def _blas_threads() -> list[int]:
 def test_pace_is_noop_outside_workers():
     assert current_speed() is None
     assert current_speed(5) is None
-    assert isinstance(pace(1), emu._NoPace)
+    assert isinstance(pace(1), pacing._NoPace)
     cpu0 = time.thread_time()
     for i in range(20_000):
         with pace(i):
@@ -143,7 +145,7 @@ def test_auto_scale_leaves_headroom_for_eight_workers_on_two_cores():
 
 def test_cluster_of_eight_reports_scale_and_label():
     with local_cluster(PROFILE_A, processes=False, dashboard_address=None) as cluster:
-        cores = emu.CPU_COUNT
+        cores = CPU_COUNT
         assert cluster.speeds == PROFILE_A
         assert cluster.scale_factor * sum(PROFILE_A) <= 0.8 * cores + 1e-9
         assert cluster.scale_factor <= 1.0
@@ -396,7 +398,7 @@ def test_env_var_preload_on_a_worker_started_elsewhere():
 def test_heartbeat_failure_of_a_closing_worker_is_not_logged():
     import logging
 
-    from dask_rpm.emulation import _HeartbeatAtClose, local_cluster
+    from dask_rpm.emulation.pacing import _HeartbeatAtClose
 
     def record(msg):
         return logging.LogRecord("distributed.worker", logging.ERROR, __file__, 1, msg, None, None)

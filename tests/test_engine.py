@@ -436,3 +436,28 @@ def test_fit_without_a_client_says_how_to_start_one():
         "dask_rpm.engine.errors.TrainingError: fit() found no Dask client: start one first, e.g. "
         "`client = distributed.Client(dask_rpm.local_cluster())`, or pass client=..."
     ), p.stderr[-2000:]
+
+
+def test_fit_through_an_address_records_the_emulation_label():
+    """The EMULATED label reaches the result and its history whether the client holds the
+    cluster object or only the scheduler's address (then it is asked of the workers)."""
+    x, d = _problem()
+    with dask_rpm.local_cluster([1.0, 0.5], processes=False, dashboard_address=":0") as cluster:
+        label = cluster.emulation_label
+        recorded = {}
+        for how, target in (("cluster", cluster), ("address", cluster.scheduler_address)):
+            with Client(target) as client:
+                assert (client.cluster is None) == (how == "address")
+                r = fit(
+                    x,
+                    d,
+                    hidden=7,
+                    iterations=5,
+                    learning_rate=0.05,
+                    mapping="uniform",
+                    client=client,
+                )
+                _assert_equal_serial(r, x, d, 7, 5, 0.05)
+                recorded[how] = (r.emulation, r.history.attrs.get("emulation"))
+    assert label.startswith("EMULATED heterogeneity on one machine: speeds 1.0, 0.5")
+    assert recorded["cluster"] == recorded["address"] == (label, label)

@@ -21,6 +21,7 @@ import numpy as np
 from .. import config
 from ..dashboard import RPMDashboardPlugin
 from ..data import DataError
+from ..emulation import emulation_label_async
 from ..partition import Plan, PlanError
 from ..planners import make_plan
 from ..prepare import Prepared, prepare
@@ -185,16 +186,6 @@ async def ensure_plugins(client: Any) -> None:
     await client.register_plugin(RPMDashboardPlugin(PLUGIN_NAME))
     # idempotent: the scheduler skips it when registered before, and installs it on workers that join later
     await client.register_plugin(RPMEnginePlugin(), name=WORKER_PLUGIN_NAME)
-
-
-async def _emulation_label(client: Any) -> str | None:
-    """The EMULATED label of the cluster (asked of the workers when the client has no cluster object)."""
-    label = getattr(getattr(client, "cluster", None), "emulation_label", None)
-    if label is not None:
-        return label
-    from ..emulation import _a_label
-
-    return await _a_label(client)
 
 
 def fit(
@@ -589,7 +580,7 @@ async def _fit_async(client: Any, x: Any, d: Any, kw: dict[str, Any]) -> FitResu
             f"estimator windows of {len(drpm.estimator.workers)} worker(s)"
         )
     remaps: list[dict[str, Any]] = drpm.remaps if drpm is not None else []
-    emulation = await _emulation_label(client)
+    emulation = await emulation_label_async(client)
     hooks, ckpt = _callbacks(kw, opts, data, reporter, remaps, emulation, start)
     if (
         drpm is not None

@@ -1,0 +1,322 @@
+"""The EMULATED local cluster: one scheduler and one paced worker per speed.
+
+.. warning::
+   EMULATION, not hardware: every worker shares this machine's cores (see
+   :mod:`dask_rpm.emulation`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dask.system import CPU_COUNT
+from distributed import Nanny, Scheduler, SpecCluster, Worker
+
+from .. import config
+from .pacing import BLAS_VARS, EmulationPlugin
+from .profile import DEFAULT_SPEEDS, auto_scale, check_speed, format_label, parse_schedule
+from .rate import process_rate
+
+__all__ = ["EmulatedCluster", "local_cluster"]
+
+logger = logging.getLogger(__name__)
+
+
+class EmulatedCluster(SpecCluster):
+    """A local Dask cluster whose workers run paced kernels at EMULATED speeds.
+
+    Built like :class:`distributed.LocalCluster`: one scheduler and one worker
+    (a :class:`~distributed.Nanny` process, or an in-process
+    :class:`~distributed.Worker` when ``processes=False``) per speed, named
+    ``0 .. N-1`` in the order of ``speeds``, on 127.0.0.1. Use
+    :func:`local_cluster` to create one; the parameters are the same.
+
+    Attributes
+    ----------
+    speeds : tuple of float
+        Relative speed of worker ``i`` (at start; see ``schedule``).
+    scale_factor : float
+        Fraction of a core that speed 1.0 stands for.
+    schedule : dict
+        Speed changes per worker index.
+    threads_per_worker : int
+    emulation_label : str
+        One line to print with every result obtained on this cluster.
+
+    Notes
+    -----
+    The set of workers is fixed; ``scale()`` can shrink it but not add
+    workers (there would be no speed to give them).
+    """
+
+    def __init__(
+        self,
+        speeds: Sequence[float] | None = None,
+        *,
+        scale: float | None = None,
+        threads_per_worker: int | None = None,
+        processes: bool = True,
+        schedule: Mapping[int, Sequence[Sequence[Any]]] | None = None,
+        dashboard_address: str | None = ":0",
+        headroom: float | None = None,
+        scheduler_kwargs: dict[str, Any] | None = None,
+        asynchronous: bool = False,
+        loop: Any = None,
+        silence_logs: int | bool = logging.WARN,
+        name: str | None = None,
+        **worker_kwargs: Any,
+    ) -> None:
+        self._set_profile(speeds, scale, threads_per_worker, headroom)
+        self.schedule = self._checked_schedule(schedule)
+        self.processes = processes
+        self.emulation_label = format_label(
+            self.speeds, self.scale_factor, "on one machine", self.schedule
+        )
+        workers = self._worker_specs(silence_logs, worker_kwargs)
+        # In-process workers share this process's BLAS: pin it here while the
+        # cluster lives (limitation: the client's own numpy is pinned too).
+        self._limiter = None if processes else _limit_blas_here(self.threads_per_worker)
+        super().__init__(
+            scheduler=_scheduler_spec(processes, dashboard_address, scheduler_kwargs),
+            workers=workers,
+            worker=workers[0],
+            asynchronous=asynchronous,
+            loop=loop,
+            silence_logs=silence_logs,
+            name=name,
+        )
+
+    def _set_profile(
+        self,
+        speeds: Sequence[float] | None,
+        scale: float | None,
+        threads_per_worker: int | None,
+        headroom: float | None,
+    ) -> None:
+        """Validate speeds and threads, choose the scale, warn when the machine is too small."""
+        if speeds is None:
+            speeds = config.get("emulation.speeds", None) or DEFAULT_SPEEDS
+        self.speeds: tuple[float, ...] = tuple(check_speed(s) for s in speeds)
+        if not self.speeds:
+            raise ValueError("need at least one speed")
+        t = 1 if threads_per_worker is None else int(threads_per_worker)
+        if t < 1:
+            raise ValueError("threads_per_worker must be >= 1")
+        self.threads_per_worker = t
+        self.cores = CPU_COUNT
+        self.headroom = float(config.get("emulation.headroom", headroom))
+        self.scale_factor = (
+            auto_scale(self.speeds, t, cores=self.cores, headroom=self.headroom)
+            if scale is None
+            else check_speed(scale, "scale")
+        )
+        demand = self.scale_factor * t * sum(self.speeds)
+        if demand > self.headroom * self.cores + 1e-9:
+            logger.warning(
+                "EMULATED speeds x scale need %.2f cores, more than headroom %.2f x %d cores: "
+                "timings will measure contention, not the speed profile",
+                demand,
+                self.headroom,
+                self.cores,
+            )
+
+    def _checked_schedule(
+        self, schedule: Mapping[int, Sequence[Sequence[Any]]] | None
+    ) -> dict[int, list[tuple[Any, ...]]]:
+        """The schedule keyed by worker index, validated here in the client, not on a worker."""
+        n = len(self.speeds)
+        given = dict(schedule or {})
+        for i, entries in given.items():
+            if not (isinstance(i, int) and 0 <= i < n):
+                raise ValueError(f"schedule key {i!r} is not a worker index in 0..{n - 1}")
+            parse_schedule(entries)
+        return {i: [tuple(e) for e in given[i]] for i in sorted(given)}
+
+    def _worker_specs(
+        self, silence_logs: int | bool, worker_kwargs: dict[str, Any]
+    ) -> dict[int, dict[str, Any]]:
+        """One SpecCluster worker spec per speed, each with its :class:`EmulationPlugin`."""
+        n, t, processes = len(self.speeds), self.threads_per_worker, self.processes
+        if "memory_limit" not in worker_kwargs:
+            from distributed.worker_memory import parse_memory_limit
+
+            worker_kwargs["memory_limit"] = parse_memory_limit("auto", 1, n, logger=logger)
+        extra_env = dict(worker_kwargs.pop("env", None) or {})
+        base = dict(
+            host="127.0.0.1" if processes else None,
+            nthreads=t,
+            protocol="tcp://" if processes else "inproc://",
+            dashboard=False,
+            silence_logs=silence_logs,
+            **worker_kwargs,
+        )
+        # one kernel throughput for all workers: their speeds then differ by exactly their ratios
+        fraction = float(config.get("emulation.rate-fraction"))
+        self.rates = {dt: fraction * process_rate(dt) for dt in ("float64", "float32")}
+        workers: dict[int, dict[str, Any]] = {}
+        for i, speed in enumerate(self.speeds):
+            plugin = EmulationPlugin(
+                speed,
+                self.scale_factor,
+                self.schedule.get(i, ()),
+                index=i,
+                pin_blas=processes,
+                rate=self.rates,
+            )
+            opts = dict(base, plugins=(plugin,))
+            if processes:
+                # set before the worker starts importing numpy in the child
+                opts["env"] = {**{v: str(t) for v in BLAS_VARS}, **extra_env}
+            workers[i] = {"cls": Nanny if processes else Worker, "options": opts}
+        return workers
+
+    def new_worker_spec(self) -> dict[Any, dict[str, Any]]:
+        raise ValueError(
+            "EmulatedCluster has a fixed set of emulated workers (one per speed); "
+            "create a new cluster with more speeds instead of scaling up"
+        )
+
+    async def _close(self) -> None:
+        try:
+            await super()._close()
+        finally:
+            if self._limiter is not None:
+                self._limiter.restore_original_limits()
+                self._limiter = None
+
+    def worker_names(self) -> list[str | None]:
+        """Worker *addresses* in index order: element ``i`` runs at ``speeds[i]``.
+
+        Returns
+        -------
+        list of str
+            Addresses usable in ``client.submit(..., workers=[addr])``.
+            A worker not (yet) running has ``None`` in its place.
+        """
+        out = []
+        for i in range(len(self.speeds)):
+            w = self.workers.get(i)
+            addr = None
+            if w is not None:
+                addr = getattr(w, "worker_address", None) if isinstance(w, Nanny) else w.address
+            out.append(addr)
+        return out
+
+    worker_addresses = worker_names
+
+    @property
+    def emulation_metadata(self) -> dict[str, Any]:
+        """Plain-data description of the emulation, for results and files."""
+        return {
+            "emulated": True,
+            "label": self.emulation_label,
+            "speeds": list(self.speeds),
+            "scale": self.scale_factor,
+            "threads_per_worker": self.threads_per_worker,
+            "schedule": {str(k): [list(e) for e in v] for k, v in self.schedule.items()},
+            "headroom": self.headroom,
+            "cores": self.cores,
+            "processes": self.processes,
+        }
+
+    def __repr__(self) -> str:
+        return f"EmulatedCluster({self.emulation_label!r}, scheduler={self.scheduler_address!r})"
+
+
+def local_cluster(
+    speeds: Sequence[float] | None = None,
+    *,
+    scale: float | None = None,
+    threads_per_worker: int | None = None,
+    processes: bool = True,
+    schedule: Mapping[int, Sequence[Sequence[Any]]] | None = None,
+    dashboard_address: str | None = ":0",
+    **kwargs: Any,
+) -> EmulatedCluster:
+    """Start a local cluster with EMULATED heterogeneous worker speeds.
+
+    Not a hardware measurement: all workers share this machine's cores and
+    slow workers sleep after each :func:`pace` block.
+
+    Parameters
+    ----------
+    speeds : sequence of float, optional
+        Relative speed of each worker; 0.25 is four times slower than 1.0.
+        Worker ``i`` is named ``i``. Default ``rpm.emulation.speeds``,
+        (1.0, 0.5, 0.25).
+    scale : float, optional
+        Fraction of a core that speed 1.0 stands for. Default
+        :func:`auto_scale`: as large as possible while
+        ``scale * threads_per_worker * sum(speeds) <= headroom * cores`` and
+        ``scale <= 1``.
+    threads_per_worker : int, optional
+        Threads per worker (default 1). BLAS threads are pinned to it.
+    processes : bool
+        One Nanny process per worker (default) or in-process Workers. In-process
+        workers pin this process's BLAS (threadpoolctl) until the cluster closes.
+    schedule : dict, optional
+        ``{worker_index: [entry, ...]}`` speed changes, to emulate other jobs
+        starting on a node. ``(iteration, speed)`` applies from that iteration
+        on (as passed to :func:`pace`); ``("t", seconds, speed)`` applies that
+        many seconds after the worker's first paced block (or after
+        :func:`reset_clock`). The most recent change wins.
+    dashboard_address : str or None
+        Scheduler dashboard address; ``None`` disables it.
+    **kwargs
+        ``headroom``, ``scheduler_kwargs``, ``asynchronous``, ``loop``,
+        ``silence_logs``, ``name``; anything else goes to every worker
+        (e.g. ``memory_limit``, ``env``).
+
+    Returns
+    -------
+    EmulatedCluster
+
+    Examples
+    --------
+    >>> from distributed import Client
+    >>> cluster = local_cluster((1.0, 0.5, 0.25))  # doctest: +SKIP
+    >>> print(cluster.emulation_label)  # doctest: +SKIP
+    EMULATED heterogeneity on one machine: speeds 1.0, 0.5, 0.25 x scale 0.914 of a core
+    >>> client = Client(cluster)  # doctest: +SKIP
+    """
+    return EmulatedCluster(
+        speeds,
+        scale=scale,
+        threads_per_worker=threads_per_worker,
+        processes=processes,
+        schedule=schedule,
+        dashboard_address=dashboard_address,
+        **kwargs,
+    )
+
+
+def _limit_blas_here(threads: int) -> Any:
+    """Limit this process's BLAS pools to ``threads`` (threadpoolctl); the limiter, or None."""
+    try:
+        import numpy  # noqa: F401  (load BLAS now so the limit reaches it)
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover
+        logger.warning(
+            "threadpoolctl not installed: BLAS threads not pinned "
+            "for processes=False; pace() may under-count CPU time"
+        )
+        return None
+    return threadpool_limits(limits=threads)
+
+
+def _scheduler_spec(
+    processes: bool, dashboard_address: str | None, scheduler_kwargs: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The SpecCluster scheduler spec: on 127.0.0.1 over TCP, or in-process."""
+    return {
+        "cls": Scheduler,
+        "options": dict(
+            host="127.0.0.1" if processes else None,
+            protocol="tcp://" if processes else "inproc://",
+            dashboard=dashboard_address is not None,
+            dashboard_address=dashboard_address,
+            **(scheduler_kwargs or {}),
+        ),
+    }
