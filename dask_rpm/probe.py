@@ -63,7 +63,7 @@ from typing import Any
 import numpy as np
 
 from . import config
-from .emulation import emulation_label_async
+from .emulation import PLUGIN_NAME, emulation_label_async, pace
 from .kernels import backward_partial, block_work, forward_partial, init_weights, output_delta
 
 __all__ = ["probe", "probe_network", "link_class_pairs"]
@@ -118,8 +118,6 @@ def _t_probe(
     at a time (a lock), even on a worker with several threads, as one
     rectangle task would.
     """
-    from .emulation import PLUGIN_NAME, pace
-
     n, m, l, s = block
     x, d, W, V = _block_data(n, m, l, s, dtype, seed)
     with _REPETITION_LOCK:

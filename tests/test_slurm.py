@@ -9,6 +9,7 @@ scripts and the cluster's bookkeeping with a stand-in job class. Tests marked
 from __future__ import annotations
 
 import asyncio
+import logging
 import subprocess
 import sys
 import time
@@ -33,6 +34,7 @@ from dask_rpm.slurm import (
     load_groups,
     slurm_unavailable,
 )
+from dask_rpm.slurm.replacement import ReplacementBudget, ended_jobs
 
 # Loopback only, random dashboard port: never clash with other test sessions.
 LOCAL = dict(
@@ -499,3 +501,39 @@ def test_slurm_unavailable_on_real_slurm(slurm_cluster):
     assert slurm_unavailable(slurm_cluster.partitions) is None
     reason = slurm_unavailable(["no-such-partition"])
     assert "no-such-partition" in reason and slurm_cluster.partitions[0] in reason
+
+
+def test_replacement_budget_refuses_a_group_whose_jobs_keep_ending(caplog):
+    """At most ``limit`` resubmissions per group within ``window`` seconds; the refusal is logged once."""
+    budget = ReplacementBudget()
+    assert budget.allow("fast", 0.0, limit=2, window=10.0)
+    assert budget.allow("fast", 1.0, limit=2, window=10.0)
+    assert budget.allow("slow", 1.5, limit=2, window=10.0)  # each group has its own budget
+    with caplog.at_level(logging.WARNING, logger="dask_rpm.slurm.replacement"):
+        assert not budget.allow("fast", 2.0, limit=2, window=10.0)
+        assert not budget.allow("fast", 3.0, limit=2, window=10.0)
+    assert budget.given_up == {"fast"}
+    warned = [r.getMessage() for r in caplog.records if "not resubmitting" in r.getMessage()]
+    assert len(warned) == 1 and "'fast'" in warned[0]
+    # both resubmissions have left the window: the group may be resubmitted again
+    assert budget.allow("fast", 11.5, limit=2, window=10.0)
+
+
+@pytest.mark.slurm
+def test_ended_jobs_asks_squeue(slurm_cluster, tmp_path):
+    assert ended_jobs({}) == []
+    out = subprocess.run(
+        ["sbatch", "--parsable", "-p", slurm_cluster.partitions[0], "-o", str(tmp_path / "%j.out")]
+        + ["--wrap", "sleep 120"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    job_id = out.stdout.strip().split(";")[0]
+    try:
+        assert ended_jobs({"sleeper": job_id}) == []
+    finally:
+        subprocess.run(["scancel", job_id], check=True)
+    gone = _wait_squeue([job_id], lambda s: job_id not in s)
+    assert job_id not in gone
+    assert ended_jobs({"sleeper": job_id}) == ["sleeper"]
