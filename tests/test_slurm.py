@@ -17,10 +17,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import dask.config
+import numpy as np
 import pytest
 from dask_jobqueue.slurm import SLURMJob
 from distributed import Client
 
+from dask_rpm import fit
+from dask_rpm.emulation import emulation_label
 from dask_rpm.slurm import (
     GROUP_ENV,
     GROUP_KEY,
@@ -430,6 +433,17 @@ def test_two_groups_on_real_slurm(slurm_cluster, tmp_path):
             # Emulated speed reached the emulation layer only on the group that asked for it.
             assert "rpm-emulation" in plugins[names["fast-0"]]
             assert "rpm-emulation" not in plugins[names["slow-0-0"]]
+            # fit on the groups records the EMULATED label, asked of the workers (the
+            # SLURM cluster object has none), with the workers it does not cover
+            label = emulation_label(client)
+            assert label == (
+                "EMULATED heterogeneity on one machine: speeds 1.0 x scale 1 of a core"
+                " (2 of 3 workers not emulated)"
+            )
+            x = np.random.default_rng(0).normal(size=(40, 5))
+            d = np.random.default_rng(1).uniform(0.1, 0.9, size=(40, 2))
+            r = fit(x, d, hidden=6, iterations=3, learning_rate=0.05, mapping="uniform")
+            assert r.emulation == r.history.attrs["emulation"] == label
 
             # Scale the groups independently.
             cluster.scale_group("fast", 2)
