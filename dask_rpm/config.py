@@ -17,9 +17,11 @@ import yaml
 _FN = os.path.join(os.path.dirname(__file__), "rpm.yaml")
 
 with open(_FN) as _f:
-    _DEFAULTS: dict[str, Any] = yaml.safe_load(_f)
+    #: The shipped defaults (``rpm.yaml``) as a nested dict under ``"rpm"``;
+    #: read-only (the job loader checks ``config:`` keys against it).
+    DEFAULTS: dict[str, Any] = yaml.safe_load(_f)
 
-dask.config.update_defaults(_DEFAULTS)
+dask.config.update_defaults(DEFAULTS)
 
 
 def get(key: str, value: Any = None) -> Any:

@@ -201,7 +201,7 @@ def _job_keys_markdown() -> str:
     yaml_text = "\n".join(textwrap.dedent(b).strip("\n") for b in blocks)
     return (
         "\n## Job files (`dask-rpm train --config FILE`)\n\n"
-        "A job file takes these keys (from [`dask_rpm/job.py`](../dask_rpm/job.py); relative paths are "
+        "A job file takes these keys (from [`dask_rpm/job/__init__.py`](../dask_rpm/job/__init__.py); relative paths are "
         "relative to the job file; `config:` takes the `rpm.*` settings above). The training options "
         "default to `rpm.train.*`; see [training.md](training.md).\n\n```yaml\n"
         + yaml_text

@@ -37,6 +37,7 @@ import time
 from typing import Any, TextIO
 
 from . import config
+from .records import RemapRecord, Validation
 
 __all__ = ["MODES", "Progress", "resolve_mode"]
 
@@ -138,8 +139,8 @@ class Progress:
         self.done = 0
         self.error = math.nan
         self.iteration_time = math.nan
-        self.last_remap: dict[str, Any] | None = None
-        self.validation: tuple[int, float, float] | None = None
+        self.last_remap: RemapRecord | None = None
+        self.validation: Validation | None = None
         self._n_remaps = 0
         self._last_end = math.nan
         self._last_line = -math.inf
@@ -153,8 +154,8 @@ class Progress:
         *,
         error: float = math.nan,
         iteration_time: float = math.nan,
-        remaps: list[dict[str, Any]] | None = None,
-        validation: tuple[int, float, float] | None = None,
+        remaps: list[RemapRecord] | None = None,
+        validation: Validation | None = None,
     ) -> None:
         """Record that ``done`` iterations have finished, and show it.
 
@@ -213,7 +214,7 @@ class Progress:
         r = self.last_remap
         return "-" if r is None else f"{r.get('kind', '?')}@{r.get('iteration', '?')}"
 
-    def _remap_line(self, rec: dict[str, Any]) -> str:
+    def _remap_line(self, rec: RemapRecord) -> str:
         extra = f", {rec['bytes']} weight bytes moved" if "bytes" in rec else ""
         if rec.get("sample_bytes"):
             extra += f", {rec['sample_bytes']} sample bytes re-read"

@@ -21,6 +21,7 @@ from .batches import Schedule, schedule
 from .kernels import Workspace
 from .network import Network, network
 from .optim import Optimizer, optimizer
+from .records import Validation
 
 __all__ = [
     "Recipe",
@@ -207,7 +208,7 @@ class Validator:
     def __init__(self, recipe: Recipe, x: np.ndarray, d: np.ndarray) -> None:
         self.recipe, self.x, self.d = recipe, x, d
         self.points = recipe.validation_points()
-        self.rows: list[tuple[int, float, float]] = []  # (iteration, loss, accuracy)
+        self.rows: list[Validation] = []
         self.best = math.inf
         self.bad = 0
 
@@ -224,7 +225,7 @@ class Validator:
         h = forward(self.x, W, V, self.recipe.net)
         val = loss(h, self.d, self.recipe.net)
         acc = accuracy(h, self.d) if self.recipe.net.output != "linear" else float("nan")
-        self.rows.append((done, val, acc))
+        self.rows.append(Validation(done, val, acc))
         if val < self.best * (1.0 - self.recipe.tol) or not math.isfinite(self.best):
             self.best, self.bad = val, 0
         else:

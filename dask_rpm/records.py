@@ -7,7 +7,7 @@ reader names the field it wants. Nothing here imports ``distributed``.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, TypedDict
 
 import numpy as np
 
@@ -21,6 +21,9 @@ __all__ = [
     "BlockResult",
     "BLOCK_STATUSES",
     "Checkpoint",
+    "RemapRecord",
+    "Validation",
+    "REMAP_KINDS",
 ]
 
 #: Phases of one iteration as the history names them (seconds each).
@@ -156,3 +159,45 @@ class Checkpoint(NamedTuple):
     V: np.ndarray
     state: dict[str, list[np.ndarray]] | None = None
     """Optimizer state ``{slot: [W_slot, V_slot]}``; None: zero (the start of training)."""
+
+
+class Validation(NamedTuple):
+    """One validation evaluation: the recipe's validator writes it, progress, history and the dashboard read it."""
+
+    iteration: int  # iterations done when it was evaluated
+    loss: float  # validation loss (the training loss on the held-out samples)
+    accuracy: float  # fraction right (NaN for a regression)
+
+
+#: Kinds of remap: ``whole`` (a new plan over all workers) or ``column``
+#: (DRPM moves hidden rows between the workers of each column).
+REMAP_KINDS = ("whole", "column")
+
+
+class _RemapDone(TypedDict):
+    """The keys ``Driver.remap`` writes for every remap (required)."""
+
+    iteration: int  # the remap happened before this iteration
+    kind: str  # one of REMAP_KINDS
+    bytes: int  # weight bytes moved between workers (or sent from the client)
+    transfers: int  # row transfers between workers
+    samples_reloaded: int  # workers that read their column's samples again
+    sample_bytes: int  # sample bytes (x and d rows) those workers read again
+
+
+class RemapRecord(_RemapDone, total=False):
+    """What one remap did: the engine writes it, progress, the job, the dashboard and results read it.
+
+    A dict rather than a named tuple: it crosses to the scheduler plugin and
+    into the result file as JSON. ``iteration``, ``kind``, ``bytes``,
+    ``transfers``, ``samples_reloaded`` and ``sample_bytes`` are in every
+    record; recovery, retirement and DRPM add the optional ones below.
+    """
+
+    seconds: float  # wall time of the remap (set once it is done)
+    reason: str  # why (a DRPM decision, a lost, joined or retiring worker)
+    lost: list[str]  # addresses of the workers lost (recovery)
+    joined: list[str]  # addresses of the workers that joined (elastic)
+    retired: list[str]  # addresses of the workers retired before their lifetime ended
+    recovered_from: str | None  # where a lost worker's rows came from
+    replayed: int  # iterations computed again after a loss

@@ -349,6 +349,20 @@ CASES = [
         "`on-worker-loss:` other than recover / raise.",
         lambda t, c: _train(t, on_worker_loss="retry"),
     ),
+    Case(
+        "config-train-mapping-unknown",
+        J,
+        "A job without `mapping:` whose `config:` sets an unknown `rpm.train.mapping` (the value"
+        " a job falls back on is checked like its own).",
+        lambda t, c: _train(t, mapping=None, config={"train": {"mapping": "best"}}),
+    ),
+    Case(
+        "config-train-min-workers-too-many",
+        J,
+        "A job without `min-workers:` whose `rpm.train.min-workers` (here from `config:`) is above"
+        " the workers it starts.",
+        lambda t, c: _train(t, min_workers=None, config={"train": {"min-workers": 3}}),
+    ),
     Case("time-limit-negative", J, "A time limit <= 0.", lambda t, c: _train(t, time_limit=-5)),
     Case("config-not-mapping", J, "`config:` is not a mapping.", lambda t, c: _train(t, config=5)),
     Case(

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 
+import dask.config
 import numpy as np
 import pytest
 import xarray as xr
@@ -177,6 +178,91 @@ def test_cli_errors(tmp_path, digits, capsys):
     assert "belong to the demo" in capsys.readouterr().err
     assert main(["train", "--config", str(path), "--resume"]) == 2
     assert "no checkpoint" in capsys.readouterr().err
+
+
+def _plan_methods(path):
+    return [json.loads(str(p))["method"] for p in _open(path)["plan_json"].values]
+
+
+def test_keys_a_job_leaves_out_stay_none_and_fall_back_on_rpm_train(tmp_path, digits):
+    """mapping, seed, dtype, min-workers, on-worker-loss: None in the Job (fit reads rpm.train.*)."""
+    path = write_job(tmp_path, digits[0], mapping=None)
+    job = load_job(path)
+    assert (job.mapping, job.seed, job.dtype, job.min_workers, job.on_worker_loss) == (None,) * 5
+    assert job.effective("mapping") == "drpm" and job.effective("seed") == 0
+    with dask.config.set({"rpm.train.mapping": "uniform", "rpm.train.min-workers": 2}):
+        assert job.effective("mapping") == "uniform" and job.effective("min_workers") == 2
+    # the job's config: section (with or without the rpm: level) comes before the dask config
+    path = write_job(tmp_path, digits[0], mapping=None, config={"rpm": {"train": {"seed": 4}}})
+    with dask.config.set({"rpm.train.seed": 9}):
+        assert load_job(path).effective("seed") == 4
+    # a key the job file sets wins over both
+    path = write_job(tmp_path, digits[0], mapping="srpm", config={"train": {"mapping": "uniform"}})
+    assert load_job(path).effective("mapping") == "srpm"
+
+
+@pytest.mark.parametrize(
+    "config, settings, needle",
+    [
+        ({"train": {"mapping": "best"}}, {}, "rpm.train.mapping='best' is invalid; valid: "),
+        ({}, {"rpm.train.mapping": "best"}, "rpm.train.mapping='best' is invalid; valid: "),
+        ({"train": {"dtype": "int8"}}, {}, "rpm.train.dtype='int8' is invalid"),
+        ({}, {"rpm.train.on-worker-loss": "retry"}, "rpm.train.on-worker-loss='retry'"),
+        ({}, {"rpm.train.min-workers": 5}, "rpm.train.min-workers=5 is invalid; the job starts "),
+    ],
+)
+def test_rpm_train_values_a_job_falls_back_on_are_checked(
+    tmp_path, digits, config, settings, needle
+):
+    path = write_job(tmp_path, digits[0], mapping=None, config=config or None)
+    with dask.config.set(settings), pytest.raises(JobError) as e:
+        load_job(path)
+    assert needle in str(e.value)
+
+
+def test_mapping_and_seed_from_the_config_section_are_honoured(tmp_path, digits):
+    """``config: {rpm: {train: {mapping, seed}}}`` reaches fit: the plan's method, serial-equal weights."""
+    data, x, d = digits
+    path = write_job(
+        tmp_path,
+        data,
+        iterations=12,
+        mapping=None,
+        config={"rpm": {"train": {"mapping": "grid", "seed": 3}}},
+    )
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0"
+    ) as cluster:
+        with Client(cluster) as client:
+            out = io.StringIO()
+            run_job(path, client=client, out=out)
+    assert "mapping grid," in out.getvalue()
+    assert _plan_methods(tmp_path / "result.nc") == ["grid-hrev"]
+    W, V, _ = fit_serial(x, d, hidden=12, iterations=12, learning_rate=0.005, seed=3)
+    ds = _open(tmp_path / "result.nc")
+    np.testing.assert_allclose(ds["W"].values, W, rtol=RTOL, atol=0)
+    np.testing.assert_allclose(ds["V"].values, V, rtol=RTOL, atol=0)
+
+
+def test_mapping_and_seed_from_dask_config_set_are_honoured(tmp_path, digits):
+    """The same through ``dask.config.set`` around ``run_job`` (what DASK_RPM__TRAIN__... does too)."""
+    data, x, d = digits
+    path = write_job(tmp_path, data, iterations=12, mapping=None, config=None)
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0"
+    ) as cluster:
+        with (
+            Client(cluster) as client,
+            dask.config.set({"rpm.train.mapping": "uniform", "rpm.train.seed": 5}),
+        ):
+            out = io.StringIO()
+            run_job(path, client=client, out=out)
+    assert "mapping uniform," in out.getvalue()
+    assert _plan_methods(tmp_path / "result.nc") == ["uniform"]
+    W, V, _ = fit_serial(x, d, hidden=12, iterations=12, learning_rate=0.005, seed=5)
+    ds = _open(tmp_path / "result.nc")
+    np.testing.assert_allclose(ds["W"].values, W, rtol=RTOL, atol=0)
+    np.testing.assert_allclose(ds["V"].values, V, rtol=RTOL, atol=0)
 
 
 def test_job_trains_to_target_and_writes_one_output(tmp_path, digits):

@@ -24,7 +24,7 @@ from ..data import DataError
 from ..ordering import ordered_workers
 from ..partition import Plan
 from ..recipe import Recipe
-from ..records import BlockResult, BlockSpec
+from ..records import BlockResult, BlockSpec, RemapRecord
 from ..remap import migration, sample_changes
 from .errors import TrainingError, WorkerLostError
 from .layout import layouts
@@ -444,7 +444,7 @@ class Driver:
         }
         return W, V, state
 
-    async def remap(self, new: Plan, kind: str, lost: Sequence[str] = ()) -> dict[str, Any]:
+    async def remap(self, new: Plan, kind: str, lost: Sequence[str] = ()) -> RemapRecord:
         """Switch to plan ``new`` between blocks, moving only the rows that change owner, worker to worker.
 
         Each worker keeps the rows it already holds and fetches the others from

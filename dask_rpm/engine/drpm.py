@@ -10,6 +10,7 @@ import numpy as np
 from .. import config
 from ..estimator import AbilityEstimator, EstimatorError
 from ..policy import auto_interval, decide
+from ..records import RemapRecord
 from ..remap import column_remap, whole_remap
 from .driver import Driver
 from .recovery import whole_plan
@@ -42,7 +43,7 @@ class DRPMState:
         self.initial_abilities = initial_abilities
         self.auto = auto
         self.checks: list[tuple[int, np.ndarray]] = []
-        self.remaps: list[dict[str, Any]] = []
+        self.remaps: list[RemapRecord] = []
 
     def to_dict(self) -> dict[str, Any]:
         """The state a resumed run needs (JSON-able): checks so far, estimator windows, initial abilities.

@@ -26,7 +26,7 @@ from ..partition import Plan, PlanError
 from ..planners import make_plan
 from ..prepare import Prepared, prepare
 from ..progress import Progress
-from ..records import Checkpoint
+from ..records import Checkpoint, RemapRecord
 from ..results import describe_history
 from . import callbacks as cb
 from . import retirement
@@ -480,7 +480,7 @@ def _callbacks(
     opts: _Options,
     data: Prepared,
     reporter: Progress,
-    remaps: list,
+    remaps: list[RemapRecord],
     emulation: str | None,
     start: Checkpoint,
 ) -> tuple[list[cb.TrainingCallback], cb.CheckpointCallback]:
@@ -579,7 +579,7 @@ async def _fit_async(client: Any, x: Any, d: Any, kw: dict[str, Any]) -> FitResu
             f"resume: DRPM continues on the checkpoint's plan with {len(drpm.checks)} check(s) and the "
             f"estimator windows of {len(drpm.estimator.workers)} worker(s)"
         )
-    remaps: list[dict[str, Any]] = drpm.remaps if drpm is not None else []
+    remaps: list[RemapRecord] = drpm.remaps if drpm is not None else []
     emulation = await emulation_label_async(client)
     hooks, ckpt = _callbacks(kw, opts, data, reporter, remaps, emulation, start)
     if (
@@ -647,7 +647,7 @@ class _Loop:
         hooks: list[cb.TrainingCallback],
         ckpt: cb.CheckpointCallback,
         drpm: DRPMState | None,
-        remaps: list[dict[str, Any]],
+        remaps: list[RemapRecord],
     ) -> None:
         self.driver, self.opts, self.hooks, self.ckpt, self.drpm, self.remaps = (
             driver,

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from ..partition import Plan
-from ..records import PHASES
+from ..records import PHASES, Validation
 from .timing import TimingLog
 
 __all__ = ["build_history", "add_validation"]
@@ -81,7 +81,7 @@ def build_history(log: TimingLog, plan: Plan, addresses: list[str], run: str) ->
     return xr.Dataset(data_vars, coords=coords, attrs={"run": run, "method": plan.method})
 
 
-def add_validation(history: Any, rows: list[tuple[int, float, float]]) -> None:
+def add_validation(history: Any, rows: list[Validation]) -> None:
     """Validation loss and accuracy (dim ``validation``, coordinate ``validation_iteration``)."""
     if not rows:
         return

@@ -7,13 +7,12 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
 
 import numpy as np
 
 from ..partition import Plan
 from ..planners import make_plan
-from ..records import Checkpoint
+from ..records import Checkpoint, RemapRecord
 from ..remap import MigrationError
 from .driver import Driver, ordered_workers
 from .errors import TrainingError, WorkerLostError
@@ -70,7 +69,7 @@ def whole_plan(
 
 async def rebalance(
     driver: Driver, alive: Sequence[str], fallback: Checkpoint, reason: str
-) -> dict[str, Any]:
+) -> RemapRecord:
     """Whole remap onto the workers ``alive`` now: absorb new ones, drop lost ones.
 
     Rows a lost worker held come from another column holding the same rows.
@@ -123,7 +122,7 @@ async def rebalance(
     return rec
 
 
-async def recover(driver: Driver, exc: WorkerLostError, fallback: Checkpoint) -> dict[str, Any]:
+async def recover(driver: Driver, exc: WorkerLostError, fallback: Checkpoint) -> RemapRecord:
     """After a worker loss: whole remap onto the workers left (the survivors are at a consistent iteration)."""
     failed_at = exc.iteration
     for attempt in range(len(driver.addresses) + 1):

@@ -9,6 +9,7 @@ import numpy as np
 
 from ..model import MLPModel
 from ..partition import Plan
+from ..records import RemapRecord, Validation
 from ..results import plans_dataset, plot_result
 
 __all__ = ["FitResult"]
@@ -61,14 +62,14 @@ class FitResult:
     history: Any
     plan: Plan
     plans: list[Plan] = field(default_factory=list)
-    remaps: list[dict[str, Any]] = field(default_factory=list)
+    remaps: list[RemapRecord] = field(default_factory=list)
     stopped: str | None = None
     emulation: str | None = None
     probe: Any = None
     stats: dict[str, Any] = field(default_factory=dict)
     recipe: Any = None
     classes: Any = None
-    validation: list[tuple[int, float, float]] = field(default_factory=list)
+    validation: list[Validation] = field(default_factory=list)
     optimizer_state: dict[str, list[np.ndarray]] = field(default_factory=dict)
     drpm_state: dict[str, Any] | None = None
 

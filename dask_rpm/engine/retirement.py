@@ -24,6 +24,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..records import RemapRecord
 from .recovery import whole_plan
 
 __all__ = ["due", "iterations_before", "retire"]
@@ -57,7 +58,7 @@ def iterations_before(
     return max(int((min(ends) - margin - now) / seconds_per_iteration), 1)
 
 
-async def retire(driver: Any, addresses: Sequence[str], reason: str) -> dict[str, Any]:
+async def retire(driver: Any, addresses: Sequence[str], reason: str) -> RemapRecord:
     """Whole remap onto the other workers (rows fetched from the retiring ones), then retire them.
 
     Returns the remap record (``retired``: the addresses; ``replayed`` 0).

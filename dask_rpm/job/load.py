@@ -1,0 +1,505 @@
+"""Reading and checking a job file: :func:`load_job` and :func:`check_paths`.
+
+Everything is checked before any worker starts, in the order a reader of
+the file would: the file itself, the data, how long to train, the learning
+settings, where results go, checkpoints, the run options, ``config:`` and
+the workers.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import yaml
+
+from .. import config as rpm_config
+from .._files import TargetError, check_target
+from ..data import DataError, data_shape
+from ..planners import describe_names, mapping_names
+from ..recipe import RecipeError, recipe
+from ..slurm import SlurmConfigError, load_groups
+from .spec import (
+    KEYS,
+    OVERWRITE_HINT,
+    TRAIN_SETTINGS,
+    TRAINING_KEYS,
+    Job,
+    JobError,
+    bad,
+    number,
+    unknown,
+    whole,
+)
+
+__all__ = ["load_job", "check_paths", "check_config", "workers_spec"]
+
+#: What each required key looks like, for the message when it is missing.
+_REQUIRED = {
+    "data": "data: digits.nc (netCDF with x(sample, input) and d(sample, output))",
+    "hidden": "hidden: 32 (hidden units)",
+    "output": "output: result.nc (where weights, history and plans go)",
+}
+
+
+def _read(path: str) -> tuple[str, dict[str, Any]]:
+    """The job file's text and its YAML mapping."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise JobError(
+            f"job file {path!r} does not exist; give the path of a YAML job file "
+            f"(see dask-rpm train --help)"
+        ) from None
+    except OSError as e:
+        raise JobError(f"cannot read job file {path!r}: {e.strerror}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise JobError(
+            f"job file {path!r} is not valid YAML{where}: {getattr(e, 'problem', e)}"
+        ) from None
+    if not isinstance(raw, dict):
+        raise JobError(
+            f"job file {path!r} must hold a mapping of keys such as 'data:', 'hidden:', "
+            f"'output:'; got {type(raw).__name__}"
+        )
+    unknown(raw, KEYS, "the job")
+    for key, example in _REQUIRED.items():
+        if key not in raw:
+            raise JobError(f"job file {path!r} has no {key!r}; add e.g. {example}")
+    return text, raw
+
+
+def _relative_to(path: str) -> Callable[[Any, str], str]:
+    """A function making the job file's paths absolute (relative to the file's directory)."""
+    base = os.path.dirname(os.path.abspath(path))
+
+    def rel(p: Any, key: str) -> str:
+        if not isinstance(p, str) or not p.strip():
+            raise bad(key, p, "expected a file path", f"Write e.g. {key}: result.nc.")
+        return os.path.normpath(os.path.join(base, os.path.expanduser(p)))
+
+    return rel
+
+
+def _data(raw: Mapping[str, Any], data: str) -> tuple[int, int, int]:
+    """``(samples, inputs, outputs)`` of the data file."""
+    try:
+        return data_shape(data)
+    except DataError as e:
+        raise JobError(f"job file: data: {e}") from None
+    except (OSError, ValueError) as e:
+        raise JobError(
+            f"job file: data={raw['data']!r} cannot be read as netCDF ({e}); give a netCDF file "
+            f"with x(sample, input) and d(sample, output)"
+        ) from None
+
+
+def _training_iterations(
+    training: dict[str, Any], shape: tuple[int, int, int], raw: Mapping[str, Any]
+) -> int:
+    """Check the training keys (as fit() will) and return the number of iterations they make."""
+    if "iterations" in raw and "epochs" in training:
+        raise JobError(
+            f"job file: both iterations={raw['iterations']!r} and epochs={training['epochs']!r}; "
+            f"give one of them"
+        )
+    val = training.get("validation")
+    if val is not None and not (isinstance(val, float) and 0 < val < 1):
+        raise bad(
+            "validation",
+            val,
+            "expected a fraction of the samples to hold out, in (0, 1)",
+            "Write e.g. validation: 0.1.",
+        )
+    s = shape[0] - (int(round(val * shape[0])) if val else 0)
+    try:
+        rec = recipe(
+            s,
+            iterations=raw.get("iterations") if "epochs" not in training else None,
+            learning_rate=1.0,
+            **{k: v for k, v in training.items() if k not in ("validation", "optimizer")},
+            optimizer_spec=training.get("optimizer"),
+            validation=val is not None,
+        )
+    except (RecipeError, ValueError) as e:
+        key = next((k for k, kw in TRAINING_KEYS.items() if f"{kw}=" in str(e)), None)
+        raise JobError(f"job file: {key + ': ' if key else ''}{e}") from None
+    return rec.iterations
+
+
+def _length(
+    raw: Mapping[str, Any], shape: tuple[int, int, int]
+) -> tuple[int, float | None, dict[str, Any]]:
+    """``(iterations, target error, fit() training keywords)``."""
+    iterations = whole(raw, "iterations", 1)
+    target = number(raw, "target-error", positive=False)
+    training = {kw: raw[key] for key, kw in TRAINING_KEYS.items() if key in raw}
+    if training:
+        n_iterations = _training_iterations(training, shape, raw)
+        if "epochs" in training:
+            iterations = n_iterations
+            training.pop("epochs")  # the job runs that many iterations (a resume counts from them)
+    if iterations is None:
+        if target is None:
+            raise JobError(
+                "job file: give 'iterations:' (how many BP iterations), 'target-error:' (train "
+                "until the error is at most this), or both (iterations is then the maximum)"
+            )
+        raise JobError(
+            "job file: 'target-error:' needs 'iterations:' as the maximum number of iterations, "
+            "so a run that never reaches it ends"
+        )
+    return iterations, target, training
+
+
+def _learning_rate(raw: Mapping[str, Any]) -> float:
+    lr = number(raw, "learning-rate", positive=True)
+    if lr is None:
+        raise JobError(
+            "job file: no 'learning-rate:'; add e.g. learning-rate: 0.001 "
+            "(eps in W <- W - eps * sum dW)"
+        )
+    return lr
+
+
+def _outputs(
+    raw: Mapping[str, Any], rel: Callable[[Any, str], str], data: str
+) -> tuple[str, str | None, bool]:
+    """``(output, model or None, overwrite)``."""
+    output = rel(raw["output"], "output")
+    if os.path.abspath(output) == os.path.abspath(data):
+        raise bad("output", raw["output"], "it is the data file", "Write the result to a new file.")
+    model = raw.get("model")
+    if model is None or model is True:
+        model = os.path.splitext(output)[0] + ".model.nc"
+    elif model is False:
+        model = None
+    else:
+        model = rel(model, "model")
+        if os.path.abspath(model) in (os.path.abspath(output), os.path.abspath(data)):
+            raise bad(
+                "model",
+                raw["model"],
+                "it is the output or the data file",
+                "Give the model its own file.",
+            )
+    over = raw.get("overwrite", False)
+    if not isinstance(over, bool):
+        raise bad(
+            "overwrite",
+            over,
+            "expected true or false",
+            "Write overwrite: true to replace an existing output.",
+        )
+    return output, model, over
+
+
+def _checkpoint(
+    raw: Mapping[str, Any], rel: Callable[[Any, str], str], output: str
+) -> tuple[int, str]:
+    """``(every, path)`` of the checkpoints."""
+    ck = raw.get("checkpoint") or {}
+    if not isinstance(ck, dict):
+        raise bad(
+            "checkpoint",
+            ck,
+            "expected a mapping with 'every' and optionally 'path'",
+            "Write checkpoint: {every: 50}.",
+        )
+    unknown(ck, ("every", "path"), "checkpoint")
+    every = whole(ck, "every", 0, default=0, where="checkpoint.")
+    path = (
+        rel(ck["path"], "checkpoint.path")
+        if ck.get("path")
+        else os.path.splitext(output)[0] + ".checkpoint.nc"
+    )
+    return every, path
+
+
+def _config_section(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``config:`` section (``rpm.*`` settings, with or without the ``rpm:`` level)."""
+    config = raw.get("config") or {}
+    if not isinstance(config, dict):
+        raise bad(
+            "config",
+            config,
+            "expected a mapping of rpm settings",
+            "Write e.g. config: {drpm: {interval: 10}}.",
+        )
+    if "rpm" in config and len(config) == 1:
+        config = config["rpm"]
+    check_config(config)
+    return config
+
+
+def check_config(config: dict[str, Any]) -> None:
+    """Every key under ``config:`` must be an ``rpm.*`` setting of rpm.yaml (``_`` and ``-`` alike)."""
+
+    def walk(given: dict[str, Any], known: dict[str, Any], where: str) -> None:
+        names = {str(k).replace("_", "-"): k for k in known}
+        for key, value in given.items():
+            norm = str(key).replace("_", "-")
+            if norm not in names:
+                close = difflib.get_close_matches(norm, list(names), n=1)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                raise JobError(
+                    f"job file: unknown setting {where}.{key} under 'config:'; valid keys of "
+                    f"{where}: {', '.join(sorted(names))}.{hint} (all settings: "
+                    f"docs/configuration.md)"
+                )
+            default = known[names[norm]]
+            if isinstance(default, dict) and default:
+                if not isinstance(value, dict):
+                    raise bad(
+                        f"config {where}.{key}",
+                        value,
+                        f"{where}.{key} is a group of settings ({', '.join(sorted(default))})",
+                        f"Write e.g. {key}: {{{next(iter(default))}: ...}}.",
+                    )
+                walk(value, default, f"{where}.{key}")
+
+    walk(config, rpm_config.DEFAULTS["rpm"], "rpm")
+
+
+def _check_mapping(key: str, value: Any) -> None:
+    if value not in mapping_names():
+        raise bad(
+            key,
+            value,
+            f"valid: {describe_names(mapping_names())}",
+            "drpm re-maps while training; srpm plans once.",
+        )
+
+
+def _check_dtype(key: str, value: Any) -> None:
+    if value not in ("float64", "float32"):
+        raise bad(key, value, "valid: float64, float32", "float64 is exact to serial BP.")
+
+
+def _check_loss(key: str, value: Any) -> None:
+    if value not in ("recover", "raise"):
+        raise bad(key, value, "valid: recover, raise", "recover goes on without the lost worker.")
+
+
+def _check_whole(lo: int) -> Callable[[str, Any], None]:
+    def check(key: str, value: Any) -> None:
+        whole({key: value}, key, lo)
+
+    return check
+
+
+#: How each of :data:`TRAIN_SETTINGS` is checked: ``check(key, value)`` raises a JobError.
+_TRAIN_CHECKS: dict[str, Callable[[str, Any], None]] = {
+    "mapping": _check_mapping,
+    "seed": _check_whole(0),
+    "dtype": _check_dtype,
+    "min_workers": _check_whole(1),
+    "on_worker_loss": _check_loss,
+}
+
+
+def _train_settings(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The :data:`TRAIN_SETTINGS` the file sets (checked); absent ones are ``None``."""
+    out: dict[str, Any] = {}
+    for name, key in TRAIN_SETTINGS.items():
+        value = raw.get(key)
+        if value is not None:
+            _TRAIN_CHECKS[name](key, value)
+        out[name] = value
+    return out
+
+
+def _check_effective(job: Job) -> None:
+    """Check the ``rpm.train.*`` values a job falls back on, and that its workers can suffice."""
+    for name, key in TRAIN_SETTINGS.items():
+        if getattr(job, name) is None:
+            # from the job's config: section or the dask configuration (rpm.yaml, DASK_RPM__...)
+            _TRAIN_CHECKS[name](f"rpm.train.{key}", job.effective(name))
+    expected = job.expected_workers
+    min_workers = job.effective("min_workers")
+    if expected is not None and min_workers > expected:
+        where = "min-workers" if job.min_workers is not None else "rpm.train.min-workers"
+        raise bad(
+            where,
+            min_workers,
+            f"the job starts only {expected} worker(s)",
+            f"Use {where}: {expected} or start more workers.",
+        )
+
+
+def _speeds(value: Any) -> dict[str, Any]:
+    """``workers: {local: {speeds: [...]}}``."""
+    if not isinstance(value, dict):
+        raise bad(
+            "workers.local",
+            value,
+            "expected a mapping with 'speeds'",
+            "Write local: {speeds: [1.0, 0.5]}.",
+        )
+    unknown(value, ("speeds",), "workers.local")
+    speeds = value.get("speeds")
+    if (
+        not isinstance(speeds, list)
+        or not speeds
+        or any(
+            isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0
+            for v in speeds
+        )
+    ):
+        raise bad(
+            "workers.local.speeds",
+            speeds,
+            "expected a list of EMULATED relative speeds > 0",
+            "Write speeds: [1.0, 0.5, 0.25].",
+        )
+    return {"local": {"speeds": [float(v) for v in speeds]}}
+
+
+def _slurm(value: Any) -> dict[str, Any]:
+    """``workers: {slurm: {groups: [...], cluster: {...}}}``."""
+    if not isinstance(value, dict):
+        raise bad(
+            "workers.slurm",
+            value,
+            "expected a mapping with 'groups' and optionally 'cluster'",
+            "See docs/slurm.md.",
+        )
+    unknown(value, ("groups", "cluster"), "workers.slurm")
+    try:
+        groups = load_groups(value.get("groups"))
+    except SlurmConfigError as e:
+        raise JobError(f"job file: workers.slurm.groups: {e}") from None
+    cluster = value.get("cluster") or {}
+    if not isinstance(cluster, dict):
+        raise bad(
+            "workers.slurm.cluster",
+            cluster,
+            "expected a mapping of dask-jobqueue options",
+            "Write e.g. cluster: {interface: ib0}.",
+        )
+    cluster = {str(k).replace("-", "_"): v for k, v in cluster.items()}
+    return {"slurm": {"groups": groups, "cluster": cluster}}
+
+
+def workers_spec(spec: Any) -> dict[str, Any]:
+    """The checked ``workers:`` section: ``{"local": ...}``, ``{"slurm": ...}`` or ``{"scheduler": address}``."""
+    if spec is None:
+        raise JobError(
+            "job file: no 'workers:'; add one of workers: {local: {speeds: [1.0, 0.5]}} "
+            "(EMULATED, this machine), workers: {slurm: {groups: [...]}} or "
+            "workers: {scheduler: tcp://host:8786}"
+        )
+    if not isinstance(spec, dict) or len(spec) != 1:
+        raise bad(
+            "workers",
+            spec,
+            "expected exactly one of 'local', 'slurm', 'scheduler'",
+            "Keep one of them.",
+        )
+    unknown(spec, ("local", "slurm", "scheduler"), "workers")
+    kind, value = next(iter(spec.items()))
+    if kind == "scheduler":
+        if not isinstance(value, str) or "://" not in value and ":" not in value:
+            raise bad(
+                "workers.scheduler",
+                value,
+                "expected a scheduler address",
+                "Write e.g. scheduler: tcp://10.0.0.1:8786.",
+            )
+        return {"scheduler": value}
+    return _speeds(value) if kind == "local" else _slurm(value)
+
+
+def load_job(path: str | os.PathLike[str], *, overwrite: bool = False) -> Job:
+    """Read and check a job file; nothing is started.
+
+    ``overwrite`` (``--overwrite``) has the effect of ``overwrite: true`` in
+    the file. The output and checkpoint paths are checked by
+    :func:`check_paths` (which also needs to know whether the run resumes).
+    Keys of :data:`~dask_rpm.job.spec.TRAIN_SETTINGS` the file leaves out
+    stay ``None`` (``fit`` reads ``rpm.train.*``); the values they fall
+    back on are checked here too, with the job's ``config:`` section applied.
+
+    Raises
+    ------
+    JobError
+        Missing or unreadable file, bad YAML, unknown keys, invalid values,
+        a data file that is missing or lacks ``x``/``d``, worker groups that
+        are invalid.
+    """
+    path = os.fspath(path)
+    text, raw = _read(path)
+    rel = _relative_to(path)
+    data = rel(raw["data"], "data")
+    shape = _data(raw, data)
+    hidden = whole(raw, "hidden", 1)
+    iterations, target, training = _length(raw, shape)
+    lr = _learning_rate(raw)
+    settings = _train_settings(raw)
+    output, model, over = _outputs(raw, rel, data)
+    every, ck_path = _checkpoint(raw, rel, output)
+    time_limit = number(raw, "time-limit", positive=True, example="3600 (seconds)")
+    job = Job(
+        path=os.path.abspath(path),
+        text=text,
+        data=data,
+        hidden=hidden,
+        iterations=iterations,
+        learning_rate=lr,
+        output=output,
+        checkpoint_path=ck_path,
+        checkpoint_every=every,
+        target_error=target,
+        time_limit=time_limit,
+        config=_config_section(raw),
+        workers=workers_spec(raw.get("workers")),
+        shape=shape,
+        overwrite=over or bool(overwrite),
+        training=training,
+        model=model,
+        **settings,
+    )
+    _check_effective(job)
+    return job
+
+
+def check_paths(job: Job, *, resume: bool = False) -> None:
+    """Refuse, before any work, outputs and checkpoints that would lose a file or cannot be written.
+
+    Raises
+    ------
+    JobError
+        The output exists (without ``overwrite``) or is not a regular file; the
+        checkpoint exists and the run does not resume (without ``overwrite``);
+        a directory is missing or not writable.
+    """
+    try:
+        check_target(
+            job.output, what="job file: output", overwrite=job.overwrite, hint=OVERWRITE_HINT
+        )
+        if job.model is not None:
+            check_target(
+                job.model, what="job file: model", overwrite=job.overwrite, hint=OVERWRITE_HINT
+            )
+    except TargetError as e:
+        raise JobError(str(e)) from None
+    try:
+        if resume:  # rewritten in place: it may exist, but its directory must still take new files
+            check_target(job.checkpoint_path, what="job file: checkpoint path", overwrite=True)
+            return
+        check_target(
+            job.checkpoint_path,
+            what="job file: checkpoint path",
+            overwrite=job.overwrite,
+            hint="continue that run with --resume, or " + OVERWRITE_HINT,
+        )
+    except TargetError as e:
+        raise JobError(str(e)) from None

@@ -1,0 +1,309 @@
+"""What a job writes: checkpoints, the result file and the model, each atomically.
+
+The result is written only when training ends; if the output cannot be
+written then, it is saved next to the checkpoint (or further, see
+:func:`rescue_paths`) and the job says where.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator
+from typing import Any, TextIO
+
+import numpy as np
+import xarray as xr
+
+from .._files import TargetError, atomic_write
+from ..engine import FitResult, TrainingError
+from ..model import MLPModel
+from ..slurm import group_from_name
+from .spec import Job, JobError
+
+__all__ = [
+    "write_checkpoint",
+    "read_checkpoint",
+    "write_output",
+    "save_result",
+    "save_model",
+    "rescue_paths",
+    "json_default",
+]
+
+
+def json_default(o: Any) -> Any:
+    """``json.dumps(default=...)`` for numpy values (and ``str`` of anything else)."""
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    return str(o)
+
+
+def _write(ds: xr.Dataset, path: str) -> str:
+    """``ds`` to netCDF at ``path``, atomically (a temporary file renamed over it)."""
+    with warnings.catch_warnings():
+        # h5netcdf's note on string attributes/variables; readers here use h5netcdf
+        warnings.filterwarnings("ignore", message=".*invalid netcdf features.*")
+        # no makedirs: a directory that went away is a failure the caller reports, not one to paper over
+        return atomic_write(
+            path, lambda tmp: ds.to_netcdf(tmp, engine="h5netcdf", invalid_netcdf=True)
+        )
+
+
+def _optimizer_variables(state: dict[str, Any]) -> dict[str, Any]:
+    """``optimizer_<slot>_<W|V>`` variables of a checkpoint."""
+    return {
+        f"optimizer_{slot}_{name}": (
+            dims,
+            a,
+            {"description": f"optimizer state {slot!r} of {name}"},
+        )
+        for slot, pair in (state.get("optimizer_state") or {}).items()
+        for name, dims, a in zip(("W", "V"), (("hidden", "input"), ("output", "hidden")), pair)
+    }
+
+
+def write_checkpoint(job: Job, state: dict[str, Any]) -> str:
+    """Write ``state`` (iteration, W, V, errors, plan) to ``job.checkpoint_path`` atomically."""
+    ds = xr.Dataset(
+        {
+            "W": (
+                ("hidden", "input"),
+                state["W"],
+                {"description": "input-to-hidden weights after `iteration` updates"},
+            ),
+            "V": (
+                ("output", "hidden"),
+                state["V"],
+                {"description": "hidden-to-output weights after `iteration` updates"},
+            ),
+            "error": (
+                ("iteration",),
+                np.asarray(state["errors"], dtype=float),
+                {
+                    "description": "0.5 * sum over samples of ||h - d||^2, before each iteration's update"
+                },
+            ),
+            **_optimizer_variables(state),
+        },
+        attrs={
+            "title": "dask_rpm training checkpoint",
+            "iteration": int(state["iteration"]),
+            "fingerprint": job.fingerprint,
+            "network": job.network,
+            "plan": state["plan"].to_json() if state.get("plan") is not None else "",
+            # DRPM's plan, checks and estimator windows: --resume continues at the plan reached
+            "drpm": json.dumps(state["drpm"], default=json_default) if state.get("drpm") else "",
+            "job": job.text,
+            "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        },
+    )
+    return _write(ds, job.checkpoint_path)
+
+
+def _open_checkpoint(path: str) -> xr.Dataset:
+    if not os.path.exists(path):
+        raise JobError(
+            f"--resume: no checkpoint at {path!r}; run without --resume to start from scratch "
+            f"(or set checkpoint.path to where the checkpoint is)"
+        )
+    try:
+        with xr.open_dataset(path, engine="h5netcdf") as ds:
+            ds.load()
+        ds["W"], ds["V"], ds["error"], ds.attrs["iteration"]  # noqa: B018 - what a checkpoint must hold
+    except (OSError, ValueError, KeyError) as e:
+        raise JobError(
+            f"--resume: {path!r} is not a dask_rpm checkpoint ({type(e).__name__}: {e}); "
+            f"run without --resume to start from scratch"
+        ) from None
+    return ds
+
+
+def read_checkpoint(job: Job) -> dict[str, Any]:
+    """The checkpoint of ``job``; raises :class:`JobError` if it is missing or from another job."""
+    path = job.checkpoint_path
+    ds = _open_checkpoint(path)
+    network = ds.attrs.get("network") or "-".join(
+        str(v) for v in (ds["W"].shape[1], ds["W"].shape[0], ds["V"].shape[0])
+    )
+    if network != job.network:
+        raise JobError(
+            f"--resume: checkpoint {path!r} is for a {network} network (inputs-hidden-outputs) but "
+            f"this job trains {job.network}; run without --resume, or restore the job file it was "
+            f"written with"
+        )
+    if ds.attrs.get("fingerprint") != job.fingerprint:
+        raise JobError(
+            f"--resume: checkpoint {path!r} is from a different job (data, hidden, learning-rate, seed "
+            f"or dtype differ); run without --resume, or restore the job file it was written with"
+        )
+    slots = sorted({str(k).split("_")[1] for k in ds.data_vars if str(k).startswith("optimizer_")})
+    return {
+        "iteration": int(ds.attrs["iteration"]),
+        "W": ds["W"].values,
+        "V": ds["V"].values,
+        "errors": ds["error"].values,
+        "plan": ds.attrs.get("plan", ""),
+        "drpm": json.loads(ds.attrs["drpm"]) if ds.attrs.get("drpm") else None,
+        "optimizer_state": {
+            k: [ds[f"optimizer_{k}_W"].values, ds[f"optimizer_{k}_V"].values] for k in slots
+        },
+    }
+
+
+def _history(job: Job, result: FitResult, start: int, errors_before: np.ndarray) -> xr.Dataset:
+    """The run's history, with the errors before a resume and the SLURM group of each worker."""
+    hist = result.history
+    total = start + hist.sizes.get("iteration", 0)
+    if start:
+        hist = hist.reindex(iteration=np.arange(total))
+        hist["error"] = (
+            "iteration",
+            np.concatenate([errors_before[:start], result.history["error"].values]),
+            result.history["error"].attrs,
+        )
+    if "slurm" in job.workers and "name" in hist.coords:
+        groups = [g.name for g in job.workers["slurm"]["groups"]]
+        hist.coords["group"] = (
+            "worker",
+            np.array([group_from_name(n, groups) or "" for n in hist["name"].values]),
+            {"description": "SLURM worker group"},
+        )
+    for name in list(hist.coords):
+        if hist[name].dtype == object:
+            hist[name] = hist[name].astype(str)
+    return hist.copy()
+
+
+def write_output(
+    job: Job,
+    result: FitResult,
+    *,
+    start: int,
+    errors_before: np.ndarray,
+    summary: dict[str, Any],
+    path: str | None = None,
+) -> str:
+    """Weights, the whole history and every plan of the run in one netCDF file (``path``, default
+    ``job.output``), atomically."""
+    ds = _history(job, result, start, errors_before)
+    total = start + result.history.sizes.get("iteration", 0)
+    ds["W"] = (
+        ("hidden", "input"),
+        result.W,
+        {"description": "final input-to-hidden weights (m x n)"},
+    )
+    ds["V"] = (
+        ("output", "hidden"),
+        result.V,
+        {"description": "final hidden-to-output weights (l x m)"},
+    )
+    ds["plan_json"] = (
+        ("plan",),
+        np.array([p.to_json() for p in (result.plans or [result.plan])], dtype=str),
+        {
+            "description": "every plan used, in order, as JSON (dask_rpm.Plan.from_dict(json.loads(...)))"
+        },
+    )
+    ds.attrs.update(
+        title="dask_rpm training result",
+        status="complete",
+        iterations=int(total),
+        final_error=float(ds["error"].values[-1]) if total else float("nan"),
+        stopped=result.stopped or "",
+        remaps=json.dumps(result.remaps, default=json_default),
+        summary=json.dumps(summary, default=json_default),
+        job=job.text,
+        resumed_from_iteration=int(start),
+        emulation=result.emulation or "",
+        written=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    )
+    for k, v in list(ds.attrs.items()):
+        if v is None:
+            ds.attrs[k] = ""
+    return _write(ds, path or job.output)
+
+
+def rescue_paths(job: Job) -> Iterator[str]:
+    """Where a finished result goes when the output cannot be written: next to the checkpoint, then
+    the working directory, then the temporary directory (never over an existing file)."""
+    name = os.path.basename(job.output)
+    stem, ext = os.path.splitext(name)
+    for directory in (os.path.dirname(job.checkpoint_path), os.getcwd(), tempfile.gettempdir()):
+        for candidate in (name, f"{stem}.rescued-{os.getpid()}{ext or '.nc'}"):
+            path = os.path.join(directory, candidate)
+            if os.path.abspath(path) != os.path.abspath(job.output) and not os.path.lexists(path):
+                yield path
+                break
+
+
+def _say(msg: str, out: TextIO) -> None:
+    """A message on the job's output and, if that is not stderr, on stderr too."""
+    print(msg, file=out, flush=True)
+    if out is not sys.stderr:
+        print(f"dask-rpm train: {msg}", file=sys.stderr, flush=True)
+
+
+def save_model(job: Job, result: FitResult, *, start: int, written: str, out: TextIO) -> str:
+    """Write the trained model (:class:`dask_rpm.MLPModel`) to ``job.model``, atomically; when that fails,
+    next to the result file that was written (as the result itself is rescued)."""
+    assert job.model is not None
+    model = MLPModel.from_result(result, meta={"job": job.text, "resumed_from_iteration": start})
+    try:
+        return model.save(job.model)
+    except (OSError, TargetError) as e:
+        first = f"{type(e).__name__}: {e}"
+    rescue = os.path.splitext(written)[0] + ".model.nc"
+    try:
+        saved = model.save(rescue)
+    except (OSError, TargetError) as e:
+        raise TrainingError(
+            f"could not write the model to {job.model!r} ({first}) nor to {rescue!r} ({e}); the "
+            f"weights are in the result file {written!r}"
+        ) from None
+    _say(
+        f"could not write the model {job.model!r} ({first}); it is saved to {saved!r} instead", out
+    )
+    return saved
+
+
+def save_result(
+    job: Job,
+    result: FitResult,
+    *,
+    start: int,
+    errors_before: np.ndarray,
+    summary: dict[str, Any],
+    out: TextIO,
+) -> str:
+    """Write the output; when that fails, save the result next to the checkpoint (or further) and say where."""
+    try:
+        return write_output(job, result, start=start, errors_before=errors_before, summary=summary)
+    except (OSError, TargetError) as e:
+        first = f"{type(e).__name__}: {e}"
+    tried = [job.output]
+    for path in rescue_paths(job):
+        summary.update(output=path, rescued=True, output_requested=job.output)
+        try:
+            written = write_output(
+                job, result, start=start, errors_before=errors_before, summary=summary, path=path
+            )
+        except (OSError, TargetError):
+            tried.append(path)
+            continue
+        _say(
+            f"could not write the output {job.output!r} ({first}); the finished run is saved to "
+            f"{written!r} instead - move it where you want it",
+            out,
+        )
+        return written
+    raise TrainingError(
+        f"could not write the result to {job.output!r} ({first}) nor to {', '.join(tried[1:])}; "
+        f"free space or fix permissions there"
+    )

@@ -1,0 +1,343 @@
+"""Running a job: :func:`run_job` (workers, training, checkpoints, stopping, the output)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TextIO
+
+import dask.config
+import numpy as np
+from distributed import Client
+
+from ..emulation import local_cluster
+from ..engine import FitResult, fit
+from ..records import RemapRecord
+from ..slurm import HeterogeneousSLURMCluster
+from .load import check_paths, load_job
+from .output import read_checkpoint, save_model, save_result, write_checkpoint
+from .spec import Job, JobError
+
+__all__ = ["run_job"]
+
+
+def _connect(address: str) -> Client:
+    """A client of the existing scheduler at ``address`` (a JobError if it does not answer)."""
+    timeout = dask.config.get("distributed.comm.timeouts.connect")
+    try:
+        return Client(address, timeout=timeout)
+    except (OSError, TimeoutError, ValueError) as e:
+        raise JobError(
+            f"job file: workers.scheduler={address!r}: cannot connect within {timeout} "
+            f"({type(e).__name__}: {' '.join(str(e).split())[:200]}); check that the scheduler "
+            f"runs and the address (e.g. tcp://host:8786), or use workers: {{local: ...}} / "
+            f"{{slurm: ...}}"
+        ) from None
+
+
+@contextlib.contextmanager
+def _client_for(job: Job, out: TextIO) -> Iterator[Client]:
+    """A client of the workers the job names (started here, and stopped at the end, unless existing)."""
+    kind = next(iter(job.workers))
+    if kind == "scheduler":
+        with _connect(job.workers["scheduler"]) as client:
+            print(f"workers: existing cluster at {job.workers['scheduler']}", file=out, flush=True)
+            yield client
+        return
+    if kind == "local":
+        with (
+            local_cluster(job.workers["local"]["speeds"], dashboard_address=":0") as cluster,
+            Client(cluster) as client,
+        ):
+            print(f"workers: {cluster.emulation_label}", file=out, flush=True)
+            yield client
+        return
+    spec = job.workers["slurm"]
+    with HeterogeneousSLURMCluster(spec["groups"], **spec["cluster"]) as cluster:
+        jobs = ", ".join(
+            f"{g.name}: {g.jobs} job(s) x {g.processes} worker(s)" for g in spec["groups"]
+        )
+        print(
+            f"workers: SLURM groups {jobs}; scheduler {cluster.scheduler_address}",
+            file=out,
+            flush=True,
+        )
+        with Client(cluster) as client:
+            yield client
+
+
+@contextlib.contextmanager
+def _stop_signals(flag: threading.Event) -> Iterator[None]:
+    """SIGTERM (SLURM's walltime warning, scancel) and SIGUSR1 set ``flag`` instead of killing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {}
+
+    def handler(signum: int, frame: Any) -> None:
+        flag.set()
+        flag.signal = signal.Signals(signum).name  # type: ignore[attr-defined]
+
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        old[sig] = signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+
+
+def _resume_from(job: Job, resume: bool, out: TextIO) -> tuple[int, np.ndarray, Any]:
+    """``(start iteration, errors before it, checkpoint or None)``."""
+    if not resume:
+        return 0, np.zeros(0), None
+    ck = read_checkpoint(job)
+    start = ck["iteration"]
+    if start >= job.iterations:
+        raise JobError(
+            f"--resume: the checkpoint is at iteration {start}, already at "
+            f"iterations={job.iterations}; raise iterations to train on"
+        )
+    print(
+        f"resuming from checkpoint {job.checkpoint_path} at iteration {start}", file=out, flush=True
+    )
+    if ck.get("drpm") and job.effective("mapping") == "drpm":
+        print(
+            f"DRPM continues on the checkpoint's plan ({len(ck['drpm'].get('checks', []))} "
+            f"check(s), estimator windows kept)",
+            file=out,
+            flush=True,
+        )
+    return start, ck["errors"], ck
+
+
+def remap_line(rec: RemapRecord) -> str:
+    """One progress line for a remap (a plan change, a lost or a joined worker)."""
+    if rec.get("lost"):
+        what = f"worker(s) {', '.join(rec['lost'])} lost; rows from the {rec['recovered_from']}"
+        if rec.get("replayed"):
+            what += f", {rec['replayed']} iteration(s) recomputed"
+    elif rec.get("joined"):
+        what = f"worker(s) {', '.join(rec['joined'])} joined"
+    else:
+        what = rec.get("reason", "")
+    return (
+        f"remap at iteration {rec['iteration']}: {rec['kind']} ({what}), {rec['bytes']} weight "
+        f"bytes, {rec.get('sample_bytes', 0)} sample bytes re-read, {rec['seconds']:.3f} s"
+    )
+
+
+def _progress(job: Job, out: TextIO) -> Callable[[dict[str, Any]], None]:
+    """fit's per-block ``callback``: one line per remap and one per block."""
+
+    def progress(info: dict[str, Any]) -> None:
+        for rec in info["remaps"]:
+            print(remap_line(rec), file=out, flush=True)
+        spi = info["seconds_per_iteration"]
+        print(
+            f"iteration {info['iteration']}/{job.iterations}: error {info['error']:.6g}, "
+            f"{spi * 1e3:.1f} ms/iteration, {len(info['workers'])} worker(s)",
+            file=out,
+            flush=True,
+        )
+
+    return progress
+
+
+def _should_stop(job: Job, stop: threading.Event) -> Callable[[], bool]:
+    """fit's ``should_stop``: the event is set (a signal) or the job's time limit passed."""
+    t0 = time.monotonic()
+
+    def should_stop() -> bool:
+        if job.time_limit is not None and time.monotonic() - t0 > job.time_limit:
+            stop.signal = f"time-limit {job.time_limit:g} s"  # type: ignore[attr-defined]
+            return True
+        return stop.is_set()
+
+    return should_stop
+
+
+def _checkpointer(
+    job: Job, start: int, errors_before: np.ndarray, out: TextIO
+) -> Callable[[dict[str, Any]], None]:
+    """fit's ``on_checkpoint``: write the job's checkpoint (errors before a resume included)."""
+
+    def on_checkpoint(state: dict[str, Any]) -> None:
+        state = dict(state, errors=np.concatenate([errors_before[:start], state["errors"][start:]]))
+        write_checkpoint(job, state)
+        print(
+            f"checkpoint at iteration {state['iteration']} -> {job.checkpoint_path}",
+            file=out,
+            flush=True,
+        )
+
+    return on_checkpoint
+
+
+def _summary(job: Job, result: FitResult, done: int, wall: float) -> dict[str, Any]:
+    """What the run did (returned, and written into the output)."""
+    return {
+        "iterations": done,
+        "final_error": result.error,
+        "target_error": job.target_error,
+        "stopped": result.stopped,
+        "wall_seconds": wall,
+        "seconds_per_iteration": result.seconds_per_iteration,
+        "workers": len(result.plan.planned_workers),
+        "remaps": len(result.remaps),
+        "worker_losses": sum(1 for r in result.remaps if r.get("lost")),
+        "output": job.output,
+        "emulation": result.emulation,
+    }
+
+
+def _train(
+    job: Job,
+    client: Client,
+    *,
+    start: int,
+    errors_before: np.ndarray,
+    ck: Any,
+    stop: threading.Event,
+    out: TextIO,
+) -> tuple[FitResult, float]:
+    """``fit`` with the job's settings (``None`` where the file sets none); ``(result, wall seconds)``."""
+    print(
+        f"training {job.network} on {job.shape[0]} samples from {job.data}: "
+        f"iterations {start}..{job.iterations}, mapping {job.effective('mapping')}, "
+        f"min-workers {job.effective('min_workers')}",
+        file=out,
+        flush=True,
+    )
+    every = job.checkpoint_every
+    t_train = time.monotonic()
+    result = fit(
+        job.data,
+        hidden=job.hidden,
+        iterations=job.iterations,
+        learning_rate=job.learning_rate,
+        mapping=job.mapping,
+        seed=job.seed,
+        dtype=job.dtype,
+        resume=ck,
+        client=client,
+        **job.training,
+        progress="none",
+        on_worker_loss=job.on_worker_loss,
+        min_workers=job.min_workers,
+        target_error=job.target_error,
+        checkpoint_every=every,
+        on_checkpoint=_checkpointer(job, start, errors_before, out) if every else None,
+        should_stop=_should_stop(job, stop),
+        callback=_progress(job, out),
+    )
+    return result, time.monotonic() - t_train
+
+
+def _stopped(
+    job: Job, result: FitResult, *, done: int, errors_before: np.ndarray, start: int
+) -> None:
+    """Training was stopped early: write the checkpoint a ``--resume`` continues from."""
+    write_checkpoint(
+        job,
+        {
+            "iteration": done,
+            "W": result.W,
+            "V": result.V,
+            "plan": result.plan,
+            "optimizer_state": result.optimizer_state,
+            "drpm": result.drpm_state,
+            "errors": np.concatenate([errors_before[:start], result.history["error"].values]),
+        },
+    )
+
+
+def run_job(
+    path: str | os.PathLike[str],
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    out: TextIO | None = None,
+    client: Any = None,
+    stop: threading.Event | None = None,
+) -> dict[str, Any]:
+    """Run the job in ``path``; returns a summary dict (also written into the output).
+
+    Parameters
+    ----------
+    path
+        The job file.
+    resume
+        Continue from the job's checkpoint.
+    overwrite
+        Replace an existing output (as ``overwrite: true`` in the file).
+    out
+        Where progress lines go (default stdout): one plain line per block.
+    client
+        Use this client instead of the job's ``workers`` (tests, notebooks).
+    stop
+        An event that, once set, stops training after the current block
+        (checkpoint, no output) - what SIGTERM does from the command line.
+
+    The summary's ``output`` is where the result was written: ``job.output``,
+    or (``rescued: True``) the place next to the checkpoint it was saved to
+    when the output could not be written at the end.
+
+    Raises
+    ------
+    JobError
+        Invalid job file, an output or checkpoint that exists or cannot be
+        written, ``--resume`` without a matching checkpoint, an unreachable
+        scheduler; all before any training.
+    dask_rpm.data.DataError
+        A worker found a NaN or infinite value in its samples of the data file
+        (before the first iteration).
+    dask_rpm.TrainingError
+        Training failed (nothing is written to the output path).
+    """
+    out = out or sys.stdout
+    job = load_job(path, overwrite=overwrite)
+    check_paths(job, resume=resume)
+    start, errors_before, ck = _resume_from(job, resume, out)
+    stop = stop or threading.Event()
+    with dask.config.set(job.settings()), _stop_signals(stop), contextlib.ExitStack() as stack:
+        if client is None:
+            client = stack.enter_context(_client_for(job, out))
+        result, wall = _train(
+            job, client, start=start, errors_before=errors_before, ck=ck, stop=stop, out=out
+        )
+    done = start + result.history.sizes.get("iteration", 0)
+    summary = _summary(job, result, done, wall)
+    if result.stopped and result.stopped.startswith("stop requested"):
+        _stopped(job, result, done=done, errors_before=errors_before, start=start)
+        why = getattr(stop, "signal", "stop requested")
+        print(
+            f"stopped at iteration {done} ({why}); checkpoint written to {job.checkpoint_path}; "
+            f"continue with: dask-rpm train --config {path} --resume",
+            file=out,
+            flush=True,
+        )
+        summary["checkpoint"] = job.checkpoint_path
+        return summary
+    if result.stopped and "diverged" in result.stopped:
+        print(result.stopped, file=out, flush=True)
+    written = save_result(
+        job, result, start=start, errors_before=errors_before, summary=summary, out=out
+    )
+    if job.model is not None:
+        written += ", model " + save_model(job, result, start=start, written=written, out=out)
+    print(
+        f"done: {done} iterations, error {result.error:.6g}"
+        + (f" (target {job.target_error:g})" if job.target_error is not None else "")
+        + f", {wall:.1f} s; wrote {written}",
+        file=out,
+        flush=True,
+    )
+    if job.checkpoint_every and os.path.exists(job.checkpoint_path):
+        os.unlink(job.checkpoint_path)  # the result file holds everything the checkpoint did
+    return summary

@@ -1,0 +1,238 @@
+"""What a job file is: its keys, the validated :class:`Job`, and the error it raises.
+
+The checks of single values (:func:`whole`, :func:`number`) and the error
+builders (:func:`bad`, :func:`unknown`) are shared by the loader and the
+runner; every message names the key, the value received, what is valid and
+how to fix it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import math
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import dask.config
+
+from .. import config as rpm_config
+
+__all__ = [
+    "Job",
+    "JobError",
+    "TRAINING_KEYS",
+    "KEYS",
+    "TRAIN_SETTINGS",
+    "OVERWRITE_HINT",
+    "bad",
+    "unknown",
+    "whole",
+    "number",
+    "flatten",
+]
+
+#: Job keys that choose what is trained, and fit()'s keyword for each (validated by dask_rpm.recipe).
+TRAINING_KEYS = {
+    "epochs": "epochs",
+    "batch-size": "batch_size",
+    "shuffle": "shuffle",
+    "activation": "activation",
+    "loss": "loss",
+    "output-layer": "output",
+    "bias": "bias",
+    "optimizer": "optimizer",
+    "validation": "validation",
+    "validate-every": "validate_every",
+    "early-stopping": "early_stopping",
+    "tol": "tol",
+}
+
+#: Job keys whose default is the ``rpm.train.*`` setting of the same name, by
+#: :class:`Job` attribute. A job file that leaves one out passes ``None`` to
+#: ``fit``, which reads the setting at call time (so the job's ``config:``
+#: section, ``dask.config.set`` and ``DASK_RPM__TRAIN__...`` all apply).
+TRAIN_SETTINGS = {
+    "mapping": "mapping",
+    "seed": "seed",
+    "dtype": "dtype",
+    "min_workers": "min-workers",
+    "on_worker_loss": "on-worker-loss",
+}
+
+#: Every key a job file may have.
+KEYS = (
+    "data",
+    "hidden",
+    "iterations",
+    "target-error",
+    "learning-rate",
+    "mapping",
+    "seed",
+    "dtype",
+    "output",
+    "overwrite",
+    "checkpoint",
+    "min-workers",
+    "on-worker-loss",
+    "time-limit",
+    "workers",
+    "config",
+    "model",
+    *TRAINING_KEYS,
+)
+OVERWRITE_HINT = "set overwrite: true in the job file (or pass --overwrite) to replace it"
+
+
+class JobError(ValueError):
+    """The job file is invalid; the message says which key, what was received and how to fix it."""
+
+
+def flatten(d: Mapping[str, Any], prefix: str) -> Iterator[tuple[str, Any]]:
+    """Dotted keys of a nested mapping (``{"drpm": {"interval": 10}}`` -> ``rpm.drpm.interval``)."""
+    for k, v in d.items():
+        if isinstance(v, Mapping) and v:
+            yield from flatten(v, f"{prefix}.{k}")
+        else:
+            yield f"{prefix}.{k}", v
+
+
+@dataclass
+class Job:
+    """A validated training job (see :mod:`dask_rpm.job` for the file format).
+
+    ``mapping``, ``seed``, ``dtype``, ``min_workers`` and ``on_worker_loss``
+    are ``None`` when the file does not set them: ``fit`` then reads
+    ``rpm.train.*`` (:data:`TRAIN_SETTINGS`); :meth:`effective` says which
+    value that is.
+    """
+
+    path: str
+    text: str
+    data: str
+    hidden: int
+    iterations: int
+    learning_rate: float
+    output: str
+    checkpoint_path: str
+    checkpoint_every: int = 0
+    target_error: float | None = None
+    mapping: str | None = None
+    seed: int | None = None
+    dtype: str | None = None
+    min_workers: int | None = None
+    on_worker_loss: str | None = None
+    time_limit: float | None = None
+    workers: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    shape: tuple[int, int, int] = (0, 0, 0)  # (s, n, l) of the data
+    overwrite: bool = False
+    training: dict[str, Any] = field(default_factory=dict)  # fit() keywords from TRAINING_KEYS
+    model: str | None = None  # where the trained model goes (None: not written)
+
+    def settings(self) -> dict[str, Any]:
+        """The job's ``config:`` section as dotted ``rpm.*`` keys for ``dask.config.set``.
+
+        Dotted keys, because setting ``{"rpm": {...}}`` would replace the
+        whole ``rpm`` tree.
+        """
+        return dict(flatten(self.config, "rpm"))
+
+    def effective(self, name: str) -> Any:
+        """The value ``fit`` will use for ``name`` (a key of :data:`TRAIN_SETTINGS`).
+
+        The job file's own value, else ``rpm.train.<key>`` as the job's
+        ``config:`` section and the dask configuration in force now set it.
+        """
+        value = getattr(self, name)
+        if value is not None:
+            return value
+        with dask.config.set(self.settings()):
+            return rpm_config.get(f"train.{TRAIN_SETTINGS[name]}")
+
+    @property
+    def fingerprint(self) -> str:
+        """What a checkpoint must match to be resumed by this job (data, network, learning)."""
+        key = json.dumps(
+            [
+                os.path.abspath(self.data),
+                list(self.shape),
+                self.hidden,
+                self.learning_rate,
+                self.effective("seed"),
+                self.effective("dtype"),
+                *([sorted(self.training.items())] if self.training else []),
+            ],
+        )
+        return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+    @property
+    def network(self) -> str:
+        """``n-m-l`` of the network this job trains."""
+        return f"{self.shape[1]}-{self.hidden}-{self.shape[2]}"
+
+    @property
+    def expected_workers(self) -> int | None:
+        """Workers the job starts (None for an existing scheduler)."""
+        if "local" in self.workers:
+            return len(self.workers["local"]["speeds"])
+        if "slurm" in self.workers:
+            return sum(g.jobs * g.processes for g in self.workers["slurm"]["groups"])
+        return None
+
+
+def bad(key: str, got: Any, valid: str, fix: str) -> JobError:
+    """The error for ``key`` holding ``got``: what is valid and how to fix it."""
+    return JobError(f"job file: {key}={got!r} is invalid; {valid}. {fix}")
+
+
+def unknown(keys: Any, valid: tuple[str, ...], where: str) -> None:
+    """Refuse the first of ``keys`` that is not in ``valid`` (with a "did you mean")."""
+    for k in keys:
+        if k not in valid:
+            close = difflib.get_close_matches(str(k), valid, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise JobError(
+                f"job file: unknown key {k!r} in {where}; valid keys: {', '.join(valid)}.{hint}"
+            )
+
+
+def whole(raw: Mapping[str, Any], key: str, lo: int, default: Any = None, where: str = "") -> Any:
+    """``raw[key]`` as a whole number ``>= lo`` (``default`` when absent; ``None`` if that is None)."""
+    v = raw.get(key, default)
+    if v is None and default is None and key not in raw:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise bad(
+            where + key,
+            v,
+            f"expected a whole number >= {lo}",
+            f"Write e.g. {key}: {max(lo, 1) * 10 if lo else 0}.",
+        )
+    return v
+
+
+def number(
+    raw: Mapping[str, Any], key: str, *, positive: bool, example: str = "0.01"
+) -> float | None:
+    """``raw[key]`` as a finite number (``> 0`` or ``>= 0``), or ``None`` when absent."""
+    v = raw.get(key)
+    if v is None:
+        return None
+    ok = (
+        isinstance(v, (int, float))
+        and not isinstance(v, bool)
+        and math.isfinite(v)
+        and (v > 0 if positive else v >= 0)
+    )
+    if not ok:
+        raise bad(
+            key,
+            v,
+            f"expected a finite number {'> 0' if positive else '>= 0'}",
+            f"Write e.g. {key}: {example}.",
+        )
+    return float(v)
