@@ -68,7 +68,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from . import kernels, train
     from .cost import predict_iteration_seconds, t_comm
     from .emulation import local_cluster
-    from .engine import FitResult, TrainingError, WorkerLostError, fit
+    from .engine import FitResult, TrainingError, WorkerLostError
+    from .engine.fit import fit
     from .estimators import MLPClassifier, MLPRegressor
     from .model import MLPModel
     from .ordering import ordered_workers

@@ -112,6 +112,7 @@ def data_shape(x: Any, d: Any = None) -> tuple[int, int, int]:
 
 def as_arrays(x: Any, d: Any = None) -> tuple[np.ndarray, np.ndarray]:
     """Load ``x`` and ``d`` as numpy arrays from any accepted form."""
+    xr: Any
     try:
         import xarray as xr
     except ImportError:  # pragma: no cover - xarray is a dependency

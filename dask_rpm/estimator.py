@@ -66,7 +66,7 @@ import math
 from collections import deque
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import numpy as np
 
@@ -296,7 +296,7 @@ class AbilityEstimator:
 
     def estimate(
         self, kind: Kind = "t1", workers: Iterable[Hashable] | None = None
-    ) -> dict[Hashable, float]:
+    ) -> dict[Any, float]:
         """Estimated ability (work units per second) per worker.
 
         Parameters
@@ -331,7 +331,7 @@ class AbilityEstimator:
 
     def normalised(
         self, kind: Kind = "t1", workers: Iterable[Hashable] | None = None
-    ) -> dict[Hashable, float]:
+    ) -> dict[Any, float]:
         """:meth:`estimate` scaled to sum 1 (the paper's ability ratios)."""
         est = self.estimate(kind, workers)
         total = sum(est.values())
@@ -339,7 +339,7 @@ class AbilityEstimator:
 
     def recent_times(
         self, kind: Kind = "t1", workers: Iterable[Hashable] | None = None, last: int | None = None
-    ) -> dict[Hashable, float]:
+    ) -> dict[Any, float]:
         """Mean ``kind`` time per worker over its last ``last`` observations (default: the window).
 
         This is what the remap check compares (``t_min / t_max``); a mean over a

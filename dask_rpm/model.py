@@ -171,7 +171,11 @@ class MLPModel:
         return self.classes is not None
 
     def __repr__(self) -> str:
-        kind = f"classifier of {len(self.classes)} classes" if self.is_classifier else "regressor"
+        kind = (
+            f"classifier of {len(self.classes)} classes"
+            if self.classes is not None
+            else "regressor"
+        )
         net = self.net
         return (
             f"<MLPModel {self.n_inputs}-{self.n_hidden}-{self.n_outputs} {kind}: {net.activation} hidden, "
@@ -228,9 +232,10 @@ class MLPModel:
         if info["validation"] == [] and not isinstance(result, Mapping):
             info["validation"] = _validation_rows(get("history"))
         info.update(meta or {})
-        return cls(
-            get("W"), get("V"), rec.net, kwargs.pop("classes", get("classes")), info, **kwargs
-        )
+        W, V = get("W"), get("V")
+        if W is None or V is None:
+            raise ValueError("the result holds no weights W and V: train it first")
+        return cls(W, V, rec.net, kwargs.pop("classes", get("classes")), info, **kwargs)
 
     # ------------------------------------------------------------- prediction
     def _check_x(self, x: Any) -> np.ndarray:

@@ -530,7 +530,7 @@ class Plan:
         sample_sizes: Sequence[int],
         hidden_sizes: Sequence[Sequence[int]],
         *,
-        abilities: Sequence[float] | None = None,
+        abilities: Sequence[float] | np.ndarray | None = None,
         shape: tuple[int, int, int],
         method: str = "custom",
         **kwargs: Any,
@@ -540,8 +540,8 @@ class Plan:
         n_workers = max(w for c in cols for w in c) + 1
         if abilities is None:
             abilities = [1.0] * n_workers
-        ab = np.asarray(abilities, dtype=float)
-        ab = tuple(float(a) for a in ab / ab.sum())
+        given = np.asarray(abilities, dtype=float)
+        ab = tuple(float(a) for a in given / given.sum())
         rects = []
         s0 = 0
         for c, (col, sc, hs) in enumerate(zip(cols, sample_sizes, hidden_sizes)):
@@ -614,7 +614,7 @@ class Plan:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Plan:
         rects = tuple(
-            Rectangle(int(r["worker"]), int(r["column"]), tuple(r["samples"]), tuple(r["hidden"]))  # type: ignore[arg-type]
+            Rectangle(int(r["worker"]), int(r["column"]), tuple(r["samples"]), tuple(r["hidden"]))
             for r in d["rectangles"]
         )
         plan = cls(
@@ -644,7 +644,7 @@ class Plan:
 def to_integer(
     part: RealPartition,
     *,
-    abilities: Sequence[float],
+    abilities: Sequence[float] | np.ndarray,
     shape: tuple[int, int, int],
     samples: int,
     method: str,

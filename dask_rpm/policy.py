@@ -99,7 +99,7 @@ class Decision:
 
 
 # ------------------------------------------------------------------ paper rule
-def imbalance_ratio(times: Mapping[Hashable, float] | Sequence[float]) -> float:
+def imbalance_ratio(times: Mapping[Any, float] | Sequence[float]) -> float:
     """``t_min / t_max`` over workers (1.0 is perfectly balanced).
 
     Raises

@@ -134,49 +134,11 @@ def prepare(
         raise DataError(f"target_error={target_error!r}; it must be a finite number >= 0, or None")
     if init is not None and (not isinstance(init, (tuple, list)) or len(init) not in (2, 4)):
         raise DataError("init must be (W0, V0) or (W0, V0, b0, c0)")
-    path = None
-    if isinstance(x, (str, os.PathLike)) and not load:
-        path = os.path.abspath(os.fspath(x))
-        s, n, l = data_shape(path)
-        xa = da = None
-    else:
-        xa, da = as_arrays(x, d) if d is None or np.ndim(d) != 1 else (np.asarray(x), np.asarray(d))
-        if xa.ndim != 2:
-            raise DataError(f"x must be (samples, inputs); got shape {xa.shape}")
-        da, classes = _targets(da, loss, classes)
-        s, n, l = xa.shape[0], xa.shape[1], da.shape[1]
+    src = _source(x, d, loss, classes, load)
+    classes = src.classes
     # the validation split decides how many samples train, which the schedule needs
-    rows = val = None
-    if validation is not None and not isinstance(validation, (tuple, list)):
-        try:
-            train_idx, val_idx = holdout(
-                s, float(validation) if not isinstance(validation, bool) else validation, seed
-            )
-        except (TypeError, ValueError) as exc:
-            raise DataError(str(exc)) from None
-        if xa is not None:
-            val = (xa[val_idx], da[val_idx])
-            xa, da = xa[train_idx], da[train_idx]
-        else:
-            val = load_rows(path, val_idx, dtype)
-            rows = train_idx
-        s = len(train_idx)
-    elif validation is not None:
-        if len(validation) != 2:
-            raise DataError("validation must be a fraction or a pair (x_val, d_val)")
-        xv, dv = np.asarray(validation[0]), np.asarray(validation[1])
-        dv, _ = _targets(dv, loss, classes)
-        if (
-            xv.ndim != 2
-            or xv.shape[1] != n
-            or dv.ndim != 2
-            or dv.shape[1] != l
-            or len(xv) != len(dv)
-        ):
-            raise DataError(
-                f"validation data x{xv.shape}, d{dv.shape}; they must be (k, {n}) and (k, {l})"
-            )
-        val = (xv, dv)
+    src, rows, val = _split_validation(src, validation, loss, seed, dtype)
+    s, n, l = src.shape
     try:
         rec = recipe(
             s,
@@ -198,29 +160,97 @@ def prepare(
         )
     except ValueError as exc:
         raise DataError(str(exc)) from None
-    common = dict(
-        hidden=hidden,
-        iterations=rec.iterations,
-        learning_rate=rec.learning_rate,
-        init=None if init is None else tuple(init[:2]),
-        seed=seed,
-        dtype=dtype,
+    start = None if init is None else (init[0], init[1])
+    checks: dict[str, Any] = dict(
+        hidden=hidden, iterations=rec.iterations, learning_rate=rec.learning_rate
     )
-    if xa is None:
-        W0, V0 = check_training_args(None, None, shape=(s, n, l), **common)
-        arrays = None
+    arrays = None
+    if src.x is None or src.d is None:
+        W0, V0 = check_training_args(
+            None, None, **checks, init=start, seed=seed, dtype=dtype, shape=(s, n, l)
+        )
     else:
-        W0, V0 = check_training_args(xa, da, **common)
-        arrays = (np.ascontiguousarray(xa, dtype=dtype), np.ascontiguousarray(da, dtype=dtype))
+        W0, V0 = check_training_args(src.x, src.d, **checks, init=start, seed=seed, dtype=dtype)
+        arrays = (
+            np.ascontiguousarray(src.x, dtype=dtype),
+            np.ascontiguousarray(src.d, dtype=dtype),
+        )
         if rec.net.loss == "cross-entropy":
             _check_distribution(arrays[1], "d")
     if val is not None:
-        val = (np.ascontiguousarray(val[0], dtype=dtype), np.ascontiguousarray(val[1], dtype=dtype))
-        for name, arr in zip(("x_val", "d_val"), val):
-            if not np.all(np.isfinite(arr)):
-                raise DataError(f"validation {name} contains NaN or infinite values")
-        if rec.net.loss == "cross-entropy":
-            _check_distribution(val[1], "validation d")
+        val = _checked_validation(val, dtype, rec)
     W0, V0 = _weights(init, W0, V0, rec)
     shape = (rec.net.inputs(n), W0.shape[0], l)
+    path = src.path
     return Prepared(rec, W0, V0, shape, s, arrays, path, rows, val, classes, target_error, dtype)
+
+
+class _Source(NamedTuple):
+    """The training samples: loaded arrays (``x``, ``d``), or a dataset ``path`` workers read."""
+
+    path: str | None
+    x: np.ndarray | None
+    d: np.ndarray | None
+    classes: np.ndarray | None
+    shape: tuple[int, int, int]  # (samples, inputs, outputs)
+
+
+def _source(x: Any, d: Any, loss: str | None, classes: Any, load: bool) -> _Source:
+    """Arrays with 2-D targets, or the path and shape of a dataset left for the workers."""
+    if isinstance(x, (str, os.PathLike)) and not load:
+        path = os.path.abspath(os.fspath(x))
+        return _Source(path, None, None, classes, data_shape(path))
+    xa, da = as_arrays(x, d) if d is None or np.ndim(d) != 1 else (np.asarray(x), np.asarray(d))
+    if xa.ndim != 2:
+        raise DataError(f"x must be (samples, inputs); got shape {xa.shape}")
+    da, classes = _targets(da, loss, classes)
+    return _Source(None, xa, da, classes, (xa.shape[0], xa.shape[1], da.shape[1]))
+
+
+def _split_validation(
+    src: _Source, validation: Any, loss: str | None, seed: int, dtype: str
+) -> tuple[_Source, np.ndarray | None, tuple[np.ndarray, np.ndarray] | None]:
+    """Hold out a seeded fraction, or check a given ``(x_val, d_val)``.
+
+    Returns the training source, the file rows that train (a dataset path with a held-out
+    fraction; else None) and the validation pair (or None).
+    """
+    s, n, l = src.shape
+    if validation is None:
+        return src, None, None
+    if not isinstance(validation, (tuple, list)):
+        try:
+            train_idx, val_idx = holdout(
+                s, float(validation) if not isinstance(validation, bool) else validation, seed
+            )
+        except (TypeError, ValueError) as exc:
+            raise DataError(str(exc)) from None
+        shape = (len(train_idx), n, l)
+        if src.x is not None and src.d is not None:
+            val = (src.x[val_idx], src.d[val_idx])
+            return src._replace(x=src.x[train_idx], d=src.d[train_idx], shape=shape), None, val
+        assert src.path is not None  # no arrays: the samples are in a dataset file
+        val = load_rows(src.path, val_idx, dtype)
+        return src._replace(shape=shape), train_idx, val
+    if len(validation) != 2:
+        raise DataError("validation must be a fraction or a pair (x_val, d_val)")
+    xv, dv = np.asarray(validation[0]), np.asarray(validation[1])
+    dv, _ = _targets(dv, loss, src.classes)
+    if xv.ndim != 2 or xv.shape[1] != n or dv.ndim != 2 or dv.shape[1] != l or len(xv) != len(dv):
+        raise DataError(
+            f"validation data x{xv.shape}, d{dv.shape}; they must be (k, {n}) and (k, {l})"
+        )
+    return src, None, (xv, dv)
+
+
+def _checked_validation(
+    val: tuple[np.ndarray, np.ndarray], dtype: str, rec: Recipe
+) -> tuple[np.ndarray, np.ndarray]:
+    """The validation pair in the training dtype, finite, and distributions for cross-entropy."""
+    out = (np.ascontiguousarray(val[0], dtype=dtype), np.ascontiguousarray(val[1], dtype=dtype))
+    for name, arr in zip(("x_val", "d_val"), out):
+        if not np.all(np.isfinite(arr)):
+            raise DataError(f"validation {name} contains NaN or infinite values")
+    if rec.net.loss == "cross-entropy":
+        _check_distribution(out[1], "validation d")
+    return out

@@ -149,7 +149,9 @@ def holdout(samples: int, fraction: float, seed: int) -> tuple[np.ndarray, np.nd
     return np.sort(perm[k:]), np.sort(perm[:k])
 
 
-def one_hot(labels: Any, classes: Sequence[Any] | None = None) -> tuple[np.ndarray, np.ndarray]:
+def one_hot(
+    labels: Any, classes: Sequence[Any] | np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """``(one_hot, classes)`` of 1-D labels; ``classes`` sorted unique labels unless given."""
     y = np.asarray(labels)
     if y.ndim != 1:

@@ -126,7 +126,7 @@ class BlockSpec(NamedTuple):
 
     epoch: int
     first: int
-    count: int
+    count: int  # type: ignore[assignment]  # a field named like tuple.count; the wire format names it
     learning_rate: float
     target_error: float | None
     receive_timeout: float

@@ -76,7 +76,7 @@ class Transfer:
 class SampleChange:
     """A worker whose sample range changed; ``old`` is ``None`` for a worker new to the plan."""
 
-    worker: Hashable
+    worker: int | str  # a plan index, or an address when the plans are bound to workers
     old: tuple[int, int] | None
     new: tuple[int, int]
 
@@ -106,7 +106,9 @@ def ability_vector(plan: Plan, abilities: Abilities) -> np.ndarray:
     planned = plan.planned_workers
     if isinstance(abilities, Mapping):
         vec = np.full(n_all, np.nan)
-        addr = {a: i for i, a in enumerate(plan.workers)} if plan.workers is not None else {}
+        addr: dict[Any, int] = (
+            {a: i for i, a in enumerate(plan.workers)} if plan.workers is not None else {}
+        )
         for key, val in abilities.items():
             idx = addr.get(key, key)
             if not (isinstance(idx, (int, np.integer)) and 0 <= idx < n_all):
@@ -416,5 +418,5 @@ def sample_changes(old: Plan, new: Plan) -> list[SampleChange]:
         key = new_id[w]
         now = new.rectangle(w).samples
         if before.get(key) != now:
-            out.append(SampleChange(key, before.get(key), now))
+            out.append(SampleChange(key, before.get(key), now))  # type: ignore[arg-type]
     return out

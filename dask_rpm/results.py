@@ -347,7 +347,7 @@ def plot_result(
     ax_err.set_ylabel(f"error ({h['error'].attrs.get('units', '1')})")
     ax_err.set_title("error per iteration", fontsize=10)
 
-    compute = sum(
+    compute: Any = sum(
         np.asarray(h[p].values, dtype=float) for p in ("forward", "backward", "modify") if p in h
     )
     workers = np.asarray(h["worker"].values)

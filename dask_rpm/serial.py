@@ -48,7 +48,7 @@ def train_arrays(
     )
     errors = np.empty(rec.iterations)
     stopped = None
-    order_epoch, order = -1, None
+    order_epoch, order = -1, np.arange(0)  # replaced at the first mini-batch (epoch 0)
     done = 0
     for k in range(rec.iterations):
         if sched.full_batch:

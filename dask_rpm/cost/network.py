@@ -140,7 +140,7 @@ def network_from_config(
             fixed=float(config.get("cost.fixed")),
         )
     else:
-        repl = {
+        repl: dict[str, Any] = {
             k: v
             for k, v in (("latency", latency), ("bandwidth", bandwidth), ("itemsize", itemsize))
             if v is not None

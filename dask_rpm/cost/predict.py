@@ -258,7 +258,7 @@ def predict_breakdown(
         raise ValueError(f"horizontal={hmode!r}; valid: {', '.join(HORIZONTAL_MODES)}")
     vert = _vertical(plan, speeds, net, vmode)
     column_total = [vert.compute_max[c] + vert.seconds[c] for c in range(plan.n_columns)]
-    horizontal, by_band, groups = _horizontal(plan, net, hmode)
+    h_seconds, by_band, groups = _horizontal(plan, net, hmode)
     bottleneck = max(range(plan.n_columns), key=lambda c: column_total[c])
     fixed = _fixed_seconds(plan, net)
     straggler = 0.0 if spread is None else _straggler_seconds(plan, spread)
@@ -271,11 +271,11 @@ def predict_breakdown(
         "bands": plan.bands(),
         "horizontal_by_band": by_band,
         "horizontal_groups": groups,
-        "horizontal": float(horizontal),
+        "horizontal": float(h_seconds),
         "fixed": fixed,
         "straggler": straggler,
         "bottleneck_column": bottleneck,
-        "total": float(fixed + column_total[bottleneck] + horizontal + straggler),
+        "total": float(fixed + column_total[bottleneck] + h_seconds + straggler),
     }
 
 

@@ -387,12 +387,10 @@ class Driver:
         for f in futures:
             if f.status == "error":
                 await self._raise_lost(self.iteration, grace=2.0)
-                exc = await f.exception()
-                if isinstance(
-                    exc, DataError
-                ):  # bad samples found by the worker reading them: the user's to fix
-                    raise DataError(str(exc)) from None
-                raise TrainingError(f"task {f.key} failed: {exc!r}") from exc
+                error = await f.exception()
+                if isinstance(error, DataError):  # bad samples the worker read: the user's to fix
+                    raise DataError(str(error)) from None
+                raise TrainingError(f"task {f.key} failed: {error!r}") from error
             out.append(await self._result(f))
         return out
 

@@ -573,7 +573,7 @@ async def _fit_async(client: Any, x: Any, d: Any, kw: dict[str, Any]) -> FitResu
         if opts.mapping == "drpm"
         else None
     )
-    if drpm is not None and resumed:
+    if drpm is not None and resumed and saved is not None:
         drpm.restore(saved, len(plan.abilities))
         logger.info(
             f"resume: DRPM continues on the checkpoint's plan with {len(drpm.checks)} check(s) and the "
@@ -616,7 +616,9 @@ async def _fit_async(client: Any, x: Any, d: Any, kw: dict[str, Any]) -> FitResu
     )
     if emulation:
         history.attrs["emulation"] = emulation
-    validation = next((h.validator.rows for h in hooks if isinstance(h, cb.ValidationCallback)), [])
+    validation: list[Any] = next(
+        (h.validator.rows for h in hooks if isinstance(h, cb.ValidationCallback)), []
+    )
     add_validation(history, validation)
     return FitResult(
         W=W,
@@ -806,6 +808,7 @@ class _Loop:
         ):
             return
         self._jobs_checked, self.jobs_suspect = now, False
+        assert cluster is not None  # hasattr(cluster, "replace_lost") above
         try:
             replaced = await cluster.replace_lost()
         except Exception as exc:  # sbatch failing must not stop training

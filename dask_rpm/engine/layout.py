@@ -78,7 +78,7 @@ def layouts(
         leader = max(col, key=lambda w: (plan.abilities[w], -w))
         for w in col:
             a, b = rects[w].hidden
-            partners = []
+            partners: list[tuple[Peer, ...]] = []
             for c2, col2 in enumerate(columns):
                 if c2 == c:
                     partners.append(())

@@ -27,7 +27,7 @@ __all__ = ["fastest_grid", "make_plan"]
 
 
 def make_plan(
-    abilities: Sequence[float],
+    abilities: Sequence[float] | np.ndarray,
     shape: Any,
     samples: int,
     method: str | Planner | None = None,
@@ -116,17 +116,11 @@ def make_plan(
     p_all = normalise(ab)
 
     def run(active: list[int]) -> PlannerResult:
-        p = normalise(p_all[active])
-        if getattr(planner, "time_objective", False):
-            return planner(
-                p,
-                shape,
-                samples,
-                dp=dp,
-                rates=None if rates is None else [float(rates[i]) for i in active],
-                network=_subset_network(network, active),
-            )
-        return planner(p, shape, samples, dp=dp)
+        extra: dict[str, Any] = {}
+        if getattr(planner, "time_objective", False):  # a planner that minimises seconds
+            extra["rates"] = None if rates is None else [float(rates[i]) for i in active]
+            extra["network"] = _subset_network(network, active)
+        return planner(normalise(p_all[active]), shape, samples, dp=dp, **extra)
 
     res, active, excluded, notes = _plan_without_slow(run, p_all, shape[1], samples, min_units)
     part = res.partition
@@ -158,7 +152,7 @@ def make_plan(
 
 
 def _columns_for_batch(
-    abilities: Sequence[float],
+    abilities: Sequence[float] | np.ndarray,
     shape: tuple[int, int, int],
     samples: int,
     method: str | Planner | None,
@@ -256,7 +250,7 @@ def _subset_network(network: Any, active: Sequence[int]) -> Any:
 
 
 def fastest_grid(
-    abilities: Sequence[float],
+    abilities: Sequence[float] | np.ndarray,
     shape: Any,
     samples: int,
     method: str,

@@ -117,7 +117,7 @@ class SRPMResult:
 
 
 def _prepare(
-    abilities: Sequence[float], max_per_column: int | None
+    abilities: Sequence[float] | np.ndarray, max_per_column: int | None
 ) -> tuple[np.ndarray, np.ndarray, int]:
     p = validate_abilities(abilities)
     order = np.argsort(p, kind="stable")
@@ -265,7 +265,7 @@ def _check_srpm_feasible(
 
 
 def srpm_dp(
-    abilities: Sequence[float],
+    abilities: Sequence[float] | np.ndarray,
     shape: tuple[int, int, int],
     samples: int,
     *,
@@ -329,7 +329,7 @@ def srpm_dp(
 
 
 def srpm_dp_reference(
-    abilities: Sequence[float],
+    abilities: Sequence[float] | np.ndarray,
     shape: tuple[int, int, int],
     samples: int,
     *,
@@ -370,7 +370,10 @@ def _reference_table(prefix: np.ndarray, cap: int, last: int) -> tuple[np.ndarra
 
 
 def srpm_table(
-    abilities: Sequence[float], *, max_per_column: int | None = None, reference: bool = False
+    abilities: Sequence[float] | np.ndarray,
+    *,
+    max_per_column: int | None = None,
+    reference: bool = False,
 ) -> np.ndarray:
     """The full table ``t(C, q)``, shape ``(N + 1, N + 1)``, ``inf`` where undefined.
 

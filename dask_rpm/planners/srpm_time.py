@@ -191,7 +191,7 @@ class _RunCost:
             ("group", same_group & ~same_host),
             ("host", same_host),
         ):
-            cls = net.classes.get(name, LinkClass(net.latency, net.bandwidth))
+            cls = (net.classes or {}).get(name, LinkClass(net.latency, net.bandwidth))
             lat[sel], bw[sel] = cls.latency, cls.bandwidth
         return lat, bw
 
