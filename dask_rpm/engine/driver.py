@@ -95,9 +95,8 @@ class Driver:
         self.recipe = recipe
         self.eps = recipe.learning_rate
         self.dtype = dtype
-        self._broadcast: Any = (
-            None  # the whole training set on every worker (mini-batches from arrays)
-        )
+        # the whole training set, one copy per worker (mini-batches from arrays), by address
+        self._copies: dict[str, Any] = {}
         self.addresses: list[str] = list(plan.workers or ())
         self.gone: set[int] = set()
         self.log = TimingLog()
@@ -128,16 +127,22 @@ class Driver:
 
     async def _samples(self, plan: Plan, w: int) -> Any:
         """What a worker needs to get its samples (:mod:`dask_rpm.engine.samples`): the dataset path,
-        its rows scattered to it (full batch), or the whole training set broadcast once (mini-batches)."""
+        its rows scattered to it (full batch), or the whole training set, sent once to each worker (mini-batches)."""
         if self.source is not None:
             if self.rows is None and self.recipe.schedule.full_batch:
                 return self.source
             return ("file", self.source, self.rows)
         x, d = self.arrays  # type: ignore[misc]
         if not self.recipe.schedule.full_batch:
-            if self._broadcast is None:
-                [self._broadcast] = await self.client.scatter([(x, d)], broadcast=True, hash=False)
-            return ("arrays", self._broadcast)
+            # One key per worker, not one broadcast key: the scheduler's active memory manager
+            # (ReduceReplicas, on by default) drops the extra replicas of a broadcast key within
+            # seconds, and losing the worker left holding it lost the training set for every
+            # recovery (found by tests/test_training.py, 4 runs in 14 under load).
+            addr = self.addresses[w]
+            copy = self._copies.get(addr)
+            if copy is None or copy.status != "finished":
+                copy = self._copies[addr] = await self._scatter_to((x, d), w)
+            return ("arrays", copy)
         s0, s1 = plan.rectangle(w).samples
         return await self._scatter_to((x[s0:s1], d[s0:s1]), w)
 

@@ -11,7 +11,7 @@ How samples reach the workers
   (:mod:`dask_rpm.batches`), and the batches are drawn from the whole
   training set. From in-memory arrays every worker holds the whole training
   set (as in the paper, where every processor holds it; the driver
-  broadcasts it once). From a dataset file on shared storage each worker
+  sends each worker its copy once, and again only to a worker new to the run). From a dataset file on shared storage each worker
   reads, at the start of each epoch, only the rows its column will use in
   that epoch, about ``(b - a) / s`` of the file — so a training set larger
   than one worker's memory trains from a file, each worker holding its
