@@ -55,6 +55,7 @@ __all__ = [
     "auto_interval",
     "cost_decision",
     "decide",
+    "first_interval",
     "imbalance_ratio",
     "paper_decision",
     "predict_step_seconds",
@@ -365,6 +366,38 @@ def auto_interval(
     return int(min(max(want, lo), cap))
 
 
+def first_interval(
+    interval: int | str | None = None, *, min_interval: int | None = None
+) -> tuple[int, bool]:
+    """``R`` before any iteration time is measured, and whether it is ``"auto"``.
+
+    The one place both :class:`CheckSchedule` and :func:`dask_rpm.fit` take it from: an int
+    as given (``None`` reads ``rpm.drpm.interval``); ``"auto"`` starts at the estimation
+    bound of :func:`auto_interval` (``min_interval``, else ``rpm.drpm.auto.min-interval``,
+    else the window ``L``) and at least 2, so the first check sees a whole window of times.
+
+    Raises
+    ------
+    ValueError
+        ``interval`` is not ``"auto"`` or an integer >= 1.
+    """
+    interval = config.get("drpm.interval", interval)
+    if interval == "auto":
+        lo = config.get("drpm.auto.min-interval", min_interval)
+        return max(int(config.get("drpm.window") if lo is None else lo), 2), True
+    try:
+        r = int(interval)
+        if isinstance(interval, bool) or r != interval:
+            raise ValueError
+    except (TypeError, ValueError):
+        r = 0
+    if r < 1:
+        raise ValueError(
+            f"interval={interval!r}; it must be a positive number of iterations (>= 1) or 'auto'"
+        )
+    return r, False
+
+
 class CheckSchedule:
     """Decides at which iterations to run the remap check.
 
@@ -384,16 +417,10 @@ class CheckSchedule:
     """
 
     def __init__(self, interval: int | str | None = None, **auto_kw: Any) -> None:
-        interval = config.get("drpm.interval", interval)
-        self.auto = interval == "auto"
+        self.interval, self.auto = first_interval(
+            interval, min_interval=auto_kw.get("min_interval")
+        )
         self._auto_kw = auto_kw
-        if self.auto:
-            lo = config.get("drpm.auto.min-interval", auto_kw.get("min_interval"))
-            self.interval = int(config.get("drpm.window") if lo is None else lo)
-        else:
-            self.interval = int(interval)
-            if self.interval < 1:
-                raise ValueError(f"check interval must be >= 1 iteration, got {interval!r}")
         self.last = 0
         self.checks = 0
 

@@ -15,6 +15,7 @@ from dask_rpm.policy import (
     auto_interval,
     cost_decision,
     decide,
+    first_interval,
     imbalance_ratio,
     paper_decision,
     predict_step_seconds,
@@ -262,7 +263,9 @@ def test_check_schedule_fixed():
             s.mark(it)
     assert due == [3, 6, 9] and s.checks == 3 and not s.first_check
     assert s.update(0.15) == 3  # fixed: measured time ignored
-    with pytest.raises(ValueError, match=">= 1"):
+    with pytest.raises(
+        ValueError, match=r"interval=0; it must be a positive number of iterations \(>= 1\)"
+    ):
         CheckSchedule(0)
 
 
@@ -275,3 +278,42 @@ def test_check_schedule_auto():
     assert s.update(0.15) == 20
     assert not s.due(25) and s.due(26)
     assert CheckSchedule("auto", min_interval=3).interval == 3
+
+
+def test_first_interval_is_the_one_source_for_the_schedule_and_fit():
+    """fit() and CheckSchedule take R before any measurement from policy.first_interval."""
+    from dask_rpm.engine.options import resolve_options
+    from dask_rpm.prepare import prepare
+
+    job = prepare(
+        np.zeros((8, 2)),
+        np.zeros((8, 1)),
+        hidden=4,
+        iterations=10,
+        learning_rate=0.1,
+        init=None,
+        seed=0,
+        dtype="float64",
+    )
+    kw = dict(
+        mapping="srpm", on_worker_loss=None, min_workers=None, checkpoint_every=None, elastic=None
+    )
+
+    def fit_interval(interval):
+        opts = resolve_options({**kw, "interval": interval}, job)
+        return opts.interval, opts.auto_interval
+
+    assert first_interval(7) == (7, False) == fit_interval(7)
+    with dask.config.set({"rpm.drpm.window": 9}):
+        assert first_interval("auto") == (9, True) == fit_interval("auto")
+        assert CheckSchedule("auto").interval == 9
+    with dask.config.set({"rpm.drpm.window": 1}):
+        assert first_interval("auto") == (2, True)  # a block of one iteration sees no window
+    with dask.config.set({"rpm.drpm.auto.min-interval": 4}):
+        assert first_interval("auto") == (4, True) == fit_interval("auto")
+        assert CheckSchedule("auto").interval == 4
+    for bad in (0, -3, 2.5, True, "often"):
+        with pytest.raises(ValueError, match="positive number of iterations"):
+            first_interval(bad)
+        with pytest.raises(ValueError, match="positive number of iterations"):
+            fit_interval(bad)

@@ -1,6 +1,9 @@
 """The training engine: batch BP by rectangles on a Dask cluster, with a direct worker-to-worker data plane.
 
-* :mod:`~dask_rpm.engine.fit` - :func:`fit`, its options and the block loop;
+* :mod:`~dask_rpm.engine.fit` - :func:`fit`: a run from its options to its result;
+  :mod:`~dask_rpm.engine.options` (keywords after ``rpm.*`` defaults, the start),
+  :mod:`~dask_rpm.engine.planning` (workers, probe, the first plan),
+  :mod:`~dask_rpm.engine.loop` (the block loop);
 * :mod:`~dask_rpm.engine.driver` - the driver: shards, blocks, remaps (client side);
 * :mod:`~dask_rpm.engine.worker`, :mod:`~dask_rpm.engine.block`,
   :mod:`~dask_rpm.engine.tasks` - the worker side: run state, messages, the iteration loop;

@@ -1,0 +1,144 @@
+"""What :func:`~dask_rpm.engine.fit` was asked: its options after ``rpm.*`` defaults, and where it starts."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .. import config
+from ..data import DataError
+from ..partition import Plan
+from ..policy import first_interval
+from ..prepare import Prepared
+from ..records import Checkpoint
+
+logger = logging.getLogger("dask_rpm")
+
+
+__all__ = ["TRAINING_KEYWORDS", "Options", "resolve_options", "start_checkpoint"]
+
+
+@dataclass
+class Options:
+    """``fit``'s keywords after defaults (``rpm.*`` config) and validation."""
+
+    iterations: int
+    learning_rate: float
+    dtype: str
+    mapping: Any
+    interval: int
+    auto_interval: bool
+    on_worker_loss: str
+    min_workers: int
+    elastic: bool
+    checkpoint_every: int
+    target_error: float | None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def resolve_options(kw: dict[str, Any], job: Prepared) -> Options:
+    mapping = config.get("train.mapping", kw["mapping"])
+    try:  # with R="auto" the first check comes after one estimation window
+        interval, auto = first_interval(kw["interval"])
+    except ValueError as exc:
+        raise DataError(str(exc)) from None
+    on_loss = config.get("train.on-worker-loss", kw["on_worker_loss"])
+    if on_loss not in ("recover", "raise"):
+        raise DataError(
+            f"on_worker_loss={on_loss!r}; use 'recover' (go on without the worker) or 'raise'"
+        )
+    min_workers = config.get("train.min-workers", kw["min_workers"])
+    if (
+        isinstance(min_workers, bool)
+        or not isinstance(min_workers, (int, np.integer))
+        or min_workers < 1
+    ):
+        raise DataError(f"min_workers={min_workers!r}; it must be a positive integer")
+    every = config.get("checkpoint.every", kw["checkpoint_every"])
+    if isinstance(every, bool) or not isinstance(every, (int, np.integer)) or every < 0:
+        raise DataError(
+            f"checkpoint_every={every!r}; it must be an integer >= 0 (0: no checkpoints)"
+        )
+    return Options(
+        iterations=job.recipe.iterations,
+        learning_rate=job.recipe.learning_rate,
+        dtype=job.dtype,
+        mapping=mapping,
+        interval=interval,
+        auto_interval=auto,
+        on_worker_loss=on_loss,
+        min_workers=int(min_workers),
+        elastic=bool(config.get("train.elastic", kw["elastic"])) and not isinstance(mapping, Plan),
+        checkpoint_every=int(every),
+        target_error=job.target_error,
+    )
+
+
+#: fit()'s keywords that decide what is computed (shared with fit_serial through dask_rpm.prepare).
+TRAINING_KEYWORDS = (
+    "hidden",
+    "iterations",
+    "learning_rate",
+    "init",
+    "seed",
+    "dtype",
+    "epochs",
+    "batch_size",
+    "shuffle",
+    "activation",
+    "loss",
+    "output",
+    "bias",
+    "optimizer",
+    "validation",
+    "validate_every",
+    "early_stopping",
+    "tol",
+    "target_error",
+)
+
+
+def start_checkpoint(resume: Any, data: Prepared) -> Checkpoint:
+    """Where training starts: iteration 0 with the initial weights, or a checkpoint to resume from."""
+    if resume is None:
+        return Checkpoint(0, data.W0, data.V0)
+    if not isinstance(resume, dict) or not {"iteration", "W", "V"} <= set(resume):
+        raise DataError(
+            "resume must be a checkpoint dict with 'iteration', 'W', 'V' (and 'optimizer_state'), "
+            "as fit's on_checkpoint receives it"
+        )
+    k = resume["iteration"]
+    W, V = np.asarray(resume["W"], dtype=data.dtype), np.asarray(resume["V"], dtype=data.dtype)
+    if W.shape != data.W0.shape or V.shape != data.V0.shape:
+        raise DataError(
+            f"resume: the checkpoint's weights are W{W.shape}, V{V.shape}; this network needs "
+            f"W{data.W0.shape}, V{data.V0.shape} (same data, hidden units and bias)"
+        )
+    if (
+        isinstance(k, bool)
+        or not isinstance(k, (int, np.integer))
+        or not 0 <= k < data.recipe.iterations
+    ):
+        raise DataError(
+            f"resume: the checkpoint is at iteration {k!r}; it must be below iterations="
+            f"{data.recipe.iterations} (the total to reach)"
+        )
+    state = resume.get("optimizer_state") or None
+    slots = set(data.recipe.optimizer.slots)
+    if (state is None and slots) or (state is not None and set(state) != slots):
+        raise DataError(
+            f"resume: the checkpoint has optimizer state {sorted(state or {})}; optimizer "
+            f"{data.recipe.optimizer.name!r} needs {sorted(slots)} (resume with the optimizer it was "
+            f"written with)"
+        )
+    return Checkpoint(
+        int(k),
+        W,
+        V,
+        {k2: [np.asarray(a, dtype=data.dtype) for a in v] for k2, v in state.items()}
+        if state
+        else None,
+    )
