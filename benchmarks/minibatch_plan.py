@@ -32,7 +32,7 @@ def run(n: int, batch_sizes: list[int], iterations: int, interval: int) -> list[
     from distributed import Client
 
     from dask_rpm import fit, fit_serial, local_cluster
-    from dask_rpm.bench import WORKLOADS, steady_seconds, true_profile, weights_difference
+    from dask_rpm.bench.profiles import WORKLOADS, steady_seconds, true_profile, weights_difference
     from dask_rpm.emulation import worker_addresses
     from dask_rpm.planners import make_plan
     from dask_rpm.train import demo_data

@@ -238,6 +238,58 @@ _SECTIONS = {
 }
 
 
+#: Sections whose entries are ``name : type`` lines with an indented description.
+_LIST_SECTIONS = {
+    "Parameters",
+    "Returns",
+    "Yields",
+    "Raises",
+    "Warns",
+    "Attributes",
+    "Other Parameters",
+}
+
+
+def _is_heading(lines: list[str], i: int) -> bool:
+    """Whether ``lines[i]`` is a numpydoc section name underlined by dashes."""
+    return (
+        lines[i].strip() in _SECTIONS
+        and i + 1 < len(lines)
+        and re.fullmatch(r"-{3,}", lines[i + 1].strip()) is not None
+    )
+
+
+def _code_block(lines: list[str], i: int) -> tuple[str | None, int]:
+    """An Examples section (or a ``>>>`` block) from line ``i`` to the next heading, as a fence."""
+    code = []
+    while i < len(lines) and not _is_heading(lines, i):
+        code.append(lines[i])
+        i += 1
+    while code and not code[-1].strip():
+        code.pop()
+    if not any(c.strip() for c in code):
+        return None, i
+    return "```python\n" + "\n".join(code).strip("\n") + "\n```", i
+
+
+def _list_entry(lines: list[str], i: int) -> tuple[str, int]:
+    """A ``name : type`` entry and its indented description as one list item."""
+    line, desc = lines[i], []
+    i += 1
+    while i < len(lines) and (lines[i].startswith(" ") or not lines[i].strip()):
+        if lines[i].strip():
+            desc.append(lines[i].strip())
+        elif desc and i + 1 < len(lines) and lines[i + 1].startswith(" "):
+            desc.append("")
+        else:
+            break
+        i += 1
+    name, _, kind = line.partition(" : ")
+    head = f"`{name.strip()}`" + (f" : *{kind.strip()}*" if kind else "")
+    body = " ".join(d for d in desc if d)
+    return f"- {head}" + (f" — {body}" if body else ""), i
+
+
 def _numpydoc_to_markdown(doc: str) -> str:
     """A numpydoc docstring as Markdown: sections in bold, parameters as lists, examples as code."""
     lines = inspect.cleandoc(doc).splitlines()
@@ -246,72 +298,39 @@ def _numpydoc_to_markdown(doc: str) -> str:
     section = None
     while i < len(lines):
         line = lines[i]
-        nxt = lines[i + 1] if i + 1 < len(lines) else ""
-        if line.strip() in _SECTIONS and re.fullmatch(r"-{3,}", nxt.strip()):
+        if _is_heading(lines, i):
             section = line.strip()
             out.append(f"\n**{section}**\n")
             i += 2
             continue
         if section == "Examples" or line.lstrip().startswith(">>>"):
-            code = []
-            while i < len(lines) and not (
-                lines[i].strip() in _SECTIONS
-                and i + 1 < len(lines)
-                and re.fullmatch(r"-{3,}", lines[i + 1].strip())
-            ):
-                code.append(lines[i])
-                i += 1
-            while code and not code[-1].strip():
-                code.pop()
-            text = [c for c in code if c.strip()]
-            if text:
-                out.append("```python\n" + "\n".join(code).strip("\n") + "\n```")
+            block, i = _code_block(lines, i)
+            if block is not None:
+                out.append(block)
             continue
-        if (
-            section
-            in {
-                "Parameters",
-                "Returns",
-                "Yields",
-                "Raises",
-                "Warns",
-                "Attributes",
-                "Other Parameters",
-            }
-            and line.strip()
-            and not line.startswith(" ")
-        ):
-            desc = []
-            i += 1
-            while i < len(lines) and (lines[i].startswith(" ") or not lines[i].strip()):
-                if lines[i].strip():
-                    desc.append(lines[i].strip())
-                elif desc and i + 1 < len(lines) and lines[i + 1].startswith(" "):
-                    desc.append("")
-                else:
-                    break
-                i += 1
-            name, _, kind = line.partition(" : ")
-            head = f"`{name.strip()}`" + (f" : *{kind.strip()}*" if kind else "")
-            body = " ".join(d for d in desc if d)
-            out.append(f"- {head}" + (f" — {body}" if body else ""))
+        if section in _LIST_SECTIONS and line.strip() and not line.startswith(" "):
+            item, i = _list_entry(lines, i)
+            out.append(item)
             continue
         if re.fullmatch(r"[-=~^]{3,}", line.strip()) and out:
             # an underlined sub-heading in a module/class docstring
             out[-1] = f"\n*{out[-1].strip()}*\n"
             i += 1
             continue
-        out.append(
-            line[4:]
-            if line.startswith("    ")
+        literal = (  # a line of a ``::`` literal block: dedented into the code fence made below
+            line.startswith("    ")
             and section is None
             and not line.strip().startswith(("*", "-"))
             and out
             and out[-1].strip().endswith("::")
-            else line
         )
+        out.append(line[4:] if literal else line)
         i += 1
-    text = "\n".join(out)
+    return _inline_markup("\n".join(out))
+
+
+def _inline_markup(text: str) -> str:
+    """``::`` literal blocks as code fences, Sphinx roles as code spans, blank runs collapsed."""
     text = re.sub(
         r"::\n\n((?: {4}.*\n?|\n)+)",
         lambda m: ":\n\n```\n" + inspect.cleandoc(m.group(1)) + "\n```\n",

@@ -1,6 +1,8 @@
 """``dask-rpm simulate``: predicted gamma and iteration time for large clusters (SIMULATION).
 
-Pure module (numpy, xarray, matplotlib for the plot; no ``distributed``).
+Pure module (numpy, xarray, matplotlib for the plot; no ``distributed``, no torch:
+the profiles ``A`` and ``B`` come from :mod:`dask_rpm.bench.profiles`).
+The command line is :mod:`dask_rpm.cli.simulate`.
 Nothing here is measured: iteration times come from the latency-bandwidth
 model :func:`dask_rpm.cost.predict_iteration_seconds` applied to the plans
 SRPM-time, SRPM, the proportional 1-D split and method 1 (uniform) make for
@@ -27,17 +29,37 @@ the network and minimises the predicted time itself.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
-import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import dask.config
 import numpy as np
 
-__all__ = ["speeds_for", "simulate", "check_against_bench", "add_simulate_parser", "DEFAULT_NS"]
+from . import config
+from ._files import atomic_write
+from .bench.profiles import true_profile
+from .cost import Network, predict_iteration_seconds
+from .partition import Plan
+from .planners import fastest_grid, make_plan, parse_shape
+
+if TYPE_CHECKING:  # xarray costs about 0.3 s to import: only functions building datasets load it
+    import xarray as xr
+
+__all__ = [
+    "DEFAULT_NS",
+    "SIM_METHODS",
+    "EXCHANGES",
+    "DEFAULT_UNIT_RATE",
+    "SimulateError",
+    "speeds_for",
+    "simulate",
+    "check_against_bench",
+    "plot_simulation",
+    "markdown",
+]
 
 DEFAULT_NS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 SIM_METHODS = ("srpm-time", "srpm", "split-1d", "uniform")
@@ -63,8 +85,6 @@ def speeds_for(distribution: str, n: int, *, seed: int = 0) -> np.ndarray:
     repeated); ``uniform:LO,HI`` (seeded random); ``two:FRACTION,SLOW``
     (that fraction of workers at speed SLOW, the rest at 1).
     """
-    from .bench import true_profile
-
     d = distribution.strip()
     if d == "equal":
         return np.ones(n)
@@ -111,11 +131,6 @@ def _predict(
     network: Any,
     modes: tuple[str, str],
 ) -> tuple[float, Any]:
-    import dask.config
-
-    from .cost import predict_iteration_seconds
-    from .planners import fastest_grid, make_plan
-
     vertical, horizontal = modes
     kw = dict(network=network, vertical=vertical, horizontal=horizontal)
     if method == "uniform":
@@ -126,41 +141,21 @@ def _predict(
     return predict_iteration_seconds(plan, list(rates), **kw), plan
 
 
-def simulate(
-    *,
-    ns: Sequence[int] = DEFAULT_NS,
-    distribution: str = "uniform:0.25,1",
-    shape: Any = (203, 1024, 26),
-    samples_per_worker: int = 4096,
-    latency: float | None = None,
-    bandwidth: float | None = None,
-    unit_rate: float = DEFAULT_UNIT_RATE,
-    methods: Sequence[str] = SIM_METHODS,
-    seed: int = 0,
-    overhead: float | None = None,
-    exchanges: str = "scalable",
-) -> Any:
-    """Predicted seconds per iteration and gamma, dims ``(method, N)`` (SIMULATION, not measured).
-
-    ``overhead`` is the seconds per message at each end (``rpm.cost.overhead``
-    when None); ``exchanges`` one of ``scalable``, ``engine``, ``paper`` (module doc).
-    """
-    import xarray as xr
-
-    from . import config
-    from .planners import parse_shape
-
-    shape = parse_shape(shape)
-    from .cost import Network
-
-    latency = float(config.get("cost.latency", latency))
-    bandwidth = float(config.get("cost.bandwidth", bandwidth))
-    overhead = float(config.get("cost.overhead", overhead))
+def _check_arguments(
+    ns: list[int],
+    samples_per_worker: int,
+    latency: float,
+    bandwidth: float,
+    overhead: float,
+    unit_rate: float,
+    methods: Sequence[str],
+    exchanges: str,
+) -> None:
+    """Refuse (:class:`SimulateError`) settings the model cannot price."""
     if exchanges not in EXCHANGES:
         raise SimulateError(f"exchanges={exchanges!r} is not one of {', '.join(EXCHANGES)}")
     if not (overhead >= 0 and math.isfinite(overhead)):
         raise SimulateError(f"overhead={overhead} must be >= 0 seconds per message")
-    ns = [int(n) for n in ns]
     if not ns or any(n < 1 for n in ns):
         raise SimulateError(f"worker counts {ns} must be positive whole numbers, e.g. 16,64,256")
     if not (samples_per_worker >= 1):
@@ -180,6 +175,37 @@ def simulate(
     for m in methods:
         if m not in SIM_METHODS:
             raise SimulateError(f"method {m!r} is not one of {', '.join(SIM_METHODS)}")
+
+
+def simulate(
+    *,
+    ns: Sequence[int] = DEFAULT_NS,
+    distribution: str = "uniform:0.25,1",
+    shape: Any = (203, 1024, 26),
+    samples_per_worker: int = 4096,
+    latency: float | None = None,
+    bandwidth: float | None = None,
+    unit_rate: float = DEFAULT_UNIT_RATE,
+    methods: Sequence[str] = SIM_METHODS,
+    seed: int = 0,
+    overhead: float | None = None,
+    exchanges: str = "scalable",
+) -> xr.Dataset:
+    """Predicted seconds per iteration and gamma, dims ``(method, N)`` (SIMULATION, not measured).
+
+    ``overhead`` is the seconds per message at each end (``rpm.cost.overhead``
+    when None); ``exchanges`` one of ``scalable``, ``engine``, ``paper`` (module doc).
+    """
+    import xarray as xr  # see TYPE_CHECKING above
+
+    shape = parse_shape(shape)
+    latency = float(config.get("cost.latency", latency))
+    bandwidth = float(config.get("cost.bandwidth", bandwidth))
+    overhead = float(config.get("cost.overhead", overhead))
+    ns = [int(n) for n in ns]
+    _check_arguments(
+        ns, samples_per_worker, latency, bandwidth, overhead, unit_rate, methods, exchanges
+    )
     secs = np.full((len(methods), len(ns)), np.nan)
     gam = np.full_like(secs, np.nan)
     cols = np.zeros(secs.shape, dtype=int)
@@ -237,10 +263,7 @@ def check_against_bench(
     ``m s / T_series(i)``, latency and bandwidth the probed values of that case
     unless given.
     """
-    import xarray as xr
-
-    from .cost import predict_iteration_seconds
-    from .partition import Plan
+    import xarray as xr  # see TYPE_CHECKING above
 
     if not os.path.isfile(path):
         raise SimulateError(
@@ -288,8 +311,6 @@ def plot_simulation(ds: Any, path: str) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .bench import _atomic
-
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.3))
     for k, method in enumerate(ds["method"].values.tolist()):
         a.loglog(ds["N"].values, ds["seconds_per_iteration"].values[k], marker="o", label=method)
@@ -309,12 +330,13 @@ def plot_simulation(ds: Any, path: str) -> str:
         fontsize=9,
     )
     fig.tight_layout()
-    _atomic(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     plt.close(fig)
     return path
 
 
 def markdown(ds: Any) -> str:
+    """The simulation as a markdown table headed by its SIMULATION label and settings."""
     lines = [
         f"SIMULATION (cost model, not measured): {ds.attrs['distribution']} speeds, n-m-l {ds.attrs['shape']}, "
         f"{ds.attrs['samples_per_worker']} samples per worker, latency {ds.attrs['latency']:g} s, "
@@ -331,162 +353,3 @@ def markdown(ds: Any) -> str:
         )
         lines.append(f"| {n} | {cells} |")
     return "\n".join(lines) + "\n"
-
-
-# --------------------------------------------------------------------- CLI
-_DESCRIPTION = """\
-Predict the time per iteration and the parallel efficiency gamma of SRPM, the
-proportional 1-D split and a uniform plan for clusters of 16 to 4096 workers
-whose speeds follow a distribution you choose. Nothing is run or measured:
-this is a SIMULATION with a latency-bandwidth cost model (weak scaling: the
-number of samples grows with the number of workers). Writes simulate.png,
-simulate.md and simulate.nc to --out and prints a table.
-
-gamma = (1 / T_parallel) / sum over workers of (1 / T_alone(i)): 1 means
-every worker's speed is used.
-"""
-
-_EPILOG = """\
-examples:
-  dask-rpm simulate                                    # 16..4096 workers, speeds uniform in [0.25, 1] (seconds)
-  dask-rpm simulate --distribution two:0.5,0.25 --latency 1e-3   # half the workers 4x slower, slow links
-  dask-rpm simulate --n 64,256 --json                  # two sizes, as JSON rows
-  dask-rpm simulate --check rpm-bench/bench.nc         # the model against a dask-rpm bench result
-
-distributions: equal | A | B (the paper's profiles, at most 8 workers) |
-  uniform:LO,HI (speeds uniform in [LO, HI]) | two:FRACTION,SLOW (that
-  fraction of the workers at speed SLOW, the others at 1)
-"""
-
-
-def add_simulate_parser(subparsers: Any) -> None:
-    """Register ``dask-rpm simulate``."""
-    p = subparsers.add_parser(
-        "simulate",
-        help="predict gamma and iteration time for 16..4096 workers from the cost model (SIMULATION)",
-        description=_DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=_EPILOG,
-    )
-    p.add_argument("--n", dest="ns", help="worker counts, comma-separated (default 16,32,...,4096)")
-    p.add_argument(
-        "--distribution",
-        default="uniform:0.25,1",
-        help="equal | A | B | uniform:LO,HI | two:FRACTION,SLOW (default uniform:0.25,1)",
-    )
-    p.add_argument("--shape", default="203-1024-26", help="network n-m-l (default 203-1024-26)")
-    p.add_argument(
-        "--samples-per-worker",
-        type=int,
-        default=4096,
-        help="weak scaling: s = this x N (default 4096)",
-    )
-    p.add_argument(
-        "--latency", type=float, default=None, help="seconds per message (default rpm.cost.latency)"
-    )
-    p.add_argument(
-        "--bandwidth",
-        type=float,
-        default=None,
-        help="bytes/s per link (default rpm.cost.bandwidth)",
-    )
-    p.add_argument(
-        "--overhead",
-        type=float,
-        default=None,
-        help="seconds per message at each end (default rpm.cost.overhead)",
-    )
-    p.add_argument(
-        "--exchanges",
-        default="scalable",
-        choices=sorted(EXCHANGES),
-        help="exchange algorithms charged: scalable (trees/rings, default), engine (what the engine "
-        "sends today), paper (one gatherer, bands one after another)",
-    )
-    p.add_argument(
-        "--methods",
-        default=",".join(SIM_METHODS),
-        help=f"comma-separated, from {','.join(SIM_METHODS)} (default all)",
-    )
-    p.add_argument(
-        "--unit-rate",
-        type=float,
-        default=DEFAULT_UNIT_RATE,
-        help=f"work units/s of a speed-1.0 worker (default {DEFAULT_UNIT_RATE:g})",
-    )
-    p.add_argument(
-        "--check", metavar="BENCH_NC", help="instead: predict the rows of a dask-rpm bench result"
-    )
-    p.add_argument(
-        "--out", default="rpm-simulate", help="output directory for simulate.png/.md/.nc"
-    )
-    p.add_argument("--json", action="store_true", help="print JSON rows")
-    p.set_defaults(func=_cmd_simulate)
-
-
-def _cmd_simulate(args: argparse.Namespace) -> int:
-    from .bench import _atomic
-    from .cli import CLIError
-    from .partition import PlanError
-
-    try:
-        if args.check:
-            rows = check_against_bench(args.check, latency=args.latency, bandwidth=args.bandwidth)
-            if args.json:
-                print(json.dumps(rows))
-            else:
-                print(
-                    "| case | method | predicted s/it | measured s/it | error |\n| --- | --- | ---: | ---: | ---: |"
-                )
-                for r in rows:
-                    print(
-                        f"| {r['case']} | {r['method']} | {r['predicted']:.3f} | {r['measured']:.3f} | "
-                        f"{100 * r['error']:+.0f} % |"
-                    )
-            return 0
-        ns = DEFAULT_NS
-        if args.ns:
-            try:
-                ns = [int(v) for v in args.ns.split(",") if v.strip()]
-            except ValueError:
-                raise CLIError(
-                    f"--n {args.ns!r}: give comma-separated whole numbers, e.g. 16,64,256"
-                ) from None
-        ds = simulate(
-            ns=ns,
-            distribution=args.distribution,
-            shape=args.shape,
-            samples_per_worker=args.samples_per_worker,
-            latency=args.latency,
-            bandwidth=args.bandwidth,
-            unit_rate=args.unit_rate,
-            overhead=args.overhead,
-            exchanges=args.exchanges,
-            methods=[m for m in args.methods.split(",") if m.strip()],
-        )
-    except (SimulateError, PlanError) as e:
-        raise CLIError(str(e)) from None
-    os.makedirs(args.out, exist_ok=True)
-    _atomic(os.path.join(args.out, "simulate.nc"), lambda tmp: ds.to_netcdf(tmp, engine="h5netcdf"))
-    table = markdown(ds)
-    _atomic(os.path.join(args.out, "simulate.md"), lambda tmp: open(tmp, "w").write(table))
-    plot_simulation(ds, os.path.join(args.out, "simulate.png"))
-    if args.json:
-        rows = [
-            {
-                "method": m,
-                "N": int(n),
-                "gamma": float(ds["gamma"].values[k, j]),
-                "seconds_per_iteration": float(ds["seconds_per_iteration"].values[k, j]),
-            }
-            for k, m in enumerate(ds["method"].values.tolist())
-            for j, n in enumerate(ds["N"].values)
-        ]
-        print(json.dumps(rows))
-    else:
-        print(table)
-        print(
-            f"wrote {args.out}/simulate.nc, simulate.md, simulate.png  (SIMULATION, not measured)",
-            file=sys.stderr,
-        )
-    return 0

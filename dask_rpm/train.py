@@ -1,28 +1,36 @@
-"""``dask-rpm train``: the main job.
+"""The demo training job: a seeded synthetic task on a local cluster of EMULATED heterogeneous workers.
 
-With ``--config FILE`` it runs the training job described in a YAML file
-(:mod:`dask_rpm.job`: data, network, iterations or target error, workers -
-SLURM worker groups, a local EMULATED cluster or an existing scheduler - and
-the output file); ``--resume`` continues from the job's checkpoint.
+:func:`run_demo` is what ``dask-rpm train`` runs without ``--config``: it
+starts :func:`dask_rpm.local_cluster` with the speeds of ``rpm.demo.*``,
+trains with DRPM, holds the estimates and the final plan against the EMULATED
+speeds and compares, on the same cluster, with the fastest worker alone and a
+uniform plan. :func:`demo_data` is the learnable synthetic task the tests,
+benchmarks and tutorials train on.
 
-Without ``--config`` it trains on an embedded default: a local cluster of
-workers with EMULATED heterogeneous speeds (no SLURM needed) and a seeded
-synthetic data set, then prints the final error and the iteration time.
+The command line (options, checks, job files) is :mod:`dask_rpm.cli.train`.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-import dask
 import numpy as np
+from distributed import Client
 
-__all__ = ["DemoSettings", "demo_data", "demo_settings", "run_demo", "add_train_parser"]
+from . import config
+from .emulation import emulation_info, local_cluster
+from .engine import fit
+from .evidence import overrun_counts, speed_check
+from .kernels import forward_partial, sigmoid
+from .ordering import ordered_workers
+from .partition import Plan
+from .planners import parse_shape
+
+__all__ = ["DemoSettings", "demo_data", "demo_settings", "run_demo"]
 
 
 class DemoSettings(NamedTuple):
@@ -39,9 +47,6 @@ def demo_settings(
     speeds: Sequence[float] | None = None, iterations: int | None = None, samples: int | None = None
 ) -> DemoSettings:
     """``rpm.demo.*`` with the given values taking precedence."""
-    from . import config
-    from .planners import parse_shape
-
     return DemoSettings(
         speeds=tuple(float(v) for v in config.get("demo.speeds", speeds)),
         shape=parse_shape(config.get("demo.shape")),
@@ -60,8 +65,6 @@ def demo_data(
     targets are the teacher's sigmoid outputs, so the error can approach zero.
     ``samples`` and ``shape`` default to ``rpm.demo.samples`` and ``rpm.demo.shape``.
     """
-    from .kernels import forward_partial, sigmoid
-
     if samples is None or shape is None:
         demo = demo_settings()
         samples = demo.samples if samples is None else samples
@@ -86,9 +89,6 @@ def _compare(
     iterations: int,
 ) -> dict[str, float]:
     """Seconds per iteration, on the same cluster and data, of the fastest worker alone and of a uniform plan."""
-    from .engine import fit, ordered_workers
-    from .partition import Plan
-
     addresses = ordered_workers(client.scheduler_info())
     fastest = int(np.argmax(speeds))
     n, l = x.shape[1], d.shape[1]
@@ -127,12 +127,6 @@ def run_demo(
     uniform plan, so the output shows what the mapping bought, measured in
     the same run.
     """
-    from distributed import Client
-
-    from .emulation import emulation_info, local_cluster
-    from .engine import fit
-    from .evidence import overrun_counts, speed_check
-
     out = out or sys.stdout
     demo = demo_settings(speeds, iterations, samples)
     x, d = demo_data(demo.samples, demo.shape)
@@ -245,161 +239,3 @@ def _print_summary(result: Any, summary: dict[str, Any], check: Any, out: Any) -
             f"{ideal:.2f}x the fastest worker alone; the rest is the exchanges between workers)",
             file=out,
         )
-
-
-_DESCRIPTION = """\
-Train a 3-layer network by batch back-propagation on Dask workers.
-
-Without --config: a demo that needs nothing installed beyond dask-rpm. It
-starts a local cluster of 4 workers whose speeds are EMULATED (1 : 0.6 : 0.4 :
-0.25; emulation on this machine, not hardware), trains a synthetic task with
-DRPM, and prints the final plan, each remap, the error and the time per
-iteration next to the fastest worker alone and a uniform plan measured in the
-same run.
-
-With --config FILE: the training job described in a YAML file - data (a
-netCDF file), network, iterations or a target error, workers (SLURM worker
-groups, a local EMULATED cluster, or a running scheduler) and the output
-file, which receives weights, history and plans. --resume continues from the
-job's checkpoint.
-"""
-
-_EPILOG = """\
-examples:
-  dask-rpm train                                  # the demo (about 10 s on 2 cores)
-  dask-rpm train --speeds 1,0.5,0.25 --iterations 100 --mapping srpm
-  dask-rpm train --json                           # the demo's summary as JSON
-  dask-rpm train --config job.yaml                # a job file (see docs/slurm.md)
-  dask-rpm train --config job.yaml --resume       # continue from its checkpoint
-  sbatch slurm/train.sbatch job.yaml              # the same job as a SLURM batch job
-
-mappings: {mappings}
-  drpm re-measures the workers' speeds while training and re-plans; the
-  others plan once (srpm: the optimal rectangles for speeds given up front,
-  equal speeds if none are).
-"""
-
-
-def add_train_parser(subparsers: Any) -> None:
-    """Register ``dask-rpm train``."""
-    from .planners import describe_names, mapping_names
-
-    p = subparsers.add_parser(
-        "train",
-        help="train a network (default: a demo on a local EMULATED heterogeneous cluster)",
-        description=_DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=_EPILOG.format(mappings=describe_names(mapping_names())),
-    )
-    p.add_argument(
-        "--config",
-        metavar="FILE",
-        help="YAML job file: data, network, workers, output (docs/slurm.md)",
-    )
-    p.add_argument(
-        "--resume", action="store_true", help="with --config: continue from the job's checkpoint"
-    )
-    p.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="with --config: replace an existing output file (as overwrite: true in the job file)",
-    )
-    p.add_argument(
-        "--speeds",
-        metavar="S1,S2,...",
-        help="demo: EMULATED relative worker speeds (default rpm.demo.speeds: 1,0.6,0.4,0.25)",
-    )
-    p.add_argument(
-        "--iterations", type=int, help="demo: number of BP iterations (default rpm.demo.iterations)"
-    )
-    p.add_argument(
-        "--mapping",
-        metavar="NAME",
-        help=f"demo: how the work is mapped onto the workers; one of {describe_names(mapping_names())} "
-        f"(default drpm)",
-    )
-    p.add_argument(
-        "--batch-size",
-        type=int,
-        metavar="B",
-        help="demo: train on mini-batches of B samples (default: full batch, the paper's)",
-    )
-    p.add_argument(
-        "--optimizer",
-        choices=("sgd", "momentum", "adam"),
-        help="demo: sgd (default, the paper's), momentum or adam",
-    )
-    p.add_argument(
-        "--json", action="store_true", help="demo: print a JSON summary instead of the report"
-    )
-    p.set_defaults(func=_cmd_train)
-
-
-def _cmd_train(args: argparse.Namespace) -> int:
-    from .cli import CLIError
-
-    if args.config is not None or args.resume or args.overwrite:
-        return _cmd_job(args)
-
-    speeds = None
-    if args.speeds:
-        try:
-            speeds = [float(v) for v in args.speeds.split(",")]
-        except ValueError:
-            raise CLIError(
-                f"--speeds {args.speeds!r} is not a comma-separated list of numbers; use e.g. 1,0.5,0.25"
-            ) from None
-        if any(not np.isfinite(v) or v <= 0 for v in speeds):
-            raise CLIError(f"--speeds {args.speeds!r}: every speed must be a finite number > 0")
-    if args.iterations is not None and args.iterations < 1:
-        raise CLIError(f"--iterations {args.iterations}: must be a positive integer")
-    from .planners import describe_names, mapping_names
-
-    # the same names fit() and job files accept: drpm and every registered planner
-    if args.mapping is not None and args.mapping not in mapping_names():
-        raise CLIError(
-            f"--mapping {args.mapping!r} is not one of {describe_names(mapping_names())}"
-        )
-    if args.batch_size is not None and args.batch_size < 1:
-        raise CLIError(
-            f"--batch-size {args.batch_size}: must be a positive integer (omit it for full-batch training)"
-        )
-    training = {"rpm.train.batch-size": args.batch_size, "rpm.train.optimizer": args.optimizer}
-    with dask.config.set({k: v for k, v in training.items() if v is not None}):
-        run_demo(speeds=speeds, iterations=args.iterations, mapping=args.mapping, as_json=args.json)
-    return 0
-
-
-def _cmd_job(args: argparse.Namespace) -> int:
-    from .cli import CLIError
-    from .data import DataError
-    from .engine import TrainingError
-    from .job import JobError, run_job
-
-    if args.config is None:
-        flag = "--resume" if args.resume else "--overwrite"
-        raise CLIError(
-            f"{flag} needs --config FILE (the job whose {'checkpoint to continue' if args.resume else 'output to replace'})"
-        )
-    demo = [
-        f"--{k.replace('_', '-')}"
-        for k in ("speeds", "iterations", "mapping", "batch_size", "optimizer")
-        if getattr(args, k) is not None
-    ]
-    if demo or args.json:
-        raise CLIError(
-            f"{', '.join(demo + (['--json'] if args.json else []))} belong to the demo; with --config put them in the job file"
-        )
-    try:
-        summary = run_job(args.config, resume=args.resume, overwrite=args.overwrite)
-    except JobError as e:
-        raise CLIError(str(e)) from None
-    except DataError as e:  # found by a worker reading its samples, before the first iteration
-        raise CLIError(f"job file: data: {e}") from None
-    except TrainingError as e:
-        print(
-            f"dask-rpm train: training failed: {' '.join(str(e).split())}; no output written",
-            file=sys.stderr,
-        )
-        return 1
-    return 1 if summary.get("rescued") else 0  # saved, but not where the job asked

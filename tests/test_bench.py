@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import xarray as xr
 
 from dask_rpm import bench
+from dask_rpm.bench import ddp
 from dask_rpm.cli import main
 
 METHODS = ["srpm-assumed", "drpm", "split-1d", "ddp"]
@@ -24,7 +28,7 @@ def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     mp = pytest.MonkeyPatch()
     # the DDP peer's skip path (torch absent) is what this small run exercises; the real peer is a slow test
-    mp.setattr(bench, "torch_available", lambda: (False, "torch is not installed (test)"))
+    mp.setattr(ddp, "torch_available", lambda: (False, "torch is not installed (test)"))
     try:
         ds = bench.run_bench(
             workloads=["custom"],
@@ -245,7 +249,7 @@ def test_minibatch_methods_train_the_serial_batches(mini):
     assert bench.weights_difference((W64, V64), (W32, V32)) > 1e-6
     assert bench.weights_difference((Wf, Vf), (W32, V32)) > 1e-6
     # the bench's reference is fit_serial at the case's batch size and learning rate
-    ref = bench._serial_reference(case, x, d, 8, {})
+    ref = bench.serial_reference(case, x, d, 8, {})
     assert bench.weights_difference(ref, (W32, V32)) == 0.0
 
 
@@ -324,7 +328,7 @@ def test_ddp_peer_trains_the_same_minibatches():
 def test_progress_lines_estimate_the_time_left(capsys):
     # cases of N = 2 and 4 workers, two methods each: 3 steps per case, weighted by N
     cases = bench.make_cases(["custom"], ["A"], [2, 4], step_at=2, custom=(12, 8, 3, 192))
-    progress = bench._Progress(cases, ["srpm-assumed", "drpm"], quiet=False)
+    progress = bench.Progress(cases, ["srpm-assumed", "drpm"], quiet=False)
     assert progress.steps == 6 and progress.total == 3 * 2 + 3 * 4
     progress.t0 -= 30.0  # as if the first step had taken 30 s
     line = progress.step(cases[0], "custom-A-2 T_series")
@@ -341,3 +345,20 @@ def test_progress_lines_estimate_the_time_left(capsys):
     assert "6/6 steps (100%)" in line and "about 0 s left" in line and "[" + "#" * 24 + "]" in line
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 6 and all("steps (" in ln and "left" in ln for ln in err)
+
+
+def _fresh(code: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+
+
+@pytest.mark.parametrize("module", ["dask_rpm.bench", "dask_rpm.bench.profiles"])
+def test_profiles_load_neither_distributed_nor_torch(module):
+    # simulate (pure) reads the profiles: they must not bring the harness or the DDP peer along
+    out = _fresh(
+        f"import sys, {module}; print(sorted(m for m in ('distributed', 'torch') if m in sys.modules))"
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", f"{module} loads {out.stdout.strip()}"

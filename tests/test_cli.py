@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -384,7 +385,7 @@ _MARKUP = ("``", ":func:", ":mod:", ":class:", ":meth:", ":data:", ":attr:", "SP
 
 
 def _subcommands() -> list[str]:
-    return cli._subcommand_names(build_parser())
+    return cli.subcommand_names(build_parser())
 
 
 def test_every_subcommand_help_is_for_people(capsys):
@@ -481,3 +482,18 @@ def test_readme_help_errors_and_config_list_the_registry(capsys, tmp_path):
     mapping = re.search(r"^    mapping: drpm +# (.*?)$", text, re.M)
     assert method and _listed(method.group(1)) == planners
     assert mapping and _listed(mapping.group(1)) == names
+
+
+def test_the_command_line_starts_without_distributed():
+    """``dask-rpm --help`` and ``dask-rpm plan`` do not pay for importing distributed (or torch):
+    the commands that need a cluster import it when they run."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    code = (
+        "import sys, dask_rpm.cli; "
+        "print(sorted(m for m in ('distributed', 'torch') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout

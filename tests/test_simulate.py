@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -132,3 +135,17 @@ def test_bad_exchanges_and_overhead():
         simulate(ns=[4], exchanges="fast")
     with pytest.raises(SimulateError, match="overhead=-1.0"):
         simulate(ns=[4], overhead=-1.0)
+
+
+def test_simulate_is_pure():
+    """The cost-model simulation loads neither distributed nor torch (fresh interpreter)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    code = (
+        "import sys, dask_rpm.simulate; "
+        "print(sorted(m for m in ('distributed', 'torch') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout

@@ -1,16 +1,7 @@
-"""Command line: ``dask-rpm <subcommand> ...`` and ``dask rpm <subcommand> ...``.
+"""``dask-rpm plan``: the rectangle plan for workers of given abilities, as a report or JSON.
 
-Subcommands are added by functions named ``add_<name>_parser(subparsers)``
-defined in this module (found automatically, in definition order) or passed to
-:func:`register_parser` from elsewhere. Each one adds its parser with
-``subparsers.add_parser(...)`` and sets ``func=<runner>`` via ``set_defaults``;
-the runner takes the parsed namespace and returns an exit code. Runners report
-bad input by raising :class:`CLIError` or :class:`~dask_rpm.partition.PlanError`;
-:func:`main` prints the message as one line on stderr and exits 2.
-
-``dask rpm ...`` works because the ``dask_cli`` entry point group is loaded by
-dask's own ``dask`` command; :data:`dask_cli` is a click command that forwards
-its raw arguments to :func:`main`.
+:func:`format_plan` and :func:`draw_plan` are also what a Python session uses to
+look at a plan (``tutorials/01_planning.py``).
 """
 
 from __future__ import annotations
@@ -20,148 +11,22 @@ import json
 import math
 import os
 import re
-import sys
-from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..partition import round_cuts
+from ..planners import PLANNERS, make_plan, parse_shape
+from ._common import PROG, CLIError, float_option, int_option, plural
+
 __all__ = [
-    "CLIError",
-    "main",
-    "build_parser",
-    "register_parser",
-    "add_plan_parser",
-    "dask_cli",
+    "add_parser",
+    "run",
+    "parse_abilities",
+    "read_abilities_file",
+    "plan_json",
+    "format_plan",
     "draw_plan",
 ]
 
-PROG = "dask-rpm"
-
-
-class CLIError(Exception):
-    """Bad command-line input; the message is printed as one line and the exit code is 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    """ArgumentParser whose usage errors are one line on stderr (exit code 2)."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        msg = " ".join(message.split())
-        self.exit(2, f"{self.prog}: error: {msg} (see {self.prog} --help)\n")
-
-
-_REGISTERED: list[Callable[[Any], None]] = []
-
-
-def register_parser(fn: Callable[[Any], None]) -> Callable[[Any], None]:
-    """Register ``fn(subparsers)`` that adds a subcommand; usable as a decorator."""
-    if fn not in _REGISTERED:
-        _REGISTERED.append(fn)
-    return fn
-
-
-def _parser_hooks() -> list[Callable[[Any], None]]:
-    local = [
-        obj
-        for name, obj in list(globals().items())
-        if name.startswith("add_") and name.endswith("_parser") and callable(obj)
-    ]
-    return local + [fn for fn in _REGISTERED if fn not in local]
-
-
-#: How the command is spelled when started through dask's own command line (``dask rpm ...``).
-DASK_PROG = "dask rpm"
-
-_MAIN_DESCRIPTION = """\
-Train a neural network by batch back-propagation on Dask workers of different
-speeds. Each iteration (samples x hidden units) is cut into one rectangle per
-worker, sized to the worker's speed; DRPM re-measures the speeds while
-training and re-plans.
-"""
-
-_MAIN_EPILOG = """\
-first steps:
-  {prog} train                 # a demo on 4 EMULATED workers of this machine (about 10 s)
-  {prog} plan --abilities 1,0.5,0.25 --shape 33-128-8 --samples 4096
-  {prog} probe                 # measure the workers' speeds (about 6 s)
-
-Run '{prog} <command> --help' for the options and examples of a command.
-Documentation: README.md and docs/ in the dask-rpm source.
-"""
-
-
-def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
-    """The top-level parser with every known subcommand.
-
-    ``prog`` is how the command was started (``dask-rpm``, or ``dask rpm``
-    through dask's command line); usage lines and errors name it.
-    """
-    parser = _Parser(
-        prog=prog,
-        description=_MAIN_DESCRIPTION,
-        epilog=_MAIN_EPILOG.format(prog=prog),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    sub = parser.add_subparsers(dest="command", metavar="<command>")
-    for hook in _parser_hooks():
-        hook(sub)
-    return parser
-
-
-# Options whose value may legitimately start with '-' (a negative ability is
-# still reported by our own validation instead of argparse's "expected one argument").
-_VALUE_OPTIONS = {"--abilities", "--shape", "--samples", "--dp", "--small-group"}
-_DASHED_VALUE = re.compile(r"^-(\d|\.|inf|nan)", re.IGNORECASE)
-
-
-def _join_dashed_values(argv: list[str]) -> list[str]:
-    out: list[str] = []
-    i = 0
-    while i < len(argv):
-        tok = argv[i]
-        if tok in _VALUE_OPTIONS and i + 1 < len(argv) and _DASHED_VALUE.match(argv[i + 1]):
-            out.append(f"{tok}={argv[i + 1]}")
-            i += 2
-            continue
-        out.append(tok)
-        i += 1
-    return out
-
-
-def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
-    """Run the command line; returns the exit code (0 ok, 2 bad input).
-
-    ``prog`` names the command in usage lines and errors (default ``dask-rpm``).
-    """
-    args_list = list(sys.argv[1:] if argv is None else argv)
-    prog = prog or PROG
-    parser = build_parser(prog)
-    try:
-        args = parser.parse_args(_join_dashed_values(args_list))
-    except SystemExit as e:  # --help (0) or a usage error (2), already printed
-        return int(e.code or 0) if not isinstance(e.code, str) else 2
-    func = getattr(args, "func", None)
-    if func is None:
-        names = ", ".join(sorted(sub for sub in _subcommand_names(parser)))
-        print(f"{prog}: error: choose a command: {names} (see {prog} --help)", file=sys.stderr)
-        return 2
-    from .partition import PlanError
-
-    try:
-        return int(func(args) or 0)
-    except (CLIError, PlanError) as e:
-        msg = " ".join(str(e).split())
-        print(f"{prog} {args.command}: error: {msg}", file=sys.stderr)
-        return 2
-
-
-def _subcommand_names(parser: argparse.ArgumentParser) -> list[str]:
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return list(action.choices)
-    return []
-
-
-# ------------------------------------------------------------------- plan
 _PLAN_EPILOG = f"""\
 examples:
   # the worked example of the SRPM paper (5 workers, NETtalk 203-80-26, 1024 samples)
@@ -183,10 +48,8 @@ the order given; JSON worker indices are 0-based in that order. Defaults for
 """
 
 
-def add_plan_parser(subparsers: Any) -> None:
+def add_parser(subparsers: Any) -> None:
     """Add the ``plan`` subcommand."""
-    from .planners import PLANNERS
-
     p = subparsers.add_parser(
         "plan",
         help="compute a rectangle plan for workers of given abilities",
@@ -235,10 +98,10 @@ def add_plan_parser(subparsers: Any) -> None:
         "--width", type=int, default=64, metavar="CHARS", help="width of the drawing (default 64)"
     )
     p.add_argument("--no-draw", action="store_true", help="leave out the ASCII drawing")
-    p.set_defaults(func=run_plan)
+    p.set_defaults(func=run)
 
 
-def _parse_abilities(text: str, where: str) -> list[float]:
+def parse_abilities(text: str, where: str) -> list[float]:
     tokens = [t for t in re.split(r"[,\s]+", text.strip()) if t]
     if not tokens:
         raise CLIError(
@@ -255,7 +118,7 @@ def _parse_abilities(text: str, where: str) -> list[float]:
     return out
 
 
-def _read_abilities_file(path: str) -> list[float]:
+def read_abilities_file(path: str) -> list[float]:
     if not os.path.isfile(path):
         raise CLIError(
             f"abilities file {path!r} not found: give an existing file with one number per line"
@@ -286,41 +149,19 @@ def _read_abilities_file(path: str) -> list[float]:
             raise CLIError(f"abilities file {path!r} is empty: give one positive number per worker")
         return out
     lines = [ln.split("#", 1)[0].strip() for ln in text.splitlines()]
-    return _parse_abilities("\n".join(ln for ln in lines if ln), f"abilities file {path!r}")
+    return parse_abilities("\n".join(ln for ln in lines if ln), f"abilities file {path!r}")
 
 
-def _int_option(name: str, value: str | None) -> int | None:
-    if value is None:
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise CLIError(f"{name}={value!r} is not a whole number") from None
-
-
-def _float_option(name: str, value: str | None) -> float | None:
-    if value is None:
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        raise CLIError(
-            f"{name}={value!r} is not a number; give a fraction of m in [0, 1), e.g. 0.06"
-        ) from None
-
-
-def run_plan(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """Runner of ``dask-rpm plan``."""
-    from .planners import make_plan, parse_shape
-
     if args.abilities_file is not None:
-        abilities = _read_abilities_file(args.abilities_file)
+        abilities = read_abilities_file(args.abilities_file)
     else:
-        abilities = _parse_abilities(args.abilities, "--abilities")
+        abilities = parse_abilities(args.abilities, "--abilities")
     shape = parse_shape(args.shape)
-    samples = _int_option("--samples", args.samples)
-    dp = _int_option("--dp", args.dp)
-    small_group = _float_option("--small-group", args.small_group)
+    samples = int_option("--samples", args.samples)
+    dp = int_option("--dp", args.dp)
+    small_group = float_option("--small-group", args.small_group)
     if args.width < 8:
         raise CLIError(
             f"--width={args.width} is too small for a drawing; use at least 8 (or --no-draw)"
@@ -369,11 +210,9 @@ def plan_json(plan: Any) -> dict[str, Any]:
 
 def format_plan(plan: Any, *, draw: bool = True, width: int = 64) -> str:
     """Human-readable report of a plan, optionally with an ASCII drawing."""
-    from .partition import _count
-
     n, m, l = plan.shape
     out = [
-        f"{plan.method} plan: {_count(len(plan.rectangles), 'worker')} in {_count(plan.n_columns, 'column')}; "
+        f"{plan.method} plan: {plural(len(plan.rectangles), 'worker')} in {plural(plan.n_columns, 'column')}; "
         f"s={plan.samples} samples, n-m-l={n}-{m}-{l}",
         "",
     ]
@@ -432,8 +271,6 @@ def draw_plan(plan: Any, *, width: int = 64, height: int | None = None) -> str:
     keeps at least one cell); labels ``P1..PN`` go in the middle of rectangles
     wide enough, the others are listed below the drawing.
     """
-    from .partition import round_cuts
-
     if height is None:
         height = max(6, width // 3)
     C = plan.n_columns
@@ -483,34 +320,3 @@ def draw_plan(plan: Any, *, width: int = 64, height: int | None = None) -> str:
     if unlabelled:
         lines.append("too thin to label: " + ", ".join(unlabelled))
     return "\n".join(lines)
-
-
-# ------------------------------------------------------------ dask rpm ...
-def _make_dask_cli() -> Any:
-    import click
-
-    @click.command(
-        name="rpm",
-        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
-        add_help_option=False,
-        help=f"Rectangular-partitioning BP on Dask (same as '{PROG}'; try 'dask rpm --help').",
-    )
-    @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-    @click.pass_context
-    def rpm(ctx: Any, args: tuple[str, ...]) -> None:
-        ctx.exit(main(list(args), prog=DASK_PROG))
-
-    return rpm
-
-
-dask_cli = _make_dask_cli()
-
-# Subcommands defined in their own modules (picked up by _parser_hooks).
-from .bench import add_bench_parser  # noqa: E402, F401
-from .predict_cli import add_predict_parser  # noqa: E402, F401
-from .probe_cli import add_probe_parser  # noqa: E402, F401
-from .simulate import add_simulate_parser  # noqa: E402, F401
-from .train import add_train_parser  # noqa: E402, F401
-
-if __name__ == "__main__":  # python -m dask_rpm.cli
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""`dask-rpm probe`: the probe from the command line (dask_rpm.probe_cli)."""
+"""`dask-rpm probe`: the probe from the command line (dask_rpm.cli.probe)."""
 
 from __future__ import annotations
 

@@ -13,11 +13,21 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from typing import Any
+import warnings
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-__all__ = ["add_predict_parser", "run_predict", "read_inputs", "predictions_dataset"]
+from .._files import TargetError, check_target
+from .._version import __version__
+from ..data import atomic_to_netcdf
+from ..model import MLPModel, ModelError
+from ._common import CLIError
+
+if TYPE_CHECKING:  # xarray costs about 0.3 s to import: only functions building datasets load it
+    import xarray as xr
+
+__all__ = ["add_parser", "run", "read_inputs", "predictions_dataset"]
 
 _EPILOG = """\
 examples:
@@ -34,7 +44,7 @@ on it is printed.
 """
 
 
-def add_predict_parser(subparsers: Any) -> None:
+def add_parser(subparsers: Any) -> None:
     """Add the ``predict`` subcommand."""
     p = subparsers.add_parser(
         "predict",
@@ -58,12 +68,12 @@ def add_predict_parser(subparsers: Any) -> None:
         "--output", required=True, metavar="FILE", help="where the predictions go (netCDF)"
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
-    p.set_defaults(func=run_predict)
+    p.set_defaults(func=run)
 
 
 def read_inputs(path: str) -> tuple[np.ndarray, np.ndarray | None]:
     """``(x, d)`` from a netCDF file (``d`` None when absent) or ``(x, None)`` from a ``.npy`` file."""
-    from .cli import CLIError
+    import xarray as xr  # see TYPE_CHECKING above
 
     if not os.path.exists(path):
         raise CLIError(
@@ -79,8 +89,6 @@ def read_inputs(path: str) -> tuple[np.ndarray, np.ndarray | None]:
         except (OSError, ValueError) as e:
             raise CLIError(f"--data {path!r} cannot be read as a .npy array ({e})") from None
         return x, None
-    import xarray as xr
-
     try:
         with xr.open_dataset(path, engine="h5netcdf") as ds:
             if "x" not in ds.variables:
@@ -100,9 +108,9 @@ def read_inputs(path: str) -> tuple[np.ndarray, np.ndarray | None]:
     return x, d
 
 
-def predictions_dataset(model: Any, x: np.ndarray) -> Any:
+def predictions_dataset(model: Any, x: np.ndarray) -> xr.Dataset:
     """The predictions of ``model`` for ``x`` as an ``xarray.Dataset``."""
-    import xarray as xr
+    import xarray as xr  # see TYPE_CHECKING above
 
     pred = model.predict(x)
     if model.is_classifier:
@@ -127,13 +135,8 @@ def predictions_dataset(model: Any, x: np.ndarray) -> Any:
     return ds
 
 
-def run_predict(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """Runner of ``dask-rpm predict``."""
-    from ._files import TargetError, check_target
-    from .cli import CLIError
-    from .data import atomic_to_netcdf
-    from .model import MLPModel, ModelError
-
     model_path, data_path = os.path.abspath(args.model), os.path.abspath(args.data)
     output = os.path.abspath(args.output)
     if output in (model_path, data_path):
@@ -165,8 +168,6 @@ def run_predict(args: argparse.Namespace) -> int:
                 score = model.score(x, truth)
     except ModelError as e:
         raise CLIError(f"--data {args.data!r}: {e}") from None
-    from . import __version__
-
     ds.attrs.update(
         title="dask_rpm predictions",
         model=model_path,
@@ -176,11 +177,8 @@ def run_predict(args: argparse.Namespace) -> int:
     )
     if score is not None:
         ds.attrs["accuracy" if model.is_classifier else "r2"] = score
-    import warnings
-
-    with (
-        warnings.catch_warnings()
-    ):  # h5netcdf's note on string attributes; readers here use h5netcdf
+    # h5netcdf's note on string attributes; readers here use h5netcdf
+    with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*invalid netcdf features.*")
         atomic_to_netcdf(ds, output)
     kind = (

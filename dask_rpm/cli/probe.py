@@ -17,10 +17,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from typing import Any
 
-__all__ = ["add_probe_parser", "run_probe", "format_probe", "probe_json"]
+from .. import config
+from .._files import TargetError, atomic_write, check_target
+from ..planners import parse_shape
+from ._common import CLIError, int_option, positive_option
+
+__all__ = ["add_parser", "run", "format_probe", "probe_json"]
 
 _DESCRIPTION = """\
 Measure how fast each worker runs this job's BP kernels (its ability) and how
@@ -54,8 +58,8 @@ unit of rectangle area). Budgets come from dask config (rpm.probe.*).
 """
 
 
-def add_probe_parser(subparsers: Any) -> None:
-    """Register ``dask-rpm probe``."""
+def add_parser(subparsers: Any) -> None:
+    """Add the ``probe`` subcommand."""
     p = subparsers.add_parser(
         "probe",
         help="measure worker abilities (BP kernel throughput) and links",
@@ -107,27 +111,10 @@ def add_probe_parser(subparsers: Any) -> None:
     )
     p.add_argument("--netcdf", metavar="PATH", help="also save the full probe dataset as netCDF")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    p.set_defaults(func=run_probe)
-
-
-def _positive(name: str, value: str | None, kind: type) -> Any:
-    from .cli import CLIError
-
-    if value is None:
-        return None
-    try:
-        v = kind(value)
-    except ValueError:
-        what = "a whole number" if kind is int else "a number"
-        raise CLIError(f"{name}={value!r} is not {what}; give {what} > 0") from None
-    if not (math.isfinite(v) and v > 0):
-        raise CLIError(f"{name}={value!r} must be > 0")
-    return v
+    p.set_defaults(func=run)
 
 
 def _parse_speeds(text: str) -> list[float]:
-    from .cli import CLIError
-
     try:
         speeds = [float(v) for v in text.split(",") if v.strip()]
     except ValueError:
@@ -139,37 +126,55 @@ def _parse_speeds(text: str) -> list[float]:
     return speeds
 
 
-def run_probe(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """Runner of ``dask-rpm probe``."""
-    from distributed import Client
-
-    from . import config
-    from .cli import CLIError, _int_option
-    from .emulation import local_cluster
-    from .planners import parse_shape
-    from .probe import probe
-
     shape = parse_shape(config.get("demo.shape", args.shape))
     samples = (
-        _int_option("--samples", args.samples)
+        int_option("--samples", args.samples)
         if args.samples is not None
         else int(config.get("demo.samples"))
     )
     if samples < 1:
         raise CLIError(f"--samples={samples} must be at least 1")
-    repeats = _positive("--repeats", args.repeats, int)
-    max_seconds = _positive("--max-seconds", args.max_seconds, float)
-    timeout = _positive("--timeout", args.timeout, float)
+    repeats = positive_option("--repeats", args.repeats, int)
+    max_seconds = positive_option("--max-seconds", args.max_seconds, float)
+    timeout = positive_option("--timeout", args.timeout, float)
     speeds = _parse_speeds(args.speeds) if args.speeds is not None else None
     if (
         args.netcdf is not None
     ):  # before the cluster starts: a directory, a device or no place to write
-        from ._files import TargetError, check_target
-
         try:
             check_target(args.netcdf, what="--netcdf", overwrite=True)
         except TargetError as e:
             raise CLIError(str(e)) from None
+
+    ds = _measure(args, shape, samples, repeats, max_seconds, timeout, speeds)
+    if args.netcdf is not None:
+        _write_netcdf(ds, args.netcdf)
+    if args.json:
+        print(json.dumps(probe_json(ds)))
+    else:
+        print(format_probe(ds))
+        if args.netcdf is not None:
+            print(f"saved the probe dataset to {args.netcdf}")
+    return 0
+
+
+def _measure(
+    args: argparse.Namespace,
+    shape: tuple[int, int, int],
+    samples: int,
+    repeats: int | None,
+    max_seconds: float | None,
+    timeout: float,
+    speeds: list[float] | None,
+) -> Any:
+    """The probe dataset of the cluster at ``--scheduler``, or of a local EMULATED one."""
+    # imported here: they load distributed (about 0.6 s), which --help and plan need not pay
+    from distributed import Client
+
+    from ..emulation import local_cluster
+    from ..probe import probe
 
     def measure(client: Any) -> Any:
         try:
@@ -192,27 +197,16 @@ def run_probe(args: argparse.Namespace) -> int:
                 raise CLIError(
                     f"the cluster at {args.scheduler!r} has no workers; start some and retry"
                 )
-            ds = measure(client)
+            return measure(client)
     else:
         if speeds is None:
             speeds = [float(v) for v in config.get("demo.speeds")]
         with local_cluster(speeds, dashboard_address=":0") as cluster, Client(cluster) as client:
-            ds = measure(client)
-    if args.netcdf is not None:
-        _write_netcdf(ds, args.netcdf)
-    if args.json:
-        print(json.dumps(probe_json(ds)))
-    else:
-        print(format_probe(ds))
-        if args.netcdf is not None:
-            print(f"saved the probe dataset to {args.netcdf}")
-    return 0
+            return measure(client)
 
 
 def _write_netcdf(ds: Any, path: str) -> None:
     """Write via a temporary file in the same directory, then rename (no partial file)."""
-    from ._files import atomic_write
-
     out = ds.copy()
     out["address"] = out["address"].astype(str)
     atomic_write(path, lambda tmp: out.to_netcdf(tmp, engine="h5netcdf"))
@@ -305,9 +299,3 @@ def format_probe(ds: Any) -> str:
         f"  dask-rpm plan --abilities {abilities} --shape {d['shape']} --samples {d['samples']}"
     )
     return "\n".join(out)
-
-
-if __name__ == "__main__":  # python -m dask_rpm.probe_cli ...
-    from .cli import main
-
-    sys.exit(main(["probe", *sys.argv[1:]]))

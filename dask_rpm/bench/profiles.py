@@ -1,0 +1,310 @@
+"""What a bench run is made of: the paper's ability profiles, the workloads, the methods, the cases.
+
+Pure (numpy only; no ``distributed``, no torch): :mod:`dask_rpm.simulate`
+draws its speed distributions ``A`` and ``B`` from here, and the harness
+(:mod:`dask_rpm.bench.harness`) builds its cases here. Also the metric
+(:func:`gamma`, :func:`steady_seconds`) and the checks of a run's arguments,
+so bad input is refused before any cluster starts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = [
+    "CONDITIONS",
+    "ASSUMED_TO_TRUE",
+    "WORKLOADS",
+    "MINIBATCH_SIZES",
+    "MINIBATCH_METHODS",
+    "METHODS",
+    "STEP_FACTOR",
+    "MAX_N",
+    "BenchError",
+    "BenchCase",
+    "gamma",
+    "steady_seconds",
+    "true_profile",
+    "workload_batch_sizes",
+    "make_cases",
+    "bench_learning_rate",
+    "weights_difference",
+    "check_arguments",
+    "check_batch_sizes",
+    "check_step",
+]
+
+
+#: SPEC section 7: the paper's assumed ability profiles (use the first N).
+CONDITIONS: dict[str, tuple[float, ...]] = {
+    "A": (0.25, 0.31, 0.63, 1.0, 1.0, 0.42, 0.67, 0.63),
+    "B": (0.63, 0.63, 0.63, 1.0, 0.63, 1.0, 1.0, 0.63),
+}
+#: Assumed 0.63 (clock ratio 500/800 MHz), measured about 0.5 by the paper.
+ASSUMED_TO_TRUE = {0.63: 0.5}
+#: name -> (n, m, l, s)
+WORKLOADS: dict[str, tuple[int, int, int, int]] = {
+    # The paper's NETtalk size: about 5 ms of compute per iteration on one core
+    # here, far below Dask's per-task latency, so it measures the engine.
+    "paper": (203, 80, 26, 1024),
+    # Same inputs/outputs, 1024 hidden units and 32768 samples: about 1.3 s of
+    # float64 compute per iteration on one core (0.8 s per iteration on 8
+    # EMULATED workers at auto scale), against ~0.05-0.13 s of Dask latency.
+    "compute": (203, 1024, 26, 32768),
+    # Issue 11: mini-batch SGD on the compute network. 16384 samples give 4 to
+    # 64 batches per epoch at the batch sizes of MINIBATCH_SIZES; a batch of
+    # 4096 costs an eighth of the compute workload's iteration, one of 256 a
+    # 128th (a few ms per worker: latency-bound, like the paper's workload).
+    "minibatch": (203, 1024, 26, 16384),
+}
+#: Batch sizes the ``minibatch`` workload runs at unless ``batch_sizes`` is given.
+MINIBATCH_SIZES = (256, 1024, 4096)
+#: Methods of the mini-batch comparison (issue 11), the ``--methods`` of its docs command.
+MINIBATCH_METHODS = ("drpm", "split-1d", "uniform", "ddp")
+METHODS = ("uniform", "hrev", "srpm-assumed", "srpm-probed", "drpm-init", "drpm", "split-1d", "ddp")
+STEP_FACTOR = 3.0
+MAX_N = len(CONDITIONS["A"])
+
+
+class BenchError(ValueError):
+    """Bad benchmark arguments."""
+
+
+@dataclass
+class BenchCase:
+    """One cluster: a workload, a condition and a worker count."""
+
+    workload: str
+    condition: str
+    n: int
+    shape: tuple[int, int, int]
+    samples: int
+    speeds: tuple[float, ...]  # EMULATED truth
+    assumed: tuple[float, ...]  # what the paper assumed
+    step_worker: int | None = None
+    step_at: int | None = None
+    batch_size: int | None = None  # samples per iteration; None: full batch (the paper's)
+
+    @property
+    def name(self) -> str:
+        base = f"{self.workload}/{self.condition}/N={self.n}"
+        return base if self.batch_size is None else f"{base}/B={self.batch_size}"
+
+    @property
+    def batch(self) -> int:
+        """Samples per iteration."""
+        return self.samples if self.batch_size is None else min(self.batch_size, self.samples)
+
+    def schedule(self) -> dict[int, list[tuple[int, float]]] | None:
+        if self.step_worker is None:
+            return None
+        return {
+            self.step_worker: [(int(self.step_at), self.speeds[self.step_worker] / STEP_FACTOR)]
+        }
+
+
+def gamma(seconds_parallel: float, series_seconds: Sequence[float]) -> float:
+    """Parallel efficiency ``(1 / T_parallel) / sum_i (1 / T_series(i))`` (SPEC section 7)."""
+    ts = np.asarray(series_seconds, dtype=float)
+    if (
+        not (np.isfinite(seconds_parallel) and seconds_parallel > 0)
+        or ts.size == 0
+        or not np.all(ts > 0)
+    ):
+        return math.nan
+    return float((1.0 / seconds_parallel) / np.sum(1.0 / ts))
+
+
+def steady_seconds(iteration_time: np.ndarray, start: int) -> float:
+    """Median iteration time from iteration ``start`` on (NaNs ignored)."""
+    t = np.asarray(iteration_time, dtype=float)[start:]
+    t = t[np.isfinite(t)]
+    return float(np.median(t)) if t.size else math.nan
+
+
+def true_profile(condition: str, n: int) -> tuple[float, ...]:
+    """The EMULATED truth of ``condition`` for ``n`` workers: the assumed profile with 0.63 -> 0.5."""
+    base = CONDITIONS[condition.split("-")[0]][:n]
+    return tuple(ASSUMED_TO_TRUE.get(v, v) for v in base)
+
+
+def workload_batch_sizes(
+    workload: str, batch_sizes: Sequence[int] | None = None
+) -> list[int | None]:
+    """Batch sizes a workload runs at: ``minibatch`` at ``batch_sizes`` (default
+    :data:`MINIBATCH_SIZES`), ``custom`` at ``batch_sizes`` when given, every
+    other workload full batch (``[None]``: the paper's experiment)."""
+    if workload == "minibatch":
+        return list(batch_sizes) if batch_sizes else list(MINIBATCH_SIZES)
+    if workload == "custom" and batch_sizes:
+        return list(batch_sizes)
+    return [None]
+
+
+def make_cases(
+    workloads: Sequence[str],
+    conditions: Sequence[str],
+    ns: Sequence[int],
+    *,
+    step_at: int,
+    custom: tuple[int, int, int, int] | None = None,
+    batch_sizes: Sequence[int] | None = None,
+) -> list[BenchCase]:
+    """One case per workload, batch size, condition and N, in that nesting order."""
+    cases = []
+    for wl in workloads:
+        n_, m_, l_, s_ = custom if wl == "custom" and custom is not None else WORKLOADS[wl]
+        for batch in workload_batch_sizes(wl, batch_sizes):
+            for cond in conditions:
+                base = cond.split("-")[0]
+                for n in ns:
+                    speeds = true_profile(cond, n)
+                    assumed = CONDITIONS[base][:n]
+                    step_worker = int(np.argmax(speeds)) if cond.endswith("-step") else None
+                    cases.append(
+                        BenchCase(
+                            wl,
+                            cond,
+                            n,
+                            (n_, m_, l_),
+                            s_,
+                            speeds,
+                            assumed,
+                            step_worker=step_worker,
+                            step_at=step_at if step_worker is not None else None,
+                            batch_size=batch,
+                        )
+                    )
+    return cases
+
+
+def bench_learning_rate(case: BenchCase) -> float:
+    """``0.5 / (samples per iteration x hidden units)``: the same step at every batch size, and
+    well-conditioned, so every method ends at the serial reference's weights to rounding (the
+    bench checks that: ``weights_vs_serial``).
+
+    Why the hidden units: a step of ``eps`` on the summed gradient moves each output's
+    pre-activation by about ``eps B m / 16``. With ``eps = 0.5 / B`` (the rate before issue 11)
+    that is ~30 at m = 1024: training overshoots and is chaotic, and at 203-1024-26, B = 1024 a
+    1e-15 change of W0 grew to 2.3e-6 in 32 iterations (measured), so no check could tell a
+    different summation order from different batches. At ``0.5 / (B m)`` it stays at 4e-15 while
+    batches of 2048 instead of 1024 differ by 9e-3. Timing does not depend on the rate.
+    """
+    return 0.5 / (case.batch * case.shape[1])
+
+
+def weights_difference(
+    weights: tuple[np.ndarray, np.ndarray] | None, reference: tuple[np.ndarray, np.ndarray] | None
+) -> float:
+    """``max |W - W_ref|, |V - V_ref|`` over ``max |W_ref|, |V_ref|`` (NaN when either is missing)."""
+    if weights is None or reference is None:
+        return math.nan
+    diff = max(
+        float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(weights, reference)
+    )
+    size = max(float(np.max(np.abs(b))) for b in reference)
+    return diff / size if size > 0 else diff
+
+
+def check_batch_sizes(
+    workloads: list[str],
+    batch_sizes: Sequence[int] | None,
+    custom: tuple[int, int, int, int] | None,
+) -> list[int] | None:
+    """Check ``batch_sizes`` (whole numbers from 1 to the workload's samples); a list, or None."""
+    if batch_sizes is None:
+        return None
+    sizes = list(batch_sizes)
+    takers = [wl for wl in workloads if wl in ("minibatch", "custom")]
+    if not sizes:
+        raise BenchError(
+            "batch_sizes is empty: give at least one mini-batch size, e.g. 256,1024,4096"
+        )
+    if not takers:
+        raise BenchError(
+            f"batch sizes {sizes} apply to the minibatch and custom workloads, and the run has "
+            f"{', '.join(workloads)} (full batch: the paper's experiment); add --workloads minibatch"
+        )
+    for b in sizes:
+        if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1:
+            raise BenchError(
+                f"batch size {b!r}: give whole numbers of samples per mini-batch, e.g. 256,1024,4096"
+            )
+        for wl in takers:
+            if wl == "custom" and custom is None:
+                continue  # reported by check_arguments
+            s_ = custom[3] if wl == "custom" else WORKLOADS[wl][3]
+            if b > s_:
+                raise BenchError(
+                    f"batch size {b} is larger than the {wl} workload's {s_} samples; give at most "
+                    f"{s_} (a batch of all samples is full-batch training)"
+                )
+    if len(set(sizes)) != len(sizes):
+        raise BenchError(f"batch sizes {sizes} repeat a value; give each once")
+    return [int(b) for b in sizes]
+
+
+def check_arguments(
+    workloads: list[str],
+    conditions: list[str],
+    ns: list[int],
+    methods: list[str],
+    iterations: int,
+    series_iterations: int,
+    interval: int | None,
+    dp_search: str,
+    custom: tuple[int, int, int, int] | None,
+) -> None:
+    """Refuse (:class:`BenchError`) names, worker counts and iteration counts a run cannot use."""
+    valid_wl = [*WORKLOADS, "custom"]
+    for wl in workloads:
+        if wl not in valid_wl:
+            raise BenchError(f"workload {wl!r} is not one of {', '.join(valid_wl)}")
+        if wl == "custom" and custom is None:
+            raise BenchError(
+                "workload 'custom' needs a shape and samples (--shape N-M-L --samples S)"
+            )
+    valid_cond = [*CONDITIONS, *(f"{c}-step" for c in CONDITIONS)]
+    for c in conditions:
+        if c not in valid_cond:
+            raise BenchError(f"condition {c!r} is not one of {', '.join(valid_cond)}")
+    for n in ns:
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= MAX_N:
+            raise BenchError(
+                f"N={n!r}: worker counts must be whole numbers from 1 to {MAX_N} "
+                f"(the paper's ability profiles A and B have {MAX_N} values)"
+            )
+    for m in methods:
+        if m not in METHODS:
+            raise BenchError(f"method {m!r} is not one of {', '.join(METHODS)}")
+    if len(set(methods)) != len(methods):
+        raise BenchError(f"methods {methods} repeat a name; give each once")
+    if not methods or not workloads or not conditions or not ns:
+        raise BenchError("give at least one workload, condition, N and method")
+    if iterations < 2:
+        raise BenchError(
+            f"iterations={iterations}: need at least 2 (the steady state is the second half)"
+        )
+    if series_iterations < 1:
+        raise BenchError(f"series_iterations={series_iterations}: need at least 1")
+    if interval is not None and interval < 1:
+        raise BenchError(f"interval={interval}: must be a positive number of iterations")
+    if dp_search not in ("model", "measured"):
+        raise BenchError(f"dp_search={dp_search!r} is not one of model, measured")
+
+
+def check_step(
+    conditions: Sequence[str], step_at: int, iterations: int, series_iterations: int
+) -> None:
+    """A load step (``-step`` conditions) must come after the series runs and in the run's first half."""
+    if any(c.endswith("-step") for c in conditions) and not (
+        series_iterations < step_at < iterations // 2 + 1
+    ):
+        raise BenchError(
+            f"step_at={step_at} must lie after the series runs ({series_iterations} iterations) and in the "
+            f"first half of the run ({iterations} iterations); give more iterations or another step_at"
+        )
