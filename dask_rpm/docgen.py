@@ -32,10 +32,12 @@ import json
 import os
 import re
 import sys
+import textwrap
 from typing import Any
 
 import yaml
 
+from . import job
 from ._files import atomic_write_text
 
 __all__ = ["config_markdown", "api_markdown", "write", "main"]
@@ -192,11 +194,6 @@ def config_markdown(yaml_path: str = YAML_PATH) -> str:
 
 def _job_keys_markdown() -> str:
     """The keys of a job file (``dask-rpm train --config``), from the literal blocks of dask_rpm.job's docstring."""
-    import re
-    import textwrap
-
-    from . import job
-
     blocks = re.findall(r"::\n\n((?:    .*\n|\n)+)", job.__doc__ or "")
     yaml_text = "\n".join(textwrap.dedent(b).strip("\n") for b in blocks)
     return (
