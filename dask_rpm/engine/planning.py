@@ -11,6 +11,7 @@ from .. import config
 from ..partition import Plan, PlanError
 from ..planners import make_plan
 from ..prepare import Prepared
+from ..probe import probe_async
 from .driver import ordered_workers
 from .errors import TrainingError
 from .options import Options
@@ -138,9 +139,7 @@ async def first_plan(
             raise PlanError(
                 f"abilities={abilities!r}; give a sequence of numbers, None, or 'probe'"
             )
-        from ..probe import _probe_async
-
-        probe_result = await _probe_async(
+        probe_result = await probe_async(
             client, shape=data.shape, samples=data.samples, dtype=opts.dtype, workers=addresses
         )
         abilities = [float(v) for v in probe_result["throughput"].values]

@@ -1,0 +1,381 @@
+"""The probe's asynchronous driver: check, pick workers, kernel probe, link probe, dataset.
+
+:func:`probe_async` is what :func:`dask_rpm.probe.probe` runs through
+``client.sync`` and what ``fit(..., abilities="probe")`` awaits.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import xarray as xr
+
+from .. import config
+from ..emulation import emulation_label_async
+from ..ordering import ordered_workers
+from .kernel import MAX_LOOPS, PASSES_PER_TARGET, TRIM, calibrate, robust_mean, t_probe
+from .links import link_class_pairs, measure_links
+
+__all__ = ["probe_async", "check_args", "ProbeArgs", "KernelTimes"]
+
+
+class ProbeArgs(NamedTuple):
+    """The probe's checked arguments."""
+
+    shape: tuple[int, int, int]  # (n, m, l) of the job's network
+    samples: int  # s, the job's samples
+    repeats: int  # timed repetitions per worker
+    max_seconds: float  # kernel-probe budget per worker
+    target: float  # seconds of one repetition (rpm.probe.target-seconds)
+
+
+class KernelTimes(NamedTuple):
+    """What the kernel probe measured (arrays: one column per worker)."""
+
+    token: str  # names the probe's tasks
+    block: tuple[int, int, int, int]  # (n, m_p, l, s_p) of the probe block
+    target: float  # seconds one repetition aimed at
+    t_pass: float  # seconds of one pass in the client's calibration
+    warm_loops: int  # passes of the warm-up repetition
+    warm_seconds: np.ndarray  # (worker,) wall seconds of the warm-up
+    loops: np.ndarray  # (worker,) passes per timed repetition
+    seconds: np.ndarray  # (repeat, worker) wall seconds; NaN where skipped
+    cpu: np.ndarray  # (repeat, worker) CPU seconds
+    overruns: np.ndarray  # (worker,) EMULATED paced blocks that overran
+    work: np.ndarray  # (worker,) work units of one timed repetition
+    throughput: np.ndarray  # (worker,) work units per second
+    compute_seconds: float  # wall time of the kernel probe
+
+
+def check_args(shape: Any, samples: Any, repeats: Any, max_seconds: Any, target: Any) -> ProbeArgs:
+    """The probe's arguments checked (a ValueError saying what to give otherwise)."""
+
+    def whole(v: Any) -> bool:
+        return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        dims = ()
+    if len(dims) != 3 or not all(whole(v) and v >= 1 for v in dims):
+        raise ValueError(
+            f"shape={shape!r}; give (n, m, l): inputs, hidden units and outputs, "
+            f"three whole numbers >= 1"
+        )
+    if not whole(samples) or samples < 1:
+        raise ValueError(
+            f"samples={samples!r}; give the number of training samples, a whole number >= 1"
+        )
+    if not whole(repeats) or repeats < 1:
+        raise ValueError(f"repeats={repeats!r}; give a whole number of timed repetitions >= 1")
+    for name, v in (("max_seconds", max_seconds), ("probe.target-seconds", target)):
+        if not (
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+        ):
+            raise ValueError(f"{name}={v!r}; give a number of seconds > 0")
+    n, m, l = (int(v) for v in dims)
+    return ProbeArgs((n, m, l), int(samples), int(repeats), float(max_seconds), float(target))
+
+
+async def _addresses(client: Any, workers: Sequence[str] | None) -> list[str]:
+    """The workers to probe, in plan order (checked against the cluster's)."""
+    info = await client.scheduler.identity(n_workers=-1)
+    known = ordered_workers(info)
+    addresses = known if workers is None else list(workers)
+    if not addresses:
+        raise ValueError(
+            "no workers to probe; start some (e.g. dask_rpm.local_cluster()) and retry"
+        )
+    unknown = [a for a in addresses if a not in info["workers"]]
+    if unknown:
+        raise ValueError(f"worker(s) {unknown} are not in the cluster; its workers are {known}")
+    if len(set(addresses)) != len(addresses):
+        raise ValueError(f"workers={addresses} lists a worker more than once")
+    return addresses
+
+
+def _block(
+    args: ProbeArgs, n_workers: int, dtype: str
+) -> tuple[tuple[int, int, int, int], float, float]:
+    """``(probe block, repetition target seconds, seconds per pass here)``."""
+    (n, m, l), s = args.shape, args.samples
+    # Each worker's share of the budget: warm-up plus `repeats` repetitions.
+    target = min(args.target, args.max_seconds / (args.repeats + 1))
+    m_p, s_p, t_pass = calibrate(
+        n, -(-m // n_workers), l, -(-s // n_workers), dtype, target / PASSES_PER_TARGET
+    )
+    return (n, m_p, l, s_p), target, t_pass
+
+
+async def _kernel_probe(
+    client: Any, addresses: list[str], args: ProbeArgs, dtype: str
+) -> KernelTimes:
+    """Warm-up, then timed repetitions of the probe block on every worker at once."""
+    n_workers = len(addresses)
+    block, target, t_pass = _block(args, n_workers, dtype)
+    loops0 = int(min(MAX_LOOPS, max(1, round(target / t_pass))))
+    token = uuid.uuid4().hex[:10]
+    name = f"rpm-probe-{token}"
+
+    def submit(rep: int, i: int, loops: int) -> Any:
+        return client.submit(
+            t_probe,
+            block,
+            loops,
+            dtype,
+            rep,
+            key=(name, rep, i),
+            workers=[addresses[i]],
+            allow_other_workers=False,
+            pure=False,
+        )
+
+    # Warm-up (repetition 0, discarded): about a quarter of a target at full speed.
+    compute_start = time.perf_counter()
+    warm_loops = max(1, loops0 // 4)
+    warm_futures = [submit(0, i, warm_loops) for i in range(n_workers)]
+    warm_seconds = np.asarray([r[0] for r in await client.gather(warm_futures)], dtype=float)
+
+    # Size every worker's repetition to ~target wall seconds: all workers then
+    # run their repetitions side by side, over the same wall-time windows, so
+    # a change in the machine's load (which moves the CPU cost of a pass by
+    # tens of percent on a shared host) hits them alike. (Equal passes per
+    # worker instead spread a slow worker's repetitions over a longer window
+    # and measured ratios worse here.)
+    per_pass = np.maximum(warm_seconds / warm_loops, 1e-9)
+    loops = np.clip(np.round(target / per_pass), 1, MAX_LOOPS).astype(int)
+    # A worker too slow for even one pass per target gets fewer repetitions (budget).
+    rest = np.maximum(args.max_seconds - warm_seconds, 0.0)
+    reps = np.clip(np.floor(rest / (loops * per_pass)), 1, args.repeats).astype(int)
+
+    # All at once: each worker queues its repetitions and runs them back to
+    # back (the lock in t_probe), with no scheduler round trip between them.
+    timed_futures = [
+        [submit(r + 1, i, int(loops[i])) for r in range(int(reps[i]))] for i in range(n_workers)
+    ]
+    timed = await client.gather(timed_futures)
+    compute_seconds = time.perf_counter() - compute_start
+    del warm_futures, timed_futures
+    empty = np.empty(0)
+    measured = KernelTimes(
+        token,
+        block,
+        target,
+        t_pass,
+        warm_loops,
+        warm_seconds,
+        loops,
+        empty,
+        empty,
+        empty,
+        empty,
+        empty,
+        compute_seconds,
+    )
+    return _kernel_times(timed, args.repeats, measured)
+
+
+def _kernel_times(timed: list[list[Any]], repeats: int, k: KernelTimes) -> KernelTimes:
+    """``k`` with the timed repetitions' seconds, CPU seconds, overruns, work and throughput."""
+    n_workers = len(timed)
+    seconds = np.full((repeats, n_workers), np.nan)
+    cpu = np.full((repeats, n_workers), np.nan)
+    overruns = np.zeros(n_workers, dtype=int)
+    for i, col in enumerate(timed):
+        seconds[: len(col), i] = [r[0] for r in col]
+        cpu[: len(col), i] = [r[2] for r in col]
+        overruns[i] = sum(r[1] for r in col)
+    work = k.loops.astype(float) * k.block[1] * k.block[3]
+    return k._replace(
+        seconds=seconds,
+        cpu=cpu,
+        overruns=overruns,
+        work=work,
+        throughput=work / robust_mean(seconds, TRIM),
+    )
+
+
+async def _link_probe(
+    client: Any, addresses: list[str], token: str, groups: Sequence[Any] | None
+) -> dict[str, Any]:
+    """Latency and bandwidth overall and, with ``groups``, per link class."""
+    repeats = int(config.get("probe.link-repeats"))
+    big_bytes = int(config.get("probe.link-bytes"))
+    per_class = int(config.get("probe.link-pairs"))
+    links = await measure_links(
+        client, addresses, token, repeats=repeats, big_bytes=big_bytes, pairs=per_class
+    )
+    if groups is None:
+        return links
+    # latency and bandwidth per link class, a few pairs each
+    for cls, pairs in link_class_pairs(addresses, list(groups), per_class).items():
+        got = await measure_links(
+            client,
+            addresses,
+            f"{token}-{cls}",
+            repeats=repeats,
+            big_bytes=big_bytes,
+            pairs=len(pairs),
+            links=pairs,
+        )
+        links.update(
+            {
+                f"latency_{cls}": got["latency"],
+                f"bandwidth_{cls}": got["bandwidth"],
+                f"links_{cls}": got.get("links", ""),
+            }
+        )
+    links["groups"] = ",".join(map(str, groups))
+    return links
+
+
+def _variables(k: KernelTimes) -> dict[str, Any]:
+    """The data variables of the probe's dataset, with their units and meaning."""
+    return {
+        "throughput": (
+            "worker",
+            k.throughput,
+            {
+                "units": "work units/s",
+                "long_name": "kernel throughput",
+                "description": "work of one repetition / trimmed mean of the repetition seconds "
+                "(1/8 cut at each end); one work unit "
+                "is one (hidden unit x sample) pair of forward, output delta and "
+                "backward - the unit of rectangle area",
+            },
+        ),
+        "ability": (
+            "worker",
+            k.throughput / k.throughput.sum(),
+            {"units": "1", "description": "throughput normalised to sum 1"},
+        ),
+        "seconds": (
+            ("repeat", "worker"),
+            k.seconds,
+            {
+                "units": "s",
+                "description": "wall time of each timed repetition's paced kernel block, measured "
+                "inside the task (NaN: skipped to stay within max_seconds)",
+            },
+        ),
+        "cpu_seconds": (
+            ("repeat", "worker"),
+            k.cpu,
+            {
+                "units": "s",
+                "description": "CPU time of the task's thread in each timed repetition's kernel "
+                "block (with EMULATED speeds, seconds ~ cpu_seconds / speed)",
+            },
+        ),
+        "warmup_seconds": (
+            "worker",
+            k.warm_seconds,
+            {
+                "units": "s",
+                "description": f"discarded warm-up repetition ({k.warm_loops} passes)",
+            },
+        ),
+        "loops": (
+            "worker",
+            k.loops,
+            {"units": "1", "description": "kernel passes over the probe block per repetition"},
+        ),
+        "overruns": (
+            "worker",
+            k.overruns,
+            {
+                "units": "1",
+                "description": "EMULATED clusters only: timed repetitions whose paced block "
+                "overran its target, i.e. other load set the time (0 elsewhere)",
+            },
+        ),
+        "work": (
+            "worker",
+            k.work,
+            {
+                "units": "work units",
+                "description": "loops x block hidden units x block samples",
+            },
+        ),
+    }
+
+
+def _dataset(
+    k: KernelTimes,
+    args: ProbeArgs,
+    addresses: list[str],
+    dtype: str,
+    links: dict[str, Any],
+    link_seconds: float,
+) -> xr.Dataset:
+    """The probe result (see :func:`dask_rpm.probe.probe` for what it holds)."""
+    return xr.Dataset(
+        _variables(k),
+        coords={
+            "worker": np.arange(len(addresses)),
+            "address": ("worker", np.asarray(addresses, dtype=object)),
+            "repeat": np.arange(args.repeats),
+        },
+        attrs={
+            "title": "dask_rpm probe: worker throughput and links",
+            "token": k.token,
+            "shape": "-".join(map(str, args.shape)),
+            "samples": args.samples,
+            "block_inputs": args.shape[0],
+            "block_hidden": k.block[1],
+            "block_outputs": args.shape[2],
+            "block_samples": k.block[3],
+            "dtype": dtype,
+            "repeats": args.repeats,
+            "target_seconds": k.target,
+            "calibration_pass_seconds": k.t_pass,
+            "compute_seconds": k.compute_seconds,
+            "link_seconds": link_seconds,
+            "latency_units": "s",
+            "bandwidth_units": "bytes/s",
+            **links,
+        },
+    )
+
+
+async def probe_async(
+    client: Any,
+    *,
+    shape: Sequence[int],
+    samples: int,
+    dtype: str | None = None,
+    workers: Sequence[str] | None = None,
+    repeats: int | None = None,
+    max_seconds: float | None = None,
+    groups: Sequence[Any] | None = None,
+) -> xr.Dataset:
+    """Asynchronous :func:`dask_rpm.probe.probe` (same parameters, an asynchronous client).
+
+    ``fit(..., abilities="probe")`` awaits it.
+    """
+    started = time.perf_counter()
+    args = check_args(
+        shape,
+        samples,
+        config.get("probe.repeats", repeats),
+        config.get("probe.max-seconds", max_seconds),
+        config.get("probe.target-seconds"),
+    )
+    dtype = str(np.dtype(config.get("train.dtype", dtype)))
+    addresses = await _addresses(client, workers)
+    if groups is not None:  # one label per worker: refused before anything runs
+        link_class_pairs(addresses, list(groups), int(config.get("probe.link-pairs")))
+    k = await _kernel_probe(client, addresses, args, dtype)
+    link_start = time.perf_counter()
+    links = await _link_probe(client, addresses, k.token, groups)
+    ds = _dataset(k, args, addresses, dtype, links, time.perf_counter() - link_start)
+    emulation = await emulation_label_async(client)
+    if emulation:
+        ds.attrs["emulation"] = emulation
+    ds.attrs["probe_seconds"] = time.perf_counter() - started
+    return ds

@@ -1,0 +1,170 @@
+"""The kernel probe's measuring side: one repetition on a worker, and the block calibration.
+
+:func:`t_probe` runs on the workers (one task per repetition);
+:func:`calibrate` runs once in the client to size the probe block. Both run
+the real BP kernels of one rectangle (:func:`kernel_pass`).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from typing import Any
+
+import numpy as np
+from distributed import get_worker
+
+from ..emulation import PLUGIN_NAME, pace
+from ..kernels import backward_partial, block_work, forward_partial, init_weights, output_delta
+
+__all__ = [
+    "block_data",
+    "kernel_pass",
+    "t_probe",
+    "robust_mean",
+    "calibrate",
+    "shrink",
+    "MAX_LOOPS",
+    "PASSES_PER_TARGET",
+    "TRIM",
+]
+
+#: Rough upper bound on the flops of one calibration pass, so that calibrating
+#: a huge job never runs a huge block (about 0.1 s on a slow core).
+CALIBRATION_FLOPS = 1.0e8
+#: Upper bound on kernel passes per repetition (keeps absurd configs finite).
+MAX_LOOPS = 100_000
+#: One kernel pass takes at most target-seconds / this at full speed on the
+#: client, so a worker many times slower still finishes a pass in about a
+#: repetition's time, and fast workers average over many passes.
+PASSES_PER_TARGET = 8
+#: CPU seconds of unpaced kernel passes before each timed block (see t_probe).
+WARM_CPU_SECONDS = 0.002
+#: Fraction of the repetitions cut at each end before averaging their times.
+TRIM = 0.125
+#: Serialises probe repetitions within one worker process.
+_REPETITION_LOCK = threading.Lock()
+
+
+def block_data(n: int, m: int, l: int, s: int, dtype: str, seed: int) -> tuple[np.ndarray, ...]:
+    """Synthetic inputs, teachers and weights of one probe block (values are irrelevant)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((s, n)).astype(dtype)
+    d = rng.uniform(0.1, 0.9, size=(s, l)).astype(dtype)
+    W, V = init_weights(n, m, l, seed=seed, dtype=dtype)
+    return x, d, W, V
+
+
+def kernel_pass(x: np.ndarray, d: np.ndarray, W: np.ndarray, V: np.ndarray) -> None:
+    """One rectangle's BP work: forward, output delta, backward (as in training)."""
+    f, partial = forward_partial(x, W, V)
+    delta2, _ = output_delta(partial, d)
+    backward_partial(x, f, V, delta2)
+
+
+def t_probe(
+    block: tuple[int, int, int, int], loops: int, dtype: str, seed: int
+) -> tuple[float, int, float]:
+    """One repetition on a worker: ``loops`` kernel passes in one paced block.
+
+    Returns ``(seconds, overruns, cpu_seconds)``: the block's wall time, how
+    many EMULATED paced blocks overran their target meanwhile (0 without
+    emulation; an overrun means other load, not the emulated speed, set the
+    time) and the block's CPU time. Repetitions on one worker process run one
+    at a time (a lock), even on a worker with several threads, as one
+    rectangle task would.
+    """
+    n, m, l, s = block
+    x, d, W, V = block_data(n, m, l, s, dtype, seed)
+    with _REPETITION_LOCK:
+        # Unpaced, untimed passes first: a thread that idled (a slow worker
+        # sleeps most of the time) spends more CPU on its next millisecond or
+        # so of work (cold caches). Measured here: 10-30 % more CPU per pass
+        # for the slower workers, whose timed blocks are shorter, without
+        # this; ~0 with it.
+        c_start = time.thread_time()
+        kernel_pass(x, d, W, V)
+        while time.thread_time() - c_start < WARM_CPU_SECONDS:
+            kernel_pass(x, d, W, V)
+        plugin = worker_plugin(PLUGIN_NAME)
+        overruns0 = getattr(plugin, "overruns", 0)
+        t0, c0 = time.perf_counter(), time.thread_time()
+        work = loops * (block_work("forward", s, m, n, l) + block_work("backward", s, m, n, l))
+        # work-paced (no key): a tiny job's block, bound by per-call overhead,
+        # falls back to its own CPU time, which the warm-up above keeps honest
+        with pace(work=work, dtype=dtype):
+            for _ in range(loops):
+                kernel_pass(x, d, W, V)
+        seconds = time.perf_counter() - t0
+        cpu = time.thread_time() - c0
+    return seconds, int(getattr(plugin, "overruns", 0) - overruns0), cpu
+
+
+def robust_mean(seconds: np.ndarray, trim: float) -> np.ndarray:
+    """Per column (worker): mean of the finite values after cutting ``trim`` at each end.
+
+    Why not the median: on a shared host the CPU cost of a kernel pass is
+    often *bimodal* (measured here: ~0.44 or ~0.65 ms per NETtalk pass, the
+    mode switching every 50-100 ms, even with one worker alone). The median
+    of a few such repetitions jumps between the modes: over 15 probes of 16
+    repetitions (three job shapes, EMULATED speeds 1 : 0.5 : 0.25) it missed
+    the speed ratios by 8.3 % on average and 22 % at worst, this trimmed mean
+    by 6.2 % and 9 %. Like the median it drops outliers (a pause, a hiccup).
+    """
+    out = np.empty(seconds.shape[1])
+    for i in range(seconds.shape[1]):
+        col = np.sort(seconds[np.isfinite(seconds[:, i]), i])
+        k = int(len(col) * trim)
+        out[i] = col[k : len(col) - k].mean() if len(col) else np.nan
+    return out
+
+
+def worker_plugin(name: str) -> Any:
+    """The running worker's plugin ``name``, or None (not on a worker / not installed)."""
+    try:
+        return get_worker().plugins.get(name)
+    except ValueError:
+        return None
+
+
+def calibrate(n: int, m: int, l: int, s: int, dtype: str, target: float) -> tuple[int, int, float]:
+    """Shrink an ``m x s`` block until one pass takes at most ``target`` seconds here.
+
+    Returns ``(m_p, s_p, seconds_per_pass)``. Timed on the client with BLAS
+    limited to one thread, like the workers' (only the block *size* depends
+    on it; the abilities come from the workers' own timings).
+    """
+    try:
+        from threadpoolctl import threadpool_limits
+
+        limiter: Any = threadpool_limits(limits=1)
+    except ImportError:  # pragma: no cover - threadpoolctl is optional
+        limiter = None
+    try:
+        # a cheap flop estimate first, so the first timed block is never huge
+        flops = 4.0 * m * s * (n + 1.5 * l) + 1.0
+        if flops > CALIBRATION_FLOPS:
+            m, s = shrink(m, s, CALIBRATION_FLOPS / flops)
+        for _ in range(4):
+            data = block_data(n, m, l, s, dtype, 0)
+            kernel_pass(*data)  # warm
+            t = math.inf
+            for _ in range(3):
+                t0 = time.perf_counter()
+                kernel_pass(*data)
+                t = min(t, time.perf_counter() - t0)
+            if t <= target or (m == 1 and s == 1):
+                break
+            # 0.8: aim a little under the target, passes do not scale exactly
+            m, s = shrink(m, s, 0.8 * target / t)
+        return m, s, max(t, 1e-7)
+    finally:
+        if limiter is not None:
+            limiter.restore_original_limits()
+
+
+def shrink(m: int, s: int, factor: float) -> tuple[int, int]:
+    """Scale the block area by ``factor`` (< 1), keeping the aspect ratio."""
+    r = math.sqrt(max(factor, 0.0))
+    return max(1, int(m * r)), max(1, int(s * r))
