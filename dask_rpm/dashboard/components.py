@@ -12,7 +12,9 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from bokeh.models import ColumnDataSource, Div, HoverTool, Range1d
+from bokeh.models import ColumnDataSource, HoverTool, Range1d
+from bokeh.models.annotations import Title
+from bokeh.models.widgets import Div
 from bokeh.palettes import Category10_10, Category20_20
 from bokeh.plotting import figure
 
@@ -157,8 +159,8 @@ class Rectangles:
     def __init__(self) -> None:
         # the browser test finds this source by its name
         self.source = ColumnDataSource(name="rpm-rectangles", data={k: [] for k in _RECT_COLUMNS})
-        self.x_range = Range1d(0, 1)
-        self.y_range = Range1d(1, 0)  # columns list their workers top to bottom
+        self.x_range = Range1d(start=0, end=1)
+        self.y_range = Range1d(start=1, end=0)  # columns list their workers top to bottom
         p = figure(
             title="Rectangles of the current plan (area = work)",
             x_range=self.x_range,
@@ -277,9 +279,10 @@ class Rectangles:
         m = shape[1] if len(shape) > 1 else max((r["hidden"][1] for r in rects), default=1)
         self.x_range.start, self.x_range.end = 0, s
         self.y_range.start, self.y_range.end = m, 0
-        self.root.title.text = (
-            f"Rectangles of the current plan: {s} samples x {m} hidden units (area = work)"
-        )
+        if isinstance(self.root.title, Title):
+            self.root.title.text = (
+                f"Rectangles of the current plan: {s} samples x {m} hidden units (area = work)"
+            )
 
 
 class Abilities:
