@@ -189,7 +189,7 @@ class _MLPBase(BaseEstimator):
             result: Any = fit_serial(Xt, Dt, full_output=True, **opts)
             stopped = result["stopped"]
         else:
-            from .engine import fit
+            from .engine import fit  # only with a client: the serial path needs no distributed
 
             result = fit(
                 Xt,

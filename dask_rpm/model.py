@@ -23,7 +23,6 @@ with a message saying what it is and what to give instead.
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -34,7 +33,8 @@ from ._version import __version__
 from .data import atomic_to_netcdf
 from .kernels import Workspace
 from .network import Network, NetworkError, network
-from .recipe import forward
+from .recipe import forward, recipe_summary
+from .results import validation_rows
 
 __all__ = ["MLPModel", "ModelError", "FORMAT_VERSION"]
 
@@ -227,10 +227,10 @@ class MLPModel:
             "plans": [p.to_dict() if hasattr(p, "to_dict") else p for p in plans],
             "remaps": remaps,
             "emulation": get("emulation"),
-            "dask_rpm_version": _version(),
+            "dask_rpm_version": str(__version__),
         }
         if info["validation"] == [] and not isinstance(result, Mapping):
-            info["validation"] = _validation_rows(get("history"))
+            info["validation"] = validation_rows(get("history"))
         info.update(meta or {})
         W, V = get("W"), get("V")
         if W is None or V is None:
@@ -386,7 +386,7 @@ class MLPModel:
             attrs={
                 "title": "dask_rpm model",
                 "dask_rpm_model": FORMAT_VERSION,
-                "dask_rpm_version": _version(),
+                "dask_rpm_version": str(__version__),
                 "activation": net.activation,
                 "loss": net.loss,
                 "output": net.output,
@@ -488,7 +488,7 @@ class MLPModel:
         if int(version) > FORMAT_VERSION:
             raise ModelError(
                 f"{where} is a model file of format {int(version)}, newer than this dask_rpm "
-                f"({_version()}) reads ({FORMAT_VERSION}); upgrade dask_rpm"
+                f"({str(__version__)}) reads ({FORMAT_VERSION}); upgrade dask_rpm"
             )
         missing = [v for v in ("W", "V") if v not in ds.variables]
         if missing:
@@ -562,44 +562,3 @@ class MLPModel:
         elif output_layer and self.net.output == "softmax":
             layers.append(nn.Softmax(dim=1))
         return nn.Sequential(*layers)
-
-
-def recipe_summary(rec: Any) -> dict[str, Any]:
-    """The hyperparameters of a :class:`dask_rpm.recipe.Recipe` as a JSON-ready dict."""
-    sched = rec.schedule
-    return {
-        "activation": rec.net.activation,
-        "loss": rec.net.loss,
-        "output": rec.net.output,
-        "bias": rec.net.bias,
-        "optimizer": rec.optimizer._asdict(),
-        "learning_rate": float(rec.learning_rate),
-        "iterations": int(rec.iterations),
-        "batch_size": sched.batch_size,
-        "shuffle": bool(sched.shuffle),
-        "seed": int(sched.seed),
-        "samples": int(sched.samples),
-        "validate_every": rec.validate_every,
-        "early_stopping": rec.patience,
-        "tol": float(rec.tol),
-    }
-
-
-def _validation_rows(hist: Any) -> list[list[float]]:
-    """Validation rows ``(iteration, loss, accuracy)`` from a history Dataset, if it has them."""
-    if hist is None:
-        return []
-    names = set(getattr(hist, "variables", ()))
-    for var in ("validation_loss", "val_loss"):
-        if var in names:
-            v = hist[var]
-            dim = v.dims[0]
-            it = np.asarray(hist[dim].values, dtype=float)
-            acc_name = var.replace("loss", "accuracy")
-            acc = hist[acc_name].values if acc_name in names else np.full(len(it), math.nan)
-            return [[float(i), float(x), float(a)] for i, x, a in zip(it, v.values, acc)]
-    return []
-
-
-def _version() -> str:
-    return str(__version__)

@@ -33,6 +33,7 @@ __all__ = [
     "loss",
     "accuracy",
     "one_hot",
+    "recipe_summary",
 ]
 
 
@@ -238,3 +239,24 @@ class Validator:
                 f"{self.bad} evaluation(s) (best {self.best:.6g})"
             )
         return None
+
+
+def recipe_summary(rec: Any) -> dict[str, Any]:
+    """The hyperparameters of a :class:`dask_rpm.recipe.Recipe` as a JSON-ready dict."""
+    sched = rec.schedule
+    return {
+        "activation": rec.net.activation,
+        "loss": rec.net.loss,
+        "output": rec.net.output,
+        "bias": rec.net.bias,
+        "optimizer": rec.optimizer._asdict(),
+        "learning_rate": float(rec.learning_rate),
+        "iterations": int(rec.iterations),
+        "batch_size": sched.batch_size,
+        "shuffle": bool(sched.shuffle),
+        "seed": int(sched.seed),
+        "samples": int(sched.samples),
+        "validate_every": rec.validate_every,
+        "early_stopping": rec.patience,
+        "tol": float(rec.tol),
+    }

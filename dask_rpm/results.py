@@ -41,6 +41,7 @@ __all__ = [
     "plans_dataset",
     "plot_plan",
     "plot_result",
+    "validation_rows",
 ]
 
 
@@ -80,67 +81,22 @@ def plans_dataset(plans: Sequence[Any], remaps: Sequence[dict[str, Any]] = ()) -
         if i == 0:
             start, kind = 0, "initial"
         elif len(remaps) == len(plans) - 1:
-            start, kind = (
-                int(remaps[i - 1].get("iteration", -1)),
-                str(remaps[i - 1].get("kind", "remap")),
-            )
+            start = int(remaps[i - 1].get("iteration", -1))
+            kind = str(remaps[i - 1].get("kind", "remap"))
         else:  # cannot tell which remap made which plan
             start, kind = -1, "remap"
-        scalars = {
-            "from_iteration": (
-                (),
-                start,
-                {
-                    "units": "iterations",
-                    "description": "first iteration run with this plan (-1: unknown)",
-                },
-            ),
-            "kind": (
-                (),
-                kind,
-                {"description": "how the plan came about: initial, or the remap kind"},
-            ),
-            "method": ((), plan.method, {"description": "planner that made the plan"}),
-            "n_columns": (
-                (),
-                plan.n_columns,
-                {"units": "1", "description": "number of columns (data-parallel groups)"},
-            ),
-            "t_comm": (
-                (),
-                float(plan.t_comm),
-                {"units": "elements", "description": "the paper's communication cost model"},
-            ),
-            "imbalance": (
-                (),
-                plan.imbalance(),
-                {"units": "1", "description": "largest load; 1 is perfect balance"},
-            ),
-        }
-        ds = ds.assign({k: xr.Variable(*v) for k, v in scalars.items()})
+        ds = ds.assign({k: xr.Variable(*v) for k, v in _plan_scalars(plan, start, kind).items()})
         ds.attrs = {}
         per.append(ds)
+    # a worker index missing from a plan: not planned, no address, no rectangle
+    missing = ("column", "row", "sample_start", "sample_stop", "hidden_start", "hidden_stop")
     out = xr.concat(
         per,
         dim="plan",
         join="outer",
         data_vars="all",
         coords="minimal",
-        fill_value={
-            "planned": False,
-            "address": "",
-            **{
-                k: -1
-                for k in (
-                    "column",
-                    "row",
-                    "sample_start",
-                    "sample_stop",
-                    "hidden_start",
-                    "hidden_stop",
-                )
-            },
-        },
+        fill_value={"planned": False, "address": "", **dict.fromkeys(missing, -1)},
     )
     out = out.assign_coords(
         plan=("plan", np.arange(len(plans)), {"description": "plan number, in the order used"})
@@ -158,6 +114,53 @@ def plans_dataset(plans: Sequence[Any], remaps: Sequence[dict[str, Any]] = ()) -
         "samples": plans[0].samples,
     }
     return out
+
+
+def _plan_scalars(plan: Any, start: int, kind: str) -> dict[str, tuple[Any, ...]]:
+    """The per-plan variables of :func:`plans_dataset`: ``(dims, value, attrs)`` each."""
+    return {
+        "from_iteration": (
+            (),
+            start,
+            {
+                "units": "iterations",
+                "description": "first iteration run with this plan (-1: unknown)",
+            },
+        ),
+        "kind": ((), kind, {"description": "how the plan came about: initial, or the remap kind"}),
+        "method": ((), plan.method, {"description": "planner that made the plan"}),
+        "n_columns": (
+            (),
+            plan.n_columns,
+            {"units": "1", "description": "number of columns (data-parallel groups)"},
+        ),
+        "t_comm": (
+            (),
+            float(plan.t_comm),
+            {"units": "elements", "description": "the paper's communication cost model"},
+        ),
+        "imbalance": (
+            (),
+            plan.imbalance(),
+            {"units": "1", "description": "largest load; 1 is perfect balance"},
+        ),
+    }
+
+
+def validation_rows(hist: Any) -> list[list[float]]:
+    """Validation rows ``(iteration, loss, accuracy)`` from a history Dataset, if it has them."""
+    if hist is None:
+        return []
+    names = set(getattr(hist, "variables", ()))
+    for var in ("validation_loss", "val_loss"):
+        if var in names:
+            v = hist[var]
+            dim = v.dims[0]
+            it = np.asarray(hist[dim].values, dtype=float)
+            acc_name = var.replace("loss", "accuracy")
+            acc = hist[acc_name].values if acc_name in names else np.full(len(it), math.nan)
+            return [[float(i), float(x), float(a)] for i, x, a in zip(it, v.values, acc)]
+    return []
 
 
 # --------------------------------------------------------------------------
@@ -326,12 +329,35 @@ def plot_result(
         shown = [(plans[0], "plan")]
 
     its = np.asarray(h["iteration"].values)
+    _draw_errors(ax_err, h, its, result.remaps)
+    _draw_times(ax_time, h, its, [r.get("iteration") for r in result.remaps])
+
+    starts = [0] + [r.get("iteration") for r in result.remaps]
+    for k, (ax, (plan, what)) in enumerate(zip(plan_axes, shown)):
+        idx = 0 if k == 0 else len(plans) - 1
+        since = (
+            f", from iteration {starts[idx]}"
+            if idx < len(starts) and starts[idx] is not None
+            else ""
+        )
+        plot_plan(plan, ax, title=f"{what}: {plan.method}, {plan.n_columns} column(s){since}")
+
+    title = f"dask_rpm training: {its.size} iterations, {len(plans)} plan(s), {len(result.remaps)} remap(s)"
+    if result.emulation:
+        title += f"\n{result.emulation}"
+    fig.suptitle(title, fontsize=11)
+    if path is not None:
+        _save_atomically(fig, path, dpi=dpi)
+    return fig
+
+
+def _draw_errors(ax_err: Any, h: Any, its: np.ndarray, remaps: Any) -> None:
+    """The error per iteration (log scale when positive), remaps as dashed lines."""
     err = np.asarray(h["error"].values, dtype=float)
     ax_err.plot(its, err, color="black", linewidth=1.5, label="error")
     if err.size and np.all(err[np.isfinite(err)] > 0):
         ax_err.set_yscale("log")
-    remap_its = [r.get("iteration") for r in result.remaps]
-    for r in result.remaps:
+    for r in remaps:
         colour = "tab:red" if r.get("kind") == "whole" else "tab:orange"
         ax_err.axvline(
             r.get("iteration", math.nan),
@@ -347,6 +373,9 @@ def plot_result(
     ax_err.set_ylabel(f"error ({h['error'].attrs.get('units', '1')})")
     ax_err.set_title("error per iteration", fontsize=10)
 
+
+def _draw_times(ax_time: Any, h: Any, its: np.ndarray, remap_its: list[Any]) -> None:
+    """Each worker's compute time per iteration and the iteration time, in ms."""
     compute: Any = sum(
         np.asarray(h[p].values, dtype=float) for p in ("forward", "backward", "modify") if p in h
     )
@@ -378,21 +407,3 @@ def plot_result(
     ax_time.set_ylabel("ms")
     ax_time.set_title("per-worker compute time and iteration time", fontsize=10)
     ax_time.legend(fontsize=7, ncol=2)
-
-    starts = [0] + [r.get("iteration") for r in result.remaps]
-    for k, (ax, (plan, what)) in enumerate(zip(plan_axes, shown)):
-        idx = 0 if k == 0 else len(plans) - 1
-        since = (
-            f", from iteration {starts[idx]}"
-            if idx < len(starts) and starts[idx] is not None
-            else ""
-        )
-        plot_plan(plan, ax, title=f"{what}: {plan.method}, {plan.n_columns} column(s){since}")
-
-    title = f"dask_rpm training: {its.size} iterations, {len(plans)} plan(s), {len(result.remaps)} remap(s)"
-    if result.emulation:
-        title += f"\n{result.emulation}"
-    fig.suptitle(title, fontsize=11)
-    if path is not None:
-        _save_atomically(fig, path, dpi=dpi)
-    return fig

@@ -46,7 +46,7 @@ def _pacer() -> Any:
     """The EMULATED-speed padding (:func:`dask_rpm.emulation.pace`): a no-op on a worker that does
     not emulate a speed. Imported when a block starts, not per kernel call, and not at module
     import, so this module stays free of ``distributed``."""
-    from ..emulation import pace
+    from ..emulation import pace  # here, not at the top: see the docstring
 
     return pace
 
@@ -193,6 +193,15 @@ class _Reporter:
         self.last = time.monotonic()
 
 
+def _column_total(col_errors: list[float]) -> float:
+    """The iteration's error: the columns' errors added in column order, the same on every
+    worker (a fixed order of float additions, so every worker sees the same number)."""
+    total = 0.0
+    for e in col_errors:
+        total += e
+    return total
+
+
 async def run_block(
     state: Any, spec: BlockSpec, log: Any = None, inline_work: float = 2e7
 ) -> BlockResult:
@@ -242,13 +251,10 @@ async def run_block(
     try:
         for it in range(spec.first, spec.first + spec.count):
             state.check_abort(spec.epoch)
-            await state.flush(
-                spec.receive_timeout
-            )  # last iteration's messages are out: buffers are free
-            if not data.ready(
-                it
-            ):  # a new epoch of mini-batches: this column's rows of it (off the event loop)
-                await state.compute(False, data.load, it)
+            # last iteration's messages are out: buffers are free
+            await state.flush(spec.receive_timeout)
+            if not data.ready(it):  # a new epoch of mini-batches: this column's rows of it
+                await state.compute(False, data.load, it)  # (off the event loop)
             x, d = data.batch(it)
             t_f0 = time.monotonic()
             partial = await state.compute(inline, forward, it, x)
@@ -258,9 +264,7 @@ async def run_block(
             dW, dV = await state.compute(inline, backward, it, x, delta2)
             t_b1 = time.monotonic()
             sW, sV, col_errors, ok = await _horizontal(ex, it, dW, dV, sums, err, ok, ex.deadline())
-            total = 0.0
-            for e in col_errors:  # column order: identical on every worker
-                total += e
+            total = _column_total(col_errors)
             if not ok or not math.isfinite(total):
                 status = "diverged"
                 break
