@@ -28,6 +28,7 @@ import numpy as np
 from ._files import atomic_write
 from .partition import Plan
 from .plan_dataset import PLAN_VARS, plan_dataset
+from .records import RemapRecord
 
 _NO_MATPLOTLIB = (
     "{what} needs matplotlib, an optional extra of dask-rpm that is not installed; "
@@ -50,7 +51,7 @@ def plan_from_dataset(ds: Any) -> Plan:
     return Plan.from_dataset(ds)
 
 
-def plans_dataset(plans: Sequence[Any], remaps: Sequence[dict[str, Any]] = ()) -> Any:
+def plans_dataset(plans: Sequence[Any], remaps: Sequence[RemapRecord] = ()) -> Any:
     """Every plan of a run along a ``plan`` dimension (``FitResult.plans_dataset()``).
 
     Parameters

@@ -7,7 +7,9 @@
 #  2. installs dask_rpm with its test and bench extras (pip; torch 2.13 CPU
 #     for the DDP peer of dask-rpm bench);
 #  3. starts the private single-node SLURM on loopback (slurm/local-cluster.sh);
-#  4. runs pytest over every test, including those marked slow, slurm, browser.
+#  4. runs the gates: ruff (format and lint), mypy on the package, import-linter
+#     (layers, the pure layer without distributed, no import cycles; pyproject.toml);
+#  5. runs pytest over every test, including those marked slow, slurm, browser.
 #
 # Extra arguments go to pytest, e.g. `bash tests/run.sh -k engine -x`.
 set -euo pipefail
@@ -36,5 +38,12 @@ if [ "$(id -u)" = 0 ]; then
     # start here is reported by those tests (as failures under CI=true).
     bash slurm/local-cluster.sh start || echo "tests/run.sh: local SLURM did not start; SLURM tests will report it"
 fi
+
+# Gates first: they take seconds and name the file and line of what they refuse.
+echo "tests/run.sh: gates: ruff format, ruff check, mypy, import-linter"
+"$PY" -m ruff format --check --quiet .
+"$PY" -m ruff check --quiet .
+"$PY" -m mypy --no-error-summary
+"$PY" -c "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())"
 
 exec "$PY" -m pytest -m "" "$@"

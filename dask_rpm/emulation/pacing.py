@@ -114,7 +114,7 @@ class EmulationPlugin(WorkerPlugin):
         index: int | None = None,
         pin_blas: bool = False,
         overrun_tolerance: float | None = None,
-        rate: float | None = None,
+        rate: float | Mapping[str, float] | None = None,
     ) -> None:
         self.speed = check_speed(speed)
         rates = {} if rate is None else rate if isinstance(rate, Mapping) else {"float64": rate}
@@ -137,7 +137,7 @@ class EmulationPlugin(WorkerPlugin):
         self.nthreads: int | None = None
         self.t0: float | None = None  # clock origin for ("t", ...) entries
         self.last_iteration: int | None = None
-        self._iter_entry: tuple[int, float] | None = None
+        self._iter_entry: tuple[float, float] | None = None
         self._iter_since = -math.inf
         self._override: float | None = None
         self._override_since = -math.inf

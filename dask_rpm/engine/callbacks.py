@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..partition import Plan
-from ..records import Checkpoint
+from ..records import Checkpoint, RemapRecord
 from .driver import Driver
 from .drpm import jsonable
 from .errors import WorkerLostError
@@ -55,7 +55,7 @@ class BlockInfo:
     iteration: int
     iterations: int
     status: str
-    remaps: list[dict[str, Any]] = field(default_factory=list)
+    remaps: list[RemapRecord] = field(default_factory=list)
 
     @property
     def plan(self) -> Plan:
@@ -117,7 +117,7 @@ async def call(result: Any) -> Any:
 class ProgressCallback(TrainingCallback):
     """The progress bar / log lines (:class:`dask_rpm.progress.Progress`), updated as iterations stream in."""
 
-    def __init__(self, reporter: Any, remaps: list[dict[str, Any]], validator: Any = None) -> None:
+    def __init__(self, reporter: Any, remaps: list[RemapRecord], validator: Any = None) -> None:
         self.reporter = reporter
         self.remaps = remaps
         self.validator = validator
@@ -286,7 +286,7 @@ class DashboardCallback(TrainingCallback):
             driver, []
         )  # what a callback that stopped training saw last (e.g. a validation)
 
-    async def _push(self, driver: Driver, remaps: list[dict[str, Any]]) -> None:
+    async def _push(self, driver: Driver, remaps: list[RemapRecord]) -> None:
         update: dict[str, Any] = {}
         if driver.plan is not self.plan:
             self.plan = driver.plan

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -24,7 +25,7 @@ def _num(v: float) -> float | None:
     return float(v) if np.isfinite(v) else None
 
 
-def jsonable(rec: dict[str, Any]) -> dict[str, Any]:
+def jsonable(rec: Mapping[str, Any]) -> dict[str, Any]:
     return {k: (float(v) if isinstance(v, np.floating) else v) for k, v in rec.items()}
 
 

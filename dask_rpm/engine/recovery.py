@@ -92,6 +92,7 @@ async def rebalance(
     driver.addresses.extend(joined)
     new = whole_plan(driver, note=reason)
     source, at = "columns", driver.iteration
+    rec: RemapRecord
     try:
         rec = await driver.remap(new, "whole", lost=lost)
     except MigrationError:
@@ -111,14 +112,12 @@ async def rebalance(
             "samples_reloaded": len(new.planned_workers),
             "sample_bytes": int(new.samples * (n + l) * np.dtype(driver.dtype).itemsize),
         }
-    rec.update(
-        seconds=time.perf_counter() - t0,
-        reason=reason,
-        lost=lost,
-        joined=joined,
-        recovered_from=source if lost else None,
-        replayed=at - driver.iteration,
-    )
+    rec["seconds"] = time.perf_counter() - t0
+    rec["reason"] = reason
+    rec["lost"] = lost
+    rec["joined"] = joined
+    rec["recovered_from"] = source if lost else None
+    rec["replayed"] = at - driver.iteration
     return rec
 
 

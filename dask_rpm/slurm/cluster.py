@@ -61,9 +61,9 @@ class _MarkFailedOnStart:
 
     async def start(self) -> None:
         try:
-            await super().start()  # type: ignore[misc]
+            await super().start()  # type: ignore[misc]  # a Job class mixin: start is the next class's
         except BaseException:
-            self.status = Status.failed  # type: ignore[attr-defined]
+            self.status = Status.failed
             raise
 
 
@@ -132,7 +132,8 @@ class HeterogeneousSLURMCluster(SLURMCluster):
         # The base class validates job keywords by building one job; give it
         # the first group so the check is real. Its own new_spec is unused.
         super().__init__(n_workers=0, **self._job_options(first, kwargs))
-        self.job_cls = type(self.job_cls.__name__, (_MarkFailedOnStart, self.job_cls), {})
+        # a subclass made here, so that every group shares the start-failure marking
+        self.job_cls = type(self.job_cls.__name__, (_MarkFailedOnStart, self.job_cls), {})  # type: ignore[assignment]
         common = {k: v for k, v in self._job_kwargs.items() if k not in _JOB_FIELDS}
         self._group_specs = {name: self._make_spec(g, common) for name, g in self._groups.items()}
         if submit and any(g.jobs for g in self._groups.values()):
@@ -399,7 +400,7 @@ class HeterogeneousSLURMCluster(SLURMCluster):
             self._set_jobs(name, n)
         return self._apply()
 
-    def scale(
+    def scale(  # type: ignore[override]  # jobs/memory/cores: dask-jobqueue's, refused below
         self,
         n: int | None = None,
         jobs: int = 0,
@@ -419,6 +420,7 @@ class HeterogeneousSLURMCluster(SLURMCluster):
         # applies the change itself: only edit the spec here.
         for name in self._groups:
             self._set_jobs(name, 0)
+        assert self.loop is not None  # a started cluster has its event loop
         self.loop.add_callback(self._correct_state)
         return NoOpAwaitable() if self.asynchronous else None
 
