@@ -47,3 +47,26 @@ def test_registering_twice_keeps_one_plugin_and_its_records():
         assert again[:3] == first[:3] and again[3] == first[3] + 1
         names = client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.plugins))
         assert names.count(PLUGIN_NAME) == 1 and names.count(DASHBOARD_PLUGIN_NAME) == 1
+
+
+def _report_status(dask_scheduler: Any, worker: str, status: str) -> None:
+    """What a worker reports when it pauses or starts to retire (the scheduler's own handler)."""
+    dask_scheduler.handle_worker_status_change(status, worker, stimulus_id="test-status")
+
+
+def test_leaving_names_retiring_and_gone_workers_not_paused_ones() -> None:
+    """The driver asks rpm_leaving who left: a worker retiring gracefully counts at once (the
+    scheduler lists it until it has gone, tens of seconds), a paused one does not."""
+    with dask_rpm.local_cluster([1.0, 1.0, 1.0, 1.0], processes=False) as cluster:
+        with Client(cluster) as client:
+            client.register_plugin(RPMSchedulerPlugin())
+            a, b, c, d = sorted(client.scheduler_info()["workers"])
+            client.run_on_scheduler(_report_status, worker=b, status="paused")
+            client.run_on_scheduler(_report_status, worker=c, status="closing_gracefully")
+            leaving = client.sync(
+                client.scheduler.rpm_leaving, workers=[a, b, c, d, "tcp://10.0.0.1:1"]
+            )
+            assert sorted(leaving) == sorted([c, "tcp://10.0.0.1:1"])
+            client.run_on_scheduler(_report_status, worker=b, status="running")
+            client.run_on_scheduler(_report_status, worker=c, status="running")
+            assert client.sync(client.scheduler.rpm_leaving, workers=[a, b, c, d]) == []

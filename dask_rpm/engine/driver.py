@@ -360,9 +360,9 @@ class Driver:
         return [self.addresses[w] for w in self.plan.planned_workers]
 
     async def _lost(self) -> list[str]:
-        alive = set(await self.client.scheduler.ncores())
+        """Watched workers that left or are leaving (a graceful retirement from outside too)."""
         watch = self._watch if self._watch is not None else set(self._planned_addresses())
-        return sorted(watch - alive)
+        return sorted(await self.client.scheduler.rpm_leaving(workers=sorted(watch)))
 
     async def _raise_lost(self, iteration: int, grace: float = 0.0) -> None:
         """Raise :class:`WorkerLostError` if a planned worker left (waiting up to ``grace`` s to notice)."""

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict, deque
+from collections.abc import Sequence
 from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
@@ -37,6 +38,8 @@ __all__ = ["RPMSchedulerPlugin", "PLUGIN_NAME", "TOPIC"]
 
 PLUGIN_NAME = "rpm"
 TOPIC = "rpm"
+#: worker statuses the driver counts as lost (distributed.core.Status names)
+_LEAVING = frozenset({"closing_gracefully", "closing", "closed", "stopping", "stopped", "failed"})
 
 
 class _Run:
@@ -84,6 +87,7 @@ class RPMSchedulerPlugin(SchedulerPlugin):
                 "rpm_pull": self.pull,
                 "rpm_update": self.update,
                 "rpm_state": self.state,
+                "rpm_leaving": self.leaving,
             }
         )
 
@@ -135,6 +139,21 @@ class RPMSchedulerPlugin(SchedulerPlugin):
             else:
                 rec.info[k] = v
         rec.updated = time.time()
+
+    def leaving(self, workers: Sequence[str] = ()) -> list[str]:
+        """Of ``workers``, those gone or on their way out: retiring gracefully
+        (``client.retire_workers``, an adaptive scale-down), closing or closed.
+
+        The scheduler lists a retiring worker until it has left, which can take tens of seconds;
+        the driver treats it as lost at once. A *paused* worker (memory pressure) is still a
+        member: it resumes, and its shard is still there.
+        """
+        out = []
+        for addr in workers:
+            ws = self.scheduler.workers.get(addr)
+            if ws is None or ws.status.name in _LEAVING:
+                out.append(addr)
+        return out
 
     def state(self, run: str | None = None) -> dict[str, Any]:
         """JSON-able state of one run (default: the most recently updated)."""
