@@ -401,7 +401,7 @@ def _document(qualname: str, obj: Any, level: int = 3) -> str:
                 )
             else:
                 out.append(f"\n{'#' * (level + 1)} `{qualname}.{name}{_signature(member)}`\n\n")
-                out.append(_numpydoc_to_markdown(inspect.getdoc(member)) + "\n")
+                out.append(_numpydoc_to_markdown(inspect.getdoc(member) or "") + "\n")
     return "".join(out)
 
 

@@ -309,7 +309,7 @@ def run_ddp_method(
     if not ok:
         return MethodResult(skipped=why)
     step = None
-    if case.step_worker is not None:
+    if case.step_worker is not None and case.step_at is not None:
         step = (case.step_worker, int(case.step_at), STEP_FACTOR)
     t0 = time.perf_counter()
     res = run_ddp(

@@ -100,14 +100,14 @@ class BenchCase:
         return self.samples if self.batch_size is None else min(self.batch_size, self.samples)
 
     def schedule(self) -> dict[int, list[tuple[int, float]]] | None:
-        if self.step_worker is None:
+        if self.step_worker is None or self.step_at is None:
             return None
         return {
             self.step_worker: [(int(self.step_at), self.speeds[self.step_worker] / STEP_FACTOR)]
         }
 
 
-def gamma(seconds_parallel: float, series_seconds: Sequence[float]) -> float:
+def gamma(seconds_parallel: float, series_seconds: Sequence[float] | np.ndarray) -> float:
     """Parallel efficiency ``(1 / T_parallel) / sum_i (1 / T_series(i))`` (SPEC section 7)."""
     ts = np.asarray(series_seconds, dtype=float)
     if (
@@ -235,9 +235,12 @@ def check_batch_sizes(
                 f"batch size {b!r}: give whole numbers of samples per mini-batch, e.g. 256,1024,4096"
             )
         for wl in takers:
-            if wl == "custom" and custom is None:
-                continue  # reported by check_arguments
-            s_ = custom[3] if wl == "custom" else WORKLOADS[wl][3]
+            if wl == "custom":
+                if custom is None:
+                    continue  # reported by check_arguments
+                s_ = custom[3]
+            else:
+                s_ = WORKLOADS[wl][3]
             if b > s_:
                 raise BenchError(
                     f"batch size {b} is larger than the {wl} workload's {s_} samples; give at most "

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
-from typing import Any
+from typing import Any, overload
 
 __all__ = [
     "PROG",
@@ -42,6 +42,10 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {msg} (see {self.prog} --help)\n")
 
 
+@overload
+def int_option(name: str, value: str) -> int: ...
+@overload
+def int_option(name: str, value: None) -> None: ...
 def int_option(name: str, value: str | None) -> int | None:
     """``value`` as an int (None stays None); :class:`CLIError` naming ``name`` otherwise."""
     if value is None:

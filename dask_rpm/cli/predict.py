@@ -159,11 +159,7 @@ def run(args: argparse.Namespace) -> int:
         ds = predictions_dataset(model, x)
         score = None
         if d is not None and d.ndim == 2 and len(d) == len(x):
-            truth = (
-                model.classes[np.argmax(d, axis=1)]
-                if model.is_classifier and d.shape[1] == len(model.classes)
-                else (d if not model.is_classifier and d.shape[1] == model.n_outputs else None)
-            )
+            truth = _truth(model, d)
             if truth is not None:
                 score = model.score(x, truth)
     except ModelError as e:
@@ -181,11 +177,21 @@ def run(args: argparse.Namespace) -> int:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*invalid netcdf features.*")
         atomic_to_netcdf(ds, output)
-    kind = (
-        f"classifier of {len(model.classes)} classes" if model.is_classifier else "regression model"
-    )
+    n_classes = 0 if model.classes is None else len(model.classes)
+    kind = f"classifier of {n_classes} classes" if model.is_classifier else "regression model"
     line = f"predicted {len(x)} sample(s) with {os.path.basename(model_path)} ({kind})"
     if score is not None:
         line += f"; {'accuracy' if model.is_classifier else 'R^2'} against d: {score:.4f}"
     print(f"{line}; wrote {output}")
     return 0
+
+
+def _truth(model: MLPModel, d: np.ndarray) -> np.ndarray | None:
+    """The targets ``d`` as :meth:`MLPModel.score` takes them (class labels for a classifier);
+    None when their width does not fit the model."""
+    classes = model.classes
+    if model.is_classifier:
+        if classes is None or d.shape[1] != len(classes):
+            return None
+        return classes[np.argmax(d, axis=1)]
+    return d if d.shape[1] == model.n_outputs else None

@@ -173,8 +173,8 @@ def _measure(
     # imported here: they load distributed (about 0.6 s), which --help and plan need not pay
     from distributed import Client
 
-    from ..emulation import local_cluster
-    from ..probe import probe
+    from ..emulation import local_cluster  # loads distributed: only when the command runs
+    from ..probe import probe  # loads distributed: only when the command runs
 
     def measure(client: Any) -> Any:
         try:

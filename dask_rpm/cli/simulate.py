@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
         if args.check:
             _print_check(args)
             return 0
-        ns = DEFAULT_NS
+        ns = list(DEFAULT_NS)
         if args.ns:
             try:
                 ns = [int(v) for v in args.ns.split(",") if v.strip()]

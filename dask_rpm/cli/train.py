@@ -146,8 +146,8 @@ def run(args: argparse.Namespace) -> int:
 def _run_job(args: argparse.Namespace) -> int:
     """``dask-rpm train --config FILE [--resume] [--overwrite]``."""
     # imported here: a job loads distributed (about 0.6 s), which --help and plan need not pay
-    from ..engine import TrainingError
-    from ..job import JobError, run_job
+    from ..engine import TrainingError  # loads distributed: only when the command runs
+    from ..job import JobError, run_job  # loads distributed: only when the command runs
 
     if args.config is None:
         flag = "--resume" if args.resume else "--overwrite"
