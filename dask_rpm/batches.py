@@ -27,8 +27,9 @@ from typing import NamedTuple
 import numpy as np
 
 from . import config
+from .partition import Plan
 
-__all__ = ["Schedule", "BatchError", "schedule"]
+__all__ = ["batch_plan", "Schedule", "BatchError", "schedule"]
 
 
 class BatchError(ValueError):
@@ -127,3 +128,36 @@ def schedule(
     if not isinstance(shuffle, (bool, np.bool_)):
         raise BatchError(f"shuffle={shuffle!r}; give true or false")
     return Schedule(int(samples), batch_size, bool(shuffle), int(seed))
+
+
+def batch_plan(plan: Plan, batch: int) -> Plan:
+    """The rectangles one iteration on mini-batches of ``batch`` samples works on.
+
+    Column ``c`` with sample range ``[a, b)`` of the whole set takes positions
+    ``[floor(B a / s), floor(B b / s))`` of every batch (:meth:`Schedule.share`), so its share
+    is ``floor(B b / s) - floor(B a / s)`` samples; the hidden cuts do not change. The cost
+    model then charges compute and vertical exchanges for what an iteration really holds.
+    ``batch >= plan.samples`` (full batch) returns ``plan`` itself.
+    """
+    if batch >= plan.samples:
+        return plan
+    s = plan.samples
+    sizes = []
+    for c in range(plan.n_columns):
+        a, b = plan.column_samples(c)
+        sizes.append(batch * b // s - batch * a // s)
+    if min(sizes) < 1:
+        raise ValueError(
+            f"a batch of {batch} samples leaves a column of the plan with no sample; "
+            f"{plan.n_columns} columns need a batch of at least {plan.n_columns} (more is safer)"
+        )
+    hidden = [[plan.rectangle(w).n_hidden for w in col] for col in plan.columns]
+    out = Plan.from_columns(
+        plan.columns,
+        sizes,
+        hidden,
+        abilities=plan.abilities,
+        shape=plan.shape,
+        method=plan.method,
+    )
+    return out.with_workers(list(plan.workers)) if plan.workers is not None else out

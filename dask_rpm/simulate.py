@@ -40,6 +40,7 @@ import numpy as np
 
 from . import config
 from ._files import atomic_write
+from .batches import batch_plan
 from .bench.profiles import true_profile
 from .cost import Network, predict_iteration_seconds
 from .partition import Plan
@@ -259,8 +260,9 @@ def check_against_bench(
 ) -> list[dict]:
     """Predict the measured bench rows of ``srpm-probed``, ``split-1d`` and ``uniform``; rows with the error.
 
-    The plan is the one the run used (stored as JSON), speeds are the measured
-    ``m s / T_series(i)``, latency and bandwidth the probed values of that case
+    The plan is the one the run used (stored as JSON) as one iteration sees it (on mini-batches
+    each column's share of a batch, :func:`dask_rpm.batches.batch_plan`), speeds are the
+    measured ``m B / T_series(i)`` (``B``: samples per iteration), latency and bandwidth the probed values of that case
     unless given.
     """
     import xarray as xr  # see TYPE_CHECKING above
@@ -276,7 +278,9 @@ def check_against_bench(
         n = int(ds["N"].values[c])
         m, s = int(str(ds["shape"].values[c]).split("-")[1]), int(ds["samples"].values[c])
         series = ds["series_seconds"].values[c, :n]
-        rates = m * s / series
+        # one iteration's samples: the mini-batch (T_series times one iteration of it), else all
+        batch = int(ds["batch_size"].values[c]) if "batch_size" in ds.coords else s
+        rates = m * batch / series
         lat = latency if latency is not None else float(ds["latency"].values[c])
         bw = bandwidth if bandwidth is not None else float(ds["bandwidth"].values[c])
         for k, method in enumerate(ds["method"].values.tolist()):
@@ -284,7 +288,7 @@ def check_against_bench(
                 ds["plan"].values[c, k]
             ):
                 continue
-            plan = Plan.from_dict(json.loads(str(ds["plan"].values[c, k])))
+            plan = batch_plan(Plan.from_dict(json.loads(str(ds["plan"].values[c, k]))), batch)
             pred = predict_iteration_seconds(
                 plan,
                 list(rates),

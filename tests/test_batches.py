@@ -49,3 +49,24 @@ def test_epoch_plan_serves_each_iteration_from_a_contiguous_slice():
 def test_bad_batch_sizes_are_refused_naming_the_value(bad):
     with pytest.raises(BatchError, match=f"batch_size={bad!r}"):
         schedule(100, bad)
+
+
+def test_batch_plan_holds_each_columns_share_of_a_batch():
+    """batch_plan: the rectangles of one mini-batch iteration, the shares the engine takes."""
+    from dask_rpm.batches import batch_plan, schedule
+    from dask_rpm.planners import make_plan
+
+    plan = make_plan([1, 2, 3, 5, 8], (6, 40, 3), 1000, "srpm", dp=3)
+    for B in (7, 64, 999):
+        view = batch_plan(plan, B)
+        sched = schedule(1000, batch_size=B, seed=0)
+        assert view.samples == B and view.columns == plan.columns
+        for c in range(plan.n_columns):
+            lo, hi = sched.share(0, plan.column_samples(c))  # the engine's positions
+            a, b = view.column_samples(c)
+            assert b - a == hi - lo
+        for w in plan.planned_workers:
+            assert view.rectangle(w).hidden == plan.rectangle(w).hidden
+    assert batch_plan(plan, 1000) is plan and batch_plan(plan, 5000) is plan
+    with pytest.raises(ValueError, match="leaves a column of the plan with no sample"):
+        batch_plan(plan, 2)

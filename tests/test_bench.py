@@ -228,6 +228,19 @@ def test_minibatch_cases_and_dimension(mini):
     assert sorted({r["batch_size"] for r in rows}) == [32, 64] and len(rows) == 6
 
 
+def test_simulate_check_predicts_the_iterations_of_a_minibatch_bench(mini):
+    """simulate --check on a mini-batch bench: every row predicted from the batch's rectangles."""
+    from dask_rpm.simulate import check_against_bench
+
+    _, paths = mini
+    rows = check_against_bench(paths["netcdf"])
+    assert sorted((r["case"], r["method"]) for r in rows) == [
+        (f"custom/A/N=2/B={b}", m) for b in (32, 64) for m in ("split-1d", "uniform")
+    ]
+    for r in rows:
+        assert r["predicted"] > 0 and r["measured"] > 0 and np.isfinite(r["error"])
+
+
 def test_minibatch_methods_train_the_serial_batches(mini):
     """Every method ends at fit_serial's weights with the same batch size, and the check can tell
     batch sizes apart (a different batch size gives weights far from the reference)."""
