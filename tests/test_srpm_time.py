@@ -196,3 +196,17 @@ def test_link_aware_plan_trains_exactly_like_serial():
     np.testing.assert_allclose(r.W, W, rtol=1e-10, atol=0)
     np.testing.assert_allclose(r.V, V, rtol=1e-10, atol=0)
     np.testing.assert_allclose(r.history["error"].values, err, rtol=1e-10, atol=0)
+
+
+def test_srpm_time_chooses_its_columns_for_one_mini_batch():
+    """make_plan(batch=B) with srpm-time: the columns of a B-sample problem, cut on the set."""
+    ab = [1.0, 1.2, 0.8, 2.0, 1.5, 0.9, 1.1, 1.3]
+    shape, samples, B = (64, 64, 8), 16384, 256
+    net = Network(latency=5e-4, bandwidth=2e8)
+    rates = [2e7 * a for a in ab]
+    full = make_plan(ab, shape, samples, "srpm-time", rates=rates, network=net)
+    one_batch = make_plan(ab, shape, B, "srpm-time", rates=rates, network=net)
+    batched = make_plan(ab, shape, samples, "srpm-time", rates=rates, network=net, batch=B)
+    assert batched.samples == samples
+    assert batched.n_columns == one_batch.n_columns
+    assert full.n_columns != one_batch.n_columns  # the case is one where the batch matters

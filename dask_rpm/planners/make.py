@@ -71,7 +71,7 @@ def make_plan(
     batch
         Samples per iteration when training on mini-batches (``None``: all
         ``samples``, full batch). An iteration then exchanges partial
-        products of ``batch`` samples, not ``samples``, so with ``srpm`` the
+        products of ``batch`` samples, not ``samples``, so with ``srpm`` (and ``srpm-time``) the
         number of columns is chosen for a problem of ``batch`` samples and
         the cuts are then made on ``samples`` (a column takes the same share
         of every mini-batch). Measured on this 2-core machine (EMULATED,
@@ -97,7 +97,9 @@ def make_plan(
     ab = validate_abilities(abilities)
     shape = parse_shape(shape)
     samples = check_count("samples", samples, "give the number of training samples, e.g. 1024")
-    dp = _columns_for_batch(abilities, shape, samples, method, dp, batch, small_group)
+    dp = _columns_for_batch(
+        abilities, shape, samples, method, dp, batch, small_group, rates=rates, network=network
+    )
     if dp is not None:
         dp = check_count(
             "dp", dp, "give the number of columns (data-parallel degree) or leave it out"
@@ -151,6 +153,10 @@ def make_plan(
     return plan
 
 
+#: planners whose number of columns is chosen for one mini-batch (``make_plan(batch=...)``)
+_BATCH_AWARE = ("srpm", "srpm-time")
+
+
 def _columns_for_batch(
     abilities: Sequence[float] | np.ndarray,
     shape: tuple[int, int, int],
@@ -159,8 +165,12 @@ def _columns_for_batch(
     dp: int | None,
     batch: int | None,
     small_group: float | None,
+    *,
+    rates: Sequence[float] | None = None,
+    network: Any = None,
 ) -> int | None:
-    """``dp`` as given, or for SRPM on mini-batches the columns of a one-batch problem.
+    """``dp`` as given, or for SRPM (and ``srpm-time``) on mini-batches the columns of a
+    one-batch problem.
 
     An iteration exchanges the partial products of one batch, so the number of columns is
     chosen for ``batch`` samples; the cuts are then made on the whole set.
@@ -169,11 +179,15 @@ def _columns_for_batch(
         batch is None
         or dp is not None
         or batch >= samples
-        or str(method or config.get("planner.method")) != "srpm"
+        or str(method or config.get("planner.method")) not in _BATCH_AWARE
     ):
         return dp
+    name = str(method or config.get("planner.method"))
     try:
-        return make_plan(abilities, shape, batch, "srpm", small_group=small_group).n_columns
+        one = make_plan(
+            abilities, shape, batch, name, small_group=small_group, rates=rates, network=network
+        )
+        return one.n_columns
     except PlanError:  # a batch too small to plan (fewer samples than columns): plan the set
         return None
 
