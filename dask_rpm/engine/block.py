@@ -202,6 +202,43 @@ def _column_total(col_errors: list[float]) -> float:
     return total
 
 
+class _Kernels:
+    """One block's kernels on this worker's shard, each padded to its EMULATED speed (a no-op
+    on a worker that emulates none)."""
+
+    def __init__(self, state: Any, spec: BlockSpec) -> None:
+        self.ws, self.shard, self.spec = state.kernels(), state.shard, spec
+        self.opt = state.recipe.optimizer
+        n, _, l = state.layout.shape
+        self.dims = (state.layout.n_hidden, n, l)
+        self.pace = _pacer()
+
+    def inline(self, rows: int, inline_work: float) -> bool:
+        """Whether an iteration's kernels are small enough for the event loop."""
+        m, n, l = self.dims
+        work = block_work("forward", rows, m, n, l) + block_work("backward", rows, m, n, l)
+        return work <= inline_work
+
+    def forward(self, it: int, x: np.ndarray) -> np.ndarray:
+        m, n, l = self.dims
+        s = x.shape[0]
+        with self.pace(it, ("forward", s, m, n, l), block_work("forward", s, m, n, l), x.dtype):
+            return self.ws.forward(x, self.shard.W, self.shard.V)
+
+    def backward(self, it: int, x: np.ndarray, delta2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        m, n, l = self.dims
+        s = x.shape[0]
+        with self.pace(it, ("backward", s, m, n, l), block_work("backward", s, m, n, l), x.dtype):
+            return self.ws.backward(x, self.shard.V, delta2)
+
+    def modify(self, it: int, sW: np.ndarray, sV: np.ndarray) -> None:
+        # run where forward and backward run (the compute thread for large work), so that an
+        # EMULATED worker's padding of the update does not hold its event loop either; no
+        # handler touches the shard during a block (rpm_rows serves remaps, between blocks)
+        with self.pace(it, ("modify", self.shard.W.shape)):
+            self.shard.update(sW, sV, self.spec.learning_rate, self.opt, it + 1)
+
+
 async def run_block(
     state: Any, spec: BlockSpec, log: Any = None, inline_work: float = 2e7
 ) -> BlockResult:
@@ -218,29 +255,11 @@ async def run_block(
         )
     state.begin(spec.epoch)
     ex = _Exchange(state, spec)
-    ws = state.kernels()
     data = state.data
     shard = state.shard
     shard.snapshot(spec.first)
-    opt = state.recipe.optimizer
-    n, _, l = lay.shape
-    m = lay.n_hidden
-    inline_rows = data.capacity
-    inline = (
-        block_work("forward", inline_rows, m, n, l) + block_work("backward", inline_rows, m, n, l)
-        <= inline_work
-    )
-    pace = _pacer()
-
-    def forward(it: int, x: np.ndarray) -> np.ndarray:
-        s = x.shape[0]
-        with pace(it, ("forward", s, m, n, l), block_work("forward", s, m, n, l), x.dtype):
-            return ws.forward(x, shard.W, shard.V)
-
-    def backward(it: int, x: np.ndarray, delta2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        s = x.shape[0]
-        with pace(it, ("backward", s, m, n, l), block_work("backward", s, m, n, l), x.dtype):
-            return ws.backward(x, shard.V, delta2)
+    k = _Kernels(state, spec)
+    inline = k.inline(data.capacity, inline_work)
 
     # scratch for the summed updates (one column: the worker's own dW, dV are the sums)
     sums = (np.empty_like(shard.W), np.empty_like(shard.V)) if lay.n_columns > 1 else None
@@ -257,11 +276,11 @@ async def run_block(
                 await state.compute(False, data.load, it)  # (off the event loop)
             x, d = data.batch(it)
             t_f0 = time.monotonic()
-            partial = await state.compute(inline, forward, it, x)
+            partial = await state.compute(inline, k.forward, it, x)
             t_f1 = time.monotonic()
-            delta2, err, ok = await _vertical(ex, it, partial, ws, d, shard.finite, ex.deadline())
+            delta2, err, ok = await _vertical(ex, it, partial, k.ws, d, shard.finite, ex.deadline())
             t_b0 = time.monotonic()
-            dW, dV = await state.compute(inline, backward, it, x, delta2)
+            dW, dV = await state.compute(inline, k.backward, it, x, delta2)
             t_b1 = time.monotonic()
             sW, sV, col_errors, ok = await _horizontal(ex, it, dW, dV, sums, err, ok, ex.deadline())
             total = _column_total(col_errors)
@@ -270,8 +289,7 @@ async def run_block(
                 break
             errors[it] = total
             t_m0 = time.monotonic()
-            with pace(it, ("modify", shard.W.shape)):
-                shard.update(sW, sV, spec.learning_rate, opt, it + 1)
+            await state.compute(inline, k.modify, it, sW, sV)
             t_m1 = time.monotonic()
             state.iteration = it + 1
             rec = TimingRecord(it, lay.worker, t_f0, t_f1, t_b0, t_b1, t_m0, t_m1)
