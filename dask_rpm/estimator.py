@@ -1,4 +1,4 @@
-"""Ability estimation from measured iteration times (DRPM, SPEC section 6).
+"""Ability estimation from measured iteration times (DRPM, docs/method.md §6).
 
 Every iteration each worker reports the work it did (hidden units x samples of
 its rectangle in that iteration) and two times:

@@ -1,4 +1,4 @@
-"""Batch back-propagation kernels for a 3-layer perceptron (SPEC section 1).
+"""Batch back-propagation kernels for a 3-layer perceptron (docs/method.md §1).
 
 Pure numpy; every kernel is a handful of GEMMs over a whole block of samples,
 so the work runs at BLAS speed with no Python loop over samples. The same
@@ -64,8 +64,8 @@ def block_work(kind: str, s: int, m: int, n: int, l: int) -> float:
 
     ``kind`` is ``"forward"`` (:func:`forward_partial`) or ``"backward"``
     (:func:`backward_partial`) on ``s`` samples and ``m`` hidden units of an
-    ``n``-``m``-``l`` network. Both are proportional to ``s * m`` (SPEC
-    section 1), which is what lets EMULATED workers run a block for exactly
+    ``n``-``m``-``l`` network. Both are proportional to ``s * m`` (docs/method.md
+    §1), which is what lets EMULATED workers run a block for exactly
     ``work / (rate * speed)`` seconds, free of the CPU-time noise of a shared
     machine.
     """

@@ -1,7 +1,7 @@
 """The rectangle model: one rectangle of (samples x hidden units) per worker.
 
 The work of one BP iteration is the unit square: samples along the horizontal
-axis, hidden units along the vertical axis (SPEC section 3). A *plan* gives every
+axis, hidden units along the vertical axis (docs/method.md §3). A *plan* gives every
 worker a rectangle ``[s0, s1) x [m0, m1)``. Plans here are *column-fixed*:
 workers in one column share a sample range and split the hidden units, columns
 split the samples.

@@ -1,6 +1,6 @@
 """When to re-map: the paper's threshold rule, a cost rule, and the check interval (DRPM).
 
-Paper rule (``policy="paper"``, SPEC section 6)
+Paper rule (``policy="paper"``, docs/method.md §6)
 -----------------------------------------------
 Every ``R`` iterations compare the fastest and slowest worker's ``t1``:
 

@@ -1,6 +1,6 @@
 """Re-mapping a plan to new abilities, and the weight rows that must move (DRPM).
 
-Two kinds of remap (SPEC section 6):
+Two kinds of remap (docs/method.md §6):
 
 * :func:`column_remap` keeps the number of columns ``C``, every ``k(c)``, the
   worker order and the excluded workers; only the column widths and the row

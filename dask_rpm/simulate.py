@@ -82,7 +82,7 @@ class SimulateError(ValueError):
 def speeds_for(distribution: str, n: int, *, seed: int = 0) -> np.ndarray:
     """Relative speeds of ``n`` workers.
 
-    ``equal``; ``A`` / ``B`` (the bench's EMULATED truth of SPEC section 7,
+    ``equal``; ``A`` / ``B`` (the bench's EMULATED truth of docs/method.md §8,
     repeated); ``uniform:LO,HI`` (seeded random); ``two:FRACTION,SLOW``
     (that fraction of workers at speed SLOW, the rest at 1).
     """

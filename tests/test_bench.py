@@ -60,7 +60,7 @@ def test_dataset_schema(run):
     ):
         assert var in ds
     assert "EMULATED" in ds.attrs["title"] and "EMULATED" in str(ds["emulation_label"].values[0])
-    # the emulated truth is the SPEC profile with 0.63 -> 0.5; the first two values stay
+    # the emulated truth is the profile of docs/method.md §8 with 0.63 -> 0.5; the first two values stay
     assert ds["speed"].values[0, :2].tolist() == [0.25, 0.31]
 
 

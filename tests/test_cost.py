@@ -34,7 +34,7 @@ def _no_message_overhead():
 
 
 def test_t_comm_model_worked_example_values():
-    # C=2 with k=(3, 2), widths 0.35 / 0.65 (SPEC section 4)
+    # C=2 with k=(3, 2), widths 0.35 / 0.65 (docs/method.md §5)
     assert t_comm_model([0.35, 0.65], [3, 2], SHAPE, 1024) == pytest.approx(73913.6)
     assert t_comm_model([1.0], [5], SHAPE, 1024) == pytest.approx(212992.0)
     assert t_comm_model([0.05, 0.10, 0.20, 0.30, 0.35], [1] * 5, SHAPE, 1024) == pytest.approx(

@@ -207,7 +207,7 @@ def _interleaved_medians(client, x, d, arms: dict, *, rounds: int = 3, iteration
 
 @pytest.mark.slow
 def test_condition_a_without_initial_abilities_recovers_speeds(record_property):
-    """SPEC section 7, condition A, 4 workers: estimates within 10 %, time within 15 % of SRPM with true speeds.
+    """docs/method.md §8, condition A, 4 workers: estimates within 10 %, time within 15 % of SRPM with true speeds.
 
     DRPM starts uniform, checks at iteration 20 and remaps once (whole); its
     plan from then on is ``r.plan``. That plan and SRPM on the true speeds are

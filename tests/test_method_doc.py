@@ -159,3 +159,19 @@ def test_links_to_other_pages_resolve():
         if anchor:
             headings = re.findall(r"^#+ (.+)$", path.read_text(encoding="utf-8"), flags=re.M)
             assert anchor in {_slug(h) for h in headings}, f"{page} has no heading #{anchor}"
+
+
+def test_code_and_docs_cite_existing_sections_of_this_page():
+    numbers = {int(v) for v in re.findall(r"^## (\d+)\. ", TEXT, flags=re.M)}
+    files = [*(ROOT / "dask_rpm").rglob("*.py"), *(ROOT / "docs").glob("*.md")]
+    cited = 0
+    for path in files:
+        text = path.read_text(encoding="utf-8")
+        assert not re.search(r"SPEC\s+(section|§)", text), (
+            f"{path.relative_to(ROOT)} cites the SPEC, which is not in this repository: "
+            f"cite docs/method.md §N instead"
+        )
+        for ref in re.findall(r"method\.md\s+§(\d+)", text):
+            assert int(ref) in numbers, f"{path.relative_to(ROOT)} cites method.md §{ref}"
+            cited += 1
+    assert cited >= 15, "the code's references to the method description were lost"

@@ -287,11 +287,11 @@ def test_srpm_dp_forces_columns():
 
 
 # ---------------------------------------------------------------- baselines
-SPEC_AB = [1.0, 1.5, 2.0, 2.5, 3.0, 3.5]
+PAPER_AB = [1.0, 1.5, 2.0, 2.5, 3.0, 3.5]  # the H / H_rev illustration, docs/method.md §7
 
 
 def test_spec_example_grid_h_and_hrev():
-    p = np.array(SPEC_AB) / sum(SPEC_AB)
+    p = np.array(PAPER_AB) / sum(PAPER_AB)
     h = grid_h(p, (10, 60, 3), 700, dp=2).partition
     r = grid_hrev(p, (10, 60, 3), 700, dp=2).partition
     for part in (h, r):
@@ -306,13 +306,13 @@ def test_spec_example_grid_h_and_hrev():
 def test_paper_figure_10_hrev_with_three_groups():
     # Conference paper Fig. 10: N=6, N_DP=3, abilities 1..3.5 -> widths
     # 0.167 / 0.333 / 0.500, rows 0.40 / 0.60.
-    part = grid_hrev(np.array(SPEC_AB) / sum(SPEC_AB), (10, 60, 3), 600, dp=3).partition
+    part = grid_hrev(np.array(PAPER_AB) / sum(PAPER_AB), (10, 60, 3), 600, dp=3).partition
     np.testing.assert_allclose(part.widths, [1 / 6, 2 / 6, 3 / 6])
     np.testing.assert_allclose(part.heights, [[0.4, 0.6]] * 3)
 
 
 def test_grid_integer_plan_keeps_a_regular_grid():
-    plan = make_plan(SPEC_AB, (10, 60, 3), 700, "grid-hrev", dp=2)
+    plan = make_plan(PAPER_AB, (10, 60, 3), 700, "grid-hrev", dp=2)
     rows = [[plan.rectangle(w).hidden for w in col] for col in plan.columns]
     assert rows[0] == rows[1] == [(0, 13), (13, 33), (33, 60)]
     assert plan.column_samples(0) == (0, 200)
@@ -320,14 +320,14 @@ def test_grid_integer_plan_keeps_a_regular_grid():
 
 def test_grid_alias():
     assert PLANNERS["grid"] is PLANNERS["grid-hrev"]
-    plan = make_plan(SPEC_AB, (10, 60, 3), 700, "grid", dp=2)
+    plan = make_plan(PAPER_AB, (10, 60, 3), 700, "grid", dp=2)
     assert plan.method == "grid-hrev"
 
 
 @pytest.mark.parametrize("method", ["uniform", "grid-h", "grid-hrev"])
 def test_dp_must_divide_n(method):
     with pytest.raises(PlanError, match=r"dp=4 does not divide the 6 workers.*1, 2, 3, 6"):
-        make_plan(SPEC_AB, (10, 60, 3), 700, method, dp=4)
+        make_plan(PAPER_AB, (10, 60, 3), 700, method, dp=4)
 
 
 @pytest.mark.parametrize(

@@ -415,7 +415,7 @@ def test_whole_remap_replans_with_srpm():
     new = whole_remap(plan, ab).validate()
     assert new.method == "srpm" and new.notes[-1] == "whole remap"
     assert new.workers == tuple(ws)
-    # The SPEC's worked example: C = 2, k = (3, 2).
+    # The paper's worked example (docs/method.md §5): C = 2, k = (3, 2).
     assert [len(c) for c in new.columns] == [3, 2]
     check_migration(plan, new, migration(plan, new))
     # Same answer from an address-keyed mapping.

@@ -1,6 +1,6 @@
 """``dask-rpm bench``: every mapping method side by side on EMULATED heterogeneous workers.
 
-Reproduces the paper's efficiency experiment (SPEC section 7) on
+Reproduces the paper's efficiency experiment (docs/method.md §8) on
 :func:`dask_rpm.local_cluster` and measures it against what users run today.
 **All figures are EMULATED heterogeneity on one machine**: every worker runs on
 the same cores and slow workers sleep in proportion to the CPU time they used
@@ -18,7 +18,7 @@ run on that cluster:
    ``uniform``       method 1, equal work (heterogeneity ignored), best N_DP
    ``hrev``          method H_rev on the assumed abilities, best N_DP
    ``srpm-assumed``  SRPM on the paper's *assumed* abilities (clock and job
-                     count: the SPEC profile), not the emulated truth
+                     count, docs/method.md §8), not the emulated truth
    ``srpm-probed``   SRPM on abilities measured by :func:`dask_rpm.probe.probe`
    ``drpm-init``     DRPM starting from SRPM on the assumed abilities
    ``drpm``          DRPM without initial abilities (starts uniform)
@@ -28,7 +28,7 @@ run on that cluster:
                      speeds; needs torch (``pip install .[bench]``), else skipped
    ================  ============================================================
 
-Truth versus assumption: the SPEC profiles are what the paper *assumed*
+Truth versus assumption: the profiles of docs/method.md §8 are what the paper *assumed*
 (0.63 for a Pentium III 500 MHz against 800 MHz = 1.0); the paper then
 *measured* about 0.5 for those machines (condition B estimates 0.49-0.52). The
 emulated truth is therefore the profile with every 0.63 replaced by 0.5;

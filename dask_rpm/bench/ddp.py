@@ -154,7 +154,7 @@ def _train_rank(rank: int, cfg: dict[str, Any], model: Any, pacer: _Pacer) -> di
         pacer.start(int(x.shape[0]))
         opt.zero_grad(set_to_none=True)
         h = model(x)
-        # DDP averages gradients over ranks; x world makes it the batch sum (SPEC section 1).
+        # DDP averages gradients over ranks; x world makes it the batch sum (docs/method.md §1).
         loss = 0.5 * ((h - d) ** 2).sum()
         (loss * world).backward()
         opt.step()

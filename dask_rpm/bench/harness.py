@@ -489,7 +489,7 @@ def run_bench(
     workloads
         Names in :data:`~dask_rpm.bench.profiles.WORKLOADS`, or ``"custom"`` with ``custom=(n, m, l, s)``.
     conditions
-        ``"A"``, ``"B"``, ``"A-step"``, ``"B-step"`` (SPEC section 7; ``-step``:
+        ``"A"``, ``"B"``, ``"A-step"``, ``"B-step"`` (docs/method.md §8; ``-step``:
         the fastest worker slows 3x from iteration ``step_at``).
     ns
         Worker counts, 1..8 (the first N values of the profile).

@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 
-#: SPEC section 7: the paper's assumed ability profiles (use the first N).
+#: docs/method.md §8: the paper's assumed ability profiles (use the first N).
 CONDITIONS: dict[str, tuple[float, ...]] = {
     "A": (0.25, 0.31, 0.63, 1.0, 1.0, 0.42, 0.67, 0.63),
     "B": (0.63, 0.63, 0.63, 1.0, 0.63, 1.0, 1.0, 0.63),
@@ -108,7 +108,7 @@ class BenchCase:
 
 
 def gamma(seconds_parallel: float, series_seconds: Sequence[float] | np.ndarray) -> float:
-    """Parallel efficiency ``(1 / T_parallel) / sum_i (1 / T_series(i))`` (SPEC section 7)."""
+    """Parallel efficiency ``(1 / T_parallel) / sum_i (1 / T_series(i))`` (docs/method.md §8)."""
     ts = np.asarray(series_seconds, dtype=float)
     if (
         not (np.isfinite(seconds_parallel) and seconds_parallel > 0)

@@ -35,7 +35,7 @@ def t_comm_partition(part: RealPartition, shape: tuple[int, int, int], samples: 
 
 
 def t_comm(plan: Plan) -> float:
-    """The paper's communication cost of an integer plan, in elements (SPEC section 3).
+    """The paper's communication cost of an integer plan, in elements (docs/method.md §4).
 
     ``2 l s max_c(s_c* (k(c) - 1)) + 2 (l + n) m (C - 1)`` where ``s_c*`` is the
     column's sample fraction and ``k(c)`` its number of workers.
@@ -187,7 +187,7 @@ def predict_breakdown(
     Model (alpha-beta per message, everything in seconds):
 
     * compute of worker ``i``: ``area_i / speed_i``, ``area_i`` = hidden units x
-      samples of its rectangle (the work unit of SPEC section 1);
+      samples of its rectangle (the work unit of docs/method.md §1);
     * vertical exchange of column ``c`` (``k`` workers): an allreduce of the
       ``l x s_c`` partial products. ``vertical="engine"`` (default
       ``rpm.cost.vertical``) charges what the engine does

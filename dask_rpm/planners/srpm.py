@@ -336,7 +336,7 @@ def srpm_dp_reference(
     max_per_column: int | None = None,
     columns: int | None = None,
 ) -> SRPMResult:
-    """The plain ``O(N^3)`` DP of SPEC section 4, kept as a reference for tests.
+    """The plain ``O(N^3)`` DP of docs/method.md §5, kept as a reference for tests.
 
     Same inputs, float operations and tie rules as :func:`srpm_dp`: for each
     ``(C, q)`` the smallest minimising ``q'``, and the smallest minimising ``C``.
@@ -404,7 +404,7 @@ def _srpm_partition(p: np.ndarray, res: SRPMResult) -> RealPartition:
 def srpm(
     abilities: np.ndarray, shape: tuple[int, int, int], samples: int, *, dp: int | None = None
 ) -> PlannerResult:
-    """SRPM planner (SPEC section 4); ``dp`` forces the number of columns.
+    """SRPM planner (docs/method.md §5); ``dp`` forces the number of columns.
 
     ``t_comm`` and ``t_comm_by_columns`` are the model values of the real-valued
     partition, before small-group snapping and integer rounding (neither changes

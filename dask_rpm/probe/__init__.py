@@ -4,7 +4,7 @@
 work of one rectangle) on every worker at once and returns each worker's
 throughput in *work units per second*, a work unit being one (hidden unit x
 sample) pair of a rectangle, the unit in which the planner measures area
-(SPEC section 3). ``dask_rpm.fit(..., abilities="probe")`` uses these
+(docs/method.md §3). ``dask_rpm.fit(..., abilities="probe")`` uses these
 throughputs as the initial abilities.
 
 How the kernel probe is sized
