@@ -29,7 +29,7 @@ import numpy as np
 from . import config
 from .partition import Plan
 
-__all__ = ["batch_plan", "Schedule", "BatchError", "schedule"]
+__all__ = ["batch_plan", "column_share", "Schedule", "BatchError", "schedule"]
 
 
 class BatchError(ValueError):
@@ -75,9 +75,8 @@ class Schedule(NamedTuple):
     def share(self, iteration: int, cut: tuple[int, int]) -> tuple[int, int]:
         """Positions of the epoch order that the column with samples ``cut`` takes in ``iteration``."""
         lo, hi = self.positions(iteration)
-        size = hi - lo
-        a, b = cut
-        return lo + size * a // self.samples, lo + size * b // self.samples
+        a, b = column_share(hi - lo, cut, self.samples)
+        return lo + a, lo + b
 
     def indices(self, iteration: int, cut: tuple[int, int] | None = None) -> np.ndarray:
         """Sample indices of ``iteration`` (of the column with samples ``cut``, if given)."""
@@ -130,6 +129,13 @@ def schedule(
     return Schedule(int(samples), batch_size, bool(shuffle), int(seed))
 
 
+def column_share(size: int, cut: tuple[int, int], samples: int) -> tuple[int, int]:
+    """Positions ``[floor(size a / s), floor(size b / s))`` of a batch of ``size`` that the
+    column with samples ``cut = [a, b)`` of ``s`` takes (shares of adjacent columns tile it)."""
+    a, b = cut
+    return size * a // samples, size * b // samples
+
+
 def batch_plan(plan: Plan, batch: int) -> Plan:
     """The rectangles one iteration on mini-batches of ``batch`` samples works on.
 
@@ -141,11 +147,10 @@ def batch_plan(plan: Plan, batch: int) -> Plan:
     """
     if batch >= plan.samples:
         return plan
-    s = plan.samples
     sizes = []
     for c in range(plan.n_columns):
-        a, b = plan.column_samples(c)
-        sizes.append(batch * b // s - batch * a // s)
+        a, b = column_share(batch, plan.column_samples(c), plan.samples)
+        sizes.append(b - a)
     if min(sizes) < 1:
         raise ValueError(
             f"a batch of {batch} samples leaves a column of the plan with no sample; "

@@ -29,6 +29,7 @@ from .kernels import forward_partial, sigmoid
 from .ordering import ordered_workers
 from .partition import Plan
 from .planners import parse_shape
+from .real_partition import count_noun
 
 __all__ = ["DemoSettings", "demo_data", "demo_settings", "run_demo"]
 
@@ -203,10 +204,6 @@ def _summary(
     return summary
 
 
-def _plural(k: int, word: str) -> str:
-    return f"{k} {word}{'' if k == 1 else 's'}"
-
-
 def _print_summary(result: Any, summary: dict[str, Any], check: Any, out: Any) -> None:
     for r in result.remaps:
         print(
@@ -217,12 +214,14 @@ def _print_summary(result: Any, summary: dict[str, Any], check: Any, out: Any) -
     k = summary["workers"]
     print(
         f"trained {summary['network']} on {summary['samples']} samples for {summary['iterations']} iterations on "
-        f"{_plural(k, 'EMULATED worker')}: error {summary['initial_error']:.4f} -> "
+        f"{count_noun(k, 'EMULATED worker')}: error {summary['initial_error']:.4f} -> "
         f"{summary['final_error']:.4f}, {summary['seconds_per_iteration'] * 1e3:.1f} ms/iteration "
         f"({summary['wall_seconds']:.1f} s wall incl. cluster start)",
         file=out,
     )
-    print(f"final plan (after {_plural(len(result.remaps), 'remap')}): {result.plan!r}", file=out)
+    print(
+        f"final plan (after {count_noun(len(result.remaps), 'remap')}): {result.plan!r}", file=out
+    )
     for line in check.lines():
         print(line, file=out)
     if "gamma" in summary:

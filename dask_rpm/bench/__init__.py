@@ -63,8 +63,8 @@ The package's modules: :mod:`~dask_rpm.bench.profiles` (the profiles,
 workloads, methods and cases; pure), :mod:`~dask_rpm.bench.harness` (the runs
 on the EMULATED cluster), :mod:`~dask_rpm.bench.ddp` (the PyTorch peer) and
 :mod:`~dask_rpm.bench.report` (the dataset and the files). Their public names
-are also reachable here, imported on first use, so ``import
-dask_rpm.bench.profiles`` loads neither ``distributed`` nor torch.
+are also reachable here: the pure profiles' at once, the others imported on first use,
+so ``import dask_rpm.bench`` loads neither ``distributed`` nor torch.
 """
 
 from __future__ import annotations
@@ -72,30 +72,29 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-#: public name -> the submodule that defines it (imported on first use, PEP 562)
+from .profiles import (  # pure and light (numpy only): imported at once
+    ASSUMED_TO_TRUE,
+    CONDITIONS,
+    MAX_N,
+    METHODS,
+    MINIBATCH_METHODS,
+    MINIBATCH_SIZES,
+    STEP_FACTOR,
+    WORKLOADS,
+    BenchCase,
+    BenchError,
+    bench_learning_rate,
+    gamma,
+    make_cases,
+    steady_seconds,
+    true_profile,
+    weights_difference,
+    workload_batch_sizes,
+)
+
+#: public name -> the submodule that defines it (imported on first use, PEP 562): the
+#: harness, the DDP peer and the report need distributed, torch or xarray
 _LAZY = {
-    **dict.fromkeys(
-        (
-            "CONDITIONS",
-            "ASSUMED_TO_TRUE",
-            "WORKLOADS",
-            "MINIBATCH_SIZES",
-            "MINIBATCH_METHODS",
-            "METHODS",
-            "STEP_FACTOR",
-            "MAX_N",
-            "BenchError",
-            "BenchCase",
-            "gamma",
-            "steady_seconds",
-            "true_profile",
-            "workload_batch_sizes",
-            "make_cases",
-            "bench_learning_rate",
-            "weights_difference",
-        ),
-        "profiles",
-    ),
     **dict.fromkeys(("run_bench", "run_case", "serial_reference", "Progress"), "harness"),
     **dict.fromkeys(("run_ddp", "run_ddp_method", "torch_available"), "ddp"),
     **dict.fromkeys(
@@ -128,25 +127,6 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports these
     from .ddp import run_ddp, run_ddp_method, torch_available
     from .harness import Progress, run_bench, run_case, serial_reference
-    from .profiles import (
-        ASSUMED_TO_TRUE,
-        CONDITIONS,
-        MAX_N,
-        METHODS,
-        MINIBATCH_METHODS,
-        MINIBATCH_SIZES,
-        STEP_FACTOR,
-        WORKLOADS,
-        BenchCase,
-        BenchError,
-        bench_learning_rate,
-        gamma,
-        make_cases,
-        steady_seconds,
-        true_profile,
-        weights_difference,
-        workload_batch_sizes,
-    )
     from .report import (
         CaseResult,
         MethodResult,

@@ -23,7 +23,6 @@ __all__ = [
     "split_list",
     "join_dashed_values",
     "subcommand_names",
-    "plural",
 ]
 
 #: How the command is spelled when started as a console script.
@@ -116,8 +115,3 @@ def subcommand_names(parser: argparse.ArgumentParser) -> list[str]:
         if isinstance(action, argparse._SubParsersAction):
             return list(action.choices)
     return []
-
-
-def plural(k: int, noun: str) -> str:
-    """``1 worker``, ``2 workers``: counts in lines people read."""
-    return f"{k} {noun}{'' if k == 1 else 's'}"

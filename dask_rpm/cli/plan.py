@@ -15,7 +15,8 @@ from typing import Any
 
 from ..partition import round_cuts
 from ..planners import PLANNERS, make_plan, parse_shape
-from ._common import PROG, CLIError, float_option, int_option, plural
+from ..real_partition import count_noun
+from ._common import PROG, CLIError, float_option, int_option
 
 __all__ = [
     "add_parser",
@@ -212,7 +213,7 @@ def format_plan(plan: Any, *, draw: bool = True, width: int = 64) -> str:
     """Human-readable report of a plan, optionally with an ASCII drawing."""
     n, m, l = plan.shape
     out = [
-        f"{plan.method} plan: {plural(len(plan.rectangles), 'worker')} in {plural(plan.n_columns, 'column')}; "
+        f"{plan.method} plan: {count_noun(len(plan.rectangles), 'worker')} in {count_noun(plan.n_columns, 'column')}; "
         f"s={plan.samples} samples, n-m-l={n}-{m}-{l}",
         "",
     ]

@@ -156,7 +156,7 @@ class Driver:
             [fut] = await self.client.scatter([obj], workers=[self.addresses[w]], hash=False)
         except Exception:
             deadline = time.monotonic() + 2.0  # the scheduler may take a moment to see it gone
-            while self.addresses[w] in set(await self.client.scheduler.ncores()):
+            while not await self._leaving([self.addresses[w]]):
                 if time.monotonic() >= deadline:
                     raise
                 await asyncio.sleep(0.1)
@@ -362,7 +362,11 @@ class Driver:
     async def _lost(self) -> list[str]:
         """Watched workers that left or are leaving (a graceful retirement from outside too)."""
         watch = self._watch if self._watch is not None else set(self._planned_addresses())
-        return sorted(await self.client.scheduler.rpm_leaving(workers=sorted(watch)))
+        return await self._leaving(sorted(watch))
+
+    async def _leaving(self, addresses: Sequence[str]) -> list[str]:
+        """Of ``addresses``, the workers gone or retiring (the scheduler plugin's ``rpm_leaving``)."""
+        return sorted(await self.client.scheduler.rpm_leaving(workers=list(addresses)))
 
     async def _raise_lost(self, iteration: int, grace: float = 0.0) -> None:
         """Raise :class:`WorkerLostError` if a planned worker left (waiting up to ``grace`` s to notice)."""

@@ -175,14 +175,9 @@ def _columns_for_batch(
     An iteration exchanges the partial products of one batch, so the number of columns is
     chosen for ``batch`` samples; the cuts are then made on the whole set.
     """
-    if (
-        batch is None
-        or dp is not None
-        or batch >= samples
-        or str(method or config.get("planner.method")) not in _BATCH_AWARE
-    ):
-        return dp
     name = str(method or config.get("planner.method"))
+    if batch is None or dp is not None or batch >= samples or name not in _BATCH_AWARE:
+        return dp
     try:
         one = make_plan(
             abilities, shape, batch, name, small_group=small_group, rates=rates, network=network
