@@ -20,6 +20,7 @@ from distributed import Client, LocalCluster, get_task_stream
 
 import dask_rpm
 from dask_rpm.probe import probe
+from dask_rpm.probe.driver import clean_seconds
 
 SPEEDS = (1.0, 0.5, 0.25)
 SCALE = 0.25  # fraction of a core for speed 1.0; all three need 0.44 cores
@@ -68,6 +69,7 @@ def test_probe_recovers_emulated_speed_ratios_within_10_percent(emulated, shape,
                 _ratio_error(ds),
                 ds["throughput"].values / ds["throughput"].values[0],
                 ds.attrs["probe_seconds"],
+                ds["overruns"].values.tolist(),
             )
         )
         return attempts[-1][0] < 0.10
@@ -78,10 +80,24 @@ def test_probe_recovers_emulated_speed_ratios_within_10_percent(emulated, shape,
             with Client(cluster) as client:
                 ok = any(attempt(client) for _ in range(2))
     assert ok, (
-        f"measured speed ratios {[np.round(a[1], 3).tolist() for a in attempts]} vs {SPEEDS} "
+        f"measured speed ratios {[np.round(a[1], 3).tolist() for a in attempts]} vs {SPEEDS}, "
+        f"overrun repetitions per worker {[a[3] for a in attempts]} "
         f"(load average {os.getloadavg()[0]:.1f})"
     )
     assert all(a[2] < 5.0 for a in attempts), attempts
+
+
+def test_clean_seconds_drops_overrun_repetitions_while_at_least_half_stay():
+    nan = np.nan
+    seconds = np.array([[1.0, 1.0, 1.0], [9.0, 9.0, 1.0], [1.1, 9.0, nan], [9.0, 9.0, nan]])
+    overran = np.array([[0, 0, 0], [1, 1, 0], [0, 1, 0], [1, 1, 0]], dtype=bool)
+    out = clean_seconds(seconds, overran)
+    # worker 0: two of four overran -> dropped; worker 1: three of four -> all kept
+    # (the load is then its speed); worker 2: none overran, the skipped stay NaN
+    np.testing.assert_array_equal(out[:, 0], [1.0, nan, 1.1, nan])
+    np.testing.assert_array_equal(out[:, 1], seconds[:, 1])
+    np.testing.assert_array_equal(out[:, 2], seconds[:, 2])
+    assert np.isfinite(seconds).sum() == 10  # the input is not modified
 
 
 # ---------------------------------------------------------------- structure
@@ -103,11 +119,19 @@ def test_dataset_structure_and_units(probed):
     assert ds.sizes["repeat"] == dask_rpm.config.get("probe.repeats")
     assert np.all(ds["throughput"].values > 0) and np.all(np.isfinite(ds["throughput"].values))
     assert ds["ability"].sum() == pytest.approx(1.0)
-    # throughput = work per repetition / mean repetition time with 1/8 cut at each end
-    sec = np.sort(ds["seconds"].values, axis=0)
-    cut = len(sec) // 8
-    expect = ds["work"].values / sec[cut : len(sec) - cut].mean(axis=0)
-    np.testing.assert_allclose(ds["throughput"].values, expect)
+    # throughput = work per repetition / mean repetition time with 1/8 cut at each
+    # end, over the repetitions that did not overrun (when at least half did not)
+    overran = ds["overran"].values
+    assert ds["overran"].dims == ("repeat", "worker") and overran.dtype == bool
+    np.testing.assert_array_equal(overran.sum(axis=0), ds["overruns"].values)
+    for i in range(n_workers):
+        sec = ds["seconds"].values[:, i]
+        if (~overran[:, i]).sum() * 2 >= len(sec):
+            sec = sec[~overran[:, i]]
+        sec = np.sort(sec)
+        cut = int(len(sec) * 0.125)
+        expect = ds["work"].values[i] / sec[cut : len(sec) - cut].mean()
+        assert ds["throughput"].values[i] == pytest.approx(expect, rel=1e-12)
     assert np.all(np.isfinite(ds["seconds"].values))  # every repetition ran (within budget)
     assert np.all(ds["cpu_seconds"].values > 0) and ds["cpu_seconds"].attrs["units"] == "s"
     assert ds["overruns"].dims == ("worker",)

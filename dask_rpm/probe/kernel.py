@@ -91,9 +91,13 @@ def t_probe(
         overruns0 = getattr(plugin, "overruns", 0)
         t0, c0 = time.perf_counter(), time.thread_time()
         work = loops * (block_work("forward", s, m, n, l) + block_work("backward", s, m, n, l))
-        # work-paced (no key): a tiny job's block, bound by per-call overhead,
-        # falls back to its own CPU time, which the warm-up above keeps honest
-        with pace(work=work, dtype=dtype):
+        # Paced like a training block: by its work, and for a tiny job's block
+        # (per-call overhead, not flops, sets its time) by the smallest CPU
+        # time this worker has seen for the same block and loop count - the
+        # engine's kernels pace by such a key too. Without the key the block's
+        # own CPU time set the target, and on a loaded host (load average 2.3
+        # on 2 cores) that moved a slow worker's measured ratio by 10-40 %.
+        with pace(key=("probe", block, loops, dtype), work=work, dtype=dtype):
             for _ in range(loops):
                 kernel_pass(x, d, W, V)
         seconds = time.perf_counter() - t0

@@ -67,7 +67,9 @@ def probe(
         ``throughput`` (work units/s; index-aligned abilities), ``ability``
         (normalised), ``seconds`` and ``cpu_seconds`` (repeat, worker),
         ``warmup_seconds``, ``loops``, ``work``, ``overruns`` (EMULATED
-        blocks that other load made late). Attributes: the probe block (``block_hidden``,
+        blocks that other load made late) and ``overran`` (repeat, worker:
+        which; left out of the throughput while at least half of a worker's
+        repetitions are on time). Attributes: the probe block (``block_hidden``,
         ``block_samples``, ...), ``probe_seconds`` (total wall time of the
         probe), ``latency`` (s) and ``bandwidth`` (bytes/s) with the ``links``
         measured (NaN and a ``link_note`` with one worker), and ``emulation``
