@@ -16,6 +16,7 @@ __all__ = [
     "TimingRecord",
     "Observation",
     "Peer",
+    "BandGroup",
     "Layout",
     "BlockSpec",
     "BlockResult",
@@ -89,13 +90,30 @@ class Peer(NamedTuple):
     """Hidden rows: a column member's own rows, or (horizontal partner) the overlap with ours."""
 
 
+class BandGroup(NamedTuple):
+    """A horizontal allreduce: the bands whose holders are the same workers (one per column).
+
+    ``rows`` are the bands (hidden-unit ranges, top to bottom); every holder
+    contributes its weight-update rows of them and gets their sums.
+    ``algorithm`` is one of :data:`dask_rpm.exchange.ALGORITHMS`.
+    """
+
+    holders: tuple[int, ...]  # left to right (column order)
+    addresses: tuple[str, ...]  # of the holders, same order
+    rows: tuple[tuple[int, int], ...]
+    algorithm: str
+
+
 class Layout(NamedTuple):
     """What one worker needs to know of a plan to run its rectangle.
 
     ``members`` is its column top to bottom (itself included); ``partners[c]``
     the workers of column ``c`` whose rows overlap its own, top to bottom, with
     the overlap (empty for its own column). ``vertical`` names the algorithm
-    of the in-column exchange (``"allgather"`` or ``"leader"``).
+    of the in-column exchange (``"allgather"``, ``"leader"`` or a schedule of
+    :mod:`dask_rpm.exchange`). ``horizontal`` is ``"pairwise"`` (one message
+    to each overlapping partner) or ``"groups"``: one allreduce per entry of
+    ``bands`` (the groups of bands this worker holds).
     """
 
     run: str
@@ -111,6 +129,8 @@ class Layout(NamedTuple):
     partners: tuple[tuple[Peer, ...], ...]
     vertical: str
     leader: int
+    horizontal: str = "pairwise"
+    bands: tuple[BandGroup, ...] = ()
 
     @property
     def n_hidden(self) -> int:

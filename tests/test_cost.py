@@ -200,7 +200,7 @@ def test_leader_vertical_is_two_rounds_through_the_fastest_member():
         [[0, 1, 2, 3, 4]], [10], [[2, 2, 2, 2, 2]], shape=(5, 10, 3), abilities=[1, 1, 5, 1, 1]
     )
     net = Network(latency=0.5, bandwidth=1e30, overhead=0.0)
-    with dask.config.set({"rpm.engine.vertical": "auto", "rpm.engine.allgather-max": 4}):
+    with dask.config.set({"rpm.engine.vertical": "leader", "rpm.engine.allgather-max": 4}):
         out = predict_breakdown(
             plan, [1.0] * 5, network=net, vertical="engine", horizontal="engine"
         )
@@ -213,12 +213,37 @@ def test_leader_vertical_is_two_rounds_through_the_fastest_member():
     assert out["vertical_algorithm"] == ["allgather"] and out["vertical"] == pytest.approx([0.5])
 
 
+def test_engine_auto_is_one_hop_up_to_allgather_max_then_the_cheapest_by_rpm_cost():
+    """The model charges what the engine runs: its choice is made with rpm.cost.* (what the
+    engine knows), whatever network the prediction is priced at."""
+    plan = Plan.from_columns(
+        [[0, 1, 2, 3, 4, 5]], [400], [[2] * 6], shape=(5, 12, 30), abilities=[1] * 6
+    )
+    priced = Network(latency=1e-3, bandwidth=1e9, overhead=0.0)
+
+    def chosen(**cost):
+        cfg = {f"rpm.cost.{k}": v for k, v in cost.items()}
+        with dask.config.set({"rpm.engine.vertical": "auto", **cfg}):
+            out = predict_breakdown(plan, [1.0] * 6, network=priced, vertical="engine")
+        return out["vertical_algorithm"][0]
+
+    # 6 members > allgather-max (4): latency-bound -> leader (2 rounds); bandwidth-bound -> direct
+    assert chosen(latency=1.0, bandwidth=1e12, overhead=1e-3) == "leader"
+    assert chosen(latency=1e-9, bandwidth=1e3, overhead=0.0) == "direct"
+    with dask.config.set({"rpm.engine.allgather-max": 6}):
+        assert chosen(latency=1e-9, bandwidth=1e3, overhead=0.0) == "allgather"
+    with dask.config.set({"rpm.engine.vertical": "nope"}):
+        with pytest.raises(ValueError, match=r"rpm.engine.vertical='nope'; valid: auto, allgather"):
+            predict_breakdown(plan, [1.0] * 6, network=priced, vertical="engine")
+
+
 def test_one_host_shares_its_cores_and_bandwidth():
     plan = make_plan([1.0] * 8, (20, 64, 4), 800, "split-1d")
     free = Network(latency=0.0, bandwidth=1e9, overhead=1e-3)
     shared = free._replace(hosts=("h",) * 8, host_cores=2.0)
-    a = predict_breakdown(plan, [1e9] * 8, network=free, horizontal="engine")["horizontal"]
-    b = predict_breakdown(plan, [1e9] * 8, network=shared, horizontal="engine")["horizontal"]
+    # pairwise: the one-hop messages (the engine's auto takes it up to rpm.engine.allgather-max columns)
+    a = predict_breakdown(plan, [1e9] * 8, network=free, horizontal="pairwise")["horizontal"]
+    b = predict_breakdown(plan, [1e9] * 8, network=shared, horizontal="pairwise")["horizontal"]
     assert a == pytest.approx(14 * 1e-3 + 7 * 64 * 24 * 8 / 1e9)  # 7 sends + 7 receives per worker
     assert b == pytest.approx(56 * 2 * 1e-3 / 2.0)  # 56 messages, both ends on the host, 2 cores
     assert b > a
@@ -269,35 +294,38 @@ def test_fit_network_recovers_the_parameters_of_synthetic_runs():
         reduce=2e-8,
         worker_cpu=1e-4,
     )
-    runs = []
-    for n, shape, s, method in [
-        (2, (8, 8, 1), 16, "split-1d"),
-        (2, (8, 20000, 2), 16, "split-1d"),
-        (8, (8, 8, 1), 64, "split-1d"),
-        (8, (8, 2000, 2), 64, "split-1d"),
-        (4, (4, 8, 8), 12800, "srpm"),
-        (16, (8, 8, 1), 64, "split-1d"),
-    ]:
-        plan = make_plan([1.0] * n, shape, s, method, dp=1 if method == "srpm" else None)
-        speeds = [1e9] * n
-        t = predict_breakdown(
-            plan,
-            speeds,
-            network=truth._replace(hosts=("h",) * n),
-            vertical="engine",
-            horizontal="engine",
-        )["total"]
-        runs.append((plan, speeds, t, "auto"))
-    net = fit_network(runs, host_cores=2.0, duplex=False, rounds=200)
-    for plan, speeds, t, _ in runs:
-        got = predict_breakdown(
-            plan,
-            speeds,
-            network=net._replace(hosts=("h",) * len(speeds)),
-            vertical="engine",
-            horizontal="engine",
-        )["total"]
-        assert got == pytest.approx(t, rel=0.05)
+    # The one-hop exchanges: their explicit rounds charge the host terms (shared cores and
+    # bandwidth) that the fit must recover; the per-group collectives do not model them.
+    with dask.config.set({"rpm.engine.horizontal": "pairwise", "rpm.engine.vertical": "allgather"}):
+        runs = []
+        for n, shape, s, method in [
+            (2, (8, 8, 1), 16, "split-1d"),
+            (2, (8, 20000, 2), 16, "split-1d"),
+            (8, (8, 8, 1), 64, "split-1d"),
+            (8, (8, 2000, 2), 64, "split-1d"),
+            (4, (4, 8, 8), 12800, "srpm"),
+            (16, (8, 8, 1), 64, "split-1d"),
+        ]:
+            plan = make_plan([1.0] * n, shape, s, method, dp=1 if method == "srpm" else None)
+            speeds = [1e9] * n
+            t = predict_breakdown(
+                plan,
+                speeds,
+                network=truth._replace(hosts=("h",) * n),
+                vertical="engine",
+                horizontal="engine",
+            )["total"]
+            runs.append((plan, speeds, t, "auto"))
+        net = fit_network(runs, host_cores=2.0, duplex=False, rounds=200)
+        for plan, speeds, t, _ in runs:
+            got = predict_breakdown(
+                plan,
+                speeds,
+                network=net._replace(hosts=("h",) * len(speeds)),
+                vertical="engine",
+                horizontal="engine",
+            )["total"]
+            assert got == pytest.approx(t, rel=0.05)
 
 
 def test_bad_modes_and_network():

@@ -276,8 +276,21 @@ def test_public_api_exports():
         assert hasattr(dask_rpm, name)
 
 
-@pytest.mark.parametrize("vertical", ["allgather", "leader"])
-def test_vertical_algorithms_equal_serial(client6, vertical):
+EXCHANGES = [
+    ("allgather", "pairwise"),
+    ("leader", "pairwise"),
+    ("tree", "tree"),
+    ("halving", "halving"),
+    ("ring", "ring"),
+    ("direct", "direct"),
+    ("allgather", "tree"),
+    ("leader", "ring"),
+]
+
+
+@pytest.mark.parametrize("vertical,horizontal", EXCHANGES, ids=["-".join(e) for e in EXCHANGES])
+def test_every_exchange_algorithm_equals_serial(client6, vertical, horizontal):
+    """Columns of 3, 2 and 1 workers (halving folds a third member in), bands held by 3 columns."""
     import dask.config
 
     rng = np.random.default_rng(5)
@@ -289,7 +302,8 @@ def test_vertical_algorithms_equal_serial(client6, vertical):
         shape=(7, 12, 3),
         abilities=rng.uniform(0.2, 1, 6),
     )
-    with dask.config.set({"rpm.engine.vertical": vertical}):
+    cfg = {"rpm.engine.vertical": vertical, "rpm.engine.horizontal": horizontal}
+    with dask.config.set(cfg):
         r = fit(
             x,
             d,
@@ -301,6 +315,71 @@ def test_vertical_algorithms_equal_serial(client6, vertical):
             progress="none",
         )
     _assert_equal_serial(r, x, d, 12, 40, 0.05)
+    # what ran is recorded (and is what was asked for)
+    h = "pairwise" if horizontal == "pairwise" else f"{horizontal} x3 (groups of bands)"
+    assert r.history.attrs["exchanges"] == f"vertical: {vertical} x2, none; horizontal: {h}"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_plans_with_random_exchanges_equal_serial(client6, seed):
+    """Random plans on up to 6 workers, each run with a random pair of exchange algorithms; with
+    mini-batches in half of them (a column's share of a batch changes size between iterations)."""
+    import dask.config
+
+    rng = np.random.default_rng(300 + seed)
+    x, d = _problem(s=int(rng.integers(30, 80)), n=int(rng.integers(2, 9)), l=2, seed=seed)
+    m = int(rng.integers(8, 15))
+    plan = _random_plan(rng, 3 + seed % 4, x.shape[0], (x.shape[1], m, d.shape[1]))
+    vertical = str(rng.choice(["allgather", "leader", "tree", "halving", "ring", "direct"]))
+    horizontal = str(rng.choice(["pairwise", "tree", "halving", "ring", "direct"]))
+    batch = int(rng.integers(7, 20)) if seed % 2 else None
+    with dask.config.set({"rpm.engine.vertical": vertical, "rpm.engine.horizontal": horizontal}):
+        r = fit(
+            x,
+            d,
+            hidden=m,
+            iterations=30,
+            learning_rate=0.03,
+            mapping=plan,
+            seed=seed,
+            batch_size=batch,
+            shuffle=False,
+            client=client6,
+            progress="none",
+        )
+    W, V, err = fit_serial(
+        x,
+        d,
+        hidden=m,
+        iterations=30,
+        learning_rate=0.03,
+        seed=seed,
+        batch_size=batch,
+        shuffle=False,
+    )
+    np.testing.assert_allclose(r.W, W, rtol=RTOL, atol=0)
+    np.testing.assert_allclose(r.V, V, rtol=RTOL, atol=0)
+    np.testing.assert_allclose(r.history["error"].values, err, rtol=RTOL, atol=0)
+
+
+def test_auto_exchanges_switch_to_schedules_above_allgather_max(client6):
+    """auto: one hop up to rpm.engine.allgather-max holders; above it the cost model's pick."""
+    import dask.config
+
+    x, d = _problem(s=36, n=5, l=2, seed=2)
+    cols = [[0, 1, 2], [3, 4, 5]]
+    plan = Plan.from_columns(cols, [18, 18], [[4, 4, 4], [6, 3, 3]], shape=(5, 12, 2))
+    runs = {}
+    for one_hop in (4, 1):
+        with dask.config.set({"rpm.engine.allgather-max": one_hop}):
+            runs[one_hop] = fit(
+                x, d, hidden=12, iterations=20, learning_rate=0.05, mapping=plan, client=client6
+            )
+        _assert_equal_serial(runs[one_hop], x, d, 12, 20, 0.05)
+    assert runs[4].history.attrs["exchanges"] == "vertical: allgather x2; horizontal: pairwise"
+    scheduled = runs[1].history.attrs["exchanges"]
+    assert "allgather" not in scheduled and "pairwise" not in scheduled, scheduled
+    assert scheduled.endswith("(groups of bands)"), scheduled
 
 
 def test_a_peer_that_does_not_answer_fails_the_block_naming_it(client6):

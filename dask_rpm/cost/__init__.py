@@ -22,12 +22,15 @@ from __future__ import annotations
 
 from ..partition import t_comm_model
 from .collectives import (
+    ENGINE_HORIZONTAL,
+    ENGINE_VERTICAL,
     HORIZONTAL_MODES,
     SCALABLE,
     VERTICAL_MODES,
     Message,
     best_collective,
     collective_seconds,
+    engine_algorithm,
     round_seconds,
 )
 from .fitting import fit_network
@@ -41,6 +44,8 @@ from .predict import (
 )
 
 __all__ = [
+    "ENGINE_HORIZONTAL",
+    "ENGINE_VERTICAL",
     "HORIZONTAL_MODES",
     "LINK_CLASSES",
     "SCALABLE",
@@ -50,6 +55,7 @@ __all__ = [
     "Network",
     "best_collective",
     "collective_seconds",
+    "engine_algorithm",
     "expected_max_normal",
     "fit_network",
     "network_from_config",

@@ -13,8 +13,11 @@ __all__ = [
     "SCALABLE",
     "VERTICAL_MODES",
     "Message",
+    "ENGINE_HORIZONTAL",
+    "ENGINE_VERTICAL",
     "best_collective",
     "collective_seconds",
+    "engine_algorithm",
     "round_seconds",
 ]
 
@@ -154,3 +157,42 @@ def best_collective(
         ((alg, collective_seconds(alg, q, nbytes, link, overhead, reduce)) for alg in SCALABLE),
         key=lambda x: x[1],
     )
+
+
+#: What ``rpm.engine.vertical`` accepts: ``auto``, the one-hop ``allgather``, ``leader`` and the scalable ones.
+ENGINE_VERTICAL = ("auto", "allgather", "leader", *SCALABLE)
+#: What ``rpm.engine.horizontal`` accepts: ``auto``, the one-hop ``pairwise`` messages and the scalable ones.
+ENGINE_HORIZONTAL = ("auto", "pairwise", *SCALABLE)
+
+
+def engine_algorithm(
+    kind: str,
+    setting: str,
+    q: int,
+    nbytes: float,
+    link: LinkClass,
+    overhead: float,
+    one_hop_max: int,
+) -> str:
+    """The exchange the engine runs among ``q`` holders of ``nbytes``: one rule for engine and model.
+
+    ``kind`` is ``"vertical"`` (in a column) or ``"horizontal"`` (a group of
+    bands across columns); ``setting`` is ``rpm.engine.vertical`` or
+    ``rpm.engine.horizontal``. A name is taken as it is. ``auto`` keeps the
+    one-hop exchange (``allgather`` / ``pairwise``: every holder sends to every
+    other, one round) up to ``one_hop_max`` holders - it has the fewest
+    rounds, and small groups are latency-bound - and above that takes the
+    algorithm with the least :func:`collective_seconds` (ties: the order of
+    ``leader`` then ``SCALABLE``), so that at a thousand workers a column
+    reduces by a tree and a group of bands by a ring when the bytes dominate.
+    Deterministic: the driver computes it once per plan and every holder runs it.
+    """
+    names = ENGINE_VERTICAL if kind == "vertical" else ENGINE_HORIZONTAL
+    if setting not in names:
+        raise ValueError(f"rpm.engine.{kind}={setting!r}; valid: {', '.join(names)}")
+    if setting != "auto":
+        return setting
+    if q <= one_hop_max:
+        return names[1]
+    candidates = (("leader",) if kind == "vertical" else ()) + SCALABLE
+    return min(candidates, key=lambda a: collective_seconds(a, q, nbytes, link, overhead))

@@ -16,6 +16,7 @@ from .collectives import (
     Message,
     best_collective,
     collective_seconds,
+    engine_algorithm,
     round_seconds,
 )
 from .network import LinkClass, Network, network_from_config
@@ -71,13 +72,41 @@ def _speed_of(speeds: Sequence[float] | Mapping[Any, float], plan: Plan, w: int)
 # ------------------------------------------------------------------ network
 
 
-def _engine_vertical(k: int, mode: str) -> str:
+def _engine_choice(kind: str, setting: str, q: int, elements: float) -> str:
+    """What the engine runs among ``q`` holders of ``elements`` (:func:`engine_algorithm`).
+
+    The engine chooses with the network of ``rpm.cost.*`` (it knows no
+    other), so the model does too; it then charges that choice at the prices
+    of the network it is given. A fit of the network to measured runs
+    therefore keeps the algorithms that ran.
+    """
+    cfg = network_from_config()
+    return engine_algorithm(
+        kind,
+        setting,
+        q,
+        elements * cfg.itemsize,
+        LinkClass(cfg.latency, cfg.bandwidth),
+        cfg.overhead,
+        int(config.get("engine.allgather-max")),
+    )
+
+
+def _engine_vertical(k: int, mode: str, elements: float) -> str:
+    """``mode``, or for ``"engine"`` what the engine runs (``rpm.engine.vertical``)."""
     if mode != "engine":
         return mode
-    v = str(config.get("engine.vertical"))
-    if v == "auto":
-        return "allgather" if k <= int(config.get("engine.allgather-max")) else "leader"
-    return v
+    return _engine_choice("vertical", str(config.get("engine.vertical")), k, elements)
+
+
+def _engine_horizontal(C: int) -> str | None:
+    """The engine's horizontal setting for ``C`` columns: ``"pairwise"``, a name, or ``None``
+    (``auto`` above ``rpm.engine.allgather-max`` columns: chosen per group of bands)."""
+    setting = str(config.get("engine.horizontal"))
+    engine_algorithm("horizontal", setting, 1, 0.0, LinkClass(0.0, 1.0), 0.0, 0)  # checks it
+    if setting == "auto":
+        return "pairwise" if C <= int(config.get("engine.allgather-max")) else None
+    return setting
 
 
 def _column_rows(plan: Plan) -> list[tuple[np.ndarray, np.ndarray, list[int]]]:
@@ -306,7 +335,7 @@ def _vertical(
         s0, s1 = plan.column_samples(c)
         k = len(col)
         nbytes = l * (s1 - s0) * isz
-        alg = _engine_vertical(k, vmode)
+        alg = _engine_vertical(k, vmode, l * (s1 - s0))
         out.compute_max.append(max(times))
         delta = l * (s1 - s0) * net.reduce  # output deltas of the summed partials, on every member
         if k == 1:
@@ -405,7 +434,10 @@ def _horizontal(
     per_row = (n + l) * net.itemsize
     if C == 1:
         return 0.0, [], []
-    if hmode in ("engine", "pairwise"):
+    engine = _engine_horizontal(C) if hmode == "engine" else None
+    if hmode == "engine" and engine not in (None, "pairwise"):
+        hmode = str(engine)
+    if hmode == "pairwise" or (hmode == "engine" and engine == "pairwise"):
         rows = _column_rows(plan)
         if net.classes or (net.hosts is not None and len(set(net.hosts)) > 1):
             return round_seconds(_pairwise_messages(plan, rows, per_row), net)[0], [], []
@@ -426,6 +458,9 @@ def _horizontal(
         red = r * (n + l) * net.reduce
         if hmode == "best":
             alg, t = best_collective(C, nbytes, link, net.overhead, red)
+        elif hmode == "engine":  # auto: the engine's choice for this group
+            alg = _engine_choice("horizontal", "auto", C, r * (n + l))
+            t = collective_seconds(alg, C, nbytes, link, net.overhead, red)
         else:
             alg, t = hmode, collective_seconds(hmode, C, nbytes, link, net.overhead, red)
         lat = collective_seconds(alg, C, 0.0, LinkClass(link.latency, link.bandwidth), 0.0)

@@ -31,10 +31,11 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
+from ..exchange import Schedule, WorkerStep, apply_received, build, worker_steps
 from ..kernels import block_work
 from ..records import BlockResult, BlockSpec, TimingRecord
 from .errors import BlockAborted, PeerError
@@ -52,7 +53,7 @@ def _pacer() -> Any:
 
 
 class _Exchange:
-    """One block's view of the messages: deadline, names, epoch."""
+    """One block's view of the messages: deadline, names, epoch, and the schedules it runs."""
 
     def __init__(self, state: Any, spec: BlockSpec) -> None:
         self.state = state
@@ -62,6 +63,20 @@ class _Exchange:
         self.names = {p.worker: p.address for p in lay.members}
         for col in lay.partners:
             self.names.update({p.worker: p.address for p in col})
+        for g in lay.bands:
+            self.names.update(zip(g.holders, g.addresses))
+        # (algorithm, holders, size) -> this worker's steps; a mini-batch's column share
+        # can change size between iterations, so schedules are built per size, once
+        self._steps: dict[tuple[str, tuple[int, ...], int], tuple[Schedule, list[WorkerStep]]] = {}
+
+    def steps(
+        self, algorithm: str, holders: tuple[int, ...], size: int
+    ) -> tuple[Schedule, list[WorkerStep]]:
+        key = (algorithm, holders, size)
+        if key not in self._steps:
+            sched = build(algorithm, holders, size)
+            self._steps[key] = (sched, worker_steps(sched, self.state.layout.worker))
+        return self._steps[key]
 
     def deadline(self) -> float:
         return time.monotonic() + self.timeout
@@ -75,6 +90,65 @@ class _Exchange:
         return await self.state.receive(
             self.epoch, it, phase, senders, deadline, self.names, self.timeout
         )
+
+
+class _Allreduce(NamedTuple):
+    """One allreduce of a flat buffer by a schedule of :mod:`dask_rpm.exchange`."""
+
+    tag: str  # phase prefix of its messages: round r is phase f"{tag}{r}"
+    buffer: np.ndarray
+    schedule: Schedule
+    steps: list[WorkerStep]
+
+
+async def _allreduce(ex: _Exchange, it: int, runs: list[_Allreduce], deadline: float) -> None:
+    """Run allreduces side by side, round by round; each buffer ends as the sum, on every holder.
+
+    A round's slices are sent as they are when the round starts (copies: the
+    buffer changes when the round's receives are applied). Rounds advance in
+    lock step over all ``runs``: every round-``r`` message is sent before any
+    round-``r`` receive is awaited, so no holder waits on a message its
+    sender can only send later - the exchange cannot deadlock.
+    """
+    me = ex.state.layout.worker
+    steps = [{st.round: st for st in run.steps} for run in runs]
+    last = max((st.round for run in runs for st in run.steps), default=-1)
+    for r in range(last + 1):
+        for run, by_round in zip(runs, steps):
+            st = by_round.get(r)
+            if st is not None:
+                for t in st.sends:
+                    ex.send(ex.names[t.dst], it, f"{run.tag}{r}", (run.buffer[t.lo : t.hi].copy(),))
+        for run, by_round in zip(runs, steps):
+            st = by_round.get(r)
+            if st is None or not st.receives:
+                continue
+            got = await ex.receive(it, f"{run.tag}{r}", [t.src for t in st.receives], deadline)
+            payloads = {t: got[t.src][0] for t in st.receives}
+            apply_received(run.buffer, me, st, payloads, run.schedule.holders)
+
+
+async def _vertical_scheduled(
+    ex: _Exchange,
+    it: int,
+    partial: np.ndarray,
+    ws: Any,
+    d: np.ndarray,
+    finite: bool,
+    deadline: float,
+) -> tuple[np.ndarray, float, bool]:
+    """The vertical exchange by a schedule: partials and a "not finite" count summed together."""
+    lay = ex.state.layout
+    size = partial.size + 1
+    buf = np.empty(size, dtype=partial.dtype)
+    buf[:-1] = partial.ravel()
+    buf[-1] = 0.0 if finite else 1.0  # sums exactly: the number of members with bad weights
+    sched, steps = ex.steps(lay.vertical, tuple(p.worker for p in lay.members), size)
+    await _allreduce(ex, it, [_Allreduce("v", buf, sched, steps)], deadline)
+    u = ws.u
+    np.copyto(u, buf[:-1].reshape(u.shape))
+    delta2, err = ws.output_delta(u, d)
+    return delta2, err, bool(buf[-1] == 0)
 
 
 async def _vertical(
@@ -93,6 +167,8 @@ async def _vertical(
     if not others:
         delta2, err = ws.output_delta(partial, d)
         return delta2, err, finite
+    if lay.vertical not in ("allgather", "leader"):
+        return await _vertical_scheduled(ex, it, partial, ws, d, finite, deadline)
     if lay.vertical == "leader" and me != lay.leader:
         leader = next(p for p in lay.members if p.worker == lay.leader)
         ex.send(leader.address, it, "v", (partial, finite))
@@ -134,6 +210,8 @@ async def _horizontal(
     lay = ex.state.layout
     if lay.n_columns == 1:
         return dW, dV, [err], ok
+    if lay.horizontal == "groups":
+        return await _horizontal_groups(ex, it, dW, dV, sums, err, ok, deadline)
     m0 = lay.rows[0]
     for col in lay.partners:
         for p in col:
@@ -162,6 +240,57 @@ async def _horizontal(
         errors.append(float(col_err))
         all_ok = all_ok and bool(col_ok)
     return sW, sV, errors, all_ok
+
+
+async def _horizontal_groups(
+    ex: _Exchange,
+    it: int,
+    dW: np.ndarray,
+    dV: np.ndarray,
+    sums: Any,
+    err: float,
+    ok: bool,
+    deadline: float,
+) -> tuple[np.ndarray, np.ndarray, list[float], bool]:
+    """The horizontal exchange by schedules: one allreduce per group of bands I hold.
+
+    A group's buffer packs its bands' ``dW`` rows, then their ``dV`` columns,
+    then one slot per column for its error and one for "its weights are not
+    finite" - zero but in the sender's own column's slot, so the sums carry
+    every column's error unchanged (adding zeros is exact) and every worker
+    learns all of them from any one of its groups.
+    """
+    lay = ex.state.layout
+    C, m0, (n, _, l) = lay.n_columns, lay.rows[0], lay.shape
+    runs = []
+    for group in lay.bands:
+        rows = sum(b - a for a, b in group.rows)
+        buf = np.zeros(rows * (n + l) + 2 * C, dtype=dW.dtype)
+        at = 0
+        for a, b in group.rows:
+            buf[at : at + (b - a) * n] = dW[a - m0 : b - m0].ravel()
+            at += (b - a) * n
+        for a, b in group.rows:
+            buf[at : at + (b - a) * l] = dV[:, a - m0 : b - m0].ravel()
+            at += (b - a) * l
+        buf[at + lay.column] = err
+        buf[at + C + lay.column] = 0.0 if ok else 1.0
+        sched, steps = ex.steps(group.algorithm, group.holders, buf.size)
+        # tagged by the group's first row: the same on every holder (an index into my own
+        # groups would not be - holders hold different sets of groups)
+        runs.append(_Allreduce(f"h{group.rows[0][0]}.", buf, sched, steps))
+    await _allreduce(ex, it, runs, deadline)
+    sW, sV = sums
+    for run, group in zip(runs, lay.bands):
+        buf, at = run.buffer, 0
+        for a, b in group.rows:
+            sW[a - m0 : b - m0] = buf[at : at + (b - a) * n].reshape(b - a, n)
+            at += (b - a) * n
+        for a, b in group.rows:
+            sV[:, a - m0 : b - m0] = buf[at : at + (b - a) * l].reshape(l, b - a)
+            at += (b - a) * l
+    tail = runs[0].buffer[-2 * C :]
+    return sW, sV, [float(e) for e in tail[:C]], not bool(np.any(tail[C:] != 0))
 
 
 class _Reporter:

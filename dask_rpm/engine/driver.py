@@ -27,7 +27,7 @@ from ..recipe import Recipe
 from ..records import BlockResult, BlockSpec, RemapRecord
 from ..remap import migration, sample_changes
 from .errors import TrainingError, WorkerLostError
-from .layout import layouts
+from .layout import exchanges_summary, layouts
 from .tasks import (
     run_abort,
     run_clear,
@@ -102,6 +102,7 @@ class Driver:
         self.log = TimingLog()
         self.iteration = 0
         self.version = 0
+        self.exchanges = ""  # the exchanges of the plan installed last (exchanges_summary)
         self.epoch = 0
         self.seq = 0  # last batch pulled from the scheduler plugin
         self.tasks_submitted = 0
@@ -123,7 +124,9 @@ class Driver:
         return (f"rpm-{what}-{self.run}", n, worker)
 
     def _layouts(self, plan: Plan) -> dict[int, Any]:
-        return layouts(plan, self.addresses, run=self.run, version=self.version)
+        lays = layouts(plan, self.addresses, run=self.run, version=self.version)
+        self.exchanges = exchanges_summary(lays)
+        return lays
 
     async def _samples(self, plan: Plan, w: int) -> Any:
         """What a worker needs to get its samples (:mod:`dask_rpm.engine.samples`): the dataset path,

@@ -377,5 +377,9 @@ def _history(
     )
     if emulation:
         history.attrs["emulation"] = emulation
+    if (
+        driver.exchanges
+    ):  # which allreduce algorithms the last plan ran (rpm.engine.vertical/horizontal)
+        history.attrs["exchanges"] = driver.exchanges
     add_validation(history, validation)
     return history

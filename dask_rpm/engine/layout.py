@@ -6,18 +6,25 @@ worker and sends it with the worker's setup or remap task; the block loop
 
 Exchanges (docs/architecture.md)
 --------------------------------
+Both exchanges are allreduces whose result every holder gets bit-identical.
+
 * **Vertical**, inside a column: the partial products ``f_i V_i^T`` of the
-  column's workers are summed in column order (top to bottom). With
-  ``allgather`` every member sends its partial to every other member and each
-  sums them itself (one message hop); with ``leader`` the members send to the
-  column's leader, which sums, computes the output deltas and sends them back
-  (two hops, ``2 (k - 1)`` messages instead of ``k (k - 1)``). ``auto`` picks
-  allgather up to ``rpm.engine.allgather-max`` members.
-* **Horizontal**, across columns: every worker sends the rows of its
-  weight-update sums that overlap each worker of another column to that
-  worker (one message per overlapping pair, bands with the same pair merged),
-  and sums what it receives in column order, so every holder of a row gets
-  identical bits.
+  column's workers. ``allgather``: every member sends its partial to every
+  other member and each sums them in column order (one hop); ``leader``: the
+  members send to the column's leader, which sums, computes the output
+  deltas and sends them back; ``tree``, ``halving``, ``ring``, ``direct``:
+  the schedules of :mod:`dask_rpm.exchange` (rounds of slices).
+* **Horizontal**, across columns: ``pairwise``: every worker sends the rows of
+  its weight-update sums that overlap each worker of another column to that
+  worker (one message per overlapping pair) and sums what it receives in
+  column order; or one schedule of :mod:`dask_rpm.exchange` per group of
+  bands with the same holders (the bands merged into one buffer).
+
+``rpm.engine.vertical`` / ``rpm.engine.horizontal`` name the algorithm or
+say ``auto``: the one-hop exchange up to ``rpm.engine.allgather-max``
+holders, above it the one the cost model (``rpm.cost.*``) predicts fastest
+for the group's size and bytes (:func:`dask_rpm.cost.engine_algorithm`, the
+rule :func:`dask_rpm.cost.predict_breakdown` charges too).
 """
 
 from __future__ import annotations
@@ -25,23 +32,50 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .. import config
+from ..cost import ENGINE_VERTICAL, Network, engine_algorithm, network_from_config
 from ..partition import Plan
-from ..records import Layout, Peer
+from ..records import BandGroup, Layout, Peer
 
-__all__ = ["layouts", "VERTICAL_ALGORITHMS"]
+__all__ = ["layouts", "band_groups", "exchanges_summary", "VERTICAL_ALGORITHMS"]
 
-VERTICAL_ALGORITHMS = ("auto", "allgather", "leader")
+#: What ``rpm.engine.vertical`` accepts (kept under this name for callers of earlier releases).
+VERTICAL_ALGORITHMS = ENGINE_VERTICAL
 
 
-def _vertical(k: int, algorithm: str | None) -> str:
-    algorithm = str(config.get("engine.vertical", algorithm))
-    if algorithm not in VERTICAL_ALGORITHMS:
-        raise ValueError(
-            f"rpm.engine.vertical={algorithm!r}; valid: {', '.join(VERTICAL_ALGORITHMS)}"
+def band_groups(
+    plan: Plan, addresses: Sequence[str], net: Network, setting: str | None = None
+) -> list[BandGroup]:
+    """The horizontal allreduces of ``plan``: bands with the same holders merged, in band order.
+
+    ``setting`` (default ``rpm.engine.horizontal``) picks each group's
+    algorithm by :func:`dask_rpm.cost.engine_algorithm`; an empty list when
+    the exchange is ``pairwise`` (or there is one column).
+    """
+    setting = str(config.get("engine.horizontal", setting))
+    if plan.n_columns == 1:
+        engine_algorithm("horizontal", setting, 1, 0.0, net.worst_link([]), 0.0, 0)  # checks it
+        return []
+    rows: dict[tuple[int, ...], list[tuple[int, int]]] = {}
+    for band in plan.bands():
+        rows.setdefault(tuple(plan.holders(band)), []).append(band)
+    one_hop = int(config.get("engine.allgather-max"))
+    per_row = (plan.n + plan.l) * net.itemsize
+    out = []
+    for holders, bands in rows.items():
+        nbytes = per_row * sum(b - a for a, b in bands)
+        alg = engine_algorithm(
+            "horizontal",
+            setting,
+            len(holders),
+            nbytes,
+            net.worst_link(holders),
+            net.overhead,
+            one_hop,
         )
-    if algorithm == "auto":
-        return "allgather" if k <= int(config.get("engine.allgather-max")) else "leader"
-    return algorithm
+        if alg == "pairwise":
+            return []
+        out.append(BandGroup(holders, tuple(addresses[w] for w in holders), tuple(bands), alg))
+    return out
 
 
 def layouts(
@@ -51,6 +85,8 @@ def layouts(
     run: str,
     version: int,
     vertical: str | None = None,
+    horizontal: str | None = None,
+    network: Network | None = None,
 ) -> dict[int, Layout]:
     """One :class:`Layout` per planned worker of ``plan``.
 
@@ -62,33 +98,40 @@ def layouts(
         Worker addresses, by plan index.
     run, version : str, int
         Run name and plan version (a counter the driver advances at each remap).
-    vertical : {"auto", "allgather", "leader"}, optional
-        In-column exchange; default ``rpm.engine.vertical``.
+    vertical : str, optional
+        In-column exchange (:data:`VERTICAL_ALGORITHMS`); default ``rpm.engine.vertical``.
+    horizontal : str, optional
+        Across-column exchange (``auto``, ``pairwise`` or a schedule name);
+        default ``rpm.engine.horizontal``.
+    network : Network, optional
+        What ``auto`` predicts with; default from ``rpm.cost.*``.
     """
+    net = network_from_config(network)
+    setting = str(config.get("engine.vertical", vertical))
+    one_hop = int(config.get("engine.allgather-max"))
     n_cols = plan.n_columns
     rects = {w: plan.rectangle(w) for w in plan.planned_workers}
     columns = [[w for w in col if w in rects] for col in plan.columns]
     # top to bottom inside each column
     columns = [sorted(col, key=lambda w: rects[w].hidden[0]) for col in columns]
+    groups = band_groups(plan, addresses, net, horizontal)
     out: dict[int, Layout] = {}
     for c, col in enumerate(columns):
         members = tuple(Peer(w, addresses[w], rects[w].hidden) for w in col)
-        algorithm = _vertical(len(col), vertical)
+        s0, s1 = plan.column_samples(c)
+        algorithm = engine_algorithm(
+            "vertical",
+            setting,
+            len(col),
+            plan.l * (s1 - s0) * net.itemsize,
+            net.worst_link(col),
+            net.overhead,
+            one_hop,
+        )
         # The fastest member sums (it has the most to wait for otherwise); ties: lowest index.
         leader = max(col, key=lambda w: (plan.abilities[w], -w))
         for w in col:
             a, b = rects[w].hidden
-            partners: list[tuple[Peer, ...]] = []
-            for c2, col2 in enumerate(columns):
-                if c2 == c:
-                    partners.append(())
-                    continue
-                overlap = []
-                for v in col2:
-                    lo, hi = max(a, rects[v].hidden[0]), min(b, rects[v].hidden[1])
-                    if lo < hi:
-                        overlap.append(Peer(v, addresses[v], (lo, hi)))
-                partners.append(tuple(overlap))
             out[w] = Layout(
                 run=run,
                 version=version,
@@ -100,8 +143,53 @@ def layouts(
                 samples=rects[w].samples,
                 rows=(a, b),
                 members=members,
-                partners=tuple(partners),
+                partners=_partners(columns, rects, addresses, c, (a, b)),
                 vertical=algorithm,
                 leader=leader,
+                horizontal="groups" if groups else "pairwise",
+                bands=tuple(g for g in groups if w in g.holders),
             )
     return out
+
+
+def _partners(
+    columns: list[list[int]], rects: dict, addresses: Sequence[str], c: int, rows: tuple[int, int]
+) -> tuple[tuple[Peer, ...], ...]:
+    """Per column, the workers whose rows overlap ``rows``, with the overlap (none for column ``c``)."""
+    a, b = rows
+    partners: list[tuple[Peer, ...]] = []
+    for c2, col2 in enumerate(columns):
+        if c2 == c:
+            partners.append(())
+            continue
+        overlap = []
+        for v in col2:
+            lo, hi = max(a, rects[v].hidden[0]), min(b, rects[v].hidden[1])
+            if lo < hi:
+                overlap.append(Peer(v, addresses[v], (lo, hi)))
+        partners.append(tuple(overlap))
+    return tuple(partners)
+
+
+def exchanges_summary(lays: dict[int, Layout]) -> str:
+    """The exchanges a set of layouts runs, for people: e.g. ``"vertical: tree x2, allgather;
+    horizontal: ring x3 (groups of bands)"``."""
+
+    def counted(names: list[str]) -> str:
+        seen: dict[str, int] = {}
+        for a in names:
+            seen[a] = seen.get(a, 0) + 1
+        return ", ".join(a if k == 1 else f"{a} x{k}" for a, k in seen.items())
+
+    first: dict[int, Layout] = {}
+    for lay in lays.values():
+        first.setdefault(lay.column, lay)
+    columns = [first[c] for c in sorted(first)]
+    vertical = counted([lay.vertical if len(lay.members) > 1 else "none" for lay in columns])
+    if len(columns) < 2:
+        return f"vertical: {vertical}; horizontal: none"
+    groups = {g for lay in lays.values() for g in lay.bands}
+    if not groups:
+        return f"vertical: {vertical}; horizontal: pairwise"
+    ordered = sorted(groups, key=lambda g: g.rows[0])
+    return f"vertical: {vertical}; horizontal: {counted([g.algorithm for g in ordered])} (groups of bands)"

@@ -53,7 +53,9 @@ logger = logging.getLogger("dask_rpm")
 PLUGIN_NAME = "rpm-engine"
 
 #: Message phases (short on the wire) as errors name them.
-_PHASE_NAMES = {"v": "vertical", "vd": "vertical", "h": "horizontal"}
+#: Message phases by their first letter: "v", "vd" and "v<round>" are vertical; "h" and
+#: "h<group>.<round>" horizontal (dask_rpm.engine.block)
+_PHASE_NAMES = {"v": "vertical", "h": "horizontal"}
 
 
 def _pack(value: Any) -> Any:
@@ -323,7 +325,7 @@ class RunState:
         except Exception as exc:  # a peer that is gone or cannot be reached
             if self.send_error is None:
                 self.send_error = (
-                    f"worker {self.layout.address} could not send {_PHASE_NAMES.get(msg['phase'], msg['phase'])} "
+                    f"worker {self.layout.address} could not send {_PHASE_NAMES.get(msg['phase'][:1], msg['phase'])} "
                     f"data of iteration "
                     f"{msg['iteration']} to {address}: {type(exc).__name__}: {exc}"
                 )
@@ -366,7 +368,7 @@ class RunState:
                 missing = [k[3] for k in keys if k not in self.slots]
                 who = ", ".join(f"worker {w} ({names.get(w, '?')})" for w in missing)
                 raise PeerError(
-                    f"worker {self.layout.address} received no {_PHASE_NAMES.get(phase, phase)} data of "
+                    f"worker {self.layout.address} received no {_PHASE_NAMES.get(phase[:1], phase)} data of "
                     f"iteration {iteration} "
                     f"from {who} within {timeout:g} s (rpm.engine.receive-timeout)"
                 ) from None

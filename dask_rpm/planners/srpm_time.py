@@ -79,7 +79,7 @@ def vertical_seconds(
     b = np.asarray(nbytes, dtype=float) / bandwidth
     o = overhead
 
-    def one(alg: str) -> np.ndarray:
+    def one(alg: str, k: np.ndarray = k) -> np.ndarray:
         if alg == "tree":
             return 2 * np.ceil(np.log2(np.maximum(k, 1))) * (a + o + b)
         if alg == "halving":
@@ -108,7 +108,14 @@ def vertical_seconds(
     elif mode == "engine" or mode.startswith("auto:"):
         v = resolve_vertical(mode)
         if v.startswith("auto:"):
-            out = np.where(k <= int(v[5:]), one("allgather"), one("leader"))
+            # the engine's rule (cost.engine_algorithm): one hop up to K members, else the least.
+            # Above K that can cost less than allgather did at K; the DP needs costs that never
+            # fall as a column grows, so it is charged at least that much there (an upper bound
+            # in those few cases; the candidate plans are then predicted exactly).
+            K = int(v[5:])
+            least = np.minimum.reduce([one(alg) for alg in ("leader", *SCALABLE)])
+            floor = one("allgather", np.minimum(k, K))
+            out = np.where(k <= K, one("allgather"), np.maximum(least, floor))
         else:
             out = one(v)
     else:
@@ -117,7 +124,8 @@ def vertical_seconds(
 
 
 def resolve_vertical(mode: str) -> str:
-    """``"engine"`` as what the engine runs now: ``"auto:K"`` (allgather up to K members, else leader) or a name."""
+    """``"engine"`` as what the engine runs now: ``"auto:K"`` (allgather up to K members, else the
+    cheapest of ``leader`` and the scalable schedules) or a name."""
     if mode != "engine":
         return mode
     v = str(config.get("engine.vertical"))
@@ -256,16 +264,22 @@ def _horizontal_estimate(
     """Rough horizontal seconds with ``C`` columns of ``n`` workers (shortlisting only)."""
     _, m, l = shape
     nbytes = (shape[0] + l) * m * C / n * net.itemsize  # an average worker's rows
-    if mode in ("engine", "pairwise", "bands"):
-        return net.latency + (C - 1) * (4 * net.overhead + nbytes / net.bandwidth)
-    return vertical_seconds(
-        "best" if mode == "best" else mode,
-        C,
-        nbytes,
-        np.full(len(C), net.latency),
-        np.full(len(C), net.bandwidth),
-        net.overhead,
-    )
+    one_hop = net.latency + (C - 1) * (4 * net.overhead + nbytes / net.bandwidth)
+
+    def scheduled(name: str) -> np.ndarray:
+        lat, bw = np.full(len(C), net.latency), np.full(len(C), net.bandwidth)
+        return vertical_seconds(name, C, nbytes, lat, bw, net.overhead)
+
+    if mode == "engine":  # what rpm.engine.horizontal runs (cost.engine_algorithm's rule)
+        setting = str(config.get("engine.horizontal"))
+        if setting == "auto":
+            return np.where(
+                C <= int(config.get("engine.allgather-max")), one_hop, scheduled("best")
+            )
+        mode = setting
+    if mode in ("pairwise", "bands"):
+        return one_hop
+    return scheduled(mode)
 
 
 def _order(
