@@ -10,6 +10,7 @@ from dask_rpm.cost import (
     LinkClass,
     Network,
     collective_seconds,
+    engine_horizontal,
     fit_network,
     predict_breakdown,
     predict_iteration_seconds,
@@ -227,9 +228,11 @@ def test_engine_auto_is_one_hop_up_to_allgather_max_then_the_cheapest_by_rpm_cos
             out = predict_breakdown(plan, [1.0] * 6, network=priced, vertical="engine")
         return out["vertical_algorithm"][0]
 
-    # 6 members > allgather-max (4): latency-bound -> leader (2 rounds); bandwidth-bound -> direct
-    assert chosen(latency=1.0, bandwidth=1e12, overhead=1e-3) == "leader"
+    # 6 members > allgather-max (4): the model decides; latency-bound -> still one hop (one
+    # round); bandwidth-bound -> direct (each member sends 2 x 5/6 of the buffer, not 5 x)
+    assert chosen(latency=1.0, bandwidth=1e12, overhead=1e-3) == "allgather"
     assert chosen(latency=1e-9, bandwidth=1e3, overhead=0.0) == "direct"
+    assert chosen(latency=1e-3, bandwidth=1e12, overhead=1e-3) == "allgather"
     with dask.config.set({"rpm.engine.allgather-max": 6}):
         assert chosen(latency=1e-9, bandwidth=1e3, overhead=0.0) == "allgather"
     with dask.config.set({"rpm.engine.vertical": "nope"}):
@@ -362,3 +365,17 @@ def test_expected_max_normal_and_the_straggler_term():
     assert noisy["total"] == pytest.approx(base["total"] + noisy["straggler"])
     with pytest.raises(ValueError, match="spread must be non-negative"):
         predict_breakdown(plan, [10.0, 20.0, 50.0], network=net, spread=[0.1, -1.0, 0.0])
+
+
+def test_engine_horizontal_is_pairwise_or_a_schedule_per_group():
+    link = LinkClass(1e-4, 1e9)
+    # up to allgather-max columns, and for explicit "pairwise": the one-hop messages
+    assert engine_horizontal("auto", 4, [1e6, 1e3], link, 1e-5, 4) is None
+    assert engine_horizontal("pairwise", 64, [1e6], link, 1e-5, 4) is None
+    # above it, the biggest group decides pairwise or not; then each group its own cheapest
+    got = engine_horizontal("auto", 64, [8e6, 100.0], link, 1e-5, 4)
+    assert got is not None and got[0] in ("ring", "halving", "direct") and got[1] == "tree"
+    assert engine_horizontal("auto", 8, [100.0, 50.0], LinkClass(1e-2, 1e12), 0.0, 4) is None
+    assert engine_horizontal("ring", 3, [10.0, 20.0], link, 1e-5, 4) == ["ring", "ring"]
+    with pytest.raises(ValueError, match=r"rpm.engine.horizontal='rings'; valid: auto, pairwise"):
+        engine_horizontal("rings", 3, [10.0], link, 1e-5, 4)

@@ -31,6 +31,7 @@ from .collectives import (
     best_collective,
     collective_seconds,
     engine_algorithm,
+    engine_horizontal,
     round_seconds,
 )
 from .fitting import fit_network
@@ -56,6 +57,7 @@ __all__ = [
     "best_collective",
     "collective_seconds",
     "engine_algorithm",
+    "engine_horizontal",
     "expected_max_normal",
     "fit_network",
     "network_from_config",

@@ -18,6 +18,7 @@ __all__ = [
     "best_collective",
     "collective_seconds",
     "engine_algorithm",
+    "engine_horizontal",
     "round_seconds",
 ]
 
@@ -180,12 +181,13 @@ def engine_algorithm(
     bands across columns); ``setting`` is ``rpm.engine.vertical`` or
     ``rpm.engine.horizontal``. A name is taken as it is. ``auto`` keeps the
     one-hop exchange (``allgather`` / ``pairwise``: every holder sends to every
-    other, one round) up to ``one_hop_max`` holders - it has the fewest
-    rounds, and small groups are latency-bound - and above that takes the
-    algorithm with the least :func:`collective_seconds` (ties: the order of
-    ``leader`` then ``SCALABLE``), so that at a thousand workers a column
-    reduces by a tree and a group of bands by a ring when the bytes dominate.
-    Deterministic: the driver computes it once per plan and every holder runs it.
+    other, one round) up to ``one_hop_max`` holders - the fewest rounds, and
+    what small groups on a high-latency network do best - and above that
+    takes the algorithm with the least :func:`collective_seconds` among the
+    one-hop one, ``leader`` (vertical) and ``SCALABLE`` (ties: that order),
+    so that at a thousand workers a column reduces by a tree and a group of
+    bands by a ring when the bytes dominate. Deterministic: the driver
+    computes it once per plan and every holder runs it.
     """
     names = ENGINE_VERTICAL if kind == "vertical" else ENGINE_HORIZONTAL
     if setting not in names:
@@ -194,5 +196,44 @@ def engine_algorithm(
         return setting
     if q <= one_hop_max:
         return names[1]
-    candidates = (("leader",) if kind == "vertical" else ()) + SCALABLE
-    return min(candidates, key=lambda a: collective_seconds(a, q, nbytes, link, overhead))
+    candidates = (names[1], "leader") if kind == "vertical" else (names[1],)
+
+    def seconds(a: str) -> float:
+        # the one-hop horizontal exchange costs what an allgather of the group's rows does
+        return collective_seconds("allgather" if a == "pairwise" else a, q, nbytes, link, overhead)
+
+    return min(candidates + SCALABLE, key=seconds)
+
+
+def engine_horizontal(
+    setting: str,
+    q: int,
+    group_bytes: Sequence[float],
+    link: LinkClass,
+    overhead: float,
+    one_hop_max: int,
+) -> list[str] | None:
+    """The engine's horizontal exchange: ``None`` for ``pairwise``, else one algorithm per group.
+
+    ``group_bytes``: the bytes of each group of bands (``q`` holders each). The
+    one-hop ``pairwise`` messages serve every group at once (a worker sends
+    each partner all the rows they share in one message), so it is all or
+    nothing: taken when the group with the most bytes would take it under
+    :func:`engine_algorithm`; otherwise every group takes its own cheapest
+    schedule (``SCALABLE``).
+    """
+    if not group_bytes:
+        engine_algorithm("horizontal", setting, 1, 0.0, link, overhead, one_hop_max)  # checks it
+        return None
+    biggest = max(group_bytes)
+    if (
+        engine_algorithm("horizontal", setting, q, biggest, link, overhead, one_hop_max)
+        == "pairwise"
+    ):
+        return None
+    if setting != "auto":
+        return [setting] * len(group_bytes)
+    return [
+        min(SCALABLE, key=lambda a: collective_seconds(a, q, b, link, overhead))
+        for b in group_bytes
+    ]

@@ -17,6 +17,7 @@ from .collectives import (
     best_collective,
     collective_seconds,
     engine_algorithm,
+    engine_horizontal,
     round_seconds,
 )
 from .network import LinkClass, Network, network_from_config
@@ -99,14 +100,18 @@ def _engine_vertical(k: int, mode: str, elements: float) -> str:
     return _engine_choice("vertical", str(config.get("engine.vertical")), k, elements)
 
 
-def _engine_horizontal(C: int) -> str | None:
-    """The engine's horizontal setting for ``C`` columns: ``"pairwise"``, a name, or ``None``
-    (``auto`` above ``rpm.engine.allgather-max`` columns: chosen per group of bands)."""
-    setting = str(config.get("engine.horizontal"))
-    engine_algorithm("horizontal", setting, 1, 0.0, LinkClass(0.0, 1.0), 0.0, 0)  # checks it
-    if setting == "auto":
-        return "pairwise" if C <= int(config.get("engine.allgather-max")) else None
-    return setting
+def _engine_horizontal(C: int, group_elements: list[float]) -> list[str] | None:
+    """What the engine runs across ``C`` columns (``rpm.engine.horizontal``): ``None`` for the
+    pairwise messages, else one algorithm per group of bands (:func:`engine_horizontal`)."""
+    cfg = network_from_config()
+    return engine_horizontal(
+        str(config.get("engine.horizontal")),
+        C,
+        [e * cfg.itemsize for e in group_elements],
+        LinkClass(cfg.latency, cfg.bandwidth),
+        cfg.overhead,
+        int(config.get("engine.allgather-max")),
+    )
 
 
 def _column_rows(plan: Plan) -> list[tuple[np.ndarray, np.ndarray, list[int]]]:
@@ -434,10 +439,13 @@ def _horizontal(
     per_row = (n + l) * net.itemsize
     if C == 1:
         return 0.0, [], []
-    engine = _engine_horizontal(C) if hmode == "engine" else None
-    if hmode == "engine" and engine not in (None, "pairwise"):
-        hmode = str(engine)
-    if hmode == "pairwise" or (hmode == "engine" and engine == "pairwise"):
+    engine: list[str] | None = None
+    if hmode == "engine":
+        engine = _engine_horizontal(
+            C, [r * (n + l) for _, r in _band_groups(plan, _column_rows(plan))]
+        )
+        hmode = "pairwise" if engine is None else hmode
+    if hmode == "pairwise":
         rows = _column_rows(plan)
         if net.classes or (net.hosts is not None and len(set(net.hosts)) > 1):
             return round_seconds(_pairwise_messages(plan, rows, per_row), net)[0], [], []
@@ -452,14 +460,14 @@ def _horizontal(
     load: dict[int, float] = {}
     chain: dict[int, float] = {}
     groups: list[tuple[tuple[int, ...], int, str, float]] = []
-    for holders, r in _band_groups(plan, _column_rows(plan)):
+    for g, (holders, r) in enumerate(_band_groups(plan, _column_rows(plan))):
         link = net.worst_link(holders)
         nbytes = r * per_row
         red = r * (n + l) * net.reduce
         if hmode == "best":
             alg, t = best_collective(C, nbytes, link, net.overhead, red)
-        elif hmode == "engine":  # auto: the engine's choice for this group
-            alg = _engine_choice("horizontal", "auto", C, r * (n + l))
+        elif engine is not None:  # the engine's choice for this group
+            alg = engine[g]
             t = collective_seconds(alg, C, nbytes, link, net.overhead, red)
         else:
             alg, t = hmode, collective_seconds(hmode, C, nbytes, link, net.overhead, red)

@@ -32,7 +32,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .. import config
-from ..cost import ENGINE_VERTICAL, Network, engine_algorithm, network_from_config
+from ..cost import (
+    ENGINE_VERTICAL,
+    Network,
+    engine_algorithm,
+    engine_horizontal,
+    network_from_config,
+)
 from ..partition import Plan
 from ..records import BandGroup, Layout, Peer
 
@@ -47,35 +53,30 @@ def band_groups(
 ) -> list[BandGroup]:
     """The horizontal allreduces of ``plan``: bands with the same holders merged, in band order.
 
-    ``setting`` (default ``rpm.engine.horizontal``) picks each group's
-    algorithm by :func:`dask_rpm.cost.engine_algorithm`; an empty list when
-    the exchange is ``pairwise`` (or there is one column).
+    ``setting`` (default ``rpm.engine.horizontal``) picks the algorithms by
+    :func:`dask_rpm.cost.engine_horizontal`; an empty list when the exchange is
+    ``pairwise`` (or there is one column).
     """
     setting = str(config.get("engine.horizontal", setting))
-    if plan.n_columns == 1:
-        engine_algorithm("horizontal", setting, 1, 0.0, net.worst_link([]), 0.0, 0)  # checks it
-        return []
     rows: dict[tuple[int, ...], list[tuple[int, int]]] = {}
-    for band in plan.bands():
-        rows.setdefault(tuple(plan.holders(band)), []).append(band)
-    one_hop = int(config.get("engine.allgather-max"))
+    if plan.n_columns > 1:
+        for band in plan.bands():
+            rows.setdefault(tuple(plan.holders(band)), []).append(band)
     per_row = (plan.n + plan.l) * net.itemsize
-    out = []
-    for holders, bands in rows.items():
-        nbytes = per_row * sum(b - a for a, b in bands)
-        alg = engine_algorithm(
-            "horizontal",
-            setting,
-            len(holders),
-            nbytes,
-            net.worst_link(holders),
-            net.overhead,
-            one_hop,
-        )
-        if alg == "pairwise":
-            return []
-        out.append(BandGroup(holders, tuple(addresses[w] for w in holders), tuple(bands), alg))
-    return out
+    algorithms = engine_horizontal(
+        setting,
+        plan.n_columns,
+        [per_row * sum(b - a for a, b in bands) for bands in rows.values()],
+        net.worst_link(sorted({w for h in rows for w in h})),
+        net.overhead,
+        int(config.get("engine.allgather-max")),
+    )
+    if algorithms is None:
+        return []
+    return [
+        BandGroup(holders, tuple(addresses[w] for w in holders), tuple(bands), alg)
+        for (holders, bands), alg in zip(rows.items(), algorithms)
+    ]
 
 
 def layouts(

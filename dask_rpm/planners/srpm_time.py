@@ -113,7 +113,7 @@ def vertical_seconds(
             # fall as a column grows, so it is charged at least that much there (an upper bound
             # in those few cases; the candidate plans are then predicted exactly).
             K = int(v[5:])
-            least = np.minimum.reduce([one(alg) for alg in ("leader", *SCALABLE)])
+            least = np.minimum.reduce([one(alg) for alg in ("allgather", "leader", *SCALABLE)])
             floor = one("allgather", np.minimum(k, K))
             out = np.where(k <= K, one("allgather"), np.maximum(least, floor))
         else:
@@ -273,9 +273,8 @@ def _horizontal_estimate(
     if mode == "engine":  # what rpm.engine.horizontal runs (cost.engine_algorithm's rule)
         setting = str(config.get("engine.horizontal"))
         if setting == "auto":
-            return np.where(
-                C <= int(config.get("engine.allgather-max")), one_hop, scheduled("best")
-            )
+            least = np.minimum(one_hop, scheduled("best"))
+            return np.where(C <= int(config.get("engine.allgather-max")), one_hop, least)
         mode = setting
     if mode in ("pairwise", "bands"):
         return one_hop
