@@ -65,6 +65,7 @@ Modules
 * :mod:`~dask_rpm.emulation.rate` - one warm core's throughput on the BP kernels;
 * :mod:`~dask_rpm.emulation.pacing` - on the worker: :class:`EmulationPlugin`, :func:`pace`;
 * :mod:`~dask_rpm.emulation.cluster` - :class:`EmulatedCluster`, :func:`local_cluster`;
+* :mod:`~dask_rpm.emulation.links` - EMULATED link classes: delay between emulated nodes;
 * :mod:`~dask_rpm.emulation.control` - from the client: labels, reports, :func:`set_speed`;
 * :mod:`~dask_rpm.emulation.preload` - :func:`dask_setup` for workers started elsewhere.
 """
@@ -79,6 +80,13 @@ from .control import (
     reset_clock,
     set_speed,
     worker_addresses,
+)
+from .links import (
+    LINKS_PLUGIN_NAME,
+    EmulatedLinks,
+    LinkEmulationPlugin,
+    emulated_links,
+    link_delay,
 )
 from .pacing import EmulationPlugin, current_speed, pace, worker_plugin
 from .preload import dask_setup, plugin_from_env
@@ -101,7 +109,10 @@ __all__ = [
     "ENV_SCHEDULE",
     "ENV_INDEX",
     "EmulatedCluster",
+    "EmulatedLinks",
     "EmulationPlugin",
+    "LINKS_PLUGIN_NAME",
+    "LinkEmulationPlugin",
     "auto_scale",
     "calibrate_rate",
     "current_speed",
@@ -109,8 +120,10 @@ __all__ = [
     "emulation_info",
     "emulation_label",
     "emulation_label_async",
+    "emulated_links",
     "emulation_report",
     "format_report",
+    "link_delay",
     "local_cluster",
     "pace",
     "plugin_from_env",

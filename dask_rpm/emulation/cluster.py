@@ -15,6 +15,8 @@ from dask.system import CPU_COUNT
 from distributed import Nanny, Scheduler, SpecCluster, Worker
 
 from .. import config
+from ..cost import Network
+from .links import EmulatedLinks, LinkEmulationPlugin, emulated_links
 from .pacing import BLAS_VARS, EmulationPlugin
 from .profile import DEFAULT_SPEEDS, auto_scale, check_speed, format_label, parse_schedule
 from .rate import process_rate
@@ -44,6 +46,11 @@ class EmulatedCluster(SpecCluster):
     threads_per_worker : int
     emulation_label : str
         One line to print with every result obtained on this cluster.
+    links : EmulatedLinks or None
+        The EMULATED placement on nodes and the delay added per link class
+        (``nodes=`` of :func:`local_cluster`); None: one node, nothing delayed.
+    nodes, groups : tuple or None
+        Node and group label per worker (``links.nodes``, ``links.groups``).
 
     Notes
     -----
@@ -60,6 +67,9 @@ class EmulatedCluster(SpecCluster):
         processes: bool = True,
         schedule: Mapping[int, Sequence[Sequence[Any]]] | None = None,
         dashboard_address: str | None = ":0",
+        nodes: Sequence[Any] | None = None,
+        groups: Sequence[Any] | None = None,
+        links: Mapping[str, Any] | None = None,
         headroom: float | None = None,
         scheduler_kwargs: dict[str, Any] | None = None,
         asynchronous: bool = False,
@@ -71,9 +81,12 @@ class EmulatedCluster(SpecCluster):
         self._set_profile(speeds, scale, threads_per_worker, headroom)
         self.schedule = self._checked_schedule(schedule)
         self.processes = processes
+        self.links: EmulatedLinks | None = emulated_links(len(self.speeds), nodes, groups, links)
         self.emulation_label = format_label(
             self.speeds, self.scale_factor, "on one machine", self.schedule
         )
+        if self.links is not None:
+            self.emulation_label += "; " + self.links.describe()
         workers = self._worker_specs(silence_logs, worker_kwargs)
         # In-process workers share this process's BLAS: pin it here while the
         # cluster lives (limitation: the client's own numpy is pinned too).
@@ -165,7 +178,10 @@ class EmulatedCluster(SpecCluster):
                 pin_blas=processes,
                 rate=self.rates,
             )
-            opts = dict(base, plugins=(plugin,))
+            plugins: tuple[Any, ...] = (plugin,)
+            if self.links is not None:
+                plugins += (LinkEmulationPlugin(self.links),)
+            opts = dict(base, plugins=plugins)
             if processes:
                 # set before the worker starts importing numpy in the child
                 opts["env"] = {**{v: str(t) for v in BLAS_VARS}, **extra_env}
@@ -207,6 +223,36 @@ class EmulatedCluster(SpecCluster):
     worker_addresses = worker_names
 
     @property
+    def nodes(self) -> tuple[Any, ...] | None:
+        """EMULATED node label of each worker (by index), or None without link emulation."""
+        return None if self.links is None else self.links.nodes
+
+    @property
+    def groups(self) -> tuple[Any, ...] | None:
+        """EMULATED group label of each worker (by index), or None without link emulation."""
+        return None if self.links is None else self.links.groups
+
+    def link_network(self, base: Network | None = None) -> Network:
+        """The cost model's network for this cluster's EMULATED links (for ``make_plan(network=...)``).
+
+        Parameters
+        ----------
+        base : Network, optional
+            What the loopback itself costs (``rpm.cost.*`` when None); each
+            class adds its EMULATED delay to it (:meth:`EmulatedLinks.network`).
+
+        Raises
+        ------
+        ValueError
+            The cluster has no link emulation (no ``nodes=``).
+        """
+        if self.links is None:
+            raise ValueError(
+                "this cluster has no EMULATED links; start it with local_cluster(..., nodes=[...])"
+            )
+        return self.links.network(base)
+
+    @property
     def emulation_metadata(self) -> dict[str, Any]:
         """Plain-data description of the emulation, for results and files."""
         return {
@@ -219,6 +265,7 @@ class EmulatedCluster(SpecCluster):
             "headroom": self.headroom,
             "cores": self.cores,
             "processes": self.processes,
+            "links": None if self.links is None else self.links.to_dict(),
         }
 
     def __repr__(self) -> str:
@@ -233,6 +280,9 @@ def local_cluster(
     processes: bool = True,
     schedule: Mapping[int, Sequence[Sequence[Any]]] | None = None,
     dashboard_address: str | None = ":0",
+    nodes: Sequence[Any] | None = None,
+    groups: Sequence[Any] | None = None,
+    links: Mapping[str, Any] | None = None,
     **kwargs: Any,
 ) -> EmulatedCluster:
     """Start a local cluster with EMULATED heterogeneous worker speeds.
@@ -264,6 +314,22 @@ def local_cluster(
         :func:`reset_clock`). The most recent change wins.
     dashboard_address : str or None
         Scheduler dashboard address; ``None`` disables it.
+    nodes : sequence, optional
+        EMULATED placement: the node label of each worker, e.g. ``[0, 0, 1, 1]``
+        (default ``rpm.emulation.nodes``: null, all on one node). Messages
+        between workers on different nodes are held back by the delay of
+        their link class (:mod:`dask_rpm.emulation.links`); within a node
+        nothing is added.
+    groups : sequence, optional
+        Group label of each worker (needs ``nodes``; the workers of a node
+        share one group). Default: every node a group of its own.
+    links : mapping, optional
+        Added delay per link class: ``{"host" | "group" | "across":
+        (latency_s, bandwidth_bytes_per_s)}`` (or a
+        :class:`~dask_rpm.cost.LinkClass`, a dict with ``latency`` and
+        ``bandwidth``, or None for nothing added); classes not given keep
+        ``rpm.emulation.links``. Without ``groups``, messages between nodes
+        are ``"across"``.
     **kwargs
         ``headroom``, ``scheduler_kwargs``, ``asynchronous``, ``loop``,
         ``silence_logs``, ``name``; anything else goes to every worker
@@ -280,6 +346,11 @@ def local_cluster(
     >>> print(cluster.emulation_label)  # doctest: +SKIP
     EMULATED heterogeneity on one machine: speeds 1.0, 0.5, 0.25 x scale 0.914 of a core
     >>> client = Client(cluster)  # doctest: +SKIP
+
+    Two EMULATED nodes of two workers, 5 ms and 20 MB/s added between them:
+
+    >>> cluster = local_cluster([1, 1, 0.5, 0.5], nodes=[0, 0, 1, 1],
+    ...                         links={"across": (0.005, 2e7)})  # doctest: +SKIP
     """
     return EmulatedCluster(
         speeds,
@@ -288,6 +359,9 @@ def local_cluster(
         processes=processes,
         schedule=schedule,
         dashboard_address=dashboard_address,
+        nodes=nodes,
+        groups=groups,
+        links=links,
         **kwargs,
     )
 

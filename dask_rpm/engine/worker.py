@@ -32,6 +32,7 @@ import numpy as np
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.protocol import to_serialize
 
+from ..emulation.links import link_delay
 from ..kernels import Workspace, all_finite
 from ..optim import Optimizer, step
 from ..recipe import Recipe
@@ -320,6 +321,12 @@ class RunState:
 
     async def _send(self, address: str, msg: dict[str, Any]) -> None:
         try:
+            # EMULATED link classes only (local_cluster(nodes=...)): the message waits its link's
+            # added delay first, in order per peer; a no-op on every other cluster
+            nbytes = sum(
+                len(p[1]) for p in msg["payload"] if isinstance(p, list) and p[:1] == ["nd"]
+            )
+            await link_delay(self.worker, address, nbytes)
             # one way (no reply): a lost peer shows as a failed write, a deadline, or the driver's abort
             await self.worker.rpc(address).rpm_put(reply=False, **msg)
         except Exception as exc:  # a peer that is gone or cannot be reached
