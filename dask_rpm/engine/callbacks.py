@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,7 @@ import numpy as np
 
 from ..partition import Plan
 from ..records import Checkpoint, RemapRecord
+from .checkpoint import StoredCheckpoint, write_store
 from .driver import Driver
 from .drpm import jsonable
 from .errors import WorkerLostError
@@ -153,20 +155,44 @@ class ProgressCallback(TrainingCallback):
 
 
 class CheckpointCallback(TrainingCallback):
-    """Every ``every`` iterations: gather the weights to the client (the recovery point) and
-    hand them to ``on_checkpoint(state)`` in a thread."""
+    """Every ``every`` iterations a checkpoint, the recovery point when no column holds a lost worker's rows.
+
+    With ``directory`` (``fit(checkpoint_dir=...)``) the workers write their
+    rows into that store in parallel and the driver writes the manifest
+    (:mod:`dask_rpm.engine.checkpoint`): no weights reach the driver. With
+    ``on_checkpoint`` the driver gathers the weights and hands them to
+    ``on_checkpoint(state)`` in a thread (both may be given). Without either,
+    the gathered weights are kept on the client as the recovery point.
+    ``times`` lists ``(iteration, seconds)`` of every checkpoint taken.
+    """
 
     def __init__(
-        self, every: int, on_checkpoint: Callable[[dict[str, Any]], None] | None, initial: Any
+        self,
+        every: int,
+        on_checkpoint: Callable[[dict[str, Any]], None] | None,
+        initial: Any,
+        directory: str | None = None,
+        errors_before: Any = None,
     ) -> None:
         self.every = int(every)
         self.on_checkpoint = on_checkpoint
-        self.latest = initial
+        self.directory = directory
+        self.latest: Checkpoint | StoredCheckpoint = initial
+        #: the errors of the iterations before a resume (a store's checkpoints carry them on)
+        self.errors_before = np.asarray(errors_before if errors_before is not None else [], float)
         #: ``extra(driver) -> dict`` merged into each checkpoint's state (fit sets it: the DRPM state)
         self.extra: Callable[[Driver], dict[str, Any]] | None = None
+        self.times: list[tuple[int, float]] = []
 
     def boundary(self, done: int) -> int | None:
         return self.every - done % self.every if self.every else None
+
+    def _errors(self, driver: Driver, done: int) -> np.ndarray:
+        errors = np.array([driver.log.error(it) for it in range(done)])
+        k = min(self.errors_before.size, done)
+        before = errors[:k]
+        errors[:k] = np.where(np.isnan(before), self.errors_before[:k], before)
+        return errors
 
     async def after_block(self, info: BlockInfo) -> None:
         done = info.iteration
@@ -174,31 +200,59 @@ class CheckpointCallback(TrainingCallback):
             not self.every
             or done % self.every
             or info.status not in ("ok", "target")
-            or done == self.latest[0]
+            or done == self.latest.iteration
         ):
             return None
+        t0 = time.perf_counter()
+        extra = self.extra(info.driver) if self.extra is not None else {}
+        if self.directory is not None:
+            await self._to_store(info, done, extra)
+        if self.on_checkpoint is not None or self.directory is None:
+            await self._gathered(info, done, extra)
+        self.times.append((done, time.perf_counter() - t0))
+        return None
+
+    async def _to_store(self, info: BlockInfo, done: int, extra: dict[str, Any]) -> None:
+        """The workers write their rows; the driver, the manifest (never the weights)."""
+        assert self.directory is not None
+        meta = {
+            **extra,
+            "plan": info.driver.plan.to_dict(),
+            "errors": self._errors(info.driver, done),
+        }
+        try:
+            await write_store(info.driver, self.directory, meta)
+        except (
+            Exception
+        ) as exc:  # a writer failed or left: the previous checkpoint stays the valid one
+            logger.warning(
+                f"iteration {done}: no checkpoint in {self.directory} ({exc}); the one at iteration "
+                f"{self.latest.iteration} stays valid"
+            )
+            return
+        self.latest = StoredCheckpoint(done, self.directory)
+
+    async def _gathered(self, info: BlockInfo, done: int, extra: dict[str, Any]) -> None:
+        """The driver path: gather the weights to the client, keep them, hand them to ``on_checkpoint``."""
         try:
             W, V, opt_state = await info.driver.gather(with_state=True)
         except (
             WorkerLostError
         ) as exc:  # the next block notices the loss and recovers; the old checkpoint stays
             logger.warning(f"iteration {done}: no checkpoint: {exc}")
-            return None
+            return
         self.latest = Checkpoint(done, W, V, opt_state)
         if self.on_checkpoint is not None:
-            log = info.driver.log
             state = {
                 "iteration": done,
                 "W": W,
                 "V": V,
                 "optimizer_state": opt_state,
                 "plan": info.driver.plan,
-                "errors": np.array([log.error(it) for it in range(done)]),
+                "errors": self._errors(info.driver, done),
+                **extra,
             }
-            if self.extra is not None:
-                state.update(self.extra(info.driver))
             await asyncio.get_running_loop().run_in_executor(None, self.on_checkpoint, state)
-        return None
 
 
 class ValidationCallback(TrainingCallback):

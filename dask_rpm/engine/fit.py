@@ -9,6 +9,7 @@ policy, estimator).
 from __future__ import annotations
 
 import logging
+import os
 import uuid
 from typing import Any
 
@@ -26,10 +27,11 @@ from .drpm import DRPMState
 from .errors import TrainingError
 from .history import add_validation, build_history
 from .loop import TrainingLoop
-from .options import TRAINING_KEYWORDS, Options, resolve_options, start_checkpoint
+from .options import TRAINING_KEYWORDS, Options, resolve_options, resume_state, start_checkpoint
 from .planning import first_plan
 from .result import FitResult
 from .scheduler_plugin import PLUGIN_NAME, RPMSchedulerPlugin
+from .store import prepare_directory
 from .worker import PLUGIN_NAME as WORKER_PLUGIN_NAME
 from .worker import RPMEnginePlugin
 
@@ -67,6 +69,7 @@ def fit(
     elastic: bool | None = None,
     target_error: float | None = None,
     checkpoint_every: int | None = None,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
     on_checkpoint: Any = None,
     should_stop: Any = None,
     callback: Any = None,
@@ -83,7 +86,7 @@ def fit(
     validate_every: int | None = None,
     early_stopping: int | None = None,
     tol: float | None = None,
-    resume: dict[str, Any] | None = None,
+    resume: dict[str, Any] | str | os.PathLike[str] | None = None,
 ) -> FitResult:
     """Train a 3-layer perceptron by back-propagation on the workers of a Dask cluster.
 
@@ -135,8 +138,17 @@ def fit(
         Stop right after the first iteration whose error is at most this (the
         workers check it every iteration); ``iterations`` is then the maximum.
     checkpoint_every : int, default ``rpm.checkpoint.every``
-        Gather the weights to the client every this many iterations (0: never).
-        They are the recovery point when no column holds a lost worker's rows.
+        Take a checkpoint every this many iterations (0: never): the recovery
+        point when no column holds a lost worker's rows. Without
+        ``checkpoint_dir`` the weights are gathered to the client.
+    checkpoint_dir : str or path, default ``rpm.checkpoint.dir``
+        A directory every worker can reach (on SLURM a shared file system):
+        the workers write their rows of each checkpoint there in parallel and
+        the driver makes it valid with a manifest written last
+        (:mod:`dask_rpm.engine.store`); the weights never pass through the
+        driver. An interrupted checkpoint leaves the previous one valid;
+        ``resume=`` takes the directory back. A directory holding another
+        run's checkpoint is refused (resume it, or choose a new one).
     on_checkpoint : callable, optional
         ``on_checkpoint(state)`` with a dict ``iteration``, ``W``, ``V``,
         ``optimizer_state``, ``errors`` (per iteration so far), ``plan`` (and
@@ -186,9 +198,11 @@ def fit(
         Stop after this many validations in a row without improving the best
         validation loss by more than ``tol`` (relative); needs ``validation``.
     tol : float, default ``rpm.train.tol``
-    resume : dict, optional
-        A checkpoint as ``on_checkpoint`` receives it (``iteration``, ``W``,
-        ``V``, ``optimizer_state``): training continues at that iteration, with
+    resume : dict, str or path, optional
+        A checkpoint store directory (``checkpoint_dir`` of an earlier run: its
+        valid checkpoint, each row file checked against the manifest's
+        checksum), or a checkpoint as ``on_checkpoint`` receives it
+        (``iteration``, ``W``, ``V``, ``optimizer_state``): training continues at that iteration, with
         the same mini-batches and optimizer state, up to ``iterations`` in all,
         and ends with the weights of an uninterrupted run. With
         ``mapping="drpm"`` and the checkpoint's ``"drpm"`` state (plan, checks,
@@ -225,6 +239,7 @@ def fit(
         elastic=elastic,
         target_error=target_error,
         checkpoint_every=checkpoint_every,
+        checkpoint_dir=checkpoint_dir,
         on_checkpoint=on_checkpoint,
         should_stop=should_stop,
         callback=callback,
@@ -254,8 +269,15 @@ def _callbacks(
     remaps: list[RemapRecord],
     emulation: str | None,
     start: Checkpoint,
+    errors_before: Any = None,
 ) -> tuple[list[cb.TrainingCallback], cb.CheckpointCallback]:
-    ckpt = cb.CheckpointCallback(opts.checkpoint_every, kw["on_checkpoint"], start)
+    ckpt = cb.CheckpointCallback(
+        opts.checkpoint_every,
+        kw["on_checkpoint"],
+        start,
+        directory=opts.checkpoint_dir,
+        errors_before=errors_before,
+    )
     validator = data.validator()
     # validation first: the progress line and the /rpm page then show this boundary's evaluation
     out: list[cb.TrainingCallback] = (
@@ -281,8 +303,12 @@ async def _fit_async(client: Any, x: Any, d: Any, kw: dict[str, Any]) -> FitResu
     data = prepare(x, d, **{k: kw[k] for k in TRAINING_KEYWORDS})
     opts = resolve_options(kw, data)
     # a bad checkpoint is refused before waiting for workers
-    start = start_checkpoint(kw["resume"], data)
-    saved = kw["resume"].get("drpm") if isinstance(kw["resume"], dict) else None
+    resume = resume_state(kw["resume"], data)
+    start = start_checkpoint(resume, data)
+    if opts.checkpoint_dir is not None:  # created (nothing else written) once the input is valid
+        opts.checkpoint_dir = prepare_directory(opts.checkpoint_dir, kw["resume"])
+    saved = resume.get("drpm") if isinstance(resume, dict) else None
+    errors_before = resume.get("errors") if isinstance(resume, dict) else None
     plan, info, probe_result, given, resumed = await first_plan(
         client, opts, data, kw["abilities"], saved
     )
@@ -300,7 +326,7 @@ async def _fit_async(client: Any, x: Any, d: Any, kw: dict[str, Any]) -> FitResu
     drpm = _drpm_state(opts, given, saved if resumed else None, len(plan.abilities))
     remaps: list[RemapRecord] = drpm.remaps if drpm is not None else []
     emulation = await emulation_label_async(client)
-    hooks, ckpt = _callbacks(kw, opts, data, reporter, remaps, emulation, start)
+    hooks, ckpt = _callbacks(kw, opts, data, reporter, remaps, emulation, start, errors_before)
     if drpm is not None:  # checkpoints carry the DRPM state: resume continues at the plan reached
         ckpt.extra = lambda d: {"drpm": {**drpm.to_dict(), "plan": d.plan.to_dict()}}
     loop = TrainingLoop(driver, opts, hooks, ckpt, drpm, remaps)
@@ -333,7 +359,11 @@ async def _fit_async(client: Any, x: Any, d: Any, kw: dict[str, Any]) -> FitResu
         emulation=emulation,
         remaps=remaps,
         probe=probe_result,
-        stats={"tasks": driver.tasks_submitted, "blocks": driver.epoch},
+        stats={
+            "tasks": driver.tasks_submitted,
+            "blocks": driver.epoch,
+            "checkpoints": list(ckpt.times),  # (iteration, seconds) of each checkpoint
+        },
         recipe=data.recipe,
         classes=data.classes,
         validation=validation,

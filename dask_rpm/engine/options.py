@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,11 +15,18 @@ from ..partition import Plan
 from ..policy import first_interval
 from ..prepare import Prepared
 from ..records import Checkpoint
+from .store import open_resume
 
 logger = logging.getLogger("dask_rpm")
 
 
-__all__ = ["TRAINING_KEYWORDS", "Options", "resolve_options", "start_checkpoint"]
+__all__ = [
+    "TRAINING_KEYWORDS",
+    "Options",
+    "resolve_options",
+    "resume_state",
+    "start_checkpoint",
+]
 
 
 @dataclass
@@ -36,6 +44,8 @@ class Options:
     elastic: bool
     checkpoint_every: int
     target_error: float | None
+    #: the checkpoint store the workers write (absolute, created), or None: checkpoints via the driver
+    checkpoint_dir: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -62,6 +72,12 @@ def resolve_options(kw: dict[str, Any], job: Prepared) -> Options:
         raise DataError(
             f"checkpoint_every={every!r}; it must be an integer >= 0 (0: no checkpoints)"
         )
+    directory = config.get("checkpoint.dir", kw.get("checkpoint_dir"))
+    if directory is not None and not every:
+        raise DataError(
+            f"checkpoint_dir={directory!r} but checkpoint_every={every!r}: no checkpoint would be "
+            f"written; set checkpoint_every to the iterations between checkpoints (e.g. 50)"
+        )
     return Options(
         iterations=job.recipe.iterations,
         learning_rate=job.recipe.learning_rate,
@@ -74,6 +90,7 @@ def resolve_options(kw: dict[str, Any], job: Prepared) -> Options:
         elastic=bool(config.get("train.elastic", kw["elastic"])) and not isinstance(mapping, Plan),
         checkpoint_every=int(every),
         target_error=job.target_error,
+        checkpoint_dir=None if directory is None else os.fspath(directory),
     )
 
 
@@ -101,14 +118,24 @@ TRAINING_KEYWORDS = (
 )
 
 
+def resume_state(resume: Any, data: Prepared) -> dict[str, Any] | None:
+    """``fit``'s ``resume=`` as a checkpoint dict: a store directory is read (its manifest's network
+    shape checked first); a dict or None is returned as it is."""
+    if isinstance(resume, (str, os.PathLike)):
+        n, m, l = data.W0.shape[1], data.W0.shape[0], data.V0.shape[0]
+        return open_resume(resume, (n, m, l))
+    return resume
+
+
 def start_checkpoint(resume: Any, data: Prepared) -> Checkpoint:
     """Where training starts: iteration 0 with the initial weights, or a checkpoint to resume from."""
     if resume is None:
         return Checkpoint(0, data.W0, data.V0)
     if not isinstance(resume, dict) or not {"iteration", "W", "V"} <= set(resume):
         raise DataError(
-            "resume must be a checkpoint dict with 'iteration', 'W', 'V' (and 'optimizer_state'), "
-            "as fit's on_checkpoint receives it"
+            f"resume={type(resume).__name__}; it must be a checkpoint store directory (the "
+            "checkpoint_dir a run wrote) or a checkpoint dict with 'iteration', 'W', 'V' (and "
+            "'optimizer_state'), as fit's on_checkpoint receives it"
         )
     k = resume["iteration"]
     W, V = np.asarray(resume["W"], dtype=data.dtype), np.asarray(resume["V"], dtype=data.dtype)

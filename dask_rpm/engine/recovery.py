@@ -14,6 +14,7 @@ from ..partition import Plan
 from ..planners import make_plan
 from ..records import Checkpoint, RemapRecord
 from ..remap import MigrationError
+from .checkpoint import StoredCheckpoint, resolve
 from .driver import Driver, ordered_workers
 from .errors import TrainingError, WorkerLostError
 
@@ -68,14 +69,15 @@ def whole_plan(
 
 
 async def rebalance(
-    driver: Driver, alive: Sequence[str], fallback: Checkpoint, reason: str
+    driver: Driver, alive: Sequence[str], fallback: Checkpoint | StoredCheckpoint, reason: str
 ) -> RemapRecord:
     """Whole remap onto the workers ``alive`` now: absorb new ones, drop lost ones.
 
     Rows a lost worker held come from another column holding the same rows.
     When no column does (a single column, or every holder lost), training
-    restarts from ``fallback``, the last checkpoint, and the iterations since
-    are computed again.
+    restarts from ``fallback``, the last checkpoint (read from its store only
+    then, when the workers wrote it), and the iterations since are computed
+    again.
     """
     t0 = time.perf_counter()
     alive_set = set(alive)
@@ -96,7 +98,7 @@ async def rebalance(
     try:
         rec = await driver.remap(new, "whole", lost=lost)
     except MigrationError:
-        k, W, V, state = fallback
+        k, W, V, state = resolve(fallback)
         driver.log.forget_from(k)
         await driver.client.scheduler.rpm_update(run=driver.run, info={"forget_from": k})
         sent = await driver.install(
@@ -121,7 +123,9 @@ async def rebalance(
     return rec
 
 
-async def recover(driver: Driver, exc: WorkerLostError, fallback: Checkpoint) -> RemapRecord:
+async def recover(
+    driver: Driver, exc: WorkerLostError, fallback: Checkpoint | StoredCheckpoint
+) -> RemapRecord:
     """After a worker loss: whole remap onto the workers left (the survivors are at a consistent iteration)."""
     failed_at = exc.iteration
     for attempt in range(len(driver.addresses) + 1):

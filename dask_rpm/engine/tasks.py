@@ -9,6 +9,7 @@ loop through ``client.run`` (they touch only flags and buffer pointers).
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ from ..recipe import Recipe
 from ..records import BlockResult, BlockSpec, Layout
 from .block import run_block
 from .samples import ColumnData, SampleSource
+from .store import write_rows
 from .worker import PLUGIN_NAME, RunState, Shard, get_state
 
 __all__ = [
@@ -31,6 +33,7 @@ __all__ = [
     "run_abort",
     "run_clear",
     "run_deadline",
+    "run_write_rows",
 ]
 
 
@@ -240,3 +243,35 @@ def run_deadline(dask_worker: Any = None) -> float | None:
     """When this worker's Dask lifetime ends (``time.time()``), or None (no lifetime)."""
     plugin = dask_worker.plugins.get(PLUGIN_NAME)
     return None if plugin is None else plugin.deadline
+
+
+async def run_write_rows(
+    run: str,
+    directory: str,
+    iteration: int,
+    ranges: list[tuple[int, int]],
+    dask_worker: Any = None,
+) -> list[tuple[str, tuple[int, int], int, str]]:
+    """Write hidden rows ``ranges`` (global numbering) of this worker's shard into a checkpoint store.
+
+    The rows are copied on the event loop at the block boundary (the shard is
+    not touched while the copy is taken), then written in a thread, so the
+    worker's event loop stays responsive. Returns each file's ``(name, rows,
+    bytes, sha256)`` (:class:`~dask_rpm.engine.store.RowFile`): all the driver
+    receives.
+    """
+    state = get_state(run, dask_worker)
+    if state.iteration != iteration:
+        raise RuntimeError(
+            f"worker {state.layout.address} is at iteration {state.iteration}, not {iteration}: "
+            f"no checkpoint of its rows"
+        )
+    m0, m1 = state.layout.rows
+    if any(not (m0 <= a < b <= m1) for a, b in ranges):
+        raise ValueError(f"rows {ranges} are not within this worker's rows [{m0}, {m1})")
+    copies = [(a, b, state.shard.rows(a - m0, b - m0)) for a, b in ranges]
+
+    def write() -> list[tuple[str, tuple[int, int], int, str]]:
+        return [tuple(write_rows(directory, iteration, a, b, rows)) for a, b, rows in copies]  # type: ignore[misc]
+
+    return await asyncio.to_thread(write)

@@ -1,0 +1,395 @@
+"""The checkpoint store the workers write: one file per row range, made valid by a manifest written last.
+
+A store is a plain directory every worker can reach (on SLURM a shared file
+system path, on a local cluster a local directory)::
+
+    <store>/manifest.json                          the valid checkpoint (written last, atomically)
+    <store>/it000000040-rows0000000-0000342.npz    rows [0, 342) of W, V and the optimizer state
+    <store>/it000000040-rows0000342-0001024.npz    ...
+
+Each row file is written by the one worker :func:`writers` picks for those
+rows (every column holds a full copy of the weights, so a row range has one
+holder per column; exactly one of them writes it), from its own shard, in a
+thread off its event loop, through :func:`dask_rpm._files.atomic_write` (a
+temporary file renamed into place). The driver collects only each file's
+name, size and SHA-256, then writes ``manifest.json`` (iteration, network
+shape, dtype, the row files with their sizes and checksums, the errors so
+far, the plan and DRPM's state) by an atomic rename, and only then removes
+files no manifest names. A checkpoint interrupted at any point (a writer
+killed mid-write, a write that failed, the driver gone before the manifest)
+therefore leaves the previous manifest and every file it names in place:
+that checkpoint stays the valid one. Reading checks every file's size and
+checksum, so a truncated or corrupted row file is reported, never loaded.
+
+Why not zarr: a zarr array written chunk by chunk by several processes is
+valid chunk by chunk, not as a whole; making a checkpoint valid at once still
+needs a manifest (or a second array and a pointer) written last, and zarr
+would be a new dependency of every worker. Row files of ``numpy``'s own
+``.npz`` format and one JSON manifest need nothing beyond numpy and are
+readable without dask_rpm.
+
+This module only reads and writes files (numpy and the standard library); the
+driver's side (who writes which rows, the manifest after every writer
+finished) is :mod:`dask_rpm.engine.checkpoint`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from .._files import atomic_write, atomic_write_text, unwritable_reason
+from ..data import DataError
+from ..partition import Plan
+
+__all__ = [
+    "FORMAT",
+    "MANIFEST",
+    "RowFile",
+    "StoreError",
+    "writers",
+    "row_file_name",
+    "write_rows",
+    "write_manifest",
+    "commit",
+    "write_whole",
+    "read_manifest",
+    "load",
+    "remove_stale",
+    "is_store",
+    "prepare_directory",
+    "open_resume",
+]
+
+#: The manifest's ``format`` (a reader refuses other values).
+FORMAT = "dask_rpm-checkpoint-store/1"
+MANIFEST = "manifest.json"
+_ROW_FILE = re.compile(r"^it(\d{9})-rows(\d{7})-(\d{7})\.npz$")
+
+
+class StoreError(DataError):
+    """A checkpoint store that cannot be read or written; the message names the path and the fix."""
+
+
+class RowFile(NamedTuple):
+    """One row file of a checkpoint: what the worker that wrote it reports, and the manifest lists."""
+
+    name: str  # file name inside the store
+    rows: tuple[int, int]  # hidden rows [a, b)
+    bytes: int  # its size
+    sha256: str  # hex digest of its content
+
+
+def writers(plan: Plan) -> dict[int, list[tuple[int, int]]]:
+    """Which worker writes which hidden rows: each row exactly once, spread over all planned workers.
+
+    The hidden rows are cut at every column's row boundaries; each piece has
+    one holder per column and goes to the holder with the fewest rows so far
+    (ties: the lower column), so every worker writes about ``m / N`` rows and
+    the store is written once, in parallel. Adjacent pieces of one worker are
+    merged into one range.
+    """
+    cuts = sorted({b for w in plan.planned_workers for b in plan.rectangle(w).hidden})
+    load: dict[int, int] = {w: 0 for w in plan.planned_workers}
+    out: dict[int, list[tuple[int, int]]] = {}
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        holders = [
+            next(w for w in col if plan.rectangle(w).hidden[0] <= a < plan.rectangle(w).hidden[1])
+            for col in plan.columns
+        ]
+        w = min(holders, key=lambda h: load[h])  # min keeps the first (lowest column) on ties
+        load[w] += b - a
+        ranges = out.setdefault(w, [])
+        if ranges and ranges[-1][1] == a:
+            ranges[-1] = (ranges[-1][0], b)
+        else:
+            ranges.append((a, b))
+    return out
+
+
+def row_file_name(iteration: int, a: int, b: int) -> str:
+    """The file of rows ``[a, b)`` of the checkpoint at ``iteration``."""
+    return f"it{int(iteration):09d}-rows{int(a):07d}-{int(b):07d}.npz"
+
+
+def write_rows(directory: str, iteration: int, a: int, b: int, rows: Mapping[str, Any]) -> RowFile:
+    """Write rows ``[a, b)`` (:func:`~dask_rpm.engine.worker.rows_of`'s dict) atomically; returns its record.
+
+    The file is ``numpy``'s ``.npz`` (uncompressed): ``W`` (rows x inputs),
+    ``V`` (outputs x rows) and ``state_<slot>_W``/``state_<slot>_V`` for the
+    optimizer's state.
+    """
+    arrays = {"W": rows["W"], "V": rows["V"]}
+    for slot, (Ws, Vs) in (rows.get("state") or {}).items():
+        arrays[f"state_{slot}_W"], arrays[f"state_{slot}_V"] = Ws, Vs
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    data = buf.getbuffer()
+    name = row_file_name(iteration, a, b)
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            f.write(data)
+
+    atomic_write(os.path.join(directory, name), write)
+    return RowFile(name, (int(a), int(b)), len(data), hashlib.sha256(data).hexdigest())
+
+
+def write_manifest(
+    directory: str,
+    *,
+    iteration: int,
+    shape: Sequence[int],
+    dtype: str,
+    files: Iterable[RowFile],
+    slots: Sequence[str],
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Make the checkpoint whose row files are ``files`` the valid one (an atomic rename); returns it.
+
+    ``files`` must cover the hidden rows ``[0, m)`` exactly once. ``extra``
+    holds what else the checkpoint carries (``errors``, ``plan``, ``drpm``):
+    JSON values.
+    """
+    files = sorted(files, key=lambda f: f.rows[0])
+    m = int(shape[1])
+    edges = [f.rows for f in files]
+    if (
+        not edges
+        or edges[0][0] != 0
+        or edges[-1][1] != m
+        or any(p[1] != q[0] for p, q in zip(edges[:-1], edges[1:]))
+    ):
+        raise StoreError(
+            f"internal error: the row files {edges} do not cover the hidden rows [0, {m}) exactly once"
+        )
+    manifest = {
+        "format": FORMAT,
+        "iteration": int(iteration),
+        "shape": [int(v) for v in shape],
+        "dtype": str(dtype),
+        "optimizer_slots": list(slots),
+        "files": [
+            {"name": f.name, "rows": list(f.rows), "bytes": f.bytes, "sha256": f.sha256}
+            for f in files
+        ],
+        "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **dict(extra or {}),
+    }
+    atomic_write_text(os.path.join(directory, MANIFEST), json.dumps(manifest, default=_plain))
+    return manifest
+
+
+def commit(directory: str, **manifest: Any) -> dict[str, Any]:
+    """:func:`write_manifest` (the checkpoint becomes the valid one), then :func:`remove_stale`."""
+    written = write_manifest(directory, **manifest)
+    remove_stale(directory, [f["name"] for f in written["files"]])
+    return written
+
+
+def write_whole(
+    directory: str,
+    iteration: int,
+    W: np.ndarray,
+    V: np.ndarray,
+    state: Mapping[str, Sequence[np.ndarray]] | None,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A checkpoint of weights held in this process (one row file), committed; returns the manifest.
+
+    For weights the driver holds anyway (a job stopped early writes its final
+    weights): the same format as the workers' checkpoints.
+    """
+    m = W.shape[0]
+    rows = {
+        "W": W,
+        "V": V,
+        "state": {k: list(v) for k, v in (state or {}).items()},
+    }
+    f = write_rows(directory, iteration, 0, m, rows)
+    return commit(
+        directory,
+        iteration=iteration,
+        shape=(W.shape[1], m, V.shape[0]),
+        dtype=str(W.dtype),
+        files=[f],
+        slots=list(state or {}),
+        extra=extra,
+    )
+
+
+def _plain(o: Any) -> Any:
+    """``json.dumps(default=...)``: numpy values (DRPM's state holds some) as plain ones."""
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    return str(o)
+
+
+def is_store(path: Any) -> bool:
+    """Whether ``path`` names a directory (a checkpoint store, valid or not)."""
+    return isinstance(path, (str, os.PathLike)) and os.path.isdir(path)
+
+
+def read_manifest(directory: str | os.PathLike) -> dict[str, Any]:
+    """The valid checkpoint's manifest; :class:`StoreError` if there is none or it is not one."""
+    directory = os.fspath(directory)
+    path = os.path.join(directory, MANIFEST)
+    if not os.path.isfile(path):
+        raise StoreError(
+            f"checkpoint store {directory!r} holds no checkpoint ({MANIFEST} is missing: none was "
+            f"completed); start without resume, or give the directory a run wrote its checkpoints to"
+        )
+    try:
+        with open(path, encoding="utf-8") as f:
+            manifest = json.load(f)
+        if manifest.get("format") != FORMAT:
+            raise ValueError(f"format {manifest.get('format')!r}, expected {FORMAT!r}")
+        manifest["iteration"], manifest["shape"], manifest["files"]  # noqa: B018 - required keys
+    except (OSError, ValueError, KeyError, AttributeError) as exc:
+        raise StoreError(
+            f"checkpoint store {directory!r}: {MANIFEST} is not a dask_rpm checkpoint manifest "
+            f"({type(exc).__name__}: {exc}); start without resume, or restore the store"
+        ) from None
+    return manifest
+
+
+def _read_file(directory: str, entry: Mapping[str, Any]) -> Any:
+    """One row file's arrays, after checking its size and checksum against the manifest."""
+    path = os.path.join(directory, entry["name"])
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise StoreError(
+            f"checkpoint store {directory!r}: row file {entry['name']!r} named by {MANIFEST} cannot be "
+            f"read ({exc.strerror or exc}); the store is damaged: restore it, or start without resume"
+        ) from None
+    if len(data) != entry["bytes"] or hashlib.sha256(data).hexdigest() != entry["sha256"]:
+        raise StoreError(
+            f"checkpoint store {directory!r}: row file {entry['name']!r} is {len(data)} bytes with "
+            f"another checksum than {MANIFEST} records ({entry['bytes']} bytes, sha256 "
+            f"{entry['sha256'][:12]}...): it was truncated or changed; restore it, or start without resume"
+        )
+    return np.load(io.BytesIO(data))
+
+
+def load(directory: str | os.PathLike) -> dict[str, Any]:
+    """The valid checkpoint as :func:`dask_rpm.fit`'s ``on_checkpoint`` receives it.
+
+    Keys ``iteration``, ``W``, ``V``, ``optimizer_state``, ``errors``,
+    ``plan`` (JSON, or None), ``drpm`` (or None), ``shape``, ``dtype`` and
+    ``directory``. Every row file is checked against the manifest's size and
+    SHA-256 first.
+    """
+    directory = os.fspath(directory)
+    man = read_manifest(directory)
+    n, m, l = man["shape"]
+    dtype = np.dtype(man["dtype"])
+    slots = list(man.get("optimizer_slots") or [])
+    W, V = np.empty((m, n), dtype), np.empty((l, m), dtype)
+    state = {s: [np.empty((m, n), dtype), np.empty((l, m), dtype)] for s in slots}
+    for entry in man["files"]:
+        a, b = entry["rows"]
+        with _read_file(directory, entry) as z:
+            W[a:b], V[:, a:b] = z["W"], z["V"]
+            for s in slots:
+                state[s][0][a:b], state[s][1][:, a:b] = z[f"state_{s}_W"], z[f"state_{s}_V"]
+    return {
+        "iteration": int(man["iteration"]),
+        "W": W,
+        "V": V,
+        "optimizer_state": state,
+        "errors": np.asarray(man.get("errors") or [], dtype=float),
+        "plan": man.get("plan"),
+        "drpm": man.get("drpm"),
+        "shape": (n, m, l),
+        "dtype": dtype.name,
+        "directory": directory,
+    }
+
+
+def remove_stale(directory: str, keep: Iterable[str]) -> list[str]:
+    """Remove row files (and temporary files of interrupted writes) not in ``keep``; returns their names.
+
+    Call it only after the manifest naming ``keep`` is in place: until then the
+    previous checkpoint's files are the valid ones.
+    """
+    keep = set(keep)
+    gone = []
+    for name in os.listdir(directory):
+        ours = _ROW_FILE.match(name) or (name.startswith(".tmp-") and name.endswith(".npz"))
+        if ours and name not in keep:
+            try:
+                os.unlink(os.path.join(directory, name))
+                gone.append(name)
+            except FileNotFoundError:  # removed meanwhile (another cleanup)
+                pass
+    return gone
+
+
+def prepare_directory(directory: Any, resume: Any) -> str:
+    """``checkpoint_dir`` made absolute and created; refused if not writable or holding another run's checkpoint."""
+    path = os.path.abspath(os.fspath(directory))
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise StoreError(
+            f"checkpoint_dir={os.fspath(directory)!r} is not a directory; give a directory (new or "
+            f"empty) that every worker can reach"
+        )
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise StoreError(
+            f"checkpoint_dir={os.fspath(directory)!r} cannot be created ({exc.strerror or exc}); "
+            f"choose a writable directory every worker can reach"
+        ) from None
+    why = unwritable_reason(path)
+    if why is not None:
+        raise StoreError(
+            f"checkpoint_dir={os.fspath(directory)!r} cannot be written: {why}; choose a writable "
+            f"directory every worker can reach"
+        )
+    resuming_it = (
+        isinstance(resume, (str, os.PathLike)) and os.path.abspath(os.fspath(resume)) == path
+    )
+    if os.path.exists(os.path.join(path, MANIFEST)) and not resuming_it:
+        raise StoreError(
+            f"checkpoint_dir={os.fspath(directory)!r} already holds a checkpoint of another run; "
+            f"continue that run with resume={os.fspath(directory)!r}, or choose a new directory"
+        )
+    return path
+
+
+def open_resume(resume: Any, shape: Sequence[int]) -> dict[str, Any]:
+    """``fit(resume=<store directory>)``: the store's valid checkpoint, after checking its network shape.
+
+    ``shape`` is ``(n, m, l)`` of the network being trained (bias units
+    included). The shape is checked from the manifest before any row file is
+    read.
+    """
+    path = os.fspath(resume)
+    if not os.path.isdir(path):
+        raise StoreError(
+            f"resume={path!r}: no such directory; give a checkpoint store (the checkpoint_dir a run "
+            f"wrote), a checkpoint dict as on_checkpoint receives it, or None to start from scratch"
+        )
+    man = read_manifest(path)
+    have, want = [int(v) for v in man["shape"]], [int(v) for v in shape]
+    if have != want:
+        fmt = "-".join
+        raise StoreError(
+            f"resume={path!r}: the checkpoint is of a {fmt(map(str, have))} network "
+            f"(inputs-hidden-outputs, bias units included) but this run trains "
+            f"{fmt(map(str, want))}; resume with the store this network wrote (same data, hidden "
+            f"units and bias), or start without resume"
+        )
+    return load(path)

@@ -1,0 +1,160 @@
+"""The checkpoint store's files (dask_rpm.engine.store): row files, the manifest, checks, clean-up.
+
+Real files in a temporary directory; the cluster side (workers writing, resume,
+recovery) is tests/test_checkpoint.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from dask_rpm.engine import store
+from dask_rpm.engine.worker import rows_of
+from dask_rpm.partition import Plan
+
+
+def _weights(n=6, m=9, l=3, slots=("velocity",), seed=0):
+    rng = np.random.default_rng(seed)
+    W, V = rng.normal(size=(m, n)), rng.normal(size=(l, m))
+    state = {s: [rng.normal(size=(m, n)), rng.normal(size=(l, m))] for s in slots}
+    return W, V, state
+
+
+def _write(directory, iteration, W, V, state, cuts, extra=None):
+    files = [
+        store.write_rows(str(directory), iteration, a, b, rows_of(W, V, state, a, b))
+        for a, b in zip(cuts[:-1], cuts[1:])
+    ]
+    n, m, l = W.shape[1], W.shape[0], V.shape[0]
+    return files, store.commit(
+        str(directory),
+        iteration=iteration,
+        shape=(n, m, l),
+        dtype=str(W.dtype),
+        files=files,
+        slots=list(state),
+        extra=extra,
+    )
+
+
+def test_writers_write_each_row_once_spread_over_every_worker():
+    plan = Plan.from_columns([[0, 1], [2, 3]], [20, 28], [[4, 5], [6, 3]], shape=(6, 9, 3))
+    jobs = store.writers(plan)
+    rows = sorted(r for ranges in jobs.values() for r in ranges)
+    # every hidden row exactly once
+    assert rows[0][0] == 0 and rows[-1][1] == 9
+    assert all(p[1] == q[0] for p, q in zip(rows[:-1], rows[1:]))
+    # each worker writes rows it holds
+    for w, ranges in jobs.items():
+        h0, h1 = plan.rectangle(w).hidden
+        assert all(h0 <= a < b <= h1 for a, b in ranges)
+    # spread: more than one column writes, and no worker writes more than half of the rows
+    assert {0, 1} & set(jobs) and {2, 3} & set(jobs)
+    assert max(sum(b - a for a, b in r) for r in jobs.values()) <= 5
+
+
+def test_round_trip_with_optimizer_state_and_extra(tmp_path):
+    W, V, state = _weights()
+    _write(
+        tmp_path,
+        40,
+        W,
+        V,
+        state,
+        [0, 4, 9],
+        extra={"errors": [1.5, float("nan")], "drpm": {"a": 1}},
+    )
+    got = store.load(tmp_path)
+    assert got["iteration"] == 40 and got["shape"] == (6, 9, 3) and got["dtype"] == "float64"
+    np.testing.assert_array_equal(got["W"], W)
+    np.testing.assert_array_equal(got["V"], V)
+    np.testing.assert_array_equal(got["optimizer_state"]["velocity"][0], state["velocity"][0])
+    np.testing.assert_array_equal(got["optimizer_state"]["velocity"][1], state["velocity"][1])
+    assert got["errors"][0] == 1.5 and np.isnan(got["errors"][1]) and got["drpm"] == {"a": 1}
+
+
+def test_a_manifest_must_cover_every_row_once(tmp_path):
+    W, V, state = _weights()
+    files = [store.write_rows(str(tmp_path), 5, 0, 4, rows_of(W, V, state, 0, 4))]
+    with pytest.raises(store.StoreError, match=r"do not cover the hidden rows \[0, 9\)"):
+        store.write_manifest(
+            str(tmp_path),
+            iteration=5,
+            shape=(6, 9, 3),
+            dtype="float64",
+            files=files,
+            slots=["velocity"],
+        )
+    assert not (tmp_path / store.MANIFEST).exists()
+
+
+def test_a_new_checkpoint_without_its_manifest_leaves_the_previous_one_valid(tmp_path):
+    W, V, state = _weights()
+    _write(tmp_path, 10, W, V, state, [0, 4, 9])
+    # the next checkpoint was interrupted: one row file complete, one writer killed mid-write
+    W2, V2, state2 = _weights(seed=1)
+    store.write_rows(str(tmp_path), 20, 0, 4, rows_of(W2, V2, state2, 0, 4))
+    (tmp_path / ".tmp-abc123-it000000020-rows0000004-0000009.npz").write_bytes(b"PK\x03\x04 half")
+    got = store.load(tmp_path)
+    assert got["iteration"] == 10
+    np.testing.assert_array_equal(got["W"], W)
+    # the next complete checkpoint removes the stale files, and only them
+    (tmp_path / "notes.txt").write_text("the user's own file")
+    files, _ = _write(tmp_path, 30, W2, V2, state2, [0, 5, 9])
+    left = sorted(os.listdir(tmp_path))
+    assert left == sorted([store.MANIFEST, "notes.txt", *(f.name for f in files)])
+    assert store.load(tmp_path)["iteration"] == 30
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "remove"])
+def test_a_damaged_row_file_is_reported_not_loaded(tmp_path, damage):
+    W, V, state = _weights()
+    files, _ = _write(tmp_path, 10, W, V, state, [0, 4, 9])
+    path = tmp_path / files[1].name
+    data = path.read_bytes()
+    if damage == "truncate":
+        path.write_bytes(data[: len(data) // 2])
+    elif damage == "flip":
+        path.write_bytes(data[:-9] + bytes([data[-9] ^ 1]) + data[-8:])
+    else:
+        path.unlink()
+    with pytest.raises(store.StoreError, match=files[1].name) as err:
+        store.load(tmp_path)
+    assert "start without resume" in str(err.value)
+
+
+def test_missing_or_foreign_manifest(tmp_path):
+    with pytest.raises(store.StoreError, match="holds no checkpoint"):
+        store.load(tmp_path)
+    (tmp_path / store.MANIFEST).write_text(json.dumps({"format": "something else"}))
+    with pytest.raises(store.StoreError, match="not a dask_rpm checkpoint manifest"):
+        store.load(tmp_path)
+
+
+def test_open_resume_refuses_another_network_shape_before_reading_rows(tmp_path):
+    W, V, state = _weights()
+    files, _ = _write(tmp_path, 10, W, V, state, [0, 4, 9])
+    (tmp_path / files[0].name).unlink()  # not read: the shape is checked from the manifest first
+    with pytest.raises(store.StoreError) as err:
+        store.open_resume(tmp_path, (6, 8, 3))
+    msg = str(err.value)
+    assert "6-9-3 network" in msg and "trains 6-8-3" in msg and "start without resume" in msg
+    with pytest.raises(store.StoreError, match="no such directory"):
+        store.open_resume(tmp_path / "nope", (6, 9, 3))
+
+
+def test_prepare_directory(tmp_path):
+    path = store.prepare_directory(tmp_path / "a" / "ck", None)
+    assert os.path.isdir(path) and os.path.isabs(path)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(store.StoreError, match="is not a directory"):
+        store.prepare_directory(tmp_path / "file", None)
+    W, V, state = _weights()
+    _write(path, 10, W, V, state, [0, 9])
+    with pytest.raises(store.StoreError, match="already holds a checkpoint of another run"):
+        store.prepare_directory(path, None)
+    assert store.prepare_directory(path, path) == path  # resuming that store into itself
