@@ -170,6 +170,21 @@ def _checkpoint(tmp: Path, iteration: int = 2, **over: Any) -> None:
     (tmp / "other.yaml").unlink()
 
 
+#: a job's checkpoint store: a ``checkpoint.path`` without ``.nc``
+STORE_JOB = {"every": 1, "path": "ck"}
+
+
+def _store(tmp: Path, hidden: int = 4, damage: bool = False) -> None:
+    """A real checkpoint store at ``ck`` (one row file, the manifest) of a ``5-hidden-2`` network."""
+    from dask_rpm.engine import store
+
+    (tmp / "ck").mkdir()
+    store.write_whole(str(tmp / "ck"), 2, np.zeros((hidden, 5)), np.zeros((2, hidden)), None)
+    if damage:
+        (row,) = tmp.joinpath("ck").glob("it*.npz")
+        row.write_bytes(row.read_bytes()[:100])
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -550,6 +565,21 @@ CASES = [
         lambda t, c: (_checkpoint(t, hidden=6), _train(t, "--resume"))[1],
     ),
     Case(
+        "resume-store-other-network",
+        P,
+        "`--resume` with a checkpoint store (a `checkpoint.path` without `.nc`) of another network.",
+        lambda t, c: (
+            _checkpoint(t, hidden=6, checkpoint=STORE_JOB),
+            _train(t, "--resume", checkpoint=STORE_JOB),
+        )[1],
+    ),
+    Case(
+        "checkpoint-store-exists",
+        P,
+        "The checkpoint store holds a checkpoint and the run does not `--resume`.",
+        lambda t, c: (_checkpoint(t, checkpoint=STORE_JOB), _train(t, checkpoint=STORE_JOB))[1],
+    ),
+    Case(
         "resume-other-job",
         P,
         "`--resume` with a checkpoint of the same shape but another learning rate.",
@@ -705,6 +735,39 @@ CASES = [
         A,
         "`progress` of an unknown kind.",
         lambda t, c: _fit(t, c, progress="loud"),
+    ),
+    Case(
+        "fit-resume-store-other-network",
+        A,
+        "`resume=` a checkpoint store whose manifest names another network shape.",
+        lambda t, c: (_store(t, hidden=6), _fit(t, c, resume=t / "ck"))[1],
+    ),
+    Case(
+        "fit-resume-store-empty",
+        A,
+        "`resume=` a directory without a completed checkpoint.",
+        lambda t, c: (t.joinpath("ck").mkdir(), _fit(t, c, resume=t / "ck"))[1],
+    ),
+    Case(
+        "fit-resume-store-damaged",
+        A,
+        "`resume=` a checkpoint store one of whose row files was truncated.",
+        lambda t, c: (_store(t, damage=True), _fit(t, c, resume=t / "ck"))[1],
+    ),
+    Case(
+        "fit-checkpoint-dir-held",
+        A,
+        "`checkpoint_dir=` a store holding a checkpoint, without `resume=` it.",
+        lambda t, c: (
+            _store(t),
+            _fit(t, c, checkpoint_every=1, checkpoint_dir=t / "ck"),
+        )[1],
+    ),
+    Case(
+        "fit-checkpoint-dir-without-every",
+        A,
+        "`checkpoint_dir=` without `checkpoint_every`: no checkpoint would be written.",
+        lambda t, c: _fit(t, c, checkpoint_dir=t / "ck"),
     ),
     # ---- models
     Case(

@@ -1004,3 +1004,66 @@ def test_an_ended_worker_job_is_resubmitted_and_its_worker_absorbed(slurm_cluste
     )
     assert np.abs(ck["W"].values - W).max() <= RTOL * np.abs(W).max()  # on the scale of the weights
     np.testing.assert_allclose(ck["error"].values, err, rtol=RTOL, atol=0)
+
+
+class _StopAfter(io.StringIO):
+    """A job's ``out`` that sets ``stop`` once a line starting with ``line`` was printed."""
+
+    def __init__(self, stop, line):
+        super().__init__()
+        self.stop, self.line = stop, line
+
+    def write(self, text):
+        if text.startswith(self.line):
+            self.stop.set()
+        return super().write(text)
+
+
+def test_a_checkpoint_store_written_by_the_workers_resumes_to_the_serial_result(tmp_path, digits):
+    import threading
+
+    from dask_rpm.engine import store
+
+    data, x, d = digits
+    path = write_job(tmp_path, data, iterations=40, checkpoint={"every": 10, "path": "ck"})
+    ck = tmp_path / "ck"
+    stop = threading.Event()
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        out = _StopAfter(stop, "checkpoint at iteration 20")
+        summary = run_job(path, client=client, out=out, stop=stop)
+        assert summary["stopped"].startswith("stop requested") and summary["iterations"] == 20
+        assert f"checkpoint at iteration 10 -> {ck}" in out.getvalue()
+        assert store.read_manifest(ck)["iteration"] == 20
+        assert json.loads((ck / "job.json").read_text())["network"] == "65-12-10"
+        assert not (tmp_path / "result.nc").exists()
+        # an existing store is not overwritten without --resume
+        assert main(["train", "--config", str(path)]) == 2
+        log = io.StringIO()
+        run_job(path, client=client, out=log, resume=True)
+    assert f"resuming from checkpoint {ck} at iteration 20" in log.getvalue()
+    W, V, err = fit_serial(x, d, hidden=12, iterations=40, learning_rate=0.005, seed=0)
+    res = _open(tmp_path / "result.nc")
+    np.testing.assert_allclose(res["W"].values, W, rtol=RTOL, atol=0)
+    np.testing.assert_allclose(res["error"].values, err, rtol=RTOL)
+    assert not ck.exists()  # folded into the result
+
+
+def test_resume_refuses_a_checkpoint_store_of_another_network(tmp_path, digits, capsys):
+    from dask_rpm.job import write_checkpoint
+
+    path = write_job(tmp_path, digits[0], checkpoint={"every": 10, "path": "ck"})
+    W, V = np.zeros((12, 65)), np.zeros((10, 12))
+    write_checkpoint(load_job(path), {"iteration": 10, "W": W, "V": V, "errors": np.ones(10)})
+    path = write_job(tmp_path, digits[0], hidden=13, checkpoint={"every": 10, "path": "ck"})
+    assert main(["train", "--config", str(path), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "is for a 65-12-10 network" in err and "this job trains 65-13-10" in err
+    assert "run without --resume" in err
+    (tmp_path / "ck" / "job.json").unlink()
+    assert main(["train", "--config", str(path), "--resume"]) == 2
+    assert "no checkpoint of this job" in capsys.readouterr().err

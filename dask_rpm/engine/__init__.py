@@ -8,6 +8,8 @@
 * :mod:`~dask_rpm.engine.worker`, :mod:`~dask_rpm.engine.block`,
   :mod:`~dask_rpm.engine.tasks` - the worker side: run state, messages, the iteration loop;
 * :mod:`~dask_rpm.engine.callbacks` - per-block hooks;
+* :mod:`~dask_rpm.engine.checkpoint`, :mod:`~dask_rpm.engine.store` - checkpoints the workers
+  write (``fit(checkpoint_dir=...)``): row files and a manifest written last;
 * :mod:`~dask_rpm.engine.timing` - the one timing log;
 * :mod:`~dask_rpm.engine.scheduler_plugin` - what the scheduler records (``/rpm`` page);
 * :mod:`~dask_rpm.engine.layout` - pure plan views (record types: :mod:`dask_rpm.records`).

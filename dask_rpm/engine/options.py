@@ -75,7 +75,7 @@ def resolve_options(kw: dict[str, Any], job: Prepared) -> Options:
     directory = config.get("checkpoint.dir", kw.get("checkpoint_dir"))
     if directory is not None and not every:
         raise DataError(
-            f"checkpoint_dir={directory!r} but checkpoint_every={every!r}: no checkpoint would be "
+            f"checkpoint_dir={os.fspath(directory)!r} but checkpoint_every={every!r}: no checkpoint would be "
             f"written; set checkpoint_every to the iterations between checkpoints (e.g. 50)"
         )
     return Options(

@@ -276,9 +276,9 @@ def _read_file(directory: str, entry: Mapping[str, Any]) -> Any:
         ) from None
     if len(data) != entry["bytes"] or hashlib.sha256(data).hexdigest() != entry["sha256"]:
         raise StoreError(
-            f"checkpoint store {directory!r}: row file {entry['name']!r} is {len(data)} bytes with "
-            f"another checksum than {MANIFEST} records ({entry['bytes']} bytes, sha256 "
-            f"{entry['sha256'][:12]}...): it was truncated or changed; restore it, or start without resume"
+            f"checkpoint store {directory!r}: row file {entry['name']!r} does not match {MANIFEST} "
+            f"({len(data)} bytes, {entry['bytes']} recorded; or another SHA-256): it was truncated or "
+            f"changed; restore the store, or start without resume"
         )
     return np.load(io.BytesIO(data))
 
@@ -345,6 +345,14 @@ def prepare_directory(directory: Any, resume: Any) -> str:
             f"checkpoint_dir={os.fspath(directory)!r} is not a directory; give a directory (new or "
             f"empty) that every worker can reach"
         )
+    resuming_it = (
+        isinstance(resume, (str, os.PathLike)) and os.path.abspath(os.fspath(resume)) == path
+    )
+    if os.path.exists(os.path.join(path, MANIFEST)) and not resuming_it:
+        raise StoreError(
+            f"checkpoint_dir={os.fspath(directory)!r} already holds a checkpoint of another run; "
+            f"continue that run with resume={os.fspath(directory)!r}, or choose a new directory"
+        )
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as exc:
@@ -357,14 +365,6 @@ def prepare_directory(directory: Any, resume: Any) -> str:
         raise StoreError(
             f"checkpoint_dir={os.fspath(directory)!r} cannot be written: {why}; choose a writable "
             f"directory every worker can reach"
-        )
-    resuming_it = (
-        isinstance(resume, (str, os.PathLike)) and os.path.abspath(os.fspath(resume)) == path
-    )
-    if os.path.exists(os.path.join(path, MANIFEST)) and not resuming_it:
-        raise StoreError(
-            f"checkpoint_dir={os.fspath(directory)!r} already holds a checkpoint of another run; "
-            f"continue that run with resume={os.fspath(directory)!r}, or choose a new directory"
         )
     return path
 

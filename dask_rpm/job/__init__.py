@@ -15,7 +15,7 @@ come from and where the result goes::
     overwrite: false            # true: replace an existing output (also --overwrite)
     checkpoint:
       every: 50                 # iterations between checkpoints (0: none)
-      path: null                # default: <output>.checkpoint.nc
+      path: null                # default: <output>.checkpoint.nc (the driver writes it); a path without .nc: a directory the workers write into
     min-workers: 3              # start once this many workers are up; later ones are absorbed (default rpm.train.min-workers)
     on-worker-loss: recover     # recover | raise (default rpm.train.on-worker-loss)
     time-limit: null            # seconds; then checkpoint and stop cleanly (SIGTERM does the same)

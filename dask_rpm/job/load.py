@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from .. import config as rpm_config
-from .._files import TargetError, check_target
+from .._files import TargetError, check_target, unwritable_reason
 from ..data import DataError, data_shape
 from ..planners import describe_names, mapping_names
 from ..recipe import RecipeError, recipe
@@ -491,6 +491,9 @@ def check_paths(job: Job, *, resume: bool = False) -> None:
             )
     except TargetError as e:
         raise JobError(str(e)) from None
+    if job.checkpoint_store:
+        _check_store(job, resume)
+        return
     try:
         if resume:  # rewritten in place: it may exist, but its directory must still take new files
             check_target(job.checkpoint_path, what="job file: checkpoint path", overwrite=True)
@@ -503,3 +506,36 @@ def check_paths(job: Job, *, resume: bool = False) -> None:
         )
     except TargetError as e:
         raise JobError(str(e)) from None
+
+
+def _check_store(job: Job, resume: bool) -> None:
+    """A checkpoint store (``checkpoint.path`` without ``.nc``): a directory the workers write into.
+
+    Refused: a path that is a file, a directory that cannot be created or
+    written, and (without ``--resume`` or ``overwrite``) a store holding a
+    checkpoint, which may be the only copy of a stopped run.
+    """
+    path = job.checkpoint_path
+    what = f"job file: checkpoint path {path!r}"
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise JobError(
+            f"{what} is refused: it is a file, and a checkpoint path without .nc is a directory the "
+            f"workers write into; give a directory, or a path ending in .nc for one netCDF file"
+        )
+    parent = path if os.path.isdir(path) else os.path.dirname(path)
+    while parent and not os.path.exists(parent):  # the directories still to be created
+        parent = os.path.dirname(parent)
+    held = os.path.exists(os.path.join(path, "manifest.json"))
+    if held and not resume and not job.overwrite:
+        raise JobError(
+            f"{what} already holds a checkpoint and would be overwritten; continue that run with "
+            f"--resume, or {OVERWRITE_HINT}"
+        )
+    parent = parent or "."
+    before = os.stat(parent)
+    why = unwritable_reason(parent)
+    # the probe's file came and went: leave the directory's times as they were (a refused
+    # command changes nothing, docs/errors.md)
+    os.utime(parent, ns=(before.st_atime_ns, before.st_mtime_ns))
+    if why is not None:
+        raise JobError(f"{what} cannot be written: {why}; choose a writable place")

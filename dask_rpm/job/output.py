@@ -19,8 +19,8 @@ from typing import Any, TextIO
 import numpy as np
 import xarray as xr
 
-from .._files import TargetError, atomic_write
-from ..engine import FitResult, TrainingError
+from .._files import TargetError, atomic_write, atomic_write_text
+from ..engine import FitResult, TrainingError, store
 from ..model import MLPModel
 from ..slurm import group_from_name
 from .spec import Job, JobError
@@ -28,6 +28,9 @@ from .spec import Job, JobError
 __all__ = [
     "write_checkpoint",
     "read_checkpoint",
+    "mark_store",
+    "clear_store",
+    "STORE_JOB",
     "write_output",
     "save_result",
     "save_model",
@@ -69,8 +72,86 @@ def _optimizer_variables(state: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+#: The job's record in a checkpoint store (what ``--resume`` must match), next to the manifest.
+STORE_JOB = "job.json"
+
+
+def mark_store(job: Job) -> None:
+    """Write the job's record into its checkpoint store (created): ``--resume`` checks it."""
+    os.makedirs(job.checkpoint_path, exist_ok=True)
+    record = {"fingerprint": job.fingerprint, "network": job.network, "job": job.text}
+    atomic_write_text(os.path.join(job.checkpoint_path, STORE_JOB), json.dumps(record))
+
+
+def clear_store(job: Job, keep_record: bool = False) -> None:
+    """Remove the checkpoint store's files (row files, manifest, the job's record), and the directory
+    if nothing else is in it."""
+    path = job.checkpoint_path
+    if not os.path.isdir(path):
+        return
+    store.remove_stale(path, [])
+    for name in (store.MANIFEST, *(() if keep_record else (STORE_JOB,))):
+        if os.path.exists(os.path.join(path, name)):
+            os.unlink(os.path.join(path, name))
+    if not keep_record and not os.listdir(path):
+        os.rmdir(path)
+
+
+def _store_checkpoint(job: Job, state: dict[str, Any]) -> str:
+    """A checkpoint of weights the driver holds (a job stopped early), into the job's store."""
+    mark_store(job)
+    store.write_whole(
+        job.checkpoint_path,
+        int(state["iteration"]),
+        np.asarray(state["W"]),
+        np.asarray(state["V"]),
+        state.get("optimizer_state"),
+        extra={
+            "errors": np.asarray(state["errors"], dtype=float),
+            "plan": state["plan"].to_dict() if state.get("plan") is not None else None,
+            "drpm": state.get("drpm"),
+        },
+    )
+    return job.checkpoint_path
+
+
+def _read_store(job: Job) -> dict[str, Any]:
+    """The job's checkpoint store, after checking it is this job's."""
+    path = job.checkpoint_path
+    record_path = os.path.join(path, STORE_JOB)
+    try:
+        with open(record_path, encoding="utf-8") as f:
+            record = json.load(f)
+    except (OSError, ValueError) as e:
+        raise JobError(
+            f"--resume: no checkpoint of this job in {path!r} ({STORE_JOB} cannot be read: "
+            f"{getattr(e, 'strerror', None) or e}); run without --resume to start from scratch "
+            f"(or set checkpoint.path to where the checkpoint is)"
+        ) from None
+    if record.get("network") != job.network:
+        raise JobError(
+            f"--resume: checkpoint store {path!r} is for a {record.get('network')} network "
+            f"(inputs-hidden-outputs) but this job trains {job.network}; run without --resume, or "
+            f"restore the job file it was written with"
+        )
+    if record.get("fingerprint") != job.fingerprint:
+        raise JobError(
+            f"--resume: checkpoint store {path!r} is from a different job (data, hidden, "
+            f"learning-rate, seed or dtype differ); run without --resume, or restore the job file it "
+            f"was written with"
+        )
+    try:
+        got = store.load(path)
+    except store.StoreError as e:
+        raise JobError(f"--resume: {e}") from None
+    return {**got, "errors": got["errors"]}
+
+
 def write_checkpoint(job: Job, state: dict[str, Any]) -> str:
-    """Write ``state`` (iteration, W, V, errors, plan) to ``job.checkpoint_path`` atomically."""
+    """Write ``state`` (iteration, W, V, errors, plan) to ``job.checkpoint_path`` atomically
+    (a netCDF file, or into the job's checkpoint store)."""
+    if job.checkpoint_store:
+        return _store_checkpoint(job, state)
     ds = xr.Dataset(
         {
             "W": (
@@ -128,6 +209,8 @@ def _open_checkpoint(path: str) -> xr.Dataset:
 def read_checkpoint(job: Job) -> dict[str, Any]:
     """The checkpoint of ``job``; raises :class:`JobError` if it is missing or from another job."""
     path = job.checkpoint_path
+    if job.checkpoint_store:
+        return _read_store(job)
     ds = _open_checkpoint(path)
     network = ds.attrs.get("network") or "-".join(
         str(v) for v in (ds["W"].shape[1], ds["W"].shape[0], ds["V"].shape[0])

@@ -16,11 +16,18 @@ import numpy as np
 from distributed import Client
 
 from ..emulation import local_cluster
-from ..engine import FitResult, fit
+from ..engine import FitResult, fit, store
 from ..records import RemapRecord
 from ..slurm import HeterogeneousSLURMCluster
 from .load import check_paths, load_job
-from .output import read_checkpoint, save_model, save_result, write_checkpoint
+from .output import (
+    clear_store,
+    mark_store,
+    read_checkpoint,
+    save_model,
+    save_result,
+    write_checkpoint,
+)
 from .spec import Job, JobError
 
 __all__ = ["run_job"]
@@ -133,11 +140,15 @@ def remap_line(rec: RemapRecord) -> str:
 
 
 def _progress(job: Job, out: TextIO) -> Callable[[dict[str, Any]], None]:
-    """fit's per-block ``callback``: one line per remap and one per block."""
+    """fit's per-block ``callback``: one line per remap, one per checkpoint the workers wrote into
+    the job's store, and one per block."""
 
     def progress(info: dict[str, Any]) -> None:
         for rec in info["remaps"]:
             print(remap_line(rec), file=out, flush=True)
+        k, every = info["iteration"], job.checkpoint_every
+        if job.checkpoint_store and every and k % every == 0 and _store_iteration(job) == k:
+            print(f"checkpoint at iteration {k} -> {job.checkpoint_path}", file=out, flush=True)
         spi = info["seconds_per_iteration"]
         print(
             f"iteration {info['iteration']}/{job.iterations}: error {info['error']:.6g}, "
@@ -147,6 +158,14 @@ def _progress(job: Job, out: TextIO) -> Callable[[dict[str, Any]], None]:
         )
 
     return progress
+
+
+def _store_iteration(job: Job) -> int | None:
+    """The iteration of the valid checkpoint in the job's store (None: none yet)."""
+    try:
+        return int(store.read_manifest(job.checkpoint_path)["iteration"])
+    except store.StoreError:
+        return None
 
 
 def _should_stop(job: Job, stop: threading.Event) -> Callable[[], bool]:
@@ -215,6 +234,11 @@ def _train(
         flush=True,
     )
     every = job.checkpoint_every
+    to_store = job.checkpoint_store and bool(every)
+    if to_store:
+        if ck is None:  # a new run (check_paths allowed it): an old checkpoint there goes
+            clear_store(job)
+        mark_store(job)
     t_train = time.monotonic()
     result = fit(
         job.data,
@@ -224,7 +248,8 @@ def _train(
         mapping=job.mapping,
         seed=job.seed,
         dtype=job.dtype,
-        resume=ck,
+        # a store is read by fit itself (its manifest and checksums again), and written on into
+        resume=job.checkpoint_path if ck is not None and job.checkpoint_store else ck,
         client=client,
         **job.training,
         progress="none",
@@ -232,7 +257,10 @@ def _train(
         min_workers=job.min_workers,
         target_error=job.target_error,
         checkpoint_every=every,
-        on_checkpoint=_checkpointer(job, start, errors_before, out) if every else None,
+        checkpoint_dir=job.checkpoint_path if to_store else None,
+        on_checkpoint=(
+            _checkpointer(job, start, errors_before, out) if every and not to_store else None
+        ),
         should_stop=_should_stop(job, stop),
         callback=_progress(job, out),
     )
@@ -338,6 +366,9 @@ def run_job(
         file=out,
         flush=True,
     )
-    if job.checkpoint_every and os.path.exists(job.checkpoint_path):
-        os.unlink(job.checkpoint_path)  # the result file holds everything the checkpoint did
+    # the result file holds everything the checkpoint did
+    if job.checkpoint_store:
+        clear_store(job)
+    elif job.checkpoint_every and os.path.exists(job.checkpoint_path):
+        os.unlink(job.checkpoint_path)
     return summary

@@ -170,6 +170,11 @@ class Job:
         return hashlib.sha256(key.encode()).hexdigest()[:16]
 
     @property
+    def checkpoint_store(self) -> bool:
+        """Whether checkpoints go to a store the workers write (a ``checkpoint.path`` without ``.nc``)."""
+        return not self.checkpoint_path.endswith(".nc")
+
+    @property
     def network(self) -> str:
         """``n-m-l`` of the network this job trains."""
         return f"{self.shape[1]}-{self.hidden}-{self.shape[2]}"
