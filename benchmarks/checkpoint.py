@@ -16,8 +16,9 @@ checkpoint holds 3 x the weights):
 * ``store``: ``checkpoint_every=K`` with ``checkpoint_dir`` (the workers write).
 
 Reported per arm: the median seconds of one checkpoint (``FitResult.stats["checkpoints"]``,
-from the block's end to the checkpoint being on disk), the median wall seconds per iteration of
-the run (checkpoints included), and the bytes of weights that reached the driver per checkpoint.
+from the block's end to the checkpoint being on disk), the run's extra wall time per checkpoint
+against the same repeat's ``none`` run (the training time the checkpoints cost), the median
+iteration time, and the bytes of weights that reached the driver per checkpoint.
 Run it under the exclusive CPU lock::
 
     flock -x /tmp/rpm-cpu.lock env PYTHONPATH=$PWD python benchmarks/checkpoint.py
@@ -126,7 +127,7 @@ def main() -> None:
         for rep in range(args.repeats):
             order = arms[rep % 3 :] + arms[: rep % 3]
             for arm in order:
-                runs.append(one_run(client, arm, x, d, args, plan))
+                runs.append(dict(one_run(client, arm, x, d, args, plan), repeat=rep))
     ref = next(r["W"] for r in runs if r["arm"] == "none")
     worst = max(float(np.abs(r["W"] - ref).max() / np.abs(ref).max()) for r in runs)
     itemsize, n, m, l = 8, *shape
@@ -158,6 +159,11 @@ def main() -> None:
             ),
             "weight_bytes_to_driver_per_checkpoint": state_bytes if arm == "driver" else 0,
         }
+        if cks:  # the run's extra wall time per checkpoint, against the same repeat's "none" run
+            none = {r["repeat"]: r["wall"] for r in runs if r["arm"] == "none"}
+            summary["arms"][arm]["extra_wall_per_checkpoint_median"] = statistics.median(
+                (r["wall"] - none[r["repeat"]]) / len(r["checkpoint_seconds"]) for r in mine
+            )
     print(json.dumps(summary, indent=1))
     if args.json:
         with open(args.json, "w") as f:
