@@ -140,3 +140,25 @@ def test_two_workers_lost_at_once_holding_the_same_rows_recover_from_the_checkpo
     W, V, err = fit_serial(x, d, **kw)
     np.testing.assert_allclose(r.W, W, rtol=1e-10)
     np.testing.assert_allclose(r.history["error"].values, err, rtol=1e-10)
+
+
+def test_a_worker_killed_while_the_final_weights_are_gathered_is_survived():
+    """The final gather loses a worker of column 0; the one gathered again after the recovery is the new plan's.
+
+    Found by the SLURM chaos soak: the second gather, at the same iteration, used the first one's task keys,
+    so Dask handed back the survivor's shard of the old plan (half of W's rows; ``fit`` returned a W of the
+    wrong shape). Gather keys now carry the plan version.
+    """
+    x, d, kw = _problem(5)
+    plan = Plan.from_columns([[0, 1], [2, 3]], [25, 35], [[5, 5], [4, 6]], shape=(6, 10, 3))
+    with _cluster4() as client:
+        victim = ordered_workers(client.scheduler_info())[1]  # column 0, rows 5..9
+        client.register_plugin(_KillOnTask([victim], "rpm-gather"))
+        r = fit(x, d, client=client, mapping=plan, interval=5, progress="none", **kw)
+    lost = [rec for rec in r.remaps if rec.get("lost")]
+    assert lost and lost[0]["lost"] == [victim] and lost[0]["iteration"] == 40, r.remaps
+    W, V, err = fit_serial(x, d, **kw)
+    assert r.W.shape == W.shape and r.V.shape == V.shape
+    np.testing.assert_allclose(r.W, W, rtol=1e-10)
+    np.testing.assert_allclose(r.V, V, rtol=1e-10)
+    np.testing.assert_allclose(r.history["error"].values, err, rtol=1e-10)

@@ -431,8 +431,11 @@ class Driver:
         """Full weights ``(W, V)`` from the first column (every column holds a full, identical copy);
         with ``with_state`` also the optimizer state (``{slot: [W_slot, V_slot]}``)."""
         col = sorted(self.plan.columns[0], key=lambda w: self.plan.rectangle(w).hidden[0])
+        # The key carries the plan version: a gather repeated at the same iteration after a recovery
+        # (a worker lost during the first) must not be handed the first one's results, shards of the old plan.
+        what = f"gather-v{self.version}"
         futures = [
-            self._submit(t_gather, self.run, key=self._key("gather", self.iteration, w), worker=w)
+            self._submit(t_gather, self.run, key=self._key(what, self.iteration, w), worker=w)
             for w in col
         ]
         shards = await self._wait_all(futures)
