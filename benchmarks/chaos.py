@@ -1,10 +1,13 @@
 """Chaos soak (issue 14): train for minutes while workers are killed, retired and added at random.
 
-A LocalCluster of worker processes (1 thread each, equal speeds: no emulated
-heterogeneity; all processes share this machine's cores) trains a
-well-conditioned 3-layer net with ``dask_rpm.fit`` (``checkpoint_every``
-set). Meanwhile a seeded fault injector, every 3-8 s (uniform, seeded), does
-one of:
+Two modes share everything but the cluster and the way a fault is made. A
+well-conditioned 3-layer net is trained with ``dask_rpm.fit``
+(``checkpoint_every`` set) while a seeded fault injector, every few seconds
+(uniform between ``--every MIN MAX``, seeded), does one of kill, retire, add:
+
+**Local** (default): a LocalCluster of worker processes (1 thread each, equal
+speeds: no emulated heterogeneity; all processes share this machine's cores),
+a fault every 3-8 s:
 
 * **kill**: SIGKILL a random worker process. Its nanny starts a fresh worker
   at a new address, which the run absorbs at a block boundary (elastic join).
@@ -12,8 +15,28 @@ one of:
   and the cluster forgets it).
 * **add**: one more worker (``cluster.scale(n + 1)``).
 
-The cluster keeps at least ``--min-workers`` (2) and at most
-``--max-workers`` (5) workers; the kind of each fault is drawn from the seeded
+**SLURM** (``--slurm``): a ``dask_rpm.slurm.HeterogeneousSLURMCluster`` on the
+SLURM that ``SLURM_CONF`` points at (``slurm/local-cluster.sh start``), two
+worker groups ``fast`` and ``slow`` with EMULATED speeds 1.0 and 0.5 (one
+machine: emulation, not hardware), one worker of 1 core per job, a fault every
+6-12 s:
+
+* **kill**: ``scancel`` of a random worker's job. The run recovers from the
+  loss, and the trainer resubmits the job (``rpm.slurm.replace-lost``) and
+  takes its worker in when it connects. The soak checks for ended jobs every
+  2 s (``rpm.slurm.replace-check``) and lets a group be resubmitted 1000 times
+  (``rpm.slurm.replace-max``): its cancellations are deliberate, not a group
+  whose jobs keep failing.
+* **retire**: ``cluster.scale_group(g, jobs - 1)`` of a random group with more
+  than one job; the cluster picks the job (one still queued first, else the
+  newest), retires its worker gracefully and cancels the job.
+* **add**: ``cluster.scale_group(g, jobs + 1)`` of a random group.
+
+  A kill or retire waits (at most 120 s) until at least two workers are up,
+  so the run always keeps one (a resubmitted job takes seconds to start).
+
+Both keep at least ``--min-workers`` (2) and at most ``--max-workers`` (5)
+workers (jobs on SLURM); the kind of each fault is drawn from the seeded
 generator among those the worker count allows (the count the cluster intends
 to have, so the sequence of kinds depends on the seed only; victims and the
 iteration a fault lands at depend on timing).
@@ -32,29 +55,45 @@ recovered from it), iterations recomputed (sum of ``replayed``), weight bytes
 moved and sample bytes re-read in those remaps, time lost per fault (remap
 seconds + recomputed iterations x median s/iteration, over the faults), bytes
 lost (weights that differ from serial: must be 0), the final relative
-difference and wall time.
+difference and wall time; on SLURM also the jobs the trainer resubmitted.
 
 Usage::
 
     python benchmarks/chaos.py                         # ~3 min, seed 0
     python benchmarks/chaos.py --seconds 60 --seed 7 --json chaos.json
+    SLURM_CONF=/tmp/dask-rpm-slurm/slurm.conf python benchmarks/chaos.py --slurm --seconds 180
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
+import logging
 import os
 import random
+import shutil
 import signal
+import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import numpy as np
 
 KINDS = ("kill", "retire", "add")
+LOCAL_EVERY = (3.0, 8.0)  # seconds between faults, local mode
+SLURM_EVERY = (6.0, 12.0)  # on SLURM: a resubmitted or added job takes seconds to start
+SLURM_SPEEDS = {"fast": 1.0, "slow": 0.5}  # EMULATED relative speeds of the two groups
+SLURM_CONFIG = {  # the soak's own cancellations are deliberate: check often, never give a group up
+    "rpm.slurm.replace-lost": True,
+    "rpm.slurm.replace-check": 2,
+    "rpm.slurm.replace-max": 1000,
+}
 
 
 class Fault(NamedTuple):
@@ -62,9 +101,12 @@ class Fault(NamedTuple):
 
     seconds: float  # since training started
     kind: str  # kill | retire | add
-    worker: str | None  # the victim's address (kill, retire); None for add
-    workers_before: int  # workers the cluster intended to have before the fault
+    worker: (
+        str | None
+    )  # the victim's address (kill, retire); None for add or a job whose worker never connected
+    workers_before: int  # workers (SLURM: jobs) the cluster intended to have before the fault
     iteration: int  # last block boundary the run had reported
+    job: str | None = None  # SLURM: the job cancelled or submitted, "slow-3 (1234)"
 
 
 def draw_kind(rng: random.Random, n: int, min_workers: int, max_workers: int) -> str:
@@ -81,7 +123,7 @@ def planned_kinds(
     workers: int = 3,
     min_workers: int = 2,
     max_workers: int = 5,
-    interval: tuple[float, float] = (3.0, 8.0),
+    interval: tuple[float, float] = LOCAL_EVERY,
 ) -> list[str]:
     """The kinds of the first ``count`` faults the injector draws for ``seed`` (no cluster needed)."""
     rng, n, out = random.Random(seed), workers, []
@@ -96,9 +138,12 @@ class Injector(threading.Thread):
     """Inject one seeded random fault every ``interval`` seconds until stopped.
 
     Runs in a thread of the client process while ``fit`` blocks the main
-    thread; Dask's client and cluster calls are safe from another thread
-    (they go through the event loop).
+    thread. The draws (kind, wait) and the bookkeeping are here; how a
+    cluster is counted, and how a worker is killed, retired or added, are
+    the subclasses' (:class:`LocalInjector`, :class:`SlurmInjector`).
     """
+
+    join_timeout = 60.0  # seconds an added worker may take to connect
 
     def __init__(
         self,
@@ -106,10 +151,9 @@ class Injector(threading.Thread):
         client: Any,
         seed: int,
         *,
-        interval: tuple[float, float] = (3.0, 8.0),
+        interval: tuple[float, float] = LOCAL_EVERY,
         min_workers: int = 2,
         max_workers: int = 5,
-        progress: Any = None,
     ) -> None:
         super().__init__(name="chaos-injector", daemon=True)
         self.cluster, self.client = cluster, client
@@ -118,7 +162,9 @@ class Injector(threading.Thread):
         self.rng = random.Random(seed)
         self.victims = random.Random(seed + 1_000_003)
         self.interval, self.min_workers, self.max_workers = interval, min_workers, max_workers
-        self.progress = progress or (lambda: 0)
+        self.iteration = (
+            0  # the last block boundary the run reported (set by the training callback)
+        )
         self.stop = threading.Event()
         self.faults: list[Fault] = []
         self.errors: list[str] = []
@@ -131,52 +177,331 @@ class Injector(threading.Thread):
             except Exception as exc:  # an injector failure is reported, never hidden
                 self.errors.append(f"{type(exc).__name__}: {exc}")
 
-    def _alive(self) -> dict[str, Any]:
+    def elapsed(self) -> float:
+        return round(time.monotonic() - self.t0, 3)
+
+    def alive(self) -> dict[str, Any]:
         return dict(self.client.scheduler_info(n_workers=-1)["workers"])
+
+    def choose(self, pool: list[str], kind: str) -> str:
+        """A seeded random victim among ``pool`` (addresses)."""
+        if not pool:
+            raise RuntimeError(f"{kind}: no live worker to pick at {self.elapsed():.1f} s")
+        return self.victims.choice(sorted(pool))
 
     def inject(self) -> None:
         # The intended size (not the live count) decides which kinds are allowed: a killed worker is
-        # being restarted by its nanny and still counts, so the kinds drawn depend on the seed only.
-        n = len(self.cluster.worker_spec)
+        # being restarted or resubmitted and still counts, so the kinds drawn depend on the seed only.
+        n = self.size()
         kind = draw_kind(self.rng, n, self.min_workers, self.max_workers)
-        alive = self._alive()
-        victim = None
         if kind != "add":
-            # victims are workers that are up and belong to the cluster's spec (not one already leaving)
-            names = {str(k) for k in self.cluster.worker_spec}
-            pool = sorted(a for a, w in alive.items() if str(w.get("name")) in names)
-            if not pool:
+            self.ready()
+        alive = self.alive()
+        at, iteration = self.elapsed(), self.iteration
+        if kind == "add":
+            job = self.add(alive)
+            self.faults.append(Fault(at, kind, None, n, iteration, job))
+            self.wait_for_new(set(alive), at)
+            return
+        worker, job = self.kill(alive) if kind == "kill" else self.retire(alive)
+        self.faults.append(Fault(at, kind, worker, n, iteration, job))
+
+    def wait_for_new(self, before: set[str], at: float) -> None:
+        """Wait until a worker not in ``before`` is up, so "at least min_workers" holds for the next fault too."""
+        t_end = time.monotonic() + self.join_timeout
+        while not self.stop.is_set() and not set(self.alive()) - before:
+            if time.monotonic() > t_end:
                 self.errors.append(
-                    f"{kind}: no live worker to pick at {time.monotonic() - self.t0:.1f} s"
+                    f"add at {at:.1f} s: no new worker within {self.join_timeout:g} s"
                 )
                 return
-            victim = self.victims.choice(pool)
-        fault = Fault(round(time.monotonic() - self.t0, 3), kind, victim, n, int(self.progress()))
-        if kind == "kill":
-            pid = self.client.run(os.getpid, workers=[victim])[victim]
-            os.kill(pid, signal.SIGKILL)
-        elif kind == "retire":
-            name = alive[victim].get("name")
-            # the cluster forgets it first (so it is neither restarted nor counted), then the scheduler
-            # retires it gracefully; scale() at the same size lets the cluster drop its nanny handle at once
-            # (a stale handle held back the next scale-up until another scale call in a first version)
-            for key in (name, str(name)):
-                self.cluster.worker_spec.pop(key, None)
-            self.client.retire_workers(workers=[victim], close_workers=True)
-            self.cluster.scale(len(self.cluster.worker_spec))
-        else:
-            before = set(alive)
-            self.cluster.scale(n + 1)
-            self.faults.append(fault)
-            # wait until the new worker is up, so "at least min_workers" holds for the next fault too
-            t_end = time.monotonic() + 60.0
-            while not self.stop.is_set() and not set(self._alive()) - before:
-                if time.monotonic() > t_end:
-                    self.errors.append(f"add at {fault.seconds:.1f} s: no new worker within 60 s")
-                    break
-                time.sleep(0.1)
-            return
-        self.faults.append(fault)
+            time.sleep(0.1)
+
+    # -- what a cluster kind provides -------------------------------------------
+
+    def size(self) -> int:
+        """Workers (or jobs) the cluster intends to have now."""
+        raise NotImplementedError
+
+    def ready(self) -> None:
+        """Called before a kill or retire; may wait until the cluster can lose a worker."""
+
+    def kill(self, alive: dict[str, Any]) -> tuple[str | None, str | None]:
+        """End a random worker abruptly; returns its address and its job (or None)."""
+        raise NotImplementedError
+
+    def retire(self, alive: dict[str, Any]) -> tuple[str | None, str | None]:
+        """Take a worker away gracefully; returns its address (None if it never connected) and its job."""
+        raise NotImplementedError
+
+    def add(self, alive: dict[str, Any]) -> str | None:
+        """Ask for one more worker; returns its job (or None)."""
+        raise NotImplementedError
+
+
+class LocalInjector(Injector):
+    """Faults on a ``distributed.LocalCluster``: SIGKILL, ``retire_workers``, ``scale(n + 1)``."""
+
+    def size(self) -> int:
+        return len(self.cluster.worker_spec)
+
+    def _pool(self, alive: dict[str, Any]) -> list[str]:
+        # victims are workers that are up and belong to the cluster's spec (not one already leaving)
+        names = {str(k) for k in self.cluster.worker_spec}
+        return [a for a, w in alive.items() if str(w.get("name")) in names]
+
+    def kill(self, alive: dict[str, Any]) -> tuple[str | None, str | None]:
+        victim = self.choose(self._pool(alive), "kill")
+        pid = self.client.run(os.getpid, workers=[victim])[victim]
+        os.kill(pid, signal.SIGKILL)
+        return victim, None
+
+    def retire(self, alive: dict[str, Any]) -> tuple[str | None, str | None]:
+        victim = self.choose(self._pool(alive), "retire")
+        name = alive[victim].get("name")
+        # the cluster forgets it first (so it is neither restarted nor counted), then the scheduler
+        # retires it gracefully; scale() at the same size lets the cluster drop its nanny handle at once
+        # (a stale handle held back the next scale-up until another scale call in a first version)
+        for key in (name, str(name)):
+            self.cluster.worker_spec.pop(key, None)
+        self.client.retire_workers(workers=[victim], close_workers=True)
+        self.cluster.scale(len(self.cluster.worker_spec))
+        return victim, None
+
+    def add(self, alive: dict[str, Any]) -> str | None:
+        self.cluster.scale(len(self.cluster.worker_spec) + 1)
+        return None
+
+
+class SlurmInjector(Injector):
+    """Faults on a ``HeterogeneousSLURMCluster``: ``scancel`` of a worker's job, ``scale_group`` down and up.
+
+    Every read or change of the cluster's job table runs on the cluster's
+    event loop (:meth:`on_loop`), where training's own job replacement
+    (``replace_lost``) changes it too, so the two never interleave.
+    """
+
+    join_timeout = 180.0  # a SLURM job is queued, started, imports Python and dask, then connects
+
+    def on_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` called on the cluster's event loop (awaited if it returns an awaitable)."""
+        from distributed.utils import sync
+
+        async def call() -> Any:
+            out = fn(*args)  # scale_group returns a coroutine when called on the loop
+            return (await out) if inspect.isawaitable(out) else out
+
+        return sync(self.cluster.loop, call, callback_timeout=300)
+
+    def _jobs(self) -> dict[str, str]:
+        """``{job name: SLURM job id}`` of the jobs in the cluster's spec that SLURM has accepted."""
+        cluster = self.cluster
+        return self.on_loop(
+            lambda: {
+                name: str(job.job_id)
+                for name, job in cluster.workers.items()
+                if name in cluster.worker_spec and getattr(job, "job_id", None)
+            }
+        )
+
+    def _counts(self) -> dict[str, int]:
+        return dict(self.on_loop(self.cluster.requested_jobs))
+
+    def size(self) -> int:
+        return sum(self._counts().values())
+
+    def ready(self) -> None:
+        t_end = time.monotonic() + 120.0
+        while len(self.alive()) < 2 and not self.stop.is_set():
+            if time.monotonic() > t_end:
+                raise RuntimeError(f"fewer than 2 workers up for 120 s at {self.elapsed():.1f} s")
+            time.sleep(0.2)
+
+    def kill(self, alive: dict[str, Any]) -> tuple[str | None, str | None]:
+        jobs = self._jobs()
+        victim = self.choose([a for a, w in alive.items() if str(w.get("name")) in jobs], "kill")
+        name = str(alive[victim]["name"])
+        subprocess.run(["scancel", jobs[name]], check=True, capture_output=True, timeout=60)
+        return victim, f"{name} ({jobs[name]})"
+
+    def _scale(self, group: str, jobs: int) -> set[str]:
+        """Scale ``group`` to ``jobs`` jobs; returns the job names that came or went."""
+        before = set(self.on_loop(lambda: list(self.cluster.worker_spec)))
+        self.on_loop(self.cluster.scale_group, group, jobs)
+        return before ^ set(self.on_loop(lambda: list(self.cluster.worker_spec)))
+
+    def retire(self, alive: dict[str, Any]) -> tuple[str | None, str | None]:
+        counts = self._counts()
+        groups = sorted(g for g, k in counts.items() if k > 1)  # every group keeps a job
+        if not groups:
+            raise RuntimeError(f"retire: no group with 2 jobs at {self.elapsed():.1f} s ({counts})")
+        group = self.victims.choice(groups)
+        ids = self._jobs()
+        (job,) = self._scale(group, counts[group] - 1)
+        worker = next((a for a, w in alive.items() if str(w.get("name")) == job), None)
+        return worker, f"{job} ({ids.get(job, 'not submitted')})"
+
+    def add(self, alive: dict[str, Any]) -> str | None:
+        counts = self._counts()
+        group = self.victims.choice(sorted(counts))
+        (job,) = self._scale(group, counts[group] + 1)
+        return f"{job} ({self._jobs().get(job, '?')})"
+
+
+# -- the clusters ----------------------------------------------------------------
+
+
+@contextmanager
+def local_setup(workers: int) -> Iterator[tuple[Any, Any, str]]:
+    """A LocalCluster of ``workers`` processes x 1 thread and its client, and a description."""
+    from distributed import Client, LocalCluster
+
+    with (
+        LocalCluster(
+            n_workers=workers,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=":0",
+            silence_logs=50,
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        client.wait_for_workers(workers)
+        yield (
+            cluster,
+            client,
+            f"distributed.LocalCluster(processes=True), {workers} worker processes x 1 thread at start, "
+            f"equal speeds (no emulated heterogeneity), {os.cpu_count()} cores shared",
+        )
+
+
+@contextmanager
+def slurm_setup(workers: int) -> Iterator[tuple[Any, Any, str]]:
+    """A HeterogeneousSLURMCluster of two EMULATED groups (``SLURM_SPEEDS``) with ``workers`` jobs in all."""
+    from distributed import Client
+
+    from dask_rpm.slurm import HeterogeneousSLURMCluster, WorkerGroup, slurm_unavailable
+
+    partitions = os.environ.get("DASK_RPM_SLURM_PARTITIONS", "fast slow").split()
+    reason = slurm_unavailable(partitions)
+    if reason:
+        raise RuntimeError(f"the --slurm soak needs SLURM: {reason}")
+    (fast, fast_speed), (slow, slow_speed) = SLURM_SPEEDS.items()
+    jobs = {fast: workers - workers // 2, slow: workers // 2}
+    groups = [
+        WorkerGroup(
+            name,
+            jobs=jobs[name],
+            cores=1,
+            memory="1GiB",
+            queue=partition,
+            walltime="00:30:00",
+            speed=speed,
+        )
+        for (name, speed), partition in zip(SLURM_SPEEDS.items(), (partitions[0], partitions[-1]))
+    ]
+    logs = tempfile.mkdtemp(prefix="rpm-chaos-slurm-")
+    options = dict(
+        interface="lo",
+        scheduler_options={"host": "127.0.0.1", "dashboard_address": ":0"},
+        python=sys.executable,
+        log_directory=logs,
+    )
+    try:
+        with HeterogeneousSLURMCluster(groups, **options) as cluster, Client(cluster) as client:
+            cluster.wait_for_groups(timeout=300)
+            yield (
+                cluster,
+                client,
+                f"dask_rpm.slurm.HeterogeneousSLURMCluster on the local SLURM ({os.environ.get('SLURM_CONF')}), "
+                f"groups {fast} (EMULATED speed {fast_speed}) and {slow} (EMULATED speed {slow_speed}), "
+                f"{jobs[fast]} + {jobs[slow]} jobs at start, 1 worker x 1 core per job; EMULATED heterogeneity "
+                f"on one machine, {os.cpu_count()} cores shared",
+            )
+    finally:
+        shutil.rmtree(logs, ignore_errors=True)
+
+
+@contextmanager
+def log_lines(needles: tuple[str, ...]) -> Iterator[list[str]]:
+    """Collect the messages of ``dask_rpm``'s loggers that contain one of ``needles`` (e.g. job replacements)."""
+    found: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            msg = record.getMessage()
+            if any(n in msg for n in needles):
+                found.append(msg)
+
+    handler, logger = Keep(), logging.getLogger("dask_rpm")
+    logger.addHandler(handler)
+    try:
+        yield found
+    finally:
+        logger.removeHandler(handler)
+
+
+# -- training under faults ---------------------------------------------------------
+
+
+class Training(NamedTuple):
+    """What one run under the injector left."""
+
+    result: Any  # dask_rpm's FitResult, or None if training failed
+    error: str | None  # the traceback when it failed
+    ticks: list[tuple[float, int]]  # (monotonic time, iteration) at every block boundary
+    started: float  # monotonic time training started
+    seconds: float  # training time
+
+
+def train_under_faults(
+    client: Any,
+    injector: Injector,
+    x: np.ndarray,
+    d: np.ndarray,
+    init: tuple[np.ndarray, np.ndarray],
+    seconds: float,
+    **fit_kwargs: Any,
+) -> Training:
+    """``dask_rpm.fit`` for ``seconds`` (then it stops at the next block boundary) with ``injector`` running."""
+    from dask_rpm import fit
+
+    deadline = time.monotonic() + seconds
+
+    def should_stop() -> bool:
+        if time.monotonic() >= deadline:
+            injector.stop.set()  # no fault after the deadline: the run is ending
+            return True
+        return False
+
+    ticks: list[tuple[float, int]] = []
+
+    def callback(info: dict[str, Any]) -> None:
+        injector.iteration = info["iteration"]
+        ticks.append((time.monotonic(), info["iteration"]))
+
+    t0 = time.monotonic()
+    injector.start()
+    error, r = None, None
+    try:
+        r = fit(
+            x,
+            d,
+            init=init,
+            client=client,
+            should_stop=should_stop,
+            callback=callback,
+            progress="none",
+            **fit_kwargs,
+        )
+    except BaseException as exc:  # reported in full: a fault the engine did not survive
+        import traceback
+
+        error = "".join(traceback.format_exception(exc))
+    finally:
+        injector.stop.set()
+        injector.join()
+    return Training(r, error, ticks, t0, time.monotonic() - t0)
 
 
 def problem(
@@ -206,10 +531,15 @@ def rel_diff(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(r)) if r.size else 0.0
 
 
+# -- the report ----------------------------------------------------------------------
+
+
 def _outcome(f: Fault, remaps: list[dict[str, Any]], members: set[str]) -> str:
     """What the run recorded for fault ``f``."""
     if f.kind == "add":
         return "added"
+    if f.worker is None:
+        return "cancelled before its worker connected (held no rows)"
     for rec in remaps:
         if f.worker in (rec.get("lost") or []) or (
             rec.get("lost") and f.worker in str(rec.get("reason"))
@@ -222,147 +552,62 @@ def _outcome(f: Fault, remaps: list[dict[str, Any]], members: set[str]) -> str:
     return "UNACCOUNTED"
 
 
-def soak(
-    seconds: float = 180.0,
-    seed: int = 0,
-    *,
-    workers: int = 3,
-    min_workers: int = 2,
-    max_workers: int = 5,
-    interval: tuple[float, float] = (3.0, 8.0),
-    samples: int = 128,
-    n: int = 16,
-    hidden: int = 64,
-    outputs: int = 4,
-    learning_rate: float = 1e-3,
-    block: int = 20,
-    checkpoint_every: int = 100,
-    mapping: str = "drpm",
-    max_iterations: int = 10_000_000,
-    log: Any = None,
+_REMAP_FIELDS = (
+    "iteration",
+    "kind",
+    "reason",
+    "lost",
+    "joined",
+    "retired",
+    "recovered_from",
+    "replayed",
+    "bytes",
+    "sample_bytes",
+    "seconds",
+)
+
+
+def _serial_check(
+    r: Any,
+    x: np.ndarray,
+    d: np.ndarray,
+    init: tuple[np.ndarray, np.ndarray],
+    hidden: int,
+    lr: float,
 ) -> dict[str, Any]:
-    """Run the soak; returns the report (see the module docstring)."""
-    from distributed import Client, LocalCluster
+    """The run against ``fit_serial`` for the iterations it did, and the problem's conditioning."""
+    from dask_rpm import fit_serial
 
-    from dask_rpm import fit, fit_serial
-
-    x, d, W0, V0 = problem(samples, n, hidden, outputs, seed)
-    wall0 = time.monotonic()
-    seen = {"iteration": 0}
-    with (
-        LocalCluster(
-            n_workers=workers,
-            threads_per_worker=1,
-            processes=True,
-            dashboard_address=":0",
-            silence_logs=50,
-        ) as cluster,
-        Client(cluster) as client,
-    ):
-        client.wait_for_workers(workers)
-        injector = Injector(
-            cluster,
-            client,
-            seed,
-            interval=interval,
-            min_workers=min_workers,
-            max_workers=max_workers,
-            progress=lambda: seen["iteration"],
-        )
-        deadline = time.monotonic() + seconds
-
-        def should_stop() -> bool:
-            if time.monotonic() >= deadline:
-                injector.stop.set()  # no fault after the deadline: the run is ending
-                return True
-            return False
-
-        ticks: list[tuple[float, int]] = []
-
-        def callback(info: dict[str, Any]) -> None:
-            seen["iteration"] = info["iteration"]
-            ticks.append((time.monotonic(), info["iteration"]))
-
-        t0 = time.monotonic()
-        injector.start()
-        error = None
-        try:
-            r = fit(
-                x,
-                d,
-                hidden=hidden,
-                iterations=max_iterations,
-                learning_rate=learning_rate,
-                init=(W0, V0),
-                mapping=mapping,
-                client=client,
-                interval=block,
-                checkpoint_every=checkpoint_every,
-                should_stop=should_stop,
-                callback=callback,
-                progress="none",
-            )
-        except BaseException as exc:  # reported in full: a fault the engine did not survive
-            import traceback
-
-            error = "".join(traceback.format_exception(exc))
-            r = None
-        finally:
-            injector.stop.set()
-            injector.join()
-        train_seconds = time.monotonic() - t0
-    faults = injector.faults
-    report: dict[str, Any] = {
-        "setup": {
-            "cluster": f"distributed.LocalCluster(processes=True), {workers} worker processes x 1 thread at start, "
-            f"equal speeds (no emulated heterogeneity), {os.cpu_count()} cores shared",
-            "network": f"{n}-{hidden}-{outputs}",
-            "samples": samples,
-            "learning_rate": learning_rate,
-            "mapping": mapping,
-            "block": block,
-            "checkpoint_every": checkpoint_every,
-            "seed": seed,
-            "seconds": seconds,
-            "fault_interval_s": list(interval),
-            "min_workers": min_workers,
-            "max_workers": max_workers,
-        },
-        "faults": [f._asdict() for f in faults],
-        "faults_by_kind": {k: sum(f.kind == k for f in faults) for k in KINDS},
-        "injector_errors": injector.errors,
-        "error": error,
-    }
-    if r is None:
-        report.update(
-            completed=False, faults_survived=0, wall_seconds=round(time.monotonic() - wall0, 2)
-        )
-        return report
+    W0, V0 = init
     iterations = int(r.history.sizes["iteration"])
-    W, V, err = fit_serial(
-        x, d, hidden=hidden, iterations=iterations, learning_rate=learning_rate, init=(W0, V0)
-    )
-    Wp, Vp, _ = fit_serial(
-        x,
-        d,
-        hidden=hidden,
-        iterations=iterations,
-        learning_rate=learning_rate,
-        init=(W0 + 1e-15, V0),
-    )
+    kw = dict(hidden=hidden, iterations=iterations, learning_rate=lr)
+    W, V, err = fit_serial(x, d, init=(W0, V0), **kw)
+    Wp, Vp, _ = fit_serial(x, d, init=(W0 + 1e-15, V0), **kw)
     conditioning = max(norm_diff(Wp, W), norm_diff(Vp, V))
     diff = max(rel_diff(r.W, W), rel_diff(r.V, V))
     diff_err = rel_diff(r.history["error"].values, err)
-    equal = diff <= 1e-10 and diff_err <= 1e-10
-    itemsize = np.dtype("float64").itemsize
     differing = int(
         np.sum(~np.isclose(r.W, W, rtol=1e-10, atol=0))
         + np.sum(~np.isclose(r.V, V, rtol=1e-10, atol=0))
     )
+    return dict(
+        iterations=iterations,
+        bytes_lost=differing * np.dtype("float64").itemsize,
+        relative_difference_vs_serial=diff,
+        relative_difference_errors=diff_err,
+        equal_to_serial=diff <= 1e-10 and diff_err <= 1e-10,
+        conditioning_1e15_W0=conditioning,
+        relative_difference_normwise=max(norm_diff(r.W, W), norm_diff(r.V, V)),
+        well_conditioned=conditioning < 1e-12,
+    )
+
+
+def _fault_figures(run: Training, faults: list[Fault]) -> dict[str, Any]:
+    """Outcomes, recoveries, recomputed iterations, bytes moved, time lost and stalls of a completed run."""
+    r = run.result
     members = set(r.history["address"].values.tolist())
     for p in r.plans:
         members |= set(p.workers or ())
-    outcomes = [_outcome(f, r.remaps, members) for f in faults]
     fault_remaps = [
         rec for rec in r.remaps if rec.get("lost") or rec.get("joined") or rec.get("retired")
     ]
@@ -372,19 +617,15 @@ def soak(
     lost_seconds = remap_seconds + replayed * spi
     # stalls: gaps between block boundaries longer than 2 s (a block takes ~0.1 s here); the time lost
     # computed from the remap records misses them (detection time: the run waits until it sees a loss)
+    ticks = run.ticks
     gaps = [
-        (b[0] - a[0], a[1], round(a[0] - t0, 1))
+        (b[0] - a[0], a[1], round(a[0] - run.started, 1))
         for a, b in zip(ticks, ticks[1:])
         if b[0] - a[0] > 2.0
     ]
-    survived = sum(1 for o in outcomes if o != "UNACCOUNTED") if equal else 0
-    report.update(
-        completed=True,
+    return dict(
         stopped=r.stopped,
-        iterations=iterations,
-        faults_injected=len(faults),
-        faults_survived=survived,
-        outcomes=outcomes,
+        outcomes=[_outcome(f, r.remaps, members) for f in faults],
         recovered_from={
             src: sum(1 for rec in r.remaps if rec.get("lost") and rec.get("recovered_from") == src)
             for src in ("columns", "checkpoint", "initial weights")
@@ -403,37 +644,105 @@ def soak(
         median_seconds_per_iteration=spi,
         time_lost_seconds=round(lost_seconds, 4),
         time_lost_per_fault_seconds=round(lost_seconds / len(faults), 4) if faults else 0.0,
-        bytes_lost=differing * itemsize,
-        relative_difference_vs_serial=diff,
-        relative_difference_errors=diff_err,
-        equal_to_serial=equal,
-        conditioning_1e15_W0=conditioning,
-        relative_difference_normwise=max(norm_diff(r.W, W), norm_diff(r.V, V)),
-        well_conditioned=conditioning < 1e-12,
-        train_seconds=round(train_seconds, 2),
-        wall_seconds=round(time.monotonic() - wall0, 2),
         final_workers=len(r.plan.planned_workers),
         stalls=[{"seconds": round(g, 2), "at_iteration": it, "at_s": at} for g, it, at in gaps],
         stalled_seconds=round(sum(g for g, _, _ in gaps), 2),
-        fault_remap_records=[
-            {
-                k: rec.get(k)
-                for k in (
-                    "iteration",
-                    "kind",
-                    "reason",
-                    "lost",
-                    "joined",
-                    "retired",
-                    "recovered_from",
-                    "replayed",
-                    "bytes",
-                    "sample_bytes",
-                    "seconds",
-                )
-            }
-            for rec in fault_remaps
-        ],
+        fault_remap_records=[{k: rec.get(k) for k in _REMAP_FIELDS} for rec in fault_remaps],
+    )
+
+
+def soak(
+    seconds: float = 180.0,
+    seed: int = 0,
+    *,
+    slurm: bool = False,
+    workers: int = 3,
+    min_workers: int = 2,
+    max_workers: int = 5,
+    interval: tuple[float, float] | None = None,
+    samples: int = 128,
+    n: int = 16,
+    hidden: int = 64,
+    outputs: int = 4,
+    learning_rate: float = 1e-3,
+    block: int = 20,
+    checkpoint_every: int = 100,
+    mapping: str = "drpm",
+    max_iterations: int = 10_000_000,
+) -> dict[str, Any]:
+    """Run the soak, on a LocalCluster or (``slurm=True``) on SLURM; returns the report (module docstring)."""
+    import dask
+
+    import dask_rpm  # noqa: F401  # loads rpm.yaml's defaults first: the overrides below must restore them, not drop them
+
+    interval = interval or (SLURM_EVERY if slurm else LOCAL_EVERY)
+    x, d, W0, V0 = problem(samples, n, hidden, outputs, seed)
+    wall0 = time.monotonic()
+    with (
+        dask.config.set(SLURM_CONFIG if slurm else {}),
+        (slurm_setup if slurm else local_setup)(workers) as (cluster, client, label),
+        log_lines(("to replace it", "not resubmitting")) as replacements,
+    ):
+        injector = (SlurmInjector if slurm else LocalInjector)(
+            cluster,
+            client,
+            seed,
+            interval=interval,
+            min_workers=min_workers,
+            max_workers=max_workers,
+        )
+        run = train_under_faults(
+            client,
+            injector,
+            x,
+            d,
+            (W0, V0),
+            seconds,
+            hidden=hidden,
+            iterations=max_iterations,
+            learning_rate=learning_rate,
+            mapping=mapping,
+            interval=block,
+            checkpoint_every=checkpoint_every,
+        )
+    faults = injector.faults
+    report: dict[str, Any] = {
+        "setup": {
+            "mode": "slurm" if slurm else "local",
+            "cluster": label,
+            "network": f"{n}-{hidden}-{outputs}",
+            "samples": samples,
+            "learning_rate": learning_rate,
+            "mapping": mapping,
+            "block": block,
+            "checkpoint_every": checkpoint_every,
+            "seed": seed,
+            "seconds": seconds,
+            "fault_interval_s": list(interval),
+            "min_workers": min_workers,
+            "max_workers": max_workers,
+            **({"config": SLURM_CONFIG} if slurm else {}),
+        },
+        "faults": [f._asdict() for f in faults],
+        "faults_by_kind": {k: sum(f.kind == k for f in faults) for k in KINDS},
+        "injector_errors": injector.errors,
+        "error": run.error,
+        "jobs_resubmitted": sum("to replace it" in m for m in replacements),
+        "replacement_log": replacements,
+    }
+    if run.result is None:
+        report.update(
+            completed=False, faults_survived=0, wall_seconds=round(time.monotonic() - wall0, 2)
+        )
+        return report
+    report.update(completed=True, faults_injected=len(faults))
+    report.update(_serial_check(run.result, x, d, (W0, V0), hidden, learning_rate))
+    report.update(_fault_figures(run, faults))
+    survived = sum(1 for o in report["outcomes"] if o != "UNACCOUNTED")
+    report.update(
+        faults_survived=survived if report["equal_to_serial"] else 0,
+        train_seconds=round(run.seconds, 2),
+        wall_seconds=round(time.monotonic() - wall0, 2),
     )
     return report
 
@@ -442,7 +751,7 @@ def summary(rep: dict[str, Any]) -> str:
     """The human-readable summary."""
     s = rep["setup"]
     lines = [
-        f"chaos soak, seed {s['seed']}: {s['cluster']}",
+        f"chaos soak ({s['mode']}), seed {s['seed']}: {s['cluster']}",
         f"  network {s['network']}, {s['samples']} samples, lr {s['learning_rate']}, mapping {s['mapping']}, "
         f"blocks of {s['block']}, checkpoint every {s['checkpoint_every']}, a fault every "
         f"{s['fault_interval_s'][0]:g}-{s['fault_interval_s'][1]:g} s, {s['min_workers']}-{s['max_workers']} "
@@ -453,12 +762,14 @@ def summary(rep: dict[str, Any]) -> str:
         + ")",
     ]
     for f, o in zip(rep["faults"], rep.get("outcomes") or ["-"] * len(rep["faults"])):
+        who = " ".join(str(v) for v in (f["worker"], f.get("job")) if v)
         lines.append(
-            f"    {f['seconds']:7.1f} s  it {f['iteration']:6d}  {f['kind']:6s} "
-            f"{f['worker'] or '':24s} -> {o}"
+            f"    {f['seconds']:7.1f} s  it {f['iteration']:6d}  {f['kind']:6s} {who:38s} -> {o}"
         )
     if rep["injector_errors"]:
         lines.append(f"  injector errors: {rep['injector_errors']}")
+    if s["mode"] == "slurm":
+        lines.append(f"  jobs resubmitted by the trainer (replace-lost): {rep['jobs_resubmitted']}")
     if not rep["completed"]:
         lines.append("  TRAINING FAILED:\n" + rep["error"])
         return "\n".join(lines)
@@ -490,16 +801,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--seconds", type=float, default=180.0, help="training time (default 180)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the faults and of the problem")
-    ap.add_argument("--workers", type=int, default=3, help="workers at start (default 3)")
+    ap.add_argument(
+        "--slurm",
+        action="store_true",
+        help="on SLURM (SLURM_CONF; slurm/local-cluster.sh start): scancel and scale_group instead of "
+        "SIGKILL, retire_workers and scale",
+    )
+    ap.add_argument(
+        "--workers", type=int, default=3, help="workers (SLURM: jobs) at start (default 3)"
+    )
     ap.add_argument("--min-workers", type=int, default=2)
     ap.add_argument("--max-workers", type=int, default=5)
     ap.add_argument(
         "--every",
         type=float,
         nargs=2,
-        default=(3.0, 8.0),
+        default=None,
         metavar=("MIN", "MAX"),
-        help="seconds between faults, uniform (default 3 8)",
+        help=f"seconds between faults, uniform (default {LOCAL_EVERY[0]:g} {LOCAL_EVERY[1]:g}; "
+        f"with --slurm {SLURM_EVERY[0]:g} {SLURM_EVERY[1]:g})",
     )
     ap.add_argument("--mapping", default="drpm")
     ap.add_argument("--block", type=int, default=20, help="iterations per block")
@@ -511,13 +831,16 @@ def main(argv: list[str] | None = None) -> int:
             f"need 1 <= --min-workers ({a.min_workers}) <= --workers ({a.workers}) <= --max-workers "
             f"({a.max_workers})"
         )
+    if a.slurm and a.min_workers < 2:
+        ap.error(f"--slurm needs --min-workers >= 2 (one job per group), got {a.min_workers}")
     rep = soak(
         a.seconds,
         a.seed,
+        slurm=a.slurm,
         workers=a.workers,
         min_workers=a.min_workers,
         max_workers=a.max_workers,
-        interval=tuple(a.every),
+        interval=tuple(a.every) if a.every else None,
         mapping=a.mapping,
         block=a.block,
         checkpoint_every=a.checkpoint_every,

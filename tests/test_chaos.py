@@ -1,4 +1,5 @@
-"""The chaos soak (benchmarks/chaos.py), short: real worker processes SIGKILLed and retired while training.
+"""The chaos soak (benchmarks/chaos.py), short: real worker processes SIGKILLed and retired while training,
+and on the local SLURM real worker jobs cancelled with ``scancel``, removed and added with ``scale_group``.
 
 The injector's kinds depend on the seed only (seed 1: kill, then retire, then add); when each fault lands —
 between blocks, inside one, during a remap or a checkpoint — is left to timing, and the engine must survive
@@ -46,3 +47,24 @@ def test_a_short_soak_survives_every_fault_and_equals_serial(chaos):
     assert rep["relative_difference_vs_serial"] <= 1e-10
     # the killed worker held rows (every worker does at the start): a recovery remap names it
     assert rep["outcomes"][0].startswith("recovered from the"), rep["outcomes"]
+
+
+@pytest.mark.slurm
+def test_a_short_slurm_soak_survives_scancel_and_equals_serial(chaos, slurm_cluster):
+    """Seed 1 on SLURM: scancel of a worker's job first (then a scale-down, then a scale-up, timing allowing).
+
+    The cancelled job's worker is recovered from, the trainer resubmits the job (replace-lost), and the
+    weights at the end equal serial BP's for the iterations done.
+    """
+    rep = chaos.soak(seconds=40, seed=1, slurm=True)
+    assert rep["error"] is None, rep["error"]
+    assert rep["injector_errors"] == []
+    kinds = [f["kind"] for f in rep["faults"]]
+    assert kinds[:1] == ["kill"] and kinds == chaos.planned_kinds(1, len(kinds)), kinds
+    assert rep["completed"] and rep["well_conditioned"], rep["conditioning_1e15_W0"]
+    assert "UNACCOUNTED" not in rep["outcomes"], list(zip(rep["faults"], rep["outcomes"]))
+    assert rep["faults_survived"] == rep["faults_injected"] == len(kinds) >= 1
+    assert rep["equal_to_serial"] and rep["bytes_lost"] == 0, rep["relative_difference_vs_serial"]
+    # the cancelled job's worker held rows (every worker does at the start): a recovery remap names it
+    assert rep["outcomes"][0].startswith("recovered from the"), rep["outcomes"]
+    assert rep["jobs_resubmitted"] >= 1, rep["replacement_log"]
