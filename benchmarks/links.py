@@ -4,8 +4,10 @@ EMULATION, not hardware: eight workers on this 2-core machine, EMULATED
 speeds 1 : 0.5 alternating, placed on two EMULATED nodes of four workers
 (``local_cluster(..., nodes=[0, 0, 0, 0, 1, 1, 1, 1])``). A message between
 the nodes waits ``latency + bytes / bandwidth`` more before it is written
-(:mod:`dask_rpm.emulation.links`, 5 ms and 25 MB/s by default here); within a
-node nothing is added.
+(:mod:`dask_rpm.emulation.links`, 5 ms and 5 MB/s by default here, the bytes of
+one worker's messages to the other node one after another); within a node
+nothing is added. Network 129-256-8, s = 2048: the link-blind plan's columns
+each span both nodes, so their vertical exchange (every iteration) crosses.
 
 Two plans of the same planner (``srpm-time``) from the same speeds:
 
@@ -46,9 +48,9 @@ import numpy as np  # noqa: E402
 #: The case: EMULATED speeds, nodes and the added cross-node delay.
 SPEEDS = (1.0, 0.5, 1.0, 0.5, 1.0, 0.5, 1.0, 0.5)
 NODES = (0, 0, 0, 0, 1, 1, 1, 1)
-SHAPE = (33, 128, 16)
-SAMPLES = 8192
-ACROSS = (0.005, 2.5e7)  # seconds, bytes per second added between the two nodes
+SHAPE = (129, 256, 8)
+SAMPLES = 2048
+ACROSS = (0.005, 5.0e6)  # seconds, bytes per second added between the two nodes
 
 
 def work_rates(rate: float, scale: float, speeds: Any, shape: tuple[int, int, int]) -> list[float]:

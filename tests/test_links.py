@@ -125,10 +125,10 @@ def test_network_adds_the_emulated_delay_to_the_base_link():
 
 def test_messages_to_one_peer_leave_in_order():
     """A small message queued after a large one to the same peer never overtakes it."""
-    links = emulated_links(3, nodes=[0, 1, 1], links={"across": (0.0, 1e8)})
+    links = emulated_links(3, nodes=[0, 1, 0], links={"across": (0.0, 1e8)})
     plugin = LinkEmulationPlugin(links)
     plugin.index = 0
-    plugin._peers = {"tcp://b": 1, "tcp://c": 2}
+    plugin._peers = {"tcp://b": 1, "tcp://c": 2}  # b on another node, c on this one
     done: list[str] = []
 
     async def send(peer: str, nbytes: int, tag: str) -> None:
@@ -139,14 +139,33 @@ def test_messages_to_one_peer_leave_in_order():
         await asyncio.gather(
             send("tcp://b", 5_000_000, "b-big"),  # 50 ms
             send("tcp://b", 0, "b-small"),  # 0 ms, but after b-big
-            send("tcp://c", 0, "c-small"),  # another peer: not held by b's queue
+            send("tcp://c", 0, "c-small"),  # same node: not delayed, not held by b's queue
         )
 
     asyncio.run(main())
     assert done.index("b-big") < done.index("b-small")
     assert done.index("c-small") < done.index("b-big")
-    assert plugin.sent["across"] == 3 and plugin.sent["seconds"] == pytest.approx(0.05)
+    assert plugin.sent["across"] == 2 and plugin.sent["host"] == 1
+    assert plugin.sent["seconds"] == pytest.approx(0.05)
     assert plugin._tail == {}  # nothing left queued
+
+
+def test_bytes_to_other_nodes_share_one_outgoing_link():
+    """Two 50 ms messages to two peers on another node: the second one's bytes wait for the first's."""
+    links = emulated_links(3, nodes=[0, 1, 1], links={"across": (0.0, 1e8)})
+    plugin = LinkEmulationPlugin(links)
+    plugin.index = 0
+    plugin._peers = {"tcp://b": 1, "tcp://c": 2}
+
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        await asyncio.gather(plugin.delay("tcp://b", 5_000_000), plugin.delay("tcp://c", 5_000_000))
+        return plugin._nic_free - t0
+
+    # the link is busy for both messages' bytes one after another (0.1 s), not side by side
+    # (0.05 s): bookkeeping of loop times, a lower bound that holds however busy the machine is
+    assert asyncio.run(main()) >= 0.1 - 1e-9
 
 
 def test_plugin_travels_to_worker_processes_without_runtime_state():

@@ -274,6 +274,7 @@ class LinkEmulationPlugin(WorkerPlugin):
         self._peers: dict[str, int | None] = {}  # address -> worker index (None: not placed)
         self._lookup: asyncio.Future | None = None
         self._tail: dict[str, asyncio.Future] = {}  # the last message to each peer still held
+        self._nic_free = 0.0  # loop time when this worker's outgoing link to other nodes is free
         self._get_data: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -318,6 +319,12 @@ class LinkEmulationPlugin(WorkerPlugin):
 
         ``peer`` None (the scheduler or a client asking) is not delayed.
         Messages to one peer leave in the order :meth:`delay` was called.
+        The bandwidth term is serialised per sending worker, as over one
+        network card: a message to another node starts its ``bytes /
+        bandwidth`` when the previous one to another node has finished, then
+        arrives ``latency`` later (latencies overlap). So a worker sending to
+        many peers on other nodes pays for all its bytes, as the cost model
+        charges it (``bytes out / bandwidth`` per worker and round).
         """
         if peer is None:
             return 0.0
@@ -340,7 +347,12 @@ class LinkEmulationPlugin(WorkerPlugin):
             seconds = self.links.seconds(cls, nbytes)
             self.sent[cls] += 1
             self.sent["seconds"] += seconds
-            wait = start + seconds - loop.time()
+            wait = 0.0
+            if seconds > 0:
+                link = self.links.classes[cls]
+                # one outgoing link: this message's bytes go after those already queued
+                self._nic_free = max(start, self._nic_free) + (seconds - link.latency)
+                wait = self._nic_free + link.latency - loop.time()
             if wait > 0:
                 await asyncio.sleep(wait)
             if before is not None and not before.done():
