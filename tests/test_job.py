@@ -1067,3 +1067,37 @@ def test_resume_refuses_a_checkpoint_store_of_another_network(tmp_path, digits, 
     (tmp_path / "ck" / "job.json").unlink()
     assert main(["train", "--config", str(path), "--resume"]) == 2
     assert "no checkpoint of this job" in capsys.readouterr().err
+
+
+@pytest.mark.slurm
+def test_sbatch_workers_write_the_checkpoint_store_and_resume_finishes(slurm_cluster, tmp_path):
+    """Real SLURM worker jobs write their rows into the job's store (``checkpoint.path`` without
+    ``.nc``, on the file system every node mounts); SIGTERM, then ``--resume`` ends serial-equal."""
+    from dask_rpm.engine import store
+
+    groups = [{"name": "big", "jobs": 1, "speed": 1.0}, {"name": "small", "jobs": 1, "speed": 0.5}]
+    path = slurm_job(
+        tmp_path,
+        slurm_cluster.partitions,
+        groups,
+        iterations=200,
+        **{"min-workers": 2, "checkpoint": {"every": 25, "path": "ck"}},
+    )
+    drv = Driver(tmp_path, path)
+    drv.wait_for("checkpoint at iteration 50")
+    man = store.read_manifest(tmp_path / "ck")
+    assert man["iteration"] >= 50 and len(man["files"]) >= 2  # both worker jobs wrote rows
+    subprocess.run(["scancel", "--batch", "--signal=TERM", drv.id], check=True)
+    log = drv.finish()
+    stop = [line for line in log.splitlines() if line.startswith("stopped at iteration")]
+    assert stop and "SIGTERM" in stop[0], log
+    k = int(stop[0].split()[3])
+    assert store.read_manifest(tmp_path / "ck")["iteration"] == k
+    drv = Driver(tmp_path, path, "--resume")
+    log = drv.finish()
+    assert f"at iteration {k}" in log and "done: 200 iterations" in log, log
+    ds = _open(tmp_path / "result.nc")
+    assert ds.attrs["resumed_from_iteration"] == k
+    x, d = _digits_arrays(tmp_path)
+    _serial_check(ds, x, d, 200)
+    assert not (tmp_path / "ck").exists()

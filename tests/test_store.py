@@ -54,7 +54,10 @@ def test_writers_write_each_row_once_spread_over_every_worker():
         assert all(h0 <= a < b <= h1 for a, b in ranges)
     # spread: more than one column writes, and no worker writes more than half of the rows
     assert {0, 1} & set(jobs) and {2, 3} & set(jobs)
-    assert max(sum(b - a for a, b in r) for r in jobs.values()) <= 5
+    assert max(sum(b - a for a, b in r) for r in jobs.values()) <= 3  # ceil(9 / 4)
+    # one worker per column, every worker holding all rows: they still share the writing
+    two = Plan.from_columns([[0], [1]], [20, 28], [[9], [9]], shape=(6, 9, 3))
+    assert store.writers(two) == {0: [(0, 5)], 1: [(5, 9)]}
 
 
 def test_round_trip_with_optimizer_state_and_extra(tmp_path):

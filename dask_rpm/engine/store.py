@@ -92,11 +92,15 @@ def writers(plan: Plan) -> dict[int, list[tuple[int, int]]]:
     """Which worker writes which hidden rows: each row exactly once, spread over all planned workers.
 
     The hidden rows are cut at every column's row boundaries; each piece has
-    one holder per column and goes to the holder with the fewest rows so far
-    (ties: the lower column), so every worker writes about ``m / N`` rows and
-    the store is written once, in parallel. Adjacent pieces of one worker are
-    merged into one range.
+    one holder per column. A piece is shared out among its holders, the least
+    loaded first, each taking rows up to its fair share ``ceil(m / N)``
+    (the rest, if all are full, to the least loaded), so every worker writes
+    about ``m / N`` rows - also when every column is a single worker holding
+    all rows - and the store is written once, in parallel. Adjacent ranges
+    of one worker are merged into one.
     """
+    m = plan.shape[1]
+    fair = -(-m // max(len(plan.planned_workers), 1))
     cuts = sorted({b for w in plan.planned_workers for b in plan.rectangle(w).hidden})
     load: dict[int, int] = {w: 0 for w in plan.planned_workers}
     out: dict[int, list[tuple[int, int]]] = {}
@@ -105,13 +109,16 @@ def writers(plan: Plan) -> dict[int, list[tuple[int, int]]]:
             next(w for w in col if plan.rectangle(w).hidden[0] <= a < plan.rectangle(w).hidden[1])
             for col in plan.columns
         ]
-        w = min(holders, key=lambda h: load[h])  # min keeps the first (lowest column) on ties
-        load[w] += b - a
-        ranges = out.setdefault(w, [])
-        if ranges and ranges[-1][1] == a:
-            ranges[-1] = (ranges[-1][0], b)
-        else:
-            ranges.append((a, b))
+        while a < b:
+            w = min(holders, key=lambda h: load[h])  # min keeps the first (lowest column) on ties
+            take = b - a if load[w] >= fair else min(b - a, fair - load[w])
+            load[w] += take
+            ranges = out.setdefault(w, [])
+            if ranges and ranges[-1][1] == a:
+                ranges[-1] = (ranges[-1][0], a + take)
+            else:
+                ranges.append((a, a + take))
+            a += take
     return out
 
 
