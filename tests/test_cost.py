@@ -379,3 +379,20 @@ def test_engine_horizontal_is_pairwise_or_a_schedule_per_group():
     assert engine_horizontal("ring", 3, [10.0, 20.0], link, 1e-5, 4) == ["ring", "ring"]
     with pytest.raises(ValueError, match=r"rpm.engine.horizontal='rings'; valid: auto, pairwise"):
         engine_horizontal("rings", 3, [10.0], link, 1e-5, 4)
+
+
+def test_scheduled_seconds_charge_the_shared_host_for_every_message():
+    from dask_rpm.cost.predict import scheduled_seconds
+
+    own = Network(latency=1e-4, bandwidth=1e9, overhead=5e-5)
+    holders = list(range(8))
+    for alg in ("tree", "halving", "ring", "direct"):
+        # on links of their own: the closed form
+        assert scheduled_seconds(alg, holders, 10_000, own) == pytest.approx(
+            collective_seconds(alg, 8, 80_000, LinkClass(1e-4, 1e9), 5e-5)
+        )
+    shared = own._replace(hosts=("h",) * 8, host_cores=2.0)
+    t = {a: scheduled_seconds(a, holders, 100, shared) for a in ("tree", "ring", "direct")}
+    # 8 workers on 2 cores: ring and direct send 2 x 8 x 7 = 112 messages, tree 14
+    assert t["direct"] > t["tree"] and t["ring"] > t["tree"]
+    assert t["direct"] > collective_seconds("direct", 8, 800, LinkClass(1e-4, 1e9), 5e-5)

@@ -10,6 +10,7 @@ import numpy as np
 
 from .. import config
 from ..partition import Plan, RealPartition, t_comm_model
+from ..schedules import build
 from .collectives import (
     HORIZONTAL_MODES,
     VERTICAL_MODES,
@@ -363,7 +364,11 @@ def _vertical(
             out.algorithm.append(alg)
             out.seconds.append(delta)
             continue
-        alg, v = _collective_column(alg, k, nbytes, net.worst_link(col), net, delta)
+        if net.hosts is not None and alg not in ("gather", "best"):
+            order = sorted(col, key=lambda w: plan.rectangle(w).hidden[0])
+            v = scheduled_seconds(alg, order, l * (s1 - s0), net)
+        else:
+            alg, v = _collective_column(alg, k, nbytes, net.worst_link(col), net, delta)
         out.algorithm.append(alg)
         out.seconds.append(v + delta)
         col_rounds.append((alg, []))
@@ -389,6 +394,28 @@ def _collective_column(
     if alg == "best":
         return best_collective(k, nbytes, link, net.overhead, red)
     return alg, collective_seconds(alg, k, nbytes, link, net.overhead, red)
+
+
+def scheduled_seconds(alg: str, holders: Sequence[int], elements: int, net: Network) -> float:
+    """Seconds of the engine's schedule ``alg`` among ``holders``, priced round by round.
+
+    What the closed form :func:`collective_seconds` gives on links of their
+    own; with ``net.hosts`` every round also lasts until each host has
+    handled its message ends on its cores and its bytes
+    (:func:`round_seconds`): the many small messages of a ring or direct
+    exchange among workers sharing a host cost its CPU, which the closed form
+    does not see. Used for the engine's exchanges when hosts are known.
+    """
+    sched = build("gather" if alg == "leader" else alg, holders, elements)
+    isz = net.itemsize
+    return float(
+        sum(
+            round_seconds(
+                [Message(t.src, t.dst, (t.hi - t.lo) * isz, t.op == "sum") for t in r], net
+            )[0]
+            for r in sched.rounds
+        )
+    )
 
 
 def _add_engine_rounds(
@@ -468,7 +495,10 @@ def _horizontal(
             alg, t = best_collective(C, nbytes, link, net.overhead, red)
         elif engine is not None:  # the engine's choice for this group
             alg = engine[g]
-            t = collective_seconds(alg, C, nbytes, link, net.overhead, red)
+            if net.hosts is not None:
+                t = scheduled_seconds(alg, holders, r * (n + l), net)
+            else:
+                t = collective_seconds(alg, C, nbytes, link, net.overhead, red)
         else:
             alg, t = hmode, collective_seconds(hmode, C, nbytes, link, net.overhead, red)
         lat = collective_seconds(alg, C, 0.0, LinkClass(link.latency, link.bandwidth), 0.0)
