@@ -333,11 +333,27 @@ class SlurmInjector(Injector):
         subprocess.run(["scancel", jobs[name]], check=True, capture_output=True, timeout=60)
         return victim, f"{name} ({jobs[name]})"
 
-    def _scale(self, group: str, jobs: int) -> set[str]:
-        """Scale ``group`` to ``jobs`` jobs; returns the job names that came or went."""
-        before = set(self.on_loop(lambda: list(self.cluster.worker_spec)))
-        self.on_loop(self.cluster.scale_group, group, jobs)
-        return before ^ set(self.on_loop(lambda: list(self.cluster.worker_spec)))
+    def _scale(self, group: str, delta: int) -> str:
+        """Change ``group``'s job count by ``delta`` (+1 or -1); returns the job that came or went.
+
+        One coroutine on the loop: the count is read and the spec edited with no ``await`` in between,
+        so a job replacement of the trainer's (``replace_lost``, on the same loop) cannot slip into the
+        difference; then the submission or cancellation is awaited.
+        """
+        from distributed.utils import sync
+
+        cluster = self.cluster
+
+        async def call() -> set[str]:
+            before = set(cluster.worker_spec)
+            # called on the loop, scale_group edits the spec at once and returns the sbatch/scancel to await
+            pending = cluster.scale_group(group, cluster.requested_jobs()[group] + delta)
+            changed = before ^ set(cluster.worker_spec)
+            await pending
+            return changed
+
+        (job,) = sync(cluster.loop, call, callback_timeout=300)
+        return str(job)
 
     def retire(self, alive: dict[str, Any]) -> tuple[str | None, str | None]:
         counts = self._counts()
@@ -346,14 +362,13 @@ class SlurmInjector(Injector):
             raise RuntimeError(f"retire: no group with 2 jobs at {self.elapsed():.1f} s ({counts})")
         group = self.victims.choice(groups)
         ids = self._jobs()
-        (job,) = self._scale(group, counts[group] - 1)
+        job = self._scale(group, -1)
         worker = next((a for a, w in alive.items() if str(w.get("name")) == job), None)
         return worker, f"{job} ({ids.get(job, 'not submitted')})"
 
     def add(self, alive: dict[str, Any]) -> str | None:
-        counts = self._counts()
-        group = self.victims.choice(sorted(counts))
-        (job,) = self._scale(group, counts[group] + 1)
+        group = self.victims.choice(sorted(self._counts()))
+        job = self._scale(group, +1)
         return f"{job} ({self._jobs().get(job, '?')})"
 
 
