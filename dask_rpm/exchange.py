@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from .cost import LinkClass, Message, Network, best_collective, network_from_config, round_seconds
+from .cost import LinkClass, Network, best_collective, network_from_config, schedule_seconds
 from .schedules import ALGORITHMS, Schedule, Transfer, build
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -183,19 +183,6 @@ def apply_received(
             sums.setdefault((t.lo, t.hi), []).append((position[t.src], payloads[t]))
     for (lo, hi), parts in sums.items():
         buffer[lo:hi] = _fold(position[worker], buffer[lo:hi], parts)
-
-
-def schedule_seconds(schedule: Schedule, network: Network) -> float:
-    """Predicted seconds of a schedule: :func:`dask_rpm.cost.round_seconds` summed over its rounds."""
-    isz = network.itemsize
-    return float(
-        sum(
-            round_seconds(
-                [Message(t.src, t.dst, (t.hi - t.lo) * isz, t.op == "sum") for t in r], network
-            )[0]
-            for r in schedule.rounds
-        )
-    )
 
 
 def choose(

@@ -33,6 +33,7 @@ from .collectives import (
     engine_algorithm,
     engine_horizontal,
     round_seconds,
+    schedule_seconds,
 )
 from .fitting import fit_network
 from .network import LINK_CLASSES, LinkClass, Network, network_from_config
@@ -64,6 +65,7 @@ __all__ = [
     "predict_breakdown",
     "predict_iteration_seconds",
     "round_seconds",
+    "schedule_seconds",
     "t_comm",
     "t_comm_model",
     "t_comm_partition",

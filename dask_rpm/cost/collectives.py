@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from ..schedules import Schedule
 from .network import LinkClass, Network
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "engine_algorithm",
     "engine_horizontal",
     "round_seconds",
+    "schedule_seconds",
 ]
 
 
@@ -77,6 +79,25 @@ def round_seconds(messages: Sequence[Message], network: Network) -> tuple[float,
     if host_load:
         worst = max(worst, network.latency + max(host_load.values()))
     return worst, own
+
+
+def schedule_seconds(schedule: Schedule, network: Network) -> float:
+    """Predicted seconds of a schedule: :func:`round_seconds` summed over its rounds.
+
+    With ``network.hosts`` every round also waits for each host's cores and
+    bandwidth, so the many small messages of a ring or direct exchange among
+    workers sharing a host cost its CPU; on links of their own it equals
+    :func:`collective_seconds` (tested).
+    """
+    isz = network.itemsize
+    return float(
+        sum(
+            round_seconds(
+                [Message(t.src, t.dst, (t.hi - t.lo) * isz, t.op == "sum") for t in r], network
+            )[0]
+            for r in schedule.rounds
+        )
+    )
 
 
 # ----------------------------------------------------------- exchange costs

@@ -20,6 +20,7 @@ from .collectives import (
     engine_algorithm,
     engine_horizontal,
     round_seconds,
+    schedule_seconds,
 )
 from .network import LinkClass, Network, network_from_config
 
@@ -406,16 +407,7 @@ def scheduled_seconds(alg: str, holders: Sequence[int], elements: int, net: Netw
     exchange among workers sharing a host cost its CPU, which the closed form
     does not see. Used for the engine's exchanges when hosts are known.
     """
-    sched = build("gather" if alg == "leader" else alg, holders, elements)
-    isz = net.itemsize
-    return float(
-        sum(
-            round_seconds(
-                [Message(t.src, t.dst, (t.hi - t.lo) * isz, t.op == "sum") for t in r], net
-            )[0]
-            for r in sched.rounds
-        )
-    )
+    return schedule_seconds(build("gather" if alg == "leader" else alg, holders, elements), net)
 
 
 def _add_engine_rounds(
