@@ -6,8 +6,11 @@ speeds 1 : 0.5 alternating, placed on two EMULATED nodes of four workers
 the nodes waits ``latency + bytes / bandwidth`` more before it is written
 (:mod:`dask_rpm.emulation.links`, 5 ms and 5 MB/s by default here, the bytes of
 one worker's messages to the other node one after another); within a node
-nothing is added. Network 129-256-8, s = 2048: the link-blind plan's columns
-each span both nodes, so their vertical exchange (every iteration) crosses.
+nothing is added. Network 33-256-8, s = 2048: the link-blind plan has four
+columns of two workers, so every band of hidden units has holders in four
+columns, two of them on the other node; the link-aware plan has one column
+per node (its vertical exchange stays on the node) and every band one holder
+on the other node.
 
 Two plans of the same planner (``srpm-time``) from the same speeds:
 
@@ -48,7 +51,7 @@ import numpy as np  # noqa: E402
 #: The case: EMULATED speeds, nodes and the added cross-node delay.
 SPEEDS = (1.0, 0.5, 1.0, 0.5, 1.0, 0.5, 1.0, 0.5)
 NODES = (0, 0, 0, 0, 1, 1, 1, 1)
-SHAPE = (129, 256, 8)
+SHAPE = (33, 256, 8)
 SAMPLES = 2048
 ACROSS = (0.005, 5.0e6)  # seconds, bytes per second added between the two nodes
 
