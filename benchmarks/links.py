@@ -4,7 +4,7 @@ EMULATION, not hardware: eight workers on this 2-core machine, EMULATED
 speeds 1 : 0.5 alternating, placed on two EMULATED nodes of four workers
 (``local_cluster(..., nodes=[0, 0, 0, 0, 1, 1, 1, 1])``). A message between
 the nodes waits ``latency + bytes / bandwidth`` more before it is written
-(:mod:`dask_rpm.emulation.links`, 5 ms and 5 MB/s by default here, the bytes of
+(:mod:`dask_rpm.emulation.links`, 5 ms and 2 MB/s by default here, the bytes of
 one worker's messages to the other node one after another); within a node
 nothing is added. Network 33-256-8, s = 2048: the link-blind plan has four
 columns of two workers, so every band of hidden units has holders in four
@@ -53,7 +53,7 @@ SPEEDS = (1.0, 0.5, 1.0, 0.5, 1.0, 0.5, 1.0, 0.5)
 NODES = (0, 0, 0, 0, 1, 1, 1, 1)
 SHAPE = (33, 256, 8)
 SAMPLES = 2048
-ACROSS = (0.005, 5.0e6)  # seconds, bytes per second added between the two nodes
+ACROSS = (0.005, 2.0e6)  # seconds, bytes per second added between the two nodes
 
 
 def work_rates(rate: float, scale: float, speeds: Any, shape: tuple[int, int, int]) -> list[float]:
