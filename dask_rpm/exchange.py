@@ -45,13 +45,16 @@ selection (:func:`choose`) takes the algorithm with the least predicted
 seconds for the buffer and link: trees when latency dominates, ring or
 halving when bandwidth does.
 
-How the engine would consume it (``dask_rpm.engine.layout``): a layout keeps,
-per exchange, :func:`worker_steps` of its worker (the rounds in which it
-sends or receives); the block loop runs them in order - send the slices of
-``step.sends`` (tagged with the exchange and the round), await
+How the engine consumes it: :mod:`dask_rpm.engine.layout` names each
+exchange's algorithm and holders (chosen by :func:`dask_rpm.cost.engine_algorithm`,
+not :func:`choose`), and the block loop (:mod:`dask_rpm.engine.block`) builds
+:func:`worker_steps` of its worker and runs them round by round - send the
+slices of ``step.sends`` (tagged with the exchange and the round), await
 ``step.receives``, then :func:`apply_received` (sum in position order, or
 copy). Running every worker's steps through mailboxes gives exactly
-:func:`execute`'s bits (tested).
+:func:`execute`'s bits (tested). :func:`vertical_schedule` and
+:func:`horizontal_schedules` build the schedules of a whole plan at once,
+for inspection and the tests.
 """
 
 from __future__ import annotations
@@ -237,12 +240,9 @@ def horizontal_schedules(
     net = network_from_config(network)
     if plan.n_columns == 1:
         return []
-    groups: dict[tuple[int, ...], list[tuple[int, int]]] = {}
-    for band in plan.bands():
-        groups.setdefault(tuple(plan.holders(band)), []).append(band)
     out = []
     per_row = plan.n + plan.l
-    for holders, rows in groups.items():
+    for holders, rows in plan.band_groups():
         size = per_row * sum(b - a for a, b in rows)
         alg = algorithm or choose(
             len(holders), size * net.itemsize, net.worst_link(holders), net.overhead

@@ -187,6 +187,26 @@ class Plan:
         cuts = sorted({r.hidden[0] for r in self.rectangles} | {self.m})
         return [(a, b) for a, b in zip(cuts[:-1], cuts[1:])]
 
+    def band_groups(self) -> list[tuple[tuple[int, ...], list[tuple[int, int]]]]:
+        """Bands with the same holders merged: ``(holders left to right, their bands)``, in band order.
+
+        One horizontal allreduce each (the engine's groups of bands, and what
+        the cost model charges). Vectorised over the columns - a plan of
+        thousands of workers has thousands of bands - rather than
+        :meth:`holders` per band.
+        """
+        cuts = np.array(sorted({r.hidden[0] for r in self.rectangles} | {self.m}))
+        lo = cuts[:-1]
+        holders = np.empty((len(lo), len(self.columns)), dtype=np.int64)
+        for c, col in enumerate(self.columns):
+            ws = sorted(col, key=lambda w: self.rectangle(w).hidden[0])
+            starts = np.array([self.rectangle(w).hidden[0] for w in ws])
+            holders[:, c] = np.asarray(ws)[np.searchsorted(starts, lo, side="right") - 1]
+        groups: dict[tuple[int, ...], list[tuple[int, int]]] = {}
+        for h, a, b in zip(map(tuple, holders.tolist()), lo.tolist(), cuts[1:].tolist()):
+            groups.setdefault(h, []).append((int(a), int(b)))
+        return list(groups.items())
+
     def holders(self, band: tuple[int, int]) -> list[int]:
         """Workers (one per column, left to right) whose rows contain ``band``."""
         out = []

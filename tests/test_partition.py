@@ -16,6 +16,7 @@ from dask_rpm.partition import (
     snap_small_groups,
     to_integer,
 )
+from dask_rpm.planners import make_plan
 
 P_EX = (0.05, 0.10, 0.20, 0.30, 0.35)
 
@@ -332,3 +333,14 @@ def test_from_dict_round_trip_and_with_workers():
     assert bound.workers == ("w0", "w1", "w2", "w3", "w4")
     with pytest.raises(PlanError, match="5 workers but 2 addresses"):
         plan.with_workers(["a", "b"])
+
+
+def test_band_groups_merge_the_bands_of_the_same_holders_in_band_order():
+    for method, n in [("srpm", 7), ("split-1d", 5), ("grid-h", 6), ("srpm-time", 9)]:
+        plan = make_plan(np.linspace(0.2, 1.0, n), (10, 40, 3), 300, method)
+        expect: dict[tuple[int, ...], list[tuple[int, int]]] = {}
+        for band in plan.bands():
+            expect.setdefault(tuple(plan.holders(band)), []).append(band)
+        assert plan.band_groups() == list(expect.items()), method
+        covered = sorted(b for _, bands in plan.band_groups() for b in bands)
+        assert covered == plan.bands()

@@ -191,19 +191,9 @@ def _pairwise_uniform(
     return own
 
 
-def _band_groups(
-    plan: Plan, rows: list[tuple[np.ndarray, np.ndarray, list[int]]]
-) -> list[tuple[tuple[int, ...], int]]:
+def _band_groups(plan: Plan) -> list[tuple[tuple[int, ...], int]]:
     """Bands with the same holders merged: ``(holders in column order, hidden rows)``."""
-    cuts = np.array(sorted({int(v) for s, _, _ in rows for v in s} | {plan.m}))
-    lo, widths = cuts[:-1], np.diff(cuts)
-    holders = np.empty((len(lo), len(rows)), dtype=np.int64)
-    for c, (s, _, ws) in enumerate(rows):
-        holders[:, c] = np.asarray(ws)[np.searchsorted(s, lo, side="right") - 1]
-    groups: dict[tuple[int, ...], int] = {}
-    for h, r in zip(map(tuple, holders.tolist()), widths.tolist()):
-        groups[h] = groups.get(h, 0) + int(r)
-    return list(groups.items())
+    return [(h, sum(b - a for a, b in bands)) for h, bands in plan.band_groups()]
 
 
 def predict_breakdown(
@@ -458,11 +448,10 @@ def _horizontal(
     per_row = (n + l) * net.itemsize
     if C == 1:
         return 0.0, [], []
+    groups_rows = _band_groups(plan) if hmode not in ("pairwise", "bands") else []
     engine: list[str] | None = None
     if hmode == "engine":
-        engine = _engine_horizontal(
-            C, [r * (n + l) for _, r in _band_groups(plan, _column_rows(plan))]
-        )
+        engine = _engine_horizontal(C, [r * (n + l) for _, r in groups_rows])
         hmode = "pairwise" if engine is None else hmode
     if hmode == "pairwise":
         rows = _column_rows(plan)
@@ -479,7 +468,7 @@ def _horizontal(
     load: dict[int, float] = {}
     chain: dict[int, float] = {}
     groups: list[tuple[tuple[int, ...], int, str, float]] = []
-    for g, (holders, r) in enumerate(_band_groups(plan, _column_rows(plan))):
+    for g, (holders, r) in enumerate(groups_rows):
         link = net.worst_link(holders)
         nbytes = r * per_row
         red = r * (n + l) * net.reduce

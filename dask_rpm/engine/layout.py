@@ -58,16 +58,13 @@ def band_groups(
     ``pairwise`` (or there is one column).
     """
     setting = str(config.get("engine.horizontal", setting))
-    rows: dict[tuple[int, ...], list[tuple[int, int]]] = {}
-    if plan.n_columns > 1:
-        for band in plan.bands():
-            rows.setdefault(tuple(plan.holders(band)), []).append(band)
+    groups = plan.band_groups() if plan.n_columns > 1 else []
     per_row = (plan.n + plan.l) * net.itemsize
     algorithms = engine_horizontal(
         setting,
         plan.n_columns,
-        [per_row * sum(b - a for a, b in bands) for bands in rows.values()],
-        net.worst_link(sorted({w for h in rows for w in h})),
+        [per_row * sum(b - a for a, b in bands) for _, bands in groups],
+        net.worst_link(sorted({w for h, _ in groups for w in h})),
         net.overhead,
         int(config.get("engine.allgather-max")),
     )
@@ -75,7 +72,7 @@ def band_groups(
         return []
     return [
         BandGroup(holders, tuple(addresses[w] for w in holders), tuple(bands), alg)
-        for (holders, bands), alg in zip(rows.items(), algorithms)
+        for (holders, bands), alg in zip(groups, algorithms)
     ]
 
 
