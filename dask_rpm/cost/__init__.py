@@ -27,6 +27,7 @@ from .collectives import (
     HORIZONTAL_MODES,
     SCALABLE,
     VERTICAL_MODES,
+    EngineRule,
     Message,
     best_collective,
     collective_seconds,
@@ -48,6 +49,7 @@ from .predict import (
 __all__ = [
     "ENGINE_HORIZONTAL",
     "ENGINE_VERTICAL",
+    "EngineRule",
     "HORIZONTAL_MODES",
     "LINK_CLASSES",
     "SCALABLE",

@@ -6,8 +6,9 @@ import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from .. import config
 from ..schedules import Schedule
-from .network import LinkClass, Network
+from .network import LinkClass, Network, network_from_config
 
 __all__ = [
     "HORIZONTAL_MODES",
@@ -16,6 +17,7 @@ __all__ = [
     "Message",
     "ENGINE_HORIZONTAL",
     "ENGINE_VERTICAL",
+    "EngineRule",
     "best_collective",
     "collective_seconds",
     "engine_algorithm",
@@ -258,3 +260,60 @@ def engine_horizontal(
         min(SCALABLE, key=lambda a: collective_seconds(a, q, b, link, overhead))
         for b in group_bytes
     ]
+
+
+class EngineRule(NamedTuple):
+    """How the engine picks its exchanges: the settings and the network it prices them on.
+
+    Read once per plan (:meth:`from_config`) by the engine's layout and by the
+    cost model's ``"engine"`` modes, so that both apply one rule with one set
+    of prices - ``rpm.engine.vertical``, ``rpm.engine.horizontal``,
+    ``rpm.engine.allgather-max`` and ``rpm.cost.*`` (the engine knows no other
+    network; the model then charges the choice at the prices it is given).
+    """
+
+    vertical: str
+    horizontal: str
+    one_hop_max: int
+    network: Network
+
+    @classmethod
+    def from_config(
+        cls,
+        vertical: str | None = None,
+        horizontal: str | None = None,
+        network: Network | None = None,
+    ) -> EngineRule:
+        return cls(
+            str(config.get("engine.vertical", vertical)),
+            str(config.get("engine.horizontal", horizontal)),
+            int(config.get("engine.allgather-max")),
+            network_from_config(network),
+        )
+
+    def vertical_for(self, members: Sequence[int], elements: float) -> str:
+        """The in-column algorithm for ``members`` summing ``elements`` (:func:`engine_algorithm`)."""
+        net = self.network
+        return engine_algorithm(
+            "vertical",
+            self.vertical,
+            len(members),
+            elements * net.itemsize,
+            net.worst_link(members),
+            net.overhead,
+            self.one_hop_max,
+        )
+
+    def horizontal_for(
+        self, C: int, groups: Sequence[tuple[Sequence[int], float]]
+    ) -> list[str] | None:
+        """``None`` (pairwise) or one algorithm per ``(holders, elements)`` group (:func:`engine_horizontal`)."""
+        net = self.network
+        return engine_horizontal(
+            self.horizontal,
+            C,
+            [e * net.itemsize for _, e in groups],
+            net.worst_link(sorted({w for h, _ in groups for w in h})),
+            net.overhead,
+            self.one_hop_max,
+        )

@@ -14,11 +14,10 @@ from ..schedules import build
 from .collectives import (
     HORIZONTAL_MODES,
     VERTICAL_MODES,
+    EngineRule,
     Message,
     best_collective,
     collective_seconds,
-    engine_algorithm,
-    engine_horizontal,
     round_seconds,
     schedule_seconds,
 )
@@ -73,47 +72,6 @@ def _speed_of(speeds: Sequence[float] | Mapping[Any, float], plan: Plan, w: int)
 
 
 # ------------------------------------------------------------------ network
-
-
-def _engine_choice(kind: str, setting: str, q: int, elements: float) -> str:
-    """What the engine runs among ``q`` holders of ``elements`` (:func:`engine_algorithm`).
-
-    The engine chooses with the network of ``rpm.cost.*`` (it knows no
-    other), so the model does too; it then charges that choice at the prices
-    of the network it is given. A fit of the network to measured runs
-    therefore keeps the algorithms that ran.
-    """
-    cfg = network_from_config()
-    return engine_algorithm(
-        kind,
-        setting,
-        q,
-        elements * cfg.itemsize,
-        LinkClass(cfg.latency, cfg.bandwidth),
-        cfg.overhead,
-        int(config.get("engine.allgather-max")),
-    )
-
-
-def _engine_vertical(k: int, mode: str, elements: float) -> str:
-    """``mode``, or for ``"engine"`` what the engine runs (``rpm.engine.vertical``)."""
-    if mode != "engine":
-        return mode
-    return _engine_choice("vertical", str(config.get("engine.vertical")), k, elements)
-
-
-def _engine_horizontal(C: int, group_elements: list[float]) -> list[str] | None:
-    """What the engine runs across ``C`` columns (``rpm.engine.horizontal``): ``None`` for the
-    pairwise messages, else one algorithm per group of bands (:func:`engine_horizontal`)."""
-    cfg = network_from_config()
-    return engine_horizontal(
-        str(config.get("engine.horizontal")),
-        C,
-        [e * cfg.itemsize for e in group_elements],
-        LinkClass(cfg.latency, cfg.bandwidth),
-        cfg.overhead,
-        int(config.get("engine.allgather-max")),
-    )
 
 
 def _column_rows(plan: Plan) -> list[tuple[np.ndarray, np.ndarray, list[int]]]:
@@ -323,6 +281,7 @@ def _vertical(
     out = _Vertical({}, [], [], [])
     engine_rounds: list[list[Message]] = [[], []]
     col_rounds: list[tuple[str, list[int]]] = []
+    rule = EngineRule.from_config() if vmode == "engine" else None  # read once per prediction
     for c, col in enumerate(plan.columns):
         times = []
         for w in col:
@@ -332,7 +291,7 @@ def _vertical(
         s0, s1 = plan.column_samples(c)
         k = len(col)
         nbytes = l * (s1 - s0) * isz
-        alg = _engine_vertical(k, vmode, l * (s1 - s0))
+        alg = rule.vertical_for(col, l * (s1 - s0)) if rule is not None else vmode
         out.compute_max.append(max(times))
         delta = l * (s1 - s0) * net.reduce  # output deltas of the summed partials, on every member
         if k == 1:
@@ -451,7 +410,8 @@ def _horizontal(
     groups_rows = _band_groups(plan) if hmode not in ("pairwise", "bands") else []
     engine: list[str] | None = None
     if hmode == "engine":
-        engine = _engine_horizontal(C, [r * (n + l) for _, r in groups_rows])
+        rule = EngineRule.from_config()
+        engine = rule.horizontal_for(C, [(h, r * (n + l)) for h, r in groups_rows])
         hmode = "pairwise" if engine is None else hmode
     if hmode == "pairwise":
         rows = _column_rows(plan)

@@ -31,14 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .. import config
-from ..cost import (
-    ENGINE_VERTICAL,
-    Network,
-    engine_algorithm,
-    engine_horizontal,
-    network_from_config,
-)
+from ..cost import ENGINE_VERTICAL, EngineRule, Network
 from ..partition import Plan
 from ..records import BandGroup, Layout, Peer
 
@@ -48,25 +41,16 @@ __all__ = ["layouts", "band_groups", "exchanges_summary", "VERTICAL_ALGORITHMS"]
 VERTICAL_ALGORITHMS = ENGINE_VERTICAL
 
 
-def band_groups(
-    plan: Plan, addresses: Sequence[str], net: Network, setting: str | None = None
-) -> list[BandGroup]:
+def band_groups(plan: Plan, addresses: Sequence[str], rule: EngineRule) -> list[BandGroup]:
     """The horizontal allreduces of ``plan``: bands with the same holders merged, in band order.
 
-    ``setting`` (default ``rpm.engine.horizontal``) picks the algorithms by
-    :func:`dask_rpm.cost.engine_horizontal`; an empty list when the exchange is
-    ``pairwise`` (or there is one column).
+    Their algorithms come from ``rule`` (:meth:`dask_rpm.cost.EngineRule.horizontal_for`);
+    an empty list when the exchange is ``pairwise`` (or there is one column).
     """
-    setting = str(config.get("engine.horizontal", setting))
     groups = plan.band_groups() if plan.n_columns > 1 else []
-    per_row = (plan.n + plan.l) * net.itemsize
-    algorithms = engine_horizontal(
-        setting,
-        plan.n_columns,
-        [per_row * sum(b - a for a, b in bands) for _, bands in groups],
-        net.worst_link(sorted({w for h, _ in groups for w in h})),
-        net.overhead,
-        int(config.get("engine.allgather-max")),
+    per_row = plan.n + plan.l
+    algorithms = rule.horizontal_for(
+        plan.n_columns, [(h, per_row * sum(b - a for a, b in bands)) for h, bands in groups]
     )
     if algorithms is None:
         return []
@@ -104,28 +88,18 @@ def layouts(
     network : Network, optional
         What ``auto`` predicts with; default from ``rpm.cost.*``.
     """
-    net = network_from_config(network)
-    setting = str(config.get("engine.vertical", vertical))
-    one_hop = int(config.get("engine.allgather-max"))
+    rule = EngineRule.from_config(vertical, horizontal, network)
     n_cols = plan.n_columns
     rects = {w: plan.rectangle(w) for w in plan.planned_workers}
     columns = [[w for w in col if w in rects] for col in plan.columns]
     # top to bottom inside each column
     columns = [sorted(col, key=lambda w: rects[w].hidden[0]) for col in columns]
-    groups = band_groups(plan, addresses, net, horizontal)
+    groups = band_groups(plan, addresses, rule)
     out: dict[int, Layout] = {}
     for c, col in enumerate(columns):
         members = tuple(Peer(w, addresses[w], rects[w].hidden) for w in col)
         s0, s1 = plan.column_samples(c)
-        algorithm = engine_algorithm(
-            "vertical",
-            setting,
-            len(col),
-            plan.l * (s1 - s0) * net.itemsize,
-            net.worst_link(col),
-            net.overhead,
-            one_hop,
-        )
+        algorithm = rule.vertical_for(col, plan.l * (s1 - s0))
         # The fastest member sums (it has the most to wait for otherwise); ties: lowest index.
         leader = max(col, key=lambda w: (plan.abilities[w], -w))
         for w in col:
