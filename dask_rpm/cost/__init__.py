@@ -37,7 +37,7 @@ from .collectives import (
     schedule_seconds,
 )
 from .fitting import fit_network
-from .network import LINK_CLASSES, LinkClass, Network, network_from_config
+from .network import LINK_CLASSES, LinkClass, Network, link_class, network_from_config
 from .predict import (
     expected_max_normal,
     predict_breakdown,
@@ -63,6 +63,7 @@ __all__ = [
     "engine_horizontal",
     "expected_max_normal",
     "fit_network",
+    "link_class",
     "network_from_config",
     "predict_breakdown",
     "predict_iteration_seconds",

@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 
 from .. import config
 
-__all__ = ["LINK_CLASSES", "LinkClass", "Network", "network_from_config"]
+__all__ = ["LINK_CLASSES", "LinkClass", "Network", "link_class", "network_from_config"]
 
 
 class LinkClass(NamedTuple):
@@ -28,6 +28,20 @@ class LinkClass(NamedTuple):
 
 #: Link classes, fastest first: same host, same SLURM group/partition, across groups.
 LINK_CLASSES = ("host", "group", "across")
+
+
+def link_class(hosts: Sequence[Any] | None, groups: Sequence[Any] | None, i: int, j: int) -> str:
+    """The class of the link between workers ``i`` and ``j`` placed on ``hosts`` in ``groups``.
+
+    ``"host"`` (same host, same group), ``"group"`` (same group, or no groups
+    known) or ``"across"``; ``None`` for either placement means "not known".
+    The one definition of :data:`LINK_CLASSES` that the cost model and the
+    EMULATED links (:mod:`dask_rpm.emulation.links`) share.
+    """
+    same_group = groups is None or groups[i] == groups[j]
+    if hosts is not None and hosts[i] == hosts[j] and same_group:
+        return "host"
+    return "group" if same_group else "across"
 
 
 class Network(NamedTuple):
@@ -91,12 +105,7 @@ class Network(NamedTuple):
 
     def link_class(self, i: int, j: int) -> str:
         """``"host"``, ``"group"`` or ``"across"`` for the link between workers ``i`` and ``j``."""
-        same_group = self.groups is None or self.groups[i] == self.groups[j]
-        if self.hosts is not None and self.hosts[i] == self.hosts[j] and same_group:
-            return "host"
-        if self.groups is None or self.groups[i] == self.groups[j]:
-            return "group"
-        return "across"
+        return link_class(self.hosts, self.groups, i, j)
 
     def link(self, i: int, j: int) -> LinkClass:
         """Latency and bandwidth of the link between workers ``i`` and ``j``."""

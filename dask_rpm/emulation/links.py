@@ -43,7 +43,7 @@ from typing import Any, NamedTuple
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from .. import config
-from ..cost import LINK_CLASSES, LinkClass, Network, network_from_config
+from ..cost import LINK_CLASSES, LinkClass, Network, link_class, network_from_config
 
 __all__ = [
     "LINKS_PLUGIN_NAME",
@@ -81,9 +81,7 @@ class EmulatedLinks(NamedTuple):
         """The class of the link between workers ``i`` and ``j`` (``None``: not placed -> ``"across"``)."""
         if i is None or j is None or not (0 <= i < len(self.nodes) and 0 <= j < len(self.nodes)):
             return "across"
-        if self.groups[i] != self.groups[j]:
-            return "across"
-        return "host" if self.nodes[i] == self.nodes[j] else "group"
+        return link_class(self.nodes, self.groups, i, j)
 
     def seconds(self, cls: str, nbytes: int) -> float:
         """Added delay of one message of ``nbytes`` bytes over a link of class ``cls``."""
