@@ -26,17 +26,31 @@ import stat
 import tempfile
 import threading
 from collections.abc import Callable
+from typing import Any
+
+import numpy as np
 
 __all__ = [
     "TargetError",
     "atomic_write",
     "atomic_write_text",
     "check_target",
+    "json_default",
     "new_file_mode",
     "unwritable_reason",
 ]
 
 _UMASK_LOCK = threading.Lock()
+
+
+def json_default(o: Any) -> Any:
+    """``json.dumps(default=...)`` for what results and checkpoints hold: numpy scalars and
+    arrays as plain values, anything else as its ``str``."""
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    return str(o)
 
 
 class TargetError(ValueError):

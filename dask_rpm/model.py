@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from ._files import json_default
 from ._version import __version__
 from .data import atomic_to_netcdf
 from .kernels import Workspace
@@ -47,13 +48,8 @@ class ModelError(ValueError):
 
 
 def _json_default(o: Any) -> Any:
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    if hasattr(o, "_asdict"):  # NamedTuple records (Network, Optimizer, Schedule)
-        return o._asdict()
-    return str(o)
+    # NamedTuple-like records (Network, Optimizer, Schedule) as mappings; the rest as results do
+    return o._asdict() if hasattr(o, "_asdict") else json_default(o)
 
 
 def _float_or_none(v: Any) -> float | None:

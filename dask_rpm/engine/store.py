@@ -46,7 +46,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .._files import atomic_write, atomic_write_text, unwritable_reason
+from .._files import atomic_write, atomic_write_text, json_default, unwritable_reason
 from ..data import DataError
 from ..partition import Plan
 
@@ -191,7 +191,7 @@ def write_manifest(
         "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         **dict(extra or {}),
     }
-    atomic_write_text(os.path.join(directory, MANIFEST), json.dumps(manifest, default=_plain))
+    atomic_write_text(os.path.join(directory, MANIFEST), json.dumps(manifest, default=json_default))
     return manifest
 
 
@@ -231,15 +231,6 @@ def write_whole(
         slots=list(state or {}),
         extra=extra,
     )
-
-
-def _plain(o: Any) -> Any:
-    """``json.dumps(default=...)``: numpy values (DRPM's state holds some) as plain ones."""
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    return str(o)
 
 
 def is_store(path: Any) -> bool:

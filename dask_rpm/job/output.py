@@ -19,7 +19,7 @@ from typing import Any, TextIO
 import numpy as np
 import xarray as xr
 
-from .._files import TargetError, atomic_write, atomic_write_text
+from .._files import TargetError, atomic_write, atomic_write_text, json_default
 from ..engine import FitResult, TrainingError, store
 from ..model import MLPModel
 from ..slurm import group_from_name
@@ -37,15 +37,6 @@ __all__ = [
     "rescue_paths",
     "json_default",
 ]
-
-
-def json_default(o: Any) -> Any:
-    """``json.dumps(default=...)`` for numpy values (and ``str`` of anything else)."""
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    return str(o)
 
 
 def _write(ds: xr.Dataset, path: str) -> str:
