@@ -152,7 +152,7 @@ def _tasks(client: Any) -> int:
 
 
 def _checkpoint(tmp: Path, iteration: int = 2, **over: Any) -> None:
-    """A real checkpoint written by the job ``over`` describes, at ``result.checkpoint.nc``."""
+    """A real checkpoint written by the job ``over`` describes (by default the store ``result.checkpoint``)."""
     from dask_rpm.job import load_job, write_checkpoint
 
     _data(tmp)
@@ -170,8 +170,15 @@ def _checkpoint(tmp: Path, iteration: int = 2, **over: Any) -> None:
     (tmp / "other.yaml").unlink()
 
 
-#: a job's checkpoint store: a ``checkpoint.path`` without ``.nc``
-STORE_JOB = {"every": 1, "path": "ck"}
+#: the opt-in checkpoint file the driver writes: a ``checkpoint.path`` ending in ``.nc``
+FILE_JOB = {"every": 1, "path": "result.checkpoint.nc"}
+
+
+def _damaged(tmp: Path) -> None:
+    """The job's default store with a valid manifest whose row file was truncated after it was written."""
+    _checkpoint(tmp)
+    (row,) = tmp.joinpath("result.checkpoint").glob("it*.npz")
+    row.write_bytes(row.read_bytes()[:100])
 
 
 def _store(tmp: Path, hidden: int = 4, damage: bool = False) -> None:
@@ -543,8 +550,25 @@ CASES = [
     Case(
         "checkpoint-exists",
         P,
-        "A checkpoint exists and the run does not `--resume`.",
-        lambda t, c: (t.joinpath("result.checkpoint.nc").write_text("a stopped run"), _train(t))[1],
+        "The checkpoint store (by default `<output stem>.checkpoint`) holds a checkpoint and the run "
+        "does not `--resume`.",
+        lambda t, c: (_checkpoint(t), _train(t))[1],
+    ),
+    Case(
+        "checkpoint-file-exists",
+        P,
+        "The checkpoint file (a `checkpoint.path` ending in `.nc`) exists and the run does not "
+        "`--resume`.",
+        lambda t, c: (
+            t.joinpath("result.checkpoint.nc").write_text("a stopped run"),
+            _train(t, checkpoint=FILE_JOB),
+        )[1],
+    ),
+    Case(
+        "checkpoint-is-a-file",
+        P,
+        "The checkpoint store's path (a `checkpoint.path` without `.nc`, or the default) is a file.",
+        lambda t, c: (t.joinpath("result.checkpoint").write_text("notes"), _train(t))[1],
     ),
     Case(
         "checkpoint-unwritable",
@@ -561,23 +585,17 @@ CASES = [
     Case(
         "resume-other-network",
         P,
-        "`--resume` with a checkpoint of another network shape.",
+        "`--resume` with a checkpoint store of another network shape.",
         lambda t, c: (_checkpoint(t, hidden=6), _train(t, "--resume"))[1],
     ),
     Case(
-        "resume-store-other-network",
+        "resume-file-other-network",
         P,
-        "`--resume` with a checkpoint store (a `checkpoint.path` without `.nc`) of another network.",
+        "`--resume` with a checkpoint file (a `checkpoint.path` ending in `.nc`) of another network.",
         lambda t, c: (
-            _checkpoint(t, hidden=6, checkpoint=STORE_JOB),
-            _train(t, "--resume", checkpoint=STORE_JOB),
+            _checkpoint(t, hidden=6, checkpoint=FILE_JOB),
+            _train(t, "--resume", checkpoint=FILE_JOB),
         )[1],
-    ),
-    Case(
-        "checkpoint-store-exists",
-        P,
-        "The checkpoint store holds a checkpoint and the run does not `--resume`.",
-        lambda t, c: (_checkpoint(t, checkpoint=STORE_JOB), _train(t, checkpoint=STORE_JOB))[1],
     ),
     Case(
         "resume-other-job",
@@ -586,12 +604,19 @@ CASES = [
         lambda t, c: (_checkpoint(t, learning_rate=0.02), _train(t, "--resume"))[1],
     ),
     Case(
+        "resume-damaged-store",
+        P,
+        "`--resume` with a checkpoint store one of whose row files was truncated.",
+        lambda t, c: (_damaged(t), _train(t, "--resume"))[1],
+    ),
+    Case(
         "resume-not-a-checkpoint",
         P,
-        "`--resume` and the checkpoint path holds something else.",
+        "`--resume` and the checkpoint file (a `checkpoint.path` ending in `.nc`) holds something "
+        "else.",
         lambda t, c: (
             t.joinpath("result.checkpoint.nc").write_text("notes"),
-            _train(t, "--resume"),
+            _train(t, "--resume", checkpoint=FILE_JOB),
         )[1],
     ),
     Case(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import stat
@@ -21,7 +22,8 @@ from distributed import Client, LocalCluster
 
 from dask_rpm.cli import main
 from dask_rpm.data import write_dataset
-from dask_rpm.job import JobError, load_job, run_job
+from dask_rpm.engine import store
+from dask_rpm.job import JobError, load_job, run_job, write_checkpoint
 from dask_rpm.serial import fit_serial
 
 RTOL = 1e-10
@@ -69,6 +71,11 @@ def write_job(tmp_path, data_path, **over):
 def _open(path):
     with xr.open_dataset(path, engine="h5netcdf") as ds:
         return ds.load()
+
+
+def _stored(tmp_path, name="result.checkpoint"):
+    """The valid checkpoint of the job's store (the default ``<output stem>.checkpoint``), checksums checked."""
+    return store.load(tmp_path / name)
 
 
 @pytest.mark.parametrize(
@@ -156,8 +163,29 @@ def test_unreachable_scheduler_is_one_line_exit_2(tmp_path, digits, capsys, monk
     assert not (tmp_path / "result.nc").exists()
 
 
+def _tree(path):
+    """``{file: bytes}`` under ``path``: what a refused command must leave as it was."""
+    return {
+        str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()
+    }
+
+
 def test_an_existing_checkpoint_is_not_overwritten_without_resume(tmp_path, digits, capsys):
+    # the default: a store of a stopped run at <output stem>.checkpoint
     path = write_job(tmp_path, digits[0], checkpoint={"every": 10})
+    W, V = np.ones((12, 65)), np.ones((10, 12))
+    write_checkpoint(load_job(path), {"iteration": 10, "W": W, "V": V, "errors": np.ones(10)})
+    assert (tmp_path / "result.checkpoint" / "manifest.json").is_file()
+    before = _tree(tmp_path)
+    assert main(["train", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"checkpoint path {str(tmp_path / 'result.checkpoint')!r} already holds a checkpoint" in err
+    )
+    assert "continue that run with --resume" in err
+    assert _tree(tmp_path) == before and np.array_equal(_stored(tmp_path)["W"], W)
+    # the opt-in netCDF file (a checkpoint.path ending in .nc)
+    path = write_job(tmp_path, digits[0], checkpoint={"every": 10, "path": "result.checkpoint.nc"})
     (tmp_path / "result.checkpoint.nc").write_text("the only copy of a stopped run")
     assert main(["train", "--config", str(path)]) == 2
     err = capsys.readouterr().err
@@ -324,10 +352,12 @@ def test_sigterm_checkpoints_and_resume_equals_uninterrupted(tmp_path, digits):
     k = int(stop[0].split()[3])
     assert 40 <= k < 150
     assert not (tmp_path / "result.nc").exists()  # no output that looks complete
-    ck = _open(tmp_path / "result.checkpoint.nc")
-    assert ck.attrs["iteration"] == k and ck.sizes["iteration"] == k
-    drpm = json.loads(ck.attrs["drpm"])  # DRPM's plan, checks and windows, for --resume
-    assert drpm["plan"] == json.loads(ck.attrs["plan"]) and drpm["checks"] and drpm["windows"]
+    # the default checkpoint: a store the workers wrote (and the driver's final write at the stop)
+    assert not (tmp_path / "result.checkpoint.nc").exists()
+    ck = _stored(tmp_path)
+    assert ck["iteration"] == k and len(ck["errors"]) == k
+    drpm = ck["drpm"]  # DRPM's plan, checks and windows, for --resume
+    assert drpm["plan"] == ck["plan"] and drpm["checks"] and drpm["windows"]
 
     p = subprocess.run(
         [sys.executable, "-m", "dask_rpm.cli", "train", "--config", str(path), "--resume"],
@@ -337,13 +367,11 @@ def test_sigterm_checkpoints_and_resume_equals_uninterrupted(tmp_path, digits):
         env=env,
     )
     assert p.returncode == 0, p.stderr[-3000:]
-    assert (
-        f"resuming from checkpoint {tmp_path / 'result.checkpoint.nc'} at iteration {k}" in p.stdout
-    )
+    assert f"resuming from checkpoint {tmp_path / 'result.checkpoint'} at iteration {k}" in p.stdout
     assert f"DRPM continues on the checkpoint's plan ({len(drpm['checks'])} check(s)" in p.stdout
     resumed = _open(tmp_path / "result.nc")
     assert resumed.attrs["resumed_from_iteration"] == k and resumed.sizes["iteration"] == 150
-    assert not (tmp_path / "result.checkpoint.nc").exists()
+    assert not (tmp_path / "result.checkpoint").exists()  # folded into the result
 
     # The same job, uninterrupted.
     os.rename(tmp_path / "result.nc", tmp_path / "resumed.nc")
@@ -414,8 +442,10 @@ def test_classifier_job_with_adam_minibatches_resumes_equal_to_uninterrupted(
         if line.startswith("checkpoint at iteration 30"):
             proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=120) == 0, lines
-    ck = _open(tmp_path / "result.checkpoint.nc")
-    assert {"optimizer_m_W", "optimizer_v_V"} <= set(ck.data_vars)
+    ck = _stored(tmp_path)
+    assert {"m", "v"} <= set(ck["optimizer_state"])  # Adam's moments, rows from every worker
+    for slot in ("m", "v"):
+        assert [a.shape for a in ck["optimizer_state"][slot]] == [ck["W"].shape, ck["V"].shape]
     p = subprocess.run(
         [sys.executable, "-m", "dask_rpm.cli", "train", "--config", str(path), "--resume"],
         capture_output=True,
@@ -446,18 +476,26 @@ def test_classifier_job_with_adam_minibatches_resumes_equal_to_uninterrupted(
     np.testing.assert_allclose(resumed["error"].values, out["errors"], rtol=RTOL)
 
 
-def test_resume_refuses_a_checkpoint_of_another_job(tmp_path, digits):
-    from dask_rpm.job import write_checkpoint
-
-    path = write_job(tmp_path, digits[0], checkpoint={"every": 10})
+@pytest.mark.parametrize(
+    "where, kind",
+    [(None, "checkpoint store"), ("result.checkpoint.nc", "checkpoint")],
+    ids=["default-store", "netcdf-file"],
+)
+def test_resume_refuses_a_checkpoint_of_another_job(tmp_path, digits, where, kind):
+    ck = {"every": 10, "path": where}
+    path = write_job(tmp_path, digits[0], checkpoint=ck)
     job = load_job(path)
+    assert job.checkpoint_store == (where is None)
     W, V = np.zeros((12, 65)), np.zeros((10, 12))
     write_checkpoint(job, {"iteration": 10, "W": W, "V": V, "errors": np.ones(10)})
-    path = write_job(tmp_path, digits[0], hidden=13, checkpoint={"every": 10})
-    with pytest.raises(JobError, match=r"is for a 65-12-10 network .* this job trains 65-13-10"):
+    shown = repr(str(tmp_path / (where or "result.checkpoint")))
+    path = write_job(tmp_path, digits[0], hidden=13, checkpoint=ck)
+    with pytest.raises(
+        JobError, match=rf"{kind} {re.escape(shown)} is for a 65-12-10 network .* trains 65-13-10"
+    ):
         run_job(path, resume=True)
-    path = write_job(tmp_path, digits[0], checkpoint={"every": 10}, **{"learning-rate": 0.004})
-    with pytest.raises(JobError, match="different job"):
+    path = write_job(tmp_path, digits[0], checkpoint=ck, **{"learning-rate": 0.004})
+    with pytest.raises(JobError, match=rf"{kind} {re.escape(shown)} is from a different job"):
         run_job(path, resume=True)
 
 
@@ -474,8 +512,8 @@ def test_time_limit_stops_cleanly(tmp_path, digits):
             assert time.monotonic() - t0 < 60
     assert summary["stopped"].startswith("stop requested") and summary["checkpoint"]
     assert "time-limit 1 s" in (tmp_path / "log.txt").read_text()
-    ck = _open(tmp_path / "result.checkpoint.nc")
-    assert ck.attrs["iteration"] == summary["iterations"] > 0
+    assert summary["checkpoint"] == str(tmp_path / "result.checkpoint")
+    assert _stored(tmp_path)["iteration"] == summary["iterations"] > 0
     assert not (tmp_path / "result.nc").exists()
 
 
@@ -512,7 +550,9 @@ def test_overwrite_replaces_an_existing_output_and_new_results_honour_the_umask(
     np.testing.assert_allclose(_open(out)["W"].values, W, rtol=RTOL, atol=0)
 
 
-def test_final_write_failing_saves_the_result_next_to_the_checkpoint(tmp_path, digits):
+@pytest.mark.parametrize("ck_name", ["result.checkpoint", "result.checkpoint.nc"])
+def test_final_write_failing_saves_the_result_next_to_the_checkpoint(tmp_path, digits, ck_name):
+    """Both kinds of checkpoint: a store (a path without .nc) and the opt-in netCDF file."""
     data, x, d = digits
     (tmp_path / "out").mkdir()
     (tmp_path / "ck").mkdir()
@@ -521,7 +561,7 @@ def test_final_write_failing_saves_the_result_next_to_the_checkpoint(tmp_path, d
         data,
         iterations=30,
         output="out/result.nc",
-        checkpoint={"every": 10, "path": "ck/result.checkpoint.nc"},
+        checkpoint={"every": 10, "path": f"ck/{ck_name}"},
     )
 
     class Log(io.StringIO):
@@ -804,7 +844,8 @@ def test_walltime_signal_checkpoints_and_sbatch_resume_finishes(slurm_cluster, t
         slurm_cluster.partitions,
         groups,
         iterations=200,
-        **{"min-workers": 2, "checkpoint": {"every": 25}},
+        # the opt-in netCDF checkpoint the driver writes (the default store: the test below)
+        **{"min-workers": 2, "checkpoint": {"every": 25, "path": "result.checkpoint.nc"}},
     )
     drv = Driver(tmp_path, path)
     drv.wait_for("checkpoint at iteration 50")
@@ -815,6 +856,7 @@ def test_walltime_signal_checkpoints_and_sbatch_resume_finishes(slurm_cluster, t
     k = int(stop[0].split()[3])
     assert not (tmp_path / "result.nc").exists()
     assert _open(tmp_path / "result.checkpoint.nc").attrs["iteration"] == k
+    assert not (tmp_path / "result.checkpoint").exists()  # no store next to the chosen file
     first = drv.seconds
 
     drv = Driver(tmp_path, path, "--resume")
@@ -824,6 +866,7 @@ def test_walltime_signal_checkpoints_and_sbatch_resume_finishes(slurm_cluster, t
     assert ds.attrs["resumed_from_iteration"] == k
     x, d = _digits_arrays(tmp_path)
     _serial_check(ds, x, d, 200)
+    assert not (tmp_path / "result.checkpoint.nc").exists()  # folded into the result
     print(
         f"\n[slurm] SIGTERM at iteration {k}, resumed with sbatch ... --resume: {first:.1f} s + {drv.seconds:.1f} s"
     )
@@ -924,16 +967,14 @@ def test_a_worker_job_near_its_walltime_retires_without_losing_work(slurm_cluste
     assert len(retire) == 1 and "remap at iteration" in retire[0], log
     assert "lost" not in log and "recomputed" not in log, log
     k = int(retire[0].split("remap at iteration ")[1].split(":")[0])
-    ck = _open(tmp_path / "result.checkpoint.nc")
-    assert ck.attrs["iteration"] > k  # trained on after the retirement, on the two others
+    ck = _stored(tmp_path)
+    assert ck["iteration"] > k  # trained on after the retirement, on the two others
     x, d = _digits_arrays(tmp_path)
-    W, V, err = fit_serial(
-        x, d, hidden=24, iterations=int(ck.attrs["iteration"]), learning_rate=0.005, seed=0
-    )
+    W, V, err = fit_serial(x, d, hidden=24, iterations=ck["iteration"], learning_rate=0.005, seed=0)
     # thousands of iterations: compare on the scale of the weights (an entry near 0 carries rounding
     # of the order of the largest ones, ~1e-15 absolute)
-    assert np.abs(ck["W"].values - W).max() <= RTOL * np.abs(W).max()
-    np.testing.assert_allclose(ck["error"].values, err, rtol=RTOL, atol=0)
+    assert np.abs(ck["W"] - W).max() <= RTOL * np.abs(W).max()
+    np.testing.assert_allclose(ck["errors"], err, rtol=RTOL, atol=0)
 
 
 def test_driver_sigkill_then_resume_equals_uninterrupted(tmp_path, digits):
@@ -959,8 +1000,8 @@ def test_driver_sigkill_then_resume_equals_uninterrupted(tmp_path, digits):
     proc.wait(timeout=60)
     assert proc.returncode == -signal.SIGKILL, lines
     assert not (tmp_path / "result.nc").exists()
-    ck = _open(tmp_path / "result.checkpoint.nc")
-    k = int(ck.attrs["iteration"])
+    # the last checkpoint the workers wrote into the default store before the kill
+    k = _stored(tmp_path)["iteration"]
     assert k >= 40
     p = subprocess.run(
         [sys.executable, "-m", "dask_rpm.cli", "train", "--config", str(path), "--resume"],
@@ -997,36 +1038,40 @@ def test_an_ended_worker_job_is_resubmitted_and_its_worker_absorbed(slurm_cluste
     log = drv.finish()
     assert len(drv.worker_jobs("small")) == 0  # all cancelled at the end
     assert "to replace it" in log and "not resubmitting" not in log, log
-    ck = _open(tmp_path / "result.checkpoint.nc")
+    ck = _stored(tmp_path)
     x, d = _digits_arrays(tmp_path)
-    W, V, err = fit_serial(
-        x, d, hidden=24, iterations=int(ck.attrs["iteration"]), learning_rate=0.005, seed=0
-    )
-    assert np.abs(ck["W"].values - W).max() <= RTOL * np.abs(W).max()  # on the scale of the weights
-    np.testing.assert_allclose(ck["error"].values, err, rtol=RTOL, atol=0)
+    W, V, err = fit_serial(x, d, hidden=24, iterations=ck["iteration"], learning_rate=0.005, seed=0)
+    assert np.abs(ck["W"] - W).max() <= RTOL * np.abs(W).max()  # on the scale of the weights
+    np.testing.assert_allclose(ck["errors"], err, rtol=RTOL, atol=0)
 
 
 class _StopAfter(io.StringIO):
-    """A job's ``out`` that sets ``stop`` once a line starting with ``line`` was printed."""
+    """A job's ``out`` that sets ``stop`` once a line starting with ``line`` was printed, and keeps the
+    manifest of the store ``ck`` (if given) as it is at each "checkpoint at iteration" line."""
 
-    def __init__(self, stop, line):
+    def __init__(self, stop, line, ck=None):
         super().__init__()
-        self.stop, self.line = stop, line
+        self.stop, self.line, self.ck, self.manifests = stop, line, ck, []
 
     def write(self, text):
+        if self.ck is not None and text.startswith("checkpoint at iteration"):
+            self.manifests.append(store.read_manifest(self.ck))
         if text.startswith(self.line):
             self.stop.set()
         return super().write(text)
 
 
-def test_a_checkpoint_store_written_by_the_workers_resumes_to_the_serial_result(tmp_path, digits):
+def test_a_job_checkpoints_into_a_store_by_default_and_resumes_to_the_serial_result(
+    tmp_path, digits
+):
+    """No ``checkpoint.path``: the workers write ``<output stem>.checkpoint/`` (row files, a manifest);
+    stopped, then ``--resume``: the weights of an uninterrupted run, and the store folded into the result."""
     import threading
 
-    from dask_rpm.engine import store
-
     data, x, d = digits
-    path = write_job(tmp_path, data, iterations=40, checkpoint={"every": 10, "path": "ck"})
-    ck = tmp_path / "ck"
+    path = write_job(tmp_path, data, iterations=40, checkpoint={"every": 10})
+    ck = tmp_path / "result.checkpoint"
+    assert load_job(path).checkpoint_path == str(ck)
     stop = threading.Event()
     with (
         LocalCluster(
@@ -1034,13 +1079,18 @@ def test_a_checkpoint_store_written_by_the_workers_resumes_to_the_serial_result(
         ) as cluster,
         Client(cluster) as client,
     ):
-        out = _StopAfter(stop, "checkpoint at iteration 20")
+        out = _StopAfter(stop, "checkpoint at iteration 20", ck=ck)
         summary = run_job(path, client=client, out=out, stop=stop)
         assert summary["stopped"].startswith("stop requested") and summary["iterations"] == 20
         assert f"checkpoint at iteration 10 -> {ck}" in out.getvalue()
-        assert store.read_manifest(ck)["iteration"] == 20
+        # the periodic checkpoints: row files from both workers, each its own rows
+        assert [m["iteration"] for m in out.manifests] == [10, 20]
+        assert all(len(m["files"]) >= 2 for m in out.manifests), out.manifests
+        # at the stop the driver adds the weights fit returned (one file) to the same store
+        assert (ck / "manifest.json").is_file() and store.read_manifest(ck)["iteration"] == 20
         assert json.loads((ck / "job.json").read_text())["network"] == "65-12-10"
         assert not (tmp_path / "result.nc").exists()
+        assert not (tmp_path / "result.checkpoint.nc").exists()  # no driver-written file
         # an existing store is not overwritten without --resume
         assert main(["train", "--config", str(path)]) == 2
         log = io.StringIO()
@@ -1048,51 +1098,72 @@ def test_a_checkpoint_store_written_by_the_workers_resumes_to_the_serial_result(
     assert f"resuming from checkpoint {ck} at iteration 20" in log.getvalue()
     W, V, err = fit_serial(x, d, hidden=12, iterations=40, learning_rate=0.005, seed=0)
     res = _open(tmp_path / "result.nc")
+    assert res.attrs["resumed_from_iteration"] == 20
     np.testing.assert_allclose(res["W"].values, W, rtol=RTOL, atol=0)
     np.testing.assert_allclose(res["error"].values, err, rtol=RTOL)
     assert not ck.exists()  # folded into the result
 
 
 def test_resume_refuses_a_checkpoint_store_of_another_network(tmp_path, digits, capsys):
-    from dask_rpm.job import write_checkpoint
-
-    path = write_job(tmp_path, digits[0], checkpoint={"every": 10, "path": "ck"})
+    path = write_job(tmp_path, digits[0], checkpoint={"every": 10})
     W, V = np.zeros((12, 65)), np.zeros((10, 12))
     write_checkpoint(load_job(path), {"iteration": 10, "W": W, "V": V, "errors": np.ones(10)})
-    path = write_job(tmp_path, digits[0], hidden=13, checkpoint={"every": 10, "path": "ck"})
+    path = write_job(tmp_path, digits[0], hidden=13, checkpoint={"every": 10})
     assert main(["train", "--config", str(path), "--resume"]) == 2
     err = capsys.readouterr().err
     assert "is for a 65-12-10 network" in err and "this job trains 65-13-10" in err
     assert "run without --resume" in err
-    (tmp_path / "ck" / "job.json").unlink()
+    (tmp_path / "result.checkpoint" / "job.json").unlink()
     assert main(["train", "--config", str(path), "--resume"]) == 2
     assert "no checkpoint of this job" in capsys.readouterr().err
 
 
+def test_resume_without_the_default_store_names_an_older_checkpoint_file(tmp_path, digits, capsys):
+    """``<output stem>.checkpoint.nc`` was the default before the store: --resume says how to use it."""
+    path = write_job(tmp_path, digits[0], checkpoint={"every": 10})
+    assert main(["train", "--config", str(path), "--resume"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(
+        f"--resume: no checkpoint at {str(tmp_path / 'result.checkpoint')!r}; run without --resume "
+        f"to start from scratch (or set checkpoint.path to where the checkpoint is)"
+    ), err
+    old = write_job(tmp_path, digits[0], checkpoint={"every": 10, "path": "result.checkpoint.nc"})
+    write_checkpoint(
+        load_job(old),
+        {"iteration": 10, "W": np.zeros((12, 65)), "V": np.zeros((10, 12)), "errors": np.ones(10)},
+    )
+    path = write_job(tmp_path, digits[0], checkpoint={"every": 10})
+    assert main(["train", "--config", str(path), "--resume"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(
+        "(or set checkpoint.path to where the checkpoint is, e.g. checkpoint.path: "
+        f"{tmp_path / 'result.checkpoint.nc'})"
+    ), err
+    assert not (tmp_path / "result.checkpoint").exists()
+
+
 @pytest.mark.slurm
 def test_sbatch_workers_write_the_checkpoint_store_and_resume_finishes(slurm_cluster, tmp_path):
-    """Real SLURM worker jobs write their rows into the job's store (``checkpoint.path`` without
-    ``.nc``, on the file system every node mounts); SIGTERM, then ``--resume`` ends serial-equal."""
-    from dask_rpm.engine import store
-
+    """Real SLURM worker jobs write their rows into the job's default store (``<output stem>.checkpoint``,
+    on the file system every node mounts); SIGTERM, then ``--resume`` ends serial-equal."""
     groups = [{"name": "big", "jobs": 1, "speed": 1.0}, {"name": "small", "jobs": 1, "speed": 0.5}]
     path = slurm_job(
         tmp_path,
         slurm_cluster.partitions,
         groups,
         iterations=200,
-        **{"min-workers": 2, "checkpoint": {"every": 25, "path": "ck"}},
+        **{"min-workers": 2, "checkpoint": {"every": 25}},
     )
     drv = Driver(tmp_path, path)
     drv.wait_for("checkpoint at iteration 50")
-    man = store.read_manifest(tmp_path / "ck")
+    man = store.read_manifest(tmp_path / "result.checkpoint")
     assert man["iteration"] >= 50 and len(man["files"]) >= 2  # both worker jobs wrote rows
     subprocess.run(["scancel", "--batch", "--signal=TERM", drv.id], check=True)
     log = drv.finish()
     stop = [line for line in log.splitlines() if line.startswith("stopped at iteration")]
     assert stop and "SIGTERM" in stop[0], log
     k = int(stop[0].split()[3])
-    assert store.read_manifest(tmp_path / "ck")["iteration"] == k
+    assert store.read_manifest(tmp_path / "result.checkpoint")["iteration"] == k
     drv = Driver(tmp_path, path, "--resume")
     log = drv.finish()
     assert f"at iteration {k}" in log and "done: 200 iterations" in log, log
@@ -1100,4 +1171,4 @@ def test_sbatch_workers_write_the_checkpoint_store_and_resume_finishes(slurm_clu
     assert ds.attrs["resumed_from_iteration"] == k
     x, d = _digits_arrays(tmp_path)
     _serial_check(ds, x, d, 200)
-    assert not (tmp_path / "ck").exists()
+    assert not (tmp_path / "result.checkpoint").exists()

@@ -15,7 +15,7 @@ come from and where the result goes::
     overwrite: false            # true: replace an existing output (also --overwrite)
     checkpoint:
       every: 50                 # iterations between checkpoints (0: none)
-      path: null                # default: <output>.checkpoint.nc (the driver writes it); a path without .nc: a directory the workers write into
+      path: null                # default: the directory <output stem>.checkpoint, each worker writes its own rows there; a path ending in .nc: one netCDF file the driver writes
     min-workers: 3              # start once this many workers are up; later ones are absorbed (default rpm.train.min-workers)
     on-worker-loss: recover     # recover | raise (default rpm.train.on-worker-loss)
     time-limit: null            # seconds; then checkpoint and stop cleanly (SIGTERM does the same)
@@ -72,7 +72,16 @@ the output, so a file at the output path is always a complete result (with
 the permissions the umask gives, readable by collaborators). If that write
 still fails at the end (the directory went away, the disk filled), the result
 is saved next to the checkpoint instead and the job says where (exit 1).
-Checkpoints are written the same way. When training is stopped early (SIGTERM,
+Checkpoints go by default into the directory ``<output stem>.checkpoint``
+(``result.nc`` -> ``result.checkpoint/``): every worker writes its own rows
+of the weights there in parallel and a manifest written last makes the
+checkpoint valid (docs/checkpoints.md), so the driver never gathers the
+weights to checkpoint; the directory must be one every worker can reach (on
+SLURM, the shared file system the output is on). A ``checkpoint.path`` ending
+in ``.nc`` instead names one netCDF file the driver writes (it gathers the
+weights every ``checkpoint.every`` iterations), for workers without a shared
+file system. Either is written atomically and removed once the output holds
+the finished run. When training is stopped early (SIGTERM,
 e.g. SLURM's walltime warning, or ``time-limit``) the job writes a checkpoint,
 prints how to resume and exits 0 without an output file;
 ``dask-rpm train --config FILE --resume`` continues from the checkpoint and

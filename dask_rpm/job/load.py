@@ -205,7 +205,13 @@ def _outputs(
 def _checkpoint(
     raw: Mapping[str, Any], rel: Callable[[Any, str], str], output: str
 ) -> tuple[int, str]:
-    """``(every, path)`` of the checkpoints."""
+    """``(every, path)`` of the checkpoints.
+
+    The default path is the directory ``<output stem>.checkpoint``: a store
+    the workers write their own rows into, so the driver never gathers the
+    weights to checkpoint. A ``checkpoint.path`` ending in ``.nc`` opts into
+    one netCDF file the driver writes.
+    """
     ck = raw.get("checkpoint") or {}
     if not isinstance(ck, dict):
         raise bad(
@@ -216,12 +222,11 @@ def _checkpoint(
         )
     unknown(ck, ("every", "path"), "checkpoint")
     every = whole(ck, "every", 0, default=0, where="checkpoint.")
-    path = (
-        rel(ck["path"], "checkpoint.path")
-        if ck.get("path")
-        else os.path.splitext(output)[0] + ".checkpoint.nc"
-    )
-    return every, path
+    if ck.get("path"):
+        return every, rel(ck["path"], "checkpoint.path")
+    path = os.path.splitext(output)[0] + ".checkpoint"
+    # an output named like the default store (``x.checkpoint``) must not become its own checkpoint
+    return every, path if path != output else output + ".checkpoint"
 
 
 def _config_section(raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -519,8 +524,10 @@ def _check_store(job: Job, resume: bool) -> None:
     what = f"job file: checkpoint path {path!r}"
     if os.path.exists(path) and not os.path.isdir(path):
         raise JobError(
-            f"{what} is refused: it is a file, and a checkpoint path without .nc is a directory the "
-            f"workers write into; give a directory, or a path ending in .nc for one netCDF file"
+            f"{what} is refused: it is a file, and a checkpoint path without .nc (the default: "
+            f"<output stem>.checkpoint) is a directory the workers write into; move the file away, "
+            f"or set checkpoint.path to another directory, or to a path ending in .nc for one "
+            f"netCDF file the driver writes"
         )
     parent = path if os.path.isdir(path) else os.path.dirname(path)
     while parent and not os.path.exists(parent):  # the directories still to be created

@@ -109,6 +109,14 @@ def _store_checkpoint(job: Job, state: dict[str, Any]) -> str:
 def _read_store(job: Job) -> dict[str, Any]:
     """The job's checkpoint store, after checking it is this job's."""
     path = job.checkpoint_path
+    if not os.path.isdir(path):
+        old_file = path + ".nc"  # where the default checkpoint was before it became a store
+        raise JobError(
+            f"--resume: no checkpoint at {path!r}; run without --resume to start from scratch "
+            f"(or set checkpoint.path to where the checkpoint is"
+            + (f", e.g. checkpoint.path: {old_file}" if os.path.isfile(old_file) else "")
+            + ")"
+        )
     record_path = os.path.join(path, STORE_JOB)
     try:
         with open(record_path, encoding="utf-8") as f:

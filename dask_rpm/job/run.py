@@ -240,7 +240,41 @@ def _train(
             clear_store(job)
         mark_store(job)
     t_train = time.monotonic()
-    result = fit(
+    try:
+        result = _fit(
+            job,
+            client,
+            ck=ck,
+            every=every,
+            to_store=to_store,
+            start=start,
+            errors_before=errors_before,
+            stop=stop,
+            out=out,
+        )
+    except BaseException:
+        # refused before its first checkpoint (bad data, no workers): a new run leaves no store
+        # behind (nothing written, docs/errors.md); one holding a checkpoint stays for --resume
+        if to_store and ck is None and _store_iteration(job) is None:
+            clear_store(job)
+        raise
+    return result, time.monotonic() - t_train
+
+
+def _fit(
+    job: Job,
+    client: Client,
+    *,
+    ck: Any,
+    every: int,
+    to_store: bool,
+    start: int,
+    errors_before: np.ndarray,
+    stop: threading.Event,
+    out: TextIO,
+) -> FitResult:
+    """``fit`` with the job's settings (``None`` where the file sets none)."""
+    return fit(
         job.data,
         hidden=job.hidden,
         iterations=job.iterations,
@@ -264,7 +298,6 @@ def _train(
         should_stop=_should_stop(job, stop),
         callback=_progress(job, out),
     )
-    return result, time.monotonic() - t_train
 
 
 def _stopped(
