@@ -171,7 +171,8 @@ class Job:
 
     @property
     def checkpoint_store(self) -> bool:
-        """Whether checkpoints go to a store the workers write (a ``checkpoint.path`` without ``.nc``)."""
+        """Whether checkpoints go to a store the workers write (the default, or a ``checkpoint.path``
+        without ``.nc``) rather than to one netCDF file the driver writes."""
         return not self.checkpoint_path.endswith(".nc")
 
     @property
