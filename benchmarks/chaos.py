@@ -587,6 +587,7 @@ _REMAP_FIELDS = (
     "recovered_from",
     "replayed",
     "bytes",
+    "store_bytes",
     "sample_bytes",
     "seconds",
 )
@@ -663,7 +664,12 @@ def _fault_figures(run: Training, faults: list[Fault]) -> dict[str, Any]:
             "retired_by_lifetime": sum(1 for rec in r.remaps if rec.get("retired")),
         },
         iterations_recomputed=replayed,
-        weight_bytes_moved=int(sum(rec.get("bytes", 0) or 0 for rec in fault_remaps)),
+        weight_bytes_moved=int(
+            sum(
+                (rec.get("bytes", 0) or 0) + (rec.get("store_bytes", 0) or 0)
+                for rec in fault_remaps
+            )
+        ),
         sample_bytes_reread=int(sum(rec.get("sample_bytes", 0) or 0 for rec in fault_remaps)),
         remap_seconds=round(remap_seconds, 4),
         median_seconds_per_iteration=spi,

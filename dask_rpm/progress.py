@@ -39,10 +39,19 @@ from typing import Any, TextIO
 from . import config
 from .records import RemapRecord, Validation
 
-__all__ = ["MODES", "Progress", "resolve_mode"]
+__all__ = ["MODES", "Progress", "resolve_mode", "weight_bytes"]
 
 #: Accepted values of ``progress=`` / ``rpm.train.progress``.
 MODES = ("auto", "bar", "log", "none")
+
+
+def weight_bytes(rec: RemapRecord) -> str:
+    """The weight bytes a remap moved, as its log lines say it: through the client, and read from a
+    checkpoint store by the workers themselves (a recovery from it)."""
+    text = f"{rec.get('bytes', 0)} weight bytes"
+    if rec.get("store_bytes"):
+        text += f" (+{rec['store_bytes']} read from the checkpoint store by the workers)"
+    return text
 
 
 def resolve_mode(progress: Any = None, stream: TextIO | None = None) -> str:
@@ -215,7 +224,7 @@ class Progress:
         return "-" if r is None else f"{r.get('kind', '?')}@{r.get('iteration', '?')}"
 
     def _remap_line(self, rec: RemapRecord) -> str:
-        extra = f", {rec['bytes']} weight bytes moved" if "bytes" in rec else ""
+        extra = f", {weight_bytes(rec)} moved" if "bytes" in rec else ""
         if rec.get("sample_bytes"):
             extra += f", {rec['sample_bytes']} sample bytes re-read"
         reason = f" ({rec['reason']})" if rec.get("reason") else ""

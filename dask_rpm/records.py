@@ -221,3 +221,4 @@ class RemapRecord(_RemapDone, total=False):
     retired: list[str]  # addresses of the workers retired before their lifetime ended
     recovered_from: str | None  # where a lost worker's rows came from
     replayed: int  # iterations computed again after a loss
+    store_bytes: int  # row files the workers read from a checkpoint store (a recovery from it)

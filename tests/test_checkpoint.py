@@ -93,7 +93,25 @@ def test_resume_from_a_worker_written_store_equals_uninterrupted_and_serial(clie
     assert [t[0] for t in first.stats["checkpoints"]] == [10, 20]
 
     resumed = _fit(client, x, d, 40, checkpoint_every=10, checkpoint_dir=ck, resume=str(ck))
+    # every worker read its own rows from the store: no weight byte went through the driver
+    want = sum(
+        f.bytes
+        for w in PLAN.planned_workers
+        for f in store.rows_to_read(str(ck), man, *PLAN.rectangle(w).hidden).files
+    )
+    start = dict(resumed.stats["start"])
+    assert start.pop("seconds") > 0
+    assert start == {
+        "iteration": 20,
+        "from": "checkpoint store",
+        "client_bytes": 0,
+        "store_bytes": want,
+    }
     whole = _fit(client, x, d, 40)
+    assert (
+        whole.stats["start"]["from"] == "initial weights"
+        and whole.stats["start"]["client_bytes"] > 0
+    )
     W, V, err = fit_serial(x, d, hidden=M, iterations=40, learning_rate=0.02, optimizer=OPT, seed=0)
     _assert_equal(resumed, (whole.W, whole.V))
     _assert_equal(resumed, (W, V))
@@ -149,6 +167,19 @@ def test_an_interrupted_checkpoint_leaves_the_previous_one_valid(client, tmp_pat
     assert sorted(os.listdir(ck)) == sorted([store.MANIFEST, *(f["name"] for f in man["files"])])
 
 
+def test_a_damaged_row_file_stops_the_resume_with_its_name(client, tmp_path):
+    x, d = _problem()
+    ck = tmp_path / "ck"
+    _fit(client, x, d, 10, checkpoint_every=10, checkpoint_dir=ck)
+    victim = store.read_manifest(ck)["files"][-1]["name"]
+    data = (ck / victim).read_bytes()
+    (ck / victim).write_bytes(data[: len(data) // 2])
+    # the worker holding those rows finds it, before the first iteration: a DataError naming the file
+    with pytest.raises(DataError, match=f"row file '{victim}' does not match manifest.json"):
+        _fit(client, x, d, 20, checkpoint_every=10, checkpoint_dir=ck, resume=ck)
+    assert store.read_manifest(ck)["iteration"] == 10  # nothing was written over the checkpoint
+
+
 def test_resume_refuses_a_store_of_another_network_and_a_reused_directory(client, tmp_path):
     x, d = _problem()
     ck = tmp_path / "ck"
@@ -194,5 +225,9 @@ def test_every_holder_lost_recovers_from_the_store(tmp_path, sigkill_after):
     (rec,) = [rec for rec in r.remaps if rec.get("lost")]
     assert rec["recovered_from"] == "checkpoint" and rec["iteration"] == 20
     assert _gathers(ts) == [50]
+    # the survivors read the checkpoint's rows from the store themselves, none went through the driver:
+    # together they hold every row, so they read at least all of W, V and the momentum buffers
+    weight_bytes = 2 * (M * 6 + 3 * M) * 8
+    assert rec["bytes"] == 0 and rec["store_bytes"] >= weight_bytes
     W, V, _ = fit_serial(x, d, hidden=M, iterations=50, learning_rate=0.02, optimizer=OPT, seed=0)
     _assert_equal(r, (W, V))

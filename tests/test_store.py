@@ -130,6 +130,40 @@ def test_a_damaged_row_file_is_reported_not_loaded(tmp_path, damage):
     assert "start without resume" in str(err.value)
 
 
+@pytest.mark.parametrize("a, b", [(0, 9), (0, 4), (2, 7), (4, 9), (6, 7), (3, 4)])
+def test_a_worker_reads_only_the_files_of_its_rows(tmp_path, a, b):
+    W, V, state = _weights()
+    files, man = _write(tmp_path, 10, W, V, state, [0, 4, 6, 9])
+    part = store.rows_to_read(str(tmp_path), man, a, b)
+    # exactly the files overlapping [a, b), with the manifest's sizes and checksums
+    want = [f for f in files if f.rows[0] < b and a < f.rows[1]]
+    assert list(part.files) == want and part.rows == (a, b) and part.shape == (6, 9, 3)
+    # the other files are not read: removing them changes nothing
+    for f in files:
+        if f not in want:
+            (tmp_path / f.name).unlink()
+    got = store.read_rows(part, "float64")
+    expect = rows_of(W, V, state, a, b)
+    np.testing.assert_array_equal(got["W"], expect["W"])
+    np.testing.assert_array_equal(got["V"], expect["V"])
+    for i in (0, 1):
+        np.testing.assert_array_equal(got["state"]["velocity"][i], expect["state"]["velocity"][i])
+    assert got["bytes"] == sum(f.bytes for f in want)
+    # a float32 run reads the same rows in its own dtype
+    assert store.read_rows(part, "float32")["W"].dtype == np.float32
+
+
+def test_describe_reads_the_manifest_only(tmp_path):
+    W, V, state = _weights()
+    files, _ = _write(tmp_path, 10, W, V, state, [0, 4, 9], extra={"errors": [2.0, 1.0]})
+    for f in files:
+        (tmp_path / f.name).unlink()  # no row file is needed to describe the checkpoint
+    got = store.describe(tmp_path)
+    assert got["iteration"] == 10 and got["shape"] == (6, 9, 3)
+    assert got["optimizer_slots"] == ["velocity"] and "W" not in got
+    np.testing.assert_array_equal(got["errors"], [2.0, 1.0])
+
+
 def test_missing_or_foreign_manifest(tmp_path):
     with pytest.raises(store.StoreError, match="holds no checkpoint"):
         store.load(tmp_path)

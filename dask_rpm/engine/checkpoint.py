@@ -16,11 +16,10 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from ..records import Checkpoint
 from . import store
 from .tasks import run_write_rows
 
-__all__ = ["StoredCheckpoint", "CheckpointFailed", "write_store", "resolve"]
+__all__ = ["StoredCheckpoint", "CheckpointFailed", "write_store"]
 
 
 class CheckpointFailed(RuntimeError):
@@ -28,25 +27,21 @@ class CheckpointFailed(RuntimeError):
 
 
 class StoredCheckpoint(NamedTuple):
-    """The recovery point kept in a store: the driver reads it only when a recovery needs it."""
+    """The recovery point kept in a store: the workers read their rows of it when a recovery needs it."""
 
     iteration: int
     directory: str
 
-    def load(self) -> Checkpoint:
-        got = store.load(self.directory)
-        if got["iteration"] != self.iteration:
+    def manifest(self) -> dict[str, Any]:
+        """The store's manifest, checked to be this checkpoint's (the driver reads no row file)."""
+        man = store.read_manifest(self.directory)
+        if int(man["iteration"]) != self.iteration:
             raise store.StoreError(
-                f"checkpoint store {self.directory!r} is at iteration {got['iteration']}, not at "
+                f"checkpoint store {self.directory!r} is at iteration {man['iteration']}, not at "
                 f"{self.iteration} as this run wrote it: another run writes to the same directory; "
                 f"give each run its own checkpoint_dir"
             )
-        return Checkpoint(self.iteration, got["W"], got["V"], got["optimizer_state"] or None)
-
-
-def resolve(point: Checkpoint | StoredCheckpoint) -> Checkpoint:
-    """The weights of a recovery point (read from its store if it is a stored one)."""
-    return point.load() if isinstance(point, StoredCheckpoint) else point
+        return man
 
 
 async def write_store(driver: Any, directory: str, extra: Mapping[str, Any]) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from distributed.client import FIRST_COMPLETED, _wait
@@ -24,8 +24,10 @@ from ..data import DataError
 from ..ordering import ordered_workers
 from ..partition import Plan
 from ..recipe import Recipe
-from ..records import BlockResult, BlockSpec, RemapRecord
+from ..records import BlockResult, BlockSpec, Checkpoint, RemapRecord
 from ..remap import migration, sample_changes
+from . import store
+from .checkpoint import StoredCheckpoint
 from .errors import TrainingError, WorkerLostError
 from .layout import exchanges_summary, layouts
 from .tasks import (
@@ -42,9 +44,16 @@ from .tasks import (
 from .timing import TimingLog
 from .worker import rows_of
 
-__all__ = ["Driver", "BlockOutcome", "ordered_workers"]
+__all__ = ["Driver", "BlockOutcome", "Placed", "ordered_workers"]
 
 logger = logging.getLogger("dask_rpm")
+
+
+class Placed(NamedTuple):
+    """What placing the shards moved (:meth:`Driver.install`)."""
+
+    client_bytes: int  # weights cut on the client and scattered to the workers
+    store_bytes: int  # row files the workers read from a checkpoint store themselves
 
 
 @dataclass
@@ -166,28 +175,32 @@ class Driver:
             raise WorkerLostError([self.addresses[w]], self.iteration) from None
         return fut
 
-    async def install(
-        self,
-        plan: Plan,
-        W: np.ndarray,
-        V: np.ndarray,
-        iteration: int,
-        state: dict[str, list[np.ndarray]] | None = None,
-    ) -> int:
-        """Send every planned worker its shard of ``W``, ``V`` (and of the optimizer ``state``, if
-        given; else it starts at zero) and its samples; returns bytes sent."""
+    async def install(self, plan: Plan, start: Checkpoint | StoredCheckpoint) -> Placed:
+        """Give every planned worker its shard of ``start`` and its samples.
+
+        A :class:`~dask_rpm.records.Checkpoint` (weights on the client: the
+        initial ones, or the last gathered) is cut into shards and scattered;
+        of a :class:`~dask_rpm.engine.checkpoint.StoredCheckpoint` the driver
+        reads only the manifest and every worker reads its own rows from the
+        store. Without optimizer state it starts at zero.
+        """
         self.version += 1
         lays = self._layouts(plan)
+        manifest = start.manifest() if isinstance(start, StoredCheckpoint) else None
         futures, sent = [], 0
         for w, lay in lays.items():
             m0, m1 = lay.rows
-            shard = rows_of(W, V, state, m0, m1)
-            sent += (
-                shard["W"].nbytes
-                + shard["V"].nbytes
-                + sum(a.nbytes for v in shard["state"].values() for a in v)
-            )
-            weights = await self._scatter_to(shard, w)
+            weights: Any
+            if isinstance(start, StoredCheckpoint):
+                weights = store.rows_to_read(start.directory, manifest, m0, m1)  # type: ignore[arg-type]
+            else:
+                shard = rows_of(start.W, start.V, start.state, m0, m1)
+                sent += (
+                    shard["W"].nbytes
+                    + shard["V"].nbytes
+                    + sum(a.nbytes for v in shard["state"].values() for a in v)
+                )
+                weights = await self._scatter_to(shard, w)
             data = await self._samples(plan, w)
             futures.append(
                 self._submit(
@@ -197,7 +210,7 @@ class Driver:
                     data,
                     self.recipe,
                     self.dtype,
-                    iteration,
+                    start.iteration,
                     key=self._key("setup", self.version, w),
                     worker=w,
                 )
@@ -206,7 +219,7 @@ class Driver:
             self.addresses[w] for w in plan.planned_workers
         }  # the old plan's workers do not matter
         try:
-            await self._wait_all(futures)
+            read = await self._wait_all(futures)
         finally:
             self._watch = None
         others = [
@@ -216,8 +229,8 @@ class Driver:
         ]
         if others:  # workers of an earlier plan that have no rectangle now
             await self.client.run(run_clear, self.run, workers=others, on_error="ignore")
-        self.plan, self.iteration = plan, iteration
-        return sent
+        self.plan, self.iteration = plan, start.iteration
+        return Placed(sent, int(sum(read)))
 
     # ------------------------------------------------------------ blocks
     def _receive_timeout(self) -> float:

@@ -22,6 +22,7 @@ from ..progress import Progress
 from ..records import Checkpoint, RemapRecord
 from ..results import describe_history
 from . import callbacks as cb
+from .checkpoint import StoredCheckpoint
 from .driver import Driver
 from .drpm import DRPMState
 from .errors import TrainingError
@@ -268,7 +269,7 @@ def _callbacks(
     reporter: Progress,
     remaps: list[RemapRecord],
     emulation: str | None,
-    start: Checkpoint,
+    start: Checkpoint | StoredCheckpoint,
     errors_before: Any = None,
 ) -> tuple[list[cb.TrainingCallback], cb.CheckpointCallback]:
     ckpt = cb.CheckpointCallback(
@@ -363,6 +364,7 @@ async def _fit_async(client: Any, x: Any, d: Any, kw: dict[str, Any]) -> FitResu
             "tasks": driver.tasks_submitted,
             "blocks": driver.epoch,
             "checkpoints": list(ckpt.times),  # (iteration, seconds) of each checkpoint
+            "start": _start_stats(start, loop),
         },
         recipe=data.recipe,
         classes=data.classes,
@@ -370,6 +372,20 @@ async def _fit_async(client: Any, x: Any, d: Any, kw: dict[str, Any]) -> FitResu
         optimizer_state=opt_state,
         drpm_state={**drpm.to_dict(), "plan": driver.plan.to_dict()} if drpm is not None else None,
     )
+
+
+def _start_stats(start: Checkpoint | StoredCheckpoint, loop: TrainingLoop) -> dict[str, Any]:
+    """Where the run started and what placing its first shards moved (``FitResult.stats["start"]``)."""
+    placed = loop.placed
+    return {
+        "iteration": start.iteration,
+        "from": "checkpoint store"
+        if isinstance(start, StoredCheckpoint)
+        else ("checkpoint" if start.iteration else "initial weights"),
+        "client_bytes": placed.client_bytes if placed is not None else 0,
+        "store_bytes": placed.store_bytes if placed is not None else 0,
+        "seconds": loop.placed_seconds,
+    }
 
 
 def _drpm_state(

@@ -18,7 +18,8 @@ from ..partition import Plan
 from ..records import Checkpoint, RemapRecord
 from . import callbacks as cb
 from . import retirement
-from .driver import Driver, ordered_workers
+from .checkpoint import StoredCheckpoint
+from .driver import Driver, Placed, ordered_workers
 from .drpm import DRPMState
 from .errors import TrainingError, WorkerLostError
 from .options import Options
@@ -58,6 +59,8 @@ class TrainingLoop:
         self.deadlines: dict[str, float] = {}
         self._deadlines_for = -1
         self.margin = float(config.get("train.retire-margin"))
+        self.placed: Placed | None = None  # what placing the first shards moved (install)
+        self.placed_seconds = 0.0  # and how long it took (the last, successful attempt)
 
     def progress(self, driver: Driver) -> None:
         for h in self.hooks:
@@ -86,12 +89,14 @@ class TrainingLoop:
             self.deadlines = {a: t for a, t in got.items() if isinstance(t, (int, float))}
             self._deadlines_for = len(d.addresses)
 
-    async def install(self, start: Checkpoint) -> None:
+    async def install(self, start: Checkpoint | StoredCheckpoint) -> None:
         """Place the first shards; a worker lost while they are placed is left out (a new plan)."""
         d = self.driver
         for _ in range(len(d.addresses)):
             try:
-                await d.install(d.plan, start.W, start.V, start.iteration, start.state)
+                t0 = time.perf_counter()
+                self.placed = await d.install(d.plan, start)
+                self.placed_seconds = time.perf_counter() - t0
                 return
             except WorkerLostError as exc:
                 if self.opts.on_worker_loss == "raise":
@@ -113,7 +118,8 @@ class TrainingLoop:
                         "reason": reason,
                         "lost": list(exc.workers),
                         "joined": [],
-                        "recovered_from": "initial weights",
+                        # the start's weights: the initial ones, or a resumed checkpoint's
+                        "recovered_from": "checkpoint" if start.iteration else "initial weights",
                         "replayed": 0,
                     }
                 )

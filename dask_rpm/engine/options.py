@@ -15,6 +15,7 @@ from ..partition import Plan
 from ..policy import first_interval
 from ..prepare import Prepared
 from ..records import Checkpoint
+from .checkpoint import StoredCheckpoint
 from .store import open_resume
 
 logger = logging.getLogger("dask_rpm")
@@ -119,31 +120,34 @@ TRAINING_KEYWORDS = (
 
 
 def resume_state(resume: Any, data: Prepared) -> dict[str, Any] | None:
-    """``fit``'s ``resume=`` as a checkpoint dict: a store directory is read (its manifest's network
-    shape checked first); a dict or None is returned as it is."""
+    """``fit``'s ``resume=`` as a checkpoint dict: of a store directory only the manifest is read
+    (its network shape checked first; :func:`~dask_rpm.engine.store.describe`'s keys, no weights);
+    a dict or None is returned as it is."""
     if isinstance(resume, (str, os.PathLike)):
         n, m, l = data.W0.shape[1], data.W0.shape[0], data.V0.shape[0]
         return open_resume(resume, (n, m, l))
     return resume
 
 
-def start_checkpoint(resume: Any, data: Prepared) -> Checkpoint:
-    """Where training starts: iteration 0 with the initial weights, or a checkpoint to resume from."""
+def _stored(resume: dict[str, Any]) -> bool:
+    """Whether ``resume`` is :func:`resume_state`'s summary of a store (the workers read the weights)."""
+    return "W" not in resume and "directory" in resume and "optimizer_slots" in resume
+
+
+def start_checkpoint(resume: Any, data: Prepared) -> Checkpoint | StoredCheckpoint:
+    """Where training starts: iteration 0 with the initial weights, or a checkpoint to resume from
+    (a :class:`~dask_rpm.engine.checkpoint.StoredCheckpoint` when it is in a store)."""
     if resume is None:
         return Checkpoint(0, data.W0, data.V0)
-    if not isinstance(resume, dict) or not {"iteration", "W", "V"} <= set(resume):
+    if not isinstance(resume, dict) or not (
+        {"iteration", "W", "V"} <= set(resume) or _stored(resume)
+    ):
         raise DataError(
             f"resume={type(resume).__name__}; it must be a checkpoint store directory (the "
             "checkpoint_dir a run wrote) or a checkpoint dict with 'iteration', 'W', 'V' (and "
             "'optimizer_state'), as fit's on_checkpoint receives it"
         )
     k = resume["iteration"]
-    W, V = np.asarray(resume["W"], dtype=data.dtype), np.asarray(resume["V"], dtype=data.dtype)
-    if W.shape != data.W0.shape or V.shape != data.V0.shape:
-        raise DataError(
-            f"resume: the checkpoint's weights are W{W.shape}, V{V.shape}; this network needs "
-            f"W{data.W0.shape}, V{data.V0.shape} (same data, hidden units and bias)"
-        )
     if (
         isinstance(k, bool)
         or not isinstance(k, (int, np.integer))
@@ -153,14 +157,17 @@ def start_checkpoint(resume: Any, data: Prepared) -> Checkpoint:
             f"resume: the checkpoint is at iteration {k!r}; it must be below iterations="
             f"{data.recipe.iterations} (the total to reach)"
         )
-    state = resume.get("optimizer_state") or None
-    slots = set(data.recipe.optimizer.slots)
-    if (state is None and slots) or (state is not None and set(state) != slots):
+    if _stored(resume):
+        _check_slots(resume["optimizer_slots"], data)
+        return StoredCheckpoint(int(k), resume["directory"])
+    W, V = np.asarray(resume["W"], dtype=data.dtype), np.asarray(resume["V"], dtype=data.dtype)
+    if W.shape != data.W0.shape or V.shape != data.V0.shape:
         raise DataError(
-            f"resume: the checkpoint has optimizer state {sorted(state or {})}; optimizer "
-            f"{data.recipe.optimizer.name!r} needs {sorted(slots)} (resume with the optimizer it was "
-            f"written with)"
+            f"resume: the checkpoint's weights are W{W.shape}, V{V.shape}; this network needs "
+            f"W{data.W0.shape}, V{data.V0.shape} (same data, hidden units and bias)"
         )
+    state = resume.get("optimizer_state") or None
+    _check_slots(state or (), data)
     return Checkpoint(
         int(k),
         W,
@@ -169,3 +176,14 @@ def start_checkpoint(resume: Any, data: Prepared) -> Checkpoint:
         if state
         else None,
     )
+
+
+def _check_slots(have: Any, data: Prepared) -> None:
+    """The checkpoint's optimizer state slots must be the optimizer's (none: it starts at zero)."""
+    have, slots = set(have), set(data.recipe.optimizer.slots)
+    if (not have and slots) or (have and have != slots):
+        raise DataError(
+            f"resume: the checkpoint has optimizer state {sorted(have)}; optimizer "
+            f"{data.recipe.optimizer.name!r} needs {sorted(slots)} (resume with the optimizer it was "
+            f"written with)"
+        )

@@ -12,9 +12,10 @@ import numpy as np
 
 from ..partition import Plan
 from ..planners import make_plan
+from ..progress import weight_bytes
 from ..records import Checkpoint, RemapRecord
 from ..remap import MigrationError
-from .checkpoint import StoredCheckpoint, resolve
+from .checkpoint import StoredCheckpoint
 from .driver import Driver, ordered_workers
 from .errors import TrainingError, WorkerLostError
 
@@ -98,18 +99,19 @@ async def rebalance(
     try:
         rec = await driver.remap(new, "whole", lost=lost)
     except MigrationError:
-        k, W, V, state = resolve(fallback)
+        k = fallback.iteration
         driver.log.forget_from(k)
         await driver.client.scheduler.rpm_update(run=driver.run, info={"forget_from": k})
-        sent = await driver.install(
-            new.with_workers(driver.addresses) if new.workers is None else new, W, V, k, state
+        placed = await driver.install(
+            new.with_workers(driver.addresses) if new.workers is None else new, fallback
         )
         source = "checkpoint"
         n, _, l = new.shape
         rec = {
             "iteration": k,
             "kind": "whole",
-            "bytes": sent,  # every shard is sent from the client
+            "bytes": placed.client_bytes,  # shards cut on the client (a checkpoint it holds)
+            "store_bytes": placed.store_bytes,  # or row files the workers read from the store
             "transfers": len(new.planned_workers),
             "samples_reloaded": len(new.planned_workers),
             "sample_bytes": int(new.samples * (n + l) * np.dtype(driver.dtype).itemsize),
@@ -145,7 +147,7 @@ async def recover(
     rec["replayed"] = max(failed_at - driver.iteration, 0)
     logger.warning(
         f"iteration {failed_at}: {exc}; recovered from the {rec['recovered_from']} -> whole remap onto "
-        f"{len(driver.plan.planned_workers)} worker(s), {rec['bytes']} bytes in {rec['seconds']:.3f} s, "
+        f"{len(driver.plan.planned_workers)} worker(s), {weight_bytes(rec)} in {rec['seconds']:.3f} s, "
         f"continuing from iteration {driver.iteration}"
     )
     return rec

@@ -39,7 +39,13 @@ class FitResult:
     probe : xarray.Dataset or None
         The probe's measurements when ``abilities="probe"``.
     stats : dict
-        Engine counters: ``tasks`` (Dask tasks submitted), ``blocks``.
+        Engine counters: ``tasks`` (Dask tasks submitted), ``blocks``,
+        ``checkpoints`` (``(iteration, seconds)`` of each checkpoint) and
+        ``start``: the iteration training started at, ``from`` (``"initial
+        weights"``, ``"checkpoint"`` or ``"checkpoint store"``), the weight
+        bytes the client scattered (``client_bytes``) and those the workers
+        read from a checkpoint store themselves (``store_bytes``), and the
+        ``seconds`` placing the first shards took.
     recipe : dask_rpm.recipe.Recipe
         Network, optimizer, mini-batch schedule, iterations and learning rate used.
     classes : numpy.ndarray or None

@@ -62,7 +62,12 @@ __all__ = [
     "commit",
     "write_whole",
     "read_manifest",
+    "StoreRows",
+    "manifest_files",
+    "rows_to_read",
+    "read_rows",
     "load",
+    "describe",
     "remove_stale",
     "is_store",
     "prepare_directory",
@@ -281,37 +286,102 @@ def _read_file(directory: str, entry: Mapping[str, Any]) -> Any:
     return np.load(io.BytesIO(data))
 
 
+class StoreRows(NamedTuple):
+    """Rows ``[a, b)`` of a store's valid checkpoint, for the worker that will hold them to read itself.
+
+    The driver builds it from the manifest (:func:`rows_to_read`): only the
+    row files that overlap ``rows``, each with the size and SHA-256 the
+    manifest records, so the worker reads and checks exactly what that
+    checkpoint wrote - and the weights never pass through the driver.
+    """
+
+    directory: str
+    files: tuple[RowFile, ...]  # the manifest's row files that overlap ``rows``
+    rows: tuple[int, int]  # hidden rows [a, b) wanted
+    shape: tuple[int, int, int]  # (n, m, l) of the network
+    slots: tuple[str, ...]  # optimizer state slots in the files
+
+
+def manifest_files(manifest: Mapping[str, Any]) -> list[RowFile]:
+    """The row files a manifest names, as records."""
+    return [
+        RowFile(e["name"], (int(e["rows"][0]), int(e["rows"][1])), int(e["bytes"]), e["sha256"])
+        for e in manifest["files"]
+    ]
+
+
+def rows_to_read(directory: str, manifest: Mapping[str, Any], a: int, b: int) -> StoreRows:
+    """What a worker holding hidden rows ``[a, b)`` reads of the checkpoint ``manifest`` describes."""
+    files = tuple(f for f in manifest_files(manifest) if f.rows[0] < b and a < f.rows[1])
+    n, m, l = (int(v) for v in manifest["shape"])
+    slots = tuple(manifest.get("optimizer_slots") or ())
+    return StoreRows(os.fspath(directory), files, (int(a), int(b)), (n, m, l), slots)
+
+
+def read_rows(part: StoreRows, dtype: Any) -> dict[str, Any]:
+    """Read ``part`` (every file checked against its recorded size and SHA-256 first).
+
+    Returns :func:`~dask_rpm.engine.worker.rows_of`'s dict (``W``, ``V``,
+    ``state``) in ``dtype``, plus ``bytes``: the size of the files read.
+    """
+    a, b = part.rows
+    n, _, l = part.shape
+    dtype = np.dtype(dtype)
+    W, V = np.empty((b - a, n), dtype), np.empty((l, b - a), dtype)
+    state = {s: [np.empty((b - a, n), dtype), np.empty((l, b - a), dtype)] for s in part.slots}
+    covered = 0
+    for f in part.files:
+        lo, hi = max(a, f.rows[0]), min(b, f.rows[1])  # the part of this file wanted
+        src, dst = slice(lo - f.rows[0], hi - f.rows[0]), slice(lo - a, hi - a)
+        with _read_file(part.directory, f._asdict()) as z:
+            W[dst], V[:, dst] = z["W"][src], z["V"][:, src]
+            for s in part.slots:
+                state[s][0][dst], state[s][1][:, dst] = (
+                    z[f"state_{s}_W"][src],
+                    z[f"state_{s}_V"][:, src],
+                )
+        covered += hi - lo
+    if (
+        covered != b - a
+    ):  # the manifest covers [0, m) once (write_manifest checks it): a damaged store
+        raise StoreError(
+            f"checkpoint store {part.directory!r}: its row files cover {covered} of the hidden rows "
+            f"[{a}, {b}); the store is damaged: restore it, or start without resume"
+        )
+    return {"W": W, "V": V, "state": state, "bytes": sum(f.bytes for f in part.files)}
+
+
 def load(directory: str | os.PathLike) -> dict[str, Any]:
     """The valid checkpoint as :func:`dask_rpm.fit`'s ``on_checkpoint`` receives it.
 
     Keys ``iteration``, ``W``, ``V``, ``optimizer_state``, ``errors``,
     ``plan`` (JSON, or None), ``drpm`` (or None), ``shape``, ``dtype`` and
     ``directory``. Every row file is checked against the manifest's size and
-    SHA-256 first.
+    SHA-256 first. (A run reads its checkpoints on the workers instead, each
+    its own rows: :class:`StoreRows`.)
     """
     directory = os.fspath(directory)
     man = read_manifest(directory)
-    n, m, l = man["shape"]
-    dtype = np.dtype(man["dtype"])
-    slots = list(man.get("optimizer_slots") or [])
-    W, V = np.empty((m, n), dtype), np.empty((l, m), dtype)
-    state = {s: [np.empty((m, n), dtype), np.empty((l, m), dtype)] for s in slots}
-    for entry in man["files"]:
-        a, b = entry["rows"]
-        with _read_file(directory, entry) as z:
-            W[a:b], V[:, a:b] = z["W"], z["V"]
-            for s in slots:
-                state[s][0][a:b], state[s][1][:, a:b] = z[f"state_{s}_W"], z[f"state_{s}_V"]
+    m = int(man["shape"][1])
+    got = read_rows(rows_to_read(directory, man, 0, m), man["dtype"])
+    return {
+        **_about(man, directory),
+        "W": got["W"],
+        "V": got["V"],
+        "optimizer_state": got["state"],
+    }
+
+
+def _about(man: Mapping[str, Any], directory: str) -> dict[str, Any]:
+    """What a manifest says of its checkpoint besides the weights."""
     return {
         "iteration": int(man["iteration"]),
-        "W": W,
-        "V": V,
-        "optimizer_state": state,
         "errors": np.asarray(man.get("errors") or [], dtype=float),
         "plan": man.get("plan"),
         "drpm": man.get("drpm"),
-        "shape": (n, m, l),
-        "dtype": dtype.name,
+        "optimizer_slots": list(man.get("optimizer_slots") or []),
+        "shape": tuple(int(v) for v in man["shape"]),
+        "dtype": np.dtype(man["dtype"]).name,
         "directory": directory,
     }
 
@@ -367,12 +437,22 @@ def prepare_directory(directory: Any, resume: Any) -> str:
     return path
 
 
+def describe(directory: str | os.PathLike) -> dict[str, Any]:
+    """The valid checkpoint's manifest summed up, without reading a row file.
+
+    :func:`load`'s keys but ``W``, ``V`` and ``optimizer_state``; adds
+    ``optimizer_slots``.
+    """
+    directory = os.fspath(directory)
+    return _about(read_manifest(directory), directory)
+
+
 def open_resume(resume: Any, shape: Sequence[int]) -> dict[str, Any]:
-    """``fit(resume=<store directory>)``: the store's valid checkpoint, after checking its network shape.
+    """``fit(resume=<store directory>)``: :func:`describe` of its checkpoint, after checking its shape.
 
     ``shape`` is ``(n, m, l)`` of the network being trained (bias units
-    included). The shape is checked from the manifest before any row file is
-    read.
+    included). Only the manifest is read: the workers read the row files,
+    each its own rows (:class:`StoreRows`), when the run places its shards.
     """
     path = os.fspath(resume)
     if not os.path.isdir(path):
@@ -390,4 +470,4 @@ def open_resume(resume: Any, shape: Sequence[int]) -> dict[str, Any]:
             f"{fmt(map(str, want))}; resume with the store this network wrote (same data, hidden "
             f"units and bias), or start without resume"
         )
-    return load(path)
+    return _about(man, os.path.abspath(path))

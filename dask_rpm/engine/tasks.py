@@ -19,7 +19,7 @@ from ..recipe import Recipe
 from ..records import BlockResult, BlockSpec, Layout
 from .block import run_block
 from .samples import ColumnData, SampleSource
-from .store import write_rows
+from .store import StoreRows, read_rows, write_rows
 from .worker import PLUGIN_NAME, RunState, Shard, get_state
 
 __all__ = [
@@ -69,12 +69,26 @@ def _shard(rows: dict[str, Any], recipe: Recipe) -> Shard:
 
 
 def t_setup(
-    layout: Layout, weights: dict[str, Any], source: Any, recipe: Recipe, dtype: str, iteration: int
+    layout: Layout,
+    weights: dict[str, Any] | StoreRows,
+    source: Any,
+    recipe: Recipe,
+    dtype: str,
+    iteration: int,
 ) -> int:
     """Create this worker's state for a run: its shard, its samples (``source``: path, rows or a
-    :class:`~dask_rpm.engine.samples.SampleSource`)."""
+    :class:`~dask_rpm.engine.samples.SampleSource`); returns the bytes read from a checkpoint store.
+
+    ``weights`` are the shard's rows the driver scattered, or which rows of a
+    checkpoint store to read (:class:`~dask_rpm.engine.store.StoreRows`):
+    then this worker reads them itself, checked against the manifest.
+    """
     worker = _worker()
     plugin = worker.plugins[PLUGIN_NAME]
+    read = 0
+    if isinstance(weights, StoreRows):
+        weights = read_rows(weights, dtype)
+        read = weights.pop("bytes")
     data = _column(source, layout, recipe, dtype)
     data.load(iteration)  # bad values in a dataset file are found here, before the first iteration
     state = RunState(worker, layout, _shard(weights, recipe), data, recipe)
@@ -83,7 +97,7 @@ def t_setup(
     if old is not None:  # a recovery from a checkpoint: keep the epoch floor
         state.epoch = old.epoch
     plugin.runs[layout.run] = state
-    return layout.worker
+    return int(read)
 
 
 async def t_block(run: str, spec: BlockSpec) -> BlockResult:

@@ -139,11 +139,10 @@ def _read_store(job: Job) -> dict[str, Any]:
             f"learning-rate, seed or dtype differ); run without --resume, or restore the job file it "
             f"was written with"
         )
-    try:
-        got = store.load(path)
+    try:  # the manifest only: fit(resume=path) has the workers read the row files, each its own
+        return store.describe(path)
     except store.StoreError as e:
         raise JobError(f"--resume: {e}") from None
-    return {**got, "errors": got["errors"]}
 
 
 def write_checkpoint(job: Job, state: dict[str, Any]) -> str:

@@ -17,6 +17,7 @@ from distributed import Client
 
 from ..emulation import local_cluster
 from ..engine import FitResult, fit, store
+from ..progress import weight_bytes
 from ..records import RemapRecord
 from ..slurm import HeterogeneousSLURMCluster
 from .load import check_paths, load_job
@@ -134,8 +135,8 @@ def remap_line(rec: RemapRecord) -> str:
     else:
         what = rec.get("reason", "")
     return (
-        f"remap at iteration {rec['iteration']}: {rec['kind']} ({what}), {rec['bytes']} weight "
-        f"bytes, {rec.get('sample_bytes', 0)} sample bytes re-read, {rec['seconds']:.3f} s"
+        f"remap at iteration {rec['iteration']}: {rec['kind']} ({what}), {weight_bytes(rec)}, "
+        f"{rec.get('sample_bytes', 0)} sample bytes re-read, {rec['seconds']:.3f} s"
     )
 
 
