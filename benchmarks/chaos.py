@@ -700,8 +700,16 @@ def soak(
     checkpoint_every: int = 100,
     mapping: str = "drpm",
     max_iterations: int = 10_000_000,
+    checkpoint_store: bool = False,
 ) -> dict[str, Any]:
-    """Run the soak, on a LocalCluster or (``slurm=True``) on SLURM; returns the report (module docstring)."""
+    """Run the soak, on a LocalCluster or (``slurm=True``) on SLURM; returns the report (module docstring).
+
+    ``checkpoint_store``: checkpoints go into a store the workers write and read
+    (``fit(checkpoint_dir=...)``, a temporary directory on this host) instead of the driver's
+    memory.
+    """
+    import tempfile
+
     import dask
 
     import dask_rpm  # noqa: F401  # loads rpm.yaml's defaults first: the overrides below must restore them, not drop them
@@ -709,11 +717,15 @@ def soak(
     interval = interval or (SLURM_EVERY if slurm else LOCAL_EVERY)
     x, d, W0, V0 = problem(samples, n, hidden, outputs, seed)
     wall0 = time.monotonic()
+    store_kw = {}
     with (
+        tempfile.TemporaryDirectory(prefix="rpm-chaos-") as tmp,
         dask.config.set(SLURM_CONFIG if slurm else {}),
         (slurm_setup if slurm else local_setup)(workers) as (cluster, client, label),
         log_lines(("to replace it", "not resubmitting")) as replacements,
     ):
+        if checkpoint_store:
+            store_kw = {"checkpoint_dir": os.path.join(tmp, "store")}
         injector = (SlurmInjector if slurm else LocalInjector)(
             cluster,
             client,
@@ -735,6 +747,7 @@ def soak(
             mapping=mapping,
             interval=block,
             checkpoint_every=checkpoint_every,
+            **store_kw,
         )
     faults = injector.faults
     report: dict[str, Any] = {
@@ -747,6 +760,7 @@ def soak(
             "mapping": mapping,
             "block": block,
             "checkpoint_every": checkpoint_every,
+            "checkpoints": "store (workers write and read)" if checkpoint_store else "driver",
             "seed": seed,
             "seconds": seconds,
             "fault_interval_s": list(interval),
@@ -784,7 +798,8 @@ def summary(rep: dict[str, Any]) -> str:
     lines = [
         f"chaos soak ({s['mode']}), seed {s['seed']}: {s['cluster']}",
         f"  network {s['network']}, {s['samples']} samples, lr {s['learning_rate']}, mapping {s['mapping']}, "
-        f"blocks of {s['block']}, checkpoint every {s['checkpoint_every']}, a fault every "
+        f"blocks of {s['block']}, checkpoint every {s['checkpoint_every']} "
+        f"({s.get('checkpoints', 'driver')}), a fault every "
         f"{s['fault_interval_s'][0]:g}-{s['fault_interval_s'][1]:g} s, {s['min_workers']}-{s['max_workers']} "
         f"workers",
         f"  faults injected: {len(rep['faults'])} "
@@ -855,6 +870,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mapping", default="drpm")
     ap.add_argument("--block", type=int, default=20, help="iterations per block")
     ap.add_argument("--checkpoint-every", type=int, default=100)
+    ap.add_argument(
+        "--checkpoint-store",
+        action="store_true",
+        help="checkpoints into a store the workers write and read (fit(checkpoint_dir=...)), "
+        "not the driver's memory",
+    )
     ap.add_argument("--json", metavar="PATH", help="write the report as JSON here")
     a = ap.parse_args(argv)
     if not a.min_workers >= 1 or a.workers < a.min_workers or a.max_workers < a.workers:
@@ -875,6 +896,7 @@ def main(argv: list[str] | None = None) -> int:
         mapping=a.mapping,
         block=a.block,
         checkpoint_every=a.checkpoint_every,
+        checkpoint_store=a.checkpoint_store,
     )
     print(summary(rep))
     if a.json:

@@ -34,8 +34,11 @@ def test_kinds_depend_on_the_seed_only(chaos):
             assert 2 <= n <= 5
 
 
-def test_a_short_soak_survives_every_fault_and_equals_serial(chaos):
-    rep = chaos.soak(seconds=30, seed=1)
+@pytest.mark.parametrize("store", [False, True], ids=["driver-checkpoints", "store-checkpoints"])
+def test_a_short_soak_survives_every_fault_and_equals_serial(chaos, store):
+    # store: checkpoints the workers write and, in a recovery from one, read (fit(checkpoint_dir=))
+    rep = chaos.soak(seconds=30, seed=1, checkpoint_store=store)
+    assert rep["setup"]["checkpoints"] == ("store (workers write and read)" if store else "driver")
     assert rep["error"] is None, rep["error"]
     assert rep["injector_errors"] == []
     kinds = [f["kind"] for f in rep["faults"]]
