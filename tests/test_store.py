@@ -164,6 +164,21 @@ def test_describe_reads_the_manifest_only(tmp_path):
     np.testing.assert_array_equal(got["errors"], [2.0, 1.0])
 
 
+def test_marks_tell_a_shared_directory_from_per_node_disks(tmp_path):
+    shared, elsewhere = tmp_path / "shared", tmp_path / "other-disk"
+    shared.mkdir(), elsewhere.mkdir()
+    a, b = f"{store.MARK}t-0", f"{store.MARK}t-1"
+    store.write_mark(str(shared), a, "tcp://w0")
+    # worker 1 wrote "the same path" on its own disk: the driver does not see it in its directory
+    store.write_mark(str(elsewhere), b, "tcp://w1")
+    assert store.unseen_marks(str(shared), {a: "tcp://w0", b: "tcp://w1"}) == [b]
+    # a file of that name with other content is another writer's, not this check's
+    (shared / b).write_text("tcp://someone-else")
+    assert store.unseen_marks(str(shared), {a: "tcp://w0", b: "tcp://w1"}) == [b]
+    # marks left by a driver that died during the check go with the next clean-up
+    assert sorted(store.remove_stale(str(shared), [])) == [a, b]
+
+
 def test_missing_or_foreign_manifest(tmp_path):
     with pytest.raises(store.StoreError, match="holds no checkpoint"):
         store.load(tmp_path)

@@ -147,6 +147,7 @@ def _run_job(args: argparse.Namespace) -> int:
     """``dask-rpm train --config FILE [--resume] [--overwrite]``."""
     # imported here: a job loads distributed (about 0.6 s), which --help and plan need not pay
     from ..engine import TrainingError  # loads distributed: only when the command runs
+    from ..engine.store import StoreError  # (the engine package's __init__ loads distributed)
     from ..job import JobError, run_job  # loads distributed: only when the command runs
 
     if args.config is None:
@@ -167,6 +168,8 @@ def _run_job(args: argparse.Namespace) -> int:
         summary = run_job(args.config, resume=args.resume, overwrite=args.overwrite)
     except JobError as e:
         raise CLIError(str(e)) from None
+    except StoreError as e:  # a worker reading its rows of the checkpoint store found it damaged
+        raise CLIError(f"{'--resume' if args.resume else 'checkpoint'}: {e}") from None
     except DataError as e:  # found by a worker reading its samples, before the first iteration
         raise CLIError(f"job file: data: {e}") from None
     except TrainingError as e:

@@ -168,7 +168,7 @@ class Driver:
             [fut] = await self.client.scatter([obj], workers=[self.addresses[w]], hash=False)
         except Exception:
             deadline = time.monotonic() + 2.0  # the scheduler may take a moment to see it gone
-            while not await self._leaving([self.addresses[w]]):
+            while not await self.leaving([self.addresses[w]]):
                 if time.monotonic() >= deadline:
                     raise
                 await asyncio.sleep(0.1)
@@ -378,9 +378,9 @@ class Driver:
     async def _lost(self) -> list[str]:
         """Watched workers that left or are leaving (a graceful retirement from outside too)."""
         watch = self._watch if self._watch is not None else set(self._planned_addresses())
-        return await self._leaving(sorted(watch))
+        return await self.leaving(sorted(watch))
 
-    async def _leaving(self, addresses: Sequence[str]) -> list[str]:
+    async def leaving(self, addresses: Sequence[str]) -> list[str]:
         """Of ``addresses``, the workers gone or retiring (the scheduler plugin's ``rpm_leaving``)."""
         return sorted(await self.client.scheduler.rpm_leaving(workers=list(addresses)))
 
@@ -413,8 +413,12 @@ class Driver:
             if f.status == "error":
                 await self._raise_lost(self.iteration, grace=2.0)
                 error = await f.exception()
-                if isinstance(error, DataError):  # bad samples the worker read: the user's to fix
-                    raise DataError(str(error)) from None
+                if isinstance(
+                    error, DataError
+                ):  # bad samples or a damaged store: the user's to fix
+                    raise type(error)(
+                        str(error)
+                    ) from None  # its class, without the remote traceback
                 raise TrainingError(f"task {f.key} failed: {error!r}") from error
             out.append(await self._result(f))
         return out

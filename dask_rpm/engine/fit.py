@@ -22,7 +22,7 @@ from ..progress import Progress
 from ..records import Checkpoint, RemapRecord
 from ..results import describe_history
 from . import callbacks as cb
-from .checkpoint import StoredCheckpoint
+from .checkpoint import StoredCheckpoint, check_shared
 from .driver import Driver
 from .drpm import DRPMState
 from .errors import TrainingError
@@ -337,6 +337,10 @@ async def _fit_async(client: Any, x: Any, d: Any, kw: dict[str, Any]) -> FitResu
     stopped = None
     try:
         await loop.install(start)
+        if (
+            opts.checkpoint_dir is not None
+        ):  # before the first iteration, not at the first checkpoint
+            await check_shared(driver, opts.checkpoint_dir)
         for h in hooks:
             await cb.call(h.before_training(driver, opts.iterations))
         driver.on_progress = loop.progress

@@ -69,6 +69,9 @@ __all__ = [
     "load",
     "describe",
     "remove_stale",
+    "MARK",
+    "write_mark",
+    "unseen_marks",
     "is_store",
     "prepare_directory",
     "open_resume",
@@ -386,6 +389,31 @@ def _about(man: Mapping[str, Any], directory: str) -> dict[str, Any]:
     }
 
 
+#: Prefix of the files :func:`write_mark` leaves for :func:`unseen_marks` (removed right after).
+MARK = ".shared-check-"
+
+
+def write_mark(directory: str, name: str, text: str) -> None:
+    """Write the small file ``name`` (a :data:`MARK` name) holding ``text``: a worker's side of the
+    check that the store is on a file system the workers and the driver share."""
+    atomic_write_text(os.path.join(directory, name), text)
+
+
+def unseen_marks(directory: str, marks: Mapping[str, str]) -> list[str]:
+    """Of ``marks`` (file name -> the text its writer put in it), the names this process does not
+    see with that text in ``directory``: their writers and this process see different files there."""
+    unseen = []
+    for name, text in marks.items():
+        try:
+            with open(os.path.join(directory, name), encoding="utf-8") as f:
+                if f.read() == text:
+                    continue
+        except OSError:
+            pass
+        unseen.append(name)
+    return unseen
+
+
 def remove_stale(directory: str, keep: Iterable[str]) -> list[str]:
     """Remove row files (and temporary files of interrupted writes) not in ``keep``; returns their names.
 
@@ -395,7 +423,11 @@ def remove_stale(directory: str, keep: Iterable[str]) -> list[str]:
     keep = set(keep)
     gone = []
     for name in os.listdir(directory):
-        ours = _ROW_FILE.match(name) or (name.startswith(".tmp-") and name.endswith(".npz"))
+        ours = (
+            _ROW_FILE.match(name)
+            or (name.startswith(".tmp-") and name.endswith(".npz"))
+            or name.startswith(MARK)  # a check's files, left if its driver died meanwhile
+        )
         if ours and name not in keep:
             try:
                 os.unlink(os.path.join(directory, name))
