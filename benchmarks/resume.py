@@ -8,8 +8,8 @@ Now the driver reads only ``manifest.json`` and every worker reads the row files
 
 One store is written once (``fit(checkpoint_dir=...)``, stopped at ``--at``), then two arms are
 timed, interleaved in every repeat (the order rotating), on one local cluster of ``--workers``
-processes of equal speed (nothing EMULATED), a fixed SRPM plan, Adam (the checkpoint holds 3 x the
-weights):
+processes of equal speed (nothing EMULATED), a fixed plan (``--method``, SRPM by default), Adam
+(the checkpoint holds 3 x the weights):
 
 * ``driver``: ``fit(resume=store.load(dir))``: the old path, the driver reading the store and
   scattering the shards (the read is timed and added);
@@ -90,6 +90,12 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--at", type=int, default=4, help="iteration of the checkpoint resumed from")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument(
+        "--method",
+        default="srpm",
+        help="planner of the fixed plan (srpm: few columns; split-1d: one column per worker, each "
+        "holding all rows, so the old path scattered the whole checkpoint once per worker)",
+    )
     p.add_argument("--dir", default=None, help="where the store goes (default: the temp dir)")
     p.add_argument("--json", default=None, help="write the raw numbers here")
     args = p.parse_args()
@@ -103,7 +109,7 @@ def main() -> None:
     x[:, -1] = 1.0
     d = rng.uniform(0.1, 0.9, size=(args.samples, args.outputs))
     shape = (args.inputs, args.hidden, args.outputs)
-    plan = make_plan([1.0] * args.workers, shape, args.samples, method="srpm")
+    plan = make_plan([1.0] * args.workers, shape, args.samples, method=args.method)
     arms = ["driver", "workers"]
     runs: list[dict] = []
     tmp = tempfile.mkdtemp(prefix="rpm-resume-", dir=args.dir)
@@ -138,6 +144,7 @@ def main() -> None:
         "shape": "-".join(map(str, shape)),
         "samples": args.samples,
         "workers": args.workers,
+        "method": args.method,
         "columns": len(plan.columns),
         "checkpoint_bytes": 3 * (m * n + l * m) * 8,  # W, V and Adam's two slots
         "repeats": args.repeats,
