@@ -45,12 +45,13 @@ __all__ = ["MODES", "Progress", "resolve_mode", "weight_bytes"]
 MODES = ("auto", "bar", "log", "none")
 
 
-def weight_bytes(rec: RemapRecord) -> str:
-    """The weight bytes a remap moved, as its log lines say it: through the client, and read from a
-    checkpoint store by the workers themselves (a recovery from it)."""
-    text = f"{rec.get('bytes', 0)} weight bytes"
+def weight_bytes(rec: RemapRecord, verb: str = "") -> str:
+    """The weight bytes a remap moved, as its log lines say it (``"640 weight bytes moved"`` with
+    ``verb="moved"``): through the client, and those the workers read from a checkpoint store
+    themselves (a recovery from one)."""
+    text = f"{rec.get('bytes', 0)} weight bytes" + (f" {verb}" if verb else "")
     if rec.get("store_bytes"):
-        text += f" (+{rec['store_bytes']} read from the checkpoint store by the workers)"
+        text += f" (and {rec['store_bytes']} read from the checkpoint store by the workers)"
     return text
 
 
@@ -224,7 +225,7 @@ class Progress:
         return "-" if r is None else f"{r.get('kind', '?')}@{r.get('iteration', '?')}"
 
     def _remap_line(self, rec: RemapRecord) -> str:
-        extra = f", {weight_bytes(rec)} moved" if "bytes" in rec else ""
+        extra = f", {weight_bytes(rec, 'moved')}" if "bytes" in rec else ""
         if rec.get("sample_bytes"):
             extra += f", {rec['sample_bytes']} sample bytes re-read"
         reason = f" ({rec['reason']})" if rec.get("reason") else ""

@@ -175,7 +175,8 @@ def test_a_damaged_row_file_stops_the_resume_with_its_name(client, tmp_path):
     data = (ck / victim).read_bytes()
     (ck / victim).write_bytes(data[: len(data) // 2])
     # the worker holding those rows finds it, before the first iteration: a DataError naming the file
-    with pytest.raises(DataError, match=f"row file '{victim}' does not match manifest.json"):
+    # (StoreError, kept across the worker-to-driver hop: not a DataError rebuilt on the driver)
+    with pytest.raises(store.StoreError, match=f"row file '{victim}' does not match manifest.json"):
         _fit(client, x, d, 20, checkpoint_every=10, checkpoint_dir=ck, resume=ck)
     assert store.read_manifest(ck)["iteration"] == 10  # nothing was written over the checkpoint
 

@@ -153,6 +153,26 @@ def test_a_worker_reads_only_the_files_of_its_rows(tmp_path, a, b):
     assert store.read_rows(part, "float32")["W"].dtype == np.float32
 
 
+def test_a_whole_checkpoint_is_cut_at_the_plans_rows_and_not_rewritten(tmp_path):
+    W, V, state = _weights()
+    plan = Plan.from_columns([[0, 1], [2, 3]], [20, 28], [[4, 5], [6, 3]], shape=(6, 9, 3))
+    man = store.write_whole(str(tmp_path), 7, W, V, state, extra={"errors": [1.0]}, plan=plan)
+    # every row boundary of the plan's rectangles (4 | 5 and 6 | 3): a worker reads only its rows
+    assert [f["rows"] for f in man["files"]] == [[0, 4], [4, 6], [6, 9]]
+    got = store.load(tmp_path)
+    np.testing.assert_array_equal(got["W"], W)
+    np.testing.assert_array_equal(got["optimizer_state"]["velocity"][1], state["velocity"][1])
+    # the store already holds iteration 7 (the workers' checkpoint at that boundary): kept as it is
+    files = sorted(os.listdir(tmp_path))
+    again = store.write_whole(str(tmp_path), 7, W * 0, V * 0, state, plan=None)
+    assert again["files"] == man["files"] and sorted(os.listdir(tmp_path)) == files
+    # the driver checks the files writers reported before naming them in a manifest
+    reported = store.manifest_files(man)
+    assert store.unseen_files(str(tmp_path), reported) == []
+    (tmp_path / reported[1].name).write_bytes(b"short")
+    assert store.unseen_files(str(tmp_path), reported) == [reported[1].name]
+
+
 def test_describe_reads_the_manifest_only(tmp_path):
     W, V, state = _weights()
     files, _ = _write(tmp_path, 10, W, V, state, [0, 4, 9], extra={"errors": [2.0, 1.0]})

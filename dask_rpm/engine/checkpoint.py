@@ -20,9 +20,9 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from . import store
-from .tasks import run_write_mark, run_write_rows
+from .tasks import run_file_digest, run_write_mark, run_write_rows
 
-__all__ = ["StoredCheckpoint", "CheckpointFailed", "write_store", "check_shared"]
+__all__ = ["StoredCheckpoint", "CheckpointFailed", "write_store", "check_shared", "check_readable"]
 
 
 class CheckpointFailed(RuntimeError):
@@ -55,33 +55,36 @@ async def write_store(driver: Any, directory: str, extra: Mapping[str, Any]) -> 
     """
     plan, iteration = driver.plan, driver.iteration
     jobs = store.writers(plan)
-    calls = [
-        driver.client.run(
-            run_write_rows,
-            driver.run,
-            directory,
-            iteration,
-            ranges,
-            workers=[driver.addresses[w]],
-        )
-        for w, ranges in jobs.items()
-    ]
-    # wait for every writer, also after one failed: no write of this checkpoint may still run
-    # when the next one cleans up
-    results = await asyncio.gather(*calls, return_exceptions=True)
+    got = await driver.run_each(
+        {
+            driver.addresses[w]: (run_write_rows, (driver.run, directory, iteration, ranges))
+            for w, ranges in jobs.items()
+        }
+    )
+    # Every writer has ended, or left (a retiring one may still finish its file: it is named for
+    # this iteration, which no manifest will name, and a later clean-up removes it).
+    results = list(got.values())
     failed = [r for r in results if isinstance(r, BaseException)]
     if failed:
         raise CheckpointFailed(
-            f"{len(failed)} of {len(calls)} writer(s) failed ({type(failed[0]).__name__}: {failed[0]})"
+            f"{len(failed)} of {len(results)} writer(s) failed ({type(failed[0]).__name__}: {failed[0]})"
         )
     files = [
         store.RowFile(name, (int(a), int(b)), int(size), digest)
-        for got in results
-        for rows in got.values()  # type: ignore[union-attr]
+        for rows in results
         for name, (a, b), size, digest in rows
     ]
 
     def finish() -> dict[str, Any]:
+        # The driver must see every file it is about to name (a worker that joined later may write
+        # to its own disk at that path): else the manifest would make an unreadable checkpoint valid.
+        unseen = store.unseen_files(directory, files)
+        if unseen:
+            raise CheckpointFailed(
+                f"the driver does not see {len(unseen)} row file(s) the workers wrote into "
+                f"{directory!r} (e.g. {unseen[0]!r}): not a file system every worker and the driver "
+                f"share"
+            )
         return store.commit(
             directory,
             iteration=iteration,
@@ -110,19 +113,17 @@ async def check_shared(driver: Any, directory: str) -> None:
     marks = {f"{store.MARK}{token}-{w}": addr for w, addr in workers.items()}
     names = dict(zip(workers, marks))
     try:
-        got = await asyncio.gather(
-            *(
-                driver.client.run(run_write_mark, directory, names[w], addr, workers=[addr])
-                for w, addr in workers.items()
-            ),
-            return_exceptions=True,
+        got = await driver.run_each(
+            {addr: (run_write_mark, (directory, names[w], addr)) for w, addr in workers.items()}
         )
-        failed = [(workers[w], r) for w, r in zip(workers, got) if isinstance(r, BaseException)]
+        failed = [(a, r) for a, r in got.items() if isinstance(r, BaseException)]
         for addr, exc in failed:
             if not await _left(driver, addr):  # a worker that left: the next block recovers
                 raise store.StoreError(
                     f"checkpoint_dir={directory!r}: worker {addr} cannot write there "
-                    f"({type(exc).__name__}: {exc}); give a directory every worker can write"
+                    f"({type(exc).__name__}: {exc}): the directory is missing on its node (not a "
+                    f"shared file system) or not writable; give a directory on a file system the "
+                    f"workers and the driver all mount, writable by the workers"
                 )
         written = {n: a for n, a in marks.items() if a not in {addr for addr, _ in failed}}
         unseen = store.unseen_marks(directory, written)
@@ -141,6 +142,34 @@ async def check_shared(driver: Any, directory: str) -> None:
                 os.unlink(os.path.join(directory, name))
             except OSError:
                 pass
+
+
+async def check_readable(driver: Any, directory: str) -> None:
+    """Refuse to resume from a store the planned workers do not see as the driver does.
+
+    Every planned worker reads the store's ``manifest.json`` and returns its
+    SHA-256, which must be the driver's: else the workers, which read their
+    rows themselves, would fail on files they cannot see (or read another
+    checkpoint). Nothing is written. Raises :class:`~dask_rpm.engine.store.StoreError`.
+    """
+    path = os.path.join(directory, store.MANIFEST)
+    mine = store.file_digest(path)
+    workers = [driver.addresses[w] for w in driver.plan.planned_workers]
+    got = await driver.run_each({a: (run_file_digest, (path,)) for a in workers})
+    differ = [
+        a
+        for a, r in got.items()
+        if (isinstance(r, BaseException) and not await _left(driver, a))
+        or (not isinstance(r, BaseException) and r != mine)
+    ]
+    if differ:
+        raise store.StoreError(
+            f"resume={directory!r}: worker(s) {', '.join(differ)} do not see the checkpoint this "
+            f"process reads there (its {store.MANIFEST} is missing or another on their nodes): "
+            f"the workers read their rows themselves, so the store must be on a file system the "
+            f"workers and the driver all mount; or pass resume=dask_rpm.engine.store.load(path) "
+            f"to hand the weights out from here"
+        )
 
 
 async def _left(driver: Any, address: str, grace: float = 2.0) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -228,7 +228,7 @@ class Driver:
             if i not in lays and i not in self.gone
         ]
         if others:  # workers of an earlier plan that have no rectangle now
-            await self.client.run(run_clear, self.run, workers=others, on_error="ignore")
+            await self.run_on(run_clear, self.run, workers=others)  # errors ignored: best effort
         self.plan, self.iteration = plan, start.iteration
         return Placed(sent, int(sum(read)))
 
@@ -320,18 +320,16 @@ class Driver:
         """Make every worker of the block stop, wait for them, roll the survivors back to the block start."""
         alive = set(await self.client.scheduler.ncores())
         targets = [self.addresses[w] for w in futures if self.addresses[w] in alive]
-        await self.client.run(
-            run_abort, self.run, spec.epoch, reason, workers=targets, on_error="ignore"
-        )
+        await self.run_on(
+            run_abort, self.run, spec.epoch, reason, workers=targets
+        )  # errors ignored
         live = [f for w, f in futures.items() if self.addresses[w] in alive]
         try:
             await _wait(live, timeout=max(spec.receive_timeout, 5.0))
         except Exception:  # a task that errs or a worker dying meanwhile: nothing left to wait for
             pass
         await self.client.cancel(list(futures.values()))
-        await self.client.run(
-            run_rollback, self.run, spec.first, workers=targets, on_error="ignore"
-        )
+        await self.run_on(run_rollback, self.run, spec.first, workers=targets)  # errors ignored
         self.iteration = spec.first
         self.log.forget_from(spec.first)
         await self.client.scheduler.rpm_update(run=self.run, info={"forget_from": spec.first})
@@ -353,7 +351,9 @@ class Driver:
         if status == "diverged" or not finite:
             keep = stop
             if not finite:  # the last update made the weights non-finite: go back one
-                await self.client.run(run_revert, self.run, workers=self._planned_addresses())
+                got = await self.run_on(run_revert, self.run, workers=self._planned_addresses())
+                for err in (v for v in got.values() if isinstance(v, BaseException)):
+                    raise err
                 keep = stop - 1
             self.iteration = keep
             self.log.forget_from(keep)
@@ -379,6 +379,46 @@ class Driver:
         """Watched workers that left or are leaving (a graceful retirement from outside too)."""
         watch = self._watch if self._watch is not None else set(self._planned_addresses())
         return await self.leaving(sorted(watch))
+
+    async def run_each(self, calls: Mapping[str, tuple[Any, tuple]]) -> dict[str, Any]:
+        """``client.run`` of ``fn(*args)`` on each worker of ``calls`` (address -> (fn, args)), at once.
+
+        Returns each worker's result, or the exception its call raised; a worker
+        that leaves while its call is pending gets :class:`WorkerLostError` at
+        once. Without that, a call to a worker that has just left waits out
+        Dask's connect timeout (``distributed.comm.timeouts.connect``, 30 s)
+        before failing: the 30 s stalls of the chaos soak, when a worker was
+        retired or killed just before a checkpoint's writers were called.
+        """
+        poll = float(config.get("engine.poll-seconds"))
+        tasks = {
+            a: asyncio.ensure_future(self.client.run(fn, *args, workers=[a]))
+            for a, (fn, args) in calls.items()
+        }
+        pending, gone = set(tasks.values()), set()
+        while pending:
+            _, pending = await asyncio.wait(pending, timeout=poll)
+            waiting = [a for a, t in tasks.items() if t in pending]
+            if waiting:
+                for a in await self.leaving(waiting):
+                    tasks[a].cancel()
+                    pending.discard(tasks[a])
+                    gone.add(a)
+        # the cancelled calls end at once (they only wait on the scheduler)
+        await asyncio.gather(*(tasks[a] for a in gone), return_exceptions=True)
+        out: dict[str, Any] = {}
+        for a, t in tasks.items():
+            if a in gone:
+                out[a] = WorkerLostError([a], self.iteration)
+            elif t.exception() is not None:
+                out[a] = t.exception()
+            else:
+                out[a] = t.result()[a]
+        return out
+
+    async def run_on(self, fn: Any, *args: Any, workers: Sequence[str]) -> dict[str, Any]:
+        """:meth:`run_each` of the same call on every worker of ``workers``."""
+        return await self.run_each({a: (fn, args) for a in workers})
 
     async def leaving(self, addresses: Sequence[str]) -> list[str]:
         """Of ``addresses``, the workers gone or retiring (the scheduler plugin's ``rpm_leaving``)."""
@@ -525,9 +565,8 @@ class Driver:
         involved = sorted(
             {self.addresses[w] for w in (*old.planned_workers, *new.planned_workers)} - set(lost)
         )
-        await self.client.run(
-            run_commit, self.run, self.version, self.iteration, workers=involved, on_error="ignore"
-        )
+        # errors ignored: a worker that left meanwhile is found lost by the next block
+        await self.run_on(run_commit, self.run, self.version, self.iteration, workers=involved)
         self.plan = new
         n, _, l = new.shape
         return {

@@ -22,7 +22,7 @@ from ..progress import Progress
 from ..records import Checkpoint, RemapRecord
 from ..results import describe_history
 from . import callbacks as cb
-from .checkpoint import StoredCheckpoint, check_shared
+from .checkpoint import StoredCheckpoint, check_readable, check_shared
 from .driver import Driver
 from .drpm import DRPMState
 from .errors import TrainingError
@@ -305,7 +305,7 @@ async def _fit_async(client: Any, x: Any, d: Any, kw: dict[str, Any]) -> FitResu
     opts = resolve_options(kw, data)
     # a bad checkpoint is refused before waiting for workers
     resume = resume_state(kw["resume"], data)
-    start = start_checkpoint(resume, data)
+    start = start_checkpoint(resume, data, stored=isinstance(kw["resume"], (str, os.PathLike)))
     if opts.checkpoint_dir is not None:  # created (nothing else written) once the input is valid
         opts.checkpoint_dir = prepare_directory(opts.checkpoint_dir, kw["resume"])
     saved = resume.get("drpm") if isinstance(resume, dict) else None
@@ -336,11 +336,13 @@ async def _fit_async(client: Any, x: Any, d: Any, kw: dict[str, Any]) -> FitResu
     plans = [plan]
     stopped = None
     try:
-        await loop.install(start)
-        if (
-            opts.checkpoint_dir is not None
-        ):  # before the first iteration, not at the first checkpoint
+        # before the shards are placed: a store the workers do not share with the driver is refused
+        # with that reason, not as a damaged or unwritable one
+        if opts.checkpoint_dir is not None:
             await check_shared(driver, opts.checkpoint_dir)
+        if isinstance(start, StoredCheckpoint) and start.directory != opts.checkpoint_dir:
+            await check_readable(driver, start.directory)
+        await loop.install(start)
         for h in hooks:
             await cb.call(h.before_training(driver, opts.iterations))
         driver.on_progress = loop.progress

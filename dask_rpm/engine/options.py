@@ -129,19 +129,18 @@ def resume_state(resume: Any, data: Prepared) -> dict[str, Any] | None:
     return resume
 
 
-def _stored(resume: dict[str, Any]) -> bool:
-    """Whether ``resume`` is :func:`resume_state`'s summary of a store (the workers read the weights)."""
-    return "W" not in resume and "directory" in resume and "optimizer_slots" in resume
+def start_checkpoint(
+    resume: Any, data: Prepared, stored: bool = False
+) -> Checkpoint | StoredCheckpoint:
+    """Where training starts: iteration 0 with the initial weights, or a checkpoint to resume from.
 
-
-def start_checkpoint(resume: Any, data: Prepared) -> Checkpoint | StoredCheckpoint:
-    """Where training starts: iteration 0 with the initial weights, or a checkpoint to resume from
-    (a :class:`~dask_rpm.engine.checkpoint.StoredCheckpoint` when it is in a store)."""
+    ``stored``: ``resume`` is :func:`resume_state`'s summary of a store directory
+    (its shape checked), and the start a
+    :class:`~dask_rpm.engine.checkpoint.StoredCheckpoint` the workers read.
+    """
     if resume is None:
         return Checkpoint(0, data.W0, data.V0)
-    if not isinstance(resume, dict) or not (
-        {"iteration", "W", "V"} <= set(resume) or _stored(resume)
-    ):
+    if not isinstance(resume, dict) or not (stored or {"iteration", "W", "V"} <= set(resume)):
         raise DataError(
             f"resume={type(resume).__name__}; it must be a checkpoint store directory (the "
             "checkpoint_dir a run wrote) or a checkpoint dict with 'iteration', 'W', 'V' (and "
@@ -157,7 +156,7 @@ def start_checkpoint(resume: Any, data: Prepared) -> Checkpoint | StoredCheckpoi
             f"resume: the checkpoint is at iteration {k!r}; it must be below iterations="
             f"{data.recipe.iterations} (the total to reach)"
         )
-    if _stored(resume):
+    if stored:
         _check_slots(resume["optimizer_slots"], data)
         return StoredCheckpoint(int(k), resume["directory"])
     W, V = np.asarray(resume["W"], dtype=data.dtype), np.asarray(resume["V"], dtype=data.dtype)

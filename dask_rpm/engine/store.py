@@ -38,6 +38,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import os
 import re
 import time
@@ -72,6 +73,8 @@ __all__ = [
     "MARK",
     "write_mark",
     "unseen_marks",
+    "unseen_files",
+    "file_digest",
     "is_store",
     "prepare_directory",
     "open_resume",
@@ -80,6 +83,7 @@ __all__ = [
 #: The manifest's ``format`` (a reader refuses other values).
 FORMAT = "dask_rpm-checkpoint-store/1"
 MANIFEST = "manifest.json"
+logger = logging.getLogger("dask_rpm")
 _ROW_FILE = re.compile(r"^it(\d{9})-rows(\d{7})-(\d{7})\.npz$")
 
 
@@ -217,25 +221,43 @@ def write_whole(
     V: np.ndarray,
     state: Mapping[str, Sequence[np.ndarray]] | None,
     extra: Mapping[str, Any] | None = None,
+    plan: Plan | None = None,
 ) -> dict[str, Any]:
-    """A checkpoint of weights held in this process (one row file), committed; returns the manifest.
+    """A checkpoint of weights held in this process, committed; returns the manifest.
 
     For weights the driver holds anyway (a job stopped early writes its final
-    weights): the same format as the workers' checkpoints.
+    weights): the same format as the workers' checkpoints. The rows are cut
+    at the row boundaries of ``plan``'s rectangles (one file if None), so a
+    resume on that plan has each worker read only the files of its rows. If
+    the store's valid checkpoint is already at ``iteration`` (the workers wrote
+    it at that boundary: the same weights), it is kept as it is: rewriting a
+    file it names could leave it damaged if interrupted.
     """
+    try:
+        current = read_manifest(directory)
+    except StoreError:
+        current = None
+    if current is not None and int(current["iteration"]) == int(iteration):
+        return current
     m = W.shape[0]
-    rows = {
-        "W": W,
-        "V": V,
-        "state": {k: list(v) for k, v in (state or {}).items()},
-    }
-    f = write_rows(directory, iteration, 0, m, rows)
+    cuts = sorted(
+        {0, m}
+        | ({b for w in plan.planned_workers for b in plan.rectangle(w).hidden} if plan else set())
+    )
+    files = []
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        rows = {
+            "W": W[a:b],
+            "V": V[:, a:b],
+            "state": {k: [v[0][a:b], v[1][:, a:b]] for k, v in (state or {}).items()},
+        }
+        files.append(write_rows(directory, iteration, a, b, rows))
     return commit(
         directory,
         iteration=iteration,
         shape=(W.shape[1], m, V.shape[0]),
         dtype=str(W.dtype),
-        files=[f],
+        files=files,
         slots=list(state or {}),
         extra=extra,
     )
@@ -278,7 +300,9 @@ def _read_file(directory: str, entry: Mapping[str, Any]) -> Any:
     except OSError as exc:
         raise StoreError(
             f"checkpoint store {directory!r}: row file {entry['name']!r} named by {MANIFEST} cannot be "
-            f"read ({exc.strerror or exc}); the store is damaged: restore it, or start without resume"
+            f"read here ({exc.strerror or exc}); the store is damaged (restore it, or start without "
+            f"resume), or this process does not see the directory the checkpoint was written to "
+            f"(put the store on a file system every worker mounts)"
         ) from None
     if len(data) != entry["bytes"] or hashlib.sha256(data).hexdigest() != entry["sha256"]:
         raise StoreError(
@@ -414,6 +438,29 @@ def unseen_marks(directory: str, marks: Mapping[str, str]) -> list[str]:
     return unseen
 
 
+def file_digest(path: str) -> str | None:
+    """SHA-256 (hex) of the file at ``path``; None if it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return None
+
+
+def unseen_files(directory: str, files: Iterable[RowFile]) -> list[str]:
+    """Of ``files`` (what writers reported), the names this process does not see in ``directory``
+    with the reported size."""
+    unseen = []
+    for f in files:
+        try:
+            if os.path.getsize(os.path.join(directory, f.name)) == f.bytes:
+                continue
+        except OSError:
+            pass
+        unseen.append(f.name)
+    return unseen
+
+
 def remove_stale(directory: str, keep: Iterable[str]) -> list[str]:
     """Remove row files (and temporary files of interrupted writes) not in ``keep``; returns their names.
 
@@ -425,7 +472,7 @@ def remove_stale(directory: str, keep: Iterable[str]) -> list[str]:
     for name in os.listdir(directory):
         ours = (
             _ROW_FILE.match(name)
-            or (name.startswith(".tmp-") and name.endswith(".npz"))
+            or (name.startswith(".tmp-") and (name.endswith(".npz") or MARK in name))
             or name.startswith(MARK)  # a check's files, left if its driver died meanwhile
         )
         if ours and name not in keep:
@@ -434,6 +481,8 @@ def remove_stale(directory: str, keep: Iterable[str]) -> list[str]:
                 gone.append(name)
             except FileNotFoundError:  # removed meanwhile (another cleanup)
                 pass
+            except OSError as exc:  # the manifest is in place: a file left over costs only space
+                logger.warning(f"checkpoint store {directory!r}: could not remove {name!r} ({exc})")
     return gone
 
 

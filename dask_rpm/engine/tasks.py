@@ -19,7 +19,7 @@ from ..recipe import Recipe
 from ..records import BlockResult, BlockSpec, Layout
 from .block import run_block
 from .samples import ColumnData, SampleSource
-from .store import StoreRows, read_rows, write_mark, write_rows
+from .store import StoreRows, file_digest, read_rows, write_mark, write_rows
 from .worker import PLUGIN_NAME, RunState, Shard, get_state
 
 __all__ = [
@@ -257,6 +257,11 @@ def run_deadline(dask_worker: Any = None) -> float | None:
     """When this worker's Dask lifetime ends (``time.time()``), or None (no lifetime)."""
     plugin = dask_worker.plugins.get(PLUGIN_NAME)
     return None if plugin is None else plugin.deadline
+
+
+async def run_file_digest(path: str) -> str | None:
+    """:func:`~dask_rpm.engine.store.file_digest` of ``path`` as this worker sees it, in a thread."""
+    return await asyncio.to_thread(file_digest, path)
 
 
 async def run_write_mark(directory: str, name: str, text: str) -> None:

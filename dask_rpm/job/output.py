@@ -102,6 +102,7 @@ def _store_checkpoint(job: Job, state: dict[str, Any]) -> str:
             "plan": state["plan"].to_dict() if state.get("plan") is not None else None,
             "drpm": state.get("drpm"),
         },
+        plan=state.get("plan"),  # one file per row range of the plan: a resume reads only its rows
     )
     return job.checkpoint_path
 
