@@ -13,6 +13,7 @@ from dask_rpm.engine import Driver, ensure_plugins, fit, ordered_workers
 from dask_rpm.kernels import init_weights
 from dask_rpm.partition import Plan
 from dask_rpm.recipe import recipe
+from dask_rpm.records import Checkpoint
 from dask_rpm.remap import column_remap
 from dask_rpm.serial import fit_serial
 from dask_rpm.train import demo_data
@@ -101,7 +102,7 @@ def test_any_sequence_of_remaps_equals_serial(seed):
                     recipe=recipe(s, iterations=7 * block, learning_rate=eps),
                     dtype="float64",
                 )
-                await tr.install(plan, W0, V0, 0)
+                await tr.install(plan, Checkpoint(0, W0, V0))
                 moved = []
                 for step in range(6):
                     assert (await tr.run_block(block)).status == "ok"

@@ -27,6 +27,7 @@ from ..recipe import Recipe
 from ..records import BlockResult, BlockSpec, Checkpoint, RemapRecord
 from ..remap import migration, sample_changes
 from . import store
+from .calls import run_each
 from .checkpoint import StoredCheckpoint
 from .errors import TrainingError, WorkerLostError
 from .layout import exchanges_summary, layouts
@@ -381,40 +382,8 @@ class Driver:
         return await self.leaving(sorted(watch))
 
     async def run_each(self, calls: Mapping[str, tuple[Any, tuple]]) -> dict[str, Any]:
-        """``client.run`` of ``fn(*args)`` on each worker of ``calls`` (address -> (fn, args)), at once.
-
-        Returns each worker's result, or the exception its call raised; a worker
-        that leaves while its call is pending gets :class:`WorkerLostError` at
-        once. Without that, a call to a worker that has just left waits out
-        Dask's connect timeout (``distributed.comm.timeouts.connect``, 30 s)
-        before failing: the 30 s stalls of the chaos soak, when a worker was
-        retired or killed just before a checkpoint's writers were called.
-        """
-        poll = float(config.get("engine.poll-seconds"))
-        tasks = {
-            a: asyncio.ensure_future(self.client.run(fn, *args, workers=[a]))
-            for a, (fn, args) in calls.items()
-        }
-        pending, gone = set(tasks.values()), set()
-        while pending:
-            _, pending = await asyncio.wait(pending, timeout=poll)
-            waiting = [a for a, t in tasks.items() if t in pending]
-            if waiting:
-                for a in await self.leaving(waiting):
-                    tasks[a].cancel()
-                    pending.discard(tasks[a])
-                    gone.add(a)
-        # the cancelled calls end at once (they only wait on the scheduler)
-        await asyncio.gather(*(tasks[a] for a in gone), return_exceptions=True)
-        out: dict[str, Any] = {}
-        for a, t in tasks.items():
-            if a in gone:
-                out[a] = WorkerLostError([a], self.iteration)
-            elif t.exception() is not None:
-                out[a] = t.exception()
-            else:
-                out[a] = t.result()[a]
-        return out
+        """:func:`dask_rpm.engine.calls.run_each` with this run's scheduler view of who left."""
+        return await run_each(self.client, calls, leaving=self.leaving, iteration=self.iteration)
 
     async def run_on(self, fn: Any, *args: Any, workers: Sequence[str]) -> dict[str, Any]:
         """:meth:`run_each` of the same call on every worker of ``workers``."""
