@@ -400,7 +400,7 @@ async def run_block(
         for it in range(spec.first, spec.first + spec.count):
             state.check_abort(spec.epoch)
             # last iteration's messages are out: buffers are free
-            await state.flush(spec.receive_timeout)
+            await state.flush(spec.receive_timeout, spec.epoch)
             if not data.ready(it):  # a new epoch of mini-batches: this column's rows of it
                 await state.compute(False, data.load, it)  # (off the event loop)
             x, d = data.batch(it)
@@ -427,7 +427,7 @@ async def run_block(
             if spec.target_error is not None and total <= spec.target_error:
                 status = "target"
                 break
-        await state.flush(spec.receive_timeout)
+        await state.flush(spec.receive_timeout, spec.epoch)
     except BlockAborted as exc:
         status, message = "aborted", str(exc)
     except PeerError as exc:

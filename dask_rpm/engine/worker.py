@@ -330,6 +330,10 @@ class RunState:
             # one way (no reply): a lost peer shows as a failed write, a deadline, or the driver's abort
             await self.worker.rpc(address).rpm_put(reply=False, **msg)
         except Exception as exc:  # a peer that is gone or cannot be reached
+            if (
+                msg["epoch"] != self.epoch
+            ):  # a send of an aborted block, failing late: not this block's
+                return
             if self.send_error is None:
                 self.send_error = (
                     f"worker {self.layout.address} could not send {_PHASE_NAMES.get(msg['phase'][:1], msg['phase'])} "
@@ -338,16 +342,29 @@ class RunState:
                 )
             self._wake(PeerError(self.send_error))
 
-    async def flush(self, timeout: float) -> None:
-        """Wait until every message sent so far has been written (its buffers may then be reused)."""
+    async def flush(self, timeout: float, epoch: int | None = None) -> None:
+        """Wait until every message sent so far has been written (its buffers may then be reused).
+
+        An abort of block ``epoch`` ends the wait at once (:class:`BlockAborted`): a send to a
+        peer that has just left retries its connection until Dask's connect timeout (30 s), and
+        the block must not hold its worker that long (the chaos soak's 30 s stalls). The send goes
+        on in the background; its late failure is not charged to a later block.
+        """
         if self.pending:
-            pending, self.pending = self.pending, []
-            done, not_done = await asyncio.wait(pending, timeout=timeout)
-            if not_done:
-                raise PeerError(
-                    f"worker {self.layout.address}: {len(not_done)} message(s) could not be "
-                    f"written within {timeout:g} s"
-                )
+            pending: set[asyncio.Future] = set(self.pending)
+            self.pending = []
+            deadline = time.monotonic() + timeout
+            while pending:
+                if epoch is not None:
+                    self.check_abort(epoch)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise PeerError(
+                        f"worker {self.layout.address}: {len(pending)} message(s) could not be "
+                        f"written within {timeout:g} s"
+                    )
+                # all written: returns at once; else look at the abort flag every 0.1 s
+                _, pending = await asyncio.wait(pending, timeout=min(left, 0.1))
         if self.send_error is not None:
             raise PeerError(self.send_error)
 
