@@ -91,13 +91,30 @@ def one_run(client: Any, arm: str, x: Any, d: Any, args: argparse.Namespace, pla
     }
 
 
+def problem_arguments(p: argparse.ArgumentParser, hidden: int, samples: int) -> None:
+    """The network, data and cluster options of the checkpoint benchmarks (also resume.py's)."""
+    p.add_argument("--inputs", type=int, default=203)
+    p.add_argument("--hidden", type=int, default=hidden)
+    p.add_argument("--outputs", type=int, default=26)
+    p.add_argument("--samples", type=int, default=samples)
+    p.add_argument("--workers", type=int, default=4)
+
+
+def problem(args: argparse.Namespace, method: str = "srpm") -> tuple[Any, Any, tuple, Any]:
+    """``(x, d, shape, plan)``: seeded data and a fixed plan on ``args.workers`` equal workers."""
+    from dask_rpm import make_plan
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(args.samples, args.inputs))
+    x[:, -1] = 1.0
+    d = rng.uniform(0.1, 0.9, size=(args.samples, args.outputs))
+    shape = (args.inputs, args.hidden, args.outputs)
+    return x, d, shape, make_plan([1.0] * args.workers, shape, args.samples, method=method)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--inputs", type=int, default=203)
-    p.add_argument("--hidden", type=int, default=1024)
-    p.add_argument("--outputs", type=int, default=26)
-    p.add_argument("--samples", type=int, default=8192)
-    p.add_argument("--workers", type=int, default=4)
+    problem_arguments(p, hidden=1024, samples=8192)
     p.add_argument("--iterations", type=int, default=20)
     p.add_argument("--every", type=int, default=5)
     p.add_argument("--repeats", type=int, default=3)
@@ -107,14 +124,7 @@ def main() -> None:
 
     from distributed import Client, LocalCluster
 
-    from dask_rpm import make_plan
-
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(args.samples, args.inputs))
-    x[:, -1] = 1.0
-    d = rng.uniform(0.1, 0.9, size=(args.samples, args.outputs))
-    shape = (args.inputs, args.hidden, args.outputs)
-    plan = make_plan([1.0] * args.workers, shape, args.samples, method="srpm")
+    x, d, shape, plan = problem(args)
     arms = ["none", "driver", "store"]
     runs: list[dict] = []
     with (

@@ -35,6 +35,7 @@ import time
 from typing import Any
 
 import numpy as np
+from checkpoint import problem, problem_arguments  # benchmarks/checkpoint.py, beside this script
 
 
 def _fit(client: Any, x: Any, d: Any, args: argparse.Namespace, plan: Any, **kw: Any) -> Any:
@@ -83,11 +84,7 @@ def one_run(
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--inputs", type=int, default=203)
-    p.add_argument("--hidden", type=int, default=8192)
-    p.add_argument("--outputs", type=int, default=26)
-    p.add_argument("--samples", type=int, default=2048)
-    p.add_argument("--workers", type=int, default=4)
+    problem_arguments(p, hidden=8192, samples=2048)
     p.add_argument("--at", type=int, default=4, help="iteration of the checkpoint resumed from")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument(
@@ -102,14 +99,7 @@ def main() -> None:
 
     from distributed import Client, LocalCluster
 
-    from dask_rpm import make_plan
-
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(args.samples, args.inputs))
-    x[:, -1] = 1.0
-    d = rng.uniform(0.1, 0.9, size=(args.samples, args.outputs))
-    shape = (args.inputs, args.hidden, args.outputs)
-    plan = make_plan([1.0] * args.workers, shape, args.samples, method=args.method)
+    x, d, shape, plan = problem(args, args.method)
     arms = ["driver", "workers"]
     runs: list[dict] = []
     tmp = tempfile.mkdtemp(prefix="rpm-resume-", dir=args.dir)
