@@ -87,7 +87,7 @@ class _OneWorkerState:
     def check_abort(self, epoch):
         pass
 
-    async def flush(self, timeout):
+    async def flush(self, timeout, epoch=None):
         pass
 
     async def compute(self, inline, fn, *args):
