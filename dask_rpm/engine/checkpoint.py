@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 import uuid
 from collections.abc import Mapping
 from typing import Any, NamedTuple
@@ -118,7 +117,7 @@ async def check_shared(driver: Any, directory: str) -> None:
         )
         failed = [(a, r) for a, r in got.items() if isinstance(r, BaseException)]
         for addr, exc in failed:
-            if not await _left(driver, addr):  # a worker that left: the next block recovers
+            if not await driver.left(addr):  # a worker that left: the next block recovers
                 raise store.StoreError(
                     f"checkpoint_dir={directory!r}: worker {addr} cannot write there "
                     f"({type(exc).__name__}: {exc}): the directory is missing on its node (not a "
@@ -159,7 +158,7 @@ async def check_readable(driver: Any, directory: str) -> None:
     differ = [
         a
         for a, r in got.items()
-        if (isinstance(r, BaseException) and not await _left(driver, a))
+        if (isinstance(r, BaseException) and not await driver.left(a))
         or (not isinstance(r, BaseException) and r != mine)
     ]
     if differ:
@@ -170,13 +169,3 @@ async def check_readable(driver: Any, directory: str) -> None:
             f"workers and the driver all mount; or pass resume=dask_rpm.engine.store.load(path) "
             f"to hand the weights out from here"
         )
-
-
-async def _left(driver: Any, address: str, grace: float = 2.0) -> bool:
-    """Whether ``address`` left (waiting up to ``grace`` s for the scheduler to notice)."""
-    deadline = time.monotonic() + grace
-    while not await driver.leaving([address]):
-        if time.monotonic() >= deadline:
-            return False
-        await asyncio.sleep(0.1)
-    return True

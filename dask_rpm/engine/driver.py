@@ -50,11 +50,19 @@ __all__ = ["Driver", "BlockOutcome", "Placed", "ordered_workers"]
 logger = logging.getLogger("dask_rpm")
 
 
+def _users(error: DataError) -> DataError:
+    """A worker's :class:`~dask_rpm.data.DataError` (bad samples it read, a damaged checkpoint
+    store: the user's to fix) raised anew on the driver: its own class and message, without the
+    remote traceback."""
+    return type(error)(str(error))
+
+
 class Placed(NamedTuple):
     """What placing the shards moved (:meth:`Driver.install`)."""
 
     client_bytes: int  # weights cut on the client and scattered to the workers
     store_bytes: int  # row files the workers read from a checkpoint store themselves
+    seconds: float  # until every worker held its shard and samples
 
 
 @dataclass
@@ -168,11 +176,8 @@ class Driver:
         try:
             [fut] = await self.client.scatter([obj], workers=[self.addresses[w]], hash=False)
         except Exception:
-            deadline = time.monotonic() + 2.0  # the scheduler may take a moment to see it gone
-            while not await self.leaving([self.addresses[w]]):
-                if time.monotonic() >= deadline:
-                    raise
-                await asyncio.sleep(0.1)
+            if not await self.left(self.addresses[w]):
+                raise
             raise WorkerLostError([self.addresses[w]], self.iteration) from None
         return fut
 
@@ -185,6 +190,7 @@ class Driver:
         reads only the manifest and every worker reads its own rows from the
         store. Without optimizer state it starts at zero.
         """
+        t0 = time.perf_counter()
         self.version += 1
         lays = self._layouts(plan)
         manifest = start.manifest() if isinstance(start, StoredCheckpoint) else None
@@ -231,7 +237,7 @@ class Driver:
         if others:  # workers of an earlier plan that have no rectangle now
             await self.run_on(run_clear, self.run, workers=others)  # errors ignored: best effort
         self.plan, self.iteration = plan, start.iteration
-        return Placed(sent, int(sum(read)))
+        return Placed(sent, int(sum(read)), time.perf_counter() - t0)
 
     # ------------------------------------------------------------ blocks
     def _receive_timeout(self) -> float:
@@ -294,10 +300,8 @@ class Driver:
                 except Exception as exc:  # the task itself failed (or its worker died)
                     await self._abort(spec, f"task {f.key} failed: {exc!r}", futures)
                     await self._raise_lost(spec.first, grace=2.0)
-                    if isinstance(
-                        exc, DataError
-                    ):  # bad samples found by the worker reading them: the user's to fix
-                        raise DataError(str(exc)) from None
+                    if isinstance(exc, DataError):
+                        raise _users(exc) from None
                     raise TrainingError(f"block task {f.key} failed: {exc!r}") from exc
                 results[by_key[f.key]] = res
                 if res.status in ("failed", "aborted"):
@@ -321,16 +325,15 @@ class Driver:
         """Make every worker of the block stop, wait for them, roll the survivors back to the block start."""
         alive = set(await self.client.scheduler.ncores())
         targets = [self.addresses[w] for w in futures if self.addresses[w] in alive]
-        await self.run_on(
-            run_abort, self.run, spec.epoch, reason, workers=targets
-        )  # errors ignored
+        # errors ignored (also below): a worker that left has nothing to stop or roll back
+        await self.run_on(run_abort, self.run, spec.epoch, reason, workers=targets)
         live = [f for w, f in futures.items() if self.addresses[w] in alive]
         try:
             await _wait(live, timeout=max(spec.receive_timeout, 5.0))
         except Exception:  # a task that errs or a worker dying meanwhile: nothing left to wait for
             pass
         await self.client.cancel(list(futures.values()))
-        await self.run_on(run_rollback, self.run, spec.first, workers=targets)  # errors ignored
+        await self.run_on(run_rollback, self.run, spec.first, workers=targets)
         self.iteration = spec.first
         self.log.forget_from(spec.first)
         await self.client.scheduler.rpm_update(run=self.run, info={"forget_from": spec.first})
@@ -353,8 +356,9 @@ class Driver:
             keep = stop
             if not finite:  # the last update made the weights non-finite: go back one
                 got = await self.run_on(run_revert, self.run, workers=self._planned_addresses())
-                for err in (v for v in got.values() if isinstance(v, BaseException)):
-                    raise err
+                errors = [v for v in got.values() if isinstance(v, BaseException)]
+                if errors:
+                    raise errors[0]
                 keep = stop - 1
             self.iteration = keep
             self.log.forget_from(keep)
@@ -389,6 +393,16 @@ class Driver:
         """:meth:`run_each` of the same call on every worker of ``workers``."""
         return await self.run_each({a: (fn, args) for a in workers})
 
+    async def left(self, address: str, grace: float = 2.0) -> bool:
+        """Whether ``address`` left or is leaving, waiting up to ``grace`` s for the scheduler to
+        notice (a call to it that just failed may be the first sign)."""
+        deadline = time.monotonic() + grace
+        while not await self.leaving([address]):
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.1)
+        return True
+
     async def leaving(self, addresses: Sequence[str]) -> list[str]:
         """Of ``addresses``, the workers gone or retiring (the scheduler plugin's ``rpm_leaving``)."""
         return sorted(await self.client.scheduler.rpm_leaving(workers=list(addresses)))
@@ -422,12 +436,8 @@ class Driver:
             if f.status == "error":
                 await self._raise_lost(self.iteration, grace=2.0)
                 error = await f.exception()
-                if isinstance(
-                    error, DataError
-                ):  # bad samples or a damaged store: the user's to fix
-                    raise type(error)(
-                        str(error)
-                    ) from None  # its class, without the remote traceback
+                if isinstance(error, DataError):
+                    raise _users(error) from None
                 raise TrainingError(f"task {f.key} failed: {error!r}") from error
             out.append(await self._result(f))
         return out

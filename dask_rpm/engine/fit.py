@@ -23,7 +23,7 @@ from ..records import Checkpoint, RemapRecord
 from ..results import describe_history
 from . import callbacks as cb
 from .checkpoint import StoredCheckpoint, check_readable, check_shared
-from .driver import Driver
+from .driver import Driver, Placed
 from .drpm import DRPMState
 from .errors import TrainingError
 from .history import add_validation, build_history
@@ -382,15 +382,15 @@ async def _fit_async(client: Any, x: Any, d: Any, kw: dict[str, Any]) -> FitResu
 
 def _start_stats(start: Checkpoint | StoredCheckpoint, loop: TrainingLoop) -> dict[str, Any]:
     """Where the run started and what placing its first shards moved (``FitResult.stats["start"]``)."""
-    placed = loop.placed
+    placed = loop.placed or Placed(0, 0, 0.0)
     return {
         "iteration": start.iteration,
         "from": "checkpoint store"
         if isinstance(start, StoredCheckpoint)
         else ("checkpoint" if start.iteration else "initial weights"),
-        "client_bytes": placed.client_bytes if placed is not None else 0,
-        "store_bytes": placed.store_bytes if placed is not None else 0,
-        "seconds": loop.placed_seconds,
+        "client_bytes": placed.client_bytes,
+        "store_bytes": placed.store_bytes,
+        "seconds": placed.seconds,
     }
 
 

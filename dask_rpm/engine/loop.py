@@ -60,7 +60,6 @@ class TrainingLoop:
         self._deadlines_for = -1
         self.margin = float(config.get("train.retire-margin"))
         self.placed: Placed | None = None  # what placing the first shards moved (install)
-        self.placed_seconds = 0.0  # and how long it took (the last, successful attempt)
 
     def progress(self, driver: Driver) -> None:
         for h in self.hooks:
@@ -94,9 +93,7 @@ class TrainingLoop:
         d = self.driver
         for _ in range(len(d.addresses)):
             try:
-                t0 = time.perf_counter()
                 self.placed = await d.install(d.plan, start)
-                self.placed_seconds = time.perf_counter() - t0
                 return
             except WorkerLostError as exc:
                 if self.opts.on_worker_loss == "raise":

@@ -330,9 +330,8 @@ class RunState:
             # one way (no reply): a lost peer shows as a failed write, a deadline, or the driver's abort
             await self.worker.rpc(address).rpm_put(reply=False, **msg)
         except Exception as exc:  # a peer that is gone or cannot be reached
-            if (
-                msg["epoch"] != self.epoch
-            ):  # a send of an aborted block, failing late: not this block's
+            # a send of an aborted block, failing late: not this block's
+            if msg["epoch"] != self.epoch:
                 return
             if self.send_error is None:
                 self.send_error = (
