@@ -112,6 +112,19 @@ def problem(args: argparse.Namespace, method: str = "srpm") -> tuple[Any, Any, t
     return x, d, shape, make_plan([1.0] * args.workers, shape, args.samples, method=method)
 
 
+def largest_difference(runs: list[dict], ref: Any) -> float:
+    """Largest relative difference (to ``ref``'s largest entry) of any run's final ``W`` from ``ref``."""
+    return max(float(np.abs(r["W"] - ref).max() / np.abs(ref).max()) for r in runs)
+
+
+def report(summary: dict, runs: list[dict], path: str | None) -> None:
+    """Print ``summary``; with ``path`` also write it and the raw runs (weights left out) as JSON."""
+    print(json.dumps(summary, indent=1))
+    if path:
+        with open(path, "w") as f:
+            json.dump({"summary": summary, "runs": [dict(r, W=None) for r in runs]}, f, indent=1)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     problem_arguments(p, hidden=1024, samples=8192)
@@ -138,8 +151,7 @@ def main() -> None:
             order = arms[rep % 3 :] + arms[: rep % 3]
             for arm in order:
                 runs.append(dict(one_run(client, arm, x, d, args, plan), repeat=rep))
-    ref = next(r["W"] for r in runs if r["arm"] == "none")
-    worst = max(float(np.abs(r["W"] - ref).max() / np.abs(ref).max()) for r in runs)
+    worst = largest_difference(runs, next(r["W"] for r in runs if r["arm"] == "none"))
     itemsize, n, m, l = 8, *shape
     state_bytes = 3 * (m * n + l * m) * itemsize  # W, V and Adam's two slots
     summary = {
@@ -174,10 +186,7 @@ def main() -> None:
             summary["arms"][arm]["extra_wall_per_checkpoint_median"] = statistics.median(
                 (r["wall"] - none[r["repeat"]]) / len(r["checkpoint_seconds"]) for r in mine
             )
-    print(json.dumps(summary, indent=1))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"summary": summary, "runs": [dict(r, W=None) for r in runs]}, f, indent=1)
+    report(summary, runs, args.json)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ Run it under the exclusive CPU lock::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -34,8 +33,12 @@ import tempfile
 import time
 from typing import Any
 
-import numpy as np
-from checkpoint import problem, problem_arguments  # benchmarks/checkpoint.py, beside this script
+from checkpoint import (  # benchmarks/checkpoint.py, beside this script
+    largest_difference,
+    problem,
+    problem_arguments,
+    report,
+)
 
 
 def _fit(client: Any, x: Any, d: Any, args: argparse.Namespace, plan: Any, **kw: Any) -> Any:
@@ -127,8 +130,7 @@ def main() -> None:
                     runs.append(dict(one_run(client, arm, ck, x, d, args, plan), repeat=rep))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    ref = runs[0]["W"]
-    worst = max(float(np.abs(r["W"] - ref).max() / np.abs(ref).max()) for r in runs)
+    worst = largest_difference(runs, runs[0]["W"])
     n, m, l = shape
     summary: dict[str, Any] = {
         "shape": "-".join(map(str, shape)),
@@ -151,10 +153,7 @@ def main() -> None:
             "client_bytes": mine[0]["client_bytes"],
             "store_bytes": mine[0]["store_bytes"],
         }
-    print(json.dumps(summary, indent=1))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"summary": summary, "runs": [dict(r, W=None) for r in runs]}, f, indent=1)
+    report(summary, runs, args.json)
 
 
 if __name__ == "__main__":
