@@ -11,10 +11,12 @@ its rows recovers from the store.
 from __future__ import annotations
 
 import os
+from functools import partial
 
 import numpy as np
 import pytest
 from distributed import Client, LocalCluster, get_task_stream
+from problems import regression_problem
 
 from dask_rpm.data import DataError
 from dask_rpm.engine import fit, ordered_workers, store
@@ -28,12 +30,7 @@ PLAN = Plan.from_columns([[0, 1], [2, 3]], [20, 28], [[4, 5], [6, 3]], shape=(6,
 OPT = {"name": "momentum", "momentum": 0.9}
 
 
-def _problem(s=48, n=6, l=3, seed=1):
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(s, n))
-    x[:, -1] = 1.0
-    d = rng.uniform(0.1, 0.9, size=(s, l))
-    return x, d
+_problem = partial(regression_problem, seed=1)
 
 
 @pytest.fixture(scope="module")

@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import threading
 import time
+from functools import partial
 
 import numpy as np
 import pytest
 from distributed import Client, LocalCluster
+from problems import regression_problem
 
 import dask_rpm
 from dask_rpm.data import DataError, write_dataset
@@ -19,12 +21,7 @@ from dask_rpm.serial import fit_serial
 RTOL = 1e-10
 
 
-def _problem(s=61, n=9, l=4, seed=0):
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(s, n))
-    x[:, -1] = 1.0  # constant input gives a bias
-    d = rng.uniform(0.1, 0.9, size=(s, l))
-    return x, d
+_problem = partial(regression_problem, s=61, n=9, l=4)
 
 
 def _random_plan(rng, n_workers, s, shape):

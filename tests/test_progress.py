@@ -10,17 +10,12 @@ import dask
 import numpy as np
 import pytest
 from distributed import Client, LocalCluster
+from problems import regression_problem
 
 import dask_rpm
 from dask_rpm.progress import Progress, resolve_mode
 
-
-def _problem(s=48, n=6, l=3, seed=0):
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(s, n))
-    x[:, -1] = 1.0
-    d = rng.uniform(0.1, 0.9, size=(s, l))
-    return x, d
+_problem = regression_problem
 
 
 @pytest.fixture(scope="module")

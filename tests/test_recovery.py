@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import threading
 import time
+from functools import partial
 
 import numpy as np
 import pytest
 from distributed import Client, LocalCluster
+from problems import regression_problem
 
 from dask_rpm.engine import TrainingError, WorkerLostError, fit, ordered_workers
 from dask_rpm.partition import Plan
@@ -21,12 +23,7 @@ from dask_rpm.serial import fit_serial
 RTOL = 1e-10
 
 
-def _problem(s=48, n=6, l=3, seed=1):
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(s, n))
-    x[:, -1] = 1.0
-    d = rng.uniform(0.1, 0.9, size=(s, l))
-    return x, d
+_problem = partial(regression_problem, seed=1)
 
 
 def _assert_serial(r, x, d, m, lr, iterations=None):

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import sys
+from functools import partial
 
 import numpy as np
 import pytest
 import xarray as xr
 from distributed import Client, LocalCluster
+from problems import regression_problem
 
 import dask_rpm
 from dask_rpm import Plan, make_plan
@@ -18,12 +20,7 @@ from dask_rpm.results import plan_dataset, plans_dataset, plot_plan
 PAPER = ([0.05, 0.10, 0.20, 0.30, 0.35], (203, 80, 26), 1024)
 
 
-def _problem(s=64, n=6, l=3, seed=0):
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(s, n))
-    x[:, -1] = 1.0
-    d = rng.uniform(0.1, 0.9, size=(s, l))
-    return x, d
+_problem = partial(regression_problem, s=64)
 
 
 @pytest.fixture(scope="module")
