@@ -151,6 +151,9 @@ class BlockSpec(NamedTuple):
     target_error: float | None
     receive_timeout: float
     report_seconds: float
+    threads: int = (
+        0  # BLAS/OpenMP threads of the kernels; 0: each worker's nthreads (rpm.engine.threads)
+    )
 
 
 class BlockResult(NamedTuple):
@@ -159,7 +162,8 @@ class BlockResult(NamedTuple):
     ``stop`` is the number of iterations done when the block ended (the next
     iteration to run); ``errors`` the total error of each iteration of the
     block that ran its forward pass (identical on every worker); ``finite``
-    whether the worker's weights after the block are finite.
+    whether the worker's weights after the block are finite; ``threads`` the
+    BLAS threads its kernels ran with.
     """
 
     worker: int
@@ -169,6 +173,7 @@ class BlockResult(NamedTuple):
     records: list[TimingRecord]
     finite: bool
     message: str = ""
+    threads: int = 1
 
 
 class Checkpoint(NamedTuple):

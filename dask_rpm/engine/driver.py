@@ -98,8 +98,11 @@ class Driver:
         recipe: Recipe,
         dtype: str,
         rows: Any = None,
+        threads: int = 0,
     ) -> None:
         self.client = client
+        self.threads = threads  # the kernels' threads per worker (rpm.engine.threads); 0: nthreads
+        self.kernel_threads: dict[str, int] = {}  # what each worker's kernels last ran with
         self.run = run
         self.plan = plan
         # While a remap or an install is under way: the workers it depends on (None: the current plan's).
@@ -265,6 +268,7 @@ class Driver:
             target_error=target_error,
             receive_timeout=self._receive_timeout(),
             report_seconds=float(config.get("engine.report-seconds")),
+            threads=self.threads,
         )
         self.epoch += 1
         futures = {
@@ -349,6 +353,7 @@ class Driver:
         for r in results.values():
             self.log.add(r.records)
             self.log.add_errors(r.errors)
+            self.kernel_threads[self.addresses[r.worker]] = r.threads
         self.iteration = stop
         finite = all(r.finite for r in results.values())
         keep = None

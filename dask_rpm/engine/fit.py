@@ -323,6 +323,7 @@ async def _fit_async(client: Any, x: Any, d: Any, kw: dict[str, Any]) -> FitResu
         recipe=data.recipe,
         dtype=data.dtype,
         rows=data.rows,
+        threads=opts.threads,
     )
     drpm = _drpm_state(opts, given, saved if resumed else None, len(plan.abilities))
     remaps: list[RemapRecord] = drpm.remaps if drpm is not None else []
@@ -369,6 +370,7 @@ async def _fit_async(client: Any, x: Any, d: Any, kw: dict[str, Any]) -> FitResu
         stats={
             "tasks": driver.tasks_submitted,
             "blocks": driver.epoch,
+            "threads": dict(driver.kernel_threads),  # BLAS threads of each worker's kernels
             "checkpoints": list(ckpt.times),  # (iteration, seconds) of each checkpoint
             "start": _start_stats(start, loop),
         },

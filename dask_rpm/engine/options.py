@@ -17,6 +17,7 @@ from ..prepare import Prepared
 from ..records import Checkpoint
 from .checkpoint import StoredCheckpoint
 from .store import open_resume
+from .threads import threads_setting
 
 logger = logging.getLogger("dask_rpm")
 
@@ -47,6 +48,8 @@ class Options:
     target_error: float | None
     #: the checkpoint store the workers write (absolute, created), or None: checkpoints via the driver
     checkpoint_dir: str | None = None
+    #: BLAS/OpenMP threads of each worker's kernels (rpm.engine.threads); 0: each worker's nthreads
+    threads: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -73,6 +76,10 @@ def resolve_options(kw: dict[str, Any], job: Prepared) -> Options:
         raise DataError(
             f"checkpoint_every={every!r}; it must be an integer >= 0 (0: no checkpoints)"
         )
+    try:
+        threads = threads_setting()
+    except ValueError as exc:
+        raise DataError(str(exc)) from None
     directory = config.get("checkpoint.dir", kw.get("checkpoint_dir"))
     if directory is not None and not every:
         raise DataError(
@@ -92,6 +99,7 @@ def resolve_options(kw: dict[str, Any], job: Prepared) -> Options:
         checkpoint_every=int(every),
         target_error=job.target_error,
         checkpoint_dir=None if directory is None else os.fspath(directory),
+        threads=threads,
     )
 
 

@@ -20,6 +20,7 @@ from ..records import BlockResult, BlockSpec, Layout
 from .block import run_block
 from .samples import ColumnData, SampleSource
 from .store import StoreRows, file_digest, read_rows, write_mark, write_rows
+from .threads import kernel_threads
 from .worker import PLUGIN_NAME, RunState, Shard, get_state
 
 __all__ = [
@@ -105,12 +106,15 @@ async def t_block(run: str, spec: BlockSpec) -> BlockResult:
     worker = _worker()
     state = get_state(run, worker)
     async with state.busy:
-        return await run_block(
-            state,
-            spec,
-            log=lambda msg: worker.log_event("rpm", msg),
-            inline_work=float(config.get("engine.inline-work")),
-        )
+        # the worker's cores, not the one thread its nanny leaves BLAS (dask_rpm.engine.threads)
+        with kernel_threads(spec.threads or worker.state.nthreads) as threads:
+            res = await run_block(
+                state,
+                spec,
+                log=lambda msg: worker.log_event("rpm", msg),
+                inline_work=float(config.get("engine.inline-work")),
+            )
+        return res._replace(threads=threads)
 
 
 def t_stage(
