@@ -28,6 +28,7 @@ __all__ = [
     "init_weights",
     "block_work",
     "Workspace",
+    "kernel_pass",
     "all_finite",
 ]
 
@@ -264,6 +265,16 @@ class Workspace:
             d1[:, self.bias_row] = 0.0
         np.matmul(d1.T, x, out=self.dW)
         return self.dW, self.dV
+
+
+def kernel_pass(ws: Workspace, x: np.ndarray, d: np.ndarray, W: np.ndarray, V: np.ndarray) -> float:
+    """One rectangle's kernels of one iteration, as training runs them: forward, output deltas,
+    backward (no update); returns the loss. What the probe and the EMULATED rate time, so that
+    a measured rate is the rate of the code that trains."""
+    partial = ws.forward(x, W, V)
+    delta2, err = ws.output_delta(partial, d)
+    ws.backward(x, V, delta2)
+    return err
 
 
 def all_finite(a: np.ndarray) -> bool:

@@ -15,7 +15,7 @@ from problems import regression_problem
 
 import dask_rpm
 from dask_rpm.data import DataError
-from dask_rpm.engine.threads import blas_threads, kernel_threads, threads_setting
+from dask_rpm.threads import blas_threads, kernel_threads, threads_setting
 from dask_rpm.partition import Plan
 from dask_rpm.serial import fit_serial
 
@@ -55,7 +55,7 @@ def test_limits_nest_and_restore_in_this_process():
 
 
 def _blas_now() -> int:
-    from dask_rpm.engine.threads import blas_threads
+    from dask_rpm.threads import blas_threads
 
     return blas_threads()
 

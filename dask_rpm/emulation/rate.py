@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..kernels import backward_partial, block_work, forward_partial
+from ..kernels import Workspace, block_work, kernel_pass
 
 __all__ = ["calibrate_rate", "process_rate"]
 
@@ -24,8 +24,7 @@ def calibrate_rate(
 ) -> float:
     """Throughput of one warm core on the BP kernels, in flop equivalents per second.
 
-    Runs :func:`~dask_rpm.kernels.forward_partial` and
-    :func:`~dask_rpm.kernels.backward_partial` on a ``(n, m, l, s)`` block a
+    Runs the training kernels (:func:`~dask_rpm.kernels.kernel_pass`) on a ``(n, m, l, s)`` block a
     few times after a warm-up and divides their work
     (:func:`~dask_rpm.kernels.block_work`) by the median process CPU time
     with BLAS limited to one thread (process time, so that a BLAS that could
@@ -34,15 +33,16 @@ def calibrate_rate(
     """
     n, m, l, s = shape
     rng = np.random.default_rng(0)
-    x, W, V, delta2 = (
+    x, W, V, d = (
         a.astype(dtype)
         for a in (
             rng.normal(size=(s, n)),
             rng.normal(size=(m, n)) * 0.1,
             rng.normal(size=(l, m)) * 0.1,
-            rng.normal(size=(s, l)),
+            rng.uniform(0.1, 0.9, size=(s, l)),
         )
     )
+    ws = Workspace(s, m, n, l, dtype)
     work = block_work("forward", s, m, n, l) + block_work("backward", s, m, n, l)
     try:  # one BLAS thread, as on the workers
         from threadpoolctl import threadpool_limits
@@ -54,8 +54,7 @@ def calibrate_rate(
     try:
         for i in range(repeats + 1):
             c0 = time.process_time()
-            f, _ = forward_partial(x, W, V)
-            backward_partial(x, f, V, delta2)
+            kernel_pass(ws, x, d, W, V)
             if i:  # the first pass warms caches and BLAS up
                 cpu.append(time.process_time() - c0)
     finally:

@@ -15,9 +15,9 @@ from ..partition import Plan
 from ..policy import first_interval
 from ..prepare import Prepared
 from ..records import Checkpoint
+from ..threads import threads_setting
 from .checkpoint import StoredCheckpoint
 from .store import open_resume
-from .threads import threads_setting
 
 logger = logging.getLogger("dask_rpm")
 

@@ -17,10 +17,10 @@ import numpy as np
 from .. import config
 from ..recipe import Recipe
 from ..records import BlockResult, BlockSpec, Layout
+from ..threads import kernel_threads
 from .block import run_block
 from .samples import ColumnData, SampleSource
 from .store import StoreRows, file_digest, read_rows, write_mark, write_rows
-from .threads import kernel_threads
 from .worker import PLUGIN_NAME, RunState, Shard, get_state
 
 __all__ = [

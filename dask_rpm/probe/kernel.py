@@ -16,11 +16,11 @@ import numpy as np
 from distributed import get_worker
 
 from ..emulation import PLUGIN_NAME, pace
-from ..kernels import backward_partial, block_work, forward_partial, init_weights, output_delta
+from ..kernels import Workspace, block_work, init_weights, kernel_pass
+from ..threads import kernel_threads, threads_setting
 
 __all__ = [
     "block_data",
-    "kernel_pass",
     "t_probe",
     "robust_mean",
     "calibrate",
@@ -47,20 +47,14 @@ TRIM = 0.125
 _REPETITION_LOCK = threading.Lock()
 
 
-def block_data(n: int, m: int, l: int, s: int, dtype: str, seed: int) -> tuple[np.ndarray, ...]:
-    """Synthetic inputs, teachers and weights of one probe block (values are irrelevant)."""
+def block_data(n: int, m: int, l: int, s: int, dtype: str, seed: int) -> tuple[Any, ...]:
+    """The kernel buffers, synthetic inputs, teachers and weights of one probe block (values are
+    irrelevant): the arguments of :func:`~dask_rpm.kernels.kernel_pass`."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((s, n)).astype(dtype)
     d = rng.uniform(0.1, 0.9, size=(s, l)).astype(dtype)
     W, V = init_weights(n, m, l, seed=seed, dtype=dtype)
-    return x, d, W, V
-
-
-def kernel_pass(x: np.ndarray, d: np.ndarray, W: np.ndarray, V: np.ndarray) -> None:
-    """One rectangle's BP work: forward, output delta, backward (as in training)."""
-    f, partial = forward_partial(x, W, V)
-    delta2, _ = output_delta(partial, d)
-    backward_partial(x, f, V, delta2)
+    return Workspace(s, m, n, l, dtype), x, d, W, V
 
 
 def t_probe(
@@ -68,7 +62,8 @@ def t_probe(
 ) -> tuple[float, int, float]:
     """One repetition on a worker: ``loops`` kernel passes in one paced block.
 
-    Returns ``(seconds, overruns, cpu_seconds)``: the block's wall time, how
+    The kernels run on the worker's threads (``rpm.engine.threads``, by default its
+    ``nthreads``), as its training blocks do. Returns ``(seconds, overruns, cpu_seconds)``: the block's wall time, how
     many EMULATED paced blocks overran their target meanwhile (0 without
     emulation; an overrun means other load, not the emulated speed, set the
     time) and the block's CPU time. Repetitions on one worker process run one
@@ -76,17 +71,19 @@ def t_probe(
     rectangle task would.
     """
     n, m, l, s = block
-    x, d, W, V = block_data(n, m, l, s, dtype, seed)
-    with _REPETITION_LOCK:
+    data = block_data(n, m, l, s, dtype, seed)
+    worker = get_worker()
+    # timed on the threads the worker trains with (dask_rpm.threads)
+    with _REPETITION_LOCK, kernel_threads(threads_setting() or worker.state.nthreads):
         # Unpaced, untimed passes first: a thread that idled (a slow worker
         # sleeps most of the time) spends more CPU on its next millisecond or
         # so of work (cold caches). Measured here: 10-30 % more CPU per pass
         # for the slower workers, whose timed blocks are shorter, without
         # this; ~0 with it.
         c_start = time.thread_time()
-        kernel_pass(x, d, W, V)
+        kernel_pass(*data)
         while time.thread_time() - c_start < WARM_CPU_SECONDS:
-            kernel_pass(x, d, W, V)
+            kernel_pass(*data)
         plugin = worker_plugin(PLUGIN_NAME)
         overruns0 = getattr(plugin, "overruns", 0)
         t0, c0 = time.perf_counter(), time.thread_time()
@@ -99,7 +96,7 @@ def t_probe(
         # on 2 cores) that moved a slow worker's measured ratio by 10-40 %.
         with pace(key=("probe", block, loops, dtype), work=work, dtype=dtype):
             for _ in range(loops):
-                kernel_pass(x, d, W, V)
+                kernel_pass(*data)
         seconds = time.perf_counter() - t0
         cpu = time.thread_time() - c0
     return seconds, int(getattr(plugin, "overruns", 0) - overruns0), cpu
