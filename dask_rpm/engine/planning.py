@@ -11,7 +11,7 @@ from .. import config
 from ..partition import Plan, PlanError
 from ..planners import make_plan
 from ..prepare import Prepared
-from ..probe import probe_async
+from ..probe import probe_async, probe_network
 from .driver import ordered_workers
 from .errors import TrainingError
 from .options import Options
@@ -30,8 +30,13 @@ def resolve_plan(
     shape: tuple[int, int, int],
     samples: int,
     batch: int | None = None,
+    rates: list[float] | None = None,
+    network: Any = None,
 ) -> Plan:
-    """Turn ``mapping`` (a method name or a Plan) into a plan bound to worker addresses."""
+    """Turn ``mapping`` (a method name or a Plan) into a plan bound to worker addresses.
+
+    ``rates`` (work units per second) and ``network``: measured by the probe, for the planners
+    that minimise predicted seconds (``srpm-time``); the others ignore them."""
     if not isinstance(mapping, Plan):
         abilities = [1.0] * len(addresses) if abilities is None else list(abilities)
         if len(abilities) != len(addresses):
@@ -40,7 +45,16 @@ def resolve_plan(
                 f"(in the order of dask_rpm.ordered_workers)"
             )
         method = "grid-hrev" if str(mapping) == "grid" else str(mapping)
-        return make_plan(abilities, shape, samples, method=method, workers=addresses, batch=batch)
+        return make_plan(
+            abilities,
+            shape,
+            samples,
+            method=method,
+            workers=addresses,
+            batch=batch,
+            rates=rates,
+            network=network,
+        )
     plan = mapping
     if plan.workers is not None:
         missing = [a for a in plan.workers if a not in addresses]
@@ -133,7 +147,7 @@ async def first_plan(
         resumed = resumed_plan(saved, addresses, data)
         if resumed is not None:  # back at the pre-stop plan at once, not from a uniform start
             return resumed, info, None, True, True
-    probe_result = None
+    probe_result, rates, network = None, None, None
     if isinstance(abilities, str):
         if abilities != "probe":
             raise PlanError(
@@ -143,6 +157,10 @@ async def first_plan(
             client, shape=data.shape, samples=data.samples, dtype=opts.dtype, workers=addresses
         )
         abilities = [float(v) for v in probe_result["throughput"].values]
+        # absolute speeds (work units per second) and the measured links: what lets srpm-time
+        # see that a job this small runs faster on fewer workers
+        rates = list(abilities)
+        network = probe_network(probe_result)
     given = abilities is not None
     # Without initial abilities DRPM starts from a uniform mapping (docs/drpm.md).
     first = ("srpm" if given else "uniform") if opts.mapping == "drpm" else opts.mapping
@@ -153,5 +171,7 @@ async def first_plan(
         shape=data.shape,
         samples=data.samples,
         batch=data.recipe.schedule.batch,
+        rates=rates,
+        network=network,
     )
     return plan, info, probe_result, given, False

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from .. import config
+from ..emulation import PLUGIN_NAME as EMULATION_PLUGIN
 from ..recipe import Recipe
 from ..records import BlockResult, BlockSpec, Layout
 from ..threads import kernel_threads
@@ -105,6 +106,8 @@ async def t_block(run: str, spec: BlockSpec) -> BlockResult:
     """One block of iterations on this worker (:func:`dask_rpm.engine.block.run_block`), on its event loop."""
     worker = _worker()
     state = get_state(run, worker)
+    # a paced (EMULATED) kernel sleeps, and must not sleep on the event loop
+    emulated = "-emulated" if EMULATION_PLUGIN in worker.plugins else ""
     async with state.busy:
         # the worker's cores, not the one thread its nanny leaves BLAS (dask_rpm.engine.threads)
         with kernel_threads(spec.threads or worker.state.nthreads) as threads:
@@ -112,7 +115,7 @@ async def t_block(run: str, spec: BlockSpec) -> BlockResult:
                 state,
                 spec,
                 log=lambda msg: worker.log_event("rpm", msg),
-                inline_work=float(config.get("engine.inline-work")),
+                inline_work=float(config.get(f"engine.inline-work{emulated}")),
             )
         return res._replace(threads=threads)
 
