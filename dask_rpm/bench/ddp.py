@@ -12,6 +12,7 @@ processes and :func:`torch_available`.
 from __future__ import annotations
 
 import json
+import math
 import multiprocessing as mp
 import os
 import queue as queue_mod
@@ -173,14 +174,16 @@ def _train_rank(rank: int, cfg: dict[str, Any], model: Any, pacer: _Pacer) -> di
 
 
 def _ddp_rank(rank: int, cfg: dict[str, Any], queue: Any) -> None:
-    """One DDP rank: gloo on loopback, CPU, one thread, paced to its EMULATED speed."""
+    """One DDP rank: gloo on loopback, CPU, its threads (one unless REAL ranks are given more),
+    paced to its EMULATED speed unless the peer runs REAL (unpaced)."""
+    threads = int(cfg.get("threads", [1] * cfg["world"])[rank])
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[var] = "1"
+        os.environ[var] = str(threads)
     import torch
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{cfg['port']}", rank=rank, world_size=cfg["world"]
     )
@@ -195,7 +198,8 @@ def _ddp_rank(rank: int, cfg: dict[str, Any], queue: Any) -> None:
             pacer.wait()
             return default_hooks.allreduce_hook(dist.group.WORLD, bucket)
 
-        model.register_comm_hook(None, paced_allreduce)
+        if cfg.get("paced", True):
+            model.register_comm_hook(None, paced_allreduce)
         result = _train_rank(rank, cfg, model, pacer)
         if rank == 0:
             queue.put(result)
@@ -218,8 +222,13 @@ def run_ddp(
     rate: float | None = None,
     batch_size: int | None = None,
     shuffle: bool | None = None,
+    threads: Sequence[int] | None = None,
+    paced: bool = True,
 ) -> dict[str, Any]:
     """Train the same MLP with plain DDP, one process per EMULATED speed; rank 0's iteration times.
+
+    ``paced=False`` runs the peer REAL: no pacing (``speeds``, ``scale`` and ``rate`` only
+    count the ranks), each rank with ``threads[rank]`` torch/BLAS threads (default one).
 
     ``batch_size`` / ``shuffle`` (defaults ``rpm.train.*``): the mini-batches of
     :mod:`dask_rpm.batches` with the same ``seed`` as :func:`dask_rpm.fit`,
@@ -236,6 +245,8 @@ def run_ddp(
     process's calibrated rate x ``rpm.emulation.rate-fraction``, the rate
     :func:`dask_rpm.local_cluster` gives its workers.
     """
+    if rate is None and not paced:
+        rate = math.inf
     if rate is None:
         # imported here, not at the top: the spawned ranks import this module, and the
         # emulation package loads distributed, which they do not need
@@ -261,6 +272,8 @@ def run_ddp(
             "batch_size": sched.batch_size,
             "shuffle": sched.shuffle,
             "seed": sched.seed,
+            "threads": [int(t) for t in (threads or [1] * len(speeds))],
+            "paced": bool(paced),
         }
         return _run_ranks(cfg, timeout)
 

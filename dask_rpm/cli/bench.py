@@ -30,8 +30,11 @@ examples:
   dask-rpm bench --workloads custom --shape 20-16-4 --samples 512 --n 3 --methods srpm-assumed,drpm
   dask-rpm bench --workloads minibatch --conditions A --n 4,8 --methods drpm,split-1d,uniform,ddp \
       --batch-sizes 256,1024,4096           # mini-batch SGD, 203-1024-26, s = 16384 (issue 11)
+  dask-rpm bench --real --n 2               # REAL: 2 unpaced one-thread workers vs 2 DDP ranks
+  dask-rpm bench --real --n 8,16 --mix 1,2,4,8   # REAL on a 16-core machine (benchmarks/real_hardware.py)
 
-All figures are EMULATED heterogeneity on one machine (docs/emulation.md).
+Without --real all figures are EMULATED heterogeneity on one machine (docs/emulation.md);
+with --real they are REAL: unpaced workers on this machine's cores.
 """
 
 
@@ -95,6 +98,26 @@ def add_parser(subparsers: Any) -> None:
         default="model",
         help="how the baselines' best N_DP is found (default model)",
     )
+    p.add_argument(
+        "--real",
+        action="store_true",
+        help="REAL instead: unpaced local workers (--n of them, --threads-per-worker each, or "
+        "--mix), every dask_rpm method against an unpaced DDP peer with the same threads, at the "
+        "compute, minibatch and paper workloads (--workloads); writes <out>/real.json",
+    )
+    p.add_argument(
+        "--threads-per-worker",
+        type=int,
+        default=1,
+        metavar="T",
+        help="--real: threads of each of the --n equal workers (default 1)",
+    )
+    p.add_argument(
+        "--mix",
+        metavar="T,T,...",
+        help="--real: also a heterogeneous case, one worker per entry with that many threads, "
+        "e.g. 1,2,4,8",
+    )
     p.add_argument("--shape", help="custom workload network n-m-l")
     p.add_argument("--samples", type=int, help="custom workload samples")
     p.add_argument("--out", default="rpm-bench", help="output directory (default ./rpm-bench)")
@@ -145,8 +168,67 @@ def _parse_batch_sizes(text: str | None) -> list[int] | None:
     return sizes
 
 
+def _run_real(args: argparse.Namespace) -> int:
+    """``dask-rpm bench --real``: REAL, unpaced workers against an unpaced DDP peer."""
+    from ..bench.real import REAL_METHODS, REAL_WORKLOADS, real_cluster, real_table, run_real_case
+
+    ns = _parse_ns(args.ns, [2])
+    workloads = split_list(args.workloads, list(REAL_WORKLOADS))
+    bad = [w for w in workloads if w not in REAL_WORKLOADS]
+    if bad:
+        raise CLIError(
+            f"--workloads {','.join(bad)}: --real runs {', '.join(REAL_WORKLOADS)}; choose from those"
+        )
+    methods = split_list(args.methods, list(REAL_METHODS))
+    bad = [m for m in methods if m not in REAL_METHODS]
+    if bad:
+        raise CLIError(f"--methods {','.join(bad)}: --real runs {', '.join(REAL_METHODS)}")
+    if args.threads_per_worker < 1:
+        raise CLIError(f"--threads-per-worker {args.threads_per_worker}: give a whole number >= 1")
+    cases = [[args.threads_per_worker] * n for n in ns]
+    if args.mix is not None:
+        try:
+            mix = [int(t) for t in split_list(args.mix, ())]
+        except ValueError:
+            mix = []
+        if not mix or min(mix) < 1:
+            raise CLIError(f"--mix {args.mix!r}: give threads per worker, e.g. 1,2,4,8")
+        cases.append(mix)
+    out_dir = args.out
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise CLIError(f"--out {out_dir!r} exists and is not a directory; give a directory path")
+    from distributed import Client
+
+    rows = []
+    for threads in cases:
+        with real_cluster(threads) as cluster, Client(cluster) as client:
+            for w in workloads:
+                rows.append(
+                    run_real_case(
+                        client,
+                        threads,
+                        w,
+                        methods,
+                        args.iterations,
+                        log=lambda msg: print(msg, file=sys.stderr, flush=True),
+                    )
+                )
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, "real.json")
+    with open(path, "w") as f:
+        json.dump(rows, f, indent=1)
+    if args.json:
+        print(json.dumps(rows))
+    else:
+        print(real_table(rows))
+        print(f"wrote {path}  (REAL: unpaced workers on this machine's cores, no emulation)")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """Runner of ``dask-rpm bench``."""
+    if args.real:
+        return _run_real(args)
     if args.quick:
         conditions, ns, workloads, iterations = ["A"], [4, 8], ["compute"], 16
     else:
