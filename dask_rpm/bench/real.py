@@ -9,8 +9,9 @@ A case is a list of threads per worker: ``[1, 1]`` is two one-thread workers,
 ``[1, 2, 4, 8]`` a heterogeneous mix. For each workload it measures, in one run
 and with the arms interleaved where it matters:
 
-* ``alone``: :func:`dask_rpm.fit_serial` on each worker, on that worker's
-  threads (the one-worker time a user compares with, ``T_series``);
+* ``alone``: :func:`dask_rpm.fit_serial` on a worker, on that worker's
+  threads (the one-worker time a user compares with, ``T_series``; timed on one
+  worker per distinct thread count);
 * the dask_rpm methods (``drpm``, ``srpm`` and ``split-1d`` from probed
   abilities, ``srpm-time`` from probed rates and links, ``uniform``);
 * ``ddp``: the PyTorch DDP peer, one rank per worker with the same threads.
@@ -151,16 +152,19 @@ def run_real_case(
     it = int(iterations or default_it)
     x, d = _data(shape, samples)
     addresses = ordered_workers(client.scheduler_info())
-    futures = [client.scatter([x, d], workers=[a], broadcast=False) for a in addresses]
-    series_it = max(it // 3, 2)
-    alone = [
-        float(
-            client.submit(
+    series_it = max(it // 6, 2)
+    # one worker per distinct thread count: equal workers are equal cores of one machine (on
+    # 16 workers, timing each alone would take longer than the methods)
+    by_threads: dict[int, float] = {}
+    for a, t in zip(addresses, threads):
+        if int(t) not in by_threads:
+            xf, df = client.scatter([x, d], workers=[a], broadcast=False)
+            fut = client.submit(
                 _alone_on_worker, xf, df, shape[1], series_it, batch, workers=[a], pure=False
-            ).result()
-        )
-        for a, (xf, df) in zip(addresses, futures)
-    ]
+            )
+            by_threads[int(t)] = float(fut.result())
+            del xf, df, fut
+    alone = [by_threads[int(t)] for t in threads]
     row: dict[str, Any] = {
         "label": "REAL",
         "workload": workload,
