@@ -19,7 +19,7 @@ from .. import config
 from ..emulation import emulation_label_async
 from ..ordering import ordered_workers
 from .kernel import MAX_LOOPS, PASSES_PER_TARGET, TRIM, calibrate, robust_mean, t_probe
-from .links import link_class_pairs, measure_links
+from .links import link_class_pairs, measure_links, t_round_trip
 
 __all__ = ["probe_async", "check_args", "clean_seconds", "ProbeArgs", "KernelTimes"]
 
@@ -233,6 +233,9 @@ async def _link_probe(
     links = await measure_links(
         client, addresses, token, repeats=repeats, big_bytes=big_bytes, pairs=per_class
     )
+    if len(addresses) > 1:  # one way = half a round trip of a small worker-to-worker message
+        rtt = await client.run(t_round_trip, addresses[1], 20, workers=[addresses[0]])
+        links["message_latency"] = float(rtt[addresses[0]]) / 2
     if groups is None:
         return links
     # latency and bandwidth per link class, a few pairs each

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 from distributed import get_worker
 
-__all__ = ["t_payload", "t_receive", "host", "link_class_pairs", "measure_links"]
+__all__ = [
+    "t_payload",
+    "t_receive",
+    "t_round_trip",
+    "host",
+    "link_class_pairs",
+    "measure_links",
+]
 
 
 def t_payload(nbytes: int, previous: Any = None) -> np.ndarray:
@@ -32,6 +40,20 @@ def t_receive(payload: np.ndarray) -> tuple[float, int]:
         if ss.get("action") == "transfer"
     ]
     return (float(sum(spans)) if spans else float("nan")), int(payload.nbytes)
+
+
+async def t_round_trip(peer: str, count: int, dask_worker: Any = None) -> float:
+    """Seconds of one small message to ``peer`` and back, from this worker's event loop (the
+    median of ``count`` after a warm-up): the path of the engine's own messages, which a task
+    dependency's transfer (:func:`t_receive`, about 1 ms more) is not."""
+    rpc = dask_worker.rpc(peer)
+    await rpc.identity()
+    times = []
+    for _ in range(max(int(count), 1)):
+        t0 = time.perf_counter()
+        await rpc.identity()
+        times.append(time.perf_counter() - t0)
+    return float(statistics.median(times))
 
 
 def host(address: str) -> str:

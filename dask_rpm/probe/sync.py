@@ -126,7 +126,9 @@ def probe_network(ds: xr.Dataset, *, overhead: float | None = None) -> Network:
     """
     a = ds.attrs
     base = network_from_config()
-    lat = float(a.get("latency", math.nan))
+    # the engine's messages go worker to worker (rpm_put), not as task dependencies: their
+    # latency is the small-message one, where the probe measured it
+    lat = float(a.get("message_latency", a.get("latency", math.nan)))
     bw = float(a.get("bandwidth", math.nan))
     classes = {}
     for cls in LINK_CLASSES:
