@@ -251,9 +251,7 @@ def test_the_fastest_workers_are_the_ones_kept():
 
 
 def test_a_compute_bound_job_keeps_every_worker():
-    plan = make_plan(
-        [1.0] * 8, SHAPE, 32768, "srpm-time", rates=[2e7] * 8, network=_real_net()
-    )
+    plan = make_plan([1.0] * 8, SHAPE, 32768, "srpm-time", rates=[2e7] * 8, network=_real_net())
     assert len(plan.planned_workers) == 8 and not plan.excluded
     assert not any("idle" in x for x in plan.notes)
 

@@ -15,9 +15,9 @@ from problems import regression_problem
 
 import dask_rpm
 from dask_rpm.data import DataError
-from dask_rpm.threads import blas_threads, kernel_threads, threads_setting
 from dask_rpm.partition import Plan
 from dask_rpm.serial import fit_serial
+from dask_rpm.threads import blas_threads, kernel_threads, threads_setting
 
 RTOL = 1e-10
 LR = 1e-3
