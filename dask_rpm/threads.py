@@ -13,7 +13,16 @@ worker's own ``nthreads``). The limit covers the BLAS and OpenMP pools that
 threadpoolctl sees, and torch's intra-op pool when torch is loaded in the
 worker.
 
-The limit is process-wide (that is how BLAS libraries work). Several workers in
+The limit is process-wide (that is how BLAS libraries work), with one catch
+measured on the OpenBLAS numpy ships (0.3.31, pthreads): the first thread that
+sets a limit owns it, and later calls from any other thread are ignored. A Dask
+worker must therefore set it from its event-loop thread (the process's main
+thread), as the block tasks do; code in a worker's task threads uses
+:func:`dask_rpm.probe.kernel.worker_threads`, which enters this context there.
+``kernel_threads`` yields the count really in effect, so a limit that did not
+take is reported (``FitResult.stats["threads"]``), not assumed.
+
+Several workers in
 one process (``LocalCluster(processes=False)``) may run blocks at once, so the
 entries are counted: the largest request is in effect while any block runs,
 and the first entry's saved limits are restored when the last one leaves.

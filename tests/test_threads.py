@@ -129,3 +129,26 @@ def test_a_bad_setting_fails_before_training(two_thread_worker):
     with dask.config.set({"rpm.engine.threads": "lots"}), pytest.raises(DataError) as e:
         dask_rpm.fit(x, d, hidden=6, iterations=3, client=two_thread_worker, progress="none")
     assert "rpm.engine.threads='lots'" in str(e.value)
+
+
+def test_probing_first_keeps_the_threads(two_thread_worker):
+    """The probe times the kernels in a task thread; OpenBLAS honours a thread limit only from the
+    thread that set one first, so the probe sets it from the worker's event loop, and training
+    afterwards still gets both threads (it got one when the probe set it from its own thread)."""
+    client = two_thread_worker
+    (address,) = dask_rpm.ordered_workers(client.scheduler_info())
+    x, d = regression_problem(s=40, n=5, l=2)
+    res = dask_rpm.fit(
+        x,
+        d,
+        hidden=6,
+        iterations=3,
+        learning_rate=LR,
+        mapping="srpm",
+        abilities="probe",
+        client=client,
+        progress="none",
+    )
+    assert res.probe is not None
+    assert res.stats["threads"] == {address: 2}
+    assert client.run(_blas_now) == {address: 1}

@@ -33,8 +33,8 @@ import numpy as np
 from distributed import Client, Nanny, Scheduler, SpecCluster
 
 from ..engine import fit, ordered_workers
+from ..probe.kernel import worker_threads
 from ..serial import fit_serial
-from ..threads import kernel_threads
 from .ddp import run_ddp, torch_available
 from .profiles import BenchError, gamma
 
@@ -84,9 +84,10 @@ def _alone_on_worker(
     x: np.ndarray, d: np.ndarray, hidden: int, iterations: int, batch: int | None
 ) -> float:
     """fit_serial's seconds per iteration here, on this worker's threads (runs on the worker)."""
-    from distributed import get_worker
+    from distributed import get_worker  # runs on a worker
 
-    with kernel_threads(get_worker().state.nthreads):
+    worker = get_worker()
+    with worker_threads(worker, worker.state.nthreads):
         kw: dict[str, Any] = dict(hidden=hidden, learning_rate=_LR, batch_size=batch)
         fit_serial(x, d, iterations=2, **kw)  # warm: BLAS buffers, caches
         t0 = time.perf_counter()

@@ -98,6 +98,22 @@ def add_parser(subparsers: Any) -> None:
         default="model",
         help="how the baselines' best N_DP is found (default model)",
     )
+    _add_real_arguments(p)
+    p.add_argument("--shape", help="custom workload network n-m-l")
+    p.add_argument("--samples", type=int, help="custom workload samples")
+    p.add_argument("--out", default="rpm-bench", help="output directory (default ./rpm-bench)")
+    p.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    p.add_argument("--json", action="store_true", help="print the summary rows as JSON on stdout")
+    p.add_argument(
+        "--no-weight-check",
+        action="store_true",
+        help="skip comparing every method's final weights with fit_serial (weights_vs_serial)",
+    )
+    p.set_defaults(func=run)
+
+
+def _add_real_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``dask-rpm bench --real`` (REAL, unpaced workers)."""
     p.add_argument(
         "--real",
         action="store_true",
@@ -118,17 +134,6 @@ def add_parser(subparsers: Any) -> None:
         help="--real: also a heterogeneous case, one worker per entry with that many threads, "
         "e.g. 1,2,4,8",
     )
-    p.add_argument("--shape", help="custom workload network n-m-l")
-    p.add_argument("--samples", type=int, help="custom workload samples")
-    p.add_argument("--out", default="rpm-bench", help="output directory (default ./rpm-bench)")
-    p.add_argument("--no-plot", action="store_true", help="skip the PNG")
-    p.add_argument("--json", action="store_true", help="print the summary rows as JSON on stdout")
-    p.add_argument(
-        "--no-weight-check",
-        action="store_true",
-        help="skip comparing every method's final weights with fit_serial (weights_vs_serial)",
-    )
-    p.set_defaults(func=run)
 
 
 def _parse_ns(text: str | None, default: Sequence[int]) -> list[int]:
@@ -170,6 +175,7 @@ def _parse_batch_sizes(text: str | None) -> list[int] | None:
 
 def _run_real(args: argparse.Namespace) -> int:
     """``dask-rpm bench --real``: REAL, unpaced workers against an unpaced DDP peer."""
+    # imported here: the REAL bench loads distributed, which --help and plan need not pay
     from ..bench.real import REAL_METHODS, REAL_WORKLOADS, real_cluster, real_table, run_real_case
 
     ns = _parse_ns(args.ns, [2])
@@ -197,7 +203,7 @@ def _run_real(args: argparse.Namespace) -> int:
     out_dir = args.out
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise CLIError(f"--out {out_dir!r} exists and is not a directory; give a directory path")
-    from distributed import Client
+    from distributed import Client  # as above: only a --real run needs it
 
     rows = []
     for threads in cases:

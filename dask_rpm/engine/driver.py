@@ -101,7 +101,7 @@ class Driver:
         threads: int = 0,
     ) -> None:
         self.client = client
-        self.threads = threads  # the kernels' threads per worker (rpm.engine.threads); 0: nthreads
+        self.threads = threads  # the kernels' threads (rpm.engine.threads; 0: each nthreads)
         self.kernel_threads: dict[str, int] = {}  # what each worker's kernels last ran with
         self.run = run
         self.plan = plan
@@ -109,9 +109,7 @@ class Driver:
         # Workers of the old plan already declared lost must not count as lost again (issue 14, chaos soak).
         self._watch: set[str] | None = None
         self.source = source  # a netCDF path the workers read, or None (arrays on the client)
-        self.rows = (
-            rows  # file rows of the training samples (a validation split), or None: all rows
-        )
+        self.rows = rows  # file rows of the training samples (a validation split), or None: all
         self.arrays = arrays
         self.recipe = recipe
         self.eps = recipe.learning_rate

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -24,6 +26,7 @@ __all__ = [
     "t_probe",
     "robust_mean",
     "calibrate",
+    "worker_threads",
     "shrink",
     "MAX_LOOPS",
     "PASSES_PER_TARGET",
@@ -74,7 +77,7 @@ def t_probe(
     data = block_data(n, m, l, s, dtype, seed)
     worker = get_worker()
     # timed on the threads the worker trains with (dask_rpm.threads)
-    with _REPETITION_LOCK, kernel_threads(threads_setting() or worker.state.nthreads):
+    with _REPETITION_LOCK, worker_threads(worker, threads_setting() or worker.state.nthreads):
         # Unpaced, untimed passes first: a thread that idled (a slow worker
         # sleeps most of the time) spends more CPU on its next millisecond or
         # so of work (cold caches). Measured here: 10-30 % more CPU per pass
@@ -100,6 +103,28 @@ def t_probe(
         seconds = time.perf_counter() - t0
         cpu = time.thread_time() - c0
     return seconds, int(getattr(plugin, "overruns", 0) - overruns0), cpu
+
+
+@contextmanager
+def worker_threads(worker: Any, threads: int) -> Iterator[int]:
+    """:func:`dask_rpm.threads.kernel_threads` for code in a worker's task thread: the limit is
+    set and restored from the worker's event-loop thread, the only one whose limit OpenBLAS
+    honours once that thread has set one (see :mod:`dask_rpm.threads`)."""
+    from distributed.utils import sync  # a worker-side helper: distributed is loaded there
+
+    cm = kernel_threads(threads)
+
+    async def enter() -> int:
+        return cm.__enter__()
+
+    async def leave() -> None:
+        cm.__exit__(None, None, None)
+
+    effective = sync(worker.loop, enter)
+    try:
+        yield effective
+    finally:
+        sync(worker.loop, leave)
 
 
 def robust_mean(seconds: np.ndarray, trim: float) -> np.ndarray:
