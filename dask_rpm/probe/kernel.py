@@ -19,7 +19,7 @@ from distributed import get_worker
 
 from ..emulation import PLUGIN_NAME, pace
 from ..kernels import Workspace, block_work, init_weights, kernel_pass
-from ..threads import kernel_threads, threads_setting
+from ..threads import blas_threads, kernel_threads, threads_setting
 
 __all__ = [
     "block_data",
@@ -112,6 +112,9 @@ def worker_threads(worker: Any, threads: int) -> Iterator[int]:
     honours once that thread has set one (see :mod:`dask_rpm.threads`)."""
     from distributed.utils import sync  # a worker-side helper: distributed is loaded there
 
+    if blas_threads() == threads:  # nothing to change (every EMULATED worker): no loop hops
+        yield threads
+        return
     cm = kernel_threads(threads)
 
     async def enter() -> int:
