@@ -36,13 +36,6 @@ def _log(msg: str) -> None:
     print(f"[real {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def _data(n: int, l: int, s: int) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(1)
-    x = rng.normal(size=(s, n))
-    x[:, -1] = 1.0
-    return x, rng.uniform(0.1, 0.9, size=(s, l))
-
-
 def _torch_loop(x: np.ndarray, d: np.ndarray, m: int, threads: int, iterations: int) -> float:
     """A plain torch training loop of the same network on ``threads`` threads (seconds/iteration)."""
     import torch
@@ -79,11 +72,11 @@ def sweep(threads: list[int], iterations: int) -> list[dict[str, Any]]:
     from threadpoolctl import threadpool_limits
 
     import dask_rpm
-    from dask_rpm.bench.real import real_cluster
+    from dask_rpm.bench.real import real_cluster, real_data
     from dask_rpm.partition import Plan
 
     n, m, l, s = 203, 1024, 26, 16384
-    x, d = _data(n, l, s)
+    x, d = real_data((n, m, l), s)
     rows = []
     for t in threads:
         with real_cluster([t]) as cluster, Client(cluster) as client:

@@ -7,6 +7,7 @@ import itertools
 import dask.config
 import numpy as np
 import pytest
+from problems import regression_problem
 
 from dask_rpm.cost import LinkClass, Network, predict_iteration_seconds
 from dask_rpm.partition import PlanError
@@ -270,11 +271,8 @@ def test_a_plan_with_idle_workers_trains_exactly_like_serial():
     from dask_rpm.engine import fit, ordered_workers
     from dask_rpm.serial import fit_serial
 
-    rng = np.random.default_rng(7)
     s, n, m, l = 50, 8, 10, 3
-    x = rng.normal(size=(s, n))
-    x[:, -1] = 1.0
-    d = rng.uniform(0.1, 0.9, size=(s, l))
+    x, d = regression_problem(s=s, n=n, l=l, seed=7)
     with (
         LocalCluster(
             n_workers=4, threads_per_worker=1, processes=False, dashboard_address=":0"

@@ -24,7 +24,6 @@ Each method's time is the median iteration time after its first third
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -36,9 +35,16 @@ from ..engine import fit, ordered_workers
 from ..probe.kernel import worker_threads
 from ..serial import fit_serial
 from .ddp import run_ddp, torch_available
-from .profiles import BenchError, gamma
+from .profiles import BenchError, gamma, steady_seconds
 
-__all__ = ["REAL_WORKLOADS", "REAL_METHODS", "real_cluster", "run_real_case", "real_table"]
+__all__ = [
+    "REAL_WORKLOADS",
+    "REAL_METHODS",
+    "real_cluster",
+    "real_data",
+    "run_real_case",
+    "real_table",
+]
 
 #: name -> (n-m-l, samples, batch size or None for full batch, iterations per method)
 REAL_WORKLOADS: dict[str, tuple[tuple[int, int, int], int, int | None, int]] = {
@@ -51,7 +57,9 @@ REAL_METHODS = ("drpm", "srpm", "srpm-time", "split-1d", "uniform", "ddp")
 _LR = 1e-6
 
 
-def _data(shape: tuple[int, int, int], samples: int) -> tuple[np.ndarray, np.ndarray]:
+def real_data(shape: tuple[int, int, int], samples: int) -> tuple[np.ndarray, np.ndarray]:
+    """Inputs (the last a constant 1) and targets of a REAL workload: seeded, well conditioned at
+    the bench's small learning rate."""
     n, _, l = shape
     rng = np.random.default_rng(1)
     x = rng.normal(size=(samples, n))
@@ -95,11 +103,10 @@ def _alone_on_worker(
         return (time.perf_counter() - t0) / iterations
 
 
-def _steady(result: Any) -> float:
-    t = np.asarray(result.history["iteration_time"].values, dtype=float)
-    t = t[len(t) // 3 :]
-    t = t[np.isfinite(t)]
-    return float(np.median(t)) if t.size else math.nan
+def _steady(times: Any) -> float:
+    """The median iteration time after the first third (warm-up, DRPM's first remap)."""
+    t = np.asarray(times, dtype=float)
+    return steady_seconds(t, len(t) // 3)
 
 
 def _method(
@@ -129,7 +136,7 @@ def _method(
     t0 = time.perf_counter()
     res = fit(x, d, iterations=it, **kw)
     return {
-        "seconds": _steady(res),
+        "seconds": _steady(res.history["iteration_time"].values),
         "wall": time.perf_counter() - t0,
         "workers_used": len(res.plan.planned_workers),
         "columns": res.plan.n_columns,
@@ -151,7 +158,7 @@ def run_real_case(
         raise BenchError(f"workload {workload!r}: choose from {', '.join(REAL_WORKLOADS)}")
     shape, samples, batch, default_it = REAL_WORKLOADS[workload]
     it = int(iterations or default_it)
-    x, d = _data(shape, samples)
+    x, d = real_data(shape, samples)
     addresses = ordered_workers(client.scheduler_info())
     series_it = max(it // 6, 2)
     # one worker per distinct thread count: equal workers are equal cores of one machine (on
@@ -195,8 +202,7 @@ def run_real_case(
                 threads=threads,
                 paced=False,
             )
-            times = np.asarray(res["times"], dtype=float)
-            out = {"seconds": float(np.median(times[len(times) // 3 :]))}
+            out = {"seconds": _steady(res["times"])}
         else:
             out = _method(client, method, x, d, shape[1], batch, it)
         out["gamma"] = gamma(out["seconds"], alone)

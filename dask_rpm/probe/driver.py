@@ -130,6 +130,7 @@ async def _kernel_probe(
             loops,
             dtype,
             rep,
+            t_pass,
             key=(name, rep, i),
             workers=[addresses[i]],
             allow_other_workers=False,

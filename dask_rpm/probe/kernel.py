@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from distributed import get_worker
 
+from .. import config
 from ..emulation import PLUGIN_NAME, pace
 from ..kernels import Workspace, block_work, init_weights, kernel_pass
 from ..threads import blas_threads, kernel_threads, threads_setting
@@ -61,7 +62,7 @@ def block_data(n: int, m: int, l: int, s: int, dtype: str, seed: int) -> tuple[A
 
 
 def t_probe(
-    block: tuple[int, int, int, int], loops: int, dtype: str, seed: int
+    block: tuple[int, int, int, int], loops: int, dtype: str, seed: int, pass_seconds: float = 0.0
 ) -> tuple[float, int, float]:
     """One repetition on a worker: ``loops`` kernel passes in one paced block.
 
@@ -91,6 +92,8 @@ def t_probe(
         overruns0 = getattr(plugin, "overruns", 0)
         t0, c0 = time.perf_counter(), time.thread_time()
         work = loops * (block_work("forward", s, m, n, l) + block_work("backward", s, m, n, l))
+        if plugin is not None and pass_seconds > 0:
+            work = max(work, _pass_work(plugin, loops * pass_seconds, dtype))
         # Paced like a training block: by its work, and for a tiny job's block
         # (per-call overhead, not flops, sets its time) by the smallest CPU
         # time this worker has seen for the same block and loop count - the
@@ -103,6 +106,22 @@ def t_probe(
         seconds = time.perf_counter() - t0
         cpu = time.thread_time() - c0
     return seconds, int(getattr(plugin, "overruns", 0) - overruns0), cpu
+
+
+def _pass_work(plugin: Any, seconds: float, dtype: str) -> float:
+    """The work (flop equivalents) one full core does in ``seconds`` at the EMULATED rate.
+
+    A tiny job's pass costs per-call overhead, not flops, so its flop model understates it and
+    each worker's pacing fell back on its own smallest CPU time, which differs between worker
+    processes by 10-30 % on a shared host: the probe then measured that, not the EMULATED
+    speeds (5 probes in a row off by more than 10 %, 3 runs in 8 under load). Stated from the
+    client's timed pass (:func:`calibrate`) the work is the same on every worker, and paced, as
+    large blocks are, to ``1 / rpm.emulation.rate-fraction`` of one core's time.
+    """
+    rate = plugin.rates.get(dtype)
+    if not rate:
+        return 0.0
+    return seconds * float(rate) / float(config.get("emulation.rate-fraction"))
 
 
 @contextmanager
