@@ -109,7 +109,7 @@ async def t_block(run: str, spec: BlockSpec) -> BlockResult:
     # a paced (EMULATED) kernel sleeps, and must not sleep on the event loop
     emulated = "-emulated" if EMULATION_PLUGIN in worker.plugins else ""
     async with state.busy:
-        # the worker's cores, not the one thread its nanny leaves BLAS (dask_rpm.engine.threads)
+        # the worker's cores, not the one thread its nanny leaves BLAS (dask_rpm.threads)
         with kernel_threads(spec.threads or worker.state.nthreads) as threads:
             res = await run_block(
                 state,

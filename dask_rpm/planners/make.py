@@ -141,12 +141,14 @@ def make_plan(
     idle = [w for w in active if w not in planned]
     if idle:
         excluded = [*excluded, *idle]
-        notes.append(
-            f"left {worker_names(idle)} idle: the plan without them is predicted faster "
-            f"({res.meta['predicted_seconds']:.4g} s/iteration against "
-            f"{res.meta['predicted_seconds_all']:.4g} s with every worker; messages would cost "
-            f"more than their share of the work saves)"
-        )
+        why = "the planner gave them no rectangle"
+        if "predicted_seconds_all" in res.meta:  # _fastest_subset's choice
+            why = (
+                f"the plan without them is predicted faster ({res.meta['predicted_seconds']:.4g} "
+                f"s/iteration against {res.meta['predicted_seconds_all']:.4g} s with every "
+                f"worker; messages would cost more than their share of the work saves)"
+            )
+        notes.append(f"left {worker_names(idle)} idle: {why}")
     if "small_group" in res.meta:  # the planner chose the threshold by its own objective
         small_group = float(res.meta["small_group"])
     snapped, merged = snap_with_count(mapped, small_group)
