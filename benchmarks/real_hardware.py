@@ -111,26 +111,6 @@ def sweep(threads: list[int], iterations: int) -> list[dict[str, Any]]:
     return rows
 
 
-def cases(
-    threads_list: list[list[int]],
-    workloads: list[str],
-    iterations: int | None,
-    rows: list[dict],
-    save: Any,
-) -> None:
-    """Parts 2 and 3: every method of ``dask-rpm bench --real`` on each list of threads per
-    worker; each finished case is appended to ``rows`` and saved at once."""
-    from distributed import Client
-
-    from dask_rpm.bench.real import real_cluster, run_real_case
-
-    for threads in threads_list:
-        with real_cluster(threads) as cluster, Client(cluster) as client:
-            for w in workloads:
-                rows.append(run_real_case(client, threads, w, iterations=iterations, log=_log))
-                save()
-
-
 def markdown(result: dict[str, Any]) -> str:
     from dask_rpm.bench.real import real_table
 
@@ -195,8 +175,17 @@ def main(argv: list[str] | None = None) -> int:
         threads_list += [[1] * n for n in ns]
     if "mix" in parts:
         threads_list.append(mix)
+    from dask_rpm.bench.real import run_real
+
     result["cases"] = []
-    cases(threads_list, workloads, iterations, result["cases"], save)
+    run_real(
+        threads_list,
+        workloads,
+        iterations=iterations,
+        log=_log,
+        rows=result["cases"],
+        on_row=lambda row: save(),
+    )
     save()
     print(markdown(result))
     _log(f"done in {result['seconds']:.0f} s; wrote {args.out}/real.json and real.md")

@@ -31,6 +31,7 @@ Pure Python: no ``distributed``.
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 from collections.abc import Iterator
@@ -57,16 +58,13 @@ def threads_setting(value: Any = None) -> int:
     v = config.get("engine.threads", value)
     if isinstance(v, str) and v.strip().lower() == "auto":
         return 0
-    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
-        raise ValueError(
-            f"rpm.engine.threads={v!r}: expected 'auto' (each worker uses its nthreads) or a "
-            f"whole number >= 1 of threads per worker, e.g. 4"
-        )
-    try:
-        n = float(v)
-    except ValueError:
-        n = float("nan")
-    if not (n >= 1 and n == int(n)):
+    n = float("nan")
+    if not isinstance(v, bool) and isinstance(v, (int, float, str)):
+        try:
+            n = float(v)
+        except ValueError:
+            pass
+    if not (math.isfinite(n) and n >= 1 and n == int(n)):
         raise ValueError(
             f"rpm.engine.threads={v!r}: expected 'auto' (each worker uses its nthreads) or a "
             f"whole number >= 1 of threads per worker, e.g. 4"

@@ -30,7 +30,7 @@ def test_setting_auto_and_counts():
     assert threads_setting("3") == 3
 
 
-@pytest.mark.parametrize("bad", [0, -2, 1.5, "many", True, [2]])
+@pytest.mark.parametrize("bad", [0, -2, 1.5, "many", True, [2], "inf", float("nan")])
 def test_setting_refuses_what_is_not_a_count(bad):
     with pytest.raises(ValueError) as e:
         threads_setting(bad)

@@ -43,6 +43,7 @@ __all__ = [
     "real_cluster",
     "real_data",
     "run_real_case",
+    "run_real",
     "real_table",
 ]
 
@@ -209,6 +210,28 @@ def run_real_case(
         row["methods"][method] = out
         log(f"[REAL]   {method:9s} {out['seconds'] * 1e3:9.2f} ms  gamma {out['gamma']:.2f}")
     return row
+
+
+def run_real(
+    cases: Sequence[Sequence[int]],
+    workloads: Sequence[str],
+    methods: Sequence[str] = REAL_METHODS,
+    iterations: int | None = None,
+    log: Any = print,
+    rows: list[dict[str, Any]] | None = None,
+    on_row: Any = None,
+) -> list[dict[str, Any]]:
+    """:func:`run_real_case` for every workload on a fresh :func:`real_cluster` per case (threads
+    per worker). Each finished row is appended to ``rows`` (a new list by default) and handed to
+    ``on_row`` at once, so a run cut short keeps what it finished."""
+    rows = [] if rows is None else rows
+    for threads in cases:
+        with real_cluster(threads) as cluster, Client(cluster) as client:
+            for w in workloads:
+                rows.append(run_real_case(client, threads, w, methods, iterations, log=log))
+                if on_row is not None:
+                    on_row(rows[-1])
+    return rows
 
 
 def real_table(rows: Sequence[dict[str, Any]]) -> str:

@@ -176,7 +176,7 @@ def _parse_batch_sizes(text: str | None) -> list[int] | None:
 def _run_real(args: argparse.Namespace) -> int:
     """``dask-rpm bench --real``: REAL, unpaced workers against an unpaced DDP peer."""
     # imported here: the REAL bench loads distributed, which --help and plan need not pay
-    from ..bench.real import REAL_METHODS, REAL_WORKLOADS, real_cluster, real_table, run_real_case
+    from ..bench.real import REAL_METHODS, REAL_WORKLOADS, real_table, run_real
 
     ns = _parse_ns(args.ns, [2])
     workloads = split_list(args.workloads, list(REAL_WORKLOADS))
@@ -203,22 +203,13 @@ def _run_real(args: argparse.Namespace) -> int:
     out_dir = args.out
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise CLIError(f"--out {out_dir!r} exists and is not a directory; give a directory path")
-    from distributed import Client  # as above: only a --real run needs it
-
-    rows = []
-    for threads in cases:
-        with real_cluster(threads) as cluster, Client(cluster) as client:
-            for w in workloads:
-                rows.append(
-                    run_real_case(
-                        client,
-                        threads,
-                        w,
-                        methods,
-                        args.iterations,
-                        log=lambda msg: print(msg, file=sys.stderr, flush=True),
-                    )
-                )
+    rows = run_real(
+        cases,
+        workloads,
+        methods,
+        args.iterations,
+        log=lambda msg: print(msg, file=sys.stderr, flush=True),
+    )
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "real.json")
     with open(path, "w") as f:
