@@ -14,6 +14,12 @@ and every remap trains on the same batches as the serial reference:
   same share of every mini-batch as of the full batch. The columns' shares
   tile the batch, and the gradient summed over columns is the batch gradient.
 
+scikit-learn's order instead (``shuffle=`` a ``numpy.random.RandomState``):
+epoch ``e`` reshuffles epoch ``e - 1``'s order, ``order(e) = order(e - 1)[p_e]``
+with ``p_e`` that generator's ``shuffle`` of ``0 .. s-1``, as
+``sklearn.utils.shuffle`` does in ``MLPClassifier``'s loop; the generator's
+state at the start is all the schedule keeps, and each process replays it.
+
 Full-batch training (``batch_size=None``, the paper's) is the special case
 of one batch per epoch in sample order: a column's share is then exactly its
 sample range, as before mini-batches existed.
@@ -22,14 +28,22 @@ sample range, as before mini-batches existed.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+import threading
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from . import config
 from .partition import Plan
 
-__all__ = ["batch_plan", "column_share", "Schedule", "BatchError", "schedule"]
+__all__ = [
+    "batch_plan",
+    "column_share",
+    "Schedule",
+    "BatchError",
+    "schedule",
+    "rng_state",
+]
 
 
 class BatchError(ValueError):
@@ -43,6 +57,9 @@ class Schedule(NamedTuple):
     batch_size: int | None = None
     shuffle: bool = True
     seed: int = 0
+    #: the state of a ``numpy.random.RandomState`` whose shuffles order the epochs as
+    #: scikit-learn's do (module docstring); None: seeded permutations of ``seed``
+    rng: tuple | None = None
 
     @property
     def full_batch(self) -> bool:
@@ -65,6 +82,8 @@ class Schedule(NamedTuple):
         """The sample order of ``epoch`` (int64 indices)."""
         if self.full_batch or not self.shuffle:
             return np.arange(self.samples, dtype=np.int64)
+        if self.rng is not None:
+            return _replayed_order(self.rng, self.samples, epoch)
         return np.random.default_rng((self.seed, epoch)).permutation(self.samples).astype(np.int64)
 
     def positions(self, iteration: int) -> tuple[int, int]:
@@ -105,11 +124,55 @@ class Schedule(NamedTuple):
         return idx, offsets
 
 
+#: replayed scikit-learn orders: (state, samples) -> (epoch, order, generator after it)
+_ORDERS: dict[tuple[tuple, int], tuple[int, np.ndarray, np.random.RandomState]] = {}
+_ORDERS_LOCK = threading.Lock()
+
+
+def _replayed_order(rng: tuple, samples: int, epoch: int) -> np.ndarray:
+    """Epoch ``epoch``'s order of scikit-learn's cumulative shuffles from generator state ``rng``.
+
+    Epochs are asked for in order, so the last one replayed is kept: each next
+    epoch costs one shuffle, an earlier one (after a remap) a replay from the start.
+    """
+    key = (rng, samples)
+    with _ORDERS_LOCK:
+        hit = _ORDERS.get(key)
+        if hit is None or hit[0] > epoch:
+            gen = np.random.RandomState()
+            gen.set_state((rng[0], np.asarray(rng[1], dtype=np.uint32), *rng[2:]))
+            done, order = -1, np.arange(samples, dtype=np.int64)
+        else:
+            done, order, gen = hit
+        while done < epoch:
+            perm = np.arange(samples)
+            gen.shuffle(perm)
+            order = order[perm]
+            done += 1
+        if len(_ORDERS) >= 8 and key not in _ORDERS:
+            _ORDERS.pop(next(iter(_ORDERS)))
+        _ORDERS[key] = (done, order, gen)
+        return order.copy()
+
+
+def rng_state(gen: np.random.RandomState) -> tuple:
+    """A ``RandomState``'s state as a hashable tuple (what :class:`Schedule` keeps)."""
+    name, keys, pos, has_gauss, cached = gen.get_state()
+    return (str(name), tuple(int(k) for k in keys), int(pos), int(has_gauss), float(cached))
+
+
 def schedule(
-    samples: int, batch_size: int | None = None, *, shuffle: bool | None = None, seed: int = 0
+    samples: int, batch_size: int | None = None, *, shuffle: Any = None, seed: int = 0
 ) -> Schedule:
-    """A validated :class:`Schedule`; ``None`` reads ``rpm.train.batch-size`` / ``rpm.train.shuffle``."""
+    """A validated :class:`Schedule`; ``None`` reads ``rpm.train.batch-size`` / ``rpm.train.shuffle``.
+
+    ``shuffle`` may be a ``numpy.random.RandomState``: shuffled epochs in
+    scikit-learn's order, drawn from (a copy of) that generator's state.
+    """
     batch_size = config.get("train.batch-size", batch_size)
+    rng = None
+    if isinstance(shuffle, np.random.RandomState):
+        rng, shuffle = rng_state(shuffle), True
     shuffle = config.get("train.shuffle", shuffle)
     if batch_size is not None and batch_size != "full":
         if (
@@ -125,8 +188,11 @@ def schedule(
     else:
         batch_size = None
     if not isinstance(shuffle, (bool, np.bool_)):
-        raise BatchError(f"shuffle={shuffle!r}; give true or false")
-    return Schedule(int(samples), batch_size, bool(shuffle), int(seed))
+        raise BatchError(
+            f"shuffle={shuffle!r}; give true or false (or a numpy.random.RandomState for "
+            f"scikit-learn's order)"
+        )
+    return Schedule(int(samples), batch_size, bool(shuffle), int(seed), rng)
 
 
 def column_share(size: int, cut: tuple[int, int], samples: int) -> tuple[int, int]:

@@ -30,6 +30,7 @@ __all__ = [
     "Workspace",
     "kernel_pass",
     "all_finite",
+    "binary_log_loss",
 ]
 
 #: Cost of one sigmoid (exp, add, reciprocal) in multiply-add equivalents; only
@@ -130,6 +131,9 @@ class Workspace:
     bias_row : int, optional
         Local index of the bias unit among the rectangle's hidden rows: its
         output is held at 1 and its delta at 0 (:mod:`dask_rpm.network`).
+    loss_scale : float
+        Factor on the squared loss reported (not on its deltas): ``1 / l`` is
+        scikit-learn's per-sample mean over the outputs (:meth:`dask_rpm.recipe.Recipe.loss_scale`).
     """
 
     def __init__(
@@ -141,10 +145,12 @@ class Workspace:
         dtype: Any = "float64",  # noqa: E741
         net: Network | None = None,
         bias_row: int | None = None,
+        loss_scale: float = 1.0,
     ) -> None:
         self.net = Network() if net is None else net
         self.bias_row = bias_row
-        self.key = (s, m, n, l, np.dtype(dtype).str, self.net, bias_row)
+        self.loss_scale = float(loss_scale)
+        self.key = (s, m, n, l, np.dtype(dtype).str, self.net, bias_row, self.loss_scale)
         dt = np.dtype(dtype)
         self._f = np.empty((s, m), dt)  # hidden outputs; the derivative after backward
         self._partial = np.empty((s, l), dt)  # f V^T
@@ -166,9 +172,11 @@ class Workspace:
         dtype: Any,  # noqa: E741
         net: Network | None = None,
         bias_row: int | None = None,
+        loss_scale: float = 1.0,
     ) -> bool:
         net = Network() if net is None else net
-        return self.key[1:] == (m, n, l, np.dtype(dtype).str, net, bias_row) and s <= self.key[0]
+        want = (m, n, l, np.dtype(dtype).str, net, bias_row, float(loss_scale))
+        return self.key[1:] == want and s <= self.key[0]
 
     def use(self, s: int) -> None:
         """Work on ``s`` samples (at most the capacity) from now on."""
@@ -233,8 +241,13 @@ class Workspace:
             return delta2, err
         if out == "sigmoid":
             self._sigmoid(h)
+            if self.net.loss == "cross-entropy":
+                np.subtract(h, d, out=delta2)  # the log loss's delta through a sigmoid
+                return delta2, binary_log_loss(h, d, diff)
         np.subtract(h, d, out=diff)
         err = 0.5 * float(np.vdot(diff, diff))
+        if self.loss_scale != 1.0:
+            err *= self.loss_scale
         if out == "linear":
             np.copyto(delta2, diff)
             return delta2, err
@@ -265,6 +278,21 @@ class Workspace:
             d1[:, self.bias_row] = 0.0
         np.matmul(d1.T, x, out=self.dW)
         return self.dW, self.dV
+
+
+def binary_log_loss(h: np.ndarray, d: np.ndarray, scratch: np.ndarray | None = None) -> float:
+    """``-sum [d log h + (1 - d) log(1 - h)]`` with ``h`` clipped to ``[eps, 1 - eps]`` (machine
+    epsilon of its dtype), as scikit-learn's ``binary_log_loss`` sums it."""
+    eps = float(np.finfo(h.dtype).eps)
+    p = np.empty_like(h) if scratch is None else scratch
+    np.clip(h, eps, 1.0 - eps, out=p)
+    np.log(p, out=p)
+    total = float(np.vdot(d, p))
+    np.clip(h, eps, 1.0 - eps, out=p)
+    np.subtract(1.0, p, out=p)
+    np.log(p, out=p)
+    total += float(np.vdot(1.0 - d, p))
+    return -total
 
 
 def kernel_pass(ws: Workspace, x: np.ndarray, d: np.ndarray, W: np.ndarray, V: np.ndarray) -> float:

@@ -30,14 +30,15 @@ __all__ = ["Network", "ACTIVATIONS", "OUTPUTS", "LOSSES", "network", "NetworkErr
 
 #: Hidden-layer activations.
 ACTIVATIONS = ("sigmoid", "tanh", "relu")
-#: Output layers; ``softmax`` goes with the ``cross-entropy`` loss only.
+#: Output layers; ``softmax`` goes with the ``cross-entropy`` loss only (``sigmoid`` with
+#: ``cross-entropy`` is the binary / multi-label log loss: one independent probability per output).
 OUTPUTS = ("sigmoid", "linear", "softmax")
 #: Losses, summed over samples (the paper sums; so does ``reduction="sum"`` in PyTorch).
 LOSSES = ("squared", "cross-entropy")
 
 #: The output layer a loss uses unless told otherwise.
 _DEFAULT_OUTPUT = {"squared": "sigmoid", "cross-entropy": "softmax"}
-_VALID_OUTPUTS = {"squared": ("sigmoid", "linear"), "cross-entropy": ("softmax",)}
+_VALID_OUTPUTS = {"squared": ("sigmoid", "linear"), "cross-entropy": ("softmax", "sigmoid")}
 
 
 class NetworkError(ValueError):
@@ -52,7 +53,8 @@ class Network(NamedTuple):
     activation : {"sigmoid", "tanh", "relu"}
         Hidden-layer activation.
     loss : {"squared", "cross-entropy"}
-        ``0.5 sum (h - d)^2`` or ``-sum d log softmax(u)``.
+        ``0.5 sum (h - d)^2``; or ``-sum d log softmax(u)`` (softmax outputs), and
+        ``-sum [d log h + (1 - d) log(1 - h)]`` (sigmoid outputs).
     output : {"sigmoid", "linear", "softmax"}
         Output layer (``h`` as a function of the pre-activation ``u``).
     bias : bool

@@ -65,8 +65,16 @@ def _targets(
     return d, None
 
 
-def _check_distribution(d: np.ndarray, where: str) -> None:
-    """Cross-entropy targets must be probability rows (one-hot or soft labels)."""
+def _check_distribution(d: np.ndarray, where: str, output: str = "softmax") -> None:
+    """Cross-entropy targets must be probability rows (one-hot or soft labels); with sigmoid
+    outputs (binary / multi-label) each target a probability of its own."""
+    if output == "sigmoid":
+        if d.size and (np.min(d) < 0 or np.max(d) > 1):
+            raise DataError(
+                f"{where}: with loss='cross-entropy' and output='sigmoid' every target must be in "
+                f"[0, 1] (0/1 labels or probabilities); got values from {np.min(d)!r} to {np.max(d)!r}"
+            )
+        return
     if d.size and (np.min(d) < 0 or not np.allclose(d.sum(axis=1), 1.0, rtol=0, atol=1e-9)):
         bad = int(
             np.argmax((d < 0).any(axis=1) | ~np.isclose(d.sum(axis=1), 1.0, rtol=0, atol=1e-9))
@@ -121,6 +129,8 @@ def prepare(
     target_error: float | None = None,
     classes: Any = None,
     load: bool = False,
+    alpha: float | None = None,
+    reduction: str | None = None,
 ) -> Prepared:
     """Validate the data and options of a training run (``None``: ``rpm.train.*``).
 
@@ -157,6 +167,8 @@ def prepare(
             validate_every=validate_every,
             early_stopping=early_stopping,
             tol=tol,
+            alpha=alpha,
+            reduction=reduction,
         )
     except ValueError as exc:
         raise DataError(str(exc)) from None
@@ -176,7 +188,7 @@ def prepare(
             np.ascontiguousarray(src.d, dtype=dtype),
         )
         if rec.net.loss == "cross-entropy":
-            _check_distribution(arrays[1], "d")
+            _check_distribution(arrays[1], "d", rec.net.output)
     if val is not None:
         val = _checked_validation(val, dtype, rec)
     W0, V0 = _weights(init, W0, V0, rec)
@@ -252,5 +264,5 @@ def _checked_validation(
         if not np.all(np.isfinite(arr)):
             raise DataError(f"validation {name} contains NaN or infinite values")
     if rec.net.loss == "cross-entropy":
-        _check_distribution(out[1], "validation d")
+        _check_distribution(out[1], "validation d", rec.net.output)
     return out

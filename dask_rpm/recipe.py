@@ -18,7 +18,7 @@ import numpy as np
 
 from . import config
 from .batches import Schedule, schedule
-from .kernels import Workspace
+from .kernels import Workspace, binary_log_loss
 from .network import Network, network
 from .optim import Optimizer, optimizer
 from .records import Validation
@@ -52,6 +52,25 @@ class Recipe(NamedTuple):
     validate_every: int | None
     patience: int | None
     tol: float
+    #: L2 penalty ``0.5 alpha sum W^2`` on the weights (not the biases), part of every iteration's error
+    alpha: float = 0.0
+    #: "sum": the optimizer steps on the summed gradient (the paper's); "mean": on the gradient
+    #: divided by the iteration's batch size (scikit-learn's; PyTorch's ``reduction="mean"``)
+    reduction: str = "sum"
+
+    def loss_scale(self, outputs: int) -> float:
+        """Factor on the squared loss reported: with "mean", scikit-learn's per-sample mean over the
+        ``outputs`` (its deltas stay ``h - d``, as scikit-learn's do); else 1."""
+        if self.reduction == "mean" and self.net.loss == "squared" and outputs > 1:
+            return 1.0 / outputs
+        return 1.0
+
+    def divisor(self, iteration: int) -> int:
+        """What the gradient of ``iteration`` is divided by: its batch size ("mean"), else 1."""
+        if self.reduction != "mean":
+            return 1
+        lo, hi = self.schedule.positions(iteration)
+        return hi - lo
 
     def validation_points(self) -> list[int]:
         """Iteration counts after which the validation set is evaluated."""
@@ -84,6 +103,8 @@ def recipe(
     validate_every: int | None = None,
     early_stopping: int | None = None,
     tol: float | None = None,
+    alpha: float | None = None,
+    reduction: str | None = None,
 ) -> Recipe:
     """Validate and complete the training options (``None``: ``rpm.train.*``).
 
@@ -131,7 +152,20 @@ def recipe(
     tol = float(config.get("train.tol", tol))
     if not (math.isfinite(tol) and tol >= 0):
         raise RecipeError(f"tol={tol!r}; it must be a finite number >= 0")
-    return Recipe(net, opt, sched, iterations, lr, every, patience, tol)
+    alpha = config.get("train.alpha", alpha)
+    try:
+        alpha = float(alpha)
+    except (TypeError, ValueError):
+        raise RecipeError(f"alpha={alpha!r}; it must be a finite number >= 0 (0: no penalty)") from None
+    if not (math.isfinite(alpha) and alpha >= 0):
+        raise RecipeError(f"alpha={alpha!r}; it must be a finite number >= 0 (0: no penalty)")
+    reduction = config.get("train.reduction", reduction)
+    if reduction not in ("sum", "mean"):
+        raise RecipeError(
+            f"reduction={reduction!r}; valid: 'sum' (step on the summed gradient, the paper's) or "
+            f"'mean' (on the batch mean, scikit-learn's)"
+        )
+    return Recipe(net, opt, sched, iterations, lr, every, patience, tol, alpha, str(reduction))
 
 
 def holdout(samples: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -187,6 +221,8 @@ def forward(x: np.ndarray, W: np.ndarray, V: np.ndarray, net: Network) -> np.nda
 
 def loss(h: np.ndarray, d: np.ndarray, net: Network) -> float:
     """The summed loss of outputs ``h`` against targets ``d``."""
+    if net.loss == "cross-entropy" and net.output == "sigmoid":
+        return binary_log_loss(h, d)
     if net.loss == "cross-entropy":
         with np.errstate(divide="ignore"):
             return -float(np.sum(d * np.log(np.maximum(h, np.finfo(h.dtype).tiny))))
@@ -259,4 +295,6 @@ def recipe_summary(rec: Any) -> dict[str, Any]:
         "validate_every": rec.validate_every,
         "early_stopping": rec.patience,
         "tol": float(rec.tol),
+        "alpha": float(rec.alpha),
+        "reduction": rec.reduction,
     }

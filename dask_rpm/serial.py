@@ -6,12 +6,14 @@ Every distributed run must equal :func:`fit_serial` (float64, relative
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from .kernels import Workspace, all_finite
-from .optim import step
+from .optim import mean_gradient, penalty, step
+from .data import DataError
 from .prepare import prepare
 from .recipe import Recipe, Validator
 
@@ -26,17 +28,28 @@ def train_arrays(
     rec: Recipe,
     validator: Validator | None = None,
     target_error: float | None = None,
+    rules: Sequence[Any] = (),
+    opt_state: dict[str, list[np.ndarray]] | None = None,
 ) -> dict[str, Any]:
     """Train on prepared arrays (``x`` with the bias input already appended when the recipe has bias).
 
+    ``rules`` are end-of-epoch rules (:class:`dask_rpm.convergence.ConvergenceRule`);
+    ``opt_state`` the optimizer state to start from (default zeros).
+
     Returns a dict: ``W``, ``V`` (augmented, as planned), ``errors`` (loss of
     each iteration's forward pass, before its update), ``stopped`` (reason or
-    None), ``validation`` (rows ``(iteration, loss, accuracy)``).
+    None), ``validation`` (rows ``(iteration, loss, accuracy)``), ``optimizer_state``.
     """
     sched, net, opt = rec.schedule, rec.net, rec.optimizer
     W, V = W0.copy(), V0.copy()
     params = [W, V]
-    state = {slot: [np.zeros_like(W), np.zeros_like(V)] for slot in opt.slots}
+    state = (
+        {k: [a.copy() for a in v] for k, v in opt_state.items()}
+        if opt_state
+        else {slot: [np.zeros_like(W), np.zeros_like(V)] for slot in opt.slots}
+    )
+    biases = (W.shape[1] - 1 if net.bias else None, net.bias_row(W.shape[0]))
+    lr = rec.learning_rate
     ws = Workspace(
         min(sched.batch, x.shape[0]),
         W.shape[0],
@@ -45,6 +58,7 @@ def train_arrays(
         W.dtype,
         net,
         net.bias_row(W.shape[0]),
+        rec.loss_scale(d.shape[1]),
     )
     errors = np.empty(rec.iterations)
     stopped = None
@@ -62,11 +76,15 @@ def train_arrays(
             xb, db = x[idx], d[idx]
         u = ws.forward(xb, W, V)
         delta2, errors[k] = ws.output_delta(u, db)
+        if rec.alpha:
+            errors[k] += 0.5 * rec.alpha * penalty(params, biases)
         if not (np.isfinite(errors[k]) and all_finite(W) and all_finite(V)):
             stopped = f"training diverged at iteration {k}"
             break
         dW, dV = ws.backward(xb, V, delta2)
-        step(opt, rec.learning_rate, k + 1, params, [dW, dV], state)
+        if rec.alpha or rec.reduction == "mean":
+            mean_gradient(params, [dW, dV], rec.divisor(k), rec.alpha, biases)
+        step(opt, lr, k + 1, params, [dW, dV], state)
         done = k + 1
         if target_error is not None and errors[k] <= target_error:
             stopped = f"target error reached at iteration {k}"
@@ -76,14 +94,34 @@ def train_arrays(
             if reason:
                 stopped = reason
                 break
+        if rules and done % sched.per_epoch == 0:
+            lr, stopped = _end_epoch(rules, errors[done - sched.per_epoch : done], W, V, lr)
+            if stopped:
+                break
     return {
         "W": W,
         "V": V,
+        "optimizer_state": state,
         "errors": errors[: done if stopped else rec.iterations],
         "stopped": stopped,
         "validation": [] if validator is None else validator.rows,
         "iterations": done,
     }
+
+
+def _end_epoch(
+    rules: Sequence[Any], errors: np.ndarray, W: np.ndarray, V: np.ndarray, lr: float
+) -> tuple[float, str | None]:
+    """Every rule's decision at an epoch's end: the next learning rate, and a reason to stop."""
+    total = 0.0
+    for e in errors:  # in iteration order, as the engine's callback adds them
+        total += float(e)
+    stop = None
+    for rule in rules:
+        decision = rule.end_epoch(total, W, V) if rule.needs_weights else rule.end_epoch(total)
+        lr = decision.learning_rate
+        stop = stop or decision.stop
+    return lr, stop
 
 
 def fit_serial(
@@ -109,6 +147,9 @@ def fit_serial(
     early_stopping: int | None = None,
     tol: float | None = None,
     target_error: float | None = None,
+    alpha: float | None = None,
+    reduction: str | None = None,
+    callbacks: Any = None,
     full_output: bool = False,
 ) -> Any:
     """Serial BP: the reference every distributed run must equal.
@@ -134,8 +175,11 @@ def fit_serial(
         Return a dict (weights, errors, validation, stop reason) instead of
         ``(W, V, err)``.
     seed, dtype, batch_size, shuffle, activation, loss, output, bias, optimizer, validation,
-    validate_every, early_stopping, tol, target_error
+    validate_every, early_stopping, tol, target_error, alpha, reduction
         As in :func:`dask_rpm.fit`.
+    callbacks : sequence, optional
+        Epoch rules such as :class:`dask_rpm.convergence.ConvergenceRule`: the same objects
+        :func:`dask_rpm.fit` takes in ``callbacks=``, called at the end of every epoch.
 
     Returns
     -------
@@ -168,9 +212,17 @@ def fit_serial(
         early_stopping=early_stopping,
         tol=tol,
         target_error=target_error,
+        alpha=alpha,
+        reduction=reduction,
         load=True,
     )
     assert job.arrays is not None
+    for rule in callbacks or ():
+        if not hasattr(rule, "end_epoch"):
+            raise DataError(
+                f"callbacks: {type(rule).__name__} has no end_epoch; fit_serial takes epoch rules "
+                f"such as dask_rpm.convergence.ConvergenceRule"
+            )
     x_train, d_train = job.arrays
     out = train_arrays(
         job.recipe.net.augment(x_train),
@@ -180,6 +232,7 @@ def fit_serial(
         job.recipe,
         job.validator(),
         job.target_error,
+        rules=list(callbacks or ()),
     )
     if full_output:
         out["recipe"] = job.recipe

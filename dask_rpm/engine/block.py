@@ -37,6 +37,7 @@ import numpy as np
 
 from ..exchange import Schedule, WorkerStep, apply_received, build, worker_steps
 from ..kernels import block_work
+from ..optim import mean_gradient, penalty
 from ..records import BlockResult, BlockSpec, TimingRecord
 from .errors import BlockAborted, PeerError
 
@@ -135,20 +136,29 @@ async def _vertical_scheduled(
     ws: Any,
     d: np.ndarray,
     finite: bool,
+    pen: float,
     deadline: float,
 ) -> tuple[np.ndarray, float, bool]:
-    """The vertical exchange by a schedule: partials and a "not finite" count summed together."""
+    """The vertical exchange by a schedule: partials, penalties and a "not finite" count summed
+    together."""
     lay = ex.state.layout
-    size = partial.size + 1
+    size = partial.size + 2
     buf = np.empty(size, dtype=partial.dtype)
-    buf[:-1] = partial.ravel()
+    buf[:-2] = partial.ravel()
+    buf[-2] = pen
     buf[-1] = 0.0 if finite else 1.0  # sums exactly: the number of members with bad weights
     sched, steps = ex.steps(lay.vertical, tuple(p.worker for p in lay.members), size)
     await _allreduce(ex, it, [_Allreduce("v", buf, sched, steps)], deadline)
     u = ws.u
-    np.copyto(u, buf[:-1].reshape(u.shape))
+    np.copyto(u, buf[:-2].reshape(u.shape))
     delta2, err = ws.output_delta(u, d)
-    return delta2, err, bool(buf[-1] == 0)
+    return delta2, _with_penalty(lay, err, float(buf[-2])), bool(buf[-1] == 0)
+
+
+def _with_penalty(lay: Any, err: float, pen: float) -> float:
+    """The column's error plus the L2 penalty of the whole network (summed over the column's
+    members, who hold every row between them) in column 0 only: counted once in the total."""
+    return err + pen if lay.column == 0 and pen else err
 
 
 async def _vertical(
@@ -158,38 +168,46 @@ async def _vertical(
     ws: Any,
     d: np.ndarray,
     finite: bool,
+    pen: float,
     deadline: float,
 ) -> tuple[np.ndarray, float, bool]:
-    """Output deltas, column error and "every member's weights are finite" for iteration ``it``."""
+    """Output deltas, column error and "every member's weights are finite" for iteration ``it``.
+
+    ``pen`` is this worker's share of the L2 penalty (0 without one); the column's
+    error includes the whole network's in column 0 (:func:`_with_penalty`).
+    """
     lay = ex.state.layout
     me = lay.worker
     others = [p for p in lay.members if p.worker != me]
     if not others:
         delta2, err = ws.output_delta(partial, d)
-        return delta2, err, finite
+        return delta2, _with_penalty(lay, err, pen), finite
     if lay.vertical not in ("allgather", "leader"):
-        return await _vertical_scheduled(ex, it, partial, ws, d, finite, deadline)
+        return await _vertical_scheduled(ex, it, partial, ws, d, finite, pen, deadline)
     if lay.vertical == "leader" and me != lay.leader:
         leader = next(p for p in lay.members if p.worker == lay.leader)
-        ex.send(leader.address, it, "v", (partial, finite))
+        ex.send(leader.address, it, "v", (partial, finite, pen))
         ((delta2, err, ok),) = (await ex.receive(it, "vd", [lay.leader], deadline)).values()
         return delta2, float(err), bool(ok)
     if lay.vertical == "leader":
         got = await ex.receive(it, "v", [p.worker for p in others], deadline)
     else:  # allgather: everyone sends to everyone, everyone sums
         for p in others:
-            ex.send(p.address, it, "v", (partial, finite))
+            ex.send(p.address, it, "v", (partial, finite, pen))
         got = await ex.receive(it, "v", [p.worker for p in others], deadline)
     u = ws.u
     ok = finite
+    total_pen = 0.0
     for i, p in enumerate(lay.members):  # column order: identical bits on every member
-        part, flag = (partial, finite) if p.worker == me else got[p.worker]
+        part, flag, share = (partial, finite, pen) if p.worker == me else got[p.worker]
         ok = ok and bool(flag)
+        total_pen += share
         if i == 0:
             np.copyto(u, part)
         else:
             u += part
     delta2, err = ws.output_delta(u, d)
+    err = _with_penalty(lay, err, total_pen)
     if lay.vertical == "leader":
         for p in others:
             ex.send(p.address, it, "vd", (delta2, err, ok))
@@ -337,10 +355,20 @@ class _Kernels:
 
     def __init__(self, state: Any, spec: BlockSpec) -> None:
         self.ws, self.shard, self.spec = state.kernels(), state.shard, spec
+        self.recipe = state.recipe
         self.opt = state.recipe.optimizer
         n, _, l = state.layout.shape
         self.dims = (state.layout.n_hidden, n, l)
         self.pace = _pacer()
+        # the bias column of W and of V (local; None: not held), left out of the L2 penalty
+        self.biases = (n - 1 if self.recipe.net.bias else None, self.ws.bias_row)
+
+    def penalty(self) -> float:
+        """My rows' share of the L2 penalty ``0.5 alpha sum W^2`` (0.0 without one)."""
+        alpha = self.recipe.alpha
+        if not alpha:
+            return 0.0
+        return 0.5 * alpha * penalty([self.shard.W, self.shard.V], self.biases)
 
     def inline(self, rows: int, inline_work: float) -> bool:
         """Whether an iteration's kernels are small enough for the event loop."""
@@ -365,6 +393,11 @@ class _Kernels:
         # EMULATED worker's padding of the update does not hold its event loop either; no
         # handler touches the shard during a block (rpm_rows serves remaps, between blocks)
         with self.pace(it, ("modify", self.shard.W.shape)):
+            rec = self.recipe
+            if rec.alpha or rec.reduction == "mean":
+                mean_gradient(
+                    [self.shard.W, self.shard.V], [sW, sV], rec.divisor(it), rec.alpha, self.biases
+                )
             self.shard.update(sW, sV, self.spec.learning_rate, self.opt, it + 1)
 
 
@@ -407,7 +440,10 @@ async def run_block(
             t_f0 = time.monotonic()
             partial = await state.compute(inline, k.forward, it, x)
             t_f1 = time.monotonic()
-            delta2, err, ok = await _vertical(ex, it, partial, k.ws, d, shard.finite, ex.deadline())
+            pen = k.penalty()
+            delta2, err, ok = await _vertical(
+                ex, it, partial, k.ws, d, shard.finite, pen, ex.deadline()
+            )
             t_b0 = time.monotonic()
             dW, dV = await state.compute(inline, k.backward, it, x, delta2)
             t_b1 = time.monotonic()

@@ -38,6 +38,7 @@ __all__ = [
     "ShouldStop",
     "FunctionCallback",
     "DashboardCallback",
+    "EpochRuleCallback",
     "call",
 ]
 
@@ -276,6 +277,37 @@ class ValidationCallback(TrainingCallback):
             return None
         W, V = await info.driver.gather()
         return v.evaluate(done, W, V)
+
+
+class EpochRuleCallback(TrainingCallback):
+    """An end-of-epoch rule (:class:`dask_rpm.convergence.ConvergenceRule`, or any object with its
+    ``end_epoch`` and ``needs_weights``) run by the engine: blocks end on epoch ends, the rule gets
+    the epoch's summed error (the weights gathered when it scores them), its learning rate
+    becomes the next blocks' and its reason to stop stops training."""
+
+    def __init__(self, rule: Any, per_epoch: int) -> None:
+        self.rule = rule
+        self.per_epoch = int(per_epoch)
+        self.last = 0
+
+    def boundary(self, done: int) -> int | None:
+        return self.per_epoch - done % self.per_epoch
+
+    async def after_block(self, info: BlockInfo) -> str | None:
+        done = info.iteration
+        if info.status not in ("ok", "target") or done % self.per_epoch or done <= self.last:
+            return None
+        self.last = done
+        total = 0.0
+        for it in range(done - self.per_epoch, done):  # in iteration order, as fit_serial adds
+            total += info.driver.log.error(it)
+        if self.rule.needs_weights:
+            W, V = await info.driver.gather()
+            decision = self.rule.end_epoch(total, W, V)
+        else:
+            decision = self.rule.end_epoch(total)
+        info.driver.eps = float(decision.learning_rate)
+        return decision.stop
 
 
 class TargetError(TrainingCallback):

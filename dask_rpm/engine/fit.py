@@ -87,6 +87,8 @@ def fit(
     validate_every: int | None = None,
     early_stopping: int | None = None,
     tol: float | None = None,
+    alpha: float | None = None,
+    reduction: str | None = None,
     resume: dict[str, Any] | str | os.PathLike[str] | None = None,
 ) -> FitResult:
     """Train a 3-layer perceptron by back-propagation on the workers of a Dask cluster.
@@ -199,6 +201,12 @@ def fit(
         Stop after this many validations in a row without improving the best
         validation loss by more than ``tol`` (relative); needs ``validation``.
     tol : float, default ``rpm.train.tol``
+    alpha : float, default ``rpm.train.alpha``
+        L2 penalty ``0.5 alpha sum W^2`` on the weights (not the biases): its
+        gradient joins the weights' and it is part of every iteration's error.
+    reduction : {"sum", "mean"}, default ``rpm.train.reduction``
+        The optimizer steps on the summed gradient (the paper's), or on it
+        divided by the iteration's batch size (scikit-learn's).
     resume : dict, str or path, optional
         A checkpoint store directory (``checkpoint_dir`` of an earlier run: its
         valid checkpoint, each row file checked against the manifest's
@@ -257,6 +265,8 @@ def fit(
         validate_every=validate_every,
         early_stopping=early_stopping,
         tol=tol,
+        alpha=alpha,
+        reduction=reduction,
         resume=resume,
     )
     return client.sync(_fit_async, client, x, d, kw)
@@ -295,7 +305,17 @@ def _callbacks(
         out.append(cb.FunctionCallback(kw["callback"]))
     if kw["should_stop"] is not None:
         out.append(cb.ShouldStop(kw["should_stop"]))
-    out.extend(kw["callbacks"] or ())
+    for hook in kw["callbacks"] or ():
+        if isinstance(hook, cb.TrainingCallback):
+            out.append(hook)
+        elif hasattr(hook, "end_epoch"):  # an epoch rule, as fit_serial takes it
+            out.append(cb.EpochRuleCallback(hook, data.recipe.schedule.per_epoch))
+        else:
+            raise TrainingError(
+                f"callbacks: {type(hook).__name__} is neither a TrainingCallback "
+                f"(dask_rpm.engine.callbacks) nor an epoch rule with end_epoch "
+                f"(dask_rpm.convergence.ConvergenceRule)"
+            )
     return out, ckpt
 
 

@@ -123,6 +123,8 @@ TRAINING_KEYWORDS = (
     "validate_every",
     "early_stopping",
     "tol",
+    "alpha",
+    "reduction",
     "target_error",
 )
 

@@ -151,7 +151,7 @@ class Shard:
         the spare buffer and swaps (one pass, the paper's update); the other
         optimizers copy first and step in place (:func:`dask_rpm.optim.step`).
         """
-        if opt is None or opt.name == "sgd":
+        if opt is None or (opt.name == "sgd" and opt.convention == "pytorch"):
             sum_W *= eps
             sum_V *= eps
             np.subtract(self.W, sum_W, out=self.W_prev)
@@ -248,8 +248,11 @@ class RunState:
         a, b = self.layout.rows
         bias_row = g - a if g is not None and a <= g < b else None
         dtype = self.data.dtype
-        if self.workspace is None or not self.workspace.fits(s, m, n, l, dtype, net, bias_row):
-            self.workspace = Workspace(s, m, n, l, dtype, net, bias_row)
+        scale = self.recipe.loss_scale(l)
+        if self.workspace is None or not self.workspace.fits(
+            s, m, n, l, dtype, net, bias_row, scale
+        ):
+            self.workspace = Workspace(s, m, n, l, dtype, net, bias_row, scale)
         return self.workspace
 
     async def compute(self, inline: bool, fn: Any, *args: Any) -> Any:
