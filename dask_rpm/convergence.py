@@ -115,7 +115,9 @@ class ConvergenceRule:
             assert W is not None and V is not None, "early stopping scores the weights"
             value = float(self.score(W, V))
             self.validation_scores.append(value)
-            self.no_improvement = self.no_improvement + 1 if value < self.best_score + self.tol else 0
+            self.no_improvement = (
+                self.no_improvement + 1 if value < self.best_score + self.tol else 0
+            )
             if value > self.best_score:
                 self.best_score = value
                 self.best = (W.copy(), V.copy())

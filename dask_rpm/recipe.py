@@ -156,7 +156,9 @@ def recipe(
     try:
         alpha = float(alpha)
     except (TypeError, ValueError):
-        raise RecipeError(f"alpha={alpha!r}; it must be a finite number >= 0 (0: no penalty)") from None
+        raise RecipeError(
+            f"alpha={alpha!r}; it must be a finite number >= 0 (0: no penalty)"
+        ) from None
     if not (math.isfinite(alpha) and alpha >= 0):
         raise RecipeError(f"alpha={alpha!r}; it must be a finite number >= 0 (0: no penalty)")
     reduction = config.get("train.reduction", reduction)

@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
+from .data import DataError
 from .kernels import Workspace, all_finite
 from .optim import mean_gradient, penalty, step
-from .data import DataError
 from .prepare import prepare
 from .recipe import Recipe, Validator
 

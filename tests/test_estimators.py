@@ -180,12 +180,16 @@ def test_older_parameter_names_keep_working():
     x, y = _classes()
     old = _fit_quiet(MLPClassifier(hidden_units=8, epochs=4, seed=2, optimizer="sgd"), x, y)
     new = _fit_quiet(
-        MLPClassifier(hidden_layer_sizes=(8,), max_iter=4, random_state=2, solver="sgd", momentum=0.0),
+        MLPClassifier(
+            hidden_layer_sizes=(8,), max_iter=4, random_state=2, solver="sgd", momentum=0.0
+        ),
         x,
         y,
     )
     assert _relative(old, new) == 0.0
-    est = _fit_quiet(MLPClassifier(hidden_units=5, learning_rate=0.01, early_stopping=2, seed=0), x, y)
+    est = _fit_quiet(
+        MLPClassifier(hidden_units=5, learning_rate=0.01, early_stopping=2, seed=0), x, y
+    )
     assert est.validation_scores_ and est.n_iter_ < 200
     assert clone(est).get_params()["hidden_units"] == 5
 
@@ -214,7 +218,9 @@ def test_bad_input_is_refused_with_what_is_valid():
         est.predict(x[:, :3])
     with pytest.raises(EstimatorError, match="non-finite parameter weights"):
         _fit_quiet(
-            MLPRegressor(solver="sgd", learning_rate_init=1e3, max_iter=20, random_state=0), x, x[:, 0] * 1e6
+            MLPRegressor(solver="sgd", learning_rate_init=1e3, max_iter=20, random_state=0),
+            x,
+            x[:, 0] * 1e6,
         )
 
 
@@ -292,8 +298,11 @@ def test_estimator_with_a_client_pickles_and_grid_searches_in_two_processes(emul
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         search = GridSearchCV(est, {"alpha": [1e-4, 1e-2]}, cv=2, n_jobs=2).fit(x, y)
-        serial = GridSearchCV(SKClassifier(hidden_layer_sizes=(4,), max_iter=5, random_state=0),
-                              {"alpha": [1e-4, 1e-2]}, cv=2).fit(x, y)
+        serial = GridSearchCV(
+            SKClassifier(hidden_layer_sizes=(4,), max_iter=5, random_state=0),
+            {"alpha": [1e-4, 1e-2]},
+            cv=2,
+        ).fit(x, y)
     # the same models, so the same scores as scikit-learn's own search
     np.testing.assert_allclose(
         search.cv_results_["mean_test_score"], serial.cv_results_["mean_test_score"], rtol=1e-12

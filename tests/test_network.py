@@ -82,8 +82,8 @@ def test_join_and_split_round_trip():
         (dict(activation="gelu"), "activation='gelu'; valid: sigmoid, tanh, relu"),
         (dict(loss="hinge"), "loss='hinge'; valid: squared, cross-entropy"),
         (
-            dict(loss="cross-entropy", output="sigmoid"),
-            "output='sigmoid' with loss='cross-entropy'",
+            dict(loss="cross-entropy", output="linear"),
+            "output='linear' with loss='cross-entropy'",
         ),
         (dict(loss="squared", output="softmax"), "output='softmax' with loss='squared'"),
         (dict(bias="yes"), "bias='yes'; give true or false"),

@@ -296,3 +296,69 @@ def test_resume_from_a_checkpoint_continues_batches_and_optimizer_state(client3)
     np.testing.assert_allclose(r.history["error"].values, err[10:], rtol=RTOL)
     with pytest.raises(Exception, match="optimizer 'sgd' needs"):
         fit(x, d, client=client3, resume=saved[-1], progress="none", **dict(kw, optimizer="sgd"))
+
+
+# scikit-learn's objective (tests/test_estimators.py compares it with scikit-learn itself): the
+# batch-mean gradient with an L2 penalty in every iteration's error, scikit-learn's optimizer
+# arithmetic, its epoch order and its binary log loss - on every vertical exchange, since the
+# penalty rides with the column's partial sums, and through a column and a whole remap
+SKLEARN_CASES = [
+    ("allgather", "adam", ("cross-entropy", "sigmoid")),
+    ("leader", "sgd", ("cross-entropy", "softmax")),
+    ("tree", "adam", ("squared", "linear")),
+    ("direct", "sgd", ("cross-entropy", "sigmoid")),
+]
+
+
+@pytest.mark.parametrize(
+    "vertical,opt,out", SKLEARN_CASES, ids=[f"{v}-{o}-{out[1]}" for v, o, out in SKLEARN_CASES]
+)
+def test_scikit_learn_objective_equals_serial_on_every_vertical_exchange(
+    client3, vertical, opt, out
+):
+    import dask.config
+
+    x, d = _problem(out[0], seed=7)
+    if out[1] == "sigmoid":  # binary / multi-label: independent 0/1 targets
+        d = (np.random.default_rng(7).uniform(size=(S, L)) > 0.5).astype(float)
+    spec = {"name": opt, "convention": "scikit-learn"}
+    if opt == "sgd":
+        spec.update(momentum=0.9, nesterov=True)
+    kw = dict(
+        hidden=M,
+        epochs=3,
+        learning_rate=1e-2 if opt == "sgd" else 1e-3,
+        loss=out[0],
+        output=out[1],
+        activation="relu",
+        optimizer=spec,
+        bias=True,
+        batch_size=16,
+        alpha=1e-2,
+        reduction="mean",
+        seed=0,
+    )
+    kw_serial = dict(kw, shuffle=np.random.RandomState(11))
+    _assert_well_conditioned(x, d, kw_serial)
+    plan = make_plan([0.2, 0.3, 0.5], (N + 1, M + 1, L), S, method="grid-h")
+    remapper = _Remapper({7: ("column", [0.5, 0.3, 0.2]), 13: ("whole", [0.2, 0.3, 0.5])})
+    with dask.config.set({"rpm.engine.vertical": vertical}):
+        r = fit(
+            x,
+            d,
+            mapping=plan,
+            client=client3,
+            interval=5,
+            progress="none",
+            callbacks=[remapper],
+            shuffle=np.random.RandomState(11),
+            **kw,
+        )
+    assert [k for _, k in remapper.kinds] == ["column", "whole"]
+    W, V, err = fit_serial(x, d, **kw_serial)
+    np.testing.assert_allclose(r.W, W, rtol=RTOL, atol=1e-14 * np.abs(W).max())
+    np.testing.assert_allclose(r.V, V, rtol=RTOL, atol=1e-14 * np.abs(V).max())
+    np.testing.assert_allclose(r.history["error"].values, err, rtol=RTOL, atol=0)
+    # the penalty is part of every iteration's error: without it the first error is lower
+    _, _, plain = fit_serial(x, d, **dict(kw_serial, alpha=0.0, shuffle=np.random.RandomState(11)))
+    assert err[0] > plain[0]

@@ -1,37 +1,11 @@
-"""scikit-learn estimators: :class:`MLPClassifier` and :class:`MLPRegressor`, drop-ins for scikit-learn's.
+"""The training loop the estimators share: scikit-learn's ``BaseMultilayerPerceptron`` on dask_rpm.
 
-Same parameters, defaults and meaning as ``sklearn.neural_network``'s
-``MLPClassifier`` / ``MLPRegressor`` (stochastic solvers ``adam`` and
-``sgd``), the same fitted attributes, and **the same model**: with the same
-parameters and ``random_state`` the fitted ``coefs_`` and ``intercepts_``
-equal scikit-learn's to rounding (float64), trained serially or on any Dask
-cluster and plan. What makes them equal:
-
-* initial weights drawn from ``check_random_state(random_state)`` in
-  scikit-learn's order and bounds (Glorot uniform; ``factor`` 2 for logistic);
-* the early-stopping split by ``train_test_split`` from the same generator
-  (stratified for single-output classifiers), then scikit-learn's cumulative
-  per-epoch shuffles from what is left of it (:mod:`dask_rpm.batches`);
-* each iteration's gradient is the batch mean plus ``alpha W / batch``
-  (``reduction="mean"``, :mod:`dask_rpm.optim`), stepped by scikit-learn's
-  Adam or SGD arithmetic (``convention="scikit-learn"``);
-* the epoch loss, ``tol`` / ``n_iter_no_change`` stopping, early stopping on
-  the validation score and the ``invscaling`` / ``adaptive`` learning rates
-  are :class:`dask_rpm.convergence.ConvergenceRule`, run at epoch ends by
-  the serial loop and by the engine alike.
-
-Like xgboost.dask's and dask-ml's estimators they take a ``client``: with
-one (or a default client in this process) they train with
-:func:`dask_rpm.fit` on its workers, else serially in this process. The
-client is not pickled: an unpickled estimator (e.g. in ``GridSearchCV``'s
-worker processes) finds the default client again, or trains serially, which
-gives the same model.
-
-Not supported: ``solver="lbfgs"``, more than one hidden layer (one
-``hidden_layer_sizes`` entry), ``activation="identity"``, ``sample_weight``
-and ``loss="poisson"``; each is refused with a message saying so.
-
-Needs scikit-learn (the optional extra ``sklearn``).
+:class:`MLPBase` resolves the parameters, draws the initial weights and the
+early-stopping split from scikit-learn's generator in scikit-learn's order,
+and trains with :func:`dask_rpm.fit` (a client) or the serial loop (none),
+both ending each epoch with a :class:`dask_rpm.convergence.ConvergenceRule`.
+:mod:`dask_rpm.estimators` holds the public classes and says what makes
+their model scikit-learn's.
 """
 
 from __future__ import annotations
@@ -41,28 +15,20 @@ import warnings
 from typing import Any
 
 import numpy as np
+from sklearn.base import BaseEstimator, is_classifier
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.model_selection import train_test_split
+from sklearn.utils import check_random_state
+from sklearn.utils.validation import check_is_fitted, validate_data
 
-try:
-    from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin, is_classifier
-    from sklearn.exceptions import ConvergenceWarning
-    from sklearn.metrics import accuracy_score, r2_score
-    from sklearn.model_selection import train_test_split
-    from sklearn.preprocessing import LabelBinarizer
-    from sklearn.utils import check_random_state
-    from sklearn.utils.multiclass import check_classification_targets, type_of_target
-    from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_data
-except ImportError as exc:  # pragma: no cover - exercised only without scikit-learn
-    raise ImportError(
-        "dask_rpm.MLPClassifier and MLPRegressor need scikit-learn: pip install 'dask-rpm[sklearn]'"
-    ) from exc
+from .._version import __version__
+from ..convergence import LEARNING_RATE_SCHEDULES, ConvergenceRule
+from ..model import MLPModel
+from ..network import Network
+from ..prepare import prepare
+from ..serial import train_arrays
 
-from .convergence import LEARNING_RATE_SCHEDULES, ConvergenceRule
-from .model import MLPModel
-from .network import Network
-from .prepare import prepare
-from .serial import train_arrays
-
-__all__ = ["MLPClassifier", "MLPRegressor", "EstimatorError"]
+__all__ = ["EstimatorError", "MLPBase"]
 
 
 class EstimatorError(ValueError):
@@ -72,7 +38,7 @@ class EstimatorError(ValueError):
 _ACTIVATIONS = {"logistic": "sigmoid", "tanh": "tanh", "relu": "relu"}
 
 
-class _MLPBase(BaseEstimator):
+class MLPBase(BaseEstimator):
     """Training shared by both estimators (scikit-learn's ``BaseMultilayerPerceptron``'s loop)."""
 
     # ------------------------------------------------------------- settings
@@ -299,14 +265,19 @@ class _MLPBase(BaseEstimator):
                 opt_state=self._optimizer_state,
             )
             W, V, stopped, state = out["W"], out["V"], out["stopped"], out["optimizer_state"]
-            self.result_ = out
+            self.result_: Any = out
         else:
-            from .engine import fit  # only with a client: the serial path needs no distributed
+            from ..engine import fit  # only with a client: the serial path needs no distributed
 
             resume = None
             if self._optimizer_state is not None:  # partial_fit goes on with the optimizer's state
                 W0, V0 = net.join(*init[:2], init[2], init[3])
-                resume = {"iteration": 0, "W": W0, "V": V0, "optimizer_state": self._optimizer_state}
+                resume = {
+                    "iteration": 0,
+                    "W": W0,
+                    "V": V0,
+                    "optimizer_state": self._optimizer_state,
+                }
             per_epoch = math.ceil(X.shape[0] / batch)
             result = fit(
                 X,
@@ -336,7 +307,9 @@ class _MLPBase(BaseEstimator):
         self._lr = rule.lr
         return W, V
 
-    def _store(self, W: np.ndarray, V: np.ndarray, rule: ConvergenceRule, p: dict[str, Any]) -> None:
+    def _store(
+        self, W: np.ndarray, V: np.ndarray, rule: ConvergenceRule, p: dict[str, Any]
+    ) -> None:
         """scikit-learn's fitted attributes from the augmented weights and the rule's bookkeeping."""
         net = self._net(p)
         parts = net.split(W, V)
@@ -348,21 +321,31 @@ class _MLPBase(BaseEstimator):
         self.loss_ = self.loss_curve_[-1]
         self._rule_state = rule.state()
         self._no_improvement_count = rule.no_improvement
-        if p["early_stopping"]:
-            self.validation_scores_ = list(rule.validation_scores)
-            self.best_validation_score_ = rule.best_score
-            self.best_loss_ = None
-        else:
-            self.validation_scores_ = None
-            self.best_validation_score_ = None
-            self.best_loss_ = rule.best_loss
+        # scikit-learn's: validation scores with early stopping, else the best training loss
+        early = bool(p["early_stopping"])
+        self.validation_scores_: list[float] | None = (
+            list(rule.validation_scores) if early else None
+        )
+        self.best_validation_score_: float | None = rule.best_score if early else None
+        self.best_loss_: float | None = None if early else rule.best_loss
         self.stopped_ = self._stopped
         self.model_ = MLPModel(
             W,
             V,
             net,
             classes=getattr(self, "classes_", None) if self._output_name != "linear" else None,
-            meta={"loss_curve": self.loss_curve_, "validation": []},
+            meta={
+                "estimator": type(self).__name__,
+                "dask_rpm_version": __version__,
+                # scikit-learn's parameters as trained (plain values; the client and plans stay out)
+                "params": {
+                    k: (list(v) if isinstance(v, tuple) else v)
+                    for k, v in p.items()
+                    if v is None or isinstance(v, (bool, int, float, str, tuple))
+                },
+                "loss_curve": self.loss_curve_,
+                "validation": [],
+            },
         )
 
     def _client(self) -> Any:
@@ -376,6 +359,8 @@ class _MLPBase(BaseEstimator):
             return default_client()
         except ValueError:  # no client in this process: train with the serial reference
             return None
+
+    client: Any
 
     def __sklearn_clone__(self) -> Any:
         # a client is shared by the clones (GridSearchCV's), not deep-copied: it holds sockets
@@ -423,272 +408,3 @@ class _MLPBase(BaseEstimator):
         """Write the fitted model (:meth:`dask_rpm.MLPModel.save`); :meth:`dask_rpm.MLPModel.load` reads it."""
         check_is_fitted(self, "model_")
         return self.model_.save(path)
-
-
-_COMMON_DOC = """
-    Parameters
-    ----------
-    hidden_layer_sizes, activation, solver, alpha, batch_size, learning_rate, learning_rate_init,
-    power_t, max_iter, shuffle, random_state, tol, verbose, warm_start, momentum,
-    nesterovs_momentum, early_stopping, validation_fraction, beta_1, beta_2, epsilon,
-    n_iter_no_change, max_fun
-        scikit-learn's, with its defaults and meaning (one hidden layer; solvers adam
-        and sgd; ``max_fun`` is lbfgs's and unused).
-    client : distributed.Client, optional
-        Train on this cluster; None: the default client if any, else serially.
-    mapping, abilities, progress
-        As in :func:`dask_rpm.fit` (ignored when training serially).
-    hidden_units, epochs, seed, optimizer
-        dask_rpm's older names: ``hidden_layer_sizes=(hidden_units,)``,
-        ``max_iter``, ``random_state``, ``solver`` (``"momentum"``: sgd with
-        momentum 0.9); a number as ``learning_rate`` is ``learning_rate_init``
-        and an integer ``early_stopping`` is ``n_iter_no_change`` with early stopping.
-
-    Attributes
-    ----------
-    coefs_, intercepts_, loss_, loss_curve_, best_loss_, validation_scores_,
-    best_validation_score_, n_iter_, t_, n_layers_, n_outputs_, out_activation_,
-    n_features_in_, feature_names_in_
-        scikit-learn's, with its meaning (``n_iter_`` counts epochs; the
-        losses are per-sample means with the L2 penalty).
-    model_ : MLPModel
-        The trained network (save, load, to_torch).
-    result_ : FitResult or dict
-        What :func:`dask_rpm.fit` (or the serial loop) returned for the last fit.
-"""
-
-
-def _params_init(self: Any, **params: Any) -> None:
-    for k, v in params.items():
-        setattr(self, k, v)
-
-
-class MLPClassifier(ClassifierMixin, _MLPBase):
-    __doc__ = (
-        "A one-hidden-layer perceptron classifier: scikit-learn's ``MLPClassifier``, trained by "
-        "dask_rpm.\n" + _COMMON_DOC + "    classes_ : numpy.ndarray\n"
-    )
-
-    _loss_name = "cross-entropy"
-
-    def __init__(
-        self,
-        hidden_layer_sizes: Any = (100,),
-        activation: str = "relu",
-        *,
-        solver: str = "adam",
-        alpha: float = 0.0001,
-        batch_size: Any = "auto",
-        learning_rate: Any = "constant",
-        learning_rate_init: float = 0.001,
-        power_t: float = 0.5,
-        max_iter: int = 200,
-        shuffle: bool = True,
-        random_state: Any = None,
-        tol: float = 1e-4,
-        verbose: bool = False,
-        warm_start: bool = False,
-        momentum: float = 0.9,
-        nesterovs_momentum: bool = True,
-        early_stopping: Any = False,
-        validation_fraction: float = 0.1,
-        beta_1: float = 0.9,
-        beta_2: float = 0.999,
-        epsilon: float = 1e-8,
-        n_iter_no_change: int = 10,
-        max_fun: int = 15000,
-        client: Any = None,
-        mapping: Any = None,
-        abilities: Any = None,
-        progress: Any = None,
-        hidden_units: int | None = None,
-        epochs: int | None = None,
-        seed: int | None = None,
-        optimizer: str | None = None,
-    ) -> None:
-        _params_init(self, **{k: v for k, v in locals().items() if k not in ("self", "__class__")})
-
-    @property
-    def _output_name(self) -> str:
-        return "softmax" if self.out_activation_ == "softmax" else "sigmoid"
-
-    def _validate_input(
-        self, X: Any, y: Any, incremental: bool, reset: bool, classes: Any
-    ) -> tuple[np.ndarray, np.ndarray]:
-        X, y = validate_data(
-            self, X, y, reset=reset, dtype=(np.float64, np.float32), multi_output=True
-        )
-        X = np.asarray(X, dtype=np.float64)
-        if y.ndim == 2 and y.shape[1] == 1:
-            y = column_or_1d(y, warn=True)
-        check_classification_targets(y)
-        if reset or not hasattr(self, "classes_"):
-            self._label_binarizer = LabelBinarizer()
-            self._label_binarizer.fit(y if classes is None else classes)
-            self.classes_ = self._label_binarizer.classes_
-            kind = self._label_binarizer.y_type_
-            self.out_activation_ = "softmax" if kind == "multiclass" else "logistic"
-        else:
-            seen = np.setdiff1d(np.unique(y), self.classes_) if y.ndim == 1 else []
-            if len(seen):
-                raise EstimatorError(
-                    f"y has labels {list(seen)} that are not in classes_ {list(self.classes_)}; "
-                    f"pass every class to the first partial_fit with classes="
-                )
-        if len(self.classes_) < 2 and type_of_target(y) != "multilabel-indicator":
-            raise EstimatorError(
-                f"y has only one class ({self.classes_[0]!r}); a classifier needs at least 2"
-            )
-        Y = self._label_binarizer.transform(y).astype(np.float64)
-        return X, Y
-
-    def _validation_targets(self, Yv: np.ndarray) -> Any:
-        return self._label_binarizer.inverse_transform(Yv)
-
-    def _scorer(self, Xv: np.ndarray, yv: Any) -> Any:
-        def score(W: np.ndarray, V: np.ndarray) -> float:
-            return float(accuracy_score(yv, self._labels(self._augmented_outputs(Xv, W, V))))
-
-        return score
-
-    def _augmented_outputs(self, X: np.ndarray, W: np.ndarray, V: np.ndarray) -> np.ndarray:
-        from .recipe import forward
-
-        net = self._net(self._resolved())
-        return forward(X, W, V, net)
-
-    def _labels(self, out: np.ndarray) -> Any:
-        if out.shape[1] == 1:
-            out = out.ravel()
-        return self._label_binarizer.inverse_transform(out)
-
-    def fit(self, X: Any, y: Any) -> MLPClassifier:
-        """Fit the model to ``X (s, n)`` and labels ``y``; returns self."""
-        return self._fit(X, y, incremental=False)
-
-    def partial_fit(self, X: Any, y: Any, classes: Any = None) -> MLPClassifier:
-        """One epoch over ``X, y`` (``classes``: every label, needed on the first call)."""
-        if not hasattr(self, "classes_") and classes is None:
-            raise EstimatorError(
-                "classes must be passed on the first call to partial_fit (every label, e.g. "
-                "np.unique(y_all))"
-            )
-        return self._fit(X, y, incremental=True, classes=classes)
-
-    def predict(self, X: Any) -> np.ndarray:
-        """Class labels."""
-        X = self._check_predict_X(X)
-        return self._labels(self._forward(X))
-
-    def predict_proba(self, X: Any) -> np.ndarray:
-        """Class probabilities ``(samples, classes)``, columns in the order of ``classes_``."""
-        X = self._check_predict_X(X)
-        out = self._forward(X)
-        if out.shape[1] == 1 and len(self.classes_) == 2:
-            return np.hstack([1.0 - out, out])
-        return out
-
-    def predict_log_proba(self, X: Any) -> np.ndarray:
-        """Logarithms of :meth:`predict_proba`."""
-        with np.errstate(divide="ignore"):
-            return np.log(self.predict_proba(X))
-
-
-class MLPRegressor(RegressorMixin, _MLPBase):
-    __doc__ = (
-        "A one-hidden-layer perceptron regressor: scikit-learn's ``MLPRegressor``, trained by "
-        "dask_rpm (squared error, identity outputs).\n"
-        + _COMMON_DOC.replace(
-            "    hidden_layer_sizes, activation,", "    loss : {'squared_error'}\n    hidden_layer_sizes, activation,"
-        )
-    )
-
-    _loss_name = "squared"
-    _output_name = "linear"
-
-    def __init__(
-        self,
-        loss: str = "squared_error",
-        hidden_layer_sizes: Any = (100,),
-        activation: str = "relu",
-        *,
-        solver: str = "adam",
-        alpha: float = 0.0001,
-        batch_size: Any = "auto",
-        learning_rate: Any = "constant",
-        learning_rate_init: float = 0.001,
-        power_t: float = 0.5,
-        max_iter: int = 200,
-        shuffle: bool = True,
-        random_state: Any = None,
-        tol: float = 1e-4,
-        verbose: bool = False,
-        warm_start: bool = False,
-        momentum: float = 0.9,
-        nesterovs_momentum: bool = True,
-        early_stopping: Any = False,
-        validation_fraction: float = 0.1,
-        beta_1: float = 0.9,
-        beta_2: float = 0.999,
-        epsilon: float = 1e-8,
-        n_iter_no_change: int = 10,
-        max_fun: int = 15000,
-        client: Any = None,
-        mapping: Any = None,
-        abilities: Any = None,
-        progress: Any = None,
-        hidden_units: int | None = None,
-        epochs: int | None = None,
-        seed: int | None = None,
-        optimizer: str | None = None,
-    ) -> None:
-        _params_init(self, **{k: v for k, v in locals().items() if k not in ("self", "__class__")})
-
-    def __sklearn_tags__(self) -> Any:
-        tags = super().__sklearn_tags__()
-        tags.target_tags.multi_output = True  # y may be (samples, outputs): one output unit each
-        return tags
-
-    def _validate_input(
-        self, X: Any, y: Any, incremental: bool, reset: bool, classes: Any
-    ) -> tuple[np.ndarray, np.ndarray]:
-        if self.loss != "squared_error":
-            raise EstimatorError(f"loss={self.loss!r}; dask_rpm's MLPRegressor trains 'squared_error'")
-        X, y = validate_data(
-            self, X, y, reset=reset, dtype=(np.float64, np.float32), multi_output=True, y_numeric=True
-        )
-        X = np.asarray(X, dtype=np.float64)
-        y = np.asarray(y, dtype=np.float64)
-        self.out_activation_ = "identity"
-        return X, (y.reshape(-1, 1) if y.ndim == 1 else y)
-
-    def _validation_targets(self, Yv: np.ndarray) -> Any:
-        return Yv.ravel() if Yv.shape[1] == 1 else Yv
-
-    def _scorer(self, Xv: np.ndarray, yv: Any) -> Any:
-        from .recipe import forward
-
-        net = self._net(self._resolved())
-
-        def score(W: np.ndarray, V: np.ndarray) -> float:
-            out = forward(Xv, W, V, net)
-            pred = out.ravel() if out.shape[1] == 1 else out
-            if not np.isfinite(pred).all():
-                return math.nan
-            return float(r2_score(yv, pred))
-
-        return score
-
-    def fit(self, X: Any, y: Any) -> MLPRegressor:
-        """Fit the model to ``X (s, n)`` and targets ``y (s,)`` or ``(s, outputs)``; returns self."""
-        return self._fit(X, y, incremental=False)
-
-    def partial_fit(self, X: Any, y: Any) -> MLPRegressor:
-        """One epoch over ``X, y``."""
-        return self._fit(X, y, incremental=True)
-
-    def predict(self, X: Any) -> np.ndarray:
-        """Predicted targets, ``(samples,)`` for one output."""
-        X = self._check_predict_X(X)
-        out = self._forward(X)
-        return out.ravel() if out.shape[1] == 1 else out
