@@ -497,3 +497,25 @@ def test_the_command_line_starts_without_distributed():
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_version_prints_the_package_version():
+    from dask_rpm import __version__
+
+    p = subprocess.run(
+        [sys.executable, "-m", "dask_rpm.cli", "--version"], capture_output=True, text=True
+    )
+    assert p.returncode == 0 and p.stdout.strip() == f"dask-rpm {__version__}"
+
+
+def test_a_reader_that_leaves_early_ends_the_output_quietly():
+    """``dask-rpm plan --json | head -c 10``: more output than a pipe holds (1000 workers), the
+    reader gone after 10 bytes: no BrokenPipeError traceback, the shell's code for SIGPIPE."""
+    abilities = ",".join(["1"] * 1000)
+    cmd = (
+        f"{sys.executable} -m dask_rpm.cli plan --abilities {abilities} --shape 33-4096-8 "
+        "--samples 100000 --json | head -c 10 > /dev/null; echo rc=${PIPESTATUS[0]} >&2"
+    )
+    p = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in p.stderr and "BrokenPipeError" not in p.stderr, p.stderr
+    assert p.stderr.strip().endswith("rc=141")

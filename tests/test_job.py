@@ -388,6 +388,47 @@ def test_sigterm_checkpoints_and_resume_equals_uninterrupted(tmp_path, digits):
     np.testing.assert_allclose(resumed["W"].values, W, rtol=RTOL, atol=0)
 
 
+def test_ctrl_c_stops_with_a_checkpoint_exit_130_and_no_traceback(tmp_path, digits):
+    """A real SIGINT to the whole process group of ``dask-rpm train --config`` (what Ctrl-C in a
+    terminal sends: the driver and its local workers): one line saying what happened, the
+    checkpoint written, exit 130, and ``--resume`` ends equal to serial training."""
+    data, x, d = digits
+    path = write_job(tmp_path, data, iterations=400, checkpoint={"every": 20})
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dask_rpm.cli", "train", "--config", str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+    )
+    lines = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line.rstrip())
+        if line.startswith("checkpoint at iteration 40"):
+            os.killpg(proc.pid, signal.SIGINT)
+    assert proc.wait(timeout=120) == 130, lines
+    err = proc.stderr.read() if proc.stderr else ""
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    assert "interrupted: stopping after the current block and writing a checkpoint" in err
+    stop = [line for line in lines if line.startswith("stopped at iteration")]
+    assert stop and "SIGINT" in stop[0] and "--resume" in stop[0], lines
+    k = int(stop[0].split()[3])
+    assert _stored(tmp_path)["iteration"] == k and not (tmp_path / "result.nc").exists()
+    p = subprocess.run(
+        [sys.executable, "-m", "dask_rpm.cli", "train", "--config", str(path), "--resume"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    W, V, _ = fit_serial(x, d, hidden=12, iterations=400, learning_rate=0.005, seed=0)
+    np.testing.assert_allclose(_open(tmp_path / "result.nc")["W"].values, W, rtol=RTOL, atol=0)
+
+
 @pytest.fixture(scope="module")
 def digits_onehot(tmp_path_factory):
     """Digits with one-hot targets (cross-entropy) and pixels / 16, no constant input (bias: true)."""
@@ -1172,3 +1213,23 @@ def test_sbatch_workers_write_the_checkpoint_store_and_resume_finishes(slurm_clu
     x, d = _digits_arrays(tmp_path)
     _serial_check(ds, x, d, 200)
     assert not (tmp_path / "result.checkpoint").exists()
+
+
+def test_a_slurm_job_without_a_reachable_slurm_is_one_line_and_exit_2(tmp_path, digits):
+    data, _, _ = digits
+    path = write_job(
+        tmp_path, data, workers={"slurm": {"groups": [{"name": "cpu", "cores": 1, "jobs": 1}]}}
+    )
+    (tmp_path / "bin").mkdir()
+    env = dict(os.environ, PATH=str(tmp_path / "bin"))  # no sbatch here
+    p = subprocess.run(
+        [sys.executable, "-m", "dask_rpm.cli", "train", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "SLURM cannot take jobs from here: sbatch is not on the PATH" in lines[0]
+    assert sorted(os.listdir(tmp_path)) == ["bin", "job.yaml"]  # nothing written

@@ -16,12 +16,14 @@ its raw arguments to :func:`main`.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import click
 
+from .._version import __version__
 from ..partition import PlanError
 from . import bench, plan, predict, probe, simulate, train
 from ._common import PROG, CLIError, Parser, join_dashed_values, subcommand_names
@@ -92,6 +94,9 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         epilog=_MAIN_EPILOG.format(prog=prog),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {__version__}", help="print the version"
+    )
     sub = parser.add_subparsers(dest="command", metavar="<command>")
     for add in (*COMMANDS, *_REGISTERED):
         add(sub)
@@ -116,11 +121,20 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
         print(f"{prog}: error: choose a command: {names} (see {prog} --help)", file=sys.stderr)
         return 2
     try:
-        return int(func(args) or 0)
+        code = int(func(args) or 0)
+        sys.stdout.flush()  # inside the try: a reader that left shows here, not at exit
+        return code
     except (CLIError, PlanError) as e:
         msg = " ".join(str(e).split())
         print(f"{prog} {args.command}: error: {msg}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"{prog} {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # the reader left (`plan | head`): nothing more to say, and nothing more to flush
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 def _make_dask_cli() -> click.Command:

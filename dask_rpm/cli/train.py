@@ -166,6 +166,13 @@ def _run_job(args: argparse.Namespace) -> int:
         )
     try:
         summary = run_job(args.config, resume=args.resume, overwrite=args.overwrite)
+    except KeyboardInterrupt:  # a second Ctrl-C: at once, without the stop's checkpoint
+        print(
+            f"dask-rpm train: interrupted; the job's last checkpoint (if one was written) stays: "
+            f"continue with dask-rpm train --config {args.config} --resume",
+            file=sys.stderr,
+        )
+        return 130
     except JobError as e:
         raise CLIError(str(e)) from None
     except StoreError as e:  # a worker reading its rows of the checkpoint store found it damaged
@@ -178,4 +185,6 @@ def _run_job(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
+    if summary.get("signal") == "SIGINT":  # stopped by Ctrl-C, checkpoint written: the shell's code
+        return 130
     return 1 if summary.get("rescued") else 0  # saved, but not where the job asked

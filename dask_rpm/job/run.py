@@ -19,7 +19,7 @@ from ..emulation import local_cluster
 from ..engine import FitResult, fit, store
 from ..progress import weight_bytes
 from ..records import RemapRecord
-from ..slurm import HeterogeneousSLURMCluster
+from ..slurm import HeterogeneousSLURMCluster, slurm_unavailable
 from .load import check_paths, load_job
 from .output import (
     clear_store,
@@ -62,10 +62,18 @@ def _client_for(job: Job, out: TextIO) -> Iterator[Client]:
             local_cluster(job.workers["local"]["speeds"], dashboard_address=":0") as cluster,
             Client(cluster) as client,
         ):
+            # Ctrl-C in a terminal reaches every process of its group, these workers too: the
+            # job stops them itself, after its checkpoint, instead of each dying with a traceback
+            client.run(_ignore_interrupts)
             print(f"workers: {cluster.emulation_label}", file=out, flush=True)
             yield client
         return
     spec = job.workers["slurm"]
+    # before any job is submitted: one line on what is missing, not sbatch's traceback
+    partitions = sorted({g.queue for g in spec["groups"] if g.queue})
+    why = slurm_unavailable(partitions)
+    if why is not None:
+        raise JobError(f"job file: workers.slurm: SLURM cannot take jobs from here: {why}")
     with HeterogeneousSLURMCluster(spec["groups"], **spec["cluster"]) as cluster:
         jobs = ", ".join(
             f"{g.name}: {g.jobs} job(s) x {g.processes} worker(s)" for g in spec["groups"]
@@ -79,9 +87,19 @@ def _client_for(job: Job, out: TextIO) -> Iterator[Client]:
             yield client
 
 
+def _ignore_interrupts() -> bool:
+    """In a worker process (its main thread runs the event loop): ignore SIGINT."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return True
+
+
 @contextlib.contextmanager
 def _stop_signals(flag: threading.Event) -> Iterator[None]:
-    """SIGTERM (SLURM's walltime warning, scancel) and SIGUSR1 set ``flag`` instead of killing."""
+    """SIGTERM (SLURM's walltime warning, scancel), SIGUSR1 and a first SIGINT (Ctrl-C) set ``flag``
+    instead of killing: training stops after the current block and writes its checkpoint. A
+    second Ctrl-C interrupts at once (KeyboardInterrupt)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -90,8 +108,16 @@ def _stop_signals(flag: threading.Event) -> Iterator[None]:
     def handler(signum: int, frame: Any) -> None:
         flag.set()
         flag.signal = signal.Signals(signum).name  # type: ignore[attr-defined]
+        if signum == signal.SIGINT:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            print(
+                "interrupted: stopping after the current block and writing a checkpoint "
+                "(Ctrl-C again to stop at once)",
+                file=sys.stderr,
+                flush=True,
+            )
 
-    for sig in (signal.SIGTERM, signal.SIGUSR1):
+    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
         old[sig] = signal.signal(sig, handler)
     try:
         yield
@@ -385,6 +411,7 @@ def run_job(
             flush=True,
         )
         summary["checkpoint"] = job.checkpoint_path
+        summary["signal"] = why
         return summary
     if result.stopped and "diverged" in result.stopped:
         print(result.stopped, file=out, flush=True)
