@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import threading
+import warnings
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -185,6 +186,12 @@ def schedule(
                 f"training (every sample in every iteration)"
             )
         batch_size = int(batch_size)
+        if batch_size > samples:
+            warnings.warn(
+                f"batch_size={batch_size} is more than the {samples} training samples: every "
+                f"iteration trains on all of them (full batch)",
+                stacklevel=3,
+            )
     else:
         batch_size = None
     if not isinstance(shuffle, (bool, np.bool_)):

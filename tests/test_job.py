@@ -108,9 +108,10 @@ def _stored(tmp_path, name="result.checkpoint"):
         ({"epochs": 3}, "both iterations=60 and epochs=3; give one of them"),
         ({"validation": 2}, "validation=2 is invalid; expected a fraction"),
         (
-            {"loss": "cross-entropy", "output-layer": "sigmoid"},
-            "output='sigmoid' with loss='cross-entropy'",
+            {"loss": "cross-entropy", "output-layer": "linear"},
+            "output='linear' with loss='cross-entropy'",
         ),
+        ({"mapping": "best"}, "valid: drpm, srpm,"),
         ({"batch-sise": 64}, "Did you mean 'batch-size'"),
     ],
 )
@@ -119,6 +120,33 @@ def test_bad_job_exits_2_with_one_line(tmp_path, digits, capsys, over, needle):
     assert main(["train", "--config", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0], err
+
+
+def test_yaml_as_its_author_means_it(tmp_path, digits, capsys):
+    """``1e-3`` is a number (PyYAML alone reads it as text); a key given twice and an empty file
+    are refused with one line each."""
+    from dask_rpm.job import load_job
+
+    path = write_job(tmp_path, digits[0])
+    text = path.read_text().replace("learning-rate: 0.005", "learning-rate: 5e-3")
+    assert "5e-3" in text
+    path.write_text(text)
+    assert load_job(path).learning_rate == 0.005
+    path.write_text(text + "hidden: 20\n")
+    assert main(["train", "--config", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'hidden' is given twice (lines" in err[0], err
+    path.write_text("# nothing yet\n")
+    assert main(["train", "--config", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is empty; it must hold a mapping" in err[0], err
+
+
+def test_a_batch_larger_than_the_data_says_so_in_one_line(tmp_path, digits, capsys):
+    path = write_job(tmp_path, digits[0], iterations=None, epochs=1, **{"batch-size": 5000})
+    assert main(["train", "--config", str(path)]) == 0
+    err = capsys.readouterr().err
+    assert "warning: batch_size=5000 is more than the 600 training samples" in err
 
 
 def test_nan_in_the_data_file_exits_2_naming_the_sample(tmp_path, digits, capsys):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -121,7 +122,9 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
         print(f"{prog}: error: choose a command: {names} (see {prog} --help)", file=sys.stderr)
         return 2
     try:
-        code = int(func(args) or 0)
+        with warnings.catch_warnings():
+            warnings.showwarning = _one_line_warning(f"{prog} {args.command}")
+            code = int(func(args) or 0)
         sys.stdout.flush()  # inside the try: a reader that left shows here, not at exit
         return code
     except (CLIError, PlanError) as e:
@@ -135,6 +138,15 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
         # the reader left (`plan | head`): nothing more to say, and nothing more to flush
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+
+
+def _one_line_warning(prefix: str) -> Callable[..., None]:
+    """``warnings.showwarning`` for the command line: one line, no source file or code."""
+
+    def show(message: Any, category: Any, *args: Any, **kwargs: Any) -> None:
+        print(f"{prefix}: warning: {' '.join(str(message).split())}", file=sys.stderr)
+
+    return show
 
 
 def _make_dask_cli() -> click.Command:

@@ -11,7 +11,8 @@ import numpy as np
 
 from .. import config
 from ..data import DataError
-from ..partition import Plan
+from ..partition import Plan, PlanError
+from ..planners import describe_names, mapping_names
 from ..policy import first_interval
 from ..prepare import Prepared
 from ..records import Checkpoint
@@ -55,6 +56,10 @@ class Options:
 
 def resolve_options(kw: dict[str, Any], job: Prepared) -> Options:
     mapping = config.get("train.mapping", kw["mapping"])
+    if not isinstance(mapping, Plan) and str(mapping).strip().lower() not in mapping_names():
+        raise PlanError(
+            f"mapping={mapping!r} is not known; valid: {describe_names(mapping_names())}, or a Plan"
+        )
     try:  # with R="auto" the first check comes after one estimation window
         interval, auto = first_interval(kw["interval"])
     except ValueError as exc:

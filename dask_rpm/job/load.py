@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import math
 import os
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -45,6 +46,38 @@ _REQUIRED = {
 }
 
 
+class _JobLoader(yaml.SafeLoader):
+    """YAML as a job file's author means it: ``1e-3`` is a number (YAML 1.2; PyYAML's 1.1 rules
+    read it as text), and a key given twice is an error, not the last one silently winning."""
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"{key!r} is given twice (lines {seen[key] + 1} and "
+                    f"{key_node.start_mark.line + 1}); keep one",
+                    key_node.start_mark,
+                )
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
+_JobLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^[-+]?(?:[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+        |[0-9][0-9_]*[eE][-+]?[0-9]+
+        |\.[0-9_]+(?:[eE][-+]?[0-9]+)?)$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
+
+
 def _read(path: str) -> tuple[str, dict[str, Any]]:
     """The job file's text and its YAML mapping."""
     try:
@@ -58,13 +91,18 @@ def _read(path: str) -> tuple[str, dict[str, Any]]:
     except OSError as e:
         raise JobError(f"cannot read job file {path!r}: {e.strerror}") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_JobLoader)  # noqa: S506 - a SafeLoader (above)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise JobError(
             f"job file {path!r} is not valid YAML{where}: {getattr(e, 'problem', e)}"
         ) from None
+    if raw is None:
+        raise JobError(
+            f"job file {path!r} is empty; it must hold a mapping of keys such as 'data:', "
+            f"'hidden:', 'output:' (see dask-rpm train --help)"
+        )
     if not isinstance(raw, dict):
         raise JobError(
             f"job file {path!r} must hold a mapping of keys such as 'data:', 'hidden:', "
