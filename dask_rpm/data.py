@@ -53,7 +53,14 @@ def _open(path: str | os.PathLike) -> Any:
         raise DataError(
             f"data file {path!r} does not exist; pass a netCDF file with variables x(sample, input) and d(sample, output)"
         )
-    return xr.open_dataset(path, engine="h5netcdf")
+    try:
+        return xr.open_dataset(path, engine="h5netcdf")
+    except (OSError, ValueError) as e:  # truncated, not HDF5, not netCDF-4
+        raise DataError(
+            f"data file {path!r} cannot be read as netCDF-4 ({type(e).__name__}: "
+            f"{' '.join(str(e).split())[:160]}); is it complete? Write one with "
+            f"dask_rpm.data.write_dataset"
+        ) from None
 
 
 def _check_dataset(ds: Any, where: str) -> None:
@@ -202,9 +209,25 @@ def check_training_args(
         return W0.astype(dtype, copy=True), V0.astype(dtype, copy=True)
     if hidden is None or not isinstance(hidden, (int, np.integer)) or hidden < 1:
         raise DataError(f"hidden={hidden!r}; give the number of hidden units as a positive integer")
+    _check_fits_in_memory(int(hidden), n, l, dtype)
     return init_weights(
         n, int(hidden), l, seed=seed, scale=float(config.get("train.init-scale")), dtype=dtype
     )
+
+
+def _check_fits_in_memory(m: int, n: int, l: int, dtype: str) -> None:  # noqa: E741
+    """Refuse a network whose weights alone exceed this machine's memory, before allocating them."""
+    need = float(m) * (n + l) * np.dtype(dtype).itemsize
+    try:
+        have = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):  # not a POSIX system: nothing to compare with
+        return
+    if need > have:
+        raise DataError(
+            f"hidden={m}: the weights alone need {need / 2**30:.1f} GiB ({m} x ({n} + {l}) "
+            f"{np.dtype(dtype).name}), more than this machine's {have / 2**30:.1f} GiB; give fewer "
+            f"hidden units"
+        )
 
 
 def load_slice(path: str, s0: int, s1: int, dtype: str) -> tuple[np.ndarray, np.ndarray]:

@@ -415,15 +415,28 @@ class MLPModel:
             )
         return ds
 
-    def save(self, path: str | os.PathLike) -> str:
+    def save(self, path: str | os.PathLike, *, overwrite: bool = False) -> str:
         """Write the model to one netCDF file, atomically (readers see the old file or the new one);
-        returns the path."""
+        returns the path.
+
+        As ``dask-rpm`` does with outputs: an existing file is replaced only with
+        ``overwrite=True``, and the directory must exist (a typo in it is not created).
+        """
         import warnings
 
         path = os.fspath(path)
         if os.path.isdir(path):
             raise ModelError(
                 f"model path {path!r} is a directory; give a file name such as model.nc"
+            )
+        if os.path.exists(path) and not overwrite:
+            raise ModelError(
+                f"model path {path!r} exists; pass overwrite=True to replace it, or another name"
+            )
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder):
+            raise ModelError(
+                f"model path {path!r}: the directory {folder!r} does not exist; create it first"
             )
         with (
             warnings.catch_warnings()

@@ -44,3 +44,22 @@ def test_x_and_d_on_different_sample_dimensions_are_refused(tmp_path):
     ds.to_netcdf(tmp_path / "lens.nc", engine="h5netcdf")
     with pytest.raises(DataError, match="same sample dimension"):
         data_shape(tmp_path / "lens.nc")
+
+
+def test_a_truncated_file_and_a_network_larger_than_memory_are_one_clear_error(tmp_path):
+    from dask_rpm import fit_serial
+
+    rng = np.random.default_rng(0)
+    path = tmp_path / "data.nc"
+    write_dataset(path, rng.normal(size=(500, 20)), rng.normal(size=(500, 2)))
+    raw = path.read_bytes()
+    path.write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(DataError, match=r"data\.nc' cannot be read as netCDF-4 .*is it complete"):
+        fit_serial(str(path), hidden=3, iterations=1)
+    # refused before allocating: hidden units whose weights need twice this machine's memory
+    import os
+
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    hidden = int(2 * memory / (62 * 8))
+    with pytest.raises(DataError, match=rf"hidden={hidden}: the weights alone need .* GiB"):
+        fit_serial(rng.normal(size=(10, 60)), rng.normal(size=(10, 2)), hidden=hidden, iterations=1)

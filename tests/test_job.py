@@ -1261,3 +1261,22 @@ def test_a_slurm_job_without_a_reachable_slurm_is_one_line_and_exit_2(tmp_path, 
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and "SLURM cannot take jobs from here: sbatch is not on the PATH" in lines[0]
     assert sorted(os.listdir(tmp_path)) == ["bin", "job.yaml"]  # nothing written
+
+
+def test_nan_found_by_a_worker_prints_no_worker_traceback(tmp_path, digits):
+    """The worker returns the user's data error instead of failing its task: its log (this
+    process group's stderr, as on a terminal) shows no "Compute Failed" traceback."""
+    _, x, d = digits
+    x = x.copy()
+    x[3, 1] = np.inf
+    write_dataset(tmp_path / "bad.nc", x, d)
+    path = write_job(tmp_path, str(tmp_path / "bad.nc"))
+    p = subprocess.run(
+        [sys.executable, "-m", "dask_rpm.cli", "train", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "x[3, 1] = inf (sample 3)" in lines[0], p.stderr[-3000:]

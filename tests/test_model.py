@@ -272,6 +272,14 @@ def test_load_refuses_what_is_not_a_model(tmp_path):
         MLPModel.load(result)
     with pytest.raises(ModelError, match="is a directory"):
         model.save(tmp_path)
+    # as the command line does: no silent replacement, no directory made from a typo
+    first = model.save(tmp_path / "keep.nc")
+    with pytest.raises(ModelError, match="exists; pass overwrite=True to replace it"):
+        model.save(first)
+    assert model.save(first, overwrite=True) == first
+    with pytest.raises(ModelError, match="the directory .*typo.* does not exist"):
+        model.save(tmp_path / "typo" / "m.nc")
+    assert not (tmp_path / "typo").exists()
 
 
 def test_from_result_without_recipe_is_refused():

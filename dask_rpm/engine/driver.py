@@ -223,18 +223,14 @@ class Driver:
                     worker=w,
                 )
             )
-        self._watch = {
-            self.addresses[w] for w in plan.planned_workers
-        }  # the old plan's workers do not matter
+        # the old plan's workers do not matter
+        self._watch = {self.addresses[w] for w in plan.planned_workers}
         try:
             read = await self._wait_all(futures)
         finally:
             self._watch = None
-        others = [
-            self.addresses[i]
-            for i in range(len(self.addresses))
-            if i not in lays and i not in self.gone
-        ]
+        n = len(self.addresses)
+        others = [self.addresses[i] for i in range(n) if i not in lays and i not in self.gone]
         if others:  # workers of an earlier plan that have no rectangle now
             await self.run_on(run_clear, self.run, workers=others)  # errors ignored: best effort
         self.plan, self.iteration = plan, start.iteration
@@ -442,7 +438,10 @@ class Driver:
                 if isinstance(error, DataError):
                     raise _users(error) from None
                 raise TrainingError(f"task {f.key} failed: {error!r}") from error
-            out.append(await self._result(f))
+            result = await self._result(f)
+            if isinstance(result, DataError):  # a refusal t_setup returned (the user's data)
+                raise _users(result) from None
+            out.append(result)
         return out
 
     async def _result(self, future: Any) -> Any:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from .. import config
+from ..data import DataError
 from ..emulation import PLUGIN_NAME as EMULATION_PLUGIN
 from ..recipe import Recipe
 from ..records import BlockResult, BlockSpec, Layout
@@ -77,9 +78,10 @@ def t_setup(
     recipe: Recipe,
     dtype: str,
     iteration: int,
-) -> int:
+) -> int | DataError:
     """Create this worker's state for a run: its shard, its samples (``source``: path, rows or a
-    :class:`~dask_rpm.engine.samples.SampleSource`); returns the bytes read from a checkpoint store.
+    :class:`~dask_rpm.engine.samples.SampleSource`); returns the bytes read from a checkpoint store,
+    or the :class:`~dask_rpm.data.DataError` its samples raised.
 
     ``weights`` are the shard's rows the driver scattered, or which rows of a
     checkpoint store to read (:class:`~dask_rpm.engine.store.StoreRows`):
@@ -92,7 +94,12 @@ def t_setup(
         weights = read_rows(weights, dtype)
         read = weights.pop("bytes")
     data = _column(source, layout, recipe, dtype)
-    data.load(iteration)  # bad values in a dataset file are found here, before the first iteration
+    try:
+        data.load(iteration)  # bad values in a dataset file are found here, before the first one
+    except DataError as exc:
+        # the user's data, not a failure of the task: returned, so the worker logs no "Compute
+        # Failed" traceback, and the driver raises it as one line
+        return exc
     state = RunState(worker, layout, _shard(weights, recipe), data, recipe)
     state.iteration = iteration
     old = plugin.runs.get(layout.run)

@@ -404,7 +404,8 @@ class MLPBase(BaseEstimator):
         check_is_fitted(self, "coefs_")
         return validate_data(self, X, reset=False, dtype=(np.float64, np.float32))
 
-    def save(self, path: Any) -> str:
-        """Write the fitted model (:meth:`dask_rpm.MLPModel.save`); :meth:`dask_rpm.MLPModel.load` reads it."""
+    def save(self, path: Any, *, overwrite: bool = False) -> str:
+        """Write the fitted model (:meth:`dask_rpm.MLPModel.save`: an existing file only with
+        ``overwrite=True``); :meth:`dask_rpm.MLPModel.load` reads it."""
         check_is_fitted(self, "model_")
-        return self.model_.save(path)
+        return self.model_.save(path, overwrite=overwrite)

@@ -337,13 +337,13 @@ def save_model(job: Job, result: FitResult, *, start: int, written: str, out: Te
     next to the result file that was written (as the result itself is rescued)."""
     assert job.model is not None
     model = MLPModel.from_result(result, meta={"job": job.text, "resumed_from_iteration": start})
-    try:
-        return model.save(job.model)
+    try:  # check_paths decided whether the job may replace it
+        return model.save(job.model, overwrite=True)
     except (OSError, TargetError) as e:
         first = f"{type(e).__name__}: {e}"
     rescue = os.path.splitext(written)[0] + ".model.nc"
     try:
-        saved = model.save(rescue)
+        saved = model.save(rescue, overwrite=True)
     except (OSError, TargetError) as e:
         raise TrainingError(
             f"could not write the model to {job.model!r} ({first}) nor to {rescue!r} ({e}); the "
