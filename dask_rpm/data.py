@@ -260,18 +260,63 @@ def load_rows(path: str, rows: np.ndarray, dtype: str) -> tuple[np.ndarray, np.n
     return np.ascontiguousarray(x[inverse]), np.ascontiguousarray(d[inverse])
 
 
-def write_dataset(path: str | os.PathLike, x: np.ndarray, d: np.ndarray, **attrs: Any) -> str:
-    """Write ``x`` and ``d`` as a training dataset (netCDF, atomically)."""
+def write_dataset(path: str | os.PathLike, x: Any, d: Any, **attrs: Any) -> str:
+    """Write a training dataset: ``x(sample, input)`` and ``d(sample, output)`` in one netCDF file,
+    atomically - what ``data:`` in a job file and ``fit(x=path)`` read.
+
+    Parameters
+    ----------
+    path : str or path
+    x : array_like or pandas.DataFrame, (samples, inputs)
+        Numeric and finite.
+    d : array_like, (samples, outputs) or (samples,)
+        Targets; 1-D class labels (numbers or strings) are written one-hot,
+        with the labels as the ``output`` coordinate, so a classifier trained
+        on the file predicts them.
+    **attrs
+        Global attributes (e.g. ``source="..."``).
+    """
     import xarray as xr
 
+    xa = np.asarray(x)
+    labels = None
+    da = np.asarray(d)
+    if da.ndim == 1:
+        labels = np.unique(da)
+        da = (da[:, None] == labels[None, :]).astype(np.float64)
+    if xa.ndim != 2 or da.ndim != 2 or len(xa) != len(da):
+        raise DataError(
+            f"x{xa.shape} and d{np.asarray(d).shape}: give x as (samples, inputs) and d as "
+            f"(samples, outputs) or 1-D labels, with one row per sample in both"
+        )
+    for name, arr in (("x", xa), ("d", da)):
+        if not np.issubdtype(arr.dtype, np.number):
+            raise DataError(f"{name} has dtype {arr.dtype}; it must be numeric")
+        msg = first_non_finite(name, arr)
+        if msg is not None:
+            raise DataError(msg)
+    coords = {}
+    if labels is not None:
+        kind = labels.astype(str) if labels.dtype.kind in "OUS" else labels
+        coords["output"] = ("output", kind, {"description": "class labels (d is one-hot)"})
     ds = xr.Dataset(
         {
-            "x": (("sample", "input"), np.asarray(x), {"description": "network inputs"}),
-            "d": (("sample", "output"), np.asarray(d), {"description": "teacher signals"}),
+            "x": (("sample", "input"), xa, {"description": "network inputs"}),
+            "d": (("sample", "output"), da, {"description": "teacher signals"}),
         },
+        coords=coords,
         attrs=attrs,
     )
     return atomic_to_netcdf(ds, path)
+
+
+def dataset_classes(path: str | os.PathLike) -> np.ndarray | None:
+    """The class labels of a dataset :func:`write_dataset` wrote from labels (its ``output``
+    coordinate), or None."""
+    with _open(path) as ds:
+        if "output" not in ds.coords:
+            return None
+        return np.asarray(ds["output"].values)
 
 
 def atomic_to_netcdf(ds: Any, path: str | os.PathLike) -> str:

@@ -14,7 +14,14 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from . import config
-from .data import DataError, as_arrays, check_training_args, data_shape, load_rows
+from .data import (
+    DataError,
+    as_arrays,
+    check_training_args,
+    data_shape,
+    dataset_classes,
+    load_rows,
+)
 from .recipe import Recipe, RecipeError, Validator, holdout, one_hot, recipe
 
 __all__ = ["Prepared", "prepare"]
@@ -211,7 +218,10 @@ def _source(x: Any, d: Any, loss: str | None, classes: Any, load: bool) -> _Sour
     """Arrays with 2-D targets, or the path and shape of a dataset left for the workers."""
     if isinstance(x, (str, os.PathLike)) and not load:
         path = os.path.abspath(os.fspath(x))
-        return _Source(path, None, None, classes, data_shape(path))
+        shape = data_shape(path)
+        if classes is None:  # labels written with the file (dask_rpm.data.write_dataset)
+            classes = dataset_classes(path)
+        return _Source(path, None, None, classes, shape)
     xa, da = as_arrays(x, d) if d is None or np.ndim(d) != 1 else (np.asarray(x), np.asarray(d))
     if xa.ndim != 2:
         raise DataError(f"x must be (samples, inputs); got shape {xa.shape}")

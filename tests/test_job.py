@@ -1259,7 +1259,10 @@ def test_a_slurm_job_without_a_reachable_slurm_is_one_line_and_exit_2(tmp_path, 
     )
     assert p.returncode == 2, p.stderr
     lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and "SLURM cannot take jobs from here: sbatch is not on the PATH" in lines[0]
+    assert (
+        len(lines) == 1
+        and "SLURM cannot take jobs from here: sbatch is not on the PATH" in lines[0]
+    )
     assert sorted(os.listdir(tmp_path)) == ["bin", "job.yaml"]  # nothing written
 
 
@@ -1280,3 +1283,57 @@ def test_nan_found_by_a_worker_prints_no_worker_traceback(tmp_path, digits):
     assert p.returncode == 2
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and "x[3, 1] = inf (sample 3)" in lines[0], p.stderr[-3000:]
+
+
+def test_a_classification_job_from_labels_written_with_write_dataset(tmp_path):
+    """The documented way to make a job's data: ``write_dataset(path, x, labels)`` (labels of any
+    kind, written one-hot with the labels kept); the job's model predicts those labels, and
+    ``dask-rpm predict`` scores against the file's targets."""
+    from sklearn.datasets import load_iris
+
+    from dask_rpm import MLPModel
+
+    x, y = load_iris(return_X_y=True)
+    names = np.array(["setosa", "versicolor", "virginica"])[y]
+    x = (x - x.mean(axis=0)) / x.std(axis=0)
+    write_dataset(tmp_path / "iris.nc", x, names)
+    path = write_job(
+        tmp_path,
+        str(tmp_path / "iris.nc"),
+        iterations=300,
+        loss="cross-entropy",
+        bias=True,
+        optimizer="adam",
+        **{"learning-rate": 0.01},
+    )
+    assert main(["train", "--config", str(path)]) == 0
+    model = MLPModel.load(tmp_path / "result.model.nc")
+    assert list(model.classes) == ["setosa", "versicolor", "virginica"]
+    assert model.score(x, names) > 0.9
+    p = subprocess.run(
+        [
+            sys.executable, "-m", "dask_rpm.cli", "predict",
+            "--model", str(tmp_path / "result.model.nc"),
+            "--data", str(tmp_path / "iris.nc"),
+            "--output", str(tmp_path / "pred.nc"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    acc = float(p.stdout.split("accuracy against d: ")[1].split(";")[0])
+    assert acc == pytest.approx(model.score(x, names), abs=1e-12)
+    labels = _open(tmp_path / "pred.nc")["prediction"].values
+    assert set(labels) <= {"setosa", "versicolor", "virginica"}
+    # a file of the user's own with 1-D labels as d: scored against them too
+    import xarray
+
+    xarray.Dataset({"x": (("sample", "input"), x), "d": (("sample",), names)}).to_netcdf(
+        tmp_path / "own.nc", engine="h5netcdf"
+    )
+    out = main(
+        ["predict", "--model", str(tmp_path / "result.model.nc"), "--data", str(tmp_path / "own.nc"),
+         "--output", str(tmp_path / "pred2.nc")]
+    )  # fmt: skip
+    assert out == 0 and _open(tmp_path / "pred2.nc").attrs["accuracy"] == pytest.approx(acc)

@@ -158,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         ds = predictions_dataset(model, x)
         score = None
-        if d is not None and d.ndim == 2 and len(d) == len(x):
+        if d is not None and d.ndim in (1, 2) and len(d) == len(x):
             truth = _truth(model, d)
             if truth is not None:
                 score = model.score(x, truth)
@@ -190,6 +190,10 @@ def _truth(model: MLPModel, d: np.ndarray) -> np.ndarray | None:
     """The targets ``d`` as :meth:`MLPModel.score` takes them (class labels for a classifier);
     None when their width does not fit the model."""
     classes = model.classes
+    if model.is_classifier and d.ndim == 1:  # class labels, as write_dataset takes them
+        return d.astype(str) if classes is not None and classes.dtype.kind in "US" else d
+    if d.ndim == 1:
+        d = d[:, None]
     if model.is_classifier:
         if classes is None or d.shape[1] != len(classes):
             return None
