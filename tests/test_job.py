@@ -1337,3 +1337,21 @@ def test_a_classification_job_from_labels_written_with_write_dataset(tmp_path):
          "--output", str(tmp_path / "pred2.nc")]
     )  # fmt: skip
     assert out == 0 and _open(tmp_path / "pred2.nc").attrs["accuracy"] == pytest.approx(acc)
+
+
+@pytest.mark.slurm
+def test_worker_job_logs_go_next_to_the_output_not_into_the_working_directory(
+    slurm_cluster, tmp_path, monkeypatch
+):
+    groups = [{"name": "big", "jobs": 1, "speed": 1.0}]
+    path = slurm_job(tmp_path, slurm_cluster.partitions, groups, iterations=20)
+    job = yaml.safe_load(path.read_text())
+    del job["workers"]["slurm"]["cluster"]["log-directory"]  # the default
+    path.write_text(yaml.safe_dump(job))
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    assert main(["train", "--config", str(path)]) == 0
+    assert list(cwd.iterdir()) == []  # nothing where the command happened to run
+    logs = list((tmp_path / "result.slurm-logs").glob("*.out"))
+    assert logs, sorted(os.listdir(tmp_path))

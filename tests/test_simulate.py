@@ -149,3 +149,12 @@ def test_simulate_is_pure():
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_cli_writes_no_file_unless_asked(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["simulate", "--n", "4", "--distribution", "A"]) == 0
+    out = capsys.readouterr()
+    assert out.out.startswith("SIMULATION (cost model, not measured)") and "| 4 |" in out.out
+    assert "--out DIR also writes" in out.err
+    assert os.listdir(tmp_path) == []  # nothing in the working directory

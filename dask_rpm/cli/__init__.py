@@ -98,6 +98,12 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     parser.add_argument(
         "--version", action="version", version=f"%(prog)s {__version__}", help="print the version"
     )
+    parser.add_argument(
+        "--debug",
+        "-v",
+        action="store_true",
+        help="on an unexpected error, show its traceback (default: one line)",
+    )
     sub = parser.add_subparsers(dest="command", metavar="<command>")
     for add in (*COMMANDS, *_REGISTERED):
         add(sub)
@@ -138,6 +144,16 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
         # the reader left (`plan | head`): nothing more to say, and nothing more to flush
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except Exception as e:  # a failure that is not bad input: one line unless --debug
+        if args.debug:
+            raise
+        msg = " ".join(str(e).split())[:500]
+        print(
+            f"{prog} {args.command}: failed: {type(e).__name__}: {msg} (run with --debug for the "
+            f"traceback)",
+            file=sys.stderr,
+        )
+        return 1
 
 
 def _one_line_warning(prefix: str) -> Callable[..., None]:

@@ -113,7 +113,10 @@ def add_parser(subparsers: Any) -> None:
         "--check", metavar="BENCH_NC", help="instead: predict the rows of a dask-rpm bench result"
     )
     p.add_argument(
-        "--out", default="rpm-simulate", help="output directory for simulate.png/.md/.nc"
+        "--out",
+        default=None,
+        help="also write simulate.png, simulate.md and simulate.nc into this directory "
+        "(default: print the table only)",
     )
     p.add_argument("--json", action="store_true", help="print JSON rows")
     p.set_defaults(func=run)
@@ -147,13 +150,14 @@ def run(args: argparse.Namespace) -> int:
         )
     except (SimulateError, PlanError) as e:
         raise CLIError(str(e)) from None
-    os.makedirs(args.out, exist_ok=True)
-    atomic_write(
-        os.path.join(args.out, "simulate.nc"), lambda tmp: ds.to_netcdf(tmp, engine="h5netcdf")
-    )
     table = markdown(ds)
-    atomic_write_text(os.path.join(args.out, "simulate.md"), table)
-    plot_simulation(ds, os.path.join(args.out, "simulate.png"))
+    if args.out is not None:  # files only where the user asked for them
+        os.makedirs(args.out, exist_ok=True)
+        atomic_write(
+            os.path.join(args.out, "simulate.nc"), lambda tmp: ds.to_netcdf(tmp, engine="h5netcdf")
+        )
+        atomic_write_text(os.path.join(args.out, "simulate.md"), table)
+        plot_simulation(ds, os.path.join(args.out, "simulate.png"))
     if args.json:
         rows = [
             {
@@ -168,10 +172,12 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(rows))
     else:
         print(table)
-        print(
-            f"wrote {args.out}/simulate.nc, simulate.md, simulate.png  (SIMULATION, not measured)",
-            file=sys.stderr,
+        wrote = (
+            f"wrote {args.out}/simulate.nc, simulate.md, simulate.png"
+            if args.out is not None
+            else "--out DIR also writes simulate.nc, .md and .png"
         )
+        print(f"{wrote}  (SIMULATION, not measured)", file=sys.stderr)
     return 0
 
 

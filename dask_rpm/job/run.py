@@ -74,12 +74,20 @@ def _client_for(job: Job, out: TextIO) -> Iterator[Client]:
     why = slurm_unavailable(partitions)
     if why is not None:
         raise JobError(f"job file: workers.slurm: SLURM cannot take jobs from here: {why}")
-    with HeterogeneousSLURMCluster(spec["groups"], **spec["cluster"]) as cluster:
+    cluster_kw = dict(spec["cluster"])
+    if "log_directory" not in cluster_kw and not dask.config.get(
+        "jobqueue.slurm.log-directory", None
+    ):  # the worker jobs' slurm-*.out next to the output, not in whatever directory this runs in
+        stem = os.path.splitext(job.output)[0]
+        cluster_kw["log_directory"] = f"{stem}.slurm-logs"
+    with HeterogeneousSLURMCluster(spec["groups"], **cluster_kw) as cluster:
         jobs = ", ".join(
             f"{g.name}: {g.jobs} job(s) x {g.processes} worker(s)" for g in spec["groups"]
         )
+        logs = cluster_kw.get("log_directory") or dask.config.get("jobqueue.slurm.log-directory")
         print(
-            f"workers: SLURM groups {jobs}; scheduler {cluster.scheduler_address}",
+            f"workers: SLURM groups {jobs}; scheduler {cluster.scheduler_address}; worker job "
+            f"logs in {logs}",
             file=out,
             flush=True,
         )
