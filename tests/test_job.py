@@ -1355,3 +1355,18 @@ def test_worker_job_logs_go_next_to_the_output_not_into_the_working_directory(
     assert list(cwd.iterdir()) == []  # nothing where the command happened to run
     logs = list((tmp_path / "result.slurm-logs").glob("*.out"))
     assert logs, sorted(os.listdir(tmp_path))
+
+
+def test_alpha_and_reduction_in_a_job_file_equal_fit_serial(tmp_path, digits, capsys):
+    data, x, d = digits
+    path = write_job(
+        tmp_path, data, iterations=20, alpha=0.5, reduction="mean", **{"batch-size": 100}
+    )
+    assert main(["train", "--config", str(path)]) == 0
+    ds = _open(tmp_path / "result.nc")
+    W, V, err = fit_serial(
+        x, d, hidden=12, iterations=20, learning_rate=0.005, seed=0, batch_size=100, alpha=0.5,
+        reduction="mean",
+    )  # fmt: skip
+    np.testing.assert_allclose(ds["W"].values, W, rtol=RTOL, atol=0)
+    np.testing.assert_allclose(ds["error"].values, err, rtol=RTOL, atol=0)

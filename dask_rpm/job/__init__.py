@@ -45,6 +45,8 @@ What is trained (each optional; default ``rpm.train.*``; docs/training.md)::
     validate-every: auto        # iterations between validation evaluations
     early-stopping: 5           # stop after this many evaluations without improvement (needs validation)
     tol: 1.0e-4                 # an improvement must lower the best validation loss by this fraction
+    alpha: 1.0e-4               # L2 penalty 0.5 alpha sum W^2 on the weights (not the biases)
+    reduction: mean             # sum (the paper's) | mean: step on the batch-mean gradient
 
 ``mapping``, ``seed``, ``dtype``, ``min-workers`` and ``on-worker-loss``
 that the file leaves out are not fixed by the job: ``fit`` reads

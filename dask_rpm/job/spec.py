@@ -49,6 +49,8 @@ TRAINING_KEYS = {
     "validate-every": "validate_every",
     "early-stopping": "early_stopping",
     "tol": "tol",
+    "alpha": "alpha",
+    "reduction": "reduction",
 }
 
 #: Job keys whose default is the ``rpm.train.*`` setting of the same name, by
