@@ -240,3 +240,16 @@ def test_06_classifier(tmp_path):
 
     loaded = dask_rpm.MLPModel.load(model)  # the file the tutorial saved
     assert loaded.is_classifier and loaded.meta["params"]["solver"] == "adam"
+
+
+def test_06_without_scikit_learn_says_what_to_install(tmp_path):
+    """After the README's plain ``pip install .`` (no scikit-learn), the tutorial says what to
+    install instead of dying with ModuleNotFoundError."""
+    hidden = tmp_path / "hide"
+    (hidden / "sklearn").mkdir(parents=True)
+    (hidden / "sklearn" / "__init__.py").write_text("raise ImportError('not installed')\n")
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(hidden), os.environ.get("PYTHONPATH", "")])
+    )
+    out = _run("06_classifier.py", env=env, timeout=120).stdout
+    assert out.strip() == "SKIPPED: this tutorial needs scikit-learn: pip install '.[sklearn]'"

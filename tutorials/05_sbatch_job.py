@@ -97,6 +97,11 @@ def main() -> int:
     if reason:
         print(f"SKIPPED: this tutorial needs SLURM: {reason}")
         return 0
+    try:
+        import sklearn  # noqa: F401  (its digits are the job's data)
+    except ImportError:
+        print("SKIPPED: this tutorial needs scikit-learn: pip install '.[sklearn]'")
+        return 0
     work = args.keep or tempfile.mkdtemp(prefix="rpm-tutorial-sbatch-")
     os.makedirs(work, exist_ok=True)
     here = os.getcwd()

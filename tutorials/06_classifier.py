@@ -33,11 +33,18 @@ import argparse
 import os
 import tempfile
 
+import sys
+
 import numpy as np
 from distributed import Client
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
-from sklearn.preprocessing import StandardScaler
+
+try:
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+    from sklearn.preprocessing import StandardScaler
+except ImportError:
+    print("SKIPPED: this tutorial needs scikit-learn: pip install '.[sklearn]'")
+    sys.exit(0)
 
 import dask_rpm
 
