@@ -31,9 +31,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
-
 import sys
+import tempfile
 
 import numpy as np
 from distributed import Client
