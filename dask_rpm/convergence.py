@@ -65,6 +65,8 @@ class ConvergenceRule:
         What :meth:`state` returned at the end of an earlier ``fit``
         (``warm_start``): the loss curve, the best loss, the count of epochs
         without improvement and the samples seen go on from there.
+    verbose : bool
+        Print scikit-learn's per-epoch lines (loss; validation score).
     """
 
     def __init__(
@@ -79,6 +81,7 @@ class ConvergenceRule:
         n_iter_no_change: int = 10,
         score: Callable[[np.ndarray, np.ndarray], float] | None = None,
         state: dict[str, Any] | None = None,
+        verbose: bool = False,
     ) -> None:
         self.samples = int(samples)
         self.lr_init = float(learning_rate_init)
@@ -86,6 +89,7 @@ class ConvergenceRule:
         self.solver, self.schedule, self.power_t = solver, learning_rate, float(power_t)
         self.tol, self.n_iter_no_change = float(tol), int(n_iter_no_change)
         self.score = score
+        self.verbose = bool(verbose)
         state = state or {}
         self.loss_curve: list[float] = list(state.get("loss_curve", []))
         self.best_loss: float = float(state.get("best_loss", math.inf))
@@ -111,10 +115,14 @@ class ConvergenceRule:
         self.loss_curve.append(loss)
         self.t += self.samples
         self.epochs += 1
+        if self.verbose:  # scikit-learn's lines
+            print(f"Iteration {len(self.loss_curve)}, loss = {loss:.8f}")
         if self.score is not None:
             assert W is not None and V is not None, "early stopping scores the weights"
             value = float(self.score(W, V))
             self.validation_scores.append(value)
+            if self.verbose:
+                print(f"Validation score: {value:f}")
             self.no_improvement = (
                 self.no_improvement + 1 if value < self.best_score + self.tol else 0
             )

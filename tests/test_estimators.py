@@ -333,3 +333,13 @@ def test_digits_on_an_emulated_cluster_is_scikit_learns_model(emulated_client, c
         )
     assert _relative(ours, theirs) < 1e-9
     assert acc == theirs.score(Xte, yte) and acc > 0.95
+
+
+def test_verbose_prints_scikit_learns_lines(capsys):
+    x, y = _classes()
+    params = dict(hidden_layer_sizes=(4,), max_iter=3, random_state=0, verbose=True)
+    _fit_quiet(SKClassifier(**params), x, y)
+    theirs = capsys.readouterr().out
+    _fit_quiet(MLPClassifier(**params), x, y)
+    ours = capsys.readouterr().out
+    assert ours == theirs and ours.startswith("Iteration 1, loss = ")

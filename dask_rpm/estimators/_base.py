@@ -164,6 +164,7 @@ class MLPBase(BaseEstimator):
             n_iter_no_change=p["n_iter_no_change"],
             score=score,
             state=self._rule_state,
+            verbose=bool(p["verbose"]),
         )
         # the rate the optimizer reached (sgd's invscaling and adaptive change it; partial_fit goes on)
         rule.lr = self._lr
