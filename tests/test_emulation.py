@@ -125,6 +125,35 @@ def test_pace_is_noop_on_plain_worker():
         assert emulation_report(client) == []
 
 
+def _hooks(dask_worker):
+    from dask_rpm.hooks import worker_hooks
+
+    h = worker_hooks(dask_worker)
+    return h.paced, h.before_send is not None, h.pace.__module__
+
+
+def test_the_engine_calls_no_emulation_code_on_a_real_cluster():
+    """The engine reaches pacing and link delays only through the worker's hooks: a plain
+    worker's are the no-ops of dask_rpm.hooks; EMULATED ones get the emulation's, and lose
+    them when the plugin leaves."""
+    from dask_rpm import fit
+
+    x = np.random.default_rng(0).normal(size=(40, 3))
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as cluster,
+        Client(cluster) as client,
+    ):
+        fit(x, x[:, :2], hidden=4, iterations=3, learning_rate=0.01, progress="none")
+        assert set(client.run(_hooks).values()) == {(False, False, "dask_rpm.hooks")}
+    with (
+        local_cluster(speeds=[1.0, 0.5], nodes=["a", "b"], dashboard_address=":0") as cluster,
+        Client(cluster) as client,
+    ):
+        assert set(client.run(_hooks).values()) == {(True, True, "dask_rpm.emulation.pacing")}
+        client.run(lambda dask_worker: dask_worker.plugins[emu.PLUGIN_NAME].teardown(dask_worker))
+        assert {v[0] for v in client.run(_hooks).values()} == {False}
+
+
 # ---------------------------------------------------------------- scale
 
 

@@ -17,8 +17,9 @@ every node is a group of its own, so messages between nodes are
 
 What is delayed (on the sending worker, without blocking its event loop):
 
-* the engine's worker-to-worker messages (``rpm_put``, :func:`link_delay`
-  in :meth:`dask_rpm.engine.worker.RunState.send`), first in first out per
+* the engine's worker-to-worker messages (``rpm_put``: the plugin sets the
+  worker's ``before_send`` hook, :mod:`dask_rpm.hooks`, which
+  :meth:`dask_rpm.engine.worker.RunState.send` awaits), first in first out per
   peer: a later message to the same peer never overtakes an earlier one;
 * Dask's worker-to-worker data transfers (the ``get_data`` handler that serves
   a task's dependency to another worker), which is what the link probe
@@ -44,6 +45,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from .. import config
 from ..cost import LINK_CLASSES, LinkClass, Network, link_class, network_from_config
+from ..hooks import worker_hooks
 
 __all__ = [
     "LINKS_PLUGIN_NAME",
@@ -288,6 +290,7 @@ class LinkEmulationPlugin(WorkerPlugin):
         self._get_data = worker.handlers.get("get_data")
         if self._get_data is not None:
             worker.handlers["get_data"] = self._delayed_get_data(self._get_data)
+        worker_hooks(worker).before_send = self.delay  # the engine's messages wait their link
         logger.info(
             "EMULATED links on worker %s: node %r",
             worker.name,
@@ -295,6 +298,7 @@ class LinkEmulationPlugin(WorkerPlugin):
         )
 
     def teardown(self, worker: Any) -> None:
+        worker_hooks(worker).before_send = None
         if self._get_data is not None:
             worker.handlers["get_data"] = self._get_data
             self._get_data = None

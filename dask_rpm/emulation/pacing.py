@@ -28,6 +28,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.worker import get_worker
 
 from .. import config
+from ..hooks import worker_hooks
 from .profile import PLUGIN_NAME, check_speed, parse_schedule
 from .rate import calibrate_rate
 
@@ -183,8 +184,11 @@ class EmulationPlugin(WorkerPlugin):
         )
         self._quiet_close = _HeartbeatAtClose(worker)
         logging.getLogger("distributed.worker").addFilter(self._quiet_close)
+        hooks = worker_hooks(worker)  # the engine's kernels now run at this worker's speed
+        hooks.pace, hooks.paced = pace, True
 
     def teardown(self, worker: Worker) -> None:
+        worker_hooks(worker).reset_pace()
         if self._limiter is not None:
             self._limiter.restore_original_limits()
             self._limiter = None

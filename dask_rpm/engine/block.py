@@ -36,21 +36,13 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..exchange import Schedule, WorkerStep, apply_received, build, worker_steps
+from ..hooks import worker_hooks
 from ..kernels import block_work
 from ..optim import mean_gradient, penalty
 from ..records import BlockResult, BlockSpec, TimingRecord
 from .errors import BlockAborted, PeerError
 
 __all__ = ["run_block"]
-
-
-def _pacer() -> Any:
-    """The EMULATED-speed padding (:func:`dask_rpm.emulation.pace`): a no-op on a worker that does
-    not emulate a speed. Imported when a block starts, not per kernel call, and not at module
-    import, so this module stays free of ``distributed``."""
-    from ..emulation import pace  # here, not at the top: see the docstring
-
-    return pace
 
 
 class _Exchange:
@@ -359,7 +351,9 @@ class _Kernels:
         self.opt = state.recipe.optimizer
         n, _, l = state.layout.shape
         self.dims = (state.layout.n_hidden, n, l)
-        self.pace = _pacer()
+        # the worker's hooks (dask_rpm.hooks): a no-op on a real worker, the EMULATED speed's
+        # padding where the emulation put it
+        self.pace = worker_hooks(state.worker).pace
         # the bias column of W and of V (local; None: not held), left out of the L2 penalty
         self.biases = (n - 1 if self.recipe.net.bias else None, self.ws.bias_row)
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import config
 from ..data import DataError
-from ..emulation import PLUGIN_NAME as EMULATION_PLUGIN
+from ..hooks import worker_hooks
 from ..recipe import Recipe
 from ..records import BlockResult, BlockSpec, Layout
 from ..threads import kernel_threads
@@ -114,7 +114,7 @@ async def t_block(run: str, spec: BlockSpec) -> BlockResult:
     worker = _worker()
     state = get_state(run, worker)
     # a paced (EMULATED) kernel sleeps, and must not sleep on the event loop
-    emulated = "-emulated" if EMULATION_PLUGIN in worker.plugins else ""
+    emulated = "-emulated" if worker_hooks(worker).paced else ""
     async with state.busy:
         # the worker's cores, not the one thread its nanny leaves BLAS (dask_rpm.threads)
         with kernel_threads(spec.threads or worker.state.nthreads) as threads:

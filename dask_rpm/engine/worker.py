@@ -32,7 +32,7 @@ import numpy as np
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.protocol import to_serialize
 
-from ..emulation.links import link_delay
+from ..hooks import worker_hooks
 from ..kernels import Workspace, all_finite
 from ..optim import Optimizer, step
 from ..recipe import Recipe
@@ -324,12 +324,14 @@ class RunState:
 
     async def _send(self, address: str, msg: dict[str, Any]) -> None:
         try:
-            # EMULATED link classes only (local_cluster(nodes=...)): the message waits its link's
-            # added delay first, in order per peer; a no-op on every other cluster
-            nbytes = sum(
-                len(p[1]) for p in msg["payload"] if isinstance(p, list) and p[:1] == ["nd"]
-            )
-            await link_delay(self.worker, address, nbytes)
+            # a hook (dask_rpm.hooks) only where one is set: EMULATED link classes
+            # (local_cluster(nodes=...)) make the message wait its link's added delay first
+            before_send = worker_hooks(self.worker).before_send
+            if before_send is not None:
+                nbytes = sum(
+                    len(p[1]) for p in msg["payload"] if isinstance(p, list) and p[:1] == ["nd"]
+                )
+                await before_send(address, nbytes)
             # one way (no reply): a lost peer shows as a failed write, a deadline, or the driver's abort
             await self.worker.rpc(address).rpm_put(reply=False, **msg)
         except Exception as exc:  # a peer that is gone or cannot be reached
