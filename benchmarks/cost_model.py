@@ -8,7 +8,7 @@ Two steps, so the model can be re-checked without re-running the cluster:
 
     * **calibration** cases: tiny compute, message patterns that differ in
       count and size (one column / two columns / all-to-all at N = 2..8).
-      They fix the network parameters of :class:`dask_rpm.cost.Network`
+      They fix the network parameters of :class:`dask_rpm.cost.Interconnect`
       (latency, per-message overhead, bandwidth, host bandwidth, fixed cost
       per iteration) by least squares (:func:`dask_rpm.cost.fit_network`);
     * **validation** cases: a compute-bearing workload at N = 4, 8, 16, 32

@@ -41,7 +41,7 @@ import numpy as np  # noqa: E402
 from distributed import Client, LocalCluster  # noqa: E402
 
 import dask_rpm  # noqa: E402
-from dask_rpm.cost import Network, predict_breakdown  # noqa: E402
+from dask_rpm.cost import Interconnect, predict_breakdown  # noqa: E402
 from dask_rpm.partition import Plan  # noqa: E402
 from dask_rpm.planners import make_plan  # noqa: E402
 
@@ -81,7 +81,7 @@ def _fit(client: Any, x: np.ndarray, d: np.ndarray, plan: Plan, iterations: int)
     return dask_rpm.fit(x, d, iterations=iterations, interval=iterations, **kw)
 
 
-def run(ks: list[int], iterations: int, repeats: int, net: Network) -> list[dict[str, Any]]:
+def run(ks: list[int], iterations: int, repeats: int, net: Interconnect) -> list[dict[str, Any]]:
     shape, s = (64, 256, 8), 2048
     x, d = _data(shape[0], shape[2], s)
     rows = []
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="write the rows here")
     a = p.parse_args(argv)
     # speeds are irrelevant to the exchange part of the prediction (compute is charged apart)
-    net = Network(latency=a.latency, bandwidth=a.bandwidth, overhead=1e-5)
+    net = Interconnect(latency=a.latency, bandwidth=a.bandwidth, overhead=1e-5)
     rows = run(a.workers, a.iterations, a.repeats, net)
     if a.json:
         with open(a.json, "w") as f:

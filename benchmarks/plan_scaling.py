@@ -94,10 +94,10 @@ def main() -> None:
 def time_planner(sizes: list[int]) -> None:
     import dask.config
 
-    from dask_rpm.cost import Network
+    from dask_rpm.cost import Interconnect
 
     a = np.array([0.25, 0.3125, 0.5, 1.0, 1.0, 0.4167, 0.6667, 0.5])
-    net = Network(latency=9e-4, bandwidth=1.3e9, overhead=1e-5)
+    net = Interconnect(latency=9e-4, bandwidth=1.3e9, overhead=1e-5)
     print(
         f"# srpm-time, 203-1024-26, s = 4096 N, condition-A-like rates x 1.25e7; load {os.getloadavg()[0]:.1f}"
     )

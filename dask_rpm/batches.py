@@ -40,7 +40,7 @@ from .partition import Plan
 __all__ = [
     "batch_plan",
     "column_share",
-    "Schedule",
+    "BatchSchedule",
     "BatchError",
     "schedule",
     "rng_state",
@@ -51,7 +51,7 @@ class BatchError(ValueError):
     """An invalid batch size, epoch count or shuffle setting."""
 
 
-class Schedule(NamedTuple):
+class BatchSchedule(NamedTuple):
     """The mini-batch sequence of a run."""
 
     samples: int
@@ -157,15 +157,15 @@ def _replayed_order(rng: tuple, samples: int, epoch: int) -> np.ndarray:
 
 
 def rng_state(gen: np.random.RandomState) -> tuple:
-    """A ``RandomState``'s state as a hashable tuple (what :class:`Schedule` keeps)."""
+    """A ``RandomState``'s state as a hashable tuple (what :class:`BatchSchedule` keeps)."""
     name, keys, pos, has_gauss, cached = gen.get_state()
     return (str(name), tuple(int(k) for k in keys), int(pos), int(has_gauss), float(cached))
 
 
 def schedule(
     samples: int, batch_size: int | None = None, *, shuffle: Any = None, seed: int = 0
-) -> Schedule:
-    """A validated :class:`Schedule`; ``None`` reads ``rpm.train.batch-size`` / ``rpm.train.shuffle``.
+) -> BatchSchedule:
+    """A validated :class:`BatchSchedule`; ``None`` reads ``rpm.train.batch-size`` / ``rpm.train.shuffle``.
 
     ``shuffle`` may be a ``numpy.random.RandomState``: shuffled epochs in
     scikit-learn's order, drawn from (a copy of) that generator's state.
@@ -199,7 +199,7 @@ def schedule(
             f"shuffle={shuffle!r}; give true or false (or a numpy.random.RandomState for "
             f"scikit-learn's order)"
         )
-    return Schedule(int(samples), batch_size, bool(shuffle), int(seed), rng)
+    return BatchSchedule(int(samples), batch_size, bool(shuffle), int(seed), rng)
 
 
 def column_share(size: int, cut: tuple[int, int], samples: int) -> tuple[int, int]:
@@ -213,7 +213,7 @@ def batch_plan(plan: Plan, batch: int) -> Plan:
     """The rectangles one iteration on mini-batches of ``batch`` samples works on.
 
     Column ``c`` with sample range ``[a, b)`` of the whole set takes positions
-    ``[floor(B a / s), floor(B b / s))`` of every batch (:meth:`Schedule.share`), so its share
+    ``[floor(B a / s), floor(B b / s))`` of every batch (:meth:`BatchSchedule.share`), so its share
     is ``floor(B b / s) - floor(B a / s)`` samples; the hidden cuts do not change. The cost
     model then charges compute and vertical exchanges for what an iteration really holds.
     ``batch >= plan.samples`` (full batch) returns ``plan`` itself.

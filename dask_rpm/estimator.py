@@ -72,13 +72,13 @@ import numpy as np
 
 from . import config
 
-__all__ = ["AbilityEstimator", "EstimatorError", "Observation", "fit_slope", "inliers"]
+__all__ = ["AbilityEstimator", "AbilityEstimateError", "Observation", "fit_slope", "inliers"]
 
 Kind = Literal["t1", "t2", "tc"]
 KINDS: tuple[str, ...] = get_args(Kind)
 
 
-class EstimatorError(ValueError):
+class AbilityEstimateError(ValueError):
     """An observation or an estimate is invalid; the message says which worker and why."""
 
 
@@ -110,18 +110,20 @@ def fit_slope(work: Iterable[float], times: Iterable[float]) -> float:
 
     Raises
     ------
-    EstimatorError
+    AbilityEstimateError
         If there are no observations or every time is zero (the slope is undefined).
     """
     w = np.asarray(list(work), dtype=float)
     t = np.asarray(list(times), dtype=float)
     if w.shape != t.shape:
-        raise EstimatorError(f"need one time per work value; got {w.size} work and {t.size} times")
+        raise AbilityEstimateError(
+            f"need one time per work value; got {w.size} work and {t.size} times"
+        )
     if w.size == 0:
-        raise EstimatorError("no observations to fit")
+        raise AbilityEstimateError("no observations to fit")
     den = float(np.dot(t, t))
     if den == 0.0:
-        raise EstimatorError(
+        raise AbilityEstimateError(
             "every recorded time is zero: the speed is undefined (check the timer)"
         )
     return float(np.dot(w, t)) / den
@@ -152,12 +154,12 @@ def _check_time(name: str, value: float, worker: Hashable, *, optional: bool) ->
     if value is None:
         if optional:
             return math.nan
-        raise EstimatorError(f"worker {worker!r}: {name} is missing")
+        raise AbilityEstimateError(f"worker {worker!r}: {name} is missing")
     v = float(value)
     if optional and math.isnan(v):
         return v
     if not math.isfinite(v) or v < 0:
-        raise EstimatorError(
+        raise AbilityEstimateError(
             f"worker {worker!r}: {name}={value!r} must be a finite time >= 0 seconds"
         )
     return v
@@ -188,10 +190,10 @@ class AbilityEstimator:
     def __init__(self, window: int | None = None, outlier: float | None = None) -> None:
         window = int(config.get("drpm.window", window))
         if window < 1:
-            raise EstimatorError(f"window must be at least 1 observation, got {window}")
+            raise AbilityEstimateError(f"window must be at least 1 observation, got {window}")
         outlier = float(config.get("drpm.outlier", outlier) or 0.0)
         if not (math.isfinite(outlier) and outlier >= 0):
-            raise EstimatorError(
+            raise AbilityEstimateError(
                 f"outlier must be a finite factor >= 0 (0 = plain least squares), got {outlier}"
             )
         self._window = window
@@ -247,12 +249,14 @@ class AbilityEstimator:
 
         Raises
         ------
-        EstimatorError
+        AbilityEstimateError
             On a negative, infinite or NaN work or ``t1``, or a negative/infinite ``t2`` or ``tc``.
         """
         w = float(work)
         if not math.isfinite(w) or w < 0:
-            raise EstimatorError(f"worker {worker!r}: work={work!r} must be a finite count >= 0")
+            raise AbilityEstimateError(
+                f"worker {worker!r}: work={work!r} must be a finite count >= 0"
+            )
         obs = Observation(
             w,
             _check_time("t1", t1, worker, optional=False),
@@ -279,7 +283,7 @@ class AbilityEstimator:
         ws = list(workers)
         missing = [w for w in ws if not self._obs.get(w)]
         if missing:
-            raise EstimatorError(
+            raise AbilityEstimateError(
                 f"no observations for worker(s) {missing!r}; each worker must report at least "
                 f"one iteration before it can be estimated"
             )
@@ -287,11 +291,15 @@ class AbilityEstimator:
 
     def _points(self, worker: Hashable, kind: Kind) -> tuple[list[float], list[float]]:
         if kind not in KINDS:
-            raise EstimatorError(f"kind must be one of {', '.join(map(repr, KINDS))}, got {kind!r}")
+            raise AbilityEstimateError(
+                f"kind must be one of {', '.join(map(repr, KINDS))}, got {kind!r}"
+            )
         pts = [(o.work, getattr(o, kind)) for o in self._obs[worker]]
         pts = [(w, t) for w, t in pts if not math.isnan(t)]
         if not pts:
-            raise EstimatorError(f"worker {worker!r} has no {kind} measurements in its window")
+            raise AbilityEstimateError(
+                f"worker {worker!r} has no {kind} measurements in its window"
+            )
         return [p[0] for p in pts], [p[1] for p in pts]
 
     def estimate(
@@ -309,7 +317,7 @@ class AbilityEstimator:
 
         Raises
         ------
-        EstimatorError
+        AbilityEstimateError
             A requested worker has no (``kind``) observations, all its times are
             zero, or its fitted ability is not positive (all recorded work zero).
         """
@@ -319,10 +327,10 @@ class AbilityEstimator:
             keep = inliers(work, times, self._outlier)
             try:
                 p = fit_slope(np.asarray(work)[keep], np.asarray(times)[keep])
-            except EstimatorError as e:
-                raise EstimatorError(f"worker {w!r} ({kind}): {e}") from None
+            except AbilityEstimateError as e:
+                raise AbilityEstimateError(f"worker {w!r} ({kind}): {e}") from None
             if not p > 0:
-                raise EstimatorError(
+                raise AbilityEstimateError(
                     f"worker {w!r} ({kind}): estimated ability {p} is not positive "
                     f"(all recorded work is zero?)"
                 )
@@ -348,7 +356,7 @@ class AbilityEstimator:
         times measured under the previous mapping when ``L > R``.
         """
         if last is not None and last < 1:
-            raise EstimatorError(f"last must be at least 1, got {last}")
+            raise AbilityEstimateError(f"last must be at least 1, got {last}")
         out: dict[Hashable, float] = {}
         for w in self._select(workers):
             _, times = self._points(w, kind)

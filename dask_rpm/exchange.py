@@ -64,7 +64,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from .cost import LinkClass, Network, best_collective, network_from_config, schedule_seconds
+from .cost import Interconnect, LinkClass, best_collective, network_from_config, schedule_seconds
 from .schedules import ALGORITHMS, Schedule, Transfer, build
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -200,7 +200,7 @@ def choose(
 
 
 def vertical_schedule(
-    plan: Plan, column: int, network: Network | None = None, algorithm: str | None = None
+    plan: Plan, column: int, network: Interconnect | None = None, algorithm: str | None = None
 ) -> Schedule:
     """The in-column allreduce of column ``column``'s ``l x s_c`` partials (top to bottom order).
 
@@ -229,7 +229,7 @@ class BandExchange(NamedTuple):
 
 
 def horizontal_schedules(
-    plan: Plan, network: Network | None = None, algorithm: str | None = None
+    plan: Plan, network: Interconnect | None = None, algorithm: str | None = None
 ) -> list[BandExchange]:
     """One allreduce per group of bands with the same holders, in band order.
 

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from . import config
-from .batches import Schedule, schedule
+from .batches import BatchSchedule, schedule
 from .kernels import Workspace, binary_log_loss
 from .network import Network, network
 from .optim import Optimizer, optimizer
@@ -46,7 +46,7 @@ class Recipe(NamedTuple):
 
     net: Network
     optimizer: Optimizer
-    schedule: Schedule
+    schedule: BatchSchedule
     iterations: int
     learning_rate: float
     validate_every: int | None

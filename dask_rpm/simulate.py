@@ -42,7 +42,7 @@ from . import config
 from ._files import atomic_write
 from .batches import batch_plan
 from .bench.profiles import true_profile
-from .cost import Network, predict_iteration_seconds
+from .cost import Interconnect, predict_iteration_seconds
 from .partition import Plan
 from .planners import fastest_grid, make_plan, parse_shape
 
@@ -210,7 +210,7 @@ def simulate(
     secs = np.full((len(methods), len(ns)), np.nan)
     gam = np.full_like(secs, np.nan)
     cols = np.zeros(secs.shape, dtype=int)
-    network = Network(
+    network = Interconnect(
         latency=latency,
         bandwidth=bandwidth,
         overhead=overhead,

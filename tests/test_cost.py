@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from dask_rpm.cost import (
+    Interconnect,
     LinkClass,
-    Network,
     collective_seconds,
     engine_horizontal,
     fit_network,
@@ -182,7 +182,7 @@ def test_engine_exchanges_by_hand():
     # column 0 (workers 0, 1) allgathers its partials; every worker sends its rows to each overlapping
     # worker of the other column: 0 -> 2 (rows 0-4), 1 -> 2 (4-10), 2 -> 0 and 2 -> 1.
     plan = _two_columns()
-    net = Network(latency=0.01, bandwidth=1000.0, overhead=0.001, itemsize=4)
+    net = Interconnect(latency=0.01, bandwidth=1000.0, overhead=0.001, itemsize=4)
     out = predict_breakdown(
         plan, [10.0, 20.0, 50.0], network=net, vertical="engine", horizontal="engine"
     )
@@ -200,7 +200,7 @@ def test_leader_vertical_is_two_rounds_through_the_fastest_member():
     plan = Plan.from_columns(
         [[0, 1, 2, 3, 4]], [10], [[2, 2, 2, 2, 2]], shape=(5, 10, 3), abilities=[1, 1, 5, 1, 1]
     )
-    net = Network(latency=0.5, bandwidth=1e30, overhead=0.0)
+    net = Interconnect(latency=0.5, bandwidth=1e30, overhead=0.0)
     with dask.config.set({"rpm.engine.vertical": "leader", "rpm.engine.allgather-max": 4}):
         out = predict_breakdown(
             plan, [1.0] * 5, network=net, vertical="engine", horizontal="engine"
@@ -220,7 +220,7 @@ def test_engine_auto_is_one_hop_up_to_allgather_max_then_the_cheapest_by_rpm_cos
     plan = Plan.from_columns(
         [[0, 1, 2, 3, 4, 5]], [400], [[2] * 6], shape=(5, 12, 30), abilities=[1] * 6
     )
-    priced = Network(latency=1e-3, bandwidth=1e9, overhead=0.0)
+    priced = Interconnect(latency=1e-3, bandwidth=1e9, overhead=0.0)
 
     def chosen(**cost):
         cfg = {f"rpm.cost.{k}": v for k, v in cost.items()}
@@ -242,7 +242,7 @@ def test_engine_auto_is_one_hop_up_to_allgather_max_then_the_cheapest_by_rpm_cos
 
 def test_one_host_shares_its_cores_and_bandwidth():
     plan = make_plan([1.0] * 8, (20, 64, 4), 800, "split-1d")
-    free = Network(latency=0.0, bandwidth=1e9, overhead=1e-3)
+    free = Interconnect(latency=0.0, bandwidth=1e9, overhead=1e-3)
     shared = free._replace(hosts=("h",) * 8, host_cores=2.0)
     # pairwise: the one-hop messages (the engine's auto takes it up to rpm.engine.allgather-max columns)
     a = predict_breakdown(plan, [1e9] * 8, network=free, horizontal="pairwise")["horizontal"]
@@ -254,7 +254,7 @@ def test_one_host_shares_its_cores_and_bandwidth():
 
 def test_collective_modes_charge_the_band_groups_and_best_is_cheapest():
     plan = make_plan([0.05, 0.10, 0.20, 0.30, 0.35], SHAPE, 1024, small_group=0)
-    net = Network(latency=1e-4, bandwidth=1e8, overhead=1e-5)
+    net = Interconnect(latency=1e-4, bandwidth=1e8, overhead=1e-5)
     got = {
         h: predict_breakdown(plan, [1e6] * 5, network=net, vertical=v, horizontal=h)["total"]
         for v, h in [
@@ -275,10 +275,10 @@ def test_link_classes_charge_each_message_by_its_link():
     plan = make_plan([1.0] * 4, (20, 64, 4), 800, "srpm", dp=2)
     fast, slow = LinkClass(1e-5, 1e10), LinkClass(1e-2, 1e7)
     classes = {"host": fast, "group": fast, "across": slow}
-    together = Network(
+    together = Interconnect(
         classes=classes, groups=("a", "a", "b", "b")
     )  # columns (0, 1) and (2, 3) inside a group
-    apart = Network(classes=classes, groups=("a", "b", "a", "b"))
+    apart = Interconnect(classes=classes, groups=("a", "b", "a", "b"))
     assert together.link_class(0, 1) == "group" and together.link_class(0, 2) == "across"
     t1 = predict_breakdown(plan, [1e9] * 4, network=together, vertical="tree", horizontal="tree")
     t2 = predict_breakdown(plan, [1e9] * 4, network=apart, vertical="tree", horizontal="tree")
@@ -286,7 +286,7 @@ def test_link_classes_charge_each_message_by_its_link():
 
 
 def test_fit_network_recovers_the_parameters_of_synthetic_runs():
-    truth = Network(
+    truth = Interconnect(
         latency=2e-4,
         bandwidth=3e8,
         overhead=1e-4,
@@ -338,10 +338,10 @@ def test_bad_modes_and_network():
         predict_breakdown(_two_columns(), [1.0] * 3, horizontal="x")
     with pytest.raises(ValueError, match="link class 'rack'"):
         predict_breakdown(
-            _two_columns(), [1.0] * 3, network=Network(classes={"rack": LinkClass(1, 1)})
+            _two_columns(), [1.0] * 3, network=Interconnect(classes={"rack": LinkClass(1, 1)})
         )
     with pytest.raises(ValueError, match="overhead=-1.0"):
-        predict_breakdown(_two_columns(), [1.0] * 3, network=Network(overhead=-1.0))
+        predict_breakdown(_two_columns(), [1.0] * 3, network=Interconnect(overhead=-1.0))
     with pytest.raises(ValueError, match="unknown exchange algorithm 'x'"):
         collective_seconds("x", 3, 10.0, LinkClass(1.0, 1.0))
 
@@ -357,7 +357,7 @@ def test_expected_max_normal_and_the_straggler_term():
         rng.normal(size=(200000, 16)).max(axis=1).mean(), rel=0.01
     )
     plan = _two_columns()
-    net = Network(latency=0.0, bandwidth=1e30, overhead=0.0)
+    net = Interconnect(latency=0.0, bandwidth=1e30, overhead=0.0)
     base = predict_breakdown(plan, [10.0, 20.0, 50.0], network=net)
     noisy = predict_breakdown(plan, [10.0, 20.0, 50.0], network=net, spread=[0.3, 0.6, 0.0])
     assert base["straggler"] == 0.0
@@ -384,7 +384,7 @@ def test_engine_horizontal_is_pairwise_or_a_schedule_per_group():
 def test_scheduled_seconds_charge_the_shared_host_for_every_message():
     from dask_rpm.cost.predict import scheduled_seconds
 
-    own = Network(latency=1e-4, bandwidth=1e9, overhead=5e-5)
+    own = Interconnect(latency=1e-4, bandwidth=1e9, overhead=5e-5)
     holders = list(range(8))
     for alg in ("tree", "halving", "ring", "direct"):
         # on links of their own: the closed form

@@ -32,7 +32,7 @@ import dask_rpm
 from dask_rpm import dashboard
 from dask_rpm.dashboard.page import RPMPage
 from dask_rpm.dashboard.state import Installed
-from dask_rpm.estimator import EstimatorError
+from dask_rpm.estimator import AbilityEstimateError
 from dask_rpm.plugin import RPMSchedulerPlugin
 from dask_rpm.records import TimingRecord
 
@@ -71,7 +71,7 @@ def trained():
                         client=client,
                     )
                     break
-                except EstimatorError as e:
+                except AbilityEstimateError as e:
                     # The engine occasionally measures t1 < 0 (a driver bug, reported
                     # with #7); it is not what these tests are about, so train again.
                     if attempt == 2:

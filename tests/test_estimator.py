@@ -10,18 +10,24 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dask_rpm.estimator import AbilityEstimator, EstimatorError, Observation, fit_slope, inliers
+from dask_rpm.estimator import (
+    AbilityEstimateError,
+    AbilityEstimator,
+    Observation,
+    fit_slope,
+    inliers,
+)
 
 
 def test_fit_slope_exact():
     # (10, 1) and (20, 3): (10*1 + 20*3) / (1 + 9) = 7.
     assert fit_slope([10, 20], [1, 3]) == 7.0
     assert fit_slope([6, 9, 12], [2, 3, 4]) == 3.0
-    with pytest.raises(EstimatorError, match="no observations"):
+    with pytest.raises(AbilityEstimateError, match="no observations"):
         fit_slope([], [])
-    with pytest.raises(EstimatorError, match="zero"):
+    with pytest.raises(AbilityEstimateError, match="zero"):
         fit_slope([1, 2], [0, 0])
-    with pytest.raises(EstimatorError, match="one time per work"):
+    with pytest.raises(AbilityEstimateError, match="one time per work"):
         fit_slope([1, 2], [1])
 
 
@@ -44,7 +50,7 @@ def test_tc_is_a_third_optional_kind():
     assert est.estimate("tc") == {"a": 100.0}
     assert est.estimate("t1")["a"] == pytest.approx((300 + 1000) / (9 + 25))
     assert est.observations("a")[1].tc != est.observations("a")[1].tc  # NaN
-    with pytest.raises(EstimatorError, match="tc=-1"):
+    with pytest.raises(AbilityEstimateError, match="tc=-1"):
         est.observe("a", 1, 1.0, 1.0, -1.0)
 
 
@@ -65,7 +71,7 @@ def test_default_window_from_config():
     with dask.config.set({"rpm.drpm.window": 4}):
         assert AbilityEstimator().window == 4
     assert AbilityEstimator(window=2).window == 2
-    with pytest.raises(EstimatorError, match="at least 1"):
+    with pytest.raises(AbilityEstimateError, match="at least 1"):
         AbilityEstimator(window=0)
 
 
@@ -85,7 +91,7 @@ def test_recent_times():
     assert est.recent_times() == {"a": 3.5}  # mean of the window: 2..5
     assert est.recent_times("t1", last=2) == {"a": 4.5}
     assert est.recent_times("t2", last=1) == {"a": 2.5}
-    with pytest.raises(EstimatorError, match="at least 1"):
+    with pytest.raises(AbilityEstimateError, match="at least 1"):
         est.recent_times(last=0)
 
 
@@ -94,13 +100,13 @@ def test_missing_t2_and_workers():
     est.observe("a", 10, 1.0)  # t2 not measured
     est.observe("a", 10, 1.0, float("nan"))
     assert est.estimate("t1") == {"a": 10.0}
-    with pytest.raises(EstimatorError, match="no t2 measurements"):
+    with pytest.raises(AbilityEstimateError, match="no t2 measurements"):
         est.estimate("t2")
     est.observe("a", 30, 2.0, 1.0)  # t2 points without NaN are used
     assert est.estimate("t2") == {"a": 30.0}
-    with pytest.raises(EstimatorError, match="no observations for worker"):
+    with pytest.raises(AbilityEstimateError, match="no observations for worker"):
         est.estimate(workers=["a", "b"])
-    with pytest.raises(EstimatorError, match="kind"):
+    with pytest.raises(AbilityEstimateError, match="kind"):
         est.estimate("t3")  # type: ignore[arg-type]
 
 
@@ -119,7 +125,7 @@ def test_missing_t2_and_workers():
 )
 def test_bad_observations_rejected(work, t1, t2, match):
     est = AbilityEstimator()
-    with pytest.raises(EstimatorError, match=match):
+    with pytest.raises(AbilityEstimateError, match=match):
         est.observe("w", work, t1, t2)
     assert est.workers == ()  # nothing recorded
 
@@ -127,13 +133,13 @@ def test_bad_observations_rejected(work, t1, t2, match):
 def test_zero_times_and_zero_work():
     est = AbilityEstimator()
     est.observe("z", 10, 0.0, 0.0)
-    with pytest.raises(EstimatorError, match="'z'.*zero"):
+    with pytest.raises(AbilityEstimateError, match="'z'.*zero"):
         est.estimate()
     est.observe("z", 10, 1.0, 1.0)  # one usable point: the zero-time point adds nothing
     assert est.estimate() == {"z": 10.0}
     idle = AbilityEstimator()
     idle.observe("i", 0, 1.0, 1.0)
-    with pytest.raises(EstimatorError, match="not positive"):
+    with pytest.raises(AbilityEstimateError, match="not positive"):
         idle.estimate()
 
 
@@ -224,5 +230,5 @@ def test_inliers_never_drops_half_or_more():
 
 
 def test_negative_outlier_is_rejected_with_the_fix():
-    with pytest.raises(EstimatorError, match="outlier must be a finite factor >= 0"):
+    with pytest.raises(AbilityEstimateError, match="outlier must be a finite factor >= 0"):
         AbilityEstimator(window=6, outlier=-1)

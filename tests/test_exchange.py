@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dask_rpm.cost import LinkClass, Network, collective_seconds
+from dask_rpm.cost import Interconnect, LinkClass, collective_seconds
 from dask_rpm.exchange import (
     ALGORITHMS,
     build,
@@ -65,7 +65,7 @@ def test_gather_leader_position_and_round_structure(algorithm):
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 @pytest.mark.parametrize("q", [2, 3, 4, 5, 8, 12, 16])
 def test_closed_form_matches_the_schedule_rounds(algorithm, q):
-    net = Network(latency=1e-3, bandwidth=1e6, overhead=1e-4)
+    net = Interconnect(latency=1e-3, bandwidth=1e6, overhead=1e-4)
     size = q * 64 * 3  # divisible by every chunking used
     s = build(algorithm, list(range(q)), size)
     closed = collective_seconds(
@@ -105,7 +105,7 @@ def test_bad_arguments():
 def test_plan_schedules_cover_every_row_once_and_reduce_exactly():
     plan = make_plan([0.05, 0.10, 0.20, 0.30, 0.35], (203, 80, 26), 1024, small_group=0)
     n, m, l = plan.shape
-    net = Network(latency=1e-4, bandwidth=1e9)
+    net = Interconnect(latency=1e-4, bandwidth=1e9)
     bands = horizontal_schedules(plan, net)
     covered = sorted(r for b in bands for r in b.rows)
     assert covered[0][0] == 0 and covered[-1][1] == m
@@ -144,7 +144,7 @@ def test_bands_with_the_same_holders_are_merged():
     # column 0 cuts at 4, column 1 at 4 as well: two bands with distinct holders;
     # column 0 has workers 0 (rows 0-4) and 1 (4-10); column 1 has 2 (0-4) and 3 (4-10)
     plan = Plan.from_columns([[0, 1], [2, 3]], [5, 5], [[4, 6], [4, 6]], shape=(3, 10, 2))
-    bands = horizontal_schedules(plan, Network(), algorithm="ring")
+    bands = horizontal_schedules(plan, Interconnect(), algorithm="ring")
     assert [(b.holders, b.rows) for b in bands] == [((0, 2), ((0, 4),)), ((1, 3), ((4, 10),))]
     assert bands[0].schedule.size == (3 + 2) * 4
 

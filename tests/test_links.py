@@ -19,7 +19,7 @@ import pytest
 from distributed import Client
 
 import dask_rpm
-from dask_rpm.cost import LinkClass, Network, network_from_config
+from dask_rpm.cost import Interconnect, LinkClass, network_from_config
 from dask_rpm.emulation import (
     LINKS_PLUGIN_NAME,
     EmulatedLinks,
@@ -96,7 +96,7 @@ def test_link_class_and_seconds_follow_the_cost_models_classes():
         groups=["g", "g", "g", "h", "h"],
         links={"group": (0.001, 1e8), "across": (0.01, 1e7)},
     )
-    net = Network(classes={"x": LinkClass(0, 1)}, hosts=links.nodes, groups=links.groups)
+    net = Interconnect(classes={"x": LinkClass(0, 1)}, hosts=links.nodes, groups=links.groups)
     for i in range(5):
         for j in range(5):
             if i != j:

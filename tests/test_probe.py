@@ -305,7 +305,7 @@ def test_link_class_pairs_by_host_and_group():
 
 
 def test_probe_measures_link_classes_and_gives_a_network(emulated):
-    from dask_rpm.cost import Network
+    from dask_rpm.cost import Interconnect
     from dask_rpm.probe import probe_network
 
     ds = probe(emulated, shape=(9, 7, 4), samples=61, repeats=3, groups=["x", "x", "y"])
@@ -314,7 +314,7 @@ def test_probe_measures_link_classes_and_gives_a_network(emulated):
         assert ds.attrs[f"latency_{cls}"] > 0 and ds.attrs[f"bandwidth_{cls}"] > 0, cls
     assert "latency_group" not in ds.attrs  # no two workers of one group on different hosts here
     net = probe_network(ds)
-    assert isinstance(net, Network) and set(net.classes) == {"host", "across"}
+    assert isinstance(net, Interconnect) and set(net.classes) == {"host", "across"}
     assert net.groups == ("x", "x", "y")
     assert net.link_class(0, 1) == "host" and net.link_class(0, 2) == "across"
     assert net.link(0, 2).latency == ds.attrs["latency_across"]

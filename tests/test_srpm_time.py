@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from problems import regression_problem
 
-from dask_rpm.cost import LinkClass, Network, predict_iteration_seconds
+from dask_rpm.cost import Interconnect, LinkClass, predict_iteration_seconds
 from dask_rpm.partition import PlanError
 from dask_rpm.planners import PLANNERS, fastest_grid, make_plan
 from dask_rpm.planners.srpm_time import _RangeMax, _RunCost, time_table, vertical_seconds
@@ -18,8 +18,8 @@ SHAPE = (203, 1024, 26)
 A = [0.25, 0.3125, 0.5, 1.0, 1.0, 0.4167, 0.6667, 0.5]
 
 
-def _net() -> Network:
-    return Network(latency=9e-4, bandwidth=1.3e9, overhead=1e-5)
+def _net() -> Interconnect:
+    return Interconnect(latency=9e-4, bandwidth=1.3e9, overhead=1e-5)
 
 
 def test_registered_and_srpm_keeps_the_paper_example():
@@ -66,7 +66,7 @@ def test_time_dp_matches_brute_force_over_sorted_runs():
         p = np.sort(rng.uniform(0.1, 1.0, n))
         p = p / p.sum()
         r = p * rng.uniform(0.5, 2.0, n) * 1e6  # rates not proportional: the range-max path
-        net = Network(latency=1e-3, bandwidth=1e7, overhead=1e-4)
+        net = Interconnect(latency=1e-3, bandwidth=1e7, overhead=1e-4)
         w = _RunCost(p, r, None, (20, 64, 4), 2000, net, ["best", "engine", "tree"][trial % 3], 64)
         tv, _ = time_table(w, n, n)
         for c in range(1, n + 1):
@@ -108,7 +108,9 @@ def test_link_aware_columns_stay_inside_fast_links():
         "group": LinkClass(1e-5, 1e10),
         "across": LinkClass(5e-3, 1e8),
     }
-    aware = Network(latency=1e-5, bandwidth=1e10, overhead=1e-6, classes=classes, groups=groups)
+    aware = Interconnect(
+        latency=1e-5, bandwidth=1e10, overhead=1e-6, classes=classes, groups=groups
+    )
     blind = aware._replace(classes=None)
     rates = [2e7] * n
     shape, s = (203, 64, 26), 65536  # big partials: the in-column exchange runs over the links
@@ -168,7 +170,7 @@ def test_link_aware_plan_trains_exactly_like_serial():
         "group": LinkClass(1e-5, 1e10),
         "across": LinkClass(5e-3, 1e7),
     }
-    net = Network(latency=1e-5, bandwidth=1e10, overhead=1e-6, classes=classes, groups=groups)
+    net = Interconnect(latency=1e-5, bandwidth=1e10, overhead=1e-6, classes=classes, groups=groups)
     rates = [1e3, 1e3, 1e3, 1e3, 2e3, 2e3]  # compute-bound: every worker is worth its messages
     with dask.config.set({"rpm.cost.vertical": "best", "rpm.cost.horizontal": "best"}):
         plan = make_plan([1, 1, 1, 1, 2, 2], (n, m, l), s, "srpm-time", rates=rates, network=net)
@@ -205,7 +207,7 @@ def test_srpm_time_chooses_its_columns_for_one_mini_batch():
     """make_plan(batch=B) with srpm-time: the columns of a B-sample problem, cut on the set."""
     ab = [1.0, 1.2, 0.8, 2.0, 1.5, 0.9, 1.1, 1.3]
     shape, samples, B = (64, 64, 8), 16384, 256
-    net = Network(latency=5e-4, bandwidth=2e8)
+    net = Interconnect(latency=5e-4, bandwidth=2e8)
     rates = [2e7 * a for a in ab]
     full = make_plan(ab, shape, samples, "srpm-time", rates=rates, network=net)
     one_batch = make_plan(ab, shape, B, "srpm-time", rates=rates, network=net)
@@ -219,8 +221,8 @@ def test_srpm_time_chooses_its_columns_for_one_mini_batch():
 # Measured on real, unpaced cores (docs/benchmarks.md, REAL): at the paper's size an iteration on
 # 8 or 16 one-core workers took longer than on one core alone; srpm-time must see that and plan
 # on the fastest few, leaving the rest idle.
-def _real_net() -> Network:
-    return Network(latency=2e-4, bandwidth=1e9, overhead=1e-4)
+def _real_net() -> Interconnect:
+    return Interconnect(latency=2e-4, bandwidth=1e9, overhead=1e-4)
 
 
 @pytest.mark.parametrize("n", [8, 16])

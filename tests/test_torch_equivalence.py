@@ -22,7 +22,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dask_rpm.batches import Schedule  # noqa: E402
+from dask_rpm.batches import BatchSchedule  # noqa: E402
 from dask_rpm.serial import fit_serial  # noqa: E402
 
 STEPS = 50
@@ -87,7 +87,7 @@ def _torch(x, d, init, *, loss, output, activation, optimizer, bias):
     }[optimizer]()
     act = {"sigmoid": torch.sigmoid, "tanh": torch.tanh, "relu": torch.relu}[activation]
     xt, dt = torch.tensor(x), torch.tensor(d)
-    sched = Schedule(S, BATCH, True, SEED)
+    sched = BatchSchedule(S, BATCH, True, SEED)
     for k in range(STEPS):
         idx = torch.from_numpy(sched.indices(k))
         xb, db = xt[idx], dt[idx]

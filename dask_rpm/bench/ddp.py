@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from .. import config
-from ..batches import Schedule, schedule
+from ..batches import BatchSchedule, schedule
 from ..kernels import block_work, init_weights
 from .profiles import STEP_FACTOR, BenchCase, steady_seconds
 from .report import MethodResult
@@ -67,7 +67,7 @@ class _RankRows:
         samples = int(self.x_all.shape[0])
         bounds = np.linspace(0, samples, cfg["world"] + 1).round().astype(int)  # equal shares
         self.cut = (int(bounds[rank]), int(bounds[rank + 1]))
-        self.sched = Schedule(
+        self.sched = BatchSchedule(
             samples, cfg.get("batch_size"), bool(cfg.get("shuffle", True)), int(cfg.get("seed", 0))
         )
         self.epoch: int | None = None

@@ -37,7 +37,7 @@ from .collectives import (
     schedule_seconds,
 )
 from .fitting import fit_network
-from .network import LINK_CLASSES, LinkClass, Network, link_class, network_from_config
+from .network import LINK_CLASSES, Interconnect, LinkClass, link_class, network_from_config
 from .predict import (
     expected_max_normal,
     predict_breakdown,
@@ -56,7 +56,7 @@ __all__ = [
     "VERTICAL_MODES",
     "LinkClass",
     "Message",
-    "Network",
+    "Interconnect",
     "best_collective",
     "collective_seconds",
     "engine_algorithm",

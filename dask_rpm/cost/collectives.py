@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 
 from .. import config
 from ..schedules import Schedule
-from .network import LinkClass, Network, network_from_config
+from .network import Interconnect, LinkClass, network_from_config
 
 __all__ = [
     "HORIZONTAL_MODES",
@@ -30,7 +30,7 @@ __all__ = [
 class Message(NamedTuple):
     """One point-to-point message of a round: ``nbytes`` bytes from ``src`` to ``dst``.
 
-    ``reduce``: the receiver adds the payload into its buffer (charged ``Network.reduce`` per element).
+    ``reduce``: the receiver adds the payload into its buffer (charged ``Interconnect.reduce`` per element).
     """
 
     src: int
@@ -39,7 +39,9 @@ class Message(NamedTuple):
     reduce: bool = False
 
 
-def round_seconds(messages: Sequence[Message], network: Network) -> tuple[float, dict[int, float]]:
+def round_seconds(
+    messages: Sequence[Message], network: Interconnect
+) -> tuple[float, dict[int, float]]:
     """Seconds of one round of concurrent messages, and each worker's own part.
 
     A worker's part is ``latency + overhead x (sent + received) + max(bytes out / bw, bytes in / bw)``
@@ -83,7 +85,7 @@ def round_seconds(messages: Sequence[Message], network: Network) -> tuple[float,
     return worst, own
 
 
-def schedule_seconds(schedule: Schedule, network: Network) -> float:
+def schedule_seconds(schedule: Schedule, network: Interconnect) -> float:
     """Predicted seconds of a schedule: :func:`round_seconds` summed over its rounds.
 
     With ``network.hosts`` every round also waits for each host's cores and
@@ -143,7 +145,7 @@ def collective_seconds(
     * ``leader`` / ``gather``: one holder gathers and sends the sum back (the engine's large-column vertical).
 
     ``reduce`` is the seconds to add the whole buffer once at a receiver
-    (``elements x Network.reduce``); each algorithm's critical path adds
+    (``elements x Interconnect.reduce``); each algorithm's critical path adds
     ``(1 - 1/q)`` (ring, halving, direct), ``ceil(log2 q)`` (tree) or ``q - 1``
     (allgather, leader) buffers.
     """
@@ -275,14 +277,14 @@ class EngineRule(NamedTuple):
     vertical: str
     horizontal: str
     one_hop_max: int
-    network: Network
+    network: Interconnect
 
     @classmethod
     def from_config(
         cls,
         vertical: str | None = None,
         horizontal: str | None = None,
-        network: Network | None = None,
+        network: Interconnect | None = None,
     ) -> EngineRule:
         return cls(
             str(config.get("engine.vertical", vertical)),

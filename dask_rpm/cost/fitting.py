@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from .network import Network
+from .network import Interconnect
 from .predict import predict_iteration_seconds
 
 __all__ = ["fit_network"]
@@ -21,8 +21,8 @@ def fit_network(
     hosts: str | None = "one",
     duplex: bool = True,
     rounds: int = 400,
-) -> Network:
-    """Network parameters that best predict measured runs of the engine.
+) -> Interconnect:
+    """Interconnect parameters that best predict measured runs of the engine.
 
     Fits ``latency``, ``overhead``, ``bandwidth``, ``host_bandwidth``,
     ``fixed``, ``reduce`` and ``worker_cpu`` by minimising the sum of absolute log errors of
@@ -47,9 +47,9 @@ def fit_network(
     names = ("latency", "overhead", "bandwidth", "host_bandwidth", "fixed", "reduce", "worker_cpu")
     x = np.log(np.array([1e-4, 1e-4, 1e9, 1e9, 1e-4, 1e-9, 1e-4]))
 
-    def net_of(v: np.ndarray, n_workers: int) -> Network:
+    def net_of(v: np.ndarray, n_workers: int) -> Interconnect:
         p = dict(zip(names, np.exp(v)))
-        return Network(
+        return Interconnect(
             latency=p["latency"],
             overhead=p["overhead"],
             bandwidth=p["bandwidth"],

@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 
 from .. import config
 
-__all__ = ["LINK_CLASSES", "LinkClass", "Network", "link_class", "network_from_config"]
+__all__ = ["LINK_CLASSES", "LinkClass", "Interconnect", "link_class", "network_from_config"]
 
 
 class LinkClass(NamedTuple):
@@ -44,7 +44,7 @@ def link_class(hosts: Sequence[Any] | None, groups: Sequence[Any] | None, i: int
     return "group" if same_group else "across"
 
 
-class Network(NamedTuple):
+class Interconnect(NamedTuple):
     """Parameters of the alpha-beta model of :func:`predict_breakdown`.
 
     Attributes
@@ -133,15 +133,15 @@ class Network(NamedTuple):
 
 
 def network_from_config(
-    network: Network | None = None,
+    network: Interconnect | None = None,
     *,
     latency: float | None = None,
     bandwidth: float | None = None,
     itemsize: int | None = None,
-) -> Network:
+) -> Interconnect:
     """``network`` with explicit keywords applied, else one from ``rpm.cost.*``; validated."""
     if network is None:
-        network = Network(
+        network = Interconnect(
             latency=float(config.get("cost.latency", latency)),
             bandwidth=float(config.get("cost.bandwidth", bandwidth)),
             itemsize=int(config.get("cost.itemsize", itemsize)),

@@ -21,7 +21,7 @@ from .collectives import (
     round_seconds,
     schedule_seconds,
 )
-from .network import LinkClass, Network, network_from_config
+from .network import Interconnect, LinkClass, network_from_config
 
 __all__ = [
     "expected_max_normal",
@@ -111,7 +111,7 @@ def _pairwise_uniform(
     plan: Plan,
     rows: list[tuple[np.ndarray, np.ndarray, list[int]]],
     per_row: float,
-    network: Network,
+    network: Interconnect,
 ) -> float:
     """:func:`round_seconds` of the pairwise messages on uniform links, vectorised (large N)."""
     C = len(rows)
@@ -161,7 +161,7 @@ def predict_breakdown(
     latency: float | None = None,
     bandwidth: float | None = None,
     itemsize: int | None = None,
-    network: Network | None = None,
+    network: Interconnect | None = None,
     vertical: str | None = None,
     horizontal: str | None = None,
     spread: Sequence[float] | Mapping[Any, float] | None = None,
@@ -215,7 +215,7 @@ def predict_breakdown(
         Override those of ``network``; with no ``network``, ``None`` reads
         ``rpm.cost.latency``, ``rpm.cost.bandwidth``, ``rpm.cost.itemsize``.
     network
-        All parameters (:class:`Network`): overhead, fixed cost, host limits, link classes.
+        All parameters (:class:`Interconnect`): overhead, fixed cost, host limits, link classes.
     vertical, horizontal
         Exchange algorithms (see above); ``None`` reads ``rpm.cost.vertical``
         and ``rpm.cost.horizontal``.
@@ -273,7 +273,7 @@ class _Vertical(NamedTuple):
 
 
 def _vertical(
-    plan: Plan, speeds: Sequence[float] | Mapping[Any, float], net: Network, vmode: str
+    plan: Plan, speeds: Sequence[float] | Mapping[Any, float], net: Interconnect, vmode: str
 ) -> _Vertical:
     """Compute seconds per worker and the vertical exchange of every column."""
     _, _, l = plan.shape
@@ -335,7 +335,7 @@ def _leader(plan: Plan, col: Sequence[int]) -> int:
 
 
 def _collective_column(
-    alg: str, k: int, nbytes: float, link: LinkClass, net: Network, red: float
+    alg: str, k: int, nbytes: float, link: LinkClass, net: Interconnect, red: float
 ) -> tuple[str, float]:
     """A column's allreduce as a collective (or the paper's ``gather``): algorithm, seconds."""
     if alg == "gather":
@@ -346,7 +346,7 @@ def _collective_column(
     return alg, collective_seconds(alg, k, nbytes, link, net.overhead, red)
 
 
-def scheduled_seconds(alg: str, holders: Sequence[int], elements: int, net: Network) -> float:
+def scheduled_seconds(alg: str, holders: Sequence[int], elements: int, net: Interconnect) -> float:
     """Seconds of the engine's schedule ``alg`` among ``holders``, priced round by round.
 
     What the closed form :func:`collective_seconds` gives on links of their
@@ -363,7 +363,7 @@ def _add_engine_rounds(
     vertical_t: list[float],
     engine_rounds: list[list[Message]],
     col_rounds: list[tuple[str, list[int]]],
-    net: Network,
+    net: Interconnect,
 ) -> None:
     """Charge the engine's explicit vertical rounds (all columns at once) to each column."""
     timed = [round_seconds(r, net) if r else (0.0, {}) for r in engine_rounds]
@@ -379,7 +379,7 @@ def _add_engine_rounds(
             )
 
 
-def _share_host_cores(plan: Plan, net: Network, out: _Vertical) -> None:
+def _share_host_cores(plan: Plan, net: Interconnect, out: _Vertical) -> None:
     """Columns on one host compute their output deltas at the same time: they share its cores.
 
     Every member of an allgather column (the leader of a leader column) computes them.
@@ -399,7 +399,7 @@ def _share_host_cores(plan: Plan, net: Network, out: _Vertical) -> None:
 
 
 def _horizontal(
-    plan: Plan, net: Network, hmode: str
+    plan: Plan, net: Interconnect, hmode: str
 ) -> tuple[float, list[float], list[tuple[tuple[int, ...], int, str, float]]]:
     """The horizontal exchange: seconds, per band (``bands`` mode), per group (collectives)."""
     n, _, l = plan.shape
@@ -450,7 +450,7 @@ def _horizontal(
     return max(load[w] + chain[w] for w in load), [], groups
 
 
-def _fixed_seconds(plan: Plan, net: Network) -> float:
+def _fixed_seconds(plan: Plan, net: Interconnect) -> float:
     """Per-iteration fixed cost, plus the workers' own CPU on their most crowded host."""
     fixed = float(net.fixed)
     if net.hosts is not None and net.worker_cpu > 0:
@@ -498,7 +498,7 @@ def predict_iteration_seconds(
     latency: float | None = None,
     bandwidth: float | None = None,
     itemsize: int | None = None,
-    network: Network | None = None,
+    network: Interconnect | None = None,
     vertical: str | None = None,
     horizontal: str | None = None,
     spread: Sequence[float] | Mapping[Any, float] | None = None,

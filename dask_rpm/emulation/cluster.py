@@ -15,7 +15,7 @@ from dask.system import CPU_COUNT
 from distributed import Nanny, Scheduler, SpecCluster, Worker
 
 from .. import config
-from ..cost import Network
+from ..cost import Interconnect
 from .links import EmulatedLinks, LinkEmulationPlugin, emulated_links
 from .pacing import BLAS_VARS, EmulationPlugin
 from .profile import DEFAULT_SPEEDS, auto_scale, check_speed, format_label, parse_schedule
@@ -232,12 +232,12 @@ class EmulatedCluster(SpecCluster):
         """EMULATED group label of each worker (by index), or None without link emulation."""
         return None if self.links is None else self.links.groups
 
-    def link_network(self, base: Network | None = None) -> Network:
+    def link_network(self, base: Interconnect | None = None) -> Interconnect:
         """The cost model's network for this cluster's EMULATED links (for ``make_plan(network=...)``).
 
         Parameters
         ----------
-        base : Network, optional
+        base : Interconnect, optional
             What the loopback itself costs (``rpm.cost.*`` when None); each
             class adds its EMULATED delay to it (:meth:`EmulatedLinks.network`).
 

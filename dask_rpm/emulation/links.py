@@ -9,7 +9,7 @@
 :func:`local_cluster(..., nodes=..., groups=..., links=...) <dask_rpm.local_cluster>`
 places worker ``i`` on node ``nodes[i]`` (and group ``groups[i]``) and gives
 every worker a :class:`LinkEmulationPlugin`. The class of a link follows
-:meth:`dask_rpm.cost.Network.link_class`: ``"host"`` (same node), ``"group"``
+:meth:`dask_rpm.cost.Interconnect.link_class`: ``"host"`` (same node), ``"group"``
 (same group, other node), ``"across"`` (other group). Without ``groups``
 every node is a group of its own, so messages between nodes are
 ``"across"`` - the class :func:`dask_rpm.probe` reports for
@@ -44,7 +44,7 @@ from typing import Any, NamedTuple
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from .. import config
-from ..cost import LINK_CLASSES, LinkClass, Network, link_class, network_from_config
+from ..cost import LINK_CLASSES, Interconnect, LinkClass, link_class, network_from_config
 from ..hooks import worker_hooks
 
 __all__ = [
@@ -90,8 +90,8 @@ class EmulatedLinks(NamedTuple):
         link = self.classes[cls]
         return link.latency + (nbytes / link.bandwidth if math.isfinite(link.bandwidth) else 0.0)
 
-    def network(self, base: Network | None = None) -> Network:
-        """The cost model's :class:`~dask_rpm.cost.Network` for this placement.
+    def network(self, base: Interconnect | None = None) -> Interconnect:
+        """The cost model's :class:`~dask_rpm.cost.Interconnect` for this placement.
 
         Each class costs the ``base`` link (``rpm.cost.*`` when ``None``: what
         the loopback itself costs) plus the emulated delay: latencies add,

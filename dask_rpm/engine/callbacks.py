@@ -34,7 +34,7 @@ __all__ = [
     "TrainingCallback",
     "ProgressCallback",
     "CheckpointCallback",
-    "TargetError",
+    "StopAtTarget",
     "ShouldStop",
     "FunctionCallback",
     "DashboardCallback",
@@ -310,7 +310,7 @@ class EpochRuleCallback(TrainingCallback):
         return decision.stop
 
 
-class TargetError(TrainingCallback):
+class StopAtTarget(TrainingCallback):
     """Stop at the first iteration whose error is at most ``target`` (the workers check it in-block)."""
 
     def __init__(self, target: float) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from .. import config
-from ..estimator import AbilityEstimator, EstimatorError
+from ..estimator import AbilityEstimateError, AbilityEstimator
 from ..policy import auto_interval, decide
 from ..records import RemapRecord
 from ..remap import column_remap, whole_remap
@@ -115,7 +115,7 @@ class DRPMState:
             times = self.estimator.recent_times("t1", workers=planned)
             speeds_col = self.estimator.estimate(self.column_times, workers=planned)  # type: ignore[arg-type]
             speeds_t2 = self.estimator.estimate("t2", workers=planned)
-        except EstimatorError as exc:  # e.g. a worker that just joined has no times yet
+        except AbilityEstimateError as exc:  # e.g. a worker that just joined has no times yet
             logger.info(f"check at iteration {stop}: skipped ({exc})")
             return interval
         policy = config.get("drpm.policy")

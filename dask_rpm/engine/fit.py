@@ -300,7 +300,7 @@ def _callbacks(
         cb.ProgressCallback(reporter, remaps, validator),
     ]
     if opts.target_error is not None:
-        out.append(cb.TargetError(opts.target_error))
+        out.append(cb.StopAtTarget(opts.target_error))
     if kw["callback"] is not None:
         out.append(cb.FunctionCallback(kw["callback"]))
     if kw["should_stop"] is not None:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..cost import ENGINE_VERTICAL, EngineRule, Network
+from ..cost import ENGINE_VERTICAL, EngineRule, Interconnect
 from ..partition import Plan
 from ..records import BandGroup, Layout, Peer
 
@@ -68,7 +68,7 @@ def layouts(
     version: int,
     vertical: str | None = None,
     horizontal: str | None = None,
-    network: Network | None = None,
+    network: Interconnect | None = None,
 ) -> dict[int, Layout]:
     """One :class:`Layout` per planned worker of ``plan``.
 
@@ -85,7 +85,7 @@ def layouts(
     horizontal : str, optional
         Across-column exchange (``auto``, ``pairwise`` or a schedule name);
         default ``rpm.engine.horizontal``.
-    network : Network, optional
+    network : Interconnect, optional
         What ``auto`` predicts with; default from ``rpm.cost.*``.
     """
     rule = EngineRule.from_config(vertical, horizontal, network)

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..batches import Schedule
+from ..batches import BatchSchedule
 from ..data import load_rows, load_slice
 from ..network import Network
 
@@ -58,7 +58,7 @@ class ColumnData:
     source : SampleSource
     cut : (int, int)
         The column's sample range in the plan (of ``schedule.samples``).
-    schedule : Schedule
+    schedule : BatchSchedule
     net : Network
         Appends the constant bias input when the network has bias terms.
     dtype : str
@@ -68,7 +68,7 @@ class ColumnData:
         self,
         source: SampleSource,
         cut: tuple[int, int],
-        schedule: Schedule,
+        schedule: BatchSchedule,
         net: Network,
         dtype: str,
     ) -> None:

@@ -67,7 +67,7 @@ def make_plan(
     rates, network
         For planners that minimise predicted seconds (``srpm-time``): each
         worker's speed in work units per second (index-aligned with
-        ``abilities``) and the :class:`~dask_rpm.cost.Network` (its
+        ``abilities``) and the :class:`~dask_rpm.cost.Interconnect` (its
         ``hosts``/``groups`` index-aligned too). Other planners ignore them.
     batch
         Samples per iteration when training on mini-batches (``None``: all

@@ -45,8 +45,8 @@ import numpy as np
 from .. import config
 from ..cost import (
     SCALABLE,
+    Interconnect,
     LinkClass,
-    Network,
     network_from_config,
     predict_breakdown,
     t_comm_partition,
@@ -165,7 +165,7 @@ class _RunCost:
         labels: np.ndarray | None,
         shape: tuple[int, int, int],
         samples: int,
-        net: Network,
+        net: Interconnect,
         vertical: str,
         cap: int,
     ) -> None:
@@ -259,7 +259,7 @@ def _sizes(args: np.ndarray, n: int, c_best: int) -> list[int]:
 
 
 def _horizontal_estimate(
-    mode: str, C: np.ndarray, n: int, shape: tuple[int, int, int], net: Network
+    mode: str, C: np.ndarray, n: int, shape: tuple[int, int, int], net: Interconnect
 ) -> np.ndarray:
     """Rough horizontal seconds with ``C`` columns of ``n`` workers (shortlisting only)."""
     _, m, l = shape
@@ -282,7 +282,7 @@ def _horizontal_estimate(
 
 
 def _order(
-    p: np.ndarray, net: Network, n_all: int
+    p: np.ndarray, net: Interconnect, n_all: int
 ) -> list[tuple[str, np.ndarray, np.ndarray | None]]:
     """Worker orderings to try: by ability, and grouped by (group, host) when links differ."""
     by_ability = np.argsort(p, kind="stable")
@@ -305,7 +305,7 @@ def srpm_time(
     *,
     dp: int | None = None,
     rates: Sequence[float] | None = None,
-    network: Network | None = None,
+    network: Interconnect | None = None,
     vertical: str | None = None,
     horizontal: str | None = None,
     shortlist: int = 4,
@@ -406,7 +406,7 @@ class _Candidates:
         r: np.ndarray,
         shape: tuple[int, int, int],
         samples: int,
-        net: Network,
+        net: Interconnect,
         vmode: str,
         hmode: str,
         snaps: Sequence[float],
