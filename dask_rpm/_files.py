@@ -44,8 +44,11 @@ _UMASK_LOCK = threading.Lock()
 
 
 def json_default(o: Any) -> Any:
-    """``json.dumps(default=...)`` for what results and checkpoints hold: numpy scalars and
-    arrays as plain values, anything else as its ``str``."""
+    """``json.dumps(default=...)`` for what results, checkpoints and models hold: records
+    (NamedTuples such as Network, Optimizer) as mappings, numpy scalars and arrays as plain
+    values, anything else as its ``str``."""
+    if hasattr(o, "_asdict"):
+        return o._asdict()
     if isinstance(o, np.generic):
         return o.item()
     if isinstance(o, np.ndarray):

@@ -47,11 +47,6 @@ class ModelError(ValueError):
     """A model cannot be built, applied to this data, or read from this file; the message says why."""
 
 
-def _json_default(o: Any) -> Any:
-    # NamedTuple-like records (Network, Optimizer, Schedule) as mappings; the rest as results do
-    return o._asdict() if hasattr(o, "_asdict") else json_default(o)
-
-
 def _float_or_none(v: Any) -> float | None:
     return None if v is None else float(v)
 
@@ -392,7 +387,7 @@ class MLPModel:
                 "outputs": self.n_outputs,
                 "kind": "classifier" if self.is_classifier else "regressor",
                 "emulation": str(self.meta.get("emulation") or ""),
-                "meta": json.dumps(self.meta, default=_json_default),
+                "meta": json.dumps(self.meta, default=json_default),
             },
         )
         if self.classes is not None:

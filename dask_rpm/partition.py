@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
@@ -454,10 +454,3 @@ def to_integer(
         method=method,
         **kwargs,
     )
-
-
-def iter_rectangles(plan: Plan) -> Iterable[Rectangle]:
-    """Rectangles in column order (left to right, top to bottom)."""
-    for col in plan.columns:
-        for w in col:
-            yield plan.rectangle(w)

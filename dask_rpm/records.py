@@ -7,7 +7,7 @@ reader names the field it wants. Nothing here imports ``distributed``.
 
 from __future__ import annotations
 
-from typing import NamedTuple, TypedDict
+from typing import Any, NamedTuple, TypedDict
 
 import numpy as np
 
@@ -23,6 +23,7 @@ __all__ = [
     "BLOCK_STATUSES",
     "Checkpoint",
     "RemapRecord",
+    "remap_record",
     "Validation",
     "REMAP_KINDS",
 ]
@@ -227,3 +228,24 @@ class RemapRecord(_RemapDone, total=False):
     recovered_from: str | None  # where a lost worker's rows came from
     replayed: int  # iterations computed again after a loss
     store_bytes: int  # row files the workers read from a checkpoint store (a recovery from it)
+
+
+def remap_record(iteration: int, kind: str, **fields: Any) -> RemapRecord:
+    """A :class:`RemapRecord`: the required counts default to 0, every key is checked against the
+    record's (a misspelt one is an error, not a silent extra key)."""
+    if kind not in REMAP_KINDS:
+        raise ValueError(f"remap kind {kind!r}; valid: {', '.join(REMAP_KINDS)}")
+    known = set(RemapRecord.__required_keys__) | set(RemapRecord.__optional_keys__)
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise TypeError(f"remap record keys {unknown} are not RemapRecord's: {sorted(known)}")
+    rec: dict[str, Any] = {
+        "iteration": int(iteration),
+        "kind": kind,
+        "bytes": 0,
+        "transfers": 0,
+        "samples_reloaded": 0,
+        "sample_bytes": 0,
+    }
+    rec.update(fields)
+    return rec  # type: ignore[return-value]

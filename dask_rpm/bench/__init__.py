@@ -45,7 +45,7 @@ Metric: ``gamma = (1 / T_parallel) / sum_i (1 / T_series(i))`` with
 over DRPM's. ``ddp``'s gamma uses the same ``T_series`` (numpy kernels), so
 gammas compare iteration times directly; torch's kernels are not numpy's.
 
-Mini-batches (issue 11; workload ``minibatch``, 203-1024-26 with 16384
+Mini-batches (workload ``minibatch``, 203-1024-26 with 16384
 samples, at ``batch_sizes`` 256, 1024, 4096 by default): one case per batch
 size; an iteration is one mini-batch step, ``T_series(i)`` is worker ``i``
 alone on the same batches, and every method trains on the same mini-batch

@@ -63,7 +63,7 @@ WORKLOADS: dict[str, tuple[int, int, int, int]] = {
 }
 #: Batch sizes the ``minibatch`` workload runs at unless ``batch_sizes`` is given.
 MINIBATCH_SIZES = (256, 1024, 4096)
-#: Methods of the mini-batch comparison (issue 11), the ``--methods`` of its docs command.
+#: Methods of the mini-batch comparison, the ``--methods`` of its docs command.
 MINIBATCH_METHODS = ("drpm", "split-1d", "uniform", "ddp")
 METHODS = ("uniform", "hrev", "srpm-assumed", "srpm-probed", "drpm-init", "drpm", "split-1d", "ddp")
 STEP_FACTOR = 3.0
@@ -188,7 +188,7 @@ def bench_learning_rate(case: BenchCase) -> float:
     bench checks that: ``weights_vs_serial``).
 
     Why the hidden units: a step of ``eps`` on the summed gradient moves each output's
-    pre-activation by about ``eps B m / 16``. With ``eps = 0.5 / B`` (the rate before issue 11)
+    pre-activation by about ``eps B m / 16``. With ``eps = 0.5 / B`` (an earlier default)
     that is ~30 at m = 1024: training overshoots and is chaotic, and at 203-1024-26, B = 1024 a
     1e-15 change of W0 grew to 2.3e-6 in 32 iterations (measured), so no check could tell a
     different summation order from different batches. At ``0.5 / (B m)`` it stays at 4e-15 while

@@ -336,7 +336,7 @@ def summary_rows(ds: Any) -> list[dict[str, Any]]:
 
 
 def _batch_of(ds: Any, c: int) -> int | None:
-    """Mini-batch size of case ``c``; None for full batch (and for results written before issue 11)."""
+    """Mini-batch size of case ``c``; None for full batch (and for results written before mini-batches existed)."""
     if "full_batch" not in ds.coords or bool(ds["full_batch"].values[c]):
         return None
     return int(ds["batch_size"].values[c])

@@ -29,7 +29,7 @@ examples:
   dask-rpm bench --conditions A-step --n 8 --iterations 40             # one worker slows 3x mid-run
   dask-rpm bench --workloads custom --shape 20-16-4 --samples 512 --n 3 --methods srpm-assumed,drpm
   dask-rpm bench --workloads minibatch --conditions A --n 4,8 --methods drpm,split-1d,uniform,ddp \
-      --batch-sizes 256,1024,4096           # mini-batch SGD, 203-1024-26, s = 16384 (issue 11)
+      --batch-sizes 256,1024,4096           # mini-batch SGD, 203-1024-26, s = 16384
   dask-rpm bench --real --n 2               # REAL: 2 unpaced one-thread workers vs 2 DDP ranks
   dask-rpm bench --real --n 8,16 --mix 1,2,4,8   # REAL on a 16-core machine (benchmarks/real_hardware.py)
 

@@ -2,9 +2,9 @@
 
 ``client.run(fn, workers=[address])`` on a worker that has just left waits out
 Dask's connect timeout (``distributed.comm.timeouts.connect``, 30 s) before it
-fails: the scheduler keeps dialling the address. That was the 30 s stall of the
-chaos soak, when a worker was retired or killed just before a checkpoint's
-writers (or an abort, a rollback, a commit) were called. :func:`run_each` asks
+fails: the scheduler keeps dialling the address - a 30 s stall when a worker is
+retired or killed just before a checkpoint's writers (or an abort, a rollback,
+a commit) are called. :func:`run_each` asks
 the scheduler every ``rpm.engine.poll-seconds`` whether the workers still
 waited on are gone or retiring, and drops those at once.
 """

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
+
+# the coroutine behind distributed.wait: the public one blocks (client.sync) and this driver is async
 from distributed.client import FIRST_COMPLETED, _wait
 
 from .. import config
@@ -24,7 +26,7 @@ from ..data import DataError
 from ..ordering import ordered_workers
 from ..partition import Plan
 from ..recipe import Recipe
-from ..records import BlockResult, BlockSpec, Checkpoint, RemapRecord
+from ..records import BlockResult, BlockSpec, Checkpoint, RemapRecord, remap_record
 from ..remap import migration, sample_changes
 from . import store
 from .calls import run_each
@@ -106,7 +108,7 @@ class Driver:
         self.run = run
         self.plan = plan
         # While a remap or an install is under way: the workers it depends on (None: the current plan's).
-        # Workers of the old plan already declared lost must not count as lost again (issue 14, chaos soak).
+        # Workers of the old plan already declared lost must not count as lost again.
         self._watch: set[str] | None = None
         self.source = source  # a netCDF path the workers read, or None (arrays on the client)
         self.rows = rows  # file rows of the training samples (a validation split), or None: all
@@ -158,8 +160,8 @@ class Driver:
         if not self.recipe.schedule.full_batch:
             # One key per worker, not one broadcast key: the scheduler's active memory manager
             # (ReduceReplicas, on by default) drops the extra replicas of a broadcast key within
-            # seconds, and losing the worker left holding it lost the training set for every
-            # recovery (found by tests/test_training.py, 4 runs in 14 under load).
+            # seconds, and losing the worker left holding it would lose the training set for
+            # every recovery.
             addr = self.addresses[w]
             copy = self._copies.get(addr)
             if copy is None or copy.status != "finished":
@@ -171,8 +173,8 @@ class Driver:
     async def _scatter_to(self, obj: Any, w: int) -> Any:
         """Scatter ``obj`` to worker ``w``; a worker that left meanwhile raises :class:`WorkerLostError`.
 
-        Found by the chaos soak (issue 14): a worker SIGKILLed while a remap sent it its samples ended
-        ``fit`` with a ``CommClosedError`` instead of a recovery.
+        A worker killed while a remap sends it its samples must lead to a recovery, not end
+        ``fit`` with a ``CommClosedError``.
         """
         try:
             [fut] = await self.client.scatter([obj], workers=[self.addresses[w]], hash=False)
@@ -550,18 +552,17 @@ class Driver:
         await self.run_on(run_commit, self.run, self.version, self.iteration, workers=involved)
         self.plan = new
         n, _, l = new.shape
-        return {
-            "iteration": self.iteration,
-            "kind": kind,
-            "bytes": int(sum(t.nbytes for t in transfers)),
-            "seconds": time.perf_counter() - t0,
-            "transfers": len(transfers),
-            "samples_reloaded": len(changed),
-            # each of those workers reads its column's samples (x and d rows) again
-            "sample_bytes": int(
-                sum(new.rectangle(w).n_samples for w in changed) * (n + l) * itemsize
-            ),
-        }
+        # each worker of `changed` reads its column's samples (x and d rows) again
+        reloaded = sum(new.rectangle(w).n_samples for w in changed) * (n + l) * itemsize
+        return remap_record(
+            self.iteration,
+            kind,
+            bytes=int(sum(t.nbytes for t in transfers)),
+            seconds=time.perf_counter() - t0,
+            transfers=len(transfers),
+            samples_reloaded=len(changed),
+            sample_bytes=int(reloaded),
+        )
 
     def _pieces(
         self, old: Plan, new: Plan, w: int, transfers: Sequence[Any], lost: Sequence[str]

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from .. import config
+from .._files import json_default
 from ..estimator import AbilityEstimateError, AbilityEstimator
 from ..policy import auto_interval, decide
 from ..records import RemapRecord
@@ -26,7 +27,9 @@ def _num(v: float) -> float | None:
 
 
 def jsonable(rec: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: (float(v) if isinstance(v, np.floating) else v) for k, v in rec.items()}
+    """A remap record with numpy scalars as plain values (:func:`dask_rpm._files.json_default`),
+    for the scheduler's messages and checkpoints."""
+    return {k: (json_default(v) if isinstance(v, np.generic) else v) for k, v in rec.items()}
 
 
 class DRPMState:

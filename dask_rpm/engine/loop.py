@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import config
 from ..partition import Plan
-from ..records import Checkpoint, RemapRecord
+from ..records import Checkpoint, RemapRecord, remap_record
 from . import callbacks as cb
 from . import retirement
 from .checkpoint import StoredCheckpoint
@@ -104,21 +104,17 @@ class TrainingLoop:
                 d.plan = whole_plan(d, note=reason)
                 logger.warning(f"{reason}; planning again without them")
                 self.remaps.append(
-                    {
-                        "iteration": start.iteration,
-                        "kind": "whole",
-                        "bytes": 0,
-                        "transfers": 0,
-                        "samples_reloaded": 0,
-                        "sample_bytes": 0,
-                        "seconds": time.perf_counter() - t0,
-                        "reason": reason,
-                        "lost": list(exc.workers),
-                        "joined": [],
+                    remap_record(
+                        start.iteration,
+                        "whole",
+                        seconds=time.perf_counter() - t0,
+                        reason=reason,
+                        lost=list(exc.workers),
+                        joined=[],
                         # the start's weights: the initial ones, or a resumed checkpoint's
-                        "recovered_from": "checkpoint" if start.iteration else "initial weights",
-                        "replayed": 0,
-                    }
+                        recovered_from="checkpoint" if start.iteration else "initial weights",
+                        replayed=0,
+                    )
                 )
         raise TrainingError(
             "could not place the first shards: workers kept leaving"

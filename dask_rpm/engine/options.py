@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -51,7 +51,6 @@ class Options:
     checkpoint_dir: str | None = None
     #: BLAS/OpenMP threads of each worker's kernels (rpm.engine.threads); 0: each worker's nthreads
     threads: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def resolve_options(kw: dict[str, Any], job: Prepared) -> Options:

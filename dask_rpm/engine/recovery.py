@@ -13,7 +13,7 @@ import numpy as np
 from ..partition import Plan
 from ..planners import make_plan
 from ..progress import weight_bytes
-from ..records import Checkpoint, RemapRecord
+from ..records import Checkpoint, RemapRecord, remap_record
 from ..remap import MigrationError
 from .checkpoint import StoredCheckpoint
 from .driver import Driver, ordered_workers
@@ -84,7 +84,7 @@ async def rebalance(
     alive_set = set(alive)
     planned = set(driver.plan.planned_workers)
     # Lost: workers that left, and planned workers already marked gone by an attempt that failed (another
-    # worker left during that recovery): their rows must not be fetched from them (found by the chaos soak).
+    # worker left during that recovery): their rows must not be fetched from them.
     lost = [
         a
         for i, a in enumerate(driver.addresses)
@@ -107,15 +107,15 @@ async def rebalance(
         )
         source = "checkpoint"
         n, _, l = new.shape
-        rec = {
-            "iteration": k,
-            "kind": "whole",
-            "bytes": placed.client_bytes,  # shards cut on the client (a checkpoint it holds)
-            "store_bytes": placed.store_bytes,  # or row files the workers read from the store
-            "transfers": len(new.planned_workers),
-            "samples_reloaded": len(new.planned_workers),
-            "sample_bytes": int(new.samples * (n + l) * np.dtype(driver.dtype).itemsize),
-        }
+        rec = remap_record(
+            k,
+            "whole",
+            bytes=placed.client_bytes,  # shards cut on the client (a checkpoint it holds)
+            store_bytes=placed.store_bytes,  # or row files the workers read from the store
+            transfers=len(new.planned_workers),
+            samples_reloaded=len(new.planned_workers),
+            sample_bytes=int(new.samples * (n + l) * np.dtype(driver.dtype).itemsize),
+        )
     rec["seconds"] = time.perf_counter() - t0
     rec["reason"] = reason
     rec["lost"] = lost

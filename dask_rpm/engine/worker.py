@@ -351,7 +351,7 @@ class RunState:
 
         An abort of block ``epoch`` ends the wait at once (:class:`BlockAborted`): a send to a
         peer that has just left retries its connection until Dask's connect timeout (30 s), and
-        the block must not hold its worker that long (the chaos soak's 30 s stalls). The send goes
+        the block must not hold its worker that long. The send goes
         on in the background; its late failure is not charged to a later block.
         """
         if self.pending:
@@ -462,9 +462,12 @@ def lifetime_deadline(worker: Any) -> float | None:
     """When this worker's Dask lifetime ends (``--lifetime``; wall-clock ``time.time()``), or None.
 
     Distributed schedules ``close_gracefully`` on the worker's event loop at
-    start-up (with the random stagger already applied) but does not keep the
-    time; the timer itself has it. Without that timer (another event-loop
-    implementation) the plugin's set-up time plus the lifetime is the estimate.
+    start-up (with the random stagger already applied) but keeps the time in
+    no public attribute or hook (``Worker.lifetime`` is the length before the
+    stagger, and no API says when the timer fires); the timer itself has it,
+    so the loop's scheduled handles are read. Without that timer (another
+    event-loop implementation) the plugin's set-up time plus the lifetime is
+    the estimate.
     """
     lifetime = getattr(worker, "lifetime", None)
     if not lifetime:

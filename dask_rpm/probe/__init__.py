@@ -1,4 +1,4 @@
-"""Probing stage: measure worker abilities and links before planning (issue #4).
+"""Probing stage: measure worker abilities and links before planning.
 
 :func:`probe` runs the real BP kernels (forward, output delta, backward; the
 work of one rectangle) on every worker at once and returns each worker's

@@ -113,8 +113,8 @@ def _pass_work(plugin: Any, seconds: float, dtype: str) -> float:
 
     A tiny job's pass costs per-call overhead, not flops, so its flop model understates it and
     each worker's pacing fell back on its own smallest CPU time, which differs between worker
-    processes by 10-30 % on a shared host: the probe then measured that, not the EMULATED
-    speeds (5 probes in a row off by more than 10 %, 3 runs in 8 under load). Stated from the
+    processes on a shared host: the probe then measured that, not the EMULATED speeds.
+    Stated from the
     client's timed pass (:func:`calibrate`) the work is the same on every worker, and paced, as
     large blocks are, to ``1 / rpm.emulation.rate-fraction`` of one core's time.
     """
@@ -153,12 +153,10 @@ def robust_mean(seconds: np.ndarray, trim: float) -> np.ndarray:
     """Per column (worker): mean of the finite values after cutting ``trim`` at each end.
 
     Why not the median: on a shared host the CPU cost of a kernel pass is
-    often *bimodal* (measured here: ~0.44 or ~0.65 ms per NETtalk pass, the
-    mode switching every 50-100 ms, even with one worker alone). The median
-    of a few such repetitions jumps between the modes: over 15 probes of 16
-    repetitions (three job shapes, EMULATED speeds 1 : 0.5 : 0.25) it missed
-    the speed ratios by 8.3 % on average and 22 % at worst, this trimmed mean
-    by 6.2 % and 9 %. Like the median it drops outliers (a pause, a hiccup).
+    often *bimodal*, the mode switching every few tens of milliseconds. The
+    median of a few such repetitions jumps between the modes; a trimmed mean
+    averages them, and like the median it drops outliers (a pause, a hiccup).
+    docs/benchmarks.md has the measurements.
     """
     out = np.empty(seconds.shape[1])
     for i in range(seconds.shape[1]):
