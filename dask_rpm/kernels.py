@@ -21,10 +21,6 @@ import numpy as np
 from .network import Network
 
 __all__ = [
-    "sigmoid",
-    "forward_partial",
-    "output_delta",
-    "backward_partial",
     "init_weights",
     "block_work",
     "Workspace",
@@ -38,34 +34,11 @@ __all__ = [
 _SIGMOID_COST = 20.0
 
 
-def sigmoid(u: np.ndarray) -> np.ndarray:
-    """Logistic function, computed in place on a fresh array.
-
-    ``exp(-u)`` overflows to ``inf`` for very negative ``u``; the result is
-    then exactly 0, which is the right limit, so the warning is silenced.
-    """
-    with np.errstate(over="ignore"):
-        out = np.exp(-u)
-    out += 1.0
-    np.reciprocal(out, out=out)
-    return out
-
-
-def forward_partial(x: np.ndarray, W: np.ndarray, V: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Hidden outputs ``f = sigma(x W^T)`` and the partial product ``f V^T``.
-
-    Returns ``(f, partial)`` with shapes ``(s, m_i)`` and ``(s, l)``; summing the
-    partials of all workers of a column gives the output pre-activation.
-    """
-    f = sigmoid(x @ W.T)
-    return f, f @ V.T
-
-
 def block_work(kind: str, s: int, m: int, n: int, l: int) -> float:
     """Floating-point work of one rectangle kernel, in flop equivalents.
 
-    ``kind`` is ``"forward"`` (:func:`forward_partial`) or ``"backward"``
-    (:func:`backward_partial`) on ``s`` samples and ``m`` hidden units of an
+    ``kind`` is ``"forward"`` (:meth:`Workspace.forward`) or ``"backward"``
+    (:meth:`Workspace.backward`) on ``s`` samples and ``m`` hidden units of an
     ``n``-``m``-``l`` network. Both are proportional to ``s * m`` (docs/method.md
     §1), which is what lets EMULATED workers run a block for exactly
     ``work / (rate * speed)`` seconds, free of the CPU-time noise of a shared
@@ -80,41 +53,15 @@ def block_work(kind: str, s: int, m: int, n: int, l: int) -> float:
     return float(s) * float(m) * per
 
 
-def output_delta(u: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, float]:
-    """Output deltas ``(h - d) h (1 - h)`` and the error ``0.5 sum (h - d)^2``.
-
-    ``u`` is the summed pre-activation of the output layer, ``(s, l)``.
-    """
-    h = sigmoid(u)
-    diff = h - d
-    err = 0.5 * float(np.vdot(diff, diff))
-    return diff * h * (1.0 - h), err
-
-
-def backward_partial(
-    x: np.ndarray, f: np.ndarray, V: np.ndarray, delta2: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Weight-update sums of one rectangle: ``(dW_i, dV_i)``.
-
-    ``dW_i = (f (1 - f) * (delta2 V_i))^T x`` is ``(m_i, n)``;
-    ``dV_i = delta2^T f`` is ``(l, m_i)``. Both are sums over the rectangle's
-    samples; summing them over columns gives the batch update.
-    """
-    delta1 = delta2 @ V
-    delta1 *= f
-    delta1 *= 1.0 - f
-    return delta1.T @ x, delta2.T @ f
-
-
 class Workspace:
     """Buffers for the kernels of one rectangle, kept across iterations.
 
     Every kernel writes into buffers allocated once (``out=``, in-place
     activations), so an iteration allocates nothing: no page faults from memory
     that Dask's ``MALLOC_TRIM_THRESHOLD_`` hands back to the system after
-    every iteration, and the GEMMs run at BLAS speed. For the paper's network
-    the arithmetic is that of :func:`forward_partial`, :func:`output_delta`
-    and :func:`backward_partial`, operation for operation.
+    every iteration, and the GEMMs run at BLAS speed. The one set of kernels:
+    serial and distributed training, the probe and the EMULATED rate all run
+    these (:func:`kernel_pass`).
 
     Mini-batches: the buffers hold ``s`` samples, the most a batch share can
     have; a smaller batch uses their leading rows (still C-contiguous).
@@ -222,6 +169,19 @@ class Workspace:
         self._activate(f)
         np.matmul(f, V.T, out=partial)
         return partial
+
+    def outputs(self, u: np.ndarray) -> np.ndarray:
+        """The network's outputs ``h`` for the summed pre-activation ``u``, as a new array (the
+        arithmetic of :meth:`output_delta`: one sigmoid, one softmax in the package)."""
+        h = np.array(u, copy=True)
+        out = self.net.output
+        if out == "sigmoid":
+            return self._sigmoid(h)
+        if out == "softmax":
+            h -= h.max(axis=1, keepdims=True)
+            np.exp(h, out=h)
+            h /= h.sum(axis=1, keepdims=True)
+        return h
 
     def output_delta(self, u: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, float]:
         """Output deltas (``self.delta2``) and the loss of the summed pre-activation ``u``."""

@@ -210,15 +210,7 @@ def forward(x: np.ndarray, W: np.ndarray, V: np.ndarray, net: Network) -> np.nda
     ws = Workspace(
         xa.shape[0], W.shape[0], W.shape[1], V.shape[0], W.dtype, net, net.bias_row(W.shape[0])
     )
-    u = ws.forward(xa, W, V)
-    out = net.output
-    if out == "linear":
-        return u.copy()
-    if out == "sigmoid":
-        return 1.0 / (1.0 + np.exp(-u))
-    z = u - u.max(axis=1, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(axis=1, keepdims=True)
+    return ws.outputs(ws.forward(xa, W, V))
 
 
 def loss(h: np.ndarray, d: np.ndarray, net: Network) -> float:

@@ -25,11 +25,12 @@ from . import config
 from .emulation import emulation_info, local_cluster
 from .engine import fit
 from .evidence import overrun_counts, speed_check
-from .kernels import forward_partial, sigmoid
+from .network import Network
 from .ordering import ordered_workers
 from .partition import Plan
 from .planners import parse_shape
 from .real_partition import count_noun
+from .recipe import forward
 
 __all__ = ["DemoSettings", "demo_data", "demo_settings", "run_demo"]
 
@@ -76,8 +77,7 @@ def demo_data(
     x[:, -1] = 1.0
     Wt = rng.normal(scale=1.0 / np.sqrt(n), size=(m // 2, n))
     Vt = rng.normal(scale=2.0 / np.sqrt(m // 2), size=(l, m // 2))
-    _, u = forward_partial(x, Wt, Vt)
-    return x, sigmoid(u)
+    return x, forward(x, Wt, Vt, Network())  # a random teacher net of the paper's form
 
 
 def _compare(

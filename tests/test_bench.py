@@ -150,10 +150,11 @@ def test_ddp_peer_runs_with_torch():
     # DDP's averaged gradient x world size is the batch sum: after 2 updates rank 0's local error
     # (its half of the samples) equals serial batch BP's weights applied to that half
     from dask_rpm import fit_serial
-    from dask_rpm.kernels import sigmoid
+    from dask_rpm.network import Network
+    from dask_rpm.recipe import forward
 
     W, V, _ = fit_serial(x, d, hidden=4, iterations=2, learning_rate=0.01)
-    h = sigmoid(sigmoid(x[:32] @ W.T) @ V.T)
+    h = forward(x[:32], W, V, Network())  # the paper's network: sigmoid hidden and outputs
     assert res["error"] == pytest.approx(0.5 * float(((h - d[:32]) ** 2).sum()), rel=1e-9)
 
 

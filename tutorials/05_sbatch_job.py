@@ -161,15 +161,16 @@ def run(work: str) -> int:
 
     from dask_rpm import Plan
     from dask_rpm.evidence import speed_check
-    from dask_rpm.kernels import forward_partial, sigmoid
+    from dask_rpm.network import Network
+    from dask_rpm.recipe import forward
 
     with (
         xr.open_dataset("digits-result.nc", engine="h5netcdf") as res,
         xr.open_dataset("digits.nc", engine="h5netcdf") as data,
     ):
         res.load()
-        _, u = forward_partial(data["x"].values, res["W"].values, res["V"].values)
-        right = float(np.mean(sigmoid(u).argmax(1) == data["d"].values.argmax(1)))
+        h = forward(data["x"].values, res["W"].values, res["V"].values, Network())
+        right = float(np.mean(h.argmax(1) == data["d"].values.argmax(1)))
     print(
         f"\noutput digits-result.nc: status {res.attrs['status']}, {res.attrs['iterations']} iterations, "
         f"error {float(res['error'][0]):.1f} -> {res.attrs['final_error']:.1f} ({res.attrs['stopped']})"

@@ -26,6 +26,7 @@ from ..convergence import LEARNING_RATE_SCHEDULES, ConvergenceRule
 from ..model import MLPModel
 from ..network import Network
 from ..prepare import prepare
+from ..recipe import forward
 from ..serial import train_arrays
 
 __all__ = ["EstimatorError", "MLPBase"]
@@ -383,23 +384,13 @@ class MLPBase(BaseEstimator):
 
     # ------------------------------------------------------------- fitted
     def _forward(self, X: np.ndarray) -> np.ndarray:
-        """scikit-learn's ``_forward_pass_fast`` on ``coefs_`` / ``intercepts_``."""
-        a = X @ self.coefs_[0] + self.intercepts_[0]
-        act = self._resolved()["activation"]
-        if act == "logistic":
-            a = 1.0 / (1.0 + np.exp(-a))
-        elif act == "tanh":
-            a = np.tanh(a)
-        else:
-            a = np.maximum(a, 0.0)
-        out = a @ self.coefs_[1] + self.intercepts_[1]
-        if self.out_activation_ == "softmax":
-            out = out - out.max(axis=1, keepdims=True)
-            out = np.exp(out)
-            out /= out.sum(axis=1, keepdims=True)
-        elif self.out_activation_ == "logistic":
-            out = 1.0 / (1.0 + np.exp(-out))
-        return out
+        """The outputs of the network ``coefs_`` / ``intercepts_`` hold, by the kernels that train
+        it (:func:`dask_rpm.recipe.forward`)."""
+        net = self._net(self._resolved())
+        W, V = net.join(
+            self.coefs_[0].T, self.coefs_[1].T, self.intercepts_[0], self.intercepts_[1]
+        )
+        return forward(np.asarray(X, dtype=W.dtype), W, V, net)
 
     def _check_predict_X(self, X: Any) -> np.ndarray:
         check_is_fitted(self, "coefs_")
