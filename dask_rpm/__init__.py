@@ -3,6 +3,7 @@
 Public API
 ----------
 fit, fit_serial       train on a Dask cluster / the serial reference
+TrainingOptions       what they train, as one record (their keywords, one to one)
 make_plan, Plan       plan rectangles (SRPM and the paper's baselines)
 MLPModel              a trained network: predict, score, save/load, to_torch
 MLPClassifier, MLPRegressor  scikit-learn estimators (need scikit-learn)
@@ -41,6 +42,7 @@ _LAZY = {
     "register_planner": "planners",
     "RPMSchedulerPlugin": "plugin",
     "fit_serial": "serial",
+    "TrainingOptions": "options",
     "MLPClassifier": "estimators",
     "MLPRegressor": "estimators",
 }
@@ -72,6 +74,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from .engine.fit import fit
     from .estimators import MLPClassifier, MLPRegressor
     from .model import MLPModel
+    from .options import TrainingOptions
     from .ordering import ordered_workers
     from .partition import Plan, PlanError, Rectangle
     from .planners import PLANNERS, get_planner, make_plan, register_planner
@@ -88,6 +91,7 @@ __all__ = [  # the lazy names above, spelled out for linters and `from dask_rpm 
     "PlanError",
     "RPMSchedulerPlugin",
     "Rectangle",
+    "TrainingOptions",
     "TrainingError",
     "WorkerLostError",
     "__version__",

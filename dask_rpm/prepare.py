@@ -22,6 +22,7 @@ from .data import (
     dataset_classes,
     load_rows,
 )
+from .options import TrainingOptions
 from .recipe import Recipe, RecipeError, Validator, holdout, one_hot, recipe
 
 __all__ = ["Prepared", "prepare"]
@@ -114,37 +115,20 @@ def _weights(
 def prepare(
     x: Any,
     d: Any = None,
+    options: TrainingOptions | None = None,
     *,
-    hidden: int | None,
-    iterations: int | None,
-    learning_rate: float | None,
-    init: Any,
-    seed: int | None,
-    dtype: str | None,
-    epochs: int | None = None,
-    batch_size: int | None = None,
-    shuffle: bool | None = None,
-    activation: str | None = None,
-    loss: str | None = None,
-    output: str | None = None,
-    bias: bool | None = None,
-    optimizer: Any = None,
-    validation: Any = None,
-    validate_every: int | None = None,
-    early_stopping: int | None = None,
-    tol: float | None = None,
-    target_error: float | None = None,
     classes: Any = None,
     load: bool = False,
-    alpha: float | None = None,
-    reduction: str | None = None,
 ) -> Prepared:
-    """Validate the data and options of a training run (``None``: ``rpm.train.*``).
+    """Validate the data and the training options of a run (``None`` fields: ``rpm.train.*``).
 
     With ``load=False`` a dataset path stays a path (workers read their
-    samples); ``validation`` may be None, a fraction to hold out (seeded), or
-    ``(x_val, d_val)``.
+    samples); ``options.validation`` may be None, a fraction to hold out
+    (seeded), or ``(x_val, d_val)``. Every bad option raises :class:`DataError`.
     """
+    o = options or TrainingOptions()
+    dtype, seed, init, loss = o.dtype, o.seed, o.init, o.loss
+    target_error = o.target_error
     dtype = str(config.get("train.dtype", dtype))
     seed = int(config.get("train.seed", seed))
     if target_error is not None and not (np.isfinite(target_error) and target_error >= 0):
@@ -154,34 +138,15 @@ def prepare(
     src = _source(x, d, loss, classes, load)
     classes = src.classes
     # the validation split decides how many samples train, which the schedule needs
-    src, rows, val = _split_validation(src, validation, loss, seed, dtype)
+    src, rows, val = _split_validation(src, o.validation, loss, seed, dtype)
     s, n, l = src.shape
     try:
-        rec = recipe(
-            s,
-            iterations=iterations,
-            epochs=epochs,
-            learning_rate=learning_rate,
-            seed=seed,
-            activation=activation,
-            loss=loss,
-            output=output,
-            bias=bias,
-            optimizer_spec=optimizer,
-            batch_size=batch_size,
-            shuffle=shuffle,
-            validation=val is not None,
-            validate_every=validate_every,
-            early_stopping=early_stopping,
-            tol=tol,
-            alpha=alpha,
-            reduction=reduction,
-        )
+        rec = recipe(s, o, validation=val is not None)
     except ValueError as exc:
         raise DataError(str(exc)) from None
     start = None if init is None else (init[0], init[1])
     checks: dict[str, Any] = dict(
-        hidden=hidden, iterations=rec.iterations, learning_rate=rec.learning_rate
+        hidden=o.hidden, iterations=rec.iterations, learning_rate=rec.learning_rate
     )
     arrays = None
     if src.x is None or src.d is None:

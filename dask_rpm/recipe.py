@@ -21,6 +21,7 @@ from .batches import BatchSchedule, schedule
 from .kernels import Workspace, binary_log_loss
 from .network import Network, network
 from .optim import Optimizer, optimizer
+from .options import TrainingOptions
 from .records import Validation
 
 __all__ = [
@@ -86,36 +87,23 @@ def _positive_int(name: str, value: Any) -> int:
 
 
 def recipe(
-    samples: int,
-    *,
-    iterations: int | None = None,
-    epochs: int | None = None,
-    learning_rate: float | None = None,
-    seed: int | None = None,
-    activation: str | None = None,
-    loss: str | None = None,
-    output: str | None = None,
-    bias: bool | None = None,
-    optimizer_spec: Any = None,
-    batch_size: int | None = None,
-    shuffle: bool | None = None,
-    validation: bool = False,
-    validate_every: int | None = None,
-    early_stopping: int | None = None,
-    tol: float | None = None,
-    alpha: float | None = None,
-    reduction: str | None = None,
+    samples: int, options: TrainingOptions | None = None, *, validation: bool = False
 ) -> Recipe:
-    """Validate and complete the training options (``None``: ``rpm.train.*``).
+    """Validate and complete the training options (``None`` fields: ``rpm.train.*``).
 
-    ``samples`` is the number of training samples (after a validation split).
-    ``epochs`` and ``iterations`` are alternatives; with ``epochs`` the run
-    has ``epochs * ceil(samples / batch_size)`` iterations.
+    ``samples`` is the number of training samples (after a validation split);
+    ``validation`` says whether there is a validation set. ``epochs`` and
+    ``iterations`` are alternatives; with ``epochs`` the run has
+    ``epochs * ceil(samples / batch_size)`` iterations.
     """
+    o = options or TrainingOptions()
+    iterations, epochs, learning_rate, seed = o.iterations, o.epochs, o.learning_rate, o.seed
+    validate_every, early_stopping, tol = o.validate_every, o.early_stopping, o.tol
+    alpha, reduction = o.alpha, o.reduction
     seed = int(config.get("train.seed", seed))
-    sched = schedule(samples, batch_size, shuffle=shuffle, seed=seed)
-    net = network(activation, loss, output, bias)
-    opt = optimizer(optimizer_spec)
+    sched = schedule(samples, o.batch_size, shuffle=o.shuffle, seed=seed)
+    net = network(o.activation, o.loss, o.output, o.bias)
+    opt = optimizer(o.optimizer)
     if epochs is None and iterations is None:
         epochs = config.get("train.epochs")
     if epochs is not None and iterations is not None:

@@ -14,6 +14,7 @@ import numpy as np
 from .data import DataError
 from .kernels import Workspace, all_finite
 from .optim import mean_gradient, penalty, step
+from .options import TRAINING_FIELDS, TrainingOptions
 from .prepare import prepare
 from .recipe import Recipe, Validator
 
@@ -151,6 +152,7 @@ def fit_serial(
     reduction: str | None = None,
     callbacks: Any = None,
     full_output: bool = False,
+    options: TrainingOptions | None = None,
 ) -> Any:
     """Serial BP: the reference every distributed run must equal.
 
@@ -180,6 +182,9 @@ def fit_serial(
     callbacks : sequence, optional
         Epoch rules such as :class:`dask_rpm.convergence.ConvergenceRule`: the same objects
         :func:`dask_rpm.fit` takes in ``callbacks=``, called at the end of every epoch.
+    options : TrainingOptions, optional
+        The training options as one record (:class:`dask_rpm.options.TrainingOptions`); the
+        keywords above set its fields, each given once.
 
     Returns
     -------
@@ -190,32 +195,9 @@ def fit_serial(
     err : numpy.ndarray
         Loss of each iteration's forward pass (before that iteration's update).
     """
-    job = prepare(
-        x,
-        d,
-        hidden=hidden,
-        iterations=iterations,
-        learning_rate=learning_rate,
-        init=init,
-        seed=seed,
-        dtype=dtype,
-        epochs=epochs,
-        batch_size=batch_size,
-        shuffle=shuffle,
-        activation=activation,
-        loss=loss,
-        output=output,
-        bias=bias,
-        optimizer=optimizer,
-        validation=validation,
-        validate_every=validate_every,
-        early_stopping=early_stopping,
-        tol=tol,
-        target_error=target_error,
-        alpha=alpha,
-        reduction=reduction,
-        load=True,
-    )
+    # the keywords map one to one onto the fields of the options record
+    given = {k: v for k, v in locals().items() if k in TRAINING_FIELDS}
+    job = prepare(x, d, TrainingOptions.of(options, **given), load=True)
     assert job.arrays is not None
     for rule in callbacks or ():
         if not hasattr(rule, "end_epoch"):

@@ -25,6 +25,7 @@ from dask_rpm.engine.checkpoint import check_readable, check_shared
 from dask_rpm.engine.driver import Driver
 from dask_rpm.engine.errors import WorkerLostError
 from dask_rpm.engine.fit import ensure_plugins
+from dask_rpm.options import TrainingOptions
 from dask_rpm.ordering import ordered_workers
 from dask_rpm.partition import Plan
 from dask_rpm.prepare import prepare
@@ -44,7 +45,7 @@ async def _driver(client: Client) -> Driver:
     plan = Plan.from_columns([[0, 1]], [8], [[2, 2]], shape=(3, 4, 2)).with_workers(addrs)
     x, d = np.ones((8, 3)), np.full((8, 2), 0.5)
     data = prepare(
-        x, d, hidden=4, iterations=1, learning_rate=0.1, init=None, seed=0, dtype="float64"
+        x, d, TrainingOptions(hidden=4, iterations=1, learning_rate=0.1, seed=0, dtype="float64")
     )
     return Driver(
         client, run="t", plan=plan, source=None, arrays=None, recipe=data.recipe, dtype="float64"

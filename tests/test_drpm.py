@@ -11,6 +11,7 @@ import dask_rpm
 from dask_rpm.emulation import emulation_report, set_speed
 from dask_rpm.engine import Driver, ensure_plugins, fit, ordered_workers
 from dask_rpm.kernels import init_weights
+from dask_rpm.options import TrainingOptions
 from dask_rpm.partition import Plan
 from dask_rpm.recipe import recipe
 from dask_rpm.records import Checkpoint
@@ -99,7 +100,7 @@ def test_any_sequence_of_remaps_equals_serial(seed):
                     plan=plan,
                     source=None,
                     arrays=(x, d),
-                    recipe=recipe(s, iterations=7 * block, learning_rate=eps),
+                    recipe=recipe(s, TrainingOptions(iterations=7 * block, learning_rate=eps)),
                     dtype="float64",
                 )
                 await tr.install(plan, Checkpoint(0, W0, V0))

@@ -282,25 +282,18 @@ def test_check_schedule_auto():
 
 def test_first_interval_is_the_one_source_for_the_schedule_and_fit():
     """fit() and CheckSchedule take R before any measurement from policy.first_interval."""
-    from dask_rpm.engine.options import resolve_options
+    from dask_rpm.engine.options import RunKeywords, resolve_options
+    from dask_rpm.options import TrainingOptions
     from dask_rpm.prepare import prepare
 
     job = prepare(
         np.zeros((8, 2)),
         np.zeros((8, 1)),
-        hidden=4,
-        iterations=10,
-        learning_rate=0.1,
-        init=None,
-        seed=0,
-        dtype="float64",
-    )
-    kw = dict(
-        mapping="srpm", on_worker_loss=None, min_workers=None, checkpoint_every=None, elastic=None
+        TrainingOptions(hidden=4, iterations=10, learning_rate=0.1, seed=0, dtype="float64"),
     )
 
     def fit_interval(interval):
-        opts = resolve_options({**kw, "interval": interval}, job)
+        opts = resolve_options(RunKeywords(mapping="srpm", interval=interval), job)
         return opts.interval, opts.auto_interval
 
     assert first_interval(7) == (7, False) == fit_interval(7)

@@ -64,10 +64,11 @@ class _OneWorkerState:
         (self.layout,) = layouts(plan, ["local"], run="t", version=1).values()
         self.run = "t"
         from dask_rpm.engine.samples import ColumnData, SampleSource
+        from dask_rpm.options import TrainingOptions
         from dask_rpm.recipe import recipe
 
         self.shard = Shard(W, V)
-        self.recipe = recipe(x.shape[0], iterations=4, learning_rate=0.05)
+        self.recipe = recipe(x.shape[0], TrainingOptions(iterations=4, learning_rate=0.05))
         self.data = ColumnData(
             SampleSource("slice", x, d),
             (0, x.shape[0]),

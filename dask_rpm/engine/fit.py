@@ -17,6 +17,7 @@ import numpy as np
 
 from ..dashboard import RPMDashboardPlugin
 from ..emulation import emulation_label_async
+from ..options import TRAINING_FIELDS, TrainingOptions
 from ..prepare import Prepared, prepare
 from ..progress import Progress
 from ..records import Checkpoint, RemapRecord
@@ -28,7 +29,14 @@ from .drpm import DRPMState
 from .errors import TrainingError
 from .history import add_validation, build_history
 from .loop import TrainingLoop
-from .options import TRAINING_KEYWORDS, Options, resolve_options, resume_state, start_checkpoint
+from .options import (
+    RUN_FIELDS,
+    Options,
+    RunKeywords,
+    resolve_options,
+    resume_state,
+    start_checkpoint,
+)
 from .planning import first_plan
 from .result import FitResult
 from .scheduler_plugin import PLUGIN_NAME, RPMSchedulerPlugin
@@ -90,6 +98,7 @@ def fit(
     alpha: float | None = None,
     reduction: str | None = None,
     resume: dict[str, Any] | str | os.PathLike[str] | None = None,
+    options: TrainingOptions | None = None,
 ) -> FitResult:
     """Train a 3-layer perceptron by back-propagation on the workers of a Dask cluster.
 
@@ -218,6 +227,10 @@ def fit(
         estimator windows) on a cluster of as many workers, DRPM continues on
         the plan it had reached instead of starting uniform again.
 
+    options : TrainingOptions, optional
+        The training options as one record (:class:`dask_rpm.options.TrainingOptions`:
+        ``hidden`` to ``target_error`` above); the keywords set its fields, each given once.
+
     Returns
     -------
     FitResult
@@ -232,48 +245,15 @@ def fit(
                 "fit() found no Dask client: start one first, e.g. "
                 "`client = distributed.Client(dask_rpm.local_cluster())`, or pass client=..."
             ) from exc
-    kw = dict(
-        hidden=hidden,
-        iterations=iterations,
-        learning_rate=learning_rate,
-        mapping=mapping,
-        abilities=abilities,
-        init=init,
-        seed=seed,
-        dtype=dtype,
-        interval=interval,
-        progress=progress,
-        on_worker_loss=on_worker_loss,
-        min_workers=min_workers,
-        elastic=elastic,
-        target_error=target_error,
-        checkpoint_every=checkpoint_every,
-        checkpoint_dir=checkpoint_dir,
-        on_checkpoint=on_checkpoint,
-        should_stop=should_stop,
-        callback=callback,
-        callbacks=callbacks,
-        epochs=epochs,
-        batch_size=batch_size,
-        shuffle=shuffle,
-        activation=activation,
-        loss=loss,
-        output=output,
-        bias=bias,
-        optimizer=optimizer,
-        validation=validation,
-        validate_every=validate_every,
-        early_stopping=early_stopping,
-        tol=tol,
-        alpha=alpha,
-        reduction=reduction,
-        resume=resume,
-    )
-    return client.sync(_fit_async, client, x, d, kw)
+    # the keywords map one to one onto the two records: what is computed, and how the run goes
+    given = {k: v for k, v in locals().items() if k in TRAINING_FIELDS}
+    training = TrainingOptions.of(options, **given)
+    run = RunKeywords(**{k: v for k, v in locals().items() if k in RUN_FIELDS})
+    return client.sync(_fit_async, client, x, d, training, run)
 
 
 def _callbacks(
-    kw: dict[str, Any],
+    kw: RunKeywords,
     opts: Options,
     data: Prepared,
     reporter: Progress,
@@ -284,7 +264,7 @@ def _callbacks(
 ) -> tuple[list[cb.TrainingCallback], cb.CheckpointCallback]:
     ckpt = cb.CheckpointCallback(
         opts.checkpoint_every,
-        kw["on_checkpoint"],
+        kw.on_checkpoint,
         start,
         directory=opts.checkpoint_dir,
         errors_before=errors_before,
@@ -301,11 +281,11 @@ def _callbacks(
     ]
     if opts.target_error is not None:
         out.append(cb.StopAtTarget(opts.target_error))
-    if kw["callback"] is not None:
-        out.append(cb.FunctionCallback(kw["callback"]))
-    if kw["should_stop"] is not None:
-        out.append(cb.ShouldStop(kw["should_stop"]))
-    for hook in kw["callbacks"] or ():
+    if kw.callback is not None:
+        out.append(cb.FunctionCallback(kw.callback))
+    if kw.should_stop is not None:
+        out.append(cb.ShouldStop(kw.should_stop))
+    for hook in kw.callbacks or ():
         if isinstance(hook, cb.TrainingCallback):
             out.append(hook)
         elif hasattr(hook, "end_epoch"):  # an epoch rule, as fit_serial takes it
@@ -319,19 +299,21 @@ def _callbacks(
     return out, ckpt
 
 
-async def _fit_async(client: Any, x: Any, d: Any, kw: dict[str, Any]) -> FitResult:
-    reporter = Progress(kw["progress"])  # validates progress= before any work
-    data = prepare(x, d, **{k: kw[k] for k in TRAINING_KEYWORDS})
+async def _fit_async(
+    client: Any, x: Any, d: Any, training: TrainingOptions, kw: RunKeywords
+) -> FitResult:
+    reporter = Progress(kw.progress)  # validates progress= before any work
+    data = prepare(x, d, training)
     opts = resolve_options(kw, data)
     # a bad checkpoint is refused before waiting for workers
-    resume = resume_state(kw["resume"], data)
-    start = start_checkpoint(resume, data, stored=isinstance(kw["resume"], (str, os.PathLike)))
+    resume = resume_state(kw.resume, data)
+    start = start_checkpoint(resume, data, stored=isinstance(kw.resume, (str, os.PathLike)))
     if opts.checkpoint_dir is not None:  # created (nothing else written) once the input is valid
-        opts.checkpoint_dir = prepare_directory(opts.checkpoint_dir, kw["resume"])
+        opts.checkpoint_dir = prepare_directory(opts.checkpoint_dir, kw.resume)
     saved = resume.get("drpm") if isinstance(resume, dict) else None
     errors_before = resume.get("errors") if isinstance(resume, dict) else None
     plan, info, probe_result, given, resumed = await first_plan(
-        client, opts, data, kw["abilities"], saved
+        client, opts, data, kw.abilities, saved
     )
     await ensure_plugins(client)
     driver = Driver(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -24,7 +24,8 @@ logger = logging.getLogger("dask_rpm")
 
 
 __all__ = [
-    "TRAINING_KEYWORDS",
+    "RunKeywords",
+    "RUN_FIELDS",
     "Options",
     "resolve_options",
     "resume_state",
@@ -53,29 +54,54 @@ class Options:
     threads: int = 0
 
 
-def resolve_options(kw: dict[str, Any], job: Prepared) -> Options:
-    mapping = config.get("train.mapping", kw["mapping"])
+@dataclass(frozen=True, eq=False)
+class RunKeywords:
+    """``fit``'s keywords about how and where a run goes (not what it computes), as given;
+    :func:`resolve_options` turns them into :class:`Options`."""
+
+    mapping: Any = None
+    abilities: Any = None
+    interval: Any = None
+    progress: Any = None
+    on_worker_loss: str | None = None
+    min_workers: int | None = None
+    elastic: bool | None = None
+    checkpoint_every: int | None = None
+    checkpoint_dir: Any = None
+    on_checkpoint: Any = None
+    should_stop: Any = None
+    callback: Any = None
+    callbacks: Any = None
+    resume: Any = None
+
+
+#: The field names of :class:`RunKeywords`: fit's keywords besides the training options.
+RUN_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RunKeywords))
+
+
+def resolve_options(kw: RunKeywords, job: Prepared) -> Options:
+    mapping = config.get("train.mapping", kw.mapping)
     if not isinstance(mapping, Plan) and str(mapping).strip().lower() not in mapping_names():
         raise PlanError(
             f"mapping={mapping!r} is not known; valid: {describe_names(mapping_names())}, or a Plan"
         )
     try:  # with R="auto" the first check comes after one estimation window
-        interval, auto = first_interval(kw["interval"])
+        interval, auto = first_interval(kw.interval)
     except ValueError as exc:
         raise DataError(str(exc)) from None
-    on_loss = config.get("train.on-worker-loss", kw["on_worker_loss"])
+    on_loss = config.get("train.on-worker-loss", kw.on_worker_loss)
     if on_loss not in ("recover", "raise"):
         raise DataError(
             f"on_worker_loss={on_loss!r}; use 'recover' (go on without the worker) or 'raise'"
         )
-    min_workers = config.get("train.min-workers", kw["min_workers"])
+    min_workers = config.get("train.min-workers", kw.min_workers)
     if (
         isinstance(min_workers, bool)
         or not isinstance(min_workers, (int, np.integer))
         or min_workers < 1
     ):
         raise DataError(f"min_workers={min_workers!r}; it must be a positive integer")
-    every = config.get("checkpoint.every", kw["checkpoint_every"])
+    every = config.get("checkpoint.every", kw.checkpoint_every)
     if isinstance(every, bool) or not isinstance(every, (int, np.integer)) or every < 0:
         raise DataError(
             f"checkpoint_every={every!r}; it must be an integer >= 0 (0: no checkpoints)"
@@ -84,7 +110,7 @@ def resolve_options(kw: dict[str, Any], job: Prepared) -> Options:
         threads = threads_setting()
     except ValueError as exc:
         raise DataError(str(exc)) from None
-    directory = config.get("checkpoint.dir", kw.get("checkpoint_dir"))
+    directory = config.get("checkpoint.dir", kw.checkpoint_dir)
     if directory is not None and not every:
         raise DataError(
             f"checkpoint_dir={os.fspath(directory)!r} but checkpoint_every={every!r}: no checkpoint would be "
@@ -99,38 +125,12 @@ def resolve_options(kw: dict[str, Any], job: Prepared) -> Options:
         auto_interval=auto,
         on_worker_loss=on_loss,
         min_workers=int(min_workers),
-        elastic=bool(config.get("train.elastic", kw["elastic"])) and not isinstance(mapping, Plan),
+        elastic=bool(config.get("train.elastic", kw.elastic)) and not isinstance(mapping, Plan),
         checkpoint_every=int(every),
         target_error=job.target_error,
         checkpoint_dir=None if directory is None else os.fspath(directory),
         threads=threads,
     )
-
-
-#: fit()'s keywords that decide what is computed (shared with fit_serial through dask_rpm.prepare).
-TRAINING_KEYWORDS = (
-    "hidden",
-    "iterations",
-    "learning_rate",
-    "init",
-    "seed",
-    "dtype",
-    "epochs",
-    "batch_size",
-    "shuffle",
-    "activation",
-    "loss",
-    "output",
-    "bias",
-    "optimizer",
-    "validation",
-    "validate_every",
-    "early_stopping",
-    "tol",
-    "alpha",
-    "reduction",
-    "target_error",
-)
 
 
 def resume_state(resume: Any, data: Prepared) -> dict[str, Any] | None:

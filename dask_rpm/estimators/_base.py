@@ -25,6 +25,7 @@ from .._version import __version__
 from ..convergence import LEARNING_RATE_SCHEDULES, ConvergenceRule
 from ..model import MLPModel
 from ..network import Network
+from ..options import TrainingOptions
 from ..prepare import prepare
 from ..recipe import forward
 from ..serial import train_arrays
@@ -237,7 +238,7 @@ class MLPBase(BaseEstimator):
             opt.update(momentum=p["momentum"], nesterov=bool(p["nesterovs_momentum"]))
         opt["steps"] = self._steps
         init = (self.coefs_[0].T, self.coefs_[1].T, self.intercepts_[0], self.intercepts_[1])
-        options = dict(
+        options = TrainingOptions(
             hidden=hidden,
             epochs=epochs,
             learning_rate=self._lr,
@@ -255,7 +256,7 @@ class MLPBase(BaseEstimator):
         )
         client = self._client()
         if client is None:
-            job = prepare(X, Y, **options, iterations=None, seed=0, load=True)
+            job = prepare(X, Y, options, load=True)
             assert job.arrays is not None
             out = train_arrays(
                 net.augment(job.arrays[0]),
@@ -292,7 +293,7 @@ class MLPBase(BaseEstimator):
                 resume=resume,
                 # a worker loss replays from the last epoch end, at that epoch's learning rate
                 checkpoint_every=per_epoch if p["learning_rate"] != "constant" else None,
-                **options,
+                options=options,
             )
             W, V, stopped, state = result.W, result.V, result.stopped, result.optimizer_state
             self.result_ = result

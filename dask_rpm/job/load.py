@@ -20,6 +20,7 @@ import yaml
 from .. import config as rpm_config
 from .._files import TargetError, check_target, unwritable_reason
 from ..data import DataError, data_shape
+from ..options import TrainingOptions
 from ..planners import describe_names, mapping_names
 from ..recipe import RecipeError, recipe
 from ..slurm import SlurmConfigError, load_groups
@@ -159,14 +160,12 @@ def _training_iterations(
         )
     s = shape[0] - (int(round(val * shape[0])) if val else 0)
     try:
-        rec = recipe(
-            s,
+        options = TrainingOptions.of(
             iterations=raw.get("iterations") if "epochs" not in training else None,
             learning_rate=1.0,
-            **{k: v for k, v in training.items() if k not in ("validation", "optimizer")},
-            optimizer_spec=training.get("optimizer"),
-            validation=val is not None,
+            **{k: v for k, v in training.items() if k != "validation"},
         )
+        rec = recipe(s, options, validation=val is not None)
     except (RecipeError, ValueError) as e:
         key = next((k for k, kw in TRAINING_KEYS.items() if f"{kw}=" in str(e)), None)
         raise JobError(f"job file: {key + ': ' if key else ''}{e}") from None
