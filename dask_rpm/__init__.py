@@ -41,8 +41,8 @@ _LAZY = {
     "make_plan": "planners",
     "register_planner": "planners",
     "RPMSchedulerPlugin": "plugin",
-    "fit_serial": "serial",
-    "TrainingOptions": "options",
+    "fit_serial": "nn.serial",
+    "TrainingOptions": "nn.options",
     "MLPClassifier": "estimators",
     "MLPRegressor": "estimators",
 }
@@ -74,12 +74,12 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from .engine.fit import fit
     from .estimators import MLPClassifier, MLPRegressor
     from .model import MLPModel
-    from .options import TrainingOptions
+    from .nn.options import TrainingOptions
+    from .nn.serial import fit_serial
     from .ordering import ordered_workers
     from .partition import Plan, PlanError, Rectangle
     from .planners import PLANNERS, get_planner, make_plan, register_planner
     from .plugin import RPMSchedulerPlugin
-    from .serial import fit_serial
 
 __all__ = [  # the lazy names above, spelled out for linters and `from dask_rpm import *`
     "FitResult",

@@ -31,10 +31,10 @@ import numpy as np
 
 from ._files import json_default
 from ._version import __version__
-from .data import atomic_to_netcdf
-from .kernels import Workspace
-from .network import Network, NetworkError, network
-from .recipe import forward, recipe_summary
+from .nn.data import atomic_to_netcdf
+from .nn.kernels import Workspace
+from .nn.network import Network, NetworkError, network
+from .nn.recipe import forward, recipe_summary
 from .results import validation_rows
 
 __all__ = ["MLPModel", "ModelError", "FORMAT_VERSION"]

@@ -40,9 +40,9 @@ import numpy as np
 
 from . import config
 from ._files import atomic_write
-from .batches import batch_plan
 from .bench.profiles import true_profile
 from .cost import Interconnect, predict_iteration_seconds
+from .nn.batches import batch_plan
 from .partition import Plan
 from .planners import fastest_grid, make_plan, parse_shape
 

@@ -25,12 +25,12 @@ from . import config
 from .emulation import emulation_info, local_cluster
 from .engine import fit
 from .evidence import overrun_counts, speed_check
-from .network import Network
+from .nn.network import Network
+from .nn.recipe import forward
 from .ordering import ordered_workers
 from .partition import Plan
 from .planners import parse_shape
 from .real_partition import count_noun
-from .recipe import forward
 
 __all__ = ["DemoSettings", "demo_data", "demo_settings", "run_demo"]
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from dask_rpm.data import DataError
+from dask_rpm.options import TrainingOptions
 from dask_rpm.prepare import prepare
 from dask_rpm.serial import fit_serial
 
@@ -13,7 +14,7 @@ rng = np.random.default_rng(0)
 X = rng.normal(size=(40, 3))
 D = rng.uniform(0.1, 0.9, size=(40, 2))
 Y = rng.integers(0, 3, size=40)
-BASE = dict(hidden=4, iterations=3, learning_rate=0.01, init=None, seed=0, dtype="float64")
+BASE = dict(hidden=4, iterations=3, learning_rate=0.01, seed=0, dtype="float64")
 
 
 @pytest.mark.parametrize(
@@ -47,23 +48,25 @@ BASE = dict(hidden=4, iterations=3, learning_rate=0.01, init=None, seed=0, dtype
 )
 def test_bad_training_options_are_refused_before_any_work(x, d, kw, match):
     with pytest.raises(DataError, match=match):
-        prepare(x, d, **{**BASE, **kw})
+        prepare(x, d, TrainingOptions(**{**BASE, **kw}))
 
 
 def test_labels_become_one_hot_and_classes_are_kept():
-    job = prepare(X, np.array(["b", "a", "c", "a"] * 10), **BASE, loss="cross-entropy")
+    job = prepare(
+        X, np.array(["b", "a", "c", "a"] * 10), TrainingOptions(**BASE, loss="cross-entropy")
+    )
     assert list(job.classes) == ["a", "b", "c"]
     assert job.arrays[1].shape == (40, 3) and np.all(job.arrays[1].sum(axis=1) == 1)
 
 
 def test_epochs_set_the_iterations_from_the_batch_size():
-    job = prepare(X, D, **{**BASE, "iterations": None}, epochs=3, batch_size=16)
+    job = prepare(X, D, TrainingOptions(**{**BASE, "iterations": None}, epochs=3, batch_size=16))
     assert job.recipe.iterations == 3 * 3  # ceil(40 / 16) = 3 per epoch
 
 
 def test_validation_split_is_seeded_and_disjoint():
-    a = prepare(X, D, **BASE, validation=0.25)
-    b = prepare(X, D, **BASE, validation=0.25)
+    a = prepare(X, D, TrainingOptions(**BASE, validation=0.25))
+    b = prepare(X, D, TrainingOptions(**BASE, validation=0.25))
     assert a.samples == 30 and len(a.validation[0]) == 10
     assert np.array_equal(a.validation[0], b.validation[0])
     rows = {tuple(r) for r in a.arrays[0]}

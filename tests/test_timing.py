@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+import types
 
 import numpy as np
 import pytest
@@ -63,6 +64,7 @@ class _OneWorkerState:
 
         (self.layout,) = layouts(plan, ["local"], run="t", version=1).values()
         self.run = "t"
+        self.worker = types.SimpleNamespace()  # a worker without hooks: nothing paced
         from dask_rpm.engine.samples import ColumnData, SampleSource
         from dask_rpm.options import TrainingOptions
         from dask_rpm.recipe import recipe

@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from .. import config
-from ..batches import BatchSchedule, schedule
-from ..kernels import block_work, init_weights
+from ..nn.batches import BatchSchedule, schedule
+from ..nn.kernels import block_work, init_weights
 from .profiles import STEP_FACTOR, BenchCase, steady_seconds
 from .report import MethodResult
 

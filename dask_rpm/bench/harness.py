@@ -25,11 +25,11 @@ from distributed import Client
 
 from ..emulation import emulation_report, local_cluster, set_speed, worker_addresses
 from ..engine import fit
+from ..nn.serial import fit_serial
 from ..partition import Plan
 from ..planners import divisors, fastest_grid, make_plan
 from ..probe import probe
 from ..records import PHASES
-from ..serial import fit_serial
 from ..train import demo_data
 from .ddp import run_ddp_method
 from .profiles import (

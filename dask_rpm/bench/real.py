@@ -32,8 +32,8 @@ import numpy as np
 from distributed import Client, Nanny, Scheduler, SpecCluster
 
 from ..engine import fit, ordered_workers
+from ..nn.serial import fit_serial
 from ..probe.kernel import worker_threads
-from ..serial import fit_serial
 from .ddp import run_ddp, torch_available
 from .profiles import BenchError, gamma, steady_seconds
 

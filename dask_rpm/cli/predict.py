@@ -20,8 +20,8 @@ import numpy as np
 
 from .._files import TargetError, check_target
 from .._version import __version__
-from ..data import atomic_to_netcdf
 from ..model import MLPModel, ModelError
+from ..nn.data import atomic_to_netcdf
 from ._common import CLIError
 
 if TYPE_CHECKING:  # xarray costs about 0.3 s to import: only functions building datasets load it

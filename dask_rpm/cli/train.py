@@ -15,8 +15,8 @@ from typing import Any
 import dask
 import numpy as np
 
-from ..data import DataError
-from ..optim import OPTIMIZERS
+from ..nn.data import DataError
+from ..nn.optim import OPTIMIZERS
 from ..planners import describe_names, mapping_names
 from ._common import CLIError
 

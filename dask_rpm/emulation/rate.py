@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..kernels import Workspace, block_work, kernel_pass
+from ..nn.kernels import Workspace, block_work, kernel_pass
 
 __all__ = ["calibrate_rate", "process_rate"]
 

@@ -37,8 +37,8 @@ import numpy as np
 
 from ..exchange import Schedule, WorkerStep, apply_received, build, worker_steps
 from ..hooks import worker_hooks
-from ..kernels import block_work
-from ..optim import mean_gradient, penalty
+from ..nn.kernels import block_work
+from ..nn.optim import mean_gradient, penalty
 from ..records import BlockResult, BlockSpec, TimingRecord
 from .errors import BlockAborted, PeerError
 

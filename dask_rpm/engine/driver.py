@@ -22,12 +22,12 @@ import numpy as np
 from distributed.client import FIRST_COMPLETED, _wait
 
 from .. import config
-from ..data import DataError
+from ..drpm.remap import migration, sample_changes
+from ..nn.data import DataError
+from ..nn.recipe import Recipe
 from ..ordering import ordered_workers
 from ..partition import Plan
-from ..recipe import Recipe
 from ..records import BlockResult, BlockSpec, Checkpoint, RemapRecord, remap_record
-from ..remap import migration, sample_changes
 from . import store
 from .calls import run_each
 from .checkpoint import StoredCheckpoint

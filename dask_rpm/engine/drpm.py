@@ -10,10 +10,10 @@ import numpy as np
 
 from .. import config
 from .._files import json_default
-from ..estimator import AbilityEstimateError, AbilityEstimator
-from ..policy import auto_interval, decide
+from ..drpm.estimator import AbilityEstimateError, AbilityEstimator
+from ..drpm.policy import auto_interval, decide
+from ..drpm.remap import column_remap, whole_remap
 from ..records import RemapRecord
-from ..remap import column_remap, whole_remap
 from .driver import Driver
 from .recovery import whole_plan
 

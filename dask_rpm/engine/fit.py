@@ -17,8 +17,8 @@ import numpy as np
 
 from ..dashboard import RPMDashboardPlugin
 from ..emulation import emulation_label_async
-from ..options import TRAINING_FIELDS, TrainingOptions
-from ..prepare import Prepared, prepare
+from ..nn.options import TRAINING_FIELDS, TrainingOptions
+from ..nn.prepare import Prepared, prepare
 from ..progress import Progress
 from ..records import Checkpoint, RemapRecord
 from ..results import describe_history

@@ -10,11 +10,11 @@ from typing import Any
 import numpy as np
 
 from .. import config
-from ..data import DataError
+from ..drpm.policy import first_interval
+from ..nn.data import DataError
+from ..nn.prepare import Prepared
 from ..partition import Plan, PlanError
 from ..planners import describe_names, mapping_names
-from ..policy import first_interval
-from ..prepare import Prepared
 from ..records import Checkpoint
 from ..threads import threads_setting
 from .checkpoint import StoredCheckpoint

@@ -8,9 +8,9 @@ import time
 from typing import Any
 
 from .. import config
+from ..nn.prepare import Prepared
 from ..partition import Plan, PlanError
 from ..planners import make_plan
-from ..prepare import Prepared
 from ..probe import probe_async, probe_network
 from .driver import ordered_workers
 from .errors import TrainingError

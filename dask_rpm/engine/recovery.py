@@ -10,11 +10,11 @@ from dataclasses import replace
 
 import numpy as np
 
+from ..drpm.remap import MigrationError
 from ..partition import Plan
 from ..planners import make_plan
 from ..progress import weight_bytes
 from ..records import Checkpoint, RemapRecord, remap_record
-from ..remap import MigrationError
 from .checkpoint import StoredCheckpoint
 from .driver import Driver, ordered_workers
 from .errors import TrainingError, WorkerLostError

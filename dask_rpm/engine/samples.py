@@ -27,9 +27,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..batches import BatchSchedule
-from ..data import load_rows, load_slice
-from ..network import Network
+from ..nn.batches import BatchSchedule
+from ..nn.data import load_rows, load_slice
+from ..nn.network import Network
 
 __all__ = ["SampleSource", "ColumnData"]
 

@@ -48,7 +48,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .._files import atomic_write, atomic_write_text, json_default, unwritable_reason
-from ..data import DataError
+from ..nn.data import DataError
 from ..partition import Plan
 
 __all__ = [

@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 
 from .. import config
-from ..data import DataError
 from ..hooks import worker_hooks
-from ..recipe import Recipe
+from ..nn.data import DataError
+from ..nn.recipe import Recipe
 from ..records import BlockResult, BlockSpec, Layout
 from ..threads import kernel_threads
 from .block import run_block

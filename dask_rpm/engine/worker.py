@@ -33,9 +33,9 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.protocol import to_serialize
 
 from ..hooks import worker_hooks
-from ..kernels import Workspace, all_finite
-from ..optim import Optimizer, step
-from ..recipe import Recipe
+from ..nn.kernels import Workspace, all_finite
+from ..nn.optim import Optimizer, step
+from ..nn.recipe import Recipe
 from ..records import Layout
 from .errors import BlockAborted, PeerError
 from .samples import ColumnData

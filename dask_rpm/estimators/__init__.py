@@ -52,7 +52,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without scikit-l
         "dask_rpm.MLPClassifier and MLPRegressor need scikit-learn: pip install 'dask-rpm[sklearn]'"
     ) from exc
 
-from ..recipe import forward
+from ..nn.recipe import forward
 from ._base import EstimatorError, MLPBase
 
 __all__ = ["MLPClassifier", "MLPRegressor", "EstimatorError"]

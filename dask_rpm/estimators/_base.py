@@ -22,13 +22,13 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from .._version import __version__
-from ..convergence import LEARNING_RATE_SCHEDULES, ConvergenceRule
 from ..model import MLPModel
-from ..network import Network
-from ..options import TrainingOptions
-from ..prepare import prepare
-from ..recipe import forward
-from ..serial import train_arrays
+from ..nn.convergence import LEARNING_RATE_SCHEDULES, ConvergenceRule
+from ..nn.network import Network
+from ..nn.options import TrainingOptions
+from ..nn.prepare import prepare
+from ..nn.recipe import forward
+from ..nn.serial import train_arrays
 
 __all__ = ["EstimatorError", "MLPBase"]
 

@@ -19,10 +19,10 @@ import yaml
 
 from .. import config as rpm_config
 from .._files import TargetError, check_target, unwritable_reason
-from ..data import DataError, data_shape
-from ..options import TrainingOptions
+from ..nn.data import DataError, data_shape
+from ..nn.options import TrainingOptions
+from ..nn.recipe import RecipeError, recipe
 from ..planners import describe_names, mapping_names
-from ..recipe import RecipeError, recipe
 from ..slurm import SlurmConfigError, load_groups
 from .spec import (
     KEYS,

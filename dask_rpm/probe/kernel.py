@@ -19,7 +19,7 @@ from distributed import get_worker
 
 from .. import config
 from ..emulation import PLUGIN_NAME, pace
-from ..kernels import Workspace, block_work, init_weights, kernel_pass
+from ..nn.kernels import Workspace, block_work, init_weights, kernel_pass
 from ..threads import blas_threads, kernel_threads, threads_setting
 
 __all__ = [

@@ -1,0 +1,18 @@
+"""The network: its form, kernels, optimizers, mini-batches, recipe, data and the serial reference.
+
+The model layer (pure: numpy and xarray, no ``distributed``): what one BP
+iteration computes, shared by the serial reference and the engine's workers.
+
+* :mod:`~dask_rpm.nn.options` - :class:`TrainingOptions`, what a run trains;
+* :mod:`~dask_rpm.nn.network` - the network's form (activation, output, loss, bias);
+* :mod:`~dask_rpm.nn.kernels` - the one set of BP kernels (:class:`Workspace`);
+* :mod:`~dask_rpm.nn.optim` - optimizer steps (PyTorch's and scikit-learn's conventions);
+* :mod:`~dask_rpm.nn.batches` - the mini-batch sequence, the same for every plan;
+* :mod:`~dask_rpm.nn.recipe` - options resolved into one :class:`Recipe`, validation;
+* :mod:`~dask_rpm.nn.convergence` - end-of-epoch rules (scikit-learn's stopping);
+* :mod:`~dask_rpm.nn.data` - datasets on disk, input checks;
+* :mod:`~dask_rpm.nn.prepare` - data and options to a validated job;
+* :mod:`~dask_rpm.nn.serial` - the serial reference every distributed run equals.
+
+The old paths (``dask_rpm.kernels``, ``dask_rpm.recipe``, ...) are the same modules.
+"""

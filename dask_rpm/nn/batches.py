@@ -1,0 +1,241 @@
+"""Mini-batch schedule: which samples each iteration uses, and which of them each column takes.
+
+Pure (numpy only). The sequence of mini-batches depends only on the number
+of samples, the batch size and the seed — never on the plan — so every plan
+and every remap trains on the same batches as the serial reference:
+
+* epoch ``e`` visits the samples in the order ``order(e)``: a permutation
+  drawn from ``numpy.random.default_rng((seed, e))`` (``shuffle=True``), or
+  ``0 .. s-1``;
+* iteration ``k`` of an epoch uses positions ``[k B, min((k + 1) B, s))`` of
+  that order (the last batch of an epoch may be smaller);
+* a plan's column with samples ``[a, b)`` of ``s`` takes positions
+  ``[floor(B' a / s), floor(B' b / s))`` of a batch of ``B'`` samples: the
+  same share of every mini-batch as of the full batch. The columns' shares
+  tile the batch, and the gradient summed over columns is the batch gradient.
+
+scikit-learn's order instead (``shuffle=`` a ``numpy.random.RandomState``):
+epoch ``e`` reshuffles epoch ``e - 1``'s order, ``order(e) = order(e - 1)[p_e]``
+with ``p_e`` that generator's ``shuffle`` of ``0 .. s-1``, as
+``sklearn.utils.shuffle`` does in ``MLPClassifier``'s loop; the generator's
+state at the start is all the schedule keeps, and each process replays it.
+
+Full-batch training (``batch_size=None``, the paper's) is the special case
+of one batch per epoch in sample order: a column's share is then exactly its
+sample range, as before mini-batches existed.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import warnings
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from .. import config
+from ..partition import Plan
+
+__all__ = [
+    "batch_plan",
+    "column_share",
+    "BatchSchedule",
+    "BatchError",
+    "schedule",
+    "rng_state",
+]
+
+
+class BatchError(ValueError):
+    """An invalid batch size, epoch count or shuffle setting."""
+
+
+class BatchSchedule(NamedTuple):
+    """The mini-batch sequence of a run."""
+
+    samples: int
+    batch_size: int | None = None
+    shuffle: bool = True
+    seed: int = 0
+    #: the state of a ``numpy.random.RandomState`` whose shuffles order the epochs as
+    #: scikit-learn's do (module docstring); None: seeded permutations of ``seed``
+    rng: tuple | None = None
+
+    @property
+    def full_batch(self) -> bool:
+        return self.batch_size is None or self.batch_size >= self.samples
+
+    @property
+    def batch(self) -> int:
+        """Samples per (full) mini-batch."""
+        return self.samples if self.full_batch else int(self.batch_size)  # type: ignore[arg-type]
+
+    @property
+    def per_epoch(self) -> int:
+        """Iterations per epoch."""
+        return math.ceil(self.samples / self.batch)
+
+    def epoch(self, iteration: int) -> int:
+        return iteration // self.per_epoch
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The sample order of ``epoch`` (int64 indices)."""
+        if self.full_batch or not self.shuffle:
+            return np.arange(self.samples, dtype=np.int64)
+        if self.rng is not None:
+            return _replayed_order(self.rng, self.samples, epoch)
+        return np.random.default_rng((self.seed, epoch)).permutation(self.samples).astype(np.int64)
+
+    def positions(self, iteration: int) -> tuple[int, int]:
+        """Positions ``[lo, hi)`` of ``order(epoch(iteration))`` that the iteration uses."""
+        k = iteration % self.per_epoch
+        return k * self.batch, min((k + 1) * self.batch, self.samples)
+
+    def share(self, iteration: int, cut: tuple[int, int]) -> tuple[int, int]:
+        """Positions of the epoch order that the column with samples ``cut`` takes in ``iteration``."""
+        lo, hi = self.positions(iteration)
+        a, b = column_share(hi - lo, cut, self.samples)
+        return lo + a, lo + b
+
+    def indices(self, iteration: int, cut: tuple[int, int] | None = None) -> np.ndarray:
+        """Sample indices of ``iteration`` (of the column with samples ``cut``, if given)."""
+        p0, p1 = self.positions(iteration) if cut is None else self.share(iteration, cut)
+        return self.order(self.epoch(iteration))[p0:p1]
+
+    def epoch_plan(
+        self, epoch: int, cut: tuple[int, int], start: int | None = None
+    ) -> tuple[np.ndarray, list[int]]:
+        """What a column needs for the rest of an epoch: its sample indices, batch after batch, and
+        the offsets of each batch in them.
+
+        ``start`` is the first iteration wanted (default: the epoch's first).
+        Returns ``(indices, offsets)`` with ``offsets[j]`` .. ``offsets[j + 1]``
+        the rows of iteration ``start + j``.
+        """
+        first = epoch * self.per_epoch
+        start = first if start is None else start
+        order = self.order(epoch)
+        parts, offsets = [], [0]
+        for it in range(start, first + self.per_epoch):
+            p0, p1 = self.share(it, cut)
+            parts.append(order[p0:p1])
+            offsets.append(offsets[-1] + (p1 - p0))
+        idx = np.concatenate(parts) if parts else np.empty(0, np.int64)
+        return idx, offsets
+
+
+#: replayed scikit-learn orders: (state, samples) -> (epoch, order, generator after it)
+_ORDERS: dict[tuple[tuple, int], tuple[int, np.ndarray, np.random.RandomState]] = {}
+_ORDERS_LOCK = threading.Lock()
+
+
+def _replayed_order(rng: tuple, samples: int, epoch: int) -> np.ndarray:
+    """Epoch ``epoch``'s order of scikit-learn's cumulative shuffles from generator state ``rng``.
+
+    Epochs are asked for in order, so the last one replayed is kept: each next
+    epoch costs one shuffle, an earlier one (after a remap) a replay from the start.
+    """
+    key = (rng, samples)
+    with _ORDERS_LOCK:
+        hit = _ORDERS.get(key)
+        if hit is None or hit[0] > epoch:
+            gen = np.random.RandomState()
+            gen.set_state((rng[0], np.asarray(rng[1], dtype=np.uint32), *rng[2:]))
+            done, order = -1, np.arange(samples, dtype=np.int64)
+        else:
+            done, order, gen = hit
+        while done < epoch:
+            perm = np.arange(samples)
+            gen.shuffle(perm)
+            order = order[perm]
+            done += 1
+        if len(_ORDERS) >= 8 and key not in _ORDERS:
+            _ORDERS.pop(next(iter(_ORDERS)))
+        _ORDERS[key] = (done, order, gen)
+        return order.copy()
+
+
+def rng_state(gen: np.random.RandomState) -> tuple:
+    """A ``RandomState``'s state as a hashable tuple (what :class:`BatchSchedule` keeps)."""
+    name, keys, pos, has_gauss, cached = gen.get_state()
+    return (str(name), tuple(int(k) for k in keys), int(pos), int(has_gauss), float(cached))
+
+
+def schedule(
+    samples: int, batch_size: int | None = None, *, shuffle: Any = None, seed: int = 0
+) -> BatchSchedule:
+    """A validated :class:`BatchSchedule`; ``None`` reads ``rpm.train.batch-size`` / ``rpm.train.shuffle``.
+
+    ``shuffle`` may be a ``numpy.random.RandomState``: shuffled epochs in
+    scikit-learn's order, drawn from (a copy of) that generator's state.
+    """
+    batch_size = config.get("train.batch-size", batch_size)
+    rng = None
+    if isinstance(shuffle, np.random.RandomState):
+        rng, shuffle = rng_state(shuffle), True
+    shuffle = config.get("train.shuffle", shuffle)
+    if batch_size is not None and batch_size != "full":
+        if (
+            isinstance(batch_size, bool)
+            or not isinstance(batch_size, (int, np.integer))
+            or batch_size < 1
+        ):
+            raise BatchError(
+                f"batch_size={batch_size!r}; give a positive integer, or None for full-batch "
+                f"training (every sample in every iteration)"
+            )
+        batch_size = int(batch_size)
+        if batch_size > samples:
+            warnings.warn(
+                f"batch_size={batch_size} is more than the {samples} training samples: every "
+                f"iteration trains on all of them (full batch)",
+                stacklevel=3,
+            )
+    else:
+        batch_size = None
+    if not isinstance(shuffle, (bool, np.bool_)):
+        raise BatchError(
+            f"shuffle={shuffle!r}; give true or false (or a numpy.random.RandomState for "
+            f"scikit-learn's order)"
+        )
+    return BatchSchedule(int(samples), batch_size, bool(shuffle), int(seed), rng)
+
+
+def column_share(size: int, cut: tuple[int, int], samples: int) -> tuple[int, int]:
+    """Positions ``[floor(size a / s), floor(size b / s))`` of a batch of ``size`` that the
+    column with samples ``cut = [a, b)`` of ``s`` takes (shares of adjacent columns tile it)."""
+    a, b = cut
+    return size * a // samples, size * b // samples
+
+
+def batch_plan(plan: Plan, batch: int) -> Plan:
+    """The rectangles one iteration on mini-batches of ``batch`` samples works on.
+
+    Column ``c`` with sample range ``[a, b)`` of the whole set takes positions
+    ``[floor(B a / s), floor(B b / s))`` of every batch (:meth:`BatchSchedule.share`), so its share
+    is ``floor(B b / s) - floor(B a / s)`` samples; the hidden cuts do not change. The cost
+    model then charges compute and vertical exchanges for what an iteration really holds.
+    ``batch >= plan.samples`` (full batch) returns ``plan`` itself.
+    """
+    if batch >= plan.samples:
+        return plan
+    sizes = []
+    for c in range(plan.n_columns):
+        a, b = column_share(batch, plan.column_samples(c), plan.samples)
+        sizes.append(b - a)
+    if min(sizes) < 1:
+        raise ValueError(
+            f"a batch of {batch} samples leaves a column of the plan with no sample; "
+            f"{plan.n_columns} columns need a batch of at least {plan.n_columns} (more is safer)"
+        )
+    hidden = [[plan.rectangle(w).n_hidden for w in col] for col in plan.columns]
+    out = Plan.from_columns(
+        plan.columns,
+        sizes,
+        hidden,
+        abilities=plan.abilities,
+        shape=plan.shape,
+        method=plan.method,
+    )
+    return out.with_workers(list(plan.workers)) if plan.workers is not None else out

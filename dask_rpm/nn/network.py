@@ -1,0 +1,141 @@
+"""The functional form of the network: hidden activation, output and loss, bias terms.
+
+Pure (numpy only). A :class:`Network` is a small record that travels with the
+training run to every worker; the kernels (:mod:`dask_rpm.kernels`) read it.
+
+Bias terms without a second code path
+-------------------------------------
+With ``bias=True`` the network gets one extra input whose value is always 1
+(its weights in ``W`` are the hidden biases) and one extra hidden unit whose
+output is always 1 (its weights in ``V`` are the output biases). Both are
+ordinary rows and columns of the weight matrices, so they move with their
+rows in remaps, checkpoints and recovery, are summed by the same horizontal
+exchange, and carry optimizer state like every other weight. The bias unit
+is the last hidden row (index ``m``); the kernels hold its output at 1 and
+its input weights at 0 (its delta is 0). A network with ``m`` hidden units
+and ``bias=True`` is therefore planned as ``n + 1`` inputs and ``m + 1``
+hidden units; :meth:`Network.split` and :meth:`Network.join` convert between
+those augmented matrices and the user's ``W, b, V, c``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from .. import config
+
+__all__ = ["Network", "ACTIVATIONS", "OUTPUTS", "LOSSES", "network", "NetworkError"]
+
+#: Hidden-layer activations.
+ACTIVATIONS = ("sigmoid", "tanh", "relu")
+#: Output layers; ``softmax`` goes with the ``cross-entropy`` loss only (``sigmoid`` with
+#: ``cross-entropy`` is the binary / multi-label log loss: one independent probability per output).
+OUTPUTS = ("sigmoid", "linear", "softmax")
+#: Losses, summed over samples (the paper sums; so does ``reduction="sum"`` in PyTorch).
+LOSSES = ("squared", "cross-entropy")
+
+#: The output layer a loss uses unless told otherwise.
+_DEFAULT_OUTPUT = {"squared": "sigmoid", "cross-entropy": "softmax"}
+_VALID_OUTPUTS = {"squared": ("sigmoid", "linear"), "cross-entropy": ("softmax", "sigmoid")}
+
+
+class NetworkError(ValueError):
+    """An invalid combination of activation, output, loss or bias."""
+
+
+class Network(NamedTuple):
+    """What the kernels compute; the defaults are the paper's network.
+
+    Attributes
+    ----------
+    activation : {"sigmoid", "tanh", "relu"}
+        Hidden-layer activation.
+    loss : {"squared", "cross-entropy"}
+        ``0.5 sum (h - d)^2``; or ``-sum d log softmax(u)`` (softmax outputs), and
+        ``-sum [d log h + (1 - d) log(1 - h)]`` (sigmoid outputs).
+    output : {"sigmoid", "linear", "softmax"}
+        Output layer (``h`` as a function of the pre-activation ``u``).
+    bias : bool
+        Hidden and output bias terms (module docstring).
+    """
+
+    activation: str = "sigmoid"
+    loss: str = "squared"
+    output: str = "sigmoid"
+    bias: bool = False
+
+    @property
+    def is_paper(self) -> bool:
+        """The paper's network: sigmoid, squared error with sigmoid outputs, no bias."""
+        return self == Network()
+
+    def inputs(self, n: int) -> int:
+        """Columns of ``W`` for ``n`` data inputs (one more with bias)."""
+        return n + 1 if self.bias else n
+
+    def hidden(self, m: int) -> int:
+        """Rows of ``W`` (hidden units as planned) for ``m`` hidden units (one more with bias)."""
+        return m + 1 if self.bias else m
+
+    def bias_row(self, m_planned: int) -> int | None:
+        """Global index of the bias unit among ``m_planned`` hidden rows, or None."""
+        return m_planned - 1 if self.bias else None
+
+    def augment(self, x: np.ndarray) -> np.ndarray:
+        """``x`` with the constant-1 input appended when ``bias`` (a new C-contiguous array), else ``x``."""
+        if not self.bias:
+            return x
+        out = np.empty((x.shape[0], x.shape[1] + 1), dtype=x.dtype)
+        out[:, :-1] = x
+        out[:, -1] = 1.0
+        return out
+
+    def join(
+        self, W: np.ndarray, V: np.ndarray, b: np.ndarray | None = None, c: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Augmented ``(W, V)`` from the user's weights (biases default to 0)."""
+        if not self.bias:
+            return W, V
+        m, n = W.shape
+        l = V.shape[0]  # noqa: E741
+        Wa = np.zeros((m + 1, n + 1), dtype=W.dtype)
+        Wa[:m, :n] = W
+        Wa[:m, n] = 0.0 if b is None else b
+        Va = np.empty((l, m + 1), dtype=V.dtype)
+        Va[:, :m] = V
+        Va[:, m] = 0.0 if c is None else c
+        return Wa, Va
+
+    def split(self, W: np.ndarray, V: np.ndarray) -> dict[str, Any]:
+        """The user's ``W, b, V, c`` from augmented weights (``b``, ``c`` None without bias)."""
+        if not self.bias:
+            return {"W": W, "b": None, "V": V, "c": None}
+        return {"W": W[:-1, :-1], "b": W[:-1, -1], "V": V[:, :-1], "c": V[:, -1]}
+
+
+def network(
+    activation: str | None = None,
+    loss: str | None = None,
+    output: str | None = None,
+    bias: bool | None = None,
+) -> Network:
+    """A validated :class:`Network`; ``None`` reads ``rpm.train.*`` (``output: auto`` follows the loss)."""
+    activation = str(config.get("train.activation", activation))
+    loss = str(config.get("train.loss", loss))
+    output = config.get("train.output", output)
+    bias = config.get("train.bias", bias)
+    if activation not in ACTIVATIONS:
+        raise NetworkError(f"activation={activation!r}; valid: {', '.join(ACTIVATIONS)}")
+    if loss not in LOSSES:
+        raise NetworkError(f"loss={loss!r}; valid: {', '.join(LOSSES)}")
+    output = _DEFAULT_OUTPUT[loss] if output in (None, "auto") else str(output)
+    if output not in _VALID_OUTPUTS[loss]:
+        raise NetworkError(
+            f"output={output!r} with loss={loss!r}; valid with that loss: {', '.join(_VALID_OUTPUTS[loss])} "
+            f"(or 'auto')"
+        )
+    if not isinstance(bias, (bool, np.bool_)):
+        raise NetworkError(f"bias={bias!r}; give true or false")
+    return Network(activation, loss, output, bool(bias))

@@ -1,0 +1,243 @@
+"""From what the user passed to a validated training job: data, targets, validation split, recipe, weights.
+
+Pure (numpy and xarray only): :func:`dask_rpm.fit` and
+:func:`dask_rpm.fit_serial` both start here, so they train on the same
+samples with the same rules, and every bad input is refused before any work
+starts.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from .. import config
+from .data import (
+    DataError,
+    as_arrays,
+    check_training_args,
+    data_shape,
+    dataset_classes,
+    load_rows,
+)
+from .options import TrainingOptions
+from .recipe import Recipe, RecipeError, Validator, holdout, one_hot, recipe
+
+__all__ = ["Prepared", "prepare"]
+
+
+class Prepared(NamedTuple):
+    """A validated training job.
+
+    ``arrays`` are the training samples (data inputs, no bias column) when
+    loaded; otherwise ``source`` is the dataset path and ``rows`` the file rows
+    of the training samples (None: all rows in order).
+    """
+
+    recipe: Recipe
+    W0: np.ndarray
+    V0: np.ndarray
+    shape: tuple[int, int, int]
+    samples: int
+    arrays: tuple[np.ndarray, np.ndarray] | None
+    source: str | None
+    rows: np.ndarray | None
+    validation: tuple[np.ndarray, np.ndarray] | None
+    classes: np.ndarray | None
+    target_error: float | None
+    dtype: str
+
+    def validator(self) -> Validator | None:
+        if self.validation is None:
+            return None
+        return Validator(self.recipe, *self.validation)
+
+
+def _targets(
+    d: np.ndarray, loss: str | None, classes: Any = None
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """2-D targets; 1-D labels become one-hot rows (cross-entropy only)."""
+    loss = str(config.get("train.loss", loss))
+    if d.ndim == 1:
+        if loss != "cross-entropy":
+            raise DataError(
+                f"d is 1-D (shape {d.shape}); class labels need loss='cross-entropy', "
+                f"other losses take d as (samples, outputs)"
+            )
+        try:
+            return one_hot(d, classes)
+        except RecipeError as exc:
+            raise DataError(str(exc)) from None
+    return d, None
+
+
+def _check_distribution(d: np.ndarray, where: str, output: str = "softmax") -> None:
+    """Cross-entropy targets must be probability rows (one-hot or soft labels); with sigmoid
+    outputs (binary / multi-label) each target a probability of its own."""
+    if output == "sigmoid":
+        if d.size and (np.min(d) < 0 or np.max(d) > 1):
+            raise DataError(
+                f"{where}: with loss='cross-entropy' and output='sigmoid' every target must be in "
+                f"[0, 1] (0/1 labels or probabilities); got values from {np.min(d)!r} to {np.max(d)!r}"
+            )
+        return
+    if d.size and (np.min(d) < 0 or not np.allclose(d.sum(axis=1), 1.0, rtol=0, atol=1e-9)):
+        bad = int(
+            np.argmax((d < 0).any(axis=1) | ~np.isclose(d.sum(axis=1), 1.0, rtol=0, atol=1e-9))
+        )
+        raise DataError(
+            f"{where}: with loss='cross-entropy' every row of d must be >= 0 and sum to 1 "
+            f"(one-hot or class probabilities); sample {bad} is {d[bad].tolist()[:8]}. "
+            f"Pass 1-D integer labels to have them one-hot encoded"
+        )
+
+
+def _weights(
+    init: Any, W0: np.ndarray, V0: np.ndarray, rec: Recipe
+) -> tuple[np.ndarray, np.ndarray]:
+    b0 = c0 = None
+    if init is not None and len(init) == 4:
+        b0, c0 = (np.asarray(a, dtype=W0.dtype) for a in init[2:])
+        if b0.shape != (W0.shape[0],) or c0.shape != (V0.shape[0],):
+            raise DataError(
+                f"init biases b0{b0.shape}, c0{c0.shape}; they must be ({W0.shape[0]},) and "
+                f"({V0.shape[0]},)"
+            )
+        if not rec.net.bias:
+            raise DataError(
+                "init has bias terms (b0, c0) but bias=False; pass bias=True or init=(W0, V0)"
+            )
+    return rec.net.join(W0, V0, b0, c0)
+
+
+def prepare(
+    x: Any,
+    d: Any = None,
+    options: TrainingOptions | None = None,
+    *,
+    classes: Any = None,
+    load: bool = False,
+) -> Prepared:
+    """Validate the data and the training options of a run (``None`` fields: ``rpm.train.*``).
+
+    With ``load=False`` a dataset path stays a path (workers read their
+    samples); ``options.validation`` may be None, a fraction to hold out
+    (seeded), or ``(x_val, d_val)``. Every bad option raises :class:`DataError`.
+    """
+    o = options or TrainingOptions()
+    dtype, seed, init, loss = o.dtype, o.seed, o.init, o.loss
+    target_error = o.target_error
+    dtype = str(config.get("train.dtype", dtype))
+    seed = int(config.get("train.seed", seed))
+    if target_error is not None and not (np.isfinite(target_error) and target_error >= 0):
+        raise DataError(f"target_error={target_error!r}; it must be a finite number >= 0, or None")
+    if init is not None and (not isinstance(init, (tuple, list)) or len(init) not in (2, 4)):
+        raise DataError("init must be (W0, V0) or (W0, V0, b0, c0)")
+    src = _source(x, d, loss, classes, load)
+    classes = src.classes
+    # the validation split decides how many samples train, which the schedule needs
+    src, rows, val = _split_validation(src, o.validation, loss, seed, dtype)
+    s, n, l = src.shape
+    try:
+        rec = recipe(s, o, validation=val is not None)
+    except ValueError as exc:
+        raise DataError(str(exc)) from None
+    start = None if init is None else (init[0], init[1])
+    checks: dict[str, Any] = dict(
+        hidden=o.hidden, iterations=rec.iterations, learning_rate=rec.learning_rate
+    )
+    arrays = None
+    if src.x is None or src.d is None:
+        W0, V0 = check_training_args(
+            None, None, **checks, init=start, seed=seed, dtype=dtype, shape=(s, n, l)
+        )
+    else:
+        W0, V0 = check_training_args(src.x, src.d, **checks, init=start, seed=seed, dtype=dtype)
+        arrays = (
+            np.ascontiguousarray(src.x, dtype=dtype),
+            np.ascontiguousarray(src.d, dtype=dtype),
+        )
+        if rec.net.loss == "cross-entropy":
+            _check_distribution(arrays[1], "d", rec.net.output)
+    if val is not None:
+        val = _checked_validation(val, dtype, rec)
+    W0, V0 = _weights(init, W0, V0, rec)
+    shape = (rec.net.inputs(n), W0.shape[0], l)
+    path = src.path
+    return Prepared(rec, W0, V0, shape, s, arrays, path, rows, val, classes, target_error, dtype)
+
+
+class _Source(NamedTuple):
+    """The training samples: loaded arrays (``x``, ``d``), or a dataset ``path`` workers read."""
+
+    path: str | None
+    x: np.ndarray | None
+    d: np.ndarray | None
+    classes: np.ndarray | None
+    shape: tuple[int, int, int]  # (samples, inputs, outputs)
+
+
+def _source(x: Any, d: Any, loss: str | None, classes: Any, load: bool) -> _Source:
+    """Arrays with 2-D targets, or the path and shape of a dataset left for the workers."""
+    if isinstance(x, (str, os.PathLike)) and not load:
+        path = os.path.abspath(os.fspath(x))
+        shape = data_shape(path)
+        if classes is None:  # labels written with the file (dask_rpm.data.write_dataset)
+            classes = dataset_classes(path)
+        return _Source(path, None, None, classes, shape)
+    xa, da = as_arrays(x, d) if d is None or np.ndim(d) != 1 else (np.asarray(x), np.asarray(d))
+    if xa.ndim != 2:
+        raise DataError(f"x must be (samples, inputs); got shape {xa.shape}")
+    da, classes = _targets(da, loss, classes)
+    return _Source(None, xa, da, classes, (xa.shape[0], xa.shape[1], da.shape[1]))
+
+
+def _split_validation(
+    src: _Source, validation: Any, loss: str | None, seed: int, dtype: str
+) -> tuple[_Source, np.ndarray | None, tuple[np.ndarray, np.ndarray] | None]:
+    """Hold out a seeded fraction, or check a given ``(x_val, d_val)``.
+
+    Returns the training source, the file rows that train (a dataset path with a held-out
+    fraction; else None) and the validation pair (or None).
+    """
+    s, n, l = src.shape
+    if validation is None:
+        return src, None, None
+    if not isinstance(validation, (tuple, list)):
+        try:
+            train_idx, val_idx = holdout(
+                s, float(validation) if not isinstance(validation, bool) else validation, seed
+            )
+        except (TypeError, ValueError) as exc:
+            raise DataError(str(exc)) from None
+        shape = (len(train_idx), n, l)
+        if src.x is not None and src.d is not None:
+            val = (src.x[val_idx], src.d[val_idx])
+            return src._replace(x=src.x[train_idx], d=src.d[train_idx], shape=shape), None, val
+        assert src.path is not None  # no arrays: the samples are in a dataset file
+        val = load_rows(src.path, val_idx, dtype)
+        return src._replace(shape=shape), train_idx, val
+    if len(validation) != 2:
+        raise DataError("validation must be a fraction or a pair (x_val, d_val)")
+    xv, dv = np.asarray(validation[0]), np.asarray(validation[1])
+    dv, _ = _targets(dv, loss, src.classes)
+    if xv.ndim != 2 or xv.shape[1] != n or dv.ndim != 2 or dv.shape[1] != l or len(xv) != len(dv):
+        raise DataError(
+            f"validation data x{xv.shape}, d{dv.shape}; they must be (k, {n}) and (k, {l})"
+        )
+    return src, None, (xv, dv)
+
+
+def _checked_validation(
+    val: tuple[np.ndarray, np.ndarray], dtype: str, rec: Recipe
+) -> tuple[np.ndarray, np.ndarray]:
+    """The validation pair in the training dtype, finite, and distributions for cross-entropy."""
+    out = (np.ascontiguousarray(val[0], dtype=dtype), np.ascontiguousarray(val[1], dtype=dtype))
+    for name, arr in zip(("x_val", "d_val"), out):
+        if not np.all(np.isfinite(arr)):
+            raise DataError(f"validation {name} contains NaN or infinite values")
+    if rec.net.loss == "cross-entropy":
+        _check_distribution(out[1], "validation d", rec.net.output)
+    return out

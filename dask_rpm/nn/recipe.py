@@ -1,0 +1,282 @@
+"""A training recipe: network, optimizer, mini-batches, validation and early stopping.
+
+Pure (numpy only). :func:`recipe` turns the keywords that :func:`dask_rpm.fit`
+and :func:`dask_rpm.fit_serial` share into one validated :class:`Recipe`
+(``None`` reads ``rpm.train.*``), so the serial reference and the distributed
+engine train by the same rules. :class:`Validator` decides, from validation
+losses alone, when to stop early — the async loop and the serial loop both
+just ask it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from .. import config
+from ..records import Validation
+from .batches import BatchSchedule, schedule
+from .kernels import Workspace, binary_log_loss
+from .network import Network, network
+from .optim import Optimizer, optimizer
+from .options import TrainingOptions
+
+__all__ = [
+    "Recipe",
+    "recipe",
+    "RecipeError",
+    "Validator",
+    "holdout",
+    "forward",
+    "loss",
+    "accuracy",
+    "one_hot",
+    "recipe_summary",
+]
+
+
+class RecipeError(ValueError):
+    """Invalid training options; the message says what is valid."""
+
+
+class Recipe(NamedTuple):
+    """Everything that decides *what* is computed (not where)."""
+
+    net: Network
+    optimizer: Optimizer
+    schedule: BatchSchedule
+    iterations: int
+    learning_rate: float
+    validate_every: int | None
+    patience: int | None
+    tol: float
+    #: L2 penalty ``0.5 alpha sum W^2`` on the weights (not the biases), part of every iteration's error
+    alpha: float = 0.0
+    #: "sum": the optimizer steps on the summed gradient (the paper's); "mean": on the gradient
+    #: divided by the iteration's batch size (scikit-learn's; PyTorch's ``reduction="mean"``)
+    reduction: str = "sum"
+
+    def loss_scale(self, outputs: int) -> float:
+        """Factor on the squared loss reported: with "mean", scikit-learn's per-sample mean over the
+        ``outputs`` (its deltas stay ``h - d``, as scikit-learn's do); else 1."""
+        if self.reduction == "mean" and self.net.loss == "squared" and outputs > 1:
+            return 1.0 / outputs
+        return 1.0
+
+    def divisor(self, iteration: int) -> int:
+        """What the gradient of ``iteration`` is divided by: its batch size ("mean"), else 1."""
+        if self.reduction != "mean":
+            return 1
+        lo, hi = self.schedule.positions(iteration)
+        return hi - lo
+
+    def validation_points(self) -> list[int]:
+        """Iteration counts after which the validation set is evaluated."""
+        if self.validate_every is None:
+            return []
+        return list(range(self.validate_every, self.iterations + 1, self.validate_every))
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise RecipeError(f"{name}={value!r}; it must be a positive integer")
+    return int(value)
+
+
+def recipe(
+    samples: int, options: TrainingOptions | None = None, *, validation: bool = False
+) -> Recipe:
+    """Validate and complete the training options (``None`` fields: ``rpm.train.*``).
+
+    ``samples`` is the number of training samples (after a validation split);
+    ``validation`` says whether there is a validation set. ``epochs`` and
+    ``iterations`` are alternatives; with ``epochs`` the run has
+    ``epochs * ceil(samples / batch_size)`` iterations.
+    """
+    o = options or TrainingOptions()
+    iterations, epochs, learning_rate, seed = o.iterations, o.epochs, o.learning_rate, o.seed
+    validate_every, early_stopping, tol = o.validate_every, o.early_stopping, o.tol
+    alpha, reduction = o.alpha, o.reduction
+    seed = int(config.get("train.seed", seed))
+    sched = schedule(samples, o.batch_size, shuffle=o.shuffle, seed=seed)
+    net = network(o.activation, o.loss, o.output, o.bias)
+    opt = optimizer(o.optimizer)
+    if epochs is None and iterations is None:
+        epochs = config.get("train.epochs")
+    if epochs is not None and iterations is not None:
+        raise RecipeError(
+            f"both iterations={iterations!r} and epochs={epochs!r} given; give one of them"
+        )
+    if epochs is not None:
+        iterations = _positive_int("epochs", epochs) * sched.per_epoch
+    iterations = _positive_int("iterations", config.get("train.iterations", iterations))
+    lr = config.get("train.learning-rate", learning_rate)
+    try:
+        lr = float(lr)
+    except (TypeError, ValueError):
+        raise RecipeError(f"learning_rate={lr!r}; it must be a finite number > 0") from None
+    if not (math.isfinite(lr) and lr > 0):
+        raise RecipeError(f"learning_rate={lr!r}; it must be a finite number > 0")
+    every = config.get("train.validate-every", validate_every)
+    patience = config.get("train.early-stopping", early_stopping)
+    if not validation:
+        if early_stopping is not None:
+            raise RecipeError(
+                f"early_stopping={early_stopping!r} needs validation data: pass validation= "
+                f"(a fraction such as 0.1, or (x_val, d_val))"
+            )
+        every, patience = None, None
+    else:
+        # auto: once an epoch with mini-batches; every 10 full-batch iterations
+        every = (
+            (sched.per_epoch if not sched.full_batch else 10)
+            if every in (None, "auto")
+            else _positive_int("validate_every", every)
+        )
+        patience = None if patience is None else _positive_int("early_stopping", patience)
+    tol = float(config.get("train.tol", tol))
+    if not (math.isfinite(tol) and tol >= 0):
+        raise RecipeError(f"tol={tol!r}; it must be a finite number >= 0")
+    alpha = config.get("train.alpha", alpha)
+    try:
+        alpha = float(alpha)
+    except (TypeError, ValueError):
+        raise RecipeError(
+            f"alpha={alpha!r}; it must be a finite number >= 0 (0: no penalty)"
+        ) from None
+    if not (math.isfinite(alpha) and alpha >= 0):
+        raise RecipeError(f"alpha={alpha!r}; it must be a finite number >= 0 (0: no penalty)")
+    reduction = config.get("train.reduction", reduction)
+    if reduction not in ("sum", "mean"):
+        raise RecipeError(
+            f"reduction={reduction!r}; valid: 'sum' (step on the summed gradient, the paper's) or "
+            f"'mean' (on the batch mean, scikit-learn's)"
+        )
+    return Recipe(net, opt, sched, iterations, lr, every, patience, tol, alpha, str(reduction))
+
+
+def holdout(samples: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted ``(train, validation)`` sample indices: a seeded random ``fraction`` held out."""
+    if not (isinstance(fraction, float) and 0.0 < fraction < 1.0):
+        raise RecipeError(
+            f"validation={fraction!r}; give a fraction in (0, 1) to hold out, or (x_val, d_val)"
+        )
+    k = int(round(fraction * samples))
+    if k < 1 or k >= samples:
+        raise RecipeError(
+            f"validation={fraction} of {samples} samples holds out {k}; at least 1 sample must be "
+            f"held out and at least 1 left to train on"
+        )
+    perm = np.random.default_rng((seed, 104729)).permutation(samples)
+    return np.sort(perm[k:]), np.sort(perm[:k])
+
+
+def one_hot(
+    labels: Any, classes: Sequence[Any] | np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(one_hot, classes)`` of 1-D labels; ``classes`` sorted unique labels unless given."""
+    y = np.asarray(labels)
+    if y.ndim != 1:
+        raise RecipeError(f"labels must be 1-D; got shape {y.shape}")
+    cls = np.unique(y) if classes is None else np.asarray(classes)
+    pos = np.searchsorted(cls, y)
+    pos = np.clip(pos, 0, len(cls) - 1)
+    if not np.all(cls[pos] == y):
+        bad = y[cls[pos] != y][0]
+        raise RecipeError(f"label {bad!r} is not one of the classes {list(cls)}")
+    out = np.zeros((y.size, len(cls)))
+    out[np.arange(y.size), pos] = 1.0
+    return out, cls
+
+
+def forward(x: np.ndarray, W: np.ndarray, V: np.ndarray, net: Network) -> np.ndarray:
+    """Network outputs ``h`` for inputs ``x`` (data inputs; augmented ``W``, ``V``)."""
+    xa = net.augment(np.ascontiguousarray(x, dtype=W.dtype))
+    ws = Workspace(
+        xa.shape[0], W.shape[0], W.shape[1], V.shape[0], W.dtype, net, net.bias_row(W.shape[0])
+    )
+    return ws.outputs(ws.forward(xa, W, V))
+
+
+def loss(h: np.ndarray, d: np.ndarray, net: Network) -> float:
+    """The summed loss of outputs ``h`` against targets ``d``."""
+    if net.loss == "cross-entropy" and net.output == "sigmoid":
+        return binary_log_loss(h, d)
+    if net.loss == "cross-entropy":
+        with np.errstate(divide="ignore"):
+            return -float(np.sum(d * np.log(np.maximum(h, np.finfo(h.dtype).tiny))))
+    diff = h - d
+    return 0.5 * float(np.vdot(diff, diff))
+
+
+def accuracy(h: np.ndarray, d: np.ndarray) -> float:
+    """Fraction of samples whose largest output is the target's (one output: both sides of 0.5)."""
+    if h.shape[1] == 1:
+        return float(np.mean((h[:, 0] > 0.5) == (d[:, 0] > 0.5)))
+    return float(np.mean(np.argmax(h, axis=1) == np.argmax(d, axis=1)))
+
+
+class Validator:
+    """Validation losses in, "stop now?" out (pure; the same rule in serial and distributed runs).
+
+    Stops after ``patience`` evaluations in a row that did not improve the
+    best validation loss by more than ``tol`` (relative).
+    """
+
+    def __init__(self, recipe: Recipe, x: np.ndarray, d: np.ndarray) -> None:
+        self.recipe, self.x, self.d = recipe, x, d
+        self.points = recipe.validation_points()
+        self.rows: list[Validation] = []
+        self.best = math.inf
+        self.bad = 0
+
+    def due(self, done: int) -> bool:
+        return done in self.points
+
+    def next_point(self, done: int) -> int | None:
+        """Iterations until the next evaluation (for block boundaries), or None."""
+        later = [p for p in self.points if p > done]
+        return later[0] - done if later else None
+
+    def evaluate(self, done: int, W: np.ndarray, V: np.ndarray) -> str | None:
+        """Record the validation loss after ``done`` iterations; a reason to stop, or None."""
+        h = forward(self.x, W, V, self.recipe.net)
+        val = loss(h, self.d, self.recipe.net)
+        acc = accuracy(h, self.d) if self.recipe.net.output != "linear" else float("nan")
+        self.rows.append(Validation(done, val, acc))
+        if val < self.best * (1.0 - self.recipe.tol) or not math.isfinite(self.best):
+            self.best, self.bad = val, 0
+        else:
+            self.bad += 1
+        if self.recipe.patience is not None and self.bad >= self.recipe.patience:
+            return (
+                f"early stopping after iteration {done}: validation loss has not improved for "
+                f"{self.bad} evaluation(s) (best {self.best:.6g})"
+            )
+        return None
+
+
+def recipe_summary(rec: Any) -> dict[str, Any]:
+    """The hyperparameters of a :class:`dask_rpm.recipe.Recipe` as a JSON-ready dict."""
+    sched = rec.schedule
+    return {
+        "activation": rec.net.activation,
+        "loss": rec.net.loss,
+        "output": rec.net.output,
+        "bias": rec.net.bias,
+        "optimizer": rec.optimizer._asdict(),
+        "learning_rate": float(rec.learning_rate),
+        "iterations": int(rec.iterations),
+        "batch_size": sched.batch_size,
+        "shuffle": bool(sched.shuffle),
+        "seed": int(sched.seed),
+        "samples": int(sched.samples),
+        "validate_every": rec.validate_every,
+        "early_stopping": rec.patience,
+        "tol": float(rec.tol),
+        "alpha": float(rec.alpha),
+        "reduction": rec.reduction,
+    }
