@@ -36,6 +36,7 @@ import numpy as np
 
 from .. import config
 from ..partition import Plan
+from .errors import DataError
 
 __all__ = [
     "batch_plan",
@@ -47,7 +48,7 @@ __all__ = [
 ]
 
 
-class BatchError(ValueError):
+class BatchError(DataError):
     """An invalid batch size, epoch count or shuffle setting."""
 
 

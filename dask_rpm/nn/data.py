@@ -19,6 +19,7 @@ import numpy as np
 
 from .. import config
 from .._files import atomic_write
+from .errors import DataError
 from .kernels import init_weights
 
 __all__ = [
@@ -35,10 +36,6 @@ __all__ = [
 # HDF5's file locks fail on some parallel file systems and are not needed for
 # read-only access by many workers.
 os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")
-
-
-class DataError(ValueError):
-    """Training data or arguments are invalid; the message says how to fix them."""
 
 
 def _is_path(obj: Any) -> bool:

@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .. import config
+from .errors import DataError
 
 __all__ = ["Network", "ACTIVATIONS", "OUTPUTS", "LOSSES", "network", "NetworkError"]
 
@@ -41,7 +42,7 @@ _DEFAULT_OUTPUT = {"squared": "sigmoid", "cross-entropy": "softmax"}
 _VALID_OUTPUTS = {"squared": ("sigmoid", "linear"), "cross-entropy": ("softmax", "sigmoid")}
 
 
-class NetworkError(ValueError):
+class NetworkError(DataError):
     """An invalid combination of activation, output, loss or bias."""
 
 

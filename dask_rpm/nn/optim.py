@@ -42,6 +42,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .. import config
+from .errors import DataError
 
 __all__ = [
     "Optimizer",
@@ -60,7 +61,7 @@ OPTIMIZERS: dict[str, tuple[str, ...]] = {"sgd": (), "momentum": ("buf",), "adam
 CONVENTIONS = ("pytorch", "scikit-learn")
 
 
-class OptimizerError(ValueError):
+class OptimizerError(DataError):
     """An invalid optimizer name or parameter."""
 
 

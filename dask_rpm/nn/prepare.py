@@ -23,7 +23,7 @@ from .data import (
     load_rows,
 )
 from .options import TrainingOptions
-from .recipe import Recipe, RecipeError, Validator, holdout, one_hot, recipe
+from .recipe import Recipe, Validator, holdout, one_hot, recipe
 
 __all__ = ["Prepared", "prepare"]
 
@@ -66,10 +66,7 @@ def _targets(
                 f"d is 1-D (shape {d.shape}); class labels need loss='cross-entropy', "
                 f"other losses take d as (samples, outputs)"
             )
-        try:
-            return one_hot(d, classes)
-        except RecipeError as exc:
-            raise DataError(str(exc)) from None
+        return one_hot(d, classes)  # a label it does not know: RecipeError, a DataError
     return d, None
 
 
@@ -142,6 +139,8 @@ def prepare(
     s, n, l = src.shape
     try:
         rec = recipe(s, o, validation=val is not None)
+    except DataError:
+        raise  # with its own class: RecipeError, NetworkError, OptimizerError or BatchError
     except ValueError as exc:
         raise DataError(str(exc)) from None
     start = None if init is None else (init[0], init[1])
@@ -210,6 +209,8 @@ def _split_validation(
             train_idx, val_idx = holdout(
                 s, float(validation) if not isinstance(validation, bool) else validation, seed
             )
+        except DataError:
+            raise  # holdout's RecipeError
         except (TypeError, ValueError) as exc:
             raise DataError(str(exc)) from None
         shape = (len(train_idx), n, l)

@@ -19,7 +19,8 @@ import numpy as np
 from .. import config
 from ..records import Validation
 from .batches import BatchSchedule, schedule
-from .kernels import Workspace, binary_log_loss
+from .errors import DataError
+from .kernels import Workspace
 from .network import Network, network
 from .optim import Optimizer, optimizer
 from .options import TrainingOptions
@@ -31,14 +32,14 @@ __all__ = [
     "Validator",
     "holdout",
     "forward",
-    "loss",
+    "evaluate",
     "accuracy",
     "one_hot",
     "recipe_summary",
 ]
 
 
-class RecipeError(ValueError):
+class RecipeError(DataError):
     """Invalid training options; the message says what is valid."""
 
 
@@ -201,15 +202,19 @@ def forward(x: np.ndarray, W: np.ndarray, V: np.ndarray, net: Network) -> np.nda
     return ws.outputs(ws.forward(xa, W, V))
 
 
-def loss(h: np.ndarray, d: np.ndarray, net: Network) -> float:
-    """The summed loss of outputs ``h`` against targets ``d``."""
-    if net.loss == "cross-entropy" and net.output == "sigmoid":
-        return binary_log_loss(h, d)
-    if net.loss == "cross-entropy":
-        with np.errstate(divide="ignore"):
-            return -float(np.sum(d * np.log(np.maximum(h, np.finfo(h.dtype).tiny))))
-    diff = h - d
-    return 0.5 * float(np.vdot(diff, diff))
+def evaluate(
+    x: np.ndarray, d: np.ndarray, W: np.ndarray, V: np.ndarray, net: Network
+) -> tuple[np.ndarray, float]:
+    """Outputs ``h`` and the summed loss of the network on ``x`` against ``d``, by the kernels that
+    train it (:class:`~dask_rpm.nn.kernels.Workspace`: one loss in the package)."""
+    xa = net.augment(np.ascontiguousarray(x, dtype=W.dtype))
+    ws = Workspace(
+        xa.shape[0], W.shape[0], W.shape[1], V.shape[0], W.dtype, net, net.bias_row(W.shape[0])
+    )
+    u = ws.forward(xa, W, V)
+    h = ws.outputs(u)
+    _, err = ws.output_delta(u, np.ascontiguousarray(d, dtype=W.dtype))
+    return h, err
 
 
 def accuracy(h: np.ndarray, d: np.ndarray) -> float:
@@ -243,8 +248,7 @@ class Validator:
 
     def evaluate(self, done: int, W: np.ndarray, V: np.ndarray) -> str | None:
         """Record the validation loss after ``done`` iterations; a reason to stop, or None."""
-        h = forward(self.x, W, V, self.recipe.net)
-        val = loss(h, self.d, self.recipe.net)
+        h, val = evaluate(self.x, self.d, W, V, self.recipe.net)
         acc = accuracy(h, self.d) if self.recipe.net.output != "linear" else float("nan")
         self.rows.append(Validation(done, val, acc))
         if val < self.best * (1.0 - self.recipe.tol) or not math.isfinite(self.best):
