@@ -60,7 +60,7 @@ def main() -> int:
         "--keep-logs", action="store_true", help="keep the SLURM job logs (printed path)"
     )
     args = ap.parse_args()
-    reason = slurm_unavailable(PARTITIONS)
+    reason = slurm_unavailable(PARTITIONS, conf_required=True)
     if reason:
         print(f"SKIPPED: this tutorial needs SLURM: {reason}")
         return 0

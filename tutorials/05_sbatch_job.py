@@ -93,7 +93,7 @@ def main() -> int:
     )
     ap.add_argument("--keep", metavar="DIR", help="write the files here and keep them")
     args = ap.parse_args()
-    reason = slurm_unavailable(PARTITIONS)
+    reason = slurm_unavailable(PARTITIONS, conf_required=True)
     if reason:
         print(f"SKIPPED: this tutorial needs SLURM: {reason}")
         return 0

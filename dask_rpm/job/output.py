@@ -21,7 +21,7 @@ import xarray as xr
 
 from .._files import TargetError, atomic_write, atomic_write_text, json_default
 from ..engine import FitResult, TrainingError, store
-from ..model import MLPModel
+from ..model import MLPModel, ModelError
 from ..slurm import group_from_name
 from .spec import Job, JobError
 
@@ -339,12 +339,12 @@ def save_model(job: Job, result: FitResult, *, start: int, written: str, out: Te
     model = MLPModel.from_result(result, meta={"job": job.text, "resumed_from_iteration": start})
     try:  # check_paths decided whether the job may replace it
         return model.save(job.model, overwrite=True)
-    except (OSError, TargetError) as e:
+    except (OSError, TargetError, ModelError) as e:  # e.g. its directory went away meanwhile
         first = f"{type(e).__name__}: {e}"
     rescue = os.path.splitext(written)[0] + ".model.nc"
     try:
         saved = model.save(rescue, overwrite=True)
-    except (OSError, TargetError) as e:
+    except (OSError, TargetError, ModelError) as e:
         raise TrainingError(
             f"could not write the model to {job.model!r} ({first}) nor to {rescue!r} ({e}); the "
             f"weights are in the result file {written!r}"
