@@ -200,8 +200,10 @@ def step(
     belongs to ``params[i]`` and is updated in place.
     """
     t += opt.steps
-    if opt.convention == "scikit-learn":
-        _step_sklearn(opt, lr, t, params, grads, state)
+    if opt.name == "adam":
+        _adam(opt, lr, t, params, grads, state)
+    elif opt.convention == "scikit-learn":
+        _sgd_sklearn(opt, lr, params, grads, state)
     elif opt.name == "sgd":
         for p, g in zip(params, grads):
             g *= lr
@@ -212,28 +214,11 @@ def step(
             buf += g
             np.multiply(buf, lr, out=g)
             p -= g
-    elif opt.name == "adam":
-        bc1 = 1.0 - opt.beta1**t
-        root_bc2 = math.sqrt(1.0 - opt.beta2**t)
-        size = lr / bc1
-        for p, g, m, v in zip(params, grads, state["m"], state["v"]):
-            m *= opt.beta1
-            m += (1.0 - opt.beta1) * g
-            v *= opt.beta2
-            g *= g
-            g *= 1.0 - opt.beta2
-            v += g
-            np.sqrt(v, out=g)  # g is scratch from here: the denominator
-            g /= root_bc2
-            g += opt.eps
-            np.divide(m, g, out=g)
-            g *= size
-            p -= g
     else:  # pragma: no cover - validated by optimizer()
         raise OptimizerError(f"optimizer {opt.name!r} is not known")
 
 
-def _step_sklearn(
+def _adam(
     opt: Optimizer,
     lr: float,
     t: int,
@@ -241,20 +226,12 @@ def _step_sklearn(
     grads: Sequence[np.ndarray],
     state: Mapping[str, Sequence[np.ndarray]],
 ) -> None:
-    """scikit-learn's ``SGDOptimizer`` / ``AdamOptimizer`` update, operation for operation."""
-    if opt.name == "sgd":
-        for p, g, vel in zip(params, grads, state["buf"]):
-            g *= lr
-            vel *= opt.momentum
-            vel -= g
-            if opt.nesterov:
-                ahead = vel * opt.momentum
-                ahead -= g
-                p += ahead
-            else:
-                p += vel
-        return
-    size = lr * math.sqrt(1.0 - opt.beta2**t) / (1.0 - opt.beta1**t)
+    """Adam in either convention: PyTorch adds ``eps`` to ``sqrt(v)`` after its bias correction,
+    scikit-learn before it (and folds the correction into the step size)."""
+    bc1 = 1.0 - opt.beta1**t
+    root_bc2 = math.sqrt(1.0 - opt.beta2**t)
+    sklearn = opt.convention == "scikit-learn"
+    size = lr * root_bc2 / bc1 if sklearn else lr / bc1
     for p, g, m, v in zip(params, grads, state["m"], state["v"]):
         m *= opt.beta1
         m += (1.0 - opt.beta1) * g
@@ -263,7 +240,29 @@ def _step_sklearn(
         g *= 1.0 - opt.beta2
         v += g
         np.sqrt(v, out=g)  # g is scratch from here: the denominator
+        if not sklearn:
+            g /= root_bc2
         g += opt.eps
         np.divide(m, g, out=g)
         g *= size
         p -= g
+
+
+def _sgd_sklearn(
+    opt: Optimizer,
+    lr: float,
+    params: Sequence[np.ndarray],
+    grads: Sequence[np.ndarray],
+    state: Mapping[str, Sequence[np.ndarray]],
+) -> None:
+    """scikit-learn's ``SGDOptimizer`` update, operation for operation."""
+    for p, g, vel in zip(params, grads, state["buf"]):
+        g *= lr
+        vel *= opt.momentum
+        vel -= g
+        if opt.nesterov:
+            ahead = vel * opt.momentum
+            ahead -= g
+            p += ahead
+        else:
+            p += vel
