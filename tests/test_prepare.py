@@ -77,3 +77,20 @@ def test_fit_serial_with_bias_returns_augmented_weights():
     W, V, err = fit_serial(X, D, hidden=4, iterations=3, learning_rate=0.01, bias=True)
     assert W.shape == (5, 4) and V.shape == (2, 5) and err.shape == (3,)
     assert np.all(W[-1] == 0.0)  # the bias unit has no input weights
+
+
+def test_training_options_record_and_keywords_map_one_to_one():
+    """fit_serial(options=...) equals the same keywords; a keyword may set a field the record
+    leaves None, each option is given once, and an unknown name gets the closest valid one."""
+    opts = TrainingOptions(**BASE, batch_size=8)
+    W1, V1, e1 = fit_serial(X, D, options=opts)
+    W2, V2, e2 = fit_serial(X, D, **BASE, batch_size=8)
+    partial = TrainingOptions(hidden=4, seed=0, dtype="float64")
+    W3, V3, e3 = fit_serial(X, D, options=partial, iterations=3, learning_rate=0.01, batch_size=8)
+    for a, b, c in ((W1, W2, W3), (V1, V2, V3), (e1, e2, e3)):
+        assert np.array_equal(a, b) and np.array_equal(a, c)
+    with pytest.raises(TypeError, match="hidden given both in options= and as keyword"):
+        fit_serial(X, D, options=opts, hidden=5)
+    with pytest.raises(TypeError, match="did you mean 'batch_size'"):
+        TrainingOptions.of(batchsize=8)
+    assert TrainingOptions.of(opts, tol=0.5).tol == 0.5 and opts.tol is None  # frozen: a new record
