@@ -449,3 +449,26 @@ def test_heartbeat_failure_of_a_closing_worker_is_not_logged():
     assert any(
         isinstance(f, _HeartbeatAtClose) for f in logging.getLogger("distributed.worker").filters
     )
+
+
+def test_closing_noise_drops_only_the_close_notice_and_only_while_closing():
+    """The "Batched Comm Closed" INFO record (a traceback at cluster close, nothing wrong) is
+    dropped once the owning cluster is closing; while it runs, and for any other record, kept."""
+    import logging
+    import types
+
+    from distributed.core import Status
+
+    from dask_rpm.closing import ClosingNoise
+
+    cluster = types.SimpleNamespace(status=Status.running)
+    noise = ClosingNoise(cluster)
+
+    def record(msg):
+        return logging.LogRecord("distributed.batched", logging.INFO, "x", 1, msg, (), None)
+
+    assert noise.filter(record("Batched Comm Closed %r"))
+    for status in (Status.closing, Status.closed):
+        cluster.status = status
+        assert not noise.filter(record("Batched Comm Closed %r"))
+        assert noise.filter(record("something else"))

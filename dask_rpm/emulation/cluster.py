@@ -15,6 +15,7 @@ from dask.system import CPU_COUNT
 from distributed import Nanny, Scheduler, SpecCluster, Worker
 
 from .. import config
+from ..closing import quiet_when_closing
 from ..cost import Interconnect
 from .links import EmulatedLinks, LinkEmulationPlugin, emulated_links
 from .pacing import BLAS_VARS, EmulationPlugin
@@ -100,6 +101,7 @@ class EmulatedCluster(SpecCluster):
             silence_logs=silence_logs,
             name=name,
         )
+        quiet_when_closing(self)  # the scheduler's notices while it closes (dask_rpm.closing)
 
     def _set_profile(
         self,
