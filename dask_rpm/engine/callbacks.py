@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ..nn.convergence import epoch_error
 from ..partition import Plan
 from ..records import Checkpoint, RemapRecord
 from .checkpoint import StoredCheckpoint, write_store
@@ -298,9 +299,7 @@ class EpochRuleCallback(TrainingCallback):
         if info.status not in ("ok", "target") or done % self.per_epoch or done <= self.last:
             return None
         self.last = done
-        total = 0.0
-        for it in range(done - self.per_epoch, done):  # in iteration order, as fit_serial adds
-            total += info.driver.log.error(it)
+        total = epoch_error(info.driver.log.error(it) for it in range(done - self.per_epoch, done))
         if self.rule.needs_weights:
             W, V = await info.driver.gather()
             decision = self.rule.end_epoch(total, W, V)

@@ -25,15 +25,24 @@ same object with the same numbers, so both stop at the same epoch.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["ConvergenceRule", "EpochDecision", "LEARNING_RATE_SCHEDULES"]
+__all__ = ["ConvergenceRule", "EpochDecision", "LEARNING_RATE_SCHEDULES", "epoch_error"]
 
 #: scikit-learn's ``learning_rate`` schedules (sgd only; adam keeps its rate constant).
 LEARNING_RATE_SCHEDULES = ("constant", "invscaling", "adaptive")
+
+
+def epoch_error(errors: Iterable[float]) -> float:
+    """An epoch's summed error, added in iteration order: the serial loop and the engine add the
+    same numbers the same way, so both hand a rule identical bits."""
+    total = 0.0
+    for e in errors:
+        total += float(e)
+    return total
 
 
 class EpochDecision(NamedTuple):

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from .convergence import epoch_error
 from .data import DataError
 from .kernels import Workspace, all_finite
 from .optim import mean_gradient, penalty, step
@@ -114,9 +115,7 @@ def _end_epoch(
     rules: Sequence[Any], errors: np.ndarray, W: np.ndarray, V: np.ndarray, lr: float
 ) -> tuple[float, str | None]:
     """Every rule's decision at an epoch's end: the next learning rate, and a reason to stop."""
-    total = 0.0
-    for e in errors:  # in iteration order, as the engine's callback adds them
-        total += float(e)
+    total = epoch_error(errors)
     stop = None
     for rule in rules:
         decision = rule.end_epoch(total, W, V) if rule.needs_weights else rule.end_epoch(total)
