@@ -25,7 +25,7 @@ same object with the same numbers, so both stop at the same epoch.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -68,8 +68,8 @@ class ConvergenceRule:
     tol : float
     n_iter_no_change : int
     score : callable, optional
-        ``score(W, V) -> float`` on the held-out samples (early stopping); the
-        weights are the augmented matrices of :mod:`dask_rpm.network`.
+        ``score(params) -> float`` on the held-out samples (early stopping); the
+        parameters are the augmented matrices ``W_1 .. W_L, V`` of :mod:`dask_rpm.nn.network`.
     state : dict, optional
         What :meth:`state` returned at the end of an earlier ``fit``
         (``warm_start``): the loss curve, the best loss, the count of epochs
@@ -88,7 +88,7 @@ class ConvergenceRule:
         power_t: float = 0.5,
         tol: float = 1e-4,
         n_iter_no_change: int = 10,
-        score: Callable[[np.ndarray, np.ndarray], float] | None = None,
+        score: Callable[[Sequence[np.ndarray]], float] | None = None,
         state: dict[str, Any] | None = None,
         verbose: bool = False,
     ) -> None:
@@ -108,8 +108,8 @@ class ConvergenceRule:
         self.t = int(state.get("t", 0))
         #: epochs ended in this fit
         self.epochs = 0
-        #: (W, V) copies at the best validation score (early stopping), else None
-        self.best: tuple[np.ndarray, np.ndarray] | None = None
+        #: copies of the parameters at the best validation score (early stopping), else None
+        self.best: list[np.ndarray] | None = None
 
     @property
     def needs_weights(self) -> bool:
@@ -117,7 +117,7 @@ class ConvergenceRule:
         return self.score is not None
 
     def end_epoch(
-        self, error_sum: float, W: np.ndarray | None = None, V: np.ndarray | None = None
+        self, error_sum: float, params: Sequence[np.ndarray] | None = None
     ) -> EpochDecision:
         """Book an epoch whose iterations' errors add up to ``error_sum``; stop, or the next rate."""
         loss = error_sum / self.samples
@@ -127,8 +127,8 @@ class ConvergenceRule:
         if self.verbose:  # scikit-learn's lines
             print(f"Iteration {len(self.loss_curve)}, loss = {loss:.8f}")
         if self.score is not None:
-            assert W is not None and V is not None, "early stopping scores the weights"
-            value = float(self.score(W, V))
+            assert params is not None, "early stopping scores the weights"
+            value = float(self.score(params))
             self.validation_scores.append(value)
             if self.verbose:
                 print(f"Validation score: {value:f}")
@@ -137,7 +137,7 @@ class ConvergenceRule:
             )
             if value > self.best_score:
                 self.best_score = value
-                self.best = (W.copy(), V.copy())
+                self.best = [p.copy() for p in params]
         else:
             self.no_improvement = self.no_improvement + 1 if loss > self.best_loss - self.tol else 0
             self.best_loss = min(self.best_loss, loss)

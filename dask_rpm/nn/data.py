@@ -13,6 +13,7 @@ A dataset holds ``x(sample, input)`` and ``d(sample, output)``.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -20,10 +21,12 @@ import numpy as np
 from .. import config
 from .._files import atomic_write
 from .errors import DataError
-from .kernels import init_weights
+from .kernels import init_params
+from .layers import Layers
 
 __all__ = [
     "DataError",
+    "hidden_sizes",
     "as_arrays",
     "data_shape",
     "check_training_args",
@@ -144,15 +147,16 @@ def check_training_args(
     x: np.ndarray | None,
     d: np.ndarray | None,
     *,
-    hidden: int | None,
+    hidden: Any,
     iterations: int,
     learning_rate: float,
-    init: tuple[np.ndarray, np.ndarray] | None,
+    init: Sequence[Any] | None,
     seed: int,
     dtype: str,
     shape: tuple[int, int, int] | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Validate training arguments before any work starts; return ``(W0, V0)``.
+) -> list[np.ndarray]:
+    """Validate training arguments before any work starts; return the initial weights
+    ``[W_1, ..., W_L, V]`` (data inputs, no bias terms; ``[W0, V0]`` for one hidden layer).
 
     ``shape`` is ``(s, n, l)`` when the data are not loaded (path input).
     """
@@ -184,46 +188,71 @@ def check_training_args(
     if np.dtype(dtype) not in (np.dtype("float64"), np.dtype("float32")):
         raise DataError(f"dtype={dtype!r}; use 'float64' (exact comparisons) or 'float32' (speed)")
     if init is not None:
-        try:
-            W0, V0 = (np.asarray(a) for a in init)
-        except (TypeError, ValueError) as e:
-            raise DataError("init must be a pair (W0, V0) of arrays") from e
-        if (
-            W0.ndim != 2
-            or V0.ndim != 2
-            or W0.shape[1] != n
-            or V0.shape[0] != l
-            or V0.shape[1] != W0.shape[0]
-        ):
-            raise DataError(
-                f"init has W0{W0.shape} and V0{V0.shape}; with {n} inputs and {l} outputs they must be "
-                f"W0 (m, {n}) and V0 ({l}, m)"
-            )
-        if hidden is not None and W0.shape[0] != hidden:
-            raise DataError(f"hidden={hidden} but init W0 has {W0.shape[0]} rows; make them agree")
-        if not (np.all(np.isfinite(W0)) and np.all(np.isfinite(V0))):
-            raise DataError("init weights contain NaN or infinite values")
-        return W0.astype(dtype, copy=True), V0.astype(dtype, copy=True)
-    if hidden is None or not isinstance(hidden, (int, np.integer)) or hidden < 1:
-        raise DataError(f"hidden={hidden!r}; give the number of hidden units as a positive integer")
-    _check_fits_in_memory(int(hidden), n, l, dtype)
-    return init_weights(
-        n, int(hidden), l, seed=seed, scale=float(config.get("train.init-scale")), dtype=dtype
+        return _checked_init(init, hidden, n, l, dtype)
+    widths = hidden_sizes(hidden)
+    layers = Layers(n, widths, l)
+    _check_fits_in_memory(layers, dtype)
+    return init_params(
+        layers, seed=seed, scale=float(config.get("train.init-scale")), dtype=dtype
     )
 
 
-def _check_fits_in_memory(m: int, n: int, l: int, dtype: str) -> None:  # noqa: E741
+def hidden_sizes(hidden: Any) -> tuple[int, ...]:
+    """``hidden`` as a tuple of layer widths: an integer (one hidden layer) or a sequence of them."""
+    if isinstance(hidden, (int, np.integer)) and not isinstance(hidden, bool):
+        widths: tuple[Any, ...] = (hidden,)
+    elif isinstance(hidden, (tuple, list)) and hidden:
+        widths = tuple(hidden)
+    else:
+        widths = ()
+    if not widths or any(
+        isinstance(w, bool) or not isinstance(w, (int, np.integer)) or w < 1 for w in widths
+    ):
+        raise DataError(
+            f"hidden={hidden!r}; give the hidden units as a positive integer (one hidden layer) or "
+            f"a list of them, one per hidden layer (e.g. [512, 256])"
+        )
+    return tuple(int(w) for w in widths)
+
+
+def _checked_init(
+    init: Sequence[Any], hidden: Any, n: int, l: int, dtype: str  # noqa: E741
+) -> list[np.ndarray]:
+    """The initial weights ``W_1 .. W_L, V`` (data inputs, no bias terms), checked and copied."""
+    try:
+        weights = [np.asarray(a) for a in init]
+    except (TypeError, ValueError) as e:
+        raise DataError("init must be a list of weight matrices (W0, V0) or (W_1, ..., W_L, V)") from e
+    shapes = [w.shape for w in weights]
+    widths = tuple(w.shape[0] for w in weights[:-1]) if all(w.ndim == 2 for w in weights) else ()
+    if len(weights) < 2 or not widths or [tuple(x) for x in shapes] != Layers(n, widths, l).full_shapes():
+        raise DataError(
+            f"init has weights of shapes {[tuple(x) for x in shapes]}; with {n} inputs and {l} outputs "
+            f"they must be W (m, {n}) and V ({l}, m), or W_1 (m_1, {n}), W_2 (m_2, m_1), ..., "
+            f"V ({l}, m_L) for several hidden layers"
+        )
+    if hidden is not None and hidden_sizes(hidden) != widths:
+        raise DataError(
+            f"hidden={hidden!r} but init has hidden layers of {list(widths)} units; make them agree"
+        )
+    if not all(np.all(np.isfinite(w)) for w in weights):
+        raise DataError("init weights contain NaN or infinite values")
+    return [w.astype(dtype, copy=True) for w in weights]
+
+
+def _check_fits_in_memory(layers: Layers, dtype: str) -> None:
     """Refuse a network whose weights alone exceed this machine's memory, before allocating them."""
-    need = float(m) * (n + l) * np.dtype(dtype).itemsize
+    need = float(sum(r * c for r, c in layers.full_shapes())) * np.dtype(dtype).itemsize
     try:
         have = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     except (ValueError, OSError, AttributeError):  # not a POSIX system: nothing to compare with
         return
     if need > have:
+        hidden = layers.hidden[0] if layers.depth == 1 else list(layers.hidden)
         raise DataError(
-            f"hidden={m}: the weights alone need {need / 2**30:.1f} GiB ({m} x ({n} + {l}) "
-            f"{np.dtype(dtype).name}), more than this machine's {have / 2**30:.1f} GiB; give fewer "
-            f"hidden units"
+            f"hidden={hidden}: the weights alone need {need / 2**30:.1f} GiB ({layers.n} inputs, "
+            f"{layers.l} outputs, {np.dtype(dtype).name}), more than this machine's "
+            f"{have / 2**30:.1f} GiB; give fewer hidden units"
         )
 
 

@@ -14,15 +14,20 @@ Shapes: ``x`` is ``(s, n)``, ``d`` is ``(s, l)``, ``W`` is ``(m, n)``,
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from .layers import Layers, layers_of_params
 from .network import Network
 
 __all__ = [
     "init_weights",
+    "init_params",
     "block_work",
+    "layer_work",
+    "rectangle_work",
     "Workspace",
     "kernel_pass",
     "all_finite",
@@ -44,13 +49,50 @@ def block_work(kind: str, s: int, m: int, n: int, l: int) -> float:
     ``work / (rate * speed)`` seconds, free of the CPU-time noise of a shared
     machine.
     """
+    return layer_work(kind, 0, s, (m,), Layers(n, (m,), l))
+
+
+def layer_work(kind: str, k: int, s: int, units: Sequence[int], layers: Layers) -> float:
+    """:func:`block_work` of hidden layer ``k``'s kernels alone, for a rectangle holding ``units``
+    rows of each layer; the output layer's work goes with the last hidden layer. The work of all
+    layers is their sum (:func:`rectangle_work`)."""
+    u, inp, l, last = float(units[k]), float(layers.inputs(k)), float(layers.l), k == layers.depth - 1
     if kind == "forward":
-        per = 2.0 * n + 2.0 * l + _SIGMOID_COST
+        per = 2.0 * inp + _SIGMOID_COST + (2.0 * l if last else 0.0)
     elif kind == "backward":
-        per = 2.0 * n + 4.0 * l + 3.0
+        # dW_k and the derivative; the output deltas and dV on the last layer; the gradient for
+        # the previous layer's outputs on every layer but the first
+        per = 2.0 * inp + 3.0 + (4.0 * l if last else 0.0) + (2.0 * inp if k else 0.0)
     else:
         raise ValueError(f"kind={kind!r}; expected 'forward' or 'backward'")
-    return float(s) * float(m) * per
+    return float(s) * u * per
+
+
+def rectangle_work(kind: str, s: int, units: Sequence[int], layers: Layers) -> float:
+    """:func:`layer_work` summed over the layers: one rectangle's forward or backward pass."""
+    return sum(layer_work(kind, k, s, units, layers) for k in range(layers.depth))
+
+
+def _key(
+    m: int = 0,
+    n: int = 0,
+    l: int = 0,  # noqa: E741
+    dtype: Any = "float64",
+    net: Network | None = None,
+    bias_row: int | None = None,
+    loss_scale: float = 1.0,
+    *,
+    layers: Layers | None = None,
+    units: tuple[int, ...] | None = None,
+    bias_rows: tuple[int | None, ...] | None = None,
+) -> tuple[Any, ...]:
+    """:class:`Workspace`'s arguments, normalised: what two workspaces must share to be one."""
+    if layers is None:
+        layers, units, bias_rows = Layers(n, (m,), l), (m,), (bias_row,)
+    units = tuple(int(u) for u in (layers.hidden if units is None else units))
+    bias_rows = (None,) * layers.depth if bias_rows is None else tuple(bias_rows)
+    net = Network() if net is None else net
+    return (layers, units, np.dtype(dtype), net, bias_rows, float(loss_scale))
 
 
 class Workspace:
@@ -63,6 +105,13 @@ class Workspace:
     serial and distributed training, the probe and the EMULATED rate all run
     these (:func:`kernel_pass`).
 
+    A rectangle holds ``units[k]`` rows of every hidden layer ``k``
+    (:mod:`dask_rpm.nn.layers`). :meth:`forward` and :meth:`backward` run
+    all layers when those are all of them (one worker per column, or the
+    serial reference); a worker sharing its column runs one layer at a time
+    (:meth:`layer_forward`, :meth:`layer_backward`) and exchanges activations
+    and deltas with its column between them (:mod:`dask_rpm.engine.block`).
+
     Mini-batches: the buffers hold ``s`` samples, the most a batch share can
     have; a smaller batch uses their leading rows (still C-contiguous).
 
@@ -70,8 +119,9 @@ class Workspace:
     ----------
     s, m, n, l : int
         Samples (at most) and hidden units of the rectangle, inputs and outputs
-        (``n`` and ``m`` as planned: with bias terms they include the constant
-        input and the bias unit).
+        of a one-hidden-layer network (``n`` and ``m`` as planned: with bias
+        terms they include the constant input and the bias unit). Ignored
+        (pass anything) when ``layers`` is given.
     dtype : numpy dtype
     net : Network, optional
         Activation, output and loss (default: the paper's).
@@ -81,49 +131,75 @@ class Workspace:
     loss_scale : float
         Factor on the squared loss reported (not on its deltas): ``1 / l`` is
         scikit-learn's per-sample mean over the outputs (:meth:`dask_rpm.recipe.Recipe.loss_scale`).
+    layers : Layers, optional
+        The network's sizes as planned, for any depth (:class:`~dask_rpm.nn.layers.Layers`).
+    units : tuple of int, optional
+        Rows of each hidden layer the rectangle holds (default: all).
+    bias_rows : tuple, optional
+        ``bias_row`` of each layer (with ``layers``).
     """
 
     def __init__(
         self,
         s: int,
-        m: int,
-        n: int,
-        l: int,
-        dtype: Any = "float64",  # noqa: E741
+        m: int = 0,
+        n: int = 0,
+        l: int = 0,  # noqa: E741
+        dtype: Any = "float64",
         net: Network | None = None,
         bias_row: int | None = None,
         loss_scale: float = 1.0,
+        *,
+        layers: Layers | None = None,
+        units: tuple[int, ...] | None = None,
+        bias_rows: tuple[int | None, ...] | None = None,
     ) -> None:
-        self.net = Network() if net is None else net
-        self.bias_row = bias_row
-        self.loss_scale = float(loss_scale)
-        self.key = (s, m, n, l, np.dtype(dtype).str, self.net, bias_row, self.loss_scale)
-        dt = np.dtype(dtype)
-        self._f = np.empty((s, m), dt)  # hidden outputs; the derivative after backward
-        self._partial = np.empty((s, l), dt)  # f V^T
+        self.key = (s, *_key(m, n, l, dtype, net, bias_row, loss_scale, layers=layers, units=units, bias_rows=bias_rows))
+        layers, units, dt, self.net, self.bias_rows, self.loss_scale = self.key[1:]
+        self.layers, self.units = layers, units
+        L, l = layers.depth, layers.l  # noqa: E741
+        # local activations of every layer; after backward, their derivatives
+        self._f = [np.empty((s, u), dt) for u in units]
+        self._d = [np.empty((s, u), dt) for u in units]  # local deltas of every layer
+        # the gathered (full) input of layer k + 1, and the gradient for the full input of layer
+        # k: the local buffers themselves when this rectangle holds the whole layer
+        self._full = [
+            self._f[k] if units[k] == layers.hidden[k] else np.empty((s, layers.hidden[k]), dt)
+            for k in range(L - 1)
+        ]
+        self._gin = [None] + [
+            self._d[k - 1] if units[k - 1] == layers.hidden[k - 1] else np.empty((s, layers.hidden[k - 1]), dt)
+            for k in range(1, L)
+        ]
+        self._partial = np.empty((s, l), dt)  # f_L V^T
         self._u = np.empty((s, l), dt)  # summed pre-activation of the column
         self._h = np.empty((s, l), dt)
         self._diff = np.empty((s, l), dt)
         self._delta2 = np.empty((s, l), dt)
-        self._delta1 = np.empty((s, m), dt)
-        self.dW = np.empty((m, n), dt)
-        self.dV = np.empty((l, m), dt)
+        self.grads = [np.empty(shape, dt) for shape in layers.shapes([(0, u) for u in units])]
         self.rows = s
 
-    def fits(
-        self,
-        s: int,
-        m: int,
-        n: int,
-        l: int,
-        dtype: Any,  # noqa: E741
-        net: Network | None = None,
-        bias_row: int | None = None,
-        loss_scale: float = 1.0,
-    ) -> bool:
+    @classmethod
+    def whole(
+        cls, s: int, params: Sequence[np.ndarray], net: Network | None = None, loss_scale: float = 1.0
+    ) -> Workspace:
+        """A workspace for the whole network whose parameters are ``params`` (every unit, the
+        bias units of :mod:`~dask_rpm.nn.network` in each layer's last row)."""
+        layers = layers_of_params(params)
         net = Network() if net is None else net
-        want = (m, n, l, np.dtype(dtype).str, net, bias_row, float(loss_scale))
-        return self.key[1:] == want and s <= self.key[0]
+        return cls(
+            s,
+            dtype=params[0].dtype,
+            net=net,
+            loss_scale=loss_scale,
+            layers=layers,
+            bias_rows=layers.bias_rows((0, layers.m), net.bias),
+        )
+
+    def fits(self, s: int, *args: Any, **kw: Any) -> bool:
+        """Whether this workspace serves ``Workspace(s, *args, **kw)``'s rectangle (at most ``s``
+        samples): the same shapes, network and bias rows."""
+        return self.key[1:] == _key(*args, **kw) and s <= self.key[0]
 
     def use(self, s: int) -> None:
         """Work on ``s`` samples (at most the capacity) from now on."""
@@ -132,13 +208,28 @@ class Workspace:
         self.rows = s
 
     # views of the leading rows in use
-    f = property(lambda self: self._f[: self.rows])
     partial = property(lambda self: self._partial[: self.rows])
     u = property(lambda self: self._u[: self.rows])
     h = property(lambda self: self._h[: self.rows])
     diff = property(lambda self: self._diff[: self.rows])
     delta2 = property(lambda self: self._delta2[: self.rows])
-    delta1 = property(lambda self: self._delta1[: self.rows])
+    f = property(lambda self: self._f[-1][: self.rows])  # the last hidden layer's outputs
+
+    def full(self, k: int) -> np.ndarray:
+        """The whole of hidden layer ``k``'s outputs (the input of layer ``k + 1``)."""
+        return self._full[k][: self.rows]
+
+    def local(self, k: int) -> np.ndarray:
+        """This rectangle's outputs of hidden layer ``k``."""
+        return self._f[k][: self.rows]
+
+    def delta(self, k: int) -> np.ndarray:
+        """This rectangle's deltas of hidden layer ``k``."""
+        return self._d[k][: self.rows]
+
+    def grad_input(self, k: int) -> np.ndarray:
+        """This rectangle's part of the gradient for layer ``k``'s whole input (``k >= 1``)."""
+        return self._gin[k][: self.rows]
 
     @staticmethod
     def _sigmoid(a: np.ndarray) -> np.ndarray:
@@ -150,7 +241,7 @@ class Workspace:
         np.reciprocal(a, out=a)
         return a
 
-    def _activate(self, a: np.ndarray) -> None:
+    def _activate(self, a: np.ndarray, bias_row: int | None) -> None:
         act = self.net.activation
         if act == "sigmoid":
             self._sigmoid(a)
@@ -158,17 +249,32 @@ class Workspace:
             np.tanh(a, out=a)
         else:  # relu
             np.maximum(a, 0.0, out=a)
-        if self.bias_row is not None:
-            a[:, self.bias_row] = 1.0
+        if bias_row is not None:
+            a[:, bias_row] = 1.0
 
-    def forward(self, x: np.ndarray, W: np.ndarray, V: np.ndarray) -> np.ndarray:
-        """Hidden outputs into ``self.f``; returns the partial product ``f V^T`` (``self.partial``)."""
-        self.use(x.shape[0])
-        f, partial = self.f, self.partial
-        np.matmul(x, W.T, out=f)
-        self._activate(f)
-        np.matmul(f, V.T, out=partial)
+    def layer_forward(self, k: int, inp: np.ndarray, W: np.ndarray) -> np.ndarray:
+        """Hidden layer ``k``'s outputs (this rectangle's units) from its whole input ``inp``."""
+        if k == 0:
+            self.use(inp.shape[0])
+        f = self.local(k)
+        np.matmul(inp, W.T, out=f)
+        self._activate(f, self.bias_rows[k])
+        return f
+
+    def output_partial(self, V: np.ndarray) -> np.ndarray:
+        """The partial product ``f_L V^T`` of this rectangle's last-layer units (``self.partial``)."""
+        partial = self.partial
+        np.matmul(self.f, V.T, out=partial)
         return partial
+
+    def forward(self, x: np.ndarray, params: Sequence[np.ndarray]) -> np.ndarray:
+        """Every layer, when this rectangle holds all units of every layer but the last; returns the
+        partial product ``f_L V^T`` (``self.partial``; the output pre-activation on one worker)."""
+        inp = x
+        for k in range(self.layers.depth):
+            f = self.layer_forward(k, inp, params[k])
+            inp = f
+        return self.output_partial(params[-1])
 
     def outputs(self, u: np.ndarray) -> np.ndarray:
         """The network's outputs ``h`` for the summed pre-activation ``u``, as a new array (the
@@ -216,28 +322,49 @@ class Workspace:
         delta2 *= h
         return delta2, err
 
-    def backward(
-        self, x: np.ndarray, V: np.ndarray, delta2: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Weight-update sums ``(dW, dV)`` of the rectangle (``self.dW``, ``self.dV``); uses ``self.f``."""
-        f, d1 = self.f, self.delta1
-        np.matmul(delta2, V, out=d1)
+    def output_backward(self, V: np.ndarray, delta2: np.ndarray) -> np.ndarray:
+        """``V``'s update sum (into ``self.grads[-1]``); the last layer's deltas before the
+        activation's derivative go to ``self.delta(L - 1)``."""
+        L = self.layers.depth
+        np.matmul(delta2, V, out=self.delta(L - 1))
+        np.matmul(delta2.T, self.f, out=self.grads[-1])
+        return self.grads[-1]
+
+    def layer_backward(self, k: int, inp: np.ndarray, W: np.ndarray) -> np.ndarray | None:
+        """Layer ``k``'s update sum (``self.grads[k]``) from its deltas and whole input ``inp``;
+        for ``k >= 1`` returns this rectangle's part of the gradient for ``inp``
+        (``self.grad_input(k)``: summed over the column, its rows are layer ``k - 1``'s deltas)."""
+        f, d = self.local(k), self.delta(k)
         act = self.net.activation
-        np.matmul(delta2.T, f, out=self.dV)
-        # f is not needed after dV: it becomes the activation's derivative, written from f itself
+        # f is not needed after this layer's deltas: it becomes the activation's derivative,
+        # written from f itself
         if act == "sigmoid":
-            d1 *= f
+            d *= f
             np.subtract(1.0, f, out=f)
         elif act == "tanh":
             np.multiply(f, f, out=f)
             np.subtract(1.0, f, out=f)
         else:  # relu: 1 where the unit is active
             np.greater(f, 0.0, out=f, casting="unsafe")
-        d1 *= f
-        if self.bias_row is not None:
-            d1[:, self.bias_row] = 0.0
-        np.matmul(d1.T, x, out=self.dW)
-        return self.dW, self.dV
+        d *= f
+        if self.bias_rows[k] is not None:
+            d[:, self.bias_rows[k]] = 0.0
+        np.matmul(d.T, inp, out=self.grads[k])
+        if k == 0:
+            return None
+        g = self.grad_input(k)
+        np.matmul(d, W, out=g)
+        return g
+
+    def backward(
+        self, x: np.ndarray, params: Sequence[np.ndarray], delta2: np.ndarray
+    ) -> list[np.ndarray]:
+        """Every parameter's update sum (``self.grads``), when this rectangle holds all units of every
+        layer but the last (as :meth:`forward`); uses the activations of the forward pass."""
+        self.output_backward(params[-1], delta2)
+        for k in range(self.layers.depth - 1, -1, -1):
+            self.layer_backward(k, self.full(k - 1) if k else x, params[k])
+        return self.grads
 
 
 def binary_log_loss(h: np.ndarray, d: np.ndarray, scratch: np.ndarray | None = None) -> float:
@@ -255,13 +382,13 @@ def binary_log_loss(h: np.ndarray, d: np.ndarray, scratch: np.ndarray | None = N
     return -total
 
 
-def kernel_pass(ws: Workspace, x: np.ndarray, d: np.ndarray, W: np.ndarray, V: np.ndarray) -> float:
+def kernel_pass(ws: Workspace, x: np.ndarray, d: np.ndarray, *params: np.ndarray) -> float:
     """One rectangle's kernels of one iteration, as training runs them: forward, output deltas,
     backward (no update); returns the loss. What the probe and the EMULATED rate time, so that
-    a measured rate is the rate of the code that trains."""
-    partial = ws.forward(x, W, V)
+    a measured rate is the rate of the code that trains. ``params``: ``W, V`` (or every layer's)."""
+    partial = ws.forward(x, params)
     delta2, err = ws.output_delta(partial, d)
-    ws.backward(x, V, delta2)
+    ws.backward(x, params, delta2)
     return err
 
 
@@ -280,7 +407,14 @@ def init_weights(
     n: int, m: int, l: int, *, seed: int = 0, scale: float = 0.1, dtype: str | np.dtype = "float64"
 ) -> tuple[np.ndarray, np.ndarray]:
     """Seeded small random initial weights ``(W0, V0)``, uniform in ``[-scale, scale]``."""
-    rng = np.random.default_rng(seed)
-    W0 = rng.uniform(-scale, scale, size=(m, n)).astype(dtype)
-    V0 = rng.uniform(-scale, scale, size=(l, m)).astype(dtype)
+    W0, V0 = init_params(Layers(n, (m,), l), seed=seed, scale=scale, dtype=dtype)
     return W0, V0
+
+
+def init_params(
+    layers: Layers, *, seed: int = 0, scale: float = 0.1, dtype: str | np.dtype = "float64"
+) -> list[np.ndarray]:
+    """Seeded initial parameters of any depth, uniform in ``[-scale, scale]``, drawn in the order of
+    :attr:`Layers.params <dask_rpm.nn.layers.Layers.params>` (one hidden layer: :func:`init_weights`'s)."""
+    rng = np.random.default_rng(seed)
+    return [rng.uniform(-scale, scale, size=shape).astype(dtype) for shape in layers.full_shapes()]

@@ -20,6 +20,7 @@ those augmented matrices and the user's ``W, b, V, c``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -97,23 +98,48 @@ class Network(NamedTuple):
         self, W: np.ndarray, V: np.ndarray, b: np.ndarray | None = None, c: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
         """Augmented ``(W, V)`` from the user's weights (biases default to 0)."""
-        if not self.bias:
-            return W, V
-        m, n = W.shape
-        l = V.shape[0]  # noqa: E741
-        Wa = np.zeros((m + 1, n + 1), dtype=W.dtype)
-        Wa[:m, :n] = W
-        Wa[:m, n] = 0.0 if b is None else b
-        Va = np.empty((l, m + 1), dtype=V.dtype)
-        Va[:, :m] = V
-        Va[:, m] = 0.0 if c is None else c
+        Wa, Va = self.join_params([W, V], None if b is None and c is None else [b, c])
         return Wa, Va
+
+    def join_params(
+        self, weights: Sequence[np.ndarray], biases: Sequence[np.ndarray | None] | None = None
+    ) -> list[np.ndarray]:
+        """Augmented parameters from the user's weights ``W_1 .. W_L, V`` and biases (default 0).
+
+        With ``bias``, ``W_k`` gains its biases as a last column (the weight of the constant
+        input, or of the previous layer's bias unit) and a last row of zeros (its own bias unit,
+        whose output is held at 1); ``V`` gains the output biases as a last column.
+        """
+        if not self.bias:
+            return list(weights)
+        biases = list(biases) if biases is not None else [None] * len(weights)
+        out = []
+        for i, (w, b) in enumerate(zip(weights, biases)):
+            last = i == len(weights) - 1
+            r, c = w.shape
+            a = np.zeros((r if last else r + 1, c + 1), dtype=w.dtype)
+            a[:r, :c] = w
+            a[:r, c] = 0.0 if b is None else b
+            out.append(a)
+        return out
 
     def split(self, W: np.ndarray, V: np.ndarray) -> dict[str, Any]:
         """The user's ``W, b, V, c`` from augmented weights (``b``, ``c`` None without bias)."""
+        (W_, V_), (b, c) = self.split_params([W, V])
+        return {"W": W_, "b": b, "V": V_, "c": c}
+
+    def split_params(
+        self, params: Sequence[np.ndarray]
+    ) -> tuple[list[np.ndarray], list[np.ndarray | None]]:
+        """The user's weights and biases (None without bias) from augmented parameters (views)."""
         if not self.bias:
-            return {"W": W, "b": None, "V": V, "c": None}
-        return {"W": W[:-1, :-1], "b": W[:-1, -1], "V": V[:, :-1], "c": V[:, -1]}
+            return list(params), [None] * len(params)
+        last = len(params) - 1
+        weights = [p[:, :-1] if i == last else p[:-1, :-1] for i, p in enumerate(params)]
+        biases: list[np.ndarray | None] = [
+            p[:, -1] if i == last else p[:-1, -1] for i, p in enumerate(params)
+        ]
+        return weights, biases
 
 
 def network(

@@ -27,7 +27,7 @@ class TrainingOptions:
     name, read when training starts. The meaning of each is in :func:`dask_rpm.fit`.
     """
 
-    hidden: int | None = None
+    hidden: int | tuple[int, ...] | None = None
     iterations: int | None = None
     epochs: int | None = None
     learning_rate: float | None = None

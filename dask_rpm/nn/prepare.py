@@ -22,6 +22,7 @@ from .data import (
     dataset_classes,
     load_rows,
 )
+from .layers import Layers, layers_of_params
 from .options import TrainingOptions
 from .recipe import Recipe, Validator, holdout, one_hot, recipe
 
@@ -37,8 +38,8 @@ class Prepared(NamedTuple):
     """
 
     recipe: Recipe
-    W0: np.ndarray
-    V0: np.ndarray
+    params0: tuple[np.ndarray, ...]
+    layers: Layers
     shape: tuple[int, int, int]
     samples: int
     arrays: tuple[np.ndarray, np.ndarray] | None
@@ -48,6 +49,16 @@ class Prepared(NamedTuple):
     classes: np.ndarray | None
     target_error: float | None
     dtype: str
+
+    @property
+    def W0(self) -> np.ndarray:
+        """The first layer's initial weights (augmented)."""
+        return self.params0[0]
+
+    @property
+    def V0(self) -> np.ndarray:
+        """The output layer's initial weights (augmented)."""
+        return self.params0[-1]
 
     def validator(self) -> Validator | None:
         if self.validation is None:
@@ -91,22 +102,43 @@ def _check_distribution(d: np.ndarray, where: str, output: str = "softmax") -> N
         )
 
 
-def _weights(
-    init: Any, W0: np.ndarray, V0: np.ndarray, rec: Recipe
-) -> tuple[np.ndarray, np.ndarray]:
-    b0 = c0 = None
-    if init is not None and len(init) == 4:
-        b0, c0 = (np.asarray(a, dtype=W0.dtype) for a in init[2:])
-        if b0.shape != (W0.shape[0],) or c0.shape != (V0.shape[0],):
-            raise DataError(
-                f"init biases b0{b0.shape}, c0{c0.shape}; they must be ({W0.shape[0]},) and "
-                f"({V0.shape[0]},)"
-            )
+def _weights(init: Any, weights: list[np.ndarray], rec: Recipe) -> list[np.ndarray]:
+    """The augmented initial parameters: ``init``'s biases (``(W0, V0, b0, c0)``, or
+    ``(weights, biases)``) joined to ``weights`` (:meth:`~dask_rpm.nn.network.Network.join_params`)."""
+    biases = None
+    if init is not None and _nested(init) and len(init) == 2:
+        biases = [np.asarray(b, dtype=weights[0].dtype) for b in init[1]]
+    elif init is not None and not _nested(init) and len(init) == 4:
+        biases = [np.asarray(b, dtype=weights[0].dtype) for b in init[2:]]
+    if biases is not None:
+        want = [(w.shape[0],) for w in weights]
+        got = [b.shape for b in biases]
+        if got != want:
+            raise DataError(f"init biases of shapes {got}; they must be {want} (one per unit)")
         if not rec.net.bias:
             raise DataError(
-                "init has bias terms (b0, c0) but bias=False; pass bias=True or init=(W0, V0)"
+                "init has bias terms but bias=False; pass bias=True, or init without biases"
             )
-    return rec.net.join(W0, V0, b0, c0)
+    return rec.net.join_params(weights, biases)
+
+
+def _nested(init: Any) -> bool:
+    """Whether ``init`` is ``(weights, biases)`` (two sequences of arrays)."""
+    return isinstance(init[0], (list, tuple))
+
+
+def _init_weights(init: Any) -> Any:
+    """The weight matrices of ``init`` (its forms: module :func:`prepare`), or None."""
+    if init is None:
+        return None
+    if not isinstance(init, (tuple, list)) or len(init) < 2:
+        raise DataError(
+            "init must be (W0, V0), (W0, V0, b0, c0), a list (W_1, ..., W_L, V) or "
+            "(weights, biases) for several hidden layers"
+        )
+    if _nested(init):
+        return list(init[0])
+    return list(init[:2]) if len(init) == 4 and np.ndim(init[2]) == 1 else list(init)
 
 
 def prepare(
@@ -130,8 +162,7 @@ def prepare(
     seed = int(config.get("train.seed", seed))
     if target_error is not None and not (np.isfinite(target_error) and target_error >= 0):
         raise DataError(f"target_error={target_error!r}; it must be a finite number >= 0, or None")
-    if init is not None and (not isinstance(init, (tuple, list)) or len(init) not in (2, 4)):
-        raise DataError("init must be (W0, V0) or (W0, V0, b0, c0)")
+    start = _init_weights(init)
     src = _source(x, d, loss, classes, load)
     classes = src.classes
     # the validation split decides how many samples train, which the schedule needs
@@ -143,17 +174,18 @@ def prepare(
         raise  # with its own class: RecipeError, NetworkError, OptimizerError or BatchError
     except ValueError as exc:
         raise DataError(str(exc)) from None
-    start = None if init is None else (init[0], init[1])
     checks: dict[str, Any] = dict(
         hidden=o.hidden, iterations=rec.iterations, learning_rate=rec.learning_rate
     )
     arrays = None
     if src.x is None or src.d is None:
-        W0, V0 = check_training_args(
+        weights = check_training_args(
             None, None, **checks, init=start, seed=seed, dtype=dtype, shape=(s, n, l)
         )
     else:
-        W0, V0 = check_training_args(src.x, src.d, **checks, init=start, seed=seed, dtype=dtype)
+        weights = check_training_args(
+            src.x, src.d, **checks, init=start, seed=seed, dtype=dtype
+        )
         arrays = (
             np.ascontiguousarray(src.x, dtype=dtype),
             np.ascontiguousarray(src.d, dtype=dtype),
@@ -162,10 +194,12 @@ def prepare(
             _check_distribution(arrays[1], "d", rec.net.output)
     if val is not None:
         val = _checked_validation(val, dtype, rec)
-    W0, V0 = _weights(init, W0, V0, rec)
-    shape = (rec.net.inputs(n), W0.shape[0], l)
+    params0 = tuple(_weights(init, weights, rec))
+    layers = layers_of_params(params0)
     path = src.path
-    return Prepared(rec, W0, V0, shape, s, arrays, path, rows, val, classes, target_error, dtype)
+    return Prepared(
+        rec, params0, layers, layers.plan_shape, s, arrays, path, rows, val, classes, target_error, dtype
+    )
 
 
 class _Source(NamedTuple):

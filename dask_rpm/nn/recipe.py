@@ -193,27 +193,23 @@ def one_hot(
     return out, cls
 
 
-def forward(x: np.ndarray, W: np.ndarray, V: np.ndarray, net: Network) -> np.ndarray:
-    """Network outputs ``h`` for inputs ``x`` (data inputs; augmented ``W``, ``V``)."""
-    xa = net.augment(np.ascontiguousarray(x, dtype=W.dtype))
-    ws = Workspace(
-        xa.shape[0], W.shape[0], W.shape[1], V.shape[0], W.dtype, net, net.bias_row(W.shape[0])
-    )
-    return ws.outputs(ws.forward(xa, W, V))
+def forward(x: np.ndarray, params: Sequence[np.ndarray], net: Network) -> np.ndarray:
+    """Network outputs ``h`` for inputs ``x`` (data inputs; augmented parameters ``W_1 .. V``)."""
+    xa = net.augment(np.ascontiguousarray(x, dtype=params[0].dtype))
+    ws = Workspace.whole(xa.shape[0], params, net)
+    return ws.outputs(ws.forward(xa, params))
 
 
 def evaluate(
-    x: np.ndarray, d: np.ndarray, W: np.ndarray, V: np.ndarray, net: Network
+    x: np.ndarray, d: np.ndarray, params: Sequence[np.ndarray], net: Network
 ) -> tuple[np.ndarray, float]:
     """Outputs ``h`` and the summed loss of the network on ``x`` against ``d``, by the kernels that
     train it (:class:`~dask_rpm.nn.kernels.Workspace`: one loss in the package)."""
-    xa = net.augment(np.ascontiguousarray(x, dtype=W.dtype))
-    ws = Workspace(
-        xa.shape[0], W.shape[0], W.shape[1], V.shape[0], W.dtype, net, net.bias_row(W.shape[0])
-    )
-    u = ws.forward(xa, W, V)
+    xa = net.augment(np.ascontiguousarray(x, dtype=params[0].dtype))
+    ws = Workspace.whole(xa.shape[0], params, net)
+    u = ws.forward(xa, params)
     h = ws.outputs(u)
-    _, err = ws.output_delta(u, np.ascontiguousarray(d, dtype=W.dtype))
+    _, err = ws.output_delta(u, np.ascontiguousarray(d, dtype=params[0].dtype))
     return h, err
 
 
@@ -246,9 +242,9 @@ class Validator:
         later = [p for p in self.points if p > done]
         return later[0] - done if later else None
 
-    def evaluate(self, done: int, W: np.ndarray, V: np.ndarray) -> str | None:
+    def evaluate(self, done: int, params: Sequence[np.ndarray]) -> str | None:
         """Record the validation loss after ``done`` iterations; a reason to stop, or None."""
-        h, val = evaluate(self.x, self.d, W, V, self.recipe.net)
+        h, val = evaluate(self.x, self.d, params, self.recipe.net)
         acc = accuracy(h, self.d) if self.recipe.net.output != "linear" else float("nan")
         self.rows.append(Validation(done, val, acc))
         if val < self.best * (1.0 - self.recipe.tol) or not math.isfinite(self.best):

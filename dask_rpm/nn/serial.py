@@ -14,19 +14,19 @@ import numpy as np
 from .convergence import epoch_error
 from .data import DataError
 from .kernels import Workspace, all_finite
+from .layers import layers_of_params
 from .optim import mean_gradient, penalty, step
 from .options import TRAINING_FIELDS, TrainingOptions
 from .prepare import prepare
-from .recipe import Recipe, Validator
+from .recipe import Recipe, Validator, forward
 
-__all__ = ["fit_serial", "train_arrays"]
+__all__ = ["fit_serial", "train_arrays", "SerialResult"]
 
 
 def train_arrays(
     x: np.ndarray,
     d: np.ndarray,
-    W0: np.ndarray,
-    V0: np.ndarray,
+    params0: Sequence[np.ndarray],
     rec: Recipe,
     validator: Validator | None = None,
     target_error: float | None = None,
@@ -35,33 +35,26 @@ def train_arrays(
 ) -> dict[str, Any]:
     """Train on prepared arrays (``x`` with the bias input already appended when the recipe has bias).
 
-    ``rules`` are end-of-epoch rules (:class:`dask_rpm.convergence.ConvergenceRule`);
-    ``opt_state`` the optimizer state to start from (default zeros).
+    ``params0`` are the initial parameters ``W_1 .. W_L, V`` (augmented, as planned:
+    :mod:`dask_rpm.nn.layers`); ``rules`` end-of-epoch rules
+    (:class:`dask_rpm.convergence.ConvergenceRule`); ``opt_state`` the optimizer state to
+    start from (default zeros).
 
-    Returns a dict: ``W``, ``V`` (augmented, as planned), ``errors`` (loss of
-    each iteration's forward pass, before its update), ``stopped`` (reason or
-    None), ``validation`` (rows ``(iteration, loss, accuracy)``), ``optimizer_state``.
+    Returns a dict: ``params`` (and ``W``, ``V``: the first and the last), ``errors`` (loss
+    of each iteration's forward pass, before its update), ``stopped`` (reason or None),
+    ``validation`` (rows ``(iteration, loss, accuracy)``), ``optimizer_state``.
     """
     sched, net, opt = rec.schedule, rec.net, rec.optimizer
-    W, V = W0.copy(), V0.copy()
-    params = [W, V]
+    params = [p.copy() for p in params0]
+    layers = layers_of_params(params)
     state = (
         {k: [a.copy() for a in v] for k, v in opt_state.items()}
         if opt_state
-        else {slot: [np.zeros_like(W), np.zeros_like(V)] for slot in opt.slots}
+        else {slot: [np.zeros_like(p) for p in params] for slot in opt.slots}
     )
-    biases = (W.shape[1] - 1 if net.bias else None, net.bias_row(W.shape[0]))
+    biases = layers.bias_columns((0, layers.m), net.bias)
     lr = rec.learning_rate
-    ws = Workspace(
-        min(sched.batch, x.shape[0]),
-        W.shape[0],
-        W.shape[1],
-        d.shape[1],
-        W.dtype,
-        net,
-        net.bias_row(W.shape[0]),
-        rec.loss_scale(d.shape[1]),
-    )
+    ws = Workspace.whole(min(sched.batch, x.shape[0]), params, net, rec.loss_scale(d.shape[1]))
     errors = np.empty(rec.iterations)
     stopped = None
     order_epoch, order = -1, np.arange(0)  # replaced at the first mini-batch (epoch 0)
@@ -76,33 +69,34 @@ def train_arrays(
             lo, hi = sched.positions(k)
             idx = order[lo:hi]
             xb, db = x[idx], d[idx]
-        u = ws.forward(xb, W, V)
+        u = ws.forward(xb, params)
         delta2, errors[k] = ws.output_delta(u, db)
         if rec.alpha:
             errors[k] += 0.5 * rec.alpha * penalty(params, biases)
-        if not (np.isfinite(errors[k]) and all_finite(W) and all_finite(V)):
+        if not (np.isfinite(errors[k]) and all(all_finite(p) for p in params)):
             stopped = f"training diverged at iteration {k}"
             break
-        dW, dV = ws.backward(xb, V, delta2)
+        grads = ws.backward(xb, params, delta2)
         if rec.alpha or rec.reduction == "mean":
-            mean_gradient(params, [dW, dV], rec.divisor(k), rec.alpha, biases)
-        step(opt, lr, k + 1, params, [dW, dV], state)
+            mean_gradient(params, grads, rec.divisor(k), rec.alpha, biases)
+        step(opt, lr, k + 1, params, grads, state)
         done = k + 1
         if target_error is not None and errors[k] <= target_error:
             stopped = f"target error reached at iteration {k}"
             break
         if validator is not None and validator.due(done):
-            reason = validator.evaluate(done, W, V)
+            reason = validator.evaluate(done, params)
             if reason:
                 stopped = reason
                 break
         if rules and done % sched.per_epoch == 0:
-            lr, stopped = _end_epoch(rules, errors[done - sched.per_epoch : done], W, V, lr)
+            lr, stopped = _end_epoch(rules, errors[done - sched.per_epoch : done], params, lr)
             if stopped:
                 break
     return {
-        "W": W,
-        "V": V,
+        "params": params,
+        "W": params[0],
+        "V": params[-1],
         "optimizer_state": state,
         "errors": errors[: done if stopped else rec.iterations],
         "stopped": stopped,
@@ -112,13 +106,13 @@ def train_arrays(
 
 
 def _end_epoch(
-    rules: Sequence[Any], errors: np.ndarray, W: np.ndarray, V: np.ndarray, lr: float
+    rules: Sequence[Any], errors: np.ndarray, params: Sequence[np.ndarray], lr: float
 ) -> tuple[float, str | None]:
     """Every rule's decision at an epoch's end: the next learning rate, and a reason to stop."""
     total = epoch_error(errors)
     stop = None
     for rule in rules:
-        decision = rule.end_epoch(total, W, V) if rule.needs_weights else rule.end_epoch(total)
+        decision = rule.end_epoch(total, params) if rule.needs_weights else rule.end_epoch(total)
         lr = decision.learning_rate
         stop = stop or decision.stop
     return lr, stop
@@ -128,10 +122,10 @@ def fit_serial(
     x: Any,
     d: Any = None,
     *,
-    hidden: int | None = None,
+    hidden: int | Sequence[int] | None = None,
     iterations: int | None = None,
     learning_rate: float | None = None,
-    init: tuple[np.ndarray, np.ndarray] | None = None,
+    init: Sequence[Any] | None = None,
     seed: int | None = None,
     dtype: str | None = None,
     epochs: int | None = None,
@@ -163,18 +157,20 @@ def fit_serial(
     x, d : array_like or xarray.Dataset or path
         Inputs ``(s, n)`` and targets ``(s, l)``; with ``loss="cross-entropy"``
         ``d`` may be 1-D class labels.
-    hidden : int
-        Number of hidden units ``m`` (ignored when ``init`` is given).
+    hidden : int or sequence of int
+        Number of hidden units ``m``, or of each hidden layer (``(512, 256)``: two hidden
+        layers); taken from ``init`` when given.
     iterations, epochs : int
         Number of iterations (mini-batch steps), or of epochs.
     learning_rate : float
         ``eps`` (the optimizer's step size on the summed gradient).
-    init : (W0, V0), optional
-        Initial weights (data inputs and hidden units, without bias terms);
-        default :func:`dask_rpm.kernels.init_weights` with ``seed``.
+    init : (W0, V0) or (W_1, ..., W_L, V), optional
+        Initial weights (data inputs and hidden units, without bias terms; biases as
+        ``(W0, V0, b0, c0)`` or ``(weights, biases)``); default
+        :func:`dask_rpm.kernels.init_params` with ``seed``.
     full_output : bool
-        Return a dict (weights, errors, validation, stop reason) instead of
-        ``(W, V, err)``.
+        Return a :class:`SerialResult` (parameters, errors, validation, stop reason,
+        ``predict``, ``score``) instead of ``(W, V, err)``; always for several hidden layers.
     seed, dtype, batch_size, shuffle, activation, loss, output, bias, optimizer, validation,
     validate_every, early_stopping, tol, target_error, alpha, reduction
         As in :func:`dask_rpm.fit`.
@@ -187,7 +183,7 @@ def fit_serial(
 
     Returns
     -------
-    W, V : numpy.ndarray
+    W, V : numpy.ndarray (one hidden layer; several: a :class:`SerialResult`)
         Final weights as planned: with ``bias=True`` ``W`` has the hidden
         biases as its last column and the bias unit as its last row, ``V``
         the output biases as its last column (:class:`dask_rpm.network.Network`).
@@ -208,15 +204,62 @@ def fit_serial(
     out = train_arrays(
         job.recipe.net.augment(x_train),
         d_train,
-        job.W0,
-        job.V0,
+        job.params0,
         job.recipe,
         job.validator(),
         job.target_error,
         rules=list(callbacks or ()),
     )
-    if full_output:
-        out["recipe"] = job.recipe
-        out["classes"] = job.classes
-        return out
+    out["recipe"] = job.recipe
+    out["classes"] = job.classes
+    if full_output or job.layers.depth > 1:
+        return SerialResult(out)
     return out["W"], out["V"], out["errors"]
+
+
+class SerialResult(dict):
+    """:func:`fit_serial`'s result as a dict (``full_output=True``, or a network of several hidden
+    layers), with ``predict`` and ``score`` as :class:`dask_rpm.FitResult` has them.
+
+    Keys (also attributes): ``params`` (``W_1 .. W_L, V``, augmented as planned), ``W`` and
+    ``V`` (the first and the last), ``errors``, ``stopped``, ``validation``,
+    ``optimizer_state``, ``iterations``, ``recipe``, ``classes``.
+    :meth:`dask_rpm.MLPModel.from_result` makes it a model to save or export.
+    """
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    @property
+    def error(self) -> float:
+        """The last iteration's loss."""
+        return float(self["errors"][-1])
+
+    def outputs(self, x: Any) -> np.ndarray:
+        """The network's outputs for inputs ``x``."""
+        return forward(np.asarray(x), self["params"], self["recipe"].net)
+
+    def predict(self, x: Any) -> np.ndarray:
+        """Class labels (a classifier: labels given, or softmax outputs), else the outputs."""
+        h = self.outputs(x)
+        classes = self["classes"]
+        if classes is None and self["recipe"].net.output == "softmax":
+            classes = np.arange(h.shape[1])
+        if classes is None:
+            return h
+        k = (h[:, 0] > 0.5).astype(np.intp) if h.shape[1] == 1 else np.argmax(h, axis=1)
+        return np.asarray(classes)[k]
+
+    def score(self, x: Any, y: Any) -> float:
+        """Accuracy (a classifier), or R^2 averaged over the outputs (regression)."""
+        p, y = self.predict(x), np.asarray(y)
+        if p.ndim == 1:
+            return float(np.mean(p == y))
+        y = y.reshape(p.shape).astype(np.float64)
+        ss_res = ((y - p) ** 2).sum(axis=0)
+        ss_tot = ((y - y.mean(axis=0)) ** 2).sum(axis=0)
+        r2 = np.where(ss_tot > 0, 1.0 - ss_res / np.where(ss_tot > 0, ss_tot, 1.0), ss_res == 0)
+        return float(np.mean(r2))
