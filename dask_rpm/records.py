@@ -132,6 +132,8 @@ class Layout(NamedTuple):
     leader: int
     horizontal: str = "pairwise"
     bands: tuple[BandGroup, ...] = ()
+    hidden: tuple[int, ...] = ()
+    """Units of every hidden layer as planned (empty: one layer of ``shape[1]``)."""
 
     @property
     def n_hidden(self) -> int:
@@ -181,10 +183,20 @@ class Checkpoint(NamedTuple):
     """The last weights held on the client (the recovery point when no column holds lost rows)."""
 
     iteration: int
-    W: np.ndarray
-    V: np.ndarray
+    params: tuple[np.ndarray, ...]
+    """The whole parameters ``W_1 .. W_L, V`` (augmented, as planned)."""
     state: dict[str, list[np.ndarray]] | None = None
-    """Optimizer state ``{slot: [W_slot, V_slot]}``; None: zero (the start of training)."""
+    """Optimizer state ``{slot: [one array per parameter]}``; None: zero (the start of training)."""
+
+    @property
+    def W(self) -> np.ndarray:
+        """The first layer's weights."""
+        return self.params[0]
+
+    @property
+    def V(self) -> np.ndarray:
+        """The output layer's weights."""
+        return self.params[-1]
 
 
 class Validation(NamedTuple):

@@ -13,6 +13,11 @@ Per iteration::
 With mini-batches the column's rows of each iteration come from
 :class:`~dask_rpm.engine.samples.ColumnData` (its share of the batch).
 
+Several hidden layers: a worker holds its rows of every layer (:mod:`dask_rpm.nn.layers`),
+and forward and backward go layer by layer, the column's members exchanging the
+layer's activations and deltas between layers (:mod:`dask_rpm.engine.column`); the
+vertical and horizontal exchanges are the same, over every parameter.
+
 Every holder of a row sums the same numbers in the same order, so the
 replicas of a row stay bit-identical and the result equals serial BP to
 rounding. The column errors ride along with the horizontal messages, so
@@ -37,9 +42,10 @@ import numpy as np
 
 from ..exchange import Schedule, WorkerStep, apply_received, build, worker_steps
 from ..hooks import worker_hooks
-from ..nn.kernels import block_work
+from ..nn.kernels import layer_work, rectangle_work
 from ..nn.optim import mean_gradient, penalty
 from ..records import BlockResult, BlockSpec, TimingRecord
+from .column import gather_activations, scatter_deltas
 from .errors import BlockAborted, PeerError
 
 __all__ = ["run_block"]
@@ -209,80 +215,77 @@ async def _vertical(
 async def _horizontal(
     ex: _Exchange,
     it: int,
-    dW: np.ndarray,
-    dV: np.ndarray,
-    sums: Any,
+    grads: list[np.ndarray],
+    sums: list[np.ndarray] | None,
     err: float,
     ok: bool,
     deadline: float,
-) -> tuple[np.ndarray, np.ndarray, list[float], bool]:
+) -> tuple[list[np.ndarray], list[float], bool]:
     """Sum the weight updates of my rows over all columns; every column's error and status."""
     lay = ex.state.layout
-    if lay.n_columns == 1:
-        return dW, dV, [err], ok
+    if lay.n_columns == 1 or sums is None:
+        return grads, [err], ok
     if lay.horizontal == "groups":
-        return await _horizontal_groups(ex, it, dW, dV, sums, err, ok, deadline)
-    m0 = lay.rows[0]
+        return await _horizontal_groups(ex, it, grads, sums, err, ok, deadline)
+    layers, m0 = ex.state.shard.layers, lay.rows[0]
     for col in lay.partners:
         for p in col:
-            a, b = p.rows[0] - m0, p.rows[1] - m0
-            ex.send(p.address, it, "h", (dW[a:b], np.ascontiguousarray(dV[:, a:b]), err, ok))
+            ex.send(p.address, it, "h", (*layers.take(grads, p.rows, m0), err, ok))
     senders = [p.worker for col in lay.partners for p in col]
     got = await ex.receive(it, "h", senders, deadline)
-    sW, sV = sums
+    k = len(grads)
     errors, all_ok = [], True
     for c, col in enumerate(lay.partners):  # column order: identical bits on every holder of a row
         if c == lay.column:
-            pieces = [((0, lay.n_hidden), dW, dV)]
+            pieces = [(lay.rows, grads)]
             col_err, col_ok = err, ok
         else:
             pieces = []
             for p in col:
-                gW, gV, col_err, col_ok = got[p.worker]
-                pieces.append(((p.rows[0] - m0, p.rows[1] - m0), gW, gV))
-        for (a, b), gW, gV in pieces:
-            if c == 0:
-                np.copyto(sW[a:b], gW)
-                np.copyto(sV[:, a:b], gV)
-            else:
-                sW[a:b] += gW
-                sV[:, a:b] += gV
+                msg = got[p.worker]
+                pieces.append((p.rows, msg[:k]))
+                col_err, col_ok = msg[k], msg[k + 1]
+        for rows, piece in pieces:
+            for view, g in zip(layers.views(sums, rows, m0), piece):
+                if c == 0:
+                    np.copyto(view, g)
+                else:
+                    view += g
         errors.append(float(col_err))
         all_ok = all_ok and bool(col_ok)
-    return sW, sV, errors, all_ok
+    return sums, errors, all_ok
 
 
 async def _horizontal_groups(
     ex: _Exchange,
     it: int,
-    dW: np.ndarray,
-    dV: np.ndarray,
-    sums: Any,
+    grads: list[np.ndarray],
+    sums: list[np.ndarray],
     err: float,
     ok: bool,
     deadline: float,
-) -> tuple[np.ndarray, np.ndarray, list[float], bool]:
+) -> tuple[list[np.ndarray], list[float], bool]:
     """The horizontal exchange by schedules: one allreduce per group of bands I hold.
 
-    A group's buffer packs its bands' ``dW`` rows, then their ``dV`` columns,
-    then one slot per column for its error and one for "its weights are not
-    finite" - zero but in the sender's own column's slot, so the sums carry
-    every column's error unchanged (adding zeros is exact) and every worker
-    learns all of them from any one of its groups.
+    A group's buffer packs, parameter by parameter, its bands' rows of that
+    parameter's update, then one slot per column for its error and one for
+    "its weights are not finite" - zero but in the sender's own column's
+    slot, so the sums carry every column's error unchanged (adding zeros is
+    exact) and every worker learns all of them from any one of its groups.
     """
     lay = ex.state.layout
-    C, m0, (n, _, l) = lay.n_columns, lay.rows[0], lay.shape
+    layers, C, m0 = ex.state.shard.layers, lay.n_columns, lay.rows[0]
     runs = []
     for group in lay.bands:
-        rows = sum(b - a for a, b in group.rows)
-        buf = np.zeros(rows * (n + l) + 2 * C, dtype=dW.dtype)
+        pieces = [layers.views(grads, band, m0) for band in group.rows]
+        size = sum(v.size for views in pieces for v in views)
+        buf = np.zeros(size + 2 * C, dtype=grads[0].dtype)
         at = 0
-        for a, b in group.rows:
-            buf[at : at + (b - a) * n] = dW[a - m0 : b - m0].ravel()
-            at += (b - a) * n
-        for a, b in group.rows:
-            buf[at : at + (b - a) * l] = dV[:, a - m0 : b - m0].ravel()
-            at += (b - a) * l
+        for i in range(len(grads)):  # one parameter after another, its bands top to bottom
+            for views in pieces:
+                v = views[i]
+                buf[at : at + v.size] = v.ravel()
+                at += v.size
         buf[at + lay.column] = err
         buf[at + C + lay.column] = 0.0 if ok else 1.0
         sched, steps = ex.steps(group.algorithm, group.holders, buf.size)
@@ -290,17 +293,16 @@ async def _horizontal_groups(
         # groups would not be - holders hold different sets of groups)
         runs.append(_Allreduce(f"h{group.rows[0][0]}.", buf, sched, steps))
     await _allreduce(ex, it, runs, deadline)
-    sW, sV = sums
     for run, group in zip(runs, lay.bands):
         buf, at = run.buffer, 0
-        for a, b in group.rows:
-            sW[a - m0 : b - m0] = buf[at : at + (b - a) * n].reshape(b - a, n)
-            at += (b - a) * n
-        for a, b in group.rows:
-            sV[:, a - m0 : b - m0] = buf[at : at + (b - a) * l].reshape(l, b - a)
-            at += (b - a) * l
+        targets = [layers.views(sums, band, m0) for band in group.rows]
+        for i in range(len(sums)):
+            for views in targets:
+                v = views[i]
+                v[...] = buf[at : at + v.size].reshape(v.shape)
+                at += v.size
     tail = runs[0].buffer[-2 * C :]
-    return sW, sV, [float(e) for e in tail[:C]], not bool(np.any(tail[C:] != 0))
+    return sums, [float(e) for e in tail[:C]], not bool(np.any(tail[C:] != 0))
 
 
 class _Reporter:
@@ -349,50 +351,98 @@ class _Kernels:
         self.ws, self.shard, self.spec = state.kernels(), state.shard, spec
         self.recipe = state.recipe
         self.opt = state.recipe.optimizer
-        n, _, l = state.layout.shape
-        self.dims = (state.layout.n_hidden, n, l)
+        self.layers = state.shard.layers
+        self.units = self.layers.units(state.layout.rows)
         # the worker's hooks (dask_rpm.hooks): a no-op on a real worker, the EMULATED speed's
         # padding where the emulation put it
         self.pace = worker_hooks(state.worker).pace
-        # the bias column of W and of V (local; None: not held), left out of the L2 penalty
-        self.biases = (n - 1 if self.recipe.net.bias else None, self.ws.bias_row)
+        # each parameter's bias column (local; None: not held), left out of the L2 penalty
+        self.biases = self.layers.bias_columns(state.layout.rows, self.recipe.net.bias)
 
     def penalty(self) -> float:
         """My rows' share of the L2 penalty ``0.5 alpha sum W^2`` (0.0 without one)."""
         alpha = self.recipe.alpha
         if not alpha:
             return 0.0
-        return 0.5 * alpha * penalty([self.shard.W, self.shard.V], self.biases)
+        return 0.5 * alpha * penalty(self.shard.params, self.biases)
+
+    def _work(self, kind: str, s: int, k: int | None = None) -> float:
+        if k is None:
+            return rectangle_work(kind, s, self.units, self.layers)
+        return layer_work(kind, k, s, self.units, self.layers)
 
     def inline(self, rows: int, inline_work: float) -> bool:
         """Whether an iteration's kernels are small enough for the event loop."""
-        m, n, l = self.dims
-        work = block_work("forward", rows, m, n, l) + block_work("backward", rows, m, n, l)
-        return work <= inline_work
+        return self._work("forward", rows) + self._work("backward", rows) <= inline_work
 
     def forward(self, it: int, x: np.ndarray) -> np.ndarray:
-        m, n, l = self.dims
+        """Every layer (this worker holds all units of its column); the partial product."""
         s = x.shape[0]
-        with self.pace(it, ("forward", s, m, n, l), block_work("forward", s, m, n, l), x.dtype):
-            return self.ws.forward(x, self.shard.W, self.shard.V)
+        with self.pace(it, ("forward", s, self.units), self._work("forward", s), x.dtype):
+            return self.ws.forward(x, self.shard.params)
 
-    def backward(self, it: int, x: np.ndarray, delta2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        m, n, l = self.dims
+    def backward(self, it: int, x: np.ndarray, delta2: np.ndarray) -> list[np.ndarray]:
         s = x.shape[0]
-        with self.pace(it, ("backward", s, m, n, l), block_work("backward", s, m, n, l), x.dtype):
-            return self.ws.backward(x, self.shard.V, delta2)
+        with self.pace(it, ("backward", s, self.units), self._work("backward", s), x.dtype):
+            return self.ws.backward(x, self.shard.params, delta2)
 
-    def modify(self, it: int, sW: np.ndarray, sV: np.ndarray) -> None:
+    def layer_forward(self, it: int, k: int, inp: np.ndarray) -> np.ndarray:
+        """Hidden layer ``k``'s outputs of my units; at the last layer, the partial product."""
+        s, ws, params = inp.shape[0], self.ws, self.shard.params
+        with self.pace(it, ("forward", k, s, self.units), self._work("forward", s, k), inp.dtype):
+            f = ws.layer_forward(k, inp, params[k])
+            return ws.output_partial(params[-1]) if k == self.layers.depth - 1 else f
+
+    def layer_backward(
+        self, it: int, k: int, inp: np.ndarray, delta2: np.ndarray
+    ) -> np.ndarray | None:
+        """Layer ``k``'s update sum (after ``V``'s at the last layer); my part of the gradient
+        for its whole input (``k >= 1``)."""
+        s, ws, params = inp.shape[0], self.ws, self.shard.params
+        with self.pace(it, ("backward", k, s, self.units), self._work("backward", s, k), inp.dtype):
+            if k == self.layers.depth - 1:
+                ws.output_backward(params[-1], delta2)
+            return ws.layer_backward(k, inp, params[k])
+
+    def modify(self, it: int, sums: list[np.ndarray]) -> None:
         # run where forward and backward run (the compute thread for large work), so that an
         # EMULATED worker's padding of the update does not hold its event loop either; no
         # handler touches the shard during a block (rpm_rows serves remaps, between blocks)
         with self.pace(it, ("modify", self.shard.W.shape)):
             rec = self.recipe
             if rec.alpha or rec.reduction == "mean":
-                mean_gradient(
-                    [self.shard.W, self.shard.V], [sW, sV], rec.divisor(it), rec.alpha, self.biases
-                )
-            self.shard.update(sW, sV, self.spec.learning_rate, self.opt, it + 1)
+                mean_gradient(self.shard.params, sums, rec.divisor(it), rec.alpha, self.biases)
+            self.shard.update(sums, self.spec.learning_rate, self.opt, it + 1)
+
+
+async def _forward(
+    ex: _Exchange, state: Any, k: _Kernels, it: int, x: np.ndarray, inline: bool
+) -> np.ndarray:
+    """The forward pass to the partial product: all layers at once where this worker holds all
+    units of its column's layers, else layer by layer with the column's activations gathered."""
+    if k.layers.depth == 1 or len(state.layout.members) == 1:
+        return await state.compute(inline, k.forward, it, x)
+    inp = x
+    for j in range(k.layers.depth):
+        out = await state.compute(inline, k.layer_forward, it, j, inp)
+        if j < k.layers.depth - 1:
+            inp = await gather_activations(ex, it, j, out, k.ws.full(j), k.layers)
+    return out
+
+
+async def _backward(
+    ex: _Exchange, state: Any, k: _Kernels, it: int, x: np.ndarray, delta2: np.ndarray, inline: bool
+) -> list[np.ndarray]:
+    """The update sums of my rows of every parameter; layer by layer, with the column's deltas
+    summed between layers, where the forward pass went layer by layer."""
+    if k.layers.depth == 1 or len(state.layout.members) == 1:
+        return await state.compute(inline, k.backward, it, x, delta2)
+    for j in range(k.layers.depth - 1, -1, -1):
+        inp = k.ws.full(j - 1) if j else x
+        g = await state.compute(inline, k.layer_backward, it, j, inp, delta2)
+        if g is not None:
+            await scatter_deltas(ex, it, j, g, k.ws.delta(j - 1), k.layers)
+    return k.ws.grads
 
 
 async def run_block(
@@ -417,8 +467,8 @@ async def run_block(
     k = _Kernels(state, spec)
     inline = k.inline(data.capacity, inline_work)
 
-    # scratch for the summed updates (one column: the worker's own dW, dV are the sums)
-    sums = (np.empty_like(shard.W), np.empty_like(shard.V)) if lay.n_columns > 1 else None
+    # scratch for the summed updates (one column: the worker's own updates are the sums)
+    sums = [np.empty_like(p) for p in shard.params] if lay.n_columns > 1 else None
     reporter = _Reporter(log, state.run, spec.report_seconds)
     records: list[TimingRecord] = []
     errors: dict[int, float] = {}
@@ -432,23 +482,23 @@ async def run_block(
                 await state.compute(False, data.load, it)  # (off the event loop)
             x, d = data.batch(it)
             t_f0 = time.monotonic()
-            partial = await state.compute(inline, k.forward, it, x)
+            partial = await _forward(ex, state, k, it, x, inline)
             t_f1 = time.monotonic()
             pen = k.penalty()
             delta2, err, ok = await _vertical(
                 ex, it, partial, k.ws, d, shard.finite, pen, ex.deadline()
             )
             t_b0 = time.monotonic()
-            dW, dV = await state.compute(inline, k.backward, it, x, delta2)
+            grads = await _backward(ex, state, k, it, x, delta2, inline)
             t_b1 = time.monotonic()
-            sW, sV, col_errors, ok = await _horizontal(ex, it, dW, dV, sums, err, ok, ex.deadline())
+            summed, col_errors, ok = await _horizontal(ex, it, grads, sums, err, ok, ex.deadline())
             total = _column_total(col_errors)
             if not ok or not math.isfinite(total):
                 status = "diverged"
                 break
             errors[it] = total
             t_m0 = time.monotonic()
-            await state.compute(inline, k.modify, it, sW, sV)
+            await state.compute(inline, k.modify, it, summed)
             t_m1 = time.monotonic()
             state.iteration = it + 1
             rec = TimingRecord(it, lay.worker, t_f0, t_f1, t_b0, t_b1, t_m0, t_m1)

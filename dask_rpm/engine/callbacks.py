@@ -237,18 +237,19 @@ class CheckpointCallback(TrainingCallback):
     async def _gathered(self, info: BlockInfo, done: int, extra: dict[str, Any]) -> None:
         """The driver path: gather the weights to the client, keep them, hand them to ``on_checkpoint``."""
         try:
-            W, V, opt_state = await info.driver.gather(with_state=True)
+            params, opt_state = await info.driver.gather(with_state=True)
         except (
             WorkerLostError
         ) as exc:  # the next block notices the loss and recovers; the old checkpoint stays
             logger.warning(f"iteration {done}: no checkpoint: {exc}")
             return
-        self.latest = Checkpoint(done, W, V, opt_state)
+        self.latest = Checkpoint(done, tuple(params), opt_state)
         if self.on_checkpoint is not None:
             state = {
                 "iteration": done,
-                "W": W,
-                "V": V,
+                "params": params,
+                "W": params[0],
+                "V": params[-1],
                 "optimizer_state": opt_state,
                 "plan": info.driver.plan,
                 "errors": self._errors(info.driver, done),
@@ -276,8 +277,7 @@ class ValidationCallback(TrainingCallback):
             or (v.rows and v.rows[-1][0] >= done)
         ):
             return None
-        W, V = await info.driver.gather()
-        return v.evaluate(done, W, V)
+        return v.evaluate(done, await info.driver.gather())
 
 
 class EpochRuleCallback(TrainingCallback):
@@ -301,8 +301,7 @@ class EpochRuleCallback(TrainingCallback):
         self.last = done
         total = epoch_error(info.driver.log.error(it) for it in range(done - self.per_epoch, done))
         if self.rule.needs_weights:
-            W, V = await info.driver.gather()
-            decision = self.rule.end_epoch(total, W, V)
+            decision = self.rule.end_epoch(total, await info.driver.gather())
         else:
             decision = self.rule.end_epoch(total)
         info.driver.eps = float(decision.learning_rate)

@@ -24,6 +24,7 @@ from distributed.client import FIRST_COMPLETED, _wait
 from .. import config
 from ..drpm.remap import migration, sample_changes
 from ..nn.data import DataError
+from ..nn.layers import Layers
 from ..nn.recipe import Recipe
 from ..ordering import ordered_workers
 from ..partition import Plan
@@ -101,8 +102,11 @@ class Driver:
         dtype: str,
         rows: Any = None,
         threads: int = 0,
+        layers: Layers | None = None,
     ) -> None:
         self.client = client
+        # the network's sizes (default: one hidden layer of the plan's m)
+        self.layers = layers or Layers(plan.shape[0], (plan.shape[1],), plan.shape[2])
         self.threads = threads  # the kernels' threads (rpm.engine.threads; 0: each nthreads)
         self.kernel_threads: dict[str, int] = {}  # what each worker's kernels last ran with
         self.run = run
@@ -145,7 +149,9 @@ class Driver:
         return (f"rpm-{what}-{self.run}", n, worker)
 
     def _layouts(self, plan: Plan) -> dict[int, Any]:
-        lays = layouts(plan, self.addresses, run=self.run, version=self.version)
+        lays = layouts(
+            plan, self.addresses, run=self.run, version=self.version, hidden=self.layers.hidden
+        )
         self.exchanges = exchanges_summary(lays)
         return lays
 
@@ -204,11 +210,9 @@ class Driver:
             if isinstance(start, StoredCheckpoint):
                 weights = store.rows_to_read(start.directory, manifest, m0, m1)  # type: ignore[arg-type]
             else:
-                shard = rows_of(start.W, start.V, start.state, m0, m1)
-                sent += (
-                    shard["W"].nbytes
-                    + shard["V"].nbytes
-                    + sum(a.nbytes for v in shard["state"].values() for a in v)
+                shard = rows_of(self.layers, start.params, start.state, m0, m1)
+                sent += sum(a.nbytes for a in shard["params"]) + sum(
+                    a.nbytes for v in shard["state"].values() for a in v
                 )
                 weights = await self._scatter_to(shard, w)
             data = await self._samples(plan, w)
@@ -468,8 +472,9 @@ class Driver:
 
     # ------------------------------------------------------------ weights
     async def gather(self, with_state: bool = False) -> Any:
-        """Full weights ``(W, V)`` from the first column (every column holds a full, identical copy);
-        with ``with_state`` also the optimizer state (``{slot: [W_slot, V_slot]}``)."""
+        """The whole parameters ``[W_1, ..., W_L, V]`` from the first column (every column holds a
+        full, identical copy); with ``with_state`` ``(params, state)``, the optimizer state
+        ``{slot: [one array per parameter]}``."""
         col = sorted(self.plan.columns[0], key=lambda w: self.plan.rectangle(w).hidden[0])
         # The key carries the plan version: a gather repeated at the same iteration after a recovery
         # (a worker lost during the first) must not be handed the first one's results, shards of the old plan.
@@ -479,23 +484,16 @@ class Driver:
             for w in col
         ]
         shards = await self._wait_all(futures)
-        its = {s[2] for s in shards}
+        its = {s[1] for s in shards}
         if its != {self.iteration}:
             raise TrainingError(
                 f"internal error: shards are at iterations {sorted(its)}, not {self.iteration}"
             )
-        W = np.concatenate([s[0] for s in shards], axis=0)
-        V = np.concatenate([s[1] for s in shards], axis=1)
+        params = self.layers.join([s[0] for s in shards])
         if not with_state:
-            return W, V
-        state = {
-            k: [
-                np.concatenate([s[3][k][0] for s in shards], axis=0),
-                np.concatenate([s[3][k][1] for s in shards], axis=1),
-            ]
-            for k in shards[0][3]
-        }
-        return W, V, state
+            return params
+        state = {k: self.layers.join([s[2][k] for s in shards]) for k in shards[0][2]}
+        return params, state
 
     async def remap(self, new: Plan, kind: str, lost: Sequence[str] = ()) -> RemapRecord:
         """Switch to plan ``new`` between blocks, moving only the rows that change owner, worker to worker.

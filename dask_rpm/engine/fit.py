@@ -326,6 +326,7 @@ async def _fit_async(
         dtype=data.dtype,
         rows=data.rows,
         threads=opts.threads,
+        layers=data.layers,
     )
     drpm = _drpm_state(opts, given, saved if resumed else None, len(plan.abilities))
     remaps: list[RemapRecord] = drpm.remaps if drpm is not None else []
@@ -351,7 +352,7 @@ async def _fit_async(
         driver.on_progress = loop.progress
         await loop.refresh_deadlines()
         stopped = await loop.run(plans, names)
-        W, V, opt_state = await loop.final_weights(stopped)
+        params, opt_state = await loop.final_weights(stopped)
     finally:
         for h in hooks:
             await cb.call(h.after_training(driver, stopped))
@@ -360,8 +361,7 @@ async def _fit_async(
         (h.validator.rows for h in hooks if isinstance(h, cb.ValidationCallback)), []
     )
     return FitResult(
-        W=W,
-        V=V,
+        params=params,
         history=_history(driver, drpm, names, emulation, validation),
         plan=driver.plan,
         plans=plans,

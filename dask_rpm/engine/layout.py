@@ -32,10 +32,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..cost import ENGINE_VERTICAL, EngineRule, Interconnect
+from ..nn.layers import Layers
 from ..partition import Plan
 from ..records import BandGroup, Layout, Peer
 
-__all__ = ["layouts", "band_groups", "exchanges_summary", "VERTICAL_ALGORITHMS"]
+__all__ = [
+    "layouts",
+    "layout_layers",
+    "band_groups",
+    "exchanges_summary",
+    "VERTICAL_ALGORITHMS",
+]
 
 #: What ``rpm.engine.vertical`` accepts (kept under this name for callers of earlier releases).
 VERTICAL_ALGORITHMS = ENGINE_VERTICAL
@@ -69,6 +76,7 @@ def layouts(
     vertical: str | None = None,
     horizontal: str | None = None,
     network: Interconnect | None = None,
+    hidden: Sequence[int] = (),
 ) -> dict[int, Layout]:
     """One :class:`Layout` per planned worker of ``plan``.
 
@@ -87,6 +95,8 @@ def layouts(
         default ``rpm.engine.horizontal``.
     network : Interconnect, optional
         What ``auto`` predicts with; default from ``rpm.cost.*``.
+    hidden : sequence of int, optional
+        Units of every hidden layer as planned (default: one layer of the plan's ``m``).
     """
     rule = EngineRule.from_config(vertical, horizontal, network)
     n_cols = plan.n_columns
@@ -120,6 +130,7 @@ def layouts(
                 leader=leader,
                 horizontal="groups" if groups else "pairwise",
                 bands=tuple(g for g in groups if w in g.holders),
+                hidden=tuple(int(v) for v in hidden),
             )
     return out
 
@@ -165,3 +176,9 @@ def exchanges_summary(lays: dict[int, Layout]) -> str:
         return f"vertical: {vertical}; horizontal: pairwise"
     ordered = sorted(groups, key=lambda g: g.rows[0])
     return f"vertical: {vertical}; horizontal: {counted([g.algorithm for g in ordered])} (groups of bands)"
+
+
+def layout_layers(lay: Layout) -> Layers:
+    """The network's :class:`~dask_rpm.nn.layers.Layers` a layout's worker trains."""
+    n, m, l = lay.shape  # noqa: E741
+    return Layers(n, lay.hidden or (m,), l)

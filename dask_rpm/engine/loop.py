@@ -250,10 +250,9 @@ class TrainingLoop:
         logger.warning(msg)
         return msg
 
-    async def final_weights(
-        self, stopped: str | None
-    ) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
-        """Gather the final weights; a worker lost now is recovered from like one lost mid-run."""
+    async def final_weights(self, stopped: str | None) -> tuple[list[np.ndarray], dict[str, Any]]:
+        """Gather the final parameters and optimizer state; a worker lost now is recovered from like
+        one lost mid-run."""
         driver = self.driver
         target = driver.iteration
         for _ in range(len(driver.addresses) + 1):

@@ -138,8 +138,7 @@ def resume_state(resume: Any, data: Prepared) -> dict[str, Any] | None:
     (its network shape checked first; :func:`~dask_rpm.engine.store.describe`'s keys, no weights);
     a dict or None is returned as it is."""
     if isinstance(resume, (str, os.PathLike)):
-        n, m, l = data.W0.shape[1], data.W0.shape[0], data.V0.shape[0]
-        return open_resume(resume, (n, m, l))
+        return open_resume(resume, data.layers.shape)
     return resume
 
 
@@ -153,12 +152,14 @@ def start_checkpoint(
     :class:`~dask_rpm.engine.checkpoint.StoredCheckpoint` the workers read.
     """
     if resume is None:
-        return Checkpoint(0, data.W0, data.V0)
-    if not isinstance(resume, dict) or not (stored or {"iteration", "W", "V"} <= set(resume)):
+        return Checkpoint(0, data.params0)
+    if not isinstance(resume, dict) or not (
+        stored or "iteration" in resume and ("params" in resume or {"W", "V"} <= set(resume))
+    ):
         raise DataError(
             f"resume={type(resume).__name__}; it must be a checkpoint store directory (the "
-            "checkpoint_dir a run wrote) or a checkpoint dict with 'iteration', 'W', 'V' (and "
-            "'optimizer_state'), as fit's on_checkpoint receives it"
+            "checkpoint_dir a run wrote) or a checkpoint dict with 'iteration' and 'params' (or "
+            "'W', 'V'; and 'optimizer_state'), as fit's on_checkpoint receives it"
         )
     k = resume["iteration"]
     if (
@@ -173,18 +174,19 @@ def start_checkpoint(
     if stored:
         _check_slots(resume["optimizer_slots"], data)
         return StoredCheckpoint(int(k), resume["directory"])
-    W, V = np.asarray(resume["W"], dtype=data.dtype), np.asarray(resume["V"], dtype=data.dtype)
-    if W.shape != data.W0.shape or V.shape != data.V0.shape:
+    given = resume.get("params") or (resume["W"], resume["V"])
+    params = tuple(np.asarray(p, dtype=data.dtype) for p in given)
+    have, need = [p.shape for p in params], [p.shape for p in data.params0]
+    if have != need:
         raise DataError(
-            f"resume: the checkpoint's weights are W{W.shape}, V{V.shape}; this network needs "
-            f"W{data.W0.shape}, V{data.V0.shape} (same data, hidden units and bias)"
+            f"resume: the checkpoint's weights have shapes {have}; this network needs {need} "
+            f"(same data, hidden units and bias)"
         )
     state = resume.get("optimizer_state") or None
     _check_slots(state or (), data)
     return Checkpoint(
         int(k),
-        W,
-        V,
+        params,
         {k2: [np.asarray(a, dtype=data.dtype) for a in v] for k2, v in state.items()}
         if state
         else None,

@@ -21,9 +21,12 @@ class FitResult:
 
     Attributes
     ----------
+    params : list of numpy.ndarray
+        Final parameters ``W_1 .. W_L, V`` (:mod:`dask_rpm.nn.layers`): ``W_k`` is
+        ``(m_k, m_(k-1))``, ``V`` is ``(l, m_L)``; with bias terms one more row and
+        column each (:mod:`dask_rpm.network`).
     W, V : numpy.ndarray
-        Final weights, ``(m, n)`` and ``(l, m)``; with bias terms one more
-        row and column each (:mod:`dask_rpm.network`).
+        The first and the last of ``params`` (one hidden layer: the paper's ``W``, ``V``).
     history : xarray.Dataset
         Error per iteration and per-worker phase times (dims ``iteration``, ``worker``).
     plan : Plan
@@ -53,8 +56,8 @@ class FitResult:
     validation : list of (iteration, loss, accuracy)
         Validation-set evaluations (also in ``history``).
     optimizer_state : dict
-        The optimizer's state at the end, ``{slot: [W_slot, V_slot]}`` (empty
-        for plain gradient descent): with ``W`` and ``V`` a checkpoint that
+        The optimizer's state at the end, ``{slot: [one array per parameter]}``
+        (empty for plain gradient descent): with ``params`` a checkpoint that
         ``fit(resume=...)`` continues from.
     drpm_state : dict or None
         DRPM's state at the end (``mapping="drpm"``): the plan, the checks
@@ -63,8 +66,7 @@ class FitResult:
         ``fit(resume=...)`` continue on that plan with those estimates.
     """
 
-    W: np.ndarray
-    V: np.ndarray
+    params: list[np.ndarray]
     history: Any
     plan: Plan
     plans: list[Plan] = field(default_factory=list)
@@ -78,6 +80,16 @@ class FitResult:
     validation: list[Validation] = field(default_factory=list)
     optimizer_state: dict[str, list[np.ndarray]] = field(default_factory=dict)
     drpm_state: dict[str, Any] | None = None
+
+    @property
+    def W(self) -> np.ndarray:
+        """The first hidden layer's weights."""
+        return self.params[0]
+
+    @property
+    def V(self) -> np.ndarray:
+        """The output layer's weights."""
+        return self.params[-1]
 
     @property
     def error(self) -> float:

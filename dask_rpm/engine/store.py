@@ -4,7 +4,7 @@ A store is a plain directory every worker can reach (on SLURM a shared file
 system path, on a local cluster a local directory)::
 
     <store>/manifest.json                          the valid checkpoint (written last, atomically)
-    <store>/it000000040-rows0000000-0000342.npz    rows [0, 342) of W, V and the optimizer state
+    <store>/it000000040-rows0000000-0000342.npz    plan rows [0, 342) of every parameter and its optimizer state
     <store>/it000000040-rows0000342-0001024.npz    ...
 
 Each row file is written by the one worker :func:`writers` picks for those
@@ -49,6 +49,7 @@ import numpy as np
 
 from .._files import atomic_write, atomic_write_text, json_default, unwritable_reason
 from ..nn.data import DataError
+from ..nn.layers import layers_of, layers_of_params
 from ..partition import Plan
 
 __all__ = [
@@ -139,16 +140,25 @@ def row_file_name(iteration: int, a: int, b: int) -> str:
     return f"it{int(iteration):09d}-rows{int(a):07d}-{int(b):07d}.npz"
 
 
-def write_rows(directory: str, iteration: int, a: int, b: int, rows: Mapping[str, Any]) -> RowFile:
-    """Write rows ``[a, b)`` (:func:`~dask_rpm.engine.worker.rows_of`'s dict) atomically; returns its record.
+def write_rows(
+    directory: str,
+    iteration: int,
+    a: int,
+    b: int,
+    rows: Mapping[str, Any],
+    names: Sequence[str] = ("W", "V"),
+) -> RowFile:
+    """Write plan rows ``[a, b)`` (:func:`~dask_rpm.engine.worker.rows_of`'s dict) atomically;
+    returns its record.
 
-    The file is ``numpy``'s ``.npz`` (uncompressed): ``W`` (rows x inputs),
-    ``V`` (outputs x rows) and ``state_<slot>_W``/``state_<slot>_V`` for the
+    The file is ``numpy``'s ``.npz`` (uncompressed): each parameter under its name
+    (:attr:`Layers.names <dask_rpm.nn.layers.Layers.names>`: ``W`` (rows x inputs) and
+    ``V`` (outputs x rows) for one hidden layer) and ``state_<slot>_<name>`` for the
     optimizer's state.
     """
-    arrays = {"W": rows["W"], "V": rows["V"]}
-    for slot, (Ws, Vs) in (rows.get("state") or {}).items():
-        arrays[f"state_{slot}_W"], arrays[f"state_{slot}_V"] = Ws, Vs
+    arrays = dict(zip(names, rows["params"]))
+    for slot, parts in (rows.get("state") or {}).items():
+        arrays.update({f"state_{slot}_{name}": p for name, p in zip(names, parts)})
     buf = io.BytesIO()
     np.savez(buf, **arrays)
     data = buf.getbuffer()
@@ -179,7 +189,7 @@ def write_manifest(
     JSON values.
     """
     files = sorted(files, key=lambda f: f.rows[0])
-    m = int(shape[1])
+    m = layers_of(shape).m
     edges = [f.rows for f in files]
     if (
         not edges
@@ -217,8 +227,7 @@ def commit(directory: str, **manifest: Any) -> dict[str, Any]:
 def write_whole(
     directory: str,
     iteration: int,
-    W: np.ndarray,
-    V: np.ndarray,
+    params: Sequence[np.ndarray],
     state: Mapping[str, Sequence[np.ndarray]] | None,
     extra: Mapping[str, Any] | None = None,
     plan: Plan | None = None,
@@ -239,7 +248,8 @@ def write_whole(
         current = None
     if current is not None and int(current["iteration"]) == int(iteration):
         return current
-    m = W.shape[0]
+    layers = layers_of_params(params)
+    m = layers.m
     cuts = sorted(
         {0, m}
         | ({b for w in plan.planned_workers for b in plan.rectangle(w).hidden} if plan else set())
@@ -247,16 +257,15 @@ def write_whole(
     files = []
     for a, b in zip(cuts[:-1], cuts[1:]):
         rows = {
-            "W": W[a:b],
-            "V": V[:, a:b],
-            "state": {k: [v[0][a:b], v[1][:, a:b]] for k, v in (state or {}).items()},
+            "params": layers.views(params, (a, b)),
+            "state": {k: layers.views(v, (a, b)) for k, v in (state or {}).items()},
         }
-        files.append(write_rows(directory, iteration, a, b, rows))
+        files.append(write_rows(directory, iteration, a, b, rows, layers.names))
     return commit(
         directory,
         iteration=iteration,
-        shape=(W.shape[1], m, V.shape[0]),
-        dtype=str(W.dtype),
+        shape=layers.shape,
+        dtype=str(params[0].dtype),
         files=files,
         slots=list(state or {}),
         extra=extra,
@@ -324,8 +333,8 @@ class StoreRows(NamedTuple):
 
     directory: str
     files: tuple[RowFile, ...]  # the manifest's row files that overlap ``rows``
-    rows: tuple[int, int]  # hidden rows [a, b) wanted
-    shape: tuple[int, int, int]  # (n, m, l) of the network
+    rows: tuple[int, int]  # plan rows [a, b) wanted
+    shape: tuple[int, ...]  # (n, m_1, ..., m_L, l) of the network
     slots: tuple[str, ...]  # optimizer state slots in the files
 
 
@@ -340,33 +349,29 @@ def manifest_files(manifest: Mapping[str, Any]) -> list[RowFile]:
 def rows_to_read(directory: str, manifest: Mapping[str, Any], a: int, b: int) -> StoreRows:
     """What a worker holding hidden rows ``[a, b)`` reads of the checkpoint ``manifest`` describes."""
     files = tuple(f for f in manifest_files(manifest) if f.rows[0] < b and a < f.rows[1])
-    n, m, l = (int(v) for v in manifest["shape"])
+    shape = tuple(int(v) for v in manifest["shape"])
     slots = tuple(manifest.get("optimizer_slots") or ())
-    return StoreRows(os.fspath(directory), files, (int(a), int(b)), (n, m, l), slots)
+    return StoreRows(os.fspath(directory), files, (int(a), int(b)), shape, slots)
 
 
 def read_rows(part: StoreRows, dtype: Any) -> dict[str, Any]:
     """Read ``part`` (every file checked against its recorded size and SHA-256 first).
 
-    Returns :func:`~dask_rpm.engine.worker.rows_of`'s dict (``W``, ``V``,
-    ``state``) in ``dtype``, plus ``bytes``: the size of the files read.
+    Returns :func:`~dask_rpm.engine.worker.rows_of`'s dict (``params``, ``state``) in
+    ``dtype``, plus ``bytes``: the size of the files read.
     """
     a, b = part.rows
-    n, _, l = part.shape
+    layers = layers_of(part.shape)
     dtype = np.dtype(dtype)
-    W, V = np.empty((b - a, n), dtype), np.empty((l, b - a), dtype)
-    state = {s: [np.empty((b - a, n), dtype), np.empty((l, b - a), dtype)] for s in part.slots}
+    params = layers.zeros((a, b), dtype)
+    state = {s: layers.zeros((a, b), dtype) for s in part.slots}
     covered = 0
     for f in part.files:
         lo, hi = max(a, f.rows[0]), min(b, f.rows[1])  # the part of this file wanted
-        src, dst = slice(lo - f.rows[0], hi - f.rows[0]), slice(lo - a, hi - a)
         with _read_file(part.directory, f._asdict()) as z:
-            W[dst], V[:, dst] = z["W"][src], z["V"][:, src]
-            for s in part.slots:
-                state[s][0][dst], state[s][1][:, dst] = (
-                    z[f"state_{s}_W"][src],
-                    z[f"state_{s}_V"][:, src],
-                )
+            for dst, prefix in [(params, ""), *((state[s], f"state_{s}_") for s in part.slots)]:
+                src = [z[f"{prefix}{name}"] for name in layers.names]
+                layers.put(dst, layers.views(src, (lo, hi), f.rows[0]), (lo, hi), a)
         covered += hi - lo
     if (
         covered != b - a
@@ -375,13 +380,14 @@ def read_rows(part: StoreRows, dtype: Any) -> dict[str, Any]:
             f"checkpoint store {part.directory!r}: its row files cover {covered} of the hidden rows "
             f"[{a}, {b}); the store is damaged: restore it, or start without resume"
         )
-    return {"W": W, "V": V, "state": state, "bytes": sum(f.bytes for f in part.files)}
+    return {"params": params, "state": state, "bytes": sum(f.bytes for f in part.files)}
 
 
 def load(directory: str | os.PathLike) -> dict[str, Any]:
     """The valid checkpoint as :func:`dask_rpm.fit`'s ``on_checkpoint`` receives it.
 
-    Keys ``iteration``, ``W``, ``V``, ``optimizer_state``, ``errors``,
+    Keys ``iteration``, ``params`` (``W_1 .. W_L, V``; ``W`` and ``V`` the first and the
+    last), ``optimizer_state``, ``errors``,
     ``plan`` (JSON, or None), ``drpm`` (or None), ``shape``, ``dtype`` and
     ``directory``. Every row file is checked against the manifest's size and
     SHA-256 first. (A run reads its checkpoints on the workers instead, each
@@ -389,12 +395,13 @@ def load(directory: str | os.PathLike) -> dict[str, Any]:
     """
     directory = os.fspath(directory)
     man = read_manifest(directory)
-    m = int(man["shape"][1])
+    m = layers_of(man["shape"]).m
     got = read_rows(rows_to_read(directory, man, 0, m), man["dtype"])
     return {
         **_about(man, directory),
-        "W": got["W"],
-        "V": got["V"],
+        "params": got["params"],
+        "W": got["params"][0],
+        "V": got["params"][-1],
         "optimizer_state": got["state"],
     }
 

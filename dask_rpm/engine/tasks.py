@@ -21,6 +21,7 @@ from ..nn.recipe import Recipe
 from ..records import BlockResult, BlockSpec, Layout
 from ..threads import kernel_threads
 from .block import run_block
+from .layout import layout_layers
 from .samples import ColumnData, SampleSource
 from .store import StoreRows, file_digest, read_rows, write_mark, write_rows
 from .worker import PLUGIN_NAME, RunState, Shard, get_state
@@ -63,12 +64,13 @@ def _column(source: Any, layout: Layout, recipe: Recipe, dtype: str) -> ColumnDa
     return ColumnData(source, layout.samples, recipe.schedule, recipe.net, dtype)
 
 
-def _shard(rows: dict[str, Any], recipe: Recipe) -> Shard:
+def _shard(rows: dict[str, Any], layout: Layout, recipe: Recipe) -> Shard:
     """A shard from :func:`~dask_rpm.engine.worker.rows_of`; without optimizer state (the start of
     training) the optimizer's state starts at zero."""
+    layers, origin = layout_layers(layout), layout.rows[0]
     if rows["state"]:  # a checkpoint's
-        return Shard(rows["W"], rows["V"], rows["state"])
-    return Shard.fresh(rows["W"], rows["V"], recipe.optimizer)
+        return Shard(layers, origin, rows["params"], rows["state"])
+    return Shard.fresh(layers, origin, rows["params"], recipe.optimizer)
 
 
 def t_setup(
@@ -100,7 +102,7 @@ def t_setup(
         # the user's data, not a failure of the task: returned, so the worker logs no "Compute
         # Failed" traceback, and the driver raises it as one line
         return exc
-    state = RunState(worker, layout, _shard(weights, recipe), data, recipe)
+    state = RunState(worker, layout, _shard(weights, layout, recipe), data, recipe)
     state.iteration = iteration
     old = plugin.runs.get(layout.run)
     if old is not None:  # a recovery from a checkpoint: keep the epoch floor
@@ -149,14 +151,9 @@ def t_stage(
     worker = _worker()
     plugin = worker.plugins[PLUGIN_NAME]
     state = plugin.runs.get(run)
-    n, _, l = layout.shape
-    m = layout.n_hidden
-    W = np.empty((m, n), dtype)
-    V = np.empty((l, m), dtype)
-    opt_state = {
-        slot: [np.empty((m, n), dtype), np.empty((l, m), dtype)] for slot in recipe.optimizer.slots
-    }
-    m0 = layout.rows[0]
+    layers, rows = layout_layers(layout), layout.rows
+    params = layers.zeros(rows, dtype)
+    opt_state = {slot: layers.zeros(rows, dtype) for slot in recipe.optimizer.slots}
 
     async def fetch(a: int, b: int, src: str) -> dict[str, Any]:
         return await worker.rpc(src).rpm_rows(run=run, a=a, b=b)
@@ -165,22 +162,16 @@ def t_stage(
         return getattr(v, "data", v)  # inproc transport: still wrapped
 
     for a, b, src in pieces:
-        if src is None:
-            o0 = state.layout.rows[0]
-            got = state.shard.rows(a - o0, b - o0)
-        else:
-            got = sync(worker.loop, fetch, a, b, src)
-        W[a - m0 : b - m0] = unwrap(got["W"])
-        V[:, a - m0 : b - m0] = unwrap(got["V"])
-        for slot, (Ws, Vs) in got["state"].items():
-            opt_state[slot][0][a - m0 : b - m0] = unwrap(Ws)
-            opt_state[slot][1][:, a - m0 : b - m0] = unwrap(Vs)
+        got = state.shard.rows(a, b) if src is None else sync(worker.loop, fetch, a, b, src)
+        layers.put(params, [unwrap(p) for p in got["params"]], (a, b), rows[0])
+        for slot, arrays in got["state"].items():
+            layers.put(opt_state[slot], [unwrap(p) for p in arrays], (a, b), rows[0])
     if source is None:
         data = state.data
     else:
         data = _column(source, layout, recipe, dtype)
         data.load(iteration)
-    shard = Shard(W, V, opt_state)
+    shard = Shard(layers, rows[0], params, opt_state)
     if state is None:  # a worker new to the run: nothing reads its state before the commit
         state = plugin.runs[run] = RunState(worker, layout, shard, data, recipe)
         state.iteration = iteration
@@ -188,13 +179,12 @@ def t_stage(
     return layout.worker
 
 
-def t_gather(run: str) -> tuple[np.ndarray, np.ndarray, int, dict[str, list[np.ndarray]]]:
+def t_gather(run: str) -> tuple[list[np.ndarray], int, dict[str, list[np.ndarray]]]:
     """This worker's current shard (copies), the iteration it is at, and its optimizer state (copies)."""
     state = get_state(run)
     sh = state.shard
     return (
-        sh.W.copy(),
-        sh.V.copy(),
+        [p.copy() for p in sh.params],
         state.iteration,
         {k: [a.copy() for a in v] for k, v in sh.state.items()},
     )
@@ -307,9 +297,10 @@ async def run_write_rows(
     m0, m1 = state.layout.rows
     if any(not (m0 <= a < b <= m1) for a, b in ranges):
         raise ValueError(f"rows {ranges} are not within this worker's rows [{m0}, {m1})")
-    copies = [(a, b, state.shard.rows(a - m0, b - m0)) for a, b in ranges]
+    copies = [(a, b, state.shard.rows(a, b)) for a, b in ranges]
 
     def write() -> list[tuple[str, tuple[int, int], int, str]]:
-        return [tuple(write_rows(directory, iteration, a, b, rows)) for a, b, rows in copies]  # type: ignore[misc]
+        names = state.shard.layers.names
+        return [tuple(write_rows(directory, iteration, a, b, rows, names)) for a, b, rows in copies]  # type: ignore[misc]
 
     return await asyncio.to_thread(write)

@@ -26,6 +26,7 @@ import concurrent.futures
 import contextvars
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -34,6 +35,7 @@ from distributed.protocol import to_serialize
 
 from ..hooks import worker_hooks
 from ..nn.kernels import Workspace, all_finite
+from ..nn.layers import Layers
 from ..nn.optim import Optimizer, step
 from ..nn.recipe import Recipe
 from ..records import Layout
@@ -55,8 +57,9 @@ PLUGIN_NAME = "rpm-engine"
 
 #: Message phases (short on the wire) as errors name them.
 #: Message phases by their first letter: "v", "vd" and "v<round>" are vertical; "h" and
-#: "h<group>.<round>" horizontal (dask_rpm.engine.block)
-_PHASE_NAMES = {"v": "vertical", "h": "horizontal"}
+#: "h<group>.<round>" horizontal (dask_rpm.engine.block); "a<layer>" and "g<layer>" between
+#: hidden layers (dask_rpm.engine.column)
+_PHASE_NAMES = {"v": "vertical", "h": "horizontal", "a": "activation", "g": "delta"}
 
 
 def _pack(value: Any) -> Any:
@@ -80,99 +83,117 @@ def _unpack(value: Any) -> Any:
 
 
 class Shard:
-    """A worker's weight rows and their optimizer state: current, before the last update, at the block start.
+    """A worker's rows of every parameter and their optimizer state: current, before the last
+    update, at the block start.
 
-    ``state[slot]`` is ``[W_slot, V_slot]`` for each of the optimizer's state
-    slots (:mod:`dask_rpm.optim`): shaped and split by rows like ``W``, ``V``.
+    ``params`` are the parameters' pieces its plan rows ``rows`` hold
+    (:meth:`Layers.take <dask_rpm.nn.layers.Layers.take>`); ``state[slot]`` has one array per
+    parameter for each of the optimizer's state slots (:mod:`dask_rpm.optim`), cut the same
+    way. Nothing here names a parameter: every operation loops over the list.
     """
 
     __slots__ = (
-        "W",
-        "V",
+        "layers",
+        "origin",
+        "params",
         "state",
-        "W_prev",
-        "V_prev",
+        "prev",
         "state_prev",
         "prev_valid",
-        "W_snap",
-        "V_snap",
+        "snap",
         "state_snap",
         "snap_iteration",
         "finite",
     )
 
-    def __init__(self, W: np.ndarray, V: np.ndarray, state: dict[str, Any] | None = None) -> None:
-        self.W = np.array(W, copy=True, order="C")
-        self.V = np.array(V, copy=True, order="C")
+    def __init__(
+        self,
+        layers: Layers,
+        origin: int,
+        params: Sequence[np.ndarray],
+        state: dict[str, Any] | None = None,
+    ) -> None:
+        self.layers, self.origin = layers, int(origin)
+        self.params = [np.array(p, copy=True, order="C") for p in params]
         self.state = {
             k: [np.array(a, copy=True, order="C") for a in v] for k, v in (state or {}).items()
         }
-        self.W_prev = np.empty_like(self.W)
-        self.V_prev = np.empty_like(self.V)
+        self.prev = [np.empty_like(p) for p in self.params]
         self.state_prev = {k: [np.empty_like(a) for a in v] for k, v in self.state.items()}
         self.prev_valid = False
-        self.W_snap = np.empty_like(self.W)
-        self.V_snap = np.empty_like(self.V)
+        self.snap = [np.empty_like(p) for p in self.params]
         self.state_snap = {k: [np.empty_like(a) for a in v] for k, v in self.state.items()}
         self.snap_iteration: int | None = None
-        self.finite = all_finite(self.W) and all_finite(self.V)
+        self.finite = self._all_finite()
 
     @classmethod
-    def fresh(cls, W: np.ndarray, V: np.ndarray, opt: Optimizer) -> Shard:
+    def fresh(
+        cls, layers: Layers, origin: int, params: Sequence[np.ndarray], opt: Optimizer
+    ) -> Shard:
         """A shard with zero optimizer state (the start of training)."""
-        return cls(W, V, {slot: [np.zeros_like(W), np.zeros_like(V)] for slot in opt.slots})
+        return cls(
+            layers, origin, params, {slot: [np.zeros_like(p) for p in params] for slot in opt.slots}
+        )
+
+    @property
+    def W(self) -> np.ndarray:
+        """The first layer's rows."""
+        return self.params[0]
+
+    @property
+    def V(self) -> np.ndarray:
+        """The output layer's columns."""
+        return self.params[-1]
+
+    def _all_finite(self) -> bool:
+        return all(all_finite(p) for p in self.params)
+
+    @staticmethod
+    def _copy_all(dst: Sequence[np.ndarray], src: Sequence[np.ndarray]) -> None:
+        for a, b in zip(dst, src):
+            np.copyto(a, b)
 
     def _copy_state(
         self, dst: dict[str, list[np.ndarray]], src: dict[str, list[np.ndarray]]
     ) -> None:
         for k, arrays in src.items():
-            for a, b in zip(dst[k], arrays):
-                np.copyto(a, b)
+            self._copy_all(dst[k], arrays)
 
     def snapshot(self, iteration: int) -> None:
-        np.copyto(self.W_snap, self.W)
-        np.copyto(self.V_snap, self.V)
+        self._copy_all(self.snap, self.params)
         self._copy_state(self.state_snap, self.state)
         self.snap_iteration = iteration
 
     def update(
-        self,
-        sum_W: np.ndarray,
-        sum_V: np.ndarray,
-        eps: float,
-        opt: Optimizer | None = None,
-        t: int = 1,
+        self, sums: list[np.ndarray], eps: float, opt: Optimizer | None = None, t: int = 1
     ) -> bool:
         """One optimizer step from the summed updates (scratch: overwritten); returns finiteness.
 
         The weights before the step stay in the spare buffers, so on
         divergence the last finite weights (and optimizer state) are still
-        there. Plain gradient descent writes ``W - eps * sum_W`` straight into
+        there. Plain gradient descent writes ``p - eps * sum`` straight into
         the spare buffer and swaps (one pass, the paper's update); the other
         optimizers copy first and step in place (:func:`dask_rpm.optim.step`).
         """
         if opt is None or (opt.name == "sgd" and opt.convention == "pytorch"):
-            sum_W *= eps
-            sum_V *= eps
-            np.subtract(self.W, sum_W, out=self.W_prev)
-            np.subtract(self.V, sum_V, out=self.V_prev)
-            self.W, self.W_prev = self.W_prev, self.W
-            self.V, self.V_prev = self.V_prev, self.V
+            for g in sums:
+                g *= eps
+            for p, g, spare in zip(self.params, sums, self.prev):
+                np.subtract(p, g, out=spare)
+            self.params, self.prev = self.prev, self.params
         else:
-            np.copyto(self.W_prev, self.W)
-            np.copyto(self.V_prev, self.V)
+            self._copy_all(self.prev, self.params)
             self._copy_state(self.state_prev, self.state)
-            step(opt, eps, t, [self.W, self.V], [sum_W, sum_V], self.state)
+            step(opt, eps, t, self.params, sums, self.state)
         self.prev_valid = True
-        self.finite = all_finite(self.W) and all_finite(self.V)
+        self.finite = self._all_finite()
         return self.finite
 
     def rollback(self) -> int:
         """Back to the block's starting weights; returns that iteration."""
         if self.snap_iteration is None:
             raise RuntimeError("no block snapshot to roll back to")
-        np.copyto(self.W, self.W_snap)
-        np.copyto(self.V, self.V_snap)
+        self._copy_all(self.params, self.snap)
         self._copy_state(self.state, self.state_snap)
         self.prev_valid = False
         self.finite = True
@@ -182,29 +203,38 @@ class Shard:
         """Back to the weights before the last update (divergence)."""
         if not self.prev_valid:
             raise RuntimeError("no previous weights to revert to")
-        self.W, self.W_prev = self.W_prev, self.W
-        self.V, self.V_prev = self.V_prev, self.V
+        self.params, self.prev = self.prev, self.params
         self.state, self.state_prev = self.state_prev, self.state
         self.prev_valid = False
-        self.finite = all_finite(self.W) and all_finite(self.V)
+        self.finite = self._all_finite()
 
     def rows(self, a: int, b: int) -> dict[str, Any]:
-        """Local rows ``[a, b)``: weights and optimizer state (copies)."""
-        return rows_of(self.W, self.V, self.state, a, b)
+        """Plan rows ``[a, b)`` (global numbering): weights and optimizer state (copies)."""
+        return rows_of(self.layers, self.params, self.state, a, b, self.origin)
+
+    def nbytes(self) -> int:
+        """Bytes of the weights and the optimizer state this shard holds (its spare copies not
+        counted)."""
+        return int(
+            sum(p.nbytes for p in self.params)
+            + sum(a.nbytes for v in self.state.values() for a in v)
+        )
 
 
 def rows_of(
-    W: np.ndarray, V: np.ndarray, state: dict[str, Any] | None, a: int, b: int
+    layers: Layers,
+    params: Sequence[np.ndarray],
+    state: dict[str, Any] | None,
+    a: int,
+    b: int,
+    origin: int = 0,
 ) -> dict[str, Any]:
-    """Hidden rows ``[a, b)`` of ``W``, ``V`` and of the optimizer ``state`` (``{slot: [W_slot, V_slot]}``),
-    as contiguous copies: what a worker holds of those rows, wherever they are cut from."""
+    """Plan rows ``[a, b)`` of ``params`` and of the optimizer ``state`` (``{slot: [one array per
+    parameter]}``) held from plan row ``origin`` on, as contiguous copies: what a worker holds of
+    those rows, wherever they are cut from (:meth:`~dask_rpm.nn.layers.Layers.take`)."""
     return {
-        "W": np.ascontiguousarray(W[a:b]),
-        "V": np.ascontiguousarray(V[:, a:b]),
-        "state": {
-            k: [np.ascontiguousarray(Ws[a:b]), np.ascontiguousarray(Vs[:, a:b])]
-            for k, (Ws, Vs) in (state or {}).items()
-        },
+        "params": layers.take(params, (a, b), origin),
+        "state": {k: layers.take(v, (a, b), origin) for k, v in (state or {}).items()},
     }
 
 
@@ -241,18 +271,20 @@ class RunState:
 
     # ----------------------------------------------------------- compute
     def kernels(self) -> Workspace:
-        n, m_all, l = self.layout.shape
-        s, m = self.data.capacity, self.layout.n_hidden
+        layers, rows = self.shard.layers, self.layout.rows
         net = self.recipe.net
-        g = net.bias_row(m_all)  # the bias unit, if this worker holds it
-        a, b = self.layout.rows
-        bias_row = g - a if g is not None and a <= g < b else None
-        dtype = self.data.dtype
-        scale = self.recipe.loss_scale(l)
-        if self.workspace is None or not self.workspace.fits(
-            s, m, n, l, dtype, net, bias_row, scale
-        ):
-            self.workspace = Workspace(s, m, n, l, dtype, net, bias_row, scale)
+        kw = dict(
+            dtype=self.data.dtype,
+            net=net,
+            loss_scale=self.recipe.loss_scale(layers.l),
+            layers=layers,
+            units=layers.units(rows),
+            # each layer's bias unit, if this worker holds it
+            bias_rows=layers.bias_rows(rows, net.bias),
+        )
+        s = self.data.capacity
+        if self.workspace is None or not self.workspace.fits(s, **kw):
+            self.workspace = Workspace(s, **kw)
         return self.workspace
 
     async def compute(self, inline: bool, fn: Any, *args: Any) -> Any:
@@ -448,13 +480,10 @@ class RPMEnginePlugin(WorkerPlugin):
         m0, m1 = state.layout.rows
         if not (m0 <= a < b <= m1):
             raise ValueError(f"rows [{a}, {b}) are not within this worker's rows [{m0}, {m1})")
-        out = state.shard.rows(a - m0, b - m0)
+        out = state.shard.rows(a, b)
         return {
-            "W": to_serialize(out["W"]),
-            "V": to_serialize(out["V"]),
-            "state": {
-                k: [to_serialize(Ws), to_serialize(Vs)] for k, (Ws, Vs) in out["state"].items()
-            },
+            "params": [to_serialize(p) for p in out["params"]],
+            "state": {k: [to_serialize(p) for p in v] for k, v in out["state"].items()},
         }
 
 

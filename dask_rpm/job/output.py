@@ -94,8 +94,7 @@ def _store_checkpoint(job: Job, state: dict[str, Any]) -> str:
     store.write_whole(
         job.checkpoint_path,
         int(state["iteration"]),
-        np.asarray(state["W"]),
-        np.asarray(state["V"]),
+        [np.asarray(p) for p in state.get("params") or (state["W"], state["V"])],
         state.get("optimizer_state"),
         extra={
             "errors": np.asarray(state["errors"], dtype=float),

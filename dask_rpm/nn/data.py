@@ -192,9 +192,7 @@ def check_training_args(
     widths = hidden_sizes(hidden)
     layers = Layers(n, widths, l)
     _check_fits_in_memory(layers, dtype)
-    return init_params(
-        layers, seed=seed, scale=float(config.get("train.init-scale")), dtype=dtype
-    )
+    return init_params(layers, seed=seed, scale=float(config.get("train.init-scale")), dtype=dtype)
 
 
 def hidden_sizes(hidden: Any) -> tuple[int, ...]:
@@ -216,16 +214,26 @@ def hidden_sizes(hidden: Any) -> tuple[int, ...]:
 
 
 def _checked_init(
-    init: Sequence[Any], hidden: Any, n: int, l: int, dtype: str  # noqa: E741
+    init: Sequence[Any],
+    hidden: Any,
+    n: int,
+    l: int,
+    dtype: str,  # noqa: E741
 ) -> list[np.ndarray]:
     """The initial weights ``W_1 .. W_L, V`` (data inputs, no bias terms), checked and copied."""
     try:
         weights = [np.asarray(a) for a in init]
     except (TypeError, ValueError) as e:
-        raise DataError("init must be a list of weight matrices (W0, V0) or (W_1, ..., W_L, V)") from e
+        raise DataError(
+            "init must be a list of weight matrices (W0, V0) or (W_1, ..., W_L, V)"
+        ) from e
     shapes = [w.shape for w in weights]
     widths = tuple(w.shape[0] for w in weights[:-1]) if all(w.ndim == 2 for w in weights) else ()
-    if len(weights) < 2 or not widths or [tuple(x) for x in shapes] != Layers(n, widths, l).full_shapes():
+    if (
+        len(weights) < 2
+        or not widths
+        or [tuple(x) for x in shapes] != Layers(n, widths, l).full_shapes()
+    ):
         raise DataError(
             f"init has weights of shapes {[tuple(x) for x in shapes]}; with {n} inputs and {l} outputs "
             f"they must be W (m, {n}) and V ({l}, m), or W_1 (m_1, {n}), W_2 (m_2, m_1), ..., "

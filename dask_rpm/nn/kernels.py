@@ -56,7 +56,12 @@ def layer_work(kind: str, k: int, s: int, units: Sequence[int], layers: Layers) 
     """:func:`block_work` of hidden layer ``k``'s kernels alone, for a rectangle holding ``units``
     rows of each layer; the output layer's work goes with the last hidden layer. The work of all
     layers is their sum (:func:`rectangle_work`)."""
-    u, inp, l, last = float(units[k]), float(layers.inputs(k)), float(layers.l), k == layers.depth - 1
+    u, inp, l, last = (
+        float(units[k]),
+        float(layers.inputs(k)),
+        float(layers.l),
+        k == layers.depth - 1,
+    )
     if kind == "forward":
         per = 2.0 * inp + _SIGMOID_COST + (2.0 * l if last else 0.0)
     elif kind == "backward":
@@ -154,7 +159,21 @@ class Workspace:
         units: tuple[int, ...] | None = None,
         bias_rows: tuple[int | None, ...] | None = None,
     ) -> None:
-        self.key = (s, *_key(m, n, l, dtype, net, bias_row, loss_scale, layers=layers, units=units, bias_rows=bias_rows))
+        self.key = (
+            s,
+            *_key(
+                m,
+                n,
+                l,
+                dtype,
+                net,
+                bias_row,
+                loss_scale,
+                layers=layers,
+                units=units,
+                bias_rows=bias_rows,
+            ),
+        )
         layers, units, dt, self.net, self.bias_rows, self.loss_scale = self.key[1:]
         self.layers, self.units = layers, units
         L, l = layers.depth, layers.l  # noqa: E741
@@ -168,7 +187,9 @@ class Workspace:
             for k in range(L - 1)
         ]
         self._gin = [None] + [
-            self._d[k - 1] if units[k - 1] == layers.hidden[k - 1] else np.empty((s, layers.hidden[k - 1]), dt)
+            self._d[k - 1]
+            if units[k - 1] == layers.hidden[k - 1]
+            else np.empty((s, layers.hidden[k - 1]), dt)
             for k in range(1, L)
         ]
         self._partial = np.empty((s, l), dt)  # f_L V^T
@@ -181,7 +202,11 @@ class Workspace:
 
     @classmethod
     def whole(
-        cls, s: int, params: Sequence[np.ndarray], net: Network | None = None, loss_scale: float = 1.0
+        cls,
+        s: int,
+        params: Sequence[np.ndarray],
+        net: Network | None = None,
+        loss_scale: float = 1.0,
     ) -> Workspace:
         """A workspace for the whole network whose parameters are ``params`` (every unit, the
         bias units of :mod:`~dask_rpm.nn.network` in each layer's last row)."""

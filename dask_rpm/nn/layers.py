@@ -125,16 +125,22 @@ class Layers(NamedTuple):
         """Zero arrays shaped like the parameters of plan rows ``rows``."""
         return [np.zeros(s, dtype) for s in self.shapes(self.layer_rows(rows))]
 
-    def take(
+    def views(
         self, arrays: Sequence[np.ndarray], rows: tuple[int, int], origin: int = 0
     ) -> list[np.ndarray]:
         """Plan rows ``rows`` of ``arrays`` (parameters holding plan rows from ``origin`` on), as
-        contiguous copies."""
+        views: to write into, or to read without a copy."""
         out = []
         for p, arr, (a, b), (o, _) in self._cut(arrays, rows, origin):
             sl = slice(a - o, b - o)
-            out.append(np.ascontiguousarray(arr[sl] if p.axis == 0 else arr[:, sl]))
+            out.append(arr[sl] if p.axis == 0 else arr[:, sl])
         return out
+
+    def take(
+        self, arrays: Sequence[np.ndarray], rows: tuple[int, int], origin: int = 0
+    ) -> list[np.ndarray]:
+        """:meth:`views` as contiguous copies."""
+        return [np.ascontiguousarray(v) for v in self.views(arrays, rows, origin)]
 
     def put(
         self,
@@ -145,12 +151,8 @@ class Layers(NamedTuple):
     ) -> None:
         """Write ``src`` (parameters of plan rows ``rows``) into ``dst`` (parameters holding plan
         rows from ``origin`` on)."""
-        for (p, arr, (a, b), (o, _)), piece in zip(self._cut(dst, rows, origin), src):
-            sl = slice(a - o, b - o)
-            if p.axis == 0:
-                arr[sl] = piece
-            else:
-                arr[:, sl] = piece
+        for view, piece in zip(self.views(dst, rows, origin), src):
+            np.copyto(view, piece)
 
     def _cut(
         self, arrays: Sequence[np.ndarray], rows: tuple[int, int], origin: int
@@ -219,7 +221,9 @@ def layers_of_params(params: Sequence[np.ndarray]) -> Layers:
             f"W_1 (m_1, n), ..., W_L (m_L, m_(L-1)), V (l, m_L)"
         )
     layers = Layers(
-        int(params[0].shape[1]), tuple(int(p.shape[0]) for p in params[:-1]), int(params[-1].shape[0])
+        int(params[0].shape[1]),
+        tuple(int(p.shape[0]) for p in params[:-1]),
+        int(params[-1].shape[0]),
     )
     want = layers.full_shapes()
     got = [tuple(p.shape) for p in params]

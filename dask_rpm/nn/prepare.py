@@ -183,9 +183,7 @@ def prepare(
             None, None, **checks, init=start, seed=seed, dtype=dtype, shape=(s, n, l)
         )
     else:
-        weights = check_training_args(
-            src.x, src.d, **checks, init=start, seed=seed, dtype=dtype
-        )
+        weights = check_training_args(src.x, src.d, **checks, init=start, seed=seed, dtype=dtype)
         arrays = (
             np.ascontiguousarray(src.x, dtype=dtype),
             np.ascontiguousarray(src.d, dtype=dtype),
@@ -198,7 +196,18 @@ def prepare(
     layers = layers_of_params(params0)
     path = src.path
     return Prepared(
-        rec, params0, layers, layers.plan_shape, s, arrays, path, rows, val, classes, target_error, dtype
+        rec,
+        params0,
+        layers,
+        layers.plan_shape,
+        s,
+        arrays,
+        path,
+        rows,
+        val,
+        classes,
+        target_error,
+        dtype,
     )
 
 
