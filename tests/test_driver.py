@@ -102,7 +102,7 @@ def test_a_shared_store_passes_both_checks_and_keeps_nothing(tmp_path):
         ck.mkdir()
         await check_shared(driver, str(ck))
         assert os.listdir(ck) == []  # the check's files are gone
-        store.write_whole(str(ck), 3, np.zeros((4, 3)), np.zeros((2, 4)), None)
+        store.write_whole(str(ck), 3, [np.zeros((4, 3)), np.zeros((2, 4))], None)
         before = sorted(os.listdir(ck))
         await check_readable(driver, str(ck))
         assert sorted(os.listdir(ck)) == before  # nothing written
@@ -162,7 +162,7 @@ def test_a_store_a_worker_does_not_share_is_refused_before_training(tmp_path):
                 fit(x, d, checkpoint_every=2, checkpoint_dir=hidden / "ck", **fit_kw)
             assert os.listdir(hidden / "ck") == []  # nothing left: no check file, no row file
             # resuming from a store there: the other worker does not see its manifest
-            store.write_whole(str(hidden / "ck"), 2, np.zeros((4, 3)), np.zeros((2, 4)), None)
+            store.write_whole(str(hidden / "ck"), 2, [np.zeros((4, 3)), np.zeros((2, 4))], None)
             with pytest.raises(store.StoreError, match="do not see the checkpoint this process"):
                 fit(x, d, resume=hidden / "ck", **fit_kw)
             # the same store handed out from here works: the driver reads it, the workers get shards

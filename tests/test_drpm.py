@@ -103,7 +103,7 @@ def test_any_sequence_of_remaps_equals_serial(seed):
                     recipe=recipe(s, TrainingOptions(iterations=7 * block, learning_rate=eps)),
                     dtype="float64",
                 )
-                await tr.install(plan, Checkpoint(0, W0, V0))
+                await tr.install(plan, Checkpoint(0, (W0, V0)))
                 moved = []
                 for step in range(6):
                     assert (await tr.run_block(block)).status == "ok"
@@ -116,7 +116,7 @@ def test_any_sequence_of_remaps_equals_serial(seed):
                     rec = await tr.remap(new, kind)
                     moved.append(rec["bytes"])
                 assert (await tr.run_block(block)).status == "ok"
-                W, V = await tr.gather()
+                W, V = await tr.gather()  # the parameters of one hidden layer
                 await tr.close()
                 return W, V, tr.iteration, moved
 

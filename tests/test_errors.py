@@ -186,7 +186,7 @@ def _store(tmp: Path, hidden: int = 4, damage: bool = False) -> None:
     from dask_rpm.engine import store
 
     (tmp / "ck").mkdir()
-    store.write_whole(str(tmp / "ck"), 2, np.zeros((hidden, 5)), np.zeros((2, hidden)), None)
+    store.write_whole(str(tmp / "ck"), 2, [np.zeros((hidden, 5)), np.zeros((2, hidden))], None)
     if damage:
         (row,) = tmp.joinpath("ck").glob("it*.npz")
         row.write_bytes(row.read_bytes()[:100])

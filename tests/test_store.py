@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from dask_rpm.engine import store
-from dask_rpm.engine.worker import rows_of
+from dask_rpm.engine.worker import rows_of as _rows_of
+from dask_rpm.nn.layers import Layers
 from dask_rpm.partition import Plan
 
 
@@ -22,6 +23,12 @@ def _weights(n=6, m=9, l=3, slots=("velocity",), seed=0):
     W, V = rng.normal(size=(m, n)), rng.normal(size=(l, m))
     state = {s: [rng.normal(size=(m, n)), rng.normal(size=(l, m))] for s in slots}
     return W, V, state
+
+
+def rows_of(W, V, state, a, b):
+    """The rows of one hidden layer's W, V (and state) as a shard holds them."""
+    layers = Layers(W.shape[1], (W.shape[0],), V.shape[0])
+    return _rows_of(layers, [W, V], state, a, b)
 
 
 def _write(directory, iteration, W, V, state, cuts, extra=None):
@@ -144,19 +151,19 @@ def test_a_worker_reads_only_the_files_of_its_rows(tmp_path, a, b):
             (tmp_path / f.name).unlink()
     got = store.read_rows(part, "float64")
     expect = rows_of(W, V, state, a, b)
-    np.testing.assert_array_equal(got["W"], expect["W"])
-    np.testing.assert_array_equal(got["V"], expect["V"])
+    np.testing.assert_array_equal(got["params"][0], expect["params"][0])
+    np.testing.assert_array_equal(got["params"][1], expect["params"][1])
     for i in (0, 1):
         np.testing.assert_array_equal(got["state"]["velocity"][i], expect["state"]["velocity"][i])
     assert got["bytes"] == sum(f.bytes for f in want)
     # a float32 run reads the same rows in its own dtype
-    assert store.read_rows(part, "float32")["W"].dtype == np.float32
+    assert store.read_rows(part, "float32")["params"][0].dtype == np.float32
 
 
 def test_a_whole_checkpoint_is_cut_at_the_plans_rows_and_not_rewritten(tmp_path):
     W, V, state = _weights()
     plan = Plan.from_columns([[0, 1], [2, 3]], [20, 28], [[4, 5], [6, 3]], shape=(6, 9, 3))
-    man = store.write_whole(str(tmp_path), 7, W, V, state, extra={"errors": [1.0]}, plan=plan)
+    man = store.write_whole(str(tmp_path), 7, [W, V], state, extra={"errors": [1.0]}, plan=plan)
     # every row boundary of the plan's rectangles (4 | 5 and 6 | 3): a worker reads only its rows
     assert [f["rows"] for f in man["files"]] == [[0, 4], [4, 6], [6, 9]]
     got = store.load(tmp_path)
@@ -164,7 +171,7 @@ def test_a_whole_checkpoint_is_cut_at_the_plans_rows_and_not_rewritten(tmp_path)
     np.testing.assert_array_equal(got["optimizer_state"]["velocity"][1], state["velocity"][1])
     # the store already holds iteration 7 (the workers' checkpoint at that boundary): kept as it is
     files = sorted(os.listdir(tmp_path))
-    again = store.write_whole(str(tmp_path), 7, W * 0, V * 0, state, plan=None)
+    again = store.write_whole(str(tmp_path), 7, [W * 0, V * 0], state, plan=None)
     assert again["files"] == man["files"] and sorted(os.listdir(tmp_path)) == files
     # the driver checks the files writers reported before naming them in a manifest
     reported = store.manifest_files(man)

@@ -60,6 +60,7 @@ class _OneWorkerState:
     """The parts of RunState the block loop uses, for one worker without peers (no messages)."""
 
     def __init__(self, x, d, W, V, plan):
+        from dask_rpm.engine.layout import layout_layers
         from dask_rpm.engine.worker import Shard
 
         (self.layout,) = layouts(plan, ["local"], run="t", version=1).values()
@@ -69,7 +70,7 @@ class _OneWorkerState:
         from dask_rpm.options import TrainingOptions
         from dask_rpm.recipe import recipe
 
-        self.shard = Shard(W, V)
+        self.shard = Shard(layout_layers(self.layout), 0, [W, V])
         self.recipe = recipe(x.shape[0], TrainingOptions(iterations=4, learning_rate=0.05))
         self.data = ColumnData(
             SampleSource("slice", x, d),

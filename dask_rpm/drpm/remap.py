@@ -28,7 +28,7 @@ Pure module: numpy only.
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -45,6 +45,7 @@ __all__ = [
     "ability_vector",
     "column_remap",
     "migration",
+    "stage_pieces",
     "migration_bytes",
     "migration_seconds",
     "sample_changes",
@@ -60,7 +61,8 @@ class MigrationError(PlanError):
 
 @dataclass(frozen=True)
 class Transfer:
-    """Rows ``[rows[0], rows[1])`` of ``W`` (and the same columns of ``V``) sent ``src -> dst``."""
+    """Plan rows ``[rows[0], rows[1])`` of every parameter (:mod:`dask_rpm.nn.layers`) sent
+    ``src -> dst``."""
 
     src: Hashable
     dst: Hashable
@@ -248,6 +250,7 @@ def migration(
     itemsize: int | None = None,
     *,
     lost: Iterable[Hashable] = (),
+    row_bytes: Callable[[int, int], int] | None = None,
 ) -> list[Transfer]:
     """The weight rows each worker of ``new`` must fetch, and from whom.
 
@@ -273,6 +276,10 @@ def migration(
         Identities of workers that are gone and cannot send. Workers of ``old``
         absent from ``new``'s worker set (addresses, or indices when plans have
         no addresses) are treated as gone too.
+    row_bytes
+        ``row_bytes(x, y)``: bytes of plan rows ``[x, y)`` of every parameter (several hidden
+        layers: :meth:`Layers.nbytes <dask_rpm.nn.layers.Layers.nbytes>`); default
+        ``(y - x) (n + l) itemsize``, one hidden layer's.
 
     Returns
     -------
@@ -290,8 +297,12 @@ def migration(
     if old.shape != new.shape:
         raise PlanError(f"plans have different network shapes {old.shape} and {new.shape}")
     itemsize = int(config.get("cost.itemsize", itemsize))
-    n, _, l = new.shape
-    row_bytes = (n + l) * itemsize
+    n, _, l = new.shape  # noqa: E741
+    if row_bytes is None:
+
+        def row_bytes(x: int, y: int) -> int:
+            return (y - x) * (n + l) * itemsize
+
     by_address = old.workers is not None and new.workers is not None
     old_id, new_id = _ids(old, by_address), _ids(new, by_address)
     gone = set(lost) | (set(old_id) - set(new_id))
@@ -350,7 +361,7 @@ def migration(
                     )
                 src = pick[1][2]
                 y = min(pick[1][1], cap)
-                nbytes = (y - x) * row_bytes
+                nbytes = row_bytes(x, y)
                 sent[src] = sent.get(src, 0) + nbytes
                 prev = out[-1] if out else None
                 if prev is not None and prev.src == src and prev.dst == dst and prev.rows[1] == x:
@@ -402,6 +413,43 @@ def migration_seconds(
         for key in (("send", t.src), ("recv", t.dst)):
             busy[key] = busy.get(key, 0.0) + cost
     return max(busy.values())
+
+
+def stage_pieces(
+    old: Plan,
+    new: Plan,
+    w: int,
+    transfers: Sequence[Transfer],
+    addresses: Sequence[str],
+    lost: Iterable[str] = (),
+) -> list[tuple[int, int, str | None]]:
+    """Row ranges of worker ``w``'s rectangle in ``new`` and where each comes from: the address of
+    its source in ``transfers`` (:func:`migration`), or None for rows it keeps; ``addresses``
+    index the plans' workers. :class:`MigrationError` if they do not cover its rows once."""
+    m0, m1 = new.rectangle(w).hidden
+    me = addresses[w]
+    pieces: list[tuple[int, int, str | None]] = []
+    for t in transfers:
+        dst = t.dst if isinstance(t.dst, str) else addresses[int(t.dst)]  # type: ignore[call-overload]
+        if dst == me:
+            src = t.src if isinstance(t.src, str) else addresses[int(t.src)]  # type: ignore[call-overload]
+            pieces.append((t.rows[0], t.rows[1], src))
+    if w in old.planned_workers and me not in set(lost):
+        a, b = max(m0, old.rectangle(w).hidden[0]), min(m1, old.rectangle(w).hidden[1])
+        if a < b:
+            pieces.append((a, b, None))
+    pieces.sort(key=lambda p: p[0])
+    edges = [(a, b) for a, b, _ in pieces]
+    if (
+        not edges
+        or edges[0][0] != m0
+        or edges[-1][1] != m1
+        or any(p[1] != q[0] for p, q in zip(edges[:-1], edges[1:]))
+    ):
+        raise MigrationError(
+            f"internal error: migration does not cover rows [{m0}, {m1}) of worker {w}: {edges}"
+        )
+    return pieces
 
 
 def sample_changes(old: Plan, new: Plan) -> list[SampleChange]:

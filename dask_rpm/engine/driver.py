@@ -22,7 +22,7 @@ import numpy as np
 from distributed.client import FIRST_COMPLETED, _wait
 
 from .. import config
-from ..drpm.remap import migration, sample_changes
+from ..drpm.remap import migration, sample_changes, stage_pieces
 from ..nn.data import DataError
 from ..nn.layers import Layers
 from ..nn.recipe import Recipe
@@ -509,7 +509,13 @@ class Driver:
         if new.workers is None:  # keep the plan bound to addresses (dashboard, results)
             new = new.with_workers(self.addresses)
         itemsize = np.dtype(self.dtype).itemsize
-        transfers = migration(old, new, itemsize=itemsize, lost=lost)
+        transfers = migration(
+            old,
+            new,
+            itemsize=itemsize,
+            lost=lost,
+            row_bytes=lambda a, b: self.layers.nbytes((a, b), itemsize),
+        )
         index = {a: i for i, a in enumerate(self.addresses)}
         changed = {
             index[c.worker] if isinstance(c.worker, str) else int(c.worker)
@@ -519,7 +525,7 @@ class Driver:
         lays = self._layouts(new)
         futures = []
         for w, lay in lays.items():
-            pieces = self._pieces(old, new, w, transfers, lost)
+            pieces = stage_pieces(old, new, w, transfers, self.addresses, lost)
             data = await self._samples(new, w) if w in changed else None
             futures.append(
                 self._submit(
@@ -561,35 +567,6 @@ class Driver:
             samples_reloaded=len(changed),
             sample_bytes=int(reloaded),
         )
-
-    def _pieces(
-        self, old: Plan, new: Plan, w: int, transfers: Sequence[Any], lost: Sequence[str]
-    ) -> list[tuple[int, int, str | None]]:
-        """Row ranges of worker ``w``'s new shard and where each comes from (None: kept locally)."""
-        m0, m1 = new.rectangle(w).hidden
-        me = self.addresses[w]
-        pieces: list[tuple[int, int, str | None]] = []
-        for t in transfers:
-            dst = t.dst if isinstance(t.dst, str) else self.addresses[int(t.dst)]
-            if dst == me:
-                src = t.src if isinstance(t.src, str) else self.addresses[int(t.src)]
-                pieces.append((t.rows[0], t.rows[1], src))
-        if w in old.planned_workers and me not in lost:
-            a, b = max(m0, old.rectangle(w).hidden[0]), min(m1, old.rectangle(w).hidden[1])
-            if a < b:
-                pieces.append((a, b, None))
-        pieces.sort(key=lambda p: p[0])
-        edges = [(a, b) for a, b, _ in pieces]
-        if (
-            not edges
-            or edges[0][0] != m0
-            or edges[-1][1] != m1
-            or any(p[1] != q[0] for p, q in zip(edges[:-1], edges[1:]))
-        ):
-            raise TrainingError(
-                f"internal error: migration does not cover rows [{m0}, {m1}) of worker {w}: {edges}"
-            )
-        return pieces
 
     async def close(self) -> None:
         try:

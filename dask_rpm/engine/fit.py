@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -62,12 +63,12 @@ def fit(
     x: Any,
     d: Any = None,
     *,
-    hidden: int | None = None,
+    hidden: int | Sequence[int] | None = None,
     iterations: int | None = None,
     learning_rate: float | None = None,
     mapping: Any = None,
     abilities: Any = None,
-    init: tuple[np.ndarray, np.ndarray] | None = None,
+    init: Sequence[Any] | None = None,
     seed: int | None = None,
     dtype: str | None = None,
     client: Any = None,
@@ -110,8 +111,10 @@ def fit(
         the workers can read (each worker then reads only its samples).
     d : numpy.ndarray, optional
         Teacher signals ``(s, l)`` when ``x`` is an array.
-    hidden : int
-        Hidden units ``m`` (taken from ``init`` when given).
+    hidden : int or sequence of int
+        Hidden units ``m``, or of each hidden layer (``(512, 256)``: two hidden layers,
+        every one cut by the same rectangles: :mod:`dask_rpm.nn.layers`); taken from
+        ``init`` when given.
     iterations : int, default ``rpm.train.iterations``
     learning_rate : float, default ``rpm.train.learning-rate``
     mapping : str or Plan
@@ -122,8 +125,9 @@ def fit(
     abilities : sequence of float, "probe" or None
         Relative worker abilities in :func:`ordered_workers` order. ``None``
         means equal abilities for static mappings.
-    init : (W0, V0), optional
-        Initial weights; default a seeded uniform init (:func:`dask_rpm.kernels.init_weights`).
+    init : (W0, V0) or (W_1, ..., W_L, V), optional
+        Initial weights (biases: ``(W0, V0, b0, c0)`` or ``(weights, biases)``); default a
+        seeded uniform init (:func:`dask_rpm.kernels.init_params`).
     seed : int, default ``rpm.train.seed``
     dtype : {"float64", "float32"}, default ``rpm.train.dtype``
     client : distributed.Client, optional
@@ -375,6 +379,7 @@ async def _fit_async(
             "threads": dict(driver.kernel_threads),  # BLAS threads of each worker's kernels
             "checkpoints": list(ckpt.times),  # (iteration, seconds) of each checkpoint
             "start": _start_stats(start, loop),
+            "memory": _memory(driver, data.recipe.optimizer.slots),
         },
         recipe=data.recipe,
         classes=data.classes,
@@ -395,6 +400,19 @@ def _start_stats(start: Checkpoint | StoredCheckpoint, loop: TrainingLoop) -> di
         "client_bytes": placed.client_bytes,
         "store_bytes": placed.store_bytes,
         "seconds": placed.seconds,
+    }
+
+
+def _memory(driver: Driver, slots: Sequence[str]) -> dict[str, int]:
+    """Bytes of weights and optimizer state each worker of the final plan holds (its rows of every
+    layer: ``FitResult.stats["memory"]``). The shard keeps two spare copies of both for rollback
+    and divergence (:class:`~dask_rpm.engine.worker.Shard`)."""
+    itemsize = np.dtype(driver.dtype).itemsize
+    plan = driver.plan
+    return {
+        driver.addresses[w]: driver.layers.nbytes(plan.rectangle(w).hidden, itemsize)
+        * (1 + len(slots))
+        for w in plan.planned_workers
     }
 
 

@@ -48,7 +48,10 @@ class FitResult:
         weights"``, ``"checkpoint"`` or ``"checkpoint store"``), the weight
         bytes the client scattered (``client_bytes``) and those the workers
         read from a checkpoint store themselves (``store_bytes``), and the
-        ``seconds`` placing the first shards took.
+        ``seconds`` placing the first shards took; ``memory``: bytes of weights
+        and optimizer state each worker of the final plan holds, by address (its
+        rows of every layer: the rectangle model shards the model, a data-parallel
+        peer holds all of it on every worker).
     recipe : dask_rpm.recipe.Recipe
         Network, optimizer, mini-batch schedule, iterations and learning rate used.
     classes : numpy.ndarray or None

@@ -273,7 +273,7 @@ class RunState:
     def kernels(self) -> Workspace:
         layers, rows = self.shard.layers, self.layout.rows
         net = self.recipe.net
-        kw = dict(
+        kw: dict[str, Any] = dict(
             dtype=self.data.dtype,
             net=net,
             loss_scale=self.recipe.loss_scale(layers.l),

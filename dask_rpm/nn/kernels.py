@@ -186,7 +186,8 @@ class Workspace:
             self._f[k] if units[k] == layers.hidden[k] else np.empty((s, layers.hidden[k]), dt)
             for k in range(L - 1)
         ]
-        self._gin = [None] + [
+        # (layer 0's input is x: no gradient for it)
+        self._gin: list[np.ndarray] = [np.empty((0, 0), dt)] + [
             self._d[k - 1]
             if units[k - 1] == layers.hidden[k - 1]
             else np.empty((s, layers.hidden[k - 1]), dt)
