@@ -13,8 +13,9 @@ import os
 import re
 from typing import Any
 
+from ..nn.layers import layers_of
 from ..partition import round_cuts
-from ..planners import PLANNERS, make_plan, parse_shape
+from ..planners import PLANNERS, make_plan, parse_network_shape
 from ..real_partition import count_noun
 from ._common import PROG, CLIError, float_option, int_option
 
@@ -74,7 +75,7 @@ def add_parser(subparsers: Any) -> None:
         "--shape",
         required=True,
         metavar="N-M-L",
-        help="network inputs-hidden-outputs, e.g. 203-80-26",
+        help="network inputs-hidden-outputs, e.g. 203-80-26; several hidden layers: 784-512-256-10",
     )
     p.add_argument("--samples", required=True, metavar="S", help="number of training samples")
     p.add_argument(
@@ -159,7 +160,9 @@ def run(args: argparse.Namespace) -> int:
         abilities = read_abilities_file(args.abilities_file)
     else:
         abilities = parse_abilities(args.abilities, "--abilities")
-    shape = parse_shape(args.shape)
+    # several hidden layers: the planners cut the narrowest; every layer follows the same rows
+    layers = layers_of(parse_network_shape(args.shape))
+    shape = layers.plan_shape
     samples = int_option("--samples", args.samples)
     dp = int_option("--dp", args.dp)
     small_group = float_option("--small-group", args.small_group)
@@ -169,18 +172,31 @@ def run(args: argparse.Namespace) -> int:
         )
     plan = make_plan(abilities, shape, samples, method=args.method, dp=dp, small_group=small_group)
     if args.json:
-        print(json.dumps(plan_json(plan)))
+        print(json.dumps(plan_json(plan, layers)))
     else:
         print(format_plan(plan, draw=not args.no_draw, width=args.width))
+        if layers.depth > 1:
+            print(format_layers(plan, layers))
     return 0
+
+
+def format_layers(plan: Any, layers: Any) -> str:
+    """Each worker's rows of every hidden layer (a network of several hidden layers)."""
+    out = [f"rows of each hidden layer ({'-'.join(map(str, layers.shape))}):"]
+    for col in plan.columns:
+        for w in col:
+            rows = layers.layer_rows(plan.rectangle(w).hidden)
+            out.append(f"  P{w + 1:<6}" + "  ".join(f"[{a}, {b})" for a, b in rows))
+    return "\n".join(out)
 
 
 def _finite_or_none(v: float) -> float | None:
     return float(v) if math.isfinite(v) else None
 
 
-def plan_json(plan: Any) -> dict[str, Any]:
-    """The ``--json`` object of a plan (strict JSON: infeasible values become null)."""
+def plan_json(plan: Any, layers: Any = None) -> dict[str, Any]:
+    """The ``--json`` object of a plan (strict JSON: infeasible values become null); with
+    ``layers`` each rectangle's rows of every hidden layer too."""
     d: dict[str, Any] = {
         "method": plan.method,
         "abilities": list(plan.abilities),
@@ -200,6 +216,11 @@ def plan_json(plan: Any) -> dict[str, Any]:
             "samples": list(r.samples),
             "hidden": list(r.hidden),
             "work": r.area,
+            **(
+                {"layers": [list(v) for v in layers.layer_rows(r.hidden)]}
+                if layers is not None and layers.depth > 1
+                else {}
+            ),
         }
         for r in (plan.rectangle(w) for col in plan.columns for w in col)
     ]

@@ -42,7 +42,7 @@ __all__ = ["load_job", "check_paths", "check_config", "workers_spec"]
 #: What each required key looks like, for the message when it is missing.
 _REQUIRED = {
     "data": "data: digits.nc (netCDF with x(sample, input) and d(sample, output))",
-    "hidden": "hidden: 32 (hidden units)",
+    "hidden": "hidden: 32 (hidden units; a list for several hidden layers: [512, 256])",
     "output": "output: result.nc (where weights, history and plans go)",
 }
 
@@ -460,6 +460,21 @@ def workers_spec(spec: Any) -> dict[str, Any]:
     return _speeds(value) if kind == "local" else _slurm(value)
 
 
+def _hidden(raw: Mapping[str, Any]) -> int | tuple[int, ...]:
+    """``hidden:``: a whole number (one hidden layer) or a list of them (one per hidden layer)."""
+    v = raw.get("hidden")
+    if isinstance(v, list):
+        if not v or any(isinstance(u, bool) or not isinstance(u, int) or u < 1 for u in v):
+            raise bad(
+                "hidden",
+                v,
+                "expected a whole number >= 1, or a list of them (one per hidden layer)",
+                "Write e.g. hidden: [512, 256].",
+            )
+        return v[0] if len(v) == 1 else tuple(v)
+    return int(whole(raw, "hidden", 1))
+
+
 def load_job(path: str | os.PathLike[str], *, overwrite: bool = False) -> Job:
     """Read and check a job file; nothing is started.
 
@@ -482,7 +497,7 @@ def load_job(path: str | os.PathLike[str], *, overwrite: bool = False) -> Job:
     rel = _relative_to(path)
     data = rel(raw["data"], "data")
     shape = _data(raw, data)
-    hidden = whole(raw, "hidden", 1)
+    hidden = _hidden(raw)
     iterations, target, training = _length(raw, shape)
     lr = _learning_rate(raw)
     settings = _train_settings(raw)

@@ -115,7 +115,7 @@ class Job:
     path: str
     text: str
     data: str
-    hidden: int
+    hidden: int | tuple[int, ...]  # a tuple: one width per hidden layer
     iterations: int
     learning_rate: float
     output: str
@@ -179,8 +179,9 @@ class Job:
 
     @property
     def network(self) -> str:
-        """``n-m-l`` of the network this job trains."""
-        return f"{self.shape[1]}-{self.hidden}-{self.shape[2]}"
+        """``n-m-l`` of the network this job trains (``n-m_1-...-m_L-l`` for several hidden layers)."""
+        widths = self.hidden if isinstance(self.hidden, tuple) else (self.hidden,)
+        return "-".join(str(v) for v in (self.shape[1], *widths, self.shape[2]))
 
     @property
     def expected_workers(self) -> int | None:

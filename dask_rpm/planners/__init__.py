@@ -42,7 +42,7 @@ below, in one place.
 from __future__ import annotations
 
 from .grids import divisors, grid_h, grid_hrev, split_1d, uniform
-from .inputs import normalise, parse_shape, validate_abilities
+from .inputs import normalise, parse_network_shape, parse_shape, validate_abilities
 from .make import fastest_grid, make_plan
 from .registry import (
     DYNAMIC_MAPPING,
@@ -86,6 +86,7 @@ __all__ = [
     "mapping_names",
     "normalise",
     "parse_shape",
+    "parse_network_shape",
     "planner_aliases",
     "register_planner",
     "split_1d",

@@ -21,6 +21,7 @@ __all__ = [
     "check_fraction",
     "normalise",
     "parse_shape",
+    "parse_network_shape",
     "validate_abilities",
     "worker_label",
     "worker_names",
@@ -89,7 +90,21 @@ def parse_shape(shape: Any) -> tuple[int, int, int]:
 
     Raises :class:`PlanError` unless there are exactly three positive integers.
     """
-    hint = "shape must be three positive integers n-m-l (inputs-hidden-outputs), e.g. 203-80-26"
+    out = parse_network_shape(shape, layers=False)
+    return out[0], out[1], out[2]
+
+
+def parse_network_shape(shape: Any, *, layers: bool = True) -> tuple[int, ...]:
+    """Network shape ``(n, m_1, ..., m_L, l)`` from a sequence or a string ``"n-m_1-...-l"``
+    (with ``layers=False`` exactly one hidden layer: ``n-m-l``).
+
+    Raises :class:`PlanError` unless there are at least (exactly) three positive integers.
+    """
+    hint = (
+        "shape must be positive integers inputs-hidden-...-outputs, e.g. 203-80-26 or 784-512-256-10"
+        if layers
+        else "shape must be three positive integers n-m-l (inputs-hidden-outputs), e.g. 203-80-26"
+    )
     if isinstance(shape, str):
         text = shape.strip()
         if "-" in text.lstrip("-"):
@@ -101,10 +116,11 @@ def parse_shape(shape: Any) -> tuple[int, int, int]:
             parts = list(shape)
         except TypeError:
             raise PlanError(f"{hint}; got {shape!r}") from None
-    if len(parts) != 3:
+    if len(parts) < 3 or (not layers and len(parts) != 3):
         raise PlanError(f"{hint}; got {shape!r} ({len(parts)} values)")
+    names = ["n", *(["m"] if len(parts) == 3 else [f"m{k}" for k in range(1, len(parts) - 1)]), "l"]
     out = []
-    for name, v in zip(("n", "m", "l"), parts):
+    for name, v in zip(names, parts):
         try:
             if isinstance(v, bool):
                 raise ValueError
@@ -119,7 +135,7 @@ def parse_shape(shape: Any) -> tuple[int, int, int]:
         if iv < 1:
             raise PlanError(f"{hint}; {name}={iv} in {shape!r} must be at least 1")
         out.append(iv)
-    return out[0], out[1], out[2]
+    return tuple(out)
 
 
 def check_count(name: str, value: Any, hint: str) -> int:
