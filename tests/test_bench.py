@@ -154,7 +154,7 @@ def test_ddp_peer_runs_with_torch():
     from dask_rpm.recipe import forward
 
     W, V, _ = fit_serial(x, d, hidden=4, iterations=2, learning_rate=0.01)
-    h = forward(x[:32], W, V, Network())  # the paper's network: sigmoid hidden and outputs
+    h = forward(x[:32], [W, V], Network())  # the paper's network: sigmoid hidden and outputs
     assert res["error"] == pytest.approx(0.5 * float(((h - d[:32]) ** 2).sum()), rel=1e-9)
 
 

@@ -827,7 +827,7 @@ def test_sbatch_driver_two_groups_reaches_target_error(slurm_cluster, tmp_path):
     from dask_rpm.network import Network
     from dask_rpm.recipe import forward
 
-    h = forward(x, ds["W"].values, ds["V"].values, Network())  # the paper's network
+    h = forward(x, [ds["W"].values, ds["V"].values], Network())  # the paper's network
     accuracy = float(np.mean(h.argmax(1) == d.argmax(1)))
     assert accuracy > 0.9, accuracy
     assert not [

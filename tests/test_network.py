@@ -23,7 +23,7 @@ FORMS = [
 
 def _loss(net, x, d, W, V):
     """The loss written out from its definition (an independent check of the kernels' one)."""
-    h = forward(x, W, V, net)
+    h = forward(x, [W, V], net)
     if net.loss == "cross-entropy" and net.output == "sigmoid":
         return -float(np.sum(d * np.log(h) + (1 - d) * np.log(1 - h)))
     if net.loss == "cross-entropy":
@@ -50,10 +50,10 @@ def test_gradients_match_finite_differences(net):
     )
     xa = net.augment(x)
     ws = Workspace(s, W.shape[0], W.shape[1], l, "float64", net, net.bias_row(W.shape[0]))
-    u = ws.forward(xa, W, V)
+    u = ws.forward(xa, [W, V])
     _, err = ws.output_delta(u.copy(), d)
     assert err == pytest.approx(_loss(net, x, d, W, V), rel=1e-12)
-    dW, dV = (a.copy() for a in ws.backward(xa, V, ws.delta2))
+    dW, dV = (a.copy() for a in ws.backward(xa, [W, V], ws.delta2))
     h = 1e-6
     for i, j in [(0, 0), (2, 1), (W.shape[0] - 1, W.shape[1] - 1)]:
         Wp, Wm = W.copy(), W.copy()
