@@ -123,6 +123,10 @@ class Plan:
     notes : tuple of str
     workers : tuple of str, optional
         Dask worker addresses or names, index-aligned with ``abilities``.
+    cost_shape : tuple of int, optional
+        ``(n, m, l)`` the communication model counts with, when it is not ``shape``: a network
+        of several hidden layers (:attr:`Layers.cost_shape <dask_rpm.nn.layers.Layers.cost_shape>`).
+        Remaps plan with it again.
     """
 
     method: str
@@ -136,6 +140,7 @@ class Plan:
     excluded: tuple[int, ...] = ()
     notes: tuple[str, ...] = ()
     workers: tuple[str, ...] | None = None
+    cost_shape: tuple[int, int, int] | None = None
     meta: dict[str, Any] = field(default_factory=dict, compare=False)
 
     # ------------------------------------------------------------------ access
@@ -344,7 +349,8 @@ class Plan:
             widths = [
                 plan.column_samples(c)[1] - plan.column_samples(c)[0] for c in range(len(cols))
             ]
-            tc = t_comm_model(widths, [len(col) for col in cols], plan.shape, plan.samples)
+            cost = plan.cost_shape or plan.shape
+            tc = t_comm_model(widths, [len(col) for col in cols], cost, plan.samples)
             plan = replace(plan, t_comm=tc)
         return plan
 
@@ -371,6 +377,7 @@ class Plan:
             "notes": list(self.notes),
             "workers": list(self.workers) if self.workers is not None else None,
             "rectangles": [r.to_dict() for r in self.rectangles],
+            **({"cost_shape": list(self.cost_shape)} if self.cost_shape is not None else {}),
         }
 
     def to_json(self) -> str:
@@ -409,6 +416,7 @@ class Plan:
             excluded=tuple(d.get("excluded", ())),
             notes=tuple(d.get("notes", ())),
             workers=tuple(d["workers"]) if d.get("workers") else None,
+            cost_shape=tuple(int(v) for v in d["cost_shape"]) if d.get("cost_shape") else None,  # type: ignore[arg-type]
         )
         return plan.validate()
 

@@ -45,7 +45,9 @@ def t_comm(plan: Plan) -> float:
     """
     s = plan.samples
     widths = [plan.column_samples(c)[1] - plan.column_samples(c)[0] for c in range(plan.n_columns)]
-    return t_comm_model(widths, [len(col) for col in plan.columns], plan.shape, s)
+    return t_comm_model(
+        widths, [len(col) for col in plan.columns], plan.cost_shape or plan.shape, s
+    )
 
 
 def _speed_of(speeds: Sequence[float] | Mapping[Any, float], plan: Plan, w: int) -> float:
@@ -276,7 +278,7 @@ def _vertical(
     plan: Plan, speeds: Sequence[float] | Mapping[Any, float], net: Interconnect, vmode: str
 ) -> _Vertical:
     """Compute seconds per worker and the vertical exchange of every column."""
-    _, _, l = plan.shape
+    _, _, l = plan.cost_shape or plan.shape  # a deep network: its layers too
     isz = net.itemsize
     out = _Vertical({}, [], [], [])
     engine_rounds: list[list[Message]] = [[], []]
@@ -385,7 +387,7 @@ def _share_host_cores(plan: Plan, net: Interconnect, out: _Vertical) -> None:
     Every member of an allgather column (the leader of a leader column) computes them.
     """
     assert net.hosts is not None
-    _, _, l = plan.shape
+    _, _, l = plan.cost_shape or plan.shape
     load: dict[Any, float] = {}
     for c, col in enumerate(plan.columns):
         s0, s1 = plan.column_samples(c)
@@ -402,7 +404,7 @@ def _horizontal(
     plan: Plan, net: Interconnect, hmode: str
 ) -> tuple[float, list[float], list[tuple[tuple[int, ...], int, str, float]]]:
     """The horizontal exchange: seconds, per band (``bands`` mode), per group (collectives)."""
-    n, _, l = plan.shape
+    n, _, l = plan.cost_shape or plan.shape
     C = plan.n_columns
     per_row = (n + l) * net.itemsize
     if C == 1:

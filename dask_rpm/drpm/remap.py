@@ -229,6 +229,7 @@ def whole_remap(plan: Plan, abilities: Abilities, **kw: Any) -> Plan:
         vec = np.asarray(list(abilities), dtype=float)
         if plan.workers is not None and vec.size == len(plan.abilities):
             workers = plan.workers
+    kw.setdefault("cost_shape", plan.cost_shape)  # a deep network's exchanges, as first planned
     new = make_plan(vec, plan.shape, plan.samples, method="srpm", **kw)
     new = replace(new, notes=(*new.notes, "whole remap"))
     if workers is not None:

@@ -32,6 +32,7 @@ def resolve_plan(
     batch: int | None = None,
     rates: list[float] | None = None,
     network: Any = None,
+    cost_shape: tuple[int, int, int] | None = None,
 ) -> Plan:
     """Turn ``mapping`` (a method name or a Plan) into a plan bound to worker addresses.
 
@@ -54,6 +55,7 @@ def resolve_plan(
             batch=batch,
             rates=rates,
             network=network,
+            cost_shape=cost_shape,
         )
     plan = mapping
     if plan.workers is not None:
@@ -173,5 +175,6 @@ async def first_plan(
         batch=data.recipe.schedule.batch,
         rates=rates,
         network=network,
+        cost_shape=data.layers.cost_shape if data.layers.depth > 1 else None,
     )
     return plan, info, probe_result, given, False

@@ -53,6 +53,7 @@ def whole_plan(
         driver.plan.samples,
         method="srpm",
         batch=driver.recipe.schedule.batch,
+        cost_shape=driver.plan.cost_shape,
     )
     full = np.zeros(len(driver.addresses))
     full[active] = np.asarray(vec) / np.sum(vec)

@@ -80,6 +80,21 @@ class Layers(NamedTuple):
         return (self.n, self.m, self.l)
 
     @property
+    def cost_shape(self) -> tuple[int, int, int]:
+        """``(n', m, l')`` for the paper's communication model (docs/method.md §4) of this network.
+
+        The model counts ``l`` elements per sample for each vertical message and ``(n + l)``
+        per hidden row for each horizontal one. With several hidden layers a column also
+        gathers each hidden layer but the last's activations and sums its deltas - as many
+        messages as the partial products, ``m_k`` elements per sample - and the columns sum
+        every parameter's rows: ``l' = l + m_1 + ... + m_(L-1)`` and ``(n' + l') m`` is the
+        number of weights. One hidden layer: ``(n, m, l)`` itself.
+        """
+        l_eff = self.l + sum(self.hidden[:-1])
+        weights = sum(r * c for r, c in self.full_shapes())
+        return (max(1, round(weights / self.m) - l_eff), self.m, l_eff)
+
+    @property
     def params(self) -> tuple[Param, ...]:
         """``W`` and ``V`` for one hidden layer (the paper's names); ``W1 .. WL`` and ``V`` deeper."""
         if self.depth == 1:

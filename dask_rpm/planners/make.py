@@ -39,6 +39,7 @@ def make_plan(
     rates: Sequence[float] | None = None,
     network: Any = None,
     batch: int | None = None,
+    cost_shape: Any = None,
 ) -> Plan:
     """Plan one BP iteration for workers of the given abilities.
 
@@ -78,6 +79,11 @@ def make_plan(
         of every mini-batch). Measured on this 2-core machine (EMULATED,
         docs/benchmarks.md): 1.2-2.3x faster per iteration at batch sizes
         256 and 1024 than the plan for the whole training set.
+    cost_shape
+        ``(n, m, l)`` the communication model counts with instead of ``shape`` (a network of
+        several hidden layers exchanges each layer's activations in a column and every
+        layer's rows across columns: :attr:`Layers.cost_shape
+        <dask_rpm.nn.layers.Layers.cost_shape>`); the plan records it for its remaps.
 
     Returns
     -------
@@ -97,9 +103,10 @@ def make_plan(
     """
     ab = validate_abilities(abilities)
     shape = parse_shape(shape)
+    cost = shape if cost_shape is None else parse_shape(cost_shape)
     samples = check_count("samples", samples, "give the number of training samples, e.g. 1024")
     dp = _columns_for_batch(
-        abilities, shape, samples, method, dp, batch, small_group, rates=rates, network=network
+        abilities, cost, samples, method, dp, batch, small_group, rates=rates, network=network
     )
     if dp is not None:
         dp = check_count(
@@ -125,7 +132,7 @@ def make_plan(
         if time_objective:
             extra["rates"] = None if rates is None else [float(rates[i]) for i in active]
             extra["network"] = _subset_network(network, active)
-        return planner(normalise(p_all[active]), shape, samples, dp=dp, **extra)
+        return planner(normalise(p_all[active]), cost, samples, dp=dp, **extra)
 
     def run(active: list[int]) -> PlannerResult:
         if not time_objective or dp is not None:
@@ -167,6 +174,7 @@ def make_plan(
         t_comm_by_columns=tuple(float(v) for v in res.t_comm_by_columns),
         excluded=tuple(sorted(excluded)),
         notes=(*res.notes, *notes),
+        cost_shape=None if cost == shape else cost,
     )
     if workers is not None:
         plan = plan.with_workers(list(workers))
