@@ -169,7 +169,7 @@ def run(work: str) -> int:
         xr.open_dataset("digits.nc", engine="h5netcdf") as data,
     ):
         res.load()
-        h = forward(data["x"].values, res["W"].values, res["V"].values, Network())
+        h = forward(data["x"].values, [res["W"].values, res["V"].values], Network())
         right = float(np.mean(h.argmax(1) == data["d"].values.argmax(1)))
     print(
         f"\noutput digits-result.nc: status {res.attrs['status']}, {res.attrs['iterations']} iterations, "
