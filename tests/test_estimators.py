@@ -138,6 +138,83 @@ def test_the_same_model_as_scikit_learn_serially(name):
     assert ours.score(x, y) == pytest.approx(theirs.score(x, y), rel=1e-9)
 
 
+#: several hidden layers: (kind, data, hidden_layer_sizes, parameters) - depths 2 and 3, both
+#: kinds, adam and sgd, every activation, early stopping (the best weights of every layer)
+DEEP_CASES = {
+    "classifier-2-adam-relu": ("classifier", 3, (10, 6), dict(max_iter=25)),
+    "classifier-3-sgd-tanh": ("classifier", 3, (10, 8, 6), dict(solver="sgd", activation="tanh")),
+    "binary-2-sgd-logistic": (
+        "classifier",
+        2,
+        (8, 5),
+        dict(solver="sgd", activation="logistic", learning_rate_init=0.05),
+    ),
+    "classifier-3-adam-logistic-early-stopping": (
+        "classifier",
+        3,
+        (10, 8, 6),
+        dict(activation="logistic", early_stopping=True, learning_rate_init=0.01, max_iter=40),
+    ),
+    "regressor-2-sgd-relu": ("regressor", 1, (10, 6), dict(solver="sgd", learning_rate_init=0.01)),
+    "regressor-3-adam-tanh": ("regressor", 2, (10, 8, 6), dict(activation="tanh")),
+    "regressor-2-adam-logistic": ("regressor", 1, (8, 5), dict(activation="logistic")),
+}
+
+
+def _deep_case(name):
+    kind, k, hidden, extra = DEEP_CASES[name]
+    params = dict(hidden_layer_sizes=hidden, batch_size=32, random_state=1, max_iter=20)
+    params.update(extra)
+    if kind == "classifier":
+        x, y = _classes(k)
+        return SKClassifier, MLPClassifier, params, x, y
+    x, y = _regression(outputs=k)
+    return SKRegressor, MLPRegressor, params, x, y
+
+
+@pytest.mark.parametrize("name", list(DEEP_CASES))
+def test_several_hidden_layers_are_scikit_learns_model_serially(name):
+    sk_class, our_class, params, x, y = _deep_case(name)
+    assert _sensitivity(sk_class, params, x, y) < 1e-7  # well conditioned (module docstring)
+    theirs = _fit_quiet(sk_class(**params), x, y)
+    ours = _fit_quiet(our_class(**params), x, y)
+    assert [c.shape for c in ours.coefs_] == [c.shape for c in theirs.coefs_]
+    assert [b.shape for b in ours.intercepts_] == [b.shape for b in theirs.intercepts_]
+    assert ours.n_layers_ == len(params["hidden_layer_sizes"]) + 2
+    assert _relative(ours, theirs) < 1e-12
+    _assert_same_model(ours, theirs)
+    if params.get("early_stopping"):
+        assert ours.n_iter_ < params["max_iter"]  # stopped early: the best epoch's weights kept
+    np.testing.assert_allclose(
+        np.asarray(ours.predict(x), dtype=float), np.asarray(theirs.predict(x), dtype=float), 1e-9
+    )
+    if sk_class is SKClassifier:
+        np.testing.assert_allclose(ours.predict_proba(x), theirs.predict_proba(x), rtol=1e-9)
+    assert ours.score(x, y) == pytest.approx(theirs.score(x, y), rel=1e-9)
+    back = pickle.loads(pickle.dumps(ours))
+    assert np.array_equal(back.predict(x), ours.predict(x)) and back.model_ is None
+
+
+def test_several_hidden_layers_warm_start_and_partial_fit_equal_scikit_learn(tmp_path):
+    x, y = _classes()
+    params = dict(hidden_layer_sizes=(7, 5, 4), random_state=3, batch_size=40, max_iter=4)
+    theirs, ours = SKClassifier(warm_start=True, **params), MLPClassifier(warm_start=True, **params)
+    for _ in range(3):
+        _fit_quiet(theirs, x, y)
+        _fit_quiet(ours, x, y)
+    _assert_same_model(ours, theirs)
+    theirs, ours = SKRegressor(**params), MLPRegressor(**params)
+    xr, yr = _regression()
+    for part in np.array_split(np.arange(len(xr)), 4):  # the optimizer goes on, every layer's
+        theirs.partial_fit(xr[part], yr[part])
+        ours.partial_fit(xr[part], yr[part])
+    _assert_same_model(ours, theirs)
+    with pytest.raises(EstimatorError, match="holds one hidden layer; this network has 3"):
+        ours.save(tmp_path / "deep.nc")
+    with pytest.raises(EstimatorError, match=r"goes on with the fitted network's hidden layers"):
+        ours.partial_fit(xr, yr).set_params(hidden_layer_sizes=(7, 5)).partial_fit(xr, yr)
+
+
 def test_the_same_warning_and_stop_message_as_scikit_learn():
     x, y = _classes()
     with pytest.warns(ConvergenceWarning, match=r"Maximum iterations \(3\) reached"):
@@ -198,7 +275,8 @@ def test_bad_input_is_refused_with_what_is_valid():
     x, y = _classes(s=40)
     cases = [
         (dict(solver="lbfgs"), "solver='lbfgs'; dask_rpm trains with 'adam' or 'sgd'"),
-        (dict(hidden_layer_sizes=(8, 4)), "has 2 hidden layers; dask_rpm trains networks with one"),
+        (dict(hidden_layer_sizes=()), r"hidden_layer_sizes=\(\); give positive integers"),
+        (dict(hidden_layer_sizes=(8, 0)), r"hidden_layer_sizes=\(8, 0\); give positive integers"),
         (dict(hidden_layer_sizes=(0,)), r"hidden_layer_sizes=\(0,\); give positive integers"),
         (dict(activation="identity"), "activation='identity'; valid: logistic, tanh, relu"),
         (dict(learning_rate="cyclic"), "learning_rate='cyclic'; valid: constant, invscaling"),
@@ -234,6 +312,30 @@ def test_saved_estimator_model_predicts_the_same(tmp_path):
     reg = _fit_quiet(MLPRegressor(hidden_layer_sizes=(6,), max_iter=5, batch_size=16), xr, yr)
     back = MLPModel.load(reg.save(tmp_path / "reg.nc"))
     np.testing.assert_allclose(back.predict(xr)[:, 0], reg.predict(xr), rtol=1e-12)
+
+
+def test_digits_with_two_hidden_layers_is_scikit_learns_model(capsys):
+    """Digits (25 % stratified hold-out, standardized), hidden layers of 32 and 16 units, serially:
+    the held-out accuracy is scikit-learn's own, because the model is."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+    from sklearn.preprocessing import StandardScaler
+
+    X, y = load_digits(return_X_y=True)
+    Xtr, Xte, ytr, yte = train_test_split(X, y, test_size=0.25, random_state=0, stratify=y)
+    scaler = StandardScaler().fit(Xtr)
+    Xtr, Xte = scaler.transform(Xtr), scaler.transform(Xte)
+    params = dict(hidden_layer_sizes=(32, 16), max_iter=30, random_state=0)
+    theirs = _fit_quiet(SKClassifier(**params), Xtr, ytr)
+    ours = _fit_quiet(MLPClassifier(**params), Xtr, ytr)
+    acc = ours.score(Xte, yte)
+    with capsys.disabled():
+        print(
+            f"\ndigits (32, 16): dask_rpm {acc:.3f} held out (serial), scikit-learn "
+            f"{theirs.score(Xte, yte):.3f}; coefs_ differ by {_relative(ours, theirs):.1e} relative"
+        )
+    assert _relative(ours, theirs) < 1e-9
+    assert acc == theirs.score(Xte, yte) and acc > 0.9
 
 
 # ---------------------------------------------------------------------------
@@ -272,6 +374,21 @@ def test_the_same_model_as_scikit_learn_on_a_cluster(name, mapping, emulated_cli
     )
     assert ours.result_.emulation and "EMULATED" in ours.result_.emulation  # trained on the cluster
     assert len(ours.result_.plan.planned_workers) == 3
+    _assert_same_model(ours, theirs)
+
+
+@pytest.mark.parametrize(
+    "name,mapping",
+    [("classifier-3-adam-logistic-early-stopping", "srpm"), ("regressor-2-sgd-relu", "uniform")],
+)
+def test_several_hidden_layers_on_a_cluster_are_scikit_learns_model(name, mapping, emulated_client):
+    sk_class, our_class, params, x, y = _deep_case(name)
+    theirs = _fit_quiet(sk_class(**params), x, y)
+    ours = _fit_quiet(
+        our_class(client=emulated_client, mapping=mapping, progress="none", **params), x, y
+    )
+    assert ours.result_.emulation and "EMULATED" in ours.result_.emulation  # trained on the cluster
+    assert len(ours.result_.params) == len(params["hidden_layer_sizes"]) + 1
     _assert_same_model(ours, theirs)
 
 

@@ -8,7 +8,8 @@ equal scikit-learn's to rounding (float64), trained serially or on any Dask
 cluster and plan. What makes them equal:
 
 * initial weights drawn from ``check_random_state(random_state)`` in
-  scikit-learn's order and bounds (Glorot uniform; ``factor`` 2 for logistic);
+  scikit-learn's order and bounds, every layer's coefficients then its
+  intercepts (Glorot uniform; ``factor`` 2 for logistic);
 * the early-stopping split by ``train_test_split`` from the same generator
   (stratified for single-output classifiers), then scikit-learn's cumulative
   per-epoch shuffles from what is left of it (:mod:`dask_rpm.batches`);
@@ -27,9 +28,11 @@ client is not pickled: an unpickled estimator (e.g. in ``GridSearchCV``'s
 worker processes) finds the default client again, or trains serially, which
 gives the same model.
 
-Not supported: ``solver="lbfgs"``, more than one hidden layer (one
-``hidden_layer_sizes`` entry), ``activation="identity"``, ``sample_weight``
-and ``loss="poisson"``; each is refused with a message saying so.
+Any depth: ``hidden_layer_sizes=(100, 50)`` trains two hidden layers, and
+``coefs_`` / ``intercepts_`` hold one array per layer in scikit-learn's
+shapes (``(fan_in, fan_out)``). Not supported: ``solver="lbfgs"``,
+``activation="identity"``, ``sample_weight`` and ``loss="poisson"``; each is
+refused with a message saying so.
 
 Needs scikit-learn (the optional extra ``sklearn``).
 """
@@ -37,6 +40,7 @@ Needs scikit-learn (the optional extra ``sklearn``).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -65,8 +69,8 @@ _COMMON_DOC = """
     power_t, max_iter, shuffle, random_state, tol, verbose, warm_start, momentum,
     nesterovs_momentum, early_stopping, validation_fraction, beta_1, beta_2, epsilon,
     n_iter_no_change, max_fun
-        scikit-learn's, with its defaults and meaning (one hidden layer; solvers adam
-        and sgd; ``max_fun`` is lbfgs's and unused).
+        scikit-learn's, with its defaults and meaning (any number of hidden layers; solvers
+        adam and sgd; ``max_fun`` is lbfgs's and unused).
     client : distributed.Client, optional
         Train on this cluster; None: the default client if any, else serially.
     mapping, abilities, progress
@@ -84,8 +88,9 @@ _COMMON_DOC = """
     n_features_in_, feature_names_in_
         scikit-learn's, with its meaning (``n_iter_`` counts epochs; the
         losses are per-sample means with the L2 penalty).
-    model_ : MLPModel
-        The trained network (save, load, to_torch).
+    model_ : MLPModel or None
+        The trained network (save, load, to_torch); None for several hidden layers, which
+        :class:`~dask_rpm.MLPModel` does not hold.
     result_ : FitResult or dict
         What :func:`dask_rpm.fit` (or the serial loop) returned for the last fit.
 """
@@ -98,7 +103,7 @@ def _params_init(self: Any, **params: Any) -> None:
 
 class MLPClassifier(ClassifierMixin, MLPBase):
     __doc__ = (
-        "A one-hidden-layer perceptron classifier: scikit-learn's ``MLPClassifier``, trained by "
+        "A multi-layer perceptron classifier: scikit-learn's ``MLPClassifier``, trained by "
         "dask_rpm.\n" + _COMMON_DOC + "    classes_ : numpy.ndarray\n"
     )
 
@@ -179,14 +184,12 @@ class MLPClassifier(ClassifierMixin, MLPBase):
         return self._label_binarizer.inverse_transform(Yv)
 
     def _scorer(self, Xv: np.ndarray, yv: Any) -> Any:
-        def score(W: np.ndarray, V: np.ndarray) -> float:
-            return float(accuracy_score(yv, self._labels(self._augmented_outputs(Xv, W, V))))
+        net = self._net(self._resolved())
+
+        def score(params: Sequence[np.ndarray]) -> float:
+            return float(accuracy_score(yv, self._labels(forward(Xv, params, net))))
 
         return score
-
-    def _augmented_outputs(self, X: np.ndarray, W: np.ndarray, V: np.ndarray) -> np.ndarray:
-        net = self._net(self._resolved())
-        return forward(X, W, V, net)
 
     def _labels(self, out: np.ndarray) -> Any:
         if out.shape[1] == 1:
@@ -227,7 +230,7 @@ class MLPClassifier(ClassifierMixin, MLPBase):
 
 class MLPRegressor(RegressorMixin, MLPBase):
     __doc__ = (
-        "A one-hidden-layer perceptron regressor: scikit-learn's ``MLPRegressor``, trained by "
+        "A multi-layer perceptron regressor: scikit-learn's ``MLPRegressor``, trained by "
         "dask_rpm (squared error, identity outputs).\n"
         + _COMMON_DOC.replace(
             "    hidden_layer_sizes, activation,",
@@ -308,8 +311,8 @@ class MLPRegressor(RegressorMixin, MLPBase):
     def _scorer(self, Xv: np.ndarray, yv: Any) -> Any:
         net = self._net(self._resolved())
 
-        def score(W: np.ndarray, V: np.ndarray) -> float:
-            out = forward(Xv, W, V, net)
+        def score(params: Sequence[np.ndarray]) -> float:
+            out = forward(Xv, params, net)
             pred = out.ravel() if out.shape[1] == 1 else out
             if not np.isfinite(pred).all():
                 return math.nan

@@ -81,11 +81,6 @@ class MLPBase(BaseEstimator):
             raise EstimatorError(
                 f"hidden_layer_sizes={hidden!r}; give positive integers, e.g. (100,)"
             )
-        if len(sizes) != 1:
-            raise EstimatorError(
-                f"hidden_layer_sizes={hidden!r} has {len(sizes)} hidden layers; dask_rpm trains "
-                f"networks with one hidden layer: give one size, e.g. ({sizes[0]},)"
-            )
         if p["solver"] not in ("adam", "sgd"):
             raise EstimatorError(
                 f"solver={p['solver']!r}; dask_rpm trains with 'adam' or 'sgd' (mini-batch "
@@ -124,13 +119,20 @@ class MLPBase(BaseEstimator):
         b = p["batch_size"]
         if b != "auto" and (isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1):
             raise EstimatorError(f"batch_size={b!r}; give a positive integer or 'auto'")
-        return sizes
+        return tuple(int(h) for h in sizes)
 
     # ------------------------------------------------------------- training
     def _fit(self, X: Any, y: Any, incremental: bool, classes: Any = None) -> Any:
         p = self._resolved()
-        (hidden,) = self._check_params(p)
+        hidden = self._check_params(p)
         first_pass = not hasattr(self, "coefs_") or (not p["warm_start"] and not incremental)
+        fitted = () if first_pass else tuple(c.shape[1] for c in self.coefs_[:-1])
+        if fitted and fitted != hidden:
+            raise EstimatorError(
+                f"hidden_layer_sizes={hidden!r}, but {'partial_fit' if incremental else 'warm_start'} "
+                f"goes on with the fitted network's hidden layers {fitted!r}: fit it anew "
+                f"(warm_start=False) to train other sizes"
+            )
         X, Y = self._validate_input(X, y, incremental, first_pass, classes)
         self.n_outputs_ = Y.shape[1]
         rs = check_random_state(p["random_state"])
@@ -170,10 +172,12 @@ class MLPBase(BaseEstimator):
         )
         # the rate the optimizer reached (sgd's invscaling and adaptive change it; partial_fit goes on)
         rule.lr = self._lr
-        W, V = self._train(Xt, Yt, hidden, batch, 1 if incremental else p["max_iter"], rs, p, rule)
+        params = self._train(
+            Xt, Yt, hidden, batch, 1 if incremental else p["max_iter"], rs, p, rule
+        )
         if rule.best is not None:  # early stopping: the weights of the best validation score
-            W, V = rule.best
-        self._store(W, V, rule, p)
+            params = rule.best
+        self._store(params, rule, p)
         if not incremental and rule.epochs == p["max_iter"] and not self._stopped:
             warnings.warn(
                 f"Stochastic Optimizer: Maximum iterations ({p['max_iter']}) reached and the "
@@ -184,17 +188,19 @@ class MLPBase(BaseEstimator):
         return self
 
     def _initialize(
-        self, n_features: int, hidden: int, Y: np.ndarray, rs: Any, p: dict[str, Any]
+        self, n_features: int, hidden: tuple[int, ...], Y: np.ndarray, rs: Any, p: dict[str, Any]
     ) -> None:
-        """scikit-learn's ``_initialize``: Glorot-uniform weights drawn from ``rs`` in its order."""
+        """scikit-learn's ``_initialize``: Glorot-uniform weights drawn from ``rs`` in its order
+        (each layer's coefficients, then its intercepts, first layer to output layer)."""
         factor = 2.0 if p["activation"] == "logistic" else 6.0
+        units = [n_features, *hidden, Y.shape[1]]
         self.coefs_, self.intercepts_ = [], []
-        for fan_in, fan_out in ((n_features, hidden), (hidden, Y.shape[1])):
+        for fan_in, fan_out in zip(units[:-1], units[1:]):
             bound = np.sqrt(factor / (fan_in + fan_out))
             self.coefs_.append(rs.uniform(-bound, bound, (fan_in, fan_out)))
             self.intercepts_.append(rs.uniform(-bound, bound, fan_out))
         self.n_iter_, self.t_ = 0, 0
-        self.n_layers_ = 3
+        self.n_layers_ = len(units)
         self._rule_state: dict[str, Any] | None = None
         if hasattr(self, "_optimizer_state"):
             del self._optimizer_state
@@ -223,13 +229,13 @@ class MLPBase(BaseEstimator):
         self,
         X: np.ndarray,
         Y: np.ndarray,
-        hidden: int,
+        hidden: tuple[int, ...],
         batch: int,
         epochs: int,
         rs: Any,
         p: dict[str, Any],
         rule: ConvergenceRule,
-    ) -> tuple[np.ndarray, np.ndarray]:
+    ) -> list[np.ndarray]:
         net = self._net(p)
         opt: dict[str, Any] = {"name": p["solver"], "convention": "scikit-learn", "steps": 0}
         if p["solver"] == "adam":
@@ -237,7 +243,8 @@ class MLPBase(BaseEstimator):
         else:
             opt.update(momentum=p["momentum"], nesterov=bool(p["nesterovs_momentum"]))
         opt["steps"] = self._steps
-        init = (self.coefs_[0].T, self.coefs_[1].T, self.intercepts_[0], self.intercepts_[1])
+        # (weights, biases): every layer's, in the kernels' (fan_out, fan_in) orientation
+        init = ([c.T for c in self.coefs_], list(self.intercepts_))
         options = TrainingOptions(
             hidden=hidden,
             epochs=epochs,
@@ -261,42 +268,15 @@ class MLPBase(BaseEstimator):
             out = train_arrays(
                 net.augment(job.arrays[0]),
                 job.arrays[1],
-                job.W0,
-                job.V0,
+                job.params0,
                 job.recipe,
                 rules=[rule],
                 opt_state=self._optimizer_state,
             )
-            W, V, stopped, state = out["W"], out["V"], out["stopped"], out["optimizer_state"]
+            params, stopped, state = out["params"], out["stopped"], out["optimizer_state"]
             self.result_: Any = out
         else:
-            from ..engine import fit  # only with a client: the serial path needs no distributed
-
-            resume = None
-            if self._optimizer_state is not None:  # partial_fit goes on with the optimizer's state
-                W0, V0 = net.join(*init[:2], init[2], init[3])
-                resume = {
-                    "iteration": 0,
-                    "W": W0,
-                    "V": V0,
-                    "optimizer_state": self._optimizer_state,
-                }
-            per_epoch = math.ceil(X.shape[0] / batch)
-            result = fit(
-                X,
-                Y,
-                client=client,
-                mapping=p["mapping"],
-                abilities=p["abilities"],
-                progress=p["progress"],
-                callbacks=[rule],
-                resume=resume,
-                # a worker loss replays from the last epoch end, at that epoch's learning rate
-                checkpoint_every=per_epoch if p["learning_rate"] != "constant" else None,
-                options=options,
-            )
-            W, V, stopped, state = result.W, result.V, result.stopped, result.optimizer_state
-            self.result_ = result
+            params, stopped, state = self._train_on_cluster(client, X, Y, batch, options, p, rule)
         if stopped and "diverged" in stopped:
             raise EstimatorError(
                 "Solver produced non-finite parameter weights. The input data may contain large "
@@ -308,16 +288,58 @@ class MLPBase(BaseEstimator):
         # the rule stops training on epoch ends only: so many steps were taken
         self._steps += rule.epochs * math.ceil(X.shape[0] / batch)
         self._lr = rule.lr
-        return W, V
+        return list(params)
 
-    def _store(
-        self, W: np.ndarray, V: np.ndarray, rule: ConvergenceRule, p: dict[str, Any]
-    ) -> None:
-        """scikit-learn's fitted attributes from the augmented weights and the rule's bookkeeping."""
+    def _train_on_cluster(
+        self,
+        client: Any,
+        X: np.ndarray,
+        Y: np.ndarray,
+        batch: int,
+        options: TrainingOptions,
+        p: dict[str, Any],
+        rule: ConvergenceRule,
+    ) -> tuple[list[np.ndarray], str | None, Any]:
+        """:func:`dask_rpm.fit` on ``client``'s workers: the parameters, why it stopped, the
+        optimizer's state."""
+        from ..engine import fit  # only with a client: the serial path needs no distributed
+
+        resume = None
+        if self._optimizer_state is not None:  # partial_fit goes on with the optimizer's state
+            params0 = self._params()
+            resume = {
+                "iteration": 0,
+                "params": params0,
+                "W": params0[0],
+                "V": params0[-1],
+                "optimizer_state": self._optimizer_state,
+            }
+        per_epoch = math.ceil(X.shape[0] / batch)
+        result = fit(
+            X,
+            Y,
+            client=client,
+            mapping=p["mapping"],
+            abilities=p["abilities"],
+            progress=p["progress"],
+            callbacks=[rule],
+            resume=resume,
+            # a worker loss replays from the last epoch end, at that epoch's learning rate
+            checkpoint_every=per_epoch if p["learning_rate"] != "constant" else None,
+            options=options,
+        )
+        self.result_ = result
+        # a FitResult of one hidden layer may not carry the list yet: its W, V are the list
+        params = list(getattr(result, "params", None) or (result.W, result.V))
+        return params, result.stopped, result.optimizer_state
+
+    def _store(self, params: list[np.ndarray], rule: ConvergenceRule, p: dict[str, Any]) -> None:
+        """scikit-learn's fitted attributes from the augmented parameters ``W_1 .. W_L, V`` and the
+        rule's bookkeeping."""
         net = self._net(p)
-        parts = net.split(W, V)
-        self.coefs_ = [np.array(parts["W"].T), np.array(parts["V"].T)]
-        self.intercepts_ = [np.array(parts["b"]), np.array(parts["c"])]
+        weights, biases = net.split_params(params)
+        self.coefs_ = [np.array(w.T) for w in weights]
+        self.intercepts_ = [np.array(b) for b in biases]
         self.n_iter_ = rule.epochs
         self.t_ = rule.t
         self.loss_curve_ = list(rule.loss_curve)
@@ -332,9 +354,13 @@ class MLPBase(BaseEstimator):
         self.best_validation_score_: float | None = rule.best_score if early else None
         self.best_loss_: float | None = None if early else rule.best_loss
         self.stopped_ = self._stopped
+        # MLPModel (save, load, to_torch) holds one hidden layer's W and V; deeper: no model yet
+        self.model_: MLPModel | None = None
+        if len(params) != 2:
+            return
         self.model_ = MLPModel(
-            W,
-            V,
+            params[0],
+            params[1],
             net,
             classes=getattr(self, "classes_", None) if self._output_name != "linear" else None,
             meta={
@@ -387,11 +413,12 @@ class MLPBase(BaseEstimator):
     def _forward(self, X: np.ndarray) -> np.ndarray:
         """The outputs of the network ``coefs_`` / ``intercepts_`` hold, by the kernels that train
         it (:func:`dask_rpm.recipe.forward`)."""
+        return forward(X, self._params(), self._net(self._resolved()))
+
+    def _params(self) -> list[np.ndarray]:
+        """The augmented parameters ``W_1 .. W_L, V`` that ``coefs_`` / ``intercepts_`` hold."""
         net = self._net(self._resolved())
-        W, V = net.join(
-            self.coefs_[0].T, self.coefs_[1].T, self.intercepts_[0], self.intercepts_[1]
-        )
-        return forward(np.asarray(X, dtype=W.dtype), W, V, net)
+        return net.join_params([c.T for c in self.coefs_], list(self.intercepts_))
 
     def _check_predict_X(self, X: Any) -> np.ndarray:
         check_is_fitted(self, "coefs_")
@@ -401,4 +428,9 @@ class MLPBase(BaseEstimator):
         """Write the fitted model (:meth:`dask_rpm.MLPModel.save`: an existing file only with
         ``overwrite=True``); :meth:`dask_rpm.MLPModel.load` reads it."""
         check_is_fitted(self, "model_")
+        if self.model_ is None:
+            raise EstimatorError(
+                f"save writes a dask_rpm.MLPModel, which holds one hidden layer; this network has "
+                f"{len(self.coefs_) - 1}: pickle the estimator instead (pickle.dump(est, file))"
+            )
         return self.model_.save(path, overwrite=overwrite)
