@@ -11,8 +11,7 @@ here has some.
   selection of that grid (every value of every axis, many pairs), not the full cross product;
 * through a forced column remap and a whole remap, through DRPM's own remaps, through the loss of a
   worker (rows from another column, or from the last checkpoint) and through a resume from a
-  checkpoint (``on_checkpoint``'s state; from a ``checkpoint_dir`` store: strict xfail, the store's
-  manifest records the plan's (n, m, l) instead of the deep network's shape);
+  checkpoint (``on_checkpoint``'s state, and the ``checkpoint_dir`` store the workers wrote);
 * ``fit_serial`` of a deep network equals an ``nn.Sequential`` trained by ``torch.optim`` from the
   same weights on the same batches (1e-9 relative after 50 steps);
 * ``FitResult.stats["memory"]``: each column holds the whole network and its optimizer slots once, a
@@ -22,8 +21,6 @@ Each problem is first shown to be well conditioned: a 1e-15 relative change of t
 initial weights (of the learning rate by 1e-12, where the run starts from the seeded default weights)
 moves the serial result by less than 1e-12 relative, so agreeing to 1e-10 says that the arithmetic is
 the same, and is not luck; and the weights are shown to move.
-
-Strict xfails mark two package bugs (their reasons name the file); they turn into failures once fixed.
 """
 
 from __future__ import annotations
@@ -36,10 +33,8 @@ import pytest
 from distributed import Client, LocalCluster
 
 from dask_rpm.batches import BatchSchedule
-from dask_rpm.data import DataError
-from dask_rpm.engine import TrainingError, fit, ordered_workers, store
+from dask_rpm.engine import fit, ordered_workers, store
 from dask_rpm.engine.callbacks import TrainingCallback
-from dask_rpm.engine.store import StoreError
 from dask_rpm.nn.kernels import init_params
 from dask_rpm.nn.layers import Layers
 from dask_rpm.partition import Plan
@@ -251,12 +246,6 @@ def test_deep_fit_equals_serial(client4, case):
         assert list(r.classes) == list(range(L))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=DataError,
-    reason="dask_rpm/nn/prepare.py _weights: any 4 arrays are taken for (W0, V0, b0, c0), so "
-    "init=[W_1, W_2, W_3, V] of three hidden layers without bias is refused",
-)
 def test_init_of_three_hidden_layers_without_bias():
     """``init=[W_1, ..., W_L, V]`` is the documented form; for L = 3 it is four arrays."""
     x, d, _, _ = _problem("sq-linear", 3, False)
@@ -337,25 +326,12 @@ def test_deep_fit_through_drpm_remaps_equals_serial(client4):
     _assert_equal(r, ref)
 
 
-_STORE_SHAPE_BUG = (
-    "dask_rpm/engine/checkpoint.py write_store commits the manifest with shape=plan.shape "
-    "(n, m, l) instead of the network's (n, m_1, ..., m_L, l)"
-)
-
-
 @pytest.mark.parametrize(
     "layout",
     [
         "two-columns",
         "one-column",
-        pytest.param(
-            "one-column-store",
-            marks=pytest.mark.xfail(
-                strict=True,
-                raises=TrainingError,
-                reason=_STORE_SHAPE_BUG + ": the workers read the rows as 'W', 'V' (KeyError)",
-            ),
-        ),
+        "one-column-store",
     ],
 )
 def test_deep_fit_through_a_worker_loss_equals_serial(layout, sigkill_after, tmp_path):
@@ -458,11 +434,6 @@ def test_deep_fit_resumed_from_an_on_checkpoint_state_equals_serial(client4):
     _assert_equal(r, ref, errors=ref["errors"][10:])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=StoreError,
-    reason=_STORE_SHAPE_BUG + ": resume refuses the store (StoreError)",
-)
 def test_deep_fit_resumed_from_a_checkpoint_store_equals_serial(client4, tmp_path):
     """As above, from the store the workers wrote their rows of every layer into (checkpoint_dir)."""
     depth, x, d, init, kw, ref = _resume_case()

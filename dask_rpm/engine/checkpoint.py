@@ -87,7 +87,7 @@ async def write_store(driver: Any, directory: str, extra: Mapping[str, Any]) -> 
         return store.commit(
             directory,
             iteration=iteration,
-            shape=plan.shape,
+            shape=driver.layers.shape,
             dtype=driver.dtype,
             files=files,
             slots=list(driver.recipe.optimizer.slots),

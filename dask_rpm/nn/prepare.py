@@ -108,7 +108,7 @@ def _weights(init: Any, weights: list[np.ndarray], rec: Recipe) -> list[np.ndarr
     biases = None
     if init is not None and _nested(init) and len(init) == 2:
         biases = [np.asarray(b, dtype=weights[0].dtype) for b in init[1]]
-    elif init is not None and not _nested(init) and len(init) == 4:
+    elif init is not None and not _nested(init) and len(init) == 4 and np.ndim(init[2]) == 1:
         biases = [np.asarray(b, dtype=weights[0].dtype) for b in init[2:]]
     if biases is not None:
         want = [(w.shape[0],) for w in weights]
