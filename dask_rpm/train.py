@@ -77,7 +77,7 @@ def demo_data(
     x[:, -1] = 1.0
     Wt = rng.normal(scale=1.0 / np.sqrt(n), size=(m // 2, n))
     Vt = rng.normal(scale=2.0 / np.sqrt(m // 2), size=(l, m // 2))
-    return x, forward(x, Wt, Vt, Network())  # a random teacher net of the paper's form
+    return x, forward(x, [Wt, Vt], Network())  # a random teacher net of the paper's form
 
 
 def _compare(
