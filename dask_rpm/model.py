@@ -9,42 +9,38 @@ trained it, and a saved model reloads bit for bit.
 
 File format
 -----------
-One netCDF-4 file (h5netcdf), written atomically (a temporary file in the
-same directory, then :func:`os.replace`): variables ``W(hidden, input)`` and
-``V(output, hidden)`` (augmented), ``classes(class)`` for classifiers,
-``target_shift(output)`` and ``target_scale(output)`` when predictions are
-un-standardized; attributes ``dask_rpm_model`` (format version),
-``dask_rpm_version``, the network (``activation``, ``loss``, ``output``,
-``bias``) and ``meta`` (JSON: hyperparameters, loss curve, validation rows,
-plan history, emulation label). :meth:`MLPModel.load` refuses any other file
-with a message saying what it is and what to give instead.
+One netCDF file, written atomically; each weight matrix under its name
+(``W`` and ``V`` for one hidden layer, ``W1 .. WL`` and ``V`` deeper), the
+network, classes, target scale and ``meta`` as variables and attributes
+(:mod:`dask_rpm.model_file`, which also reads the files of older formats).
+:meth:`MLPModel.load` refuses any other file with a message saying what it
+is and what to give instead.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from ._files import json_default
 from ._version import __version__
-from .nn.data import atomic_to_netcdf
+from .model_file import (
+    FORMAT_VERSION,
+    ModelError,
+    model_dataset,
+    model_parts,
+    read_model_file,
+    save_dataset,
+)
 from .nn.kernels import Workspace
-from .nn.network import Network, NetworkError, network
+from .nn.layers import Layers, layers_of_params
+from .nn.network import Network
 from .nn.recipe import forward, recipe_summary
 from .results import validation_rows
 
 __all__ = ["MLPModel", "ModelError", "FORMAT_VERSION"]
-
-#: Version of the model file layout; :meth:`MLPModel.load` reads this and older.
-FORMAT_VERSION = 1
-
-
-class ModelError(ValueError):
-    """A model cannot be built, applied to this data, or read from this file; the message says why."""
 
 
 def _float_or_none(v: Any) -> float | None:
@@ -52,15 +48,16 @@ def _float_or_none(v: Any) -> float | None:
 
 
 class MLPModel:
-    """A trained 3-layer perceptron.
+    """A trained multi-layer perceptron (one or more hidden layers).
 
     Parameters
     ----------
     W, V : numpy.ndarray
-        Weights as planned: ``W`` is ``(m, n)`` and ``V`` is ``(l, m)``, or with
-        ``net.bias`` ``(m + 1, n + 1)`` and ``(l, m + 1)`` (hidden biases in the
-        last column of ``W``, the bias unit as its last row, output biases in
-        the last column of ``V``; :class:`dask_rpm.network.Network`).
+        The weights of a network of one hidden layer, as planned: ``W`` is
+        ``(m, n)`` and ``V`` is ``(l, m)``, or with ``net.bias`` ``(m + 1, n + 1)``
+        and ``(l, m + 1)`` (hidden biases in the last column of ``W``, the bias
+        unit as its last row, output biases in the last column of ``V``;
+        :class:`dask_rpm.network.Network`). Any depth: :meth:`from_params`.
     net : Network
         Activation, loss, output layer and bias of the trained network.
     classes : array_like, optional
@@ -73,6 +70,13 @@ class MLPModel:
     target_shift, target_scale : array_like, optional
         Regression: predictions are ``outputs * target_scale + target_shift``
         (how :class:`dask_rpm.MLPRegressor` undoes its target standardization).
+
+    Attributes
+    ----------
+    params : list of numpy.ndarray
+        ``W_1 .. W_L, V`` as planned (``W`` and ``V`` are the first and the last).
+    layers : Layers
+        The sizes as planned (:class:`dask_rpm.nn.layers.Layers`: bias units included).
 
     Raises
     ------
@@ -92,31 +96,60 @@ class MLPModel:
         target_shift: Any = None,
         target_scale: Any = None,
     ) -> None:
+        self._build([W, V], net, classes, meta, target_shift, target_scale)
+
+    @classmethod
+    def from_params(
+        cls,
+        params: Sequence[np.ndarray],
+        net: Network,
+        classes: Any = None,
+        meta: Mapping[str, Any] | None = None,
+        *,
+        target_shift: Any = None,
+        target_scale: Any = None,
+    ) -> MLPModel:
+        """The model of a network of any depth from its parameters ``W_1 .. W_L, V``.
+
+        Parameters
+        ----------
+        params : sequence of numpy.ndarray
+            As planned (:meth:`dask_rpm.network.Network.join_params`): ``W_k`` of
+            shape ``(m_k, m_(k-1))`` (``m_0`` the inputs) and ``V`` of shape
+            ``(l, m_L)``; with ``net.bias`` every ``W_k`` holds its biases as its
+            last column and its layer's bias unit as its last row, and ``V`` the
+            output biases as its last column.
+        net, classes, meta, target_shift, target_scale
+            As the constructor's.
+
+        Returns
+        -------
+        MLPModel
+        """
+        model = cls.__new__(cls)
+        model._build(params, net, classes, meta, target_shift, target_scale)
+        return model
+
+    def _build(
+        self,
+        params: Sequence[np.ndarray],
+        net: Network,
+        classes: Any,
+        meta: Mapping[str, Any] | None,
+        target_shift: Any,
+        target_scale: Any,
+    ) -> None:
         if not isinstance(net, Network):
             raise ModelError(f"net must be a dask_rpm.network.Network; got {type(net).__name__}")
-        W, V = np.asarray(W), np.asarray(V)
-        if W.ndim != 2 or V.ndim != 2 or V.shape[1] != W.shape[0]:
-            raise ModelError(
-                f"W{W.shape} and V{V.shape} do not fit together: W must be (hidden, inputs) and V "
-                f"(outputs, hidden)"
-            )
-        if W.dtype.kind != "f" or V.dtype != W.dtype:
-            raise ModelError(
-                f"W and V must be float arrays of one dtype; got {W.dtype} and {V.dtype}"
-            )
-        if net.bias and (W.shape[0] < 2 or W.shape[1] < 2):
-            raise ModelError(
-                f"with bias=True W{W.shape} must hold the bias input and the bias unit "
-                f"(at least 2 x 2): pass the augmented weights (dask_rpm.network.Network.join)"
-            )
-        self.W, self.V, self.net = W, V, net
+        self.params, self.layers = self._check_params(params, net)
+        self.net = net
         self.classes = None if classes is None else np.asarray(classes)
         if self.classes is None and net.output == "softmax":
-            self.classes = np.arange(V.shape[0])
+            self.classes = np.arange(self.n_outputs)
         if self.classes is not None:
             if self.classes.ndim != 1:
                 raise ModelError(f"classes must be 1-D; got shape {self.classes.shape}")
-            k, l = len(self.classes), V.shape[0]  # noqa: E741
+            k, l = len(self.classes), self.n_outputs  # noqa: E741
             if not (k == l or (k == 2 and l == 1 and net.output == "sigmoid")):
                 raise ModelError(
                     f"{k} classes for {l} output(s): give one label per output (or 2 labels for "
@@ -132,6 +165,43 @@ class MLPModel:
             )
         self.meta: dict[str, Any] = dict(meta or {})
 
+    @staticmethod
+    def _check_params(
+        params: Sequence[np.ndarray], net: Network
+    ) -> tuple[list[np.ndarray], Layers]:
+        """The parameters as arrays and their :class:`Layers`, or a ModelError saying what is wrong."""
+        if isinstance(params, np.ndarray) or not isinstance(params, Sequence):
+            raise ModelError(
+                f"params must be a list of weight matrices W_1 .. W_L, V; got {type(params).__name__}"
+            )
+        ps = [np.asarray(p) for p in params]
+        # the names a network of this many parameters gives them, for the messages
+        names = Layers(0, (0,) * max(len(ps) - 1, 1), 0).names
+        got = ", ".join(f"{name}{p.shape}" for name, p in zip(names, ps)) or "(none)"
+        try:
+            layers = layers_of_params(ps)
+        except ValueError:
+            want = "W(hidden, inputs) and V(outputs, hidden)"
+            if len(ps) > 2:
+                want = "W1(units 1, inputs), W2(units 2, units 1), ..., V(outputs, last units)"
+            raise ModelError(
+                f"the weights {got} do not fit together: give {want} - each matrix's columns are "
+                f"the rows of the one before, and at least two 2-D matrices"
+            ) from None
+        dtypes = {p.dtype for p in ps}
+        if len(dtypes) > 1 or ps[0].dtype.kind != "f":
+            raise ModelError(
+                f"the weights must be float arrays of one dtype; got "
+                f"{', '.join(f'{n}: {p.dtype}' for n, p in zip(layers.names, ps))}"
+            )
+        if net.bias and (layers.n < 2 or min(layers.hidden) < 2):
+            raise ModelError(
+                f"with bias=True the weights {got} must hold the bias input and each layer's bias "
+                f"unit (every W at least 2 x 2): pass the augmented weights "
+                f"(dask_rpm.network.Network.join_params)"
+            )
+        return ps, layers
+
     def _per_output(self, value: Any, name: str) -> np.ndarray | None:
         if value is None:
             return None
@@ -144,18 +214,45 @@ class MLPModel:
 
     # ------------------------------------------------------------------ shape
     @property
+    def W(self) -> np.ndarray:
+        """The first weight matrix (input to the first hidden layer), as planned."""
+        return self.params[0]
+
+    @property
+    def V(self) -> np.ndarray:
+        """The last weight matrix (last hidden layer to the outputs), as planned."""
+        return self.params[-1]
+
+    @property
     def n_inputs(self) -> int:
         """Data inputs (without the bias input)."""
-        return self.W.shape[1] - (1 if self.net.bias else 0)
+        return self.layers.n - (1 if self.net.bias else 0)
+
+    @property
+    def hidden_layer_sizes(self) -> tuple[int, ...]:
+        """Units of each hidden layer, first to last (without the bias units)."""
+        return tuple(m - (1 if self.net.bias else 0) for m in self.layers.hidden)
 
     @property
     def n_hidden(self) -> int:
-        """Hidden units (without the bias unit)."""
-        return self.W.shape[0] - (1 if self.net.bias else 0)
+        """Hidden units (without the bias unit) of a network of one hidden layer.
+
+        Raises
+        ------
+        ModelError
+            The network has several hidden layers (their sizes: :attr:`hidden_layer_sizes`).
+        """
+        sizes = self.hidden_layer_sizes
+        if len(sizes) != 1:
+            raise ModelError(
+                f"n_hidden is the width of one hidden layer; this model has {len(sizes)} hidden "
+                f"layers {sizes}: use hidden_layer_sizes"
+            )
+        return sizes[0]
 
     @property
     def n_outputs(self) -> int:
-        return self.V.shape[0]
+        return self.layers.l
 
     @property
     def is_classifier(self) -> bool:
@@ -168,8 +265,9 @@ class MLPModel:
             else "regressor"
         )
         net = self.net
+        shape = "-".join(map(str, (self.n_inputs, *self.hidden_layer_sizes, self.n_outputs)))
         return (
-            f"<MLPModel {self.n_inputs}-{self.n_hidden}-{self.n_outputs} {kind}: {net.activation} hidden, "
+            f"<MLPModel {shape} {kind}: {net.activation} hidden, "
             f"{net.output} output, {net.loss} loss, bias={net.bias}, {self.W.dtype}>"
         )
 
@@ -179,9 +277,10 @@ class MLPModel:
         cls, result: Any, *, meta: Mapping[str, Any] | None = None, **kwargs: Any
     ) -> MLPModel:
         """The model of a training run: a :class:`dask_rpm.FitResult`, or :func:`dask_rpm.fit_serial`'s
-        ``full_output=True`` dict.
+        ``full_output=True`` dict (:class:`dask_rpm.nn.serial.SerialResult`).
 
-        ``meta`` entries are added to what the result says about itself
+        Its weights are the result's ``params`` (every layer), or ``W`` and ``V``
+        where it has no ``params``. ``meta`` entries are added to what the result says about itself
         (hyperparameters, loss curve, validation rows, plans, remaps,
         emulation label); other keywords go to the constructor.
         """
@@ -223,10 +322,14 @@ class MLPModel:
         if info["validation"] == [] and not isinstance(result, Mapping):
             info["validation"] = validation_rows(get("history"))
         info.update(meta or {})
-        W, V = get("W"), get("V")
-        if W is None or V is None:
-            raise ValueError("the result holds no weights W and V: train it first")
-        return cls(W, V, rec.net, kwargs.pop("classes", get("classes")), info, **kwargs)
+        # a deep run's result holds every layer in params; an older result only W and V
+        params = get("params")
+        if params is None:
+            params = [get("W"), get("V")]
+        if any(p is None for p in params):
+            raise ModelError("the result holds no weights (params, or W and V): train it first")
+        classes = kwargs.pop("classes", get("classes"))
+        return cls.from_params(list(params), rec.net, classes, info, **kwargs)
 
     # ------------------------------------------------------------- prediction
     def _check_x(self, x: Any) -> np.ndarray:
@@ -267,21 +370,13 @@ class MLPModel:
     def outputs(self, x: Any) -> np.ndarray:
         """Network outputs ``h`` (after the output layer), ``(samples, outputs)``: exactly
         :func:`dask_rpm.recipe.forward` of the weights."""
-        return forward(self._check_x(x), self.W, self.V, self.net)
+        return forward(self._check_x(x), self.params, self.net)
 
     def decision_function(self, x: Any) -> np.ndarray:
-        """Output pre-activations ``u = f(x W^T) V^T`` (logits), ``(samples, outputs)``."""
+        """Output pre-activations ``u = f(... f(x W_1^T) ...) V^T`` (logits), ``(samples, outputs)``."""
         xa = self.net.augment(self._check_x(x))
-        ws = Workspace(
-            xa.shape[0],
-            self.W.shape[0],
-            self.W.shape[1],
-            self.n_outputs,
-            self.W.dtype,
-            self.net,
-            self.net.bias_row(self.W.shape[0]),
-        )
-        return ws.forward(xa, self.W, self.V).copy()
+        ws = Workspace.whole(xa.shape[0], self.params, self.net)
+        return ws.forward(xa, self.params).copy()
 
     def predict_proba(self, x: Any) -> np.ndarray:
         """Class probabilities ``(samples, classes)`` (classifiers): the softmax outputs; for one sigmoid
@@ -340,75 +435,23 @@ class MLPModel:
         return float(np.mean(r2))
 
     def weights(self) -> dict[str, np.ndarray | None]:
-        """The user's weights: ``W (m, n)``, ``b (m,)``, ``V (l, m)``, ``c (l,)`` (copies; ``b``, ``c``
-        None without bias)."""
-        parts = self.net.split(self.W, self.V)
-        return {k: None if v is None else np.array(v) for k, v in parts.items()}
+        """The user's weights and biases of every layer (copies; the biases None without bias).
+
+        One hidden layer: ``W (m, n)``, ``b (m,)``, ``V (l, m)``, ``c (l,)``. Deeper:
+        ``W1 (m_1, n)``, ``b1 (m_1,)``, ..., ``WL (m_L, m_(L-1))``, ``bL (m_L,)``,
+        ``V (l, m_L)``, ``c (l,)``.
+        """
+        weights, biases = self.net.split_params(self.params)
+        out: dict[str, np.ndarray | None] = {}
+        for name, w, b in zip(self.layers.names, weights, biases):
+            out[name] = np.array(w)
+            out["c" if name == "V" else "b" + name[1:]] = None if b is None else np.array(b)
+        return out
 
     # ----------------------------------------------------------------- files
     def to_dataset(self) -> Any:
-        """The model as an ``xarray.Dataset`` (what :meth:`save` writes)."""
-        import xarray as xr
-
-        net = self.net
-        ds = xr.Dataset(
-            {
-                "W": (
-                    ("hidden", "input"),
-                    self.W,
-                    {
-                        "description": "input-to-hidden weights as planned"
-                        + (
-                            " (last column: hidden biases; last row: the bias unit, output held at 1)"
-                            if net.bias
-                            else ""
-                        )
-                    },
-                ),
-                "V": (
-                    ("output", "hidden"),
-                    self.V,
-                    {
-                        "description": "hidden-to-output weights as planned"
-                        + (" (last column: output biases)" if net.bias else "")
-                    },
-                ),
-            },
-            attrs={
-                "title": "dask_rpm model",
-                "dask_rpm_model": FORMAT_VERSION,
-                "dask_rpm_version": str(__version__),
-                "activation": net.activation,
-                "loss": net.loss,
-                "output": net.output,
-                "bias": int(net.bias),
-                "inputs": self.n_inputs,
-                "hidden_units": self.n_hidden,
-                "outputs": self.n_outputs,
-                "kind": "classifier" if self.is_classifier else "regressor",
-                "emulation": str(self.meta.get("emulation") or ""),
-                "meta": json.dumps(self.meta, default=json_default),
-            },
-        )
-        if self.classes is not None:
-            cls = self.classes
-            ds["classes"] = (
-                ("class",),
-                cls.astype(str) if cls.dtype.kind in "OUS" else cls,
-                {"description": "class label of each output", "dtype": cls.dtype.str},
-            )
-        if self.target_scale is not None:
-            ds["target_shift"] = (
-                ("output",),
-                self.target_shift,
-                {"description": "prediction = output * target_scale + target_shift"},
-            )
-            ds["target_scale"] = (
-                ("output",),
-                self.target_scale,
-                {"description": "see target_shift"},
-            )
-        return ds
+        """The model as an ``xarray.Dataset`` (what :meth:`save` writes; :mod:`dask_rpm.model_file`)."""
+        return model_dataset(self)
 
     def save(self, path: str | os.PathLike, *, overwrite: bool = False) -> str:
         """Write the model to one netCDF file, atomically (readers see the old file or the new one);
@@ -417,123 +460,43 @@ class MLPModel:
         As ``dask-rpm`` does with outputs: an existing file is replaced only with
         ``overwrite=True``, and the directory must exist (a typo in it is not created).
         """
-        import warnings
-
-        path = os.fspath(path)
-        if os.path.isdir(path):
-            raise ModelError(
-                f"model path {path!r} is a directory; give a file name such as model.nc"
-            )
-        if os.path.exists(path) and not overwrite:
-            raise ModelError(
-                f"model path {path!r} exists; pass overwrite=True to replace it, or another name"
-            )
-        folder = os.path.dirname(os.path.abspath(path))
-        if not os.path.isdir(folder):
-            raise ModelError(
-                f"model path {path!r}: the directory {folder!r} does not exist; create it first"
-            )
-        with (
-            warnings.catch_warnings()
-        ):  # h5netcdf's note on string attributes; readers here use h5netcdf
-            warnings.filterwarnings("ignore", message=".*invalid netcdf features.*")
-            return atomic_to_netcdf(self.to_dataset(), path)
+        return save_dataset(self.to_dataset(), path, overwrite=overwrite)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> MLPModel:
-        """Read a model written by :meth:`save` (or by ``dask-rpm train``).
+        """Read a model written by :meth:`save` (or by ``dask-rpm train``), of this format or older.
 
         Raises
         ------
         ModelError
             The file is missing, is not netCDF, is not a dask_rpm model (e.g. a
-            training dataset or result), or is from a newer dask_rpm.
+            training dataset or result), is damaged, or is from a newer dask_rpm.
         """
-        import xarray as xr
-
-        path = os.fspath(path)
-        if not os.path.exists(path):
-            raise ModelError(
-                f"model file {path!r} does not exist; give a file written by MLPModel.save or "
-                f"dask-rpm train (its 'model:' output)"
-            )
-        if os.path.isdir(path):
-            raise ModelError(f"model file {path!r} is a directory; give the model's .nc file")
-        try:
-            with xr.open_dataset(path, engine="h5netcdf") as ds:
-                ds.load()
-        except Exception as exc:  # h5py/h5netcdf raise many types for a non-HDF5 file
-            raise ModelError(
-                f"{path!r} is not a dask_rpm model file: it cannot be read as netCDF "
-                f"({type(exc).__name__}: {exc})"
-            ) from None
-        return cls.from_dataset(ds, where=repr(path))
+        ds = read_model_file(path)
+        return cls.from_dataset(ds, where=repr(os.fspath(path)))
 
     @classmethod
     def from_dataset(cls, ds: Any, *, where: str = "the dataset") -> MLPModel:
-        """The model in an ``xarray.Dataset`` written by :meth:`to_dataset`."""
-        version = ds.attrs.get("dask_rpm_model")
-        if version is None:
-            title = ds.attrs.get("title", "")
-            what = (
-                f"it is a {title}"
-                if title
-                else f"it has variables {sorted(map(str, ds.data_vars))} and no 'dask_rpm_model' attribute"
-            )
-            hint = (
-                " (dask-rpm train writes the model next to it, <output stem>.model.nc)"
-                if title == "dask_rpm training result"
-                else ""
-            )
-            raise ModelError(
-                f"{where} is not a dask_rpm model file: {what}{hint}. Give a file written by "
-                f"MLPModel.save or dask-rpm train"
-            )
-        if int(version) > FORMAT_VERSION:
-            raise ModelError(
-                f"{where} is a model file of format {int(version)}, newer than this dask_rpm "
-                f"({str(__version__)}) reads ({FORMAT_VERSION}); upgrade dask_rpm"
-            )
-        missing = [v for v in ("W", "V") if v not in ds.variables]
-        if missing:
-            raise ModelError(
-                f"{where} is a damaged dask_rpm model file: variable(s) {missing} missing"
-            )
-        try:
-            net = Network(
-                str(ds.attrs["activation"]),
-                str(ds.attrs["loss"]),
-                str(ds.attrs["output"]),
-                bool(int(ds.attrs["bias"])),
-            )
-
-            network(net.activation, net.loss, net.output, net.bias)  # validate
-        except (KeyError, ValueError, NetworkError) as exc:
-            raise ModelError(
-                f"{where} is a damaged dask_rpm model file: its network attributes are invalid "
-                f"({exc})"
-            ) from None
-        classes = None
-        if "classes" in ds.variables:
-            raw = ds["classes"].values
-            dt = np.dtype(ds["classes"].attrs.get("dtype", raw.dtype.str))
-            classes = np.asarray(raw.tolist(), dtype=dt) if dt.kind in "OUS" else raw.astype(dt)
-        shift = ds["target_shift"].values if "target_shift" in ds.variables else None
-        scale = ds["target_scale"].values if "target_scale" in ds.variables else None
-        meta = json.loads(ds.attrs.get("meta", "{}"))
-        W = np.ascontiguousarray(ds["W"].values)
-        V = np.ascontiguousarray(ds["V"].values)
-        return cls(W, V, net, classes, meta, target_shift=shift, target_scale=scale)
+        """The model in an ``xarray.Dataset`` written by :meth:`to_dataset` (this format or older)."""
+        parts = model_parts(ds, where=where)
+        return cls.from_params(
+            parts["params"],
+            parts["net"],
+            parts["classes"],
+            parts["meta"],
+            target_shift=parts["target_shift"],
+            target_scale=parts["target_scale"],
+        )
 
     # ----------------------------------------------------------------- torch
     def to_torch(self, *, output_layer: bool = True) -> Any:
         """A ``torch.nn.Sequential`` with the trained weights (needs the optional extra ``torch``).
 
-        ``Linear(n, m) -> activation -> Linear(m, l) [-> Sigmoid | Softmax(dim=1)]``
-        in the weights' dtype; its outputs equal :meth:`outputs` (with the
-        output layer; :meth:`predict_proba` for softmax classifiers) or
-        :meth:`decision_function` (``output_layer=False``) up to rounding.
-        Target un-standardization (regressors) is not part of it.
+        ``Linear(n, m_1) -> activation -> ... -> Linear(m_(L-1), m_L) -> activation ->
+        Linear(m_L, l) [-> Sigmoid | Softmax(dim=1)]`` in the weights' dtype; its
+        outputs equal :meth:`outputs` (with the output layer; :meth:`predict_proba`
+        for softmax classifiers) or :meth:`decision_function` (``output_layer=False``)
+        up to rounding. Target un-standardization (regressors) is not part of it.
         """
         try:
             import torch
@@ -542,7 +505,6 @@ class MLPModel:
             raise ImportError(
                 "MLPModel.to_torch needs PyTorch: pip install 'dask-rpm[torch]'"
             ) from None
-        parts = self.weights()
         dtype = {np.dtype("float64"): torch.float64, np.dtype("float32"): torch.float32}.get(
             self.W.dtype
         )
@@ -550,17 +512,18 @@ class MLPModel:
             raise ModelError(
                 f"to_torch supports float32 and float64 weights; these are {self.W.dtype}"
             )
-        bias = self.net.bias
-        hidden = nn.Linear(self.n_inputs, self.n_hidden, bias=bias, dtype=dtype)
-        out = nn.Linear(self.n_hidden, self.n_outputs, bias=bias, dtype=dtype)
-        with torch.no_grad():
-            hidden.weight.copy_(torch.from_numpy(np.ascontiguousarray(parts["W"])))
-            out.weight.copy_(torch.from_numpy(np.ascontiguousarray(parts["V"])))
-            if bias:
-                hidden.bias.copy_(torch.from_numpy(np.ascontiguousarray(parts["b"])))
-                out.bias.copy_(torch.from_numpy(np.ascontiguousarray(parts["c"])))
-        act = {"sigmoid": nn.Sigmoid, "tanh": nn.Tanh, "relu": nn.ReLU}[self.net.activation]()
-        layers: list[Any] = [hidden, act, out]
+        activation = {"sigmoid": nn.Sigmoid, "tanh": nn.Tanh, "relu": nn.ReLU}[self.net.activation]
+        weights, biases = self.net.split_params(self.params)
+        layers: list[Any] = []
+        for k, (w, b) in enumerate(zip(weights, biases)):
+            linear = nn.Linear(w.shape[1], w.shape[0], bias=b is not None, dtype=dtype)
+            with torch.no_grad():
+                linear.weight.copy_(torch.from_numpy(np.ascontiguousarray(w)))
+                if b is not None:
+                    linear.bias.copy_(torch.from_numpy(np.ascontiguousarray(b)))
+            layers.append(linear)
+            if k < len(weights) - 1:
+                layers.append(activation())
         if output_layer and self.net.output == "sigmoid":
             layers.append(nn.Sigmoid())
         elif output_layer and self.net.output == "softmax":
