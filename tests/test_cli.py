@@ -185,7 +185,7 @@ BAD = [
     (["--abilities", "1,fast", "--shape", "203-80-26", "--samples", "1024"], "ability #2 'fast'"),
     (
         ["--abilities", "1,2", "--shape", "203-80", "--samples", "1024"],
-        "shape must be three positive integers",
+        "shape must be positive integers inputs-hidden-...-outputs",
     ),
     (["--abilities", "1,2", "--shape", "203-x-26", "--samples", "1024"], "m='x'"),
     (

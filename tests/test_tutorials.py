@@ -19,6 +19,7 @@ COVERED = {
     "04_dashboard.py",
     "05_sbatch_job.py",
     "06_classifier.py",
+    "07_deep_classifier.py",
 }
 
 
@@ -240,6 +241,29 @@ def test_06_classifier(tmp_path):
 
     loaded = dask_rpm.MLPModel.load(model)  # the file the tutorial saved
     assert loaded.is_classifier and loaded.meta["params"]["solver"] == "adam"
+
+
+def test_07_deep_classifier(tmp_path):
+    out = _run("07_deep_classifier.py", tmp=tmp_path / "tmp").stdout
+    assert "EMULATED heterogeneity on one machine: speeds 1.0, 0.5, 0.25" in out
+    assert "network 65-49-33-10 (with the bias input and bias units)" in out
+    # every worker holds rows of both hidden layers, in proportion to its speed
+    rows = [ln for ln in out.splitlines() if ln.startswith("  P") and "layer 2" in ln]
+    assert len(rows) == 3
+    kib = {ln.split()[0]: float(ln.split("holds ")[1].split()[0]) for ln in rows}
+    assert kib["P1"] > kib["P2"] > kib["P3"] > 0
+    columns = out.split("each column holds the whole network once (")[1]
+    whole = float(columns.split()[0])
+    per_column = [float(v) for v in columns.split("[")[1].split("]")[0].split(",")]
+    assert per_column == [whole] * len(per_column)
+    assert "(<= 1e-10: True)" in out
+    line = out.split("held-out accuracy: cluster ")[1].splitlines()[0]
+    cluster, serial = float(line.split(",")[0]), float(line.split("serial ")[1])
+    assert cluster == serial >= 0.95
+    assert "the same weights (rtol 1e-9): True" in out
+    ours = float(out.split("on the cluster: held-out accuracy ")[1].split(";")[0])
+    theirs = float(out.split("scikit-learn's MLPClassifier: ")[1].split(";")[0])
+    assert ours == theirs >= 0.9
 
 
 def test_06_without_scikit_learn_says_what_to_install(tmp_path):

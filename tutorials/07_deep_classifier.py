@@ -30,12 +30,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 
 import numpy as np
 from distributed import Client
 
 try:
     from sklearn.datasets import load_digits
+    from sklearn.exceptions import ConvergenceWarning
     from sklearn.model_selection import train_test_split
     from sklearn.neural_network import MLPClassifier as SkMLPClassifier
     from sklearn.preprocessing import StandardScaler
@@ -141,7 +143,9 @@ def main() -> None:
             random_state=0,
         )
         ours = dask_rpm.MLPClassifier(client=client, progress=False, **sk_options)
-        ours.fit(X_train, y_train)
+        with warnings.catch_warnings():  # a fixed number of epochs, on purpose
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            ours.fit(X_train, y_train)
 
     # 4. The cluster trained exactly the serial reference's network.
     serial = dask_rpm.fit_serial(X_train, y_train, **options)
@@ -156,10 +160,6 @@ def main() -> None:
         f"held-out accuracy: cluster {result.score(X_test, y_test):.3f}, serial "
         f"{serial.score(X_test, y_test):.3f}"
     )
-
-    import warnings
-
-    from sklearn.exceptions import ConvergenceWarning
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)  # a fixed number of epochs, on purpose

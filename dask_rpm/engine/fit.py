@@ -373,20 +373,27 @@ async def _fit_async(
         emulation=emulation,
         remaps=remaps,
         probe=probe_result,
-        stats={
-            "tasks": driver.tasks_submitted,
-            "blocks": driver.epoch,
-            "threads": dict(driver.kernel_threads),  # BLAS threads of each worker's kernels
-            "checkpoints": list(ckpt.times),  # (iteration, seconds) of each checkpoint
-            "start": _start_stats(start, loop),
-            "memory": _memory(driver, data.recipe.optimizer.slots),
-        },
+        stats=_stats(driver, ckpt, start, loop),
         recipe=data.recipe,
         classes=data.classes,
         validation=validation,
         optimizer_state=opt_state,
         drpm_state={**drpm.to_dict(), "plan": driver.plan.to_dict()} if drpm is not None else None,
     )
+
+
+def _stats(
+    driver: Driver, ckpt: Any, start: Checkpoint | StoredCheckpoint, loop: TrainingLoop
+) -> dict[str, Any]:
+    """``FitResult.stats``: the engine's counters."""
+    return {
+        "tasks": driver.tasks_submitted,
+        "blocks": driver.epoch,
+        "threads": dict(driver.kernel_threads),  # BLAS threads of each worker's kernels
+        "checkpoints": list(ckpt.times),  # (iteration, seconds) of each checkpoint
+        "start": _start_stats(start, loop),
+        "memory": _memory(driver, driver.recipe.optimizer.slots),
+    }
 
 
 def _start_stats(start: Checkpoint | StoredCheckpoint, loop: TrainingLoop) -> dict[str, Any]:
