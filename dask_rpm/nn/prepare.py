@@ -117,8 +117,8 @@ def _weights(init: Any, weights: list[np.ndarray], rec: Recipe) -> list[np.ndarr
             raise DataError(f"init biases of shapes {got}; they must be {want} (one per unit)")
         if not rec.net.bias:
             raise DataError(
-                "init has bias terms (b0, c0, or a list of biases) but bias=False; pass bias=True, "
-                "or init=(W0, V0) / the weights alone"
+                "init has bias terms (b0, c0) but bias=False; pass bias=True, or init=(W0, V0) "
+                "(several hidden layers: the weights alone)"
             )
     return rec.net.join_params(weights, biases)
 
