@@ -943,12 +943,17 @@ def test_walltime_signal_checkpoints_and_sbatch_resume_finishes(slurm_cluster, t
 
 
 @pytest.mark.slurm
-@pytest.mark.parametrize("dataset", ["digits", "breast_cancer"])
-def test_sbatch_classifier_reaches_sklearns_held_out_accuracy(slurm_cluster, tmp_path, dataset):
-    """A real classification job through sbatch: cross-entropy, Adam, mini-batches, bias, a held-out split.
+@pytest.mark.parametrize(
+    "dataset, hidden", [("digits", 32), ("breast_cancer", 32), ("digits", [32, 16])]
+)
+def test_sbatch_classifier_reaches_sklearns_held_out_accuracy(
+    slurm_cluster, tmp_path, dataset, hidden
+):
+    """A real classification job through sbatch: cross-entropy, Adam, mini-batches, bias, a held-out split;
+    one hidden layer, or two (``hidden: [32, 16]``: every layer cut by the same rectangles).
 
     The held-out accuracy is compared with scikit-learn's own MLPClassifier (one process, same split, same
-    hidden units) measured here; the weights still equal the serial reference.
+    hidden layers) measured here; the weights still equal the serial reference.
     """
     from sklearn import datasets
     from sklearn.neural_network import MLPClassifier
@@ -968,7 +973,7 @@ def test_sbatch_classifier_reaches_sklearns_held_out_accuracy(slurm_cluster, tmp
         "validation": 0.2,
         "epochs": 30,
         "learning-rate": 0.002,
-        "hidden": 32,
+        "hidden": hidden,
     }
     groups = [{"name": "big", "jobs": 1, "speed": 1.0}, {"name": "small", "jobs": 2, "speed": 0.5}]
     path = slurm_job(
@@ -984,19 +989,20 @@ def test_sbatch_classifier_reaches_sklearns_held_out_accuracy(slurm_cluster, tmp
     ds = _open(tmp_path / "result.nc")
     ours = float(ds["validation_accuracy"].values[-1])
     train, held = holdout(len(x), 0.2, 0)
-    sk = MLPClassifier(hidden_layer_sizes=(32,), max_iter=300, random_state=0).fit(
+    sizes = tuple(hidden) if isinstance(hidden, list) else (hidden,)
+    sk = MLPClassifier(hidden_layer_sizes=sizes, max_iter=300, random_state=0).fit(
         x[train], y[train]
     )
     theirs = float(sk.score(x[held], y[held]))
     print(
-        f"\n[slurm] {dataset}: held-out accuracy {ours:.3f} (scikit-learn MLPClassifier {theirs:.3f}), "
-        f"{drv.seconds:.1f} s from sbatch to done"
+        f"\n[slurm] {dataset}, hidden layers {sizes}: held-out accuracy {ours:.3f} (scikit-learn "
+        f"MLPClassifier {theirs:.3f}), {drv.seconds:.1f} s from sbatch to done"
     )
     assert ours >= theirs - 0.03 and ours > 0.9, (ours, theirs, log)
     out = fit_serial(
         x,
         d,
-        hidden=32,
+        hidden=tuple(sizes),
         epochs=30,
         batch_size=64,
         learning_rate=0.002,
@@ -1008,9 +1014,11 @@ def test_sbatch_classifier_reaches_sklearns_held_out_accuracy(slurm_cluster, tmp
         seed=0,
         full_output=True,
     )
-    np.testing.assert_allclose(
-        ds["W"].values, out["W"], rtol=RTOL, atol=1e-14 * np.abs(out["W"]).max()
-    )
+    first = "W" if len(sizes) == 1 else "W1"
+    for name, want in ((first, out["W"]), ("V", out["V"])):
+        np.testing.assert_allclose(
+            ds[name].values, want, rtol=RTOL, atol=1e-14 * np.abs(want).max()
+        )
 
 
 @pytest.mark.slurm

@@ -22,6 +22,8 @@ import xarray as xr
 from .._files import TargetError, atomic_write, atomic_write_text, json_default
 from ..engine import FitResult, TrainingError, store
 from ..model import MLPModel, ModelError
+from ..model_file import dimension_names
+from ..nn.layers import layers_of_params
 from ..slurm import group_from_name
 from .spec import Job, JobError
 
@@ -50,17 +52,31 @@ def _write(ds: xr.Dataset, path: str) -> str:
         )
 
 
-def _optimizer_variables(state: dict[str, Any]) -> dict[str, Any]:
-    """``optimizer_<slot>_<W|V>`` variables of a checkpoint."""
+def _parameters(state: Any) -> list[np.ndarray]:
+    """The parameters ``W_1 .. W_L, V`` of a checkpoint state or a result (``params``, or ``W``, ``V``)."""
+    get = state.get if isinstance(state, dict) else lambda k: getattr(state, k, None)
+    params = get("params")
+    return [np.asarray(p) for p in (params if params is not None else (get("W"), get("V")))]
+
+
+def weight_variables(params: list[np.ndarray], what: str, prefix: str = "") -> dict[str, Any]:
+    """One variable per parameter, named and dimensioned as in a model file (``W``, ``V`` for one
+    hidden layer; ``W1 .. WL``, ``V`` deeper: :func:`~dask_rpm.model_file.dimension_names`)."""
+    layers = layers_of_params(params)
     return {
-        f"optimizer_{slot}_{name}": (
-            dims,
-            a,
-            {"description": f"optimizer state {slot!r} of {name}"},
-        )
-        for slot, pair in (state.get("optimizer_state") or {}).items()
-        for name, dims, a in zip(("W", "V"), (("hidden", "input"), ("output", "hidden")), pair)
+        f"{prefix}{name}": (dims, p, {"description": f"{what} of {name}"})
+        for name, dims, p in zip(layers.names, dimension_names(layers), params)
     }
+
+
+def _optimizer_variables(state: dict[str, Any]) -> dict[str, Any]:
+    """``optimizer_<slot>_<parameter>`` variables of a checkpoint."""
+    out: dict[str, Any] = {}
+    for slot, arrays in (state.get("optimizer_state") or {}).items():
+        out.update(
+            weight_variables(list(arrays), f"optimizer state {slot!r}", f"optimizer_{slot}_")
+        )
+    return out
 
 
 #: The job's record in a checkpoint store (what ``--resume`` must match), next to the manifest.
@@ -152,16 +168,7 @@ def write_checkpoint(job: Job, state: dict[str, Any]) -> str:
         return _store_checkpoint(job, state)
     ds = xr.Dataset(
         {
-            "W": (
-                ("hidden", "input"),
-                state["W"],
-                {"description": "input-to-hidden weights after `iteration` updates"},
-            ),
-            "V": (
-                ("output", "hidden"),
-                state["V"],
-                {"description": "hidden-to-output weights after `iteration` updates"},
-            ),
+            **weight_variables(_parameters(state), "weights after `iteration` updates"),
             "error": (
                 ("iteration",),
                 np.asarray(state["errors"], dtype=float),
@@ -186,6 +193,22 @@ def write_checkpoint(job: Job, state: dict[str, Any]) -> str:
     return _write(ds, job.checkpoint_path)
 
 
+def _names(ds: xr.Dataset) -> list[str]:
+    """The parameter variables of a checkpoint or result file: ``W``, ``V``, or ``W1 .. WL``, ``V``
+    (KeyError naming the first one missing)."""
+    if "W" in ds:
+        names = ["W", "V"]
+    else:
+        k = 1
+        while f"W{k}" in ds:
+            k += 1
+        names = [*(f"W{i}" for i in range(1, k)), "V"] if k > 1 else ["W", "V"]
+    for name in names:
+        if name not in ds:
+            raise KeyError(name)
+    return names
+
+
 def _open_checkpoint(path: str) -> xr.Dataset:
     if not os.path.exists(path):
         raise JobError(
@@ -195,7 +218,7 @@ def _open_checkpoint(path: str) -> xr.Dataset:
     try:
         with xr.open_dataset(path, engine="h5netcdf") as ds:
             ds.load()
-        ds["W"], ds["V"], ds["error"], ds.attrs["iteration"]  # noqa: B018 - what a checkpoint must hold
+        _names(ds), ds["error"], ds.attrs["iteration"]  # noqa: B018 - what a checkpoint must hold
     except (OSError, ValueError, KeyError) as e:
         raise JobError(
             f"--resume: {path!r} is not a dask_rpm checkpoint ({type(e).__name__}: {e}); "
@@ -210,9 +233,9 @@ def read_checkpoint(job: Job) -> dict[str, Any]:
     if job.checkpoint_store:
         return _read_store(job)
     ds = _open_checkpoint(path)
-    network = ds.attrs.get("network") or "-".join(
-        str(v) for v in (ds["W"].shape[1], ds["W"].shape[0], ds["V"].shape[0])
-    )
+    names = _names(ds)
+    params = [ds[name].values for name in names]
+    network = ds.attrs.get("network") or "-".join(map(str, layers_of_params(params).shape))
     if network != job.network:
         raise JobError(
             f"--resume: checkpoint {path!r} is for a {network} network (inputs-hidden-outputs) but "
@@ -227,13 +250,14 @@ def read_checkpoint(job: Job) -> dict[str, Any]:
     slots = sorted({str(k).split("_")[1] for k in ds.data_vars if str(k).startswith("optimizer_")})
     return {
         "iteration": int(ds.attrs["iteration"]),
-        "W": ds["W"].values,
-        "V": ds["V"].values,
+        "params": params,
+        "W": params[0],
+        "V": params[-1],
         "errors": ds["error"].values,
         "plan": ds.attrs.get("plan", ""),
         "drpm": json.loads(ds.attrs["drpm"]) if ds.attrs.get("drpm") else None,
         "optimizer_state": {
-            k: [ds[f"optimizer_{k}_W"].values, ds[f"optimizer_{k}_V"].values] for k in slots
+            k: [ds[f"optimizer_{k}_{name}"].values for name in names] for k in slots
         },
     }
 
@@ -275,16 +299,7 @@ def write_output(
     ``job.output``), atomically."""
     ds = _history(job, result, start, errors_before)
     total = start + result.history.sizes.get("iteration", 0)
-    ds["W"] = (
-        ("hidden", "input"),
-        result.W,
-        {"description": "final input-to-hidden weights (m x n)"},
-    )
-    ds["V"] = (
-        ("output", "hidden"),
-        result.V,
-        {"description": "final hidden-to-output weights (l x m)"},
-    )
+    ds.update(weight_variables(_parameters(result), "final weights"))
     ds["plan_json"] = (
         ("plan",),
         np.array([p.to_json() for p in (result.plans or [result.plan])], dtype=str),
