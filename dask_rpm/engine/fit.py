@@ -450,6 +450,8 @@ def _history(
     history = build_history(driver.log, driver.plan, driver.addresses, driver.run)
     if drpm is not None:
         drpm.add_to_history(history)
+    # the network as trained, every hidden layer (the plan's shape has the one it cuts)
+    history.attrs["shape"] = "-".join(map(str, driver.layers.shape))
     describe_history(history, driver.plan)
     history.coords["name"] = (
         "worker",
