@@ -105,8 +105,9 @@ WORKLOADS: dict[str, Workload] = {
     # 128th (a few ms per worker: latency-bound, like the paper's workload).
     "minibatch": Workload(203, (1024,), 26, 16384, MINIBATCH_SIZES),
     # A deep MNIST-sized network (784-1024-1024-1024-10), mini-batch SGD at the same batch
-    # sizes: about 5.6x the minibatch workload's work per sample, and every iteration also
-    # gathers two layers' activations and sums their deltas inside a column.
+    # sizes: about 16x the minibatch workload's work per sample (rectangle_work) and 12x its
+    # weights, and every iteration also gathers two layers' activations and sums their
+    # deltas inside a column.
     "deep": Workload(784, (1024, 1024, 1024), 10, 16384, MINIBATCH_SIZES),
 }
 #: Methods of the mini-batch comparison, the ``--methods`` of its docs command.
