@@ -391,6 +391,11 @@ def test_weights_difference():
         ),
         (["bench", "--workloads", "paper", "--batch-sizes", "256"], "add --workloads minibatch"),
         (["bench", "--workloads", "minibatch", "--batch-sizes", "256,256"], "repeat a value"),
+        (
+            ["bench", "--workloads", "deep", "--batch-sizes", "99999"],
+            "larger than the deep workload's 16384",
+        ),
+        (["bench", "--workloads", "custom", "--shape", "12-8-x-3", "--samples", "9"], "shape"),
         (["bench", "--batch-sizes", ","], "is empty"),
     ],
 )
