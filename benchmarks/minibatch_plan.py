@@ -37,8 +37,9 @@ def run(n: int, batch_sizes: list[int], iterations: int, interval: int) -> list[
     from dask_rpm.planners import make_plan
     from dask_rpm.train import demo_data
 
-    n_in, m, l_out, s = WORKLOADS["minibatch"]
-    shape = (n_in, m, l_out)
+    work = WORKLOADS["minibatch"]
+    shape, s = work.shape, work.samples
+    m = work.hidden[0]
     speeds = list(true_profile("A", n))
     x, d = demo_data(s, shape, seed=0)
     rows = []

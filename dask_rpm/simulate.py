@@ -276,7 +276,9 @@ def check_against_bench(
     rows = []
     for c in range(ds.sizes["case"]):
         n = int(ds["N"].values[c])
-        m, s = int(str(ds["shape"].values[c]).split("-")[1]), int(ds["samples"].values[c])
+        # the plan's rows: the narrowest hidden layer (n-m-l, or n-m_1-...-m_L-l for a deep network)
+        m = min(int(v) for v in str(ds["shape"].values[c]).split("-")[1:-1])
+        s = int(ds["samples"].values[c])
         series = ds["series_seconds"].values[c, :n]
         # one iteration's samples: the mini-batch (T_series times one iteration of it), else all
         batch = int(ds["batch_size"].values[c]) if "batch_size" in ds.coords else s

@@ -19,6 +19,7 @@ import xarray as xr
 from dask_rpm import bench
 from dask_rpm.bench import ddp
 from dask_rpm.cli import main
+from dask_rpm.nn.layers import Layers
 
 METHODS = ["srpm-assumed", "drpm", "split-1d", "ddp"]
 
@@ -285,6 +286,92 @@ def test_minibatch_workload_definition():
     assert bench.bench_learning_rate(cases[-1]) == 0.5 / (32768 * 1024)
 
 
+# ------------------------------------------------------------ deep workload (several hidden layers)
+DEEP_METHODS = ["drpm", "split-1d", "uniform"]
+#: the deep workload shrunk to test size: three hidden layers of unequal widths, two batch sizes
+DEEP_TINY = bench.Workload(12, (8, 6, 8), 3, 192, (32, 64))
+
+
+@pytest.fixture(scope="module")
+def deep(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench-deep")
+    mp = pytest.MonkeyPatch()
+    mp.setitem(bench.WORKLOADS, "deep", DEEP_TINY)
+    try:
+        ds = bench.run_bench(
+            workloads=["deep"],
+            conditions=["A"],
+            ns=[2],
+            methods=DEEP_METHODS,
+            iterations=8,
+            series_iterations=1,
+            quiet=True,
+        )
+    finally:
+        mp.undo()
+    return ds, bench.write_outputs(ds, str(out), plot=False)
+
+
+def test_deep_workload_runs_end_to_end_equal_to_serial(deep):
+    ds, paths = deep
+    assert ds["case"].values.tolist() == ["deep/A/N=2/B=32", "deep/A/N=2/B=64"]
+    assert ds["shape"].values.tolist() == ["12-8-6-8-3"] * 2
+    for var in ("seconds_per_iteration", "gamma"):
+        assert np.all(np.isfinite(ds[var].values)) and np.all(ds[var].values > 0), var
+    assert np.all(ds["iterations"].values == 8)
+    # every method ends at fit_serial's W_1, W_2, W_3, V (same batches, learning rate)
+    assert np.all(ds["weights_vs_serial"].values <= 1e-10), ds["weights_vs_serial"].values
+    # the uniform baseline's plan counts the deep network's exchanges
+    plan = json.loads(str(ds["plan"].sel({"method": "uniform"}).values[0]))
+    assert plan["cost_shape"] == list(Layers(12, (8, 6, 8), 3).cost_shape)
+    table = open(paths["markdown"]).read()
+    for b in (32, 64):
+        for method in DEEP_METHODS:
+            assert f"| deep B={b} | A | 2 | {method} |" in table
+    assert "* deep/A/N=2/B=32 (12-8-6-8-3, s = 192)" in table
+    rows = bench.summary_rows(ds)
+    assert len(rows) == 6 and {r["workload"] for r in rows} == {"deep"}
+
+
+def test_deep_workload_definition():
+    cases = bench.make_cases(["deep"], ["A"], [4, 8], step_at=1)
+    assert [c.name for c in cases][:2] == ["deep/A/N=4/B=256", "deep/A/N=8/B=256"]
+    assert [c.batch_size for c in cases[::2]] == [256, 1024, 4096]
+    c = cases[0]
+    assert c.shape == (784, 1024, 1024, 1024, 10) and c.samples == 16384
+    assert c.plan_shape == (784, 1024, 10) and c.cost_shape == c.layers.cost_shape
+    assert bench.bench_learning_rate(c) == 0.5 / (256 * 1024)
+    # one hidden layer: the plans count the paper's (n, m, l)
+    assert bench.make_cases(["minibatch"], ["A"], [4], step_at=1)[0].cost_shape is None
+    # custom takes several hidden layers: (n, m_1, ..., m_L, l, s)
+    (cc,) = bench.make_cases(["custom"], ["A"], [2], step_at=1, custom=(12, 8, 6, 3, 192))
+    assert cc.shape == (12, 8, 6, 3) and cc.samples == 192 and cc.batch_size is None
+
+
+@pytest.mark.slow
+def test_ddp_peer_trains_a_deep_network_like_fit_serial():
+    """The deep DDP peer (stacked Linear + sigmoid) ends at fit_serial's W_1 .. W_L, V."""
+    pytest.importorskip("torch")
+    from dask_rpm import fit_serial
+    from dask_rpm.train import demo_data
+
+    x, d = demo_data(96, (6, 4, 2))
+    lr = 0.5 / 32
+    res = bench.run_ddp(
+        x,
+        d,
+        hidden=(5, 4, 3),
+        speeds=[1.0, 0.5],
+        scale=1.0,
+        iterations=5,
+        learning_rate=lr,
+        batch_size=32,
+    )
+    assert [p.shape for p in res["params"]] == [(5, 6), (4, 5), (3, 4), (2, 3)]
+    ref = fit_serial(x, d, hidden=(5, 4, 3), iterations=5, learning_rate=lr, seed=0, batch_size=32)
+    assert bench.weights_difference(res["params"], ref["params"]) < 1e-12
+
+
 def test_weights_difference():
     a = (np.array([[1.0, -2.0]]), np.array([[4.0]]))
     b = (np.array([[1.0, -2.5]]), np.array([[4.0]]))
@@ -304,6 +391,11 @@ def test_weights_difference():
         ),
         (["bench", "--workloads", "paper", "--batch-sizes", "256"], "add --workloads minibatch"),
         (["bench", "--workloads", "minibatch", "--batch-sizes", "256,256"], "repeat a value"),
+        (
+            ["bench", "--workloads", "deep", "--batch-sizes", "99999"],
+            "larger than the deep workload's 16384",
+        ),
+        (["bench", "--workloads", "custom", "--shape", "12-8-x-3", "--samples", "9"], "shape"),
         (["bench", "--batch-sizes", ","], "is empty"),
     ],
 )

@@ -54,6 +54,14 @@ each batch and all-reduce every step). ``weights_vs_serial`` checks that:
 every method's final weights against :func:`dask_rpm.fit_serial` with the
 same batches. ``phase_seconds`` says where the engine's time goes.
 
+Deep network (workload ``deep``, 784-1024-1024-1024-10 with 16384 samples, at
+the same batch sizes): every hidden layer is cut by the same rectangles, so a
+column also gathers activations and sums deltas between its layers; the plans
+count those exchanges (``cost_shape``), the DDP peer stacks one bias-free
+``Linear`` + sigmoid per weight matrix, and ``weights_vs_serial`` compares every
+parameter ``W_1 .. W_L, V``. ``custom`` takes several hidden layers too:
+``custom=(n, m_1, ..., m_L, l, s)``.
+
 Load step (conditions ``A-step``/``B-step``): the fastest worker slows to a
 third of its speed from iteration ``step_at`` (an emulation schedule, every
 run). Its ``T_series`` is measured at the slowed speed, so gamma refers to the
@@ -83,13 +91,16 @@ from .profiles import (  # pure and light (numpy only): imported at once
     WORKLOADS,
     BenchCase,
     BenchError,
+    Workload,
     bench_learning_rate,
     gamma,
     make_cases,
     steady_seconds,
+    takes_batch_sizes,
     true_profile,
     weights_difference,
     workload_batch_sizes,
+    workload_of,
 )
 
 #: public name -> the submodule that defines it (imported on first use, PEP 562): the
@@ -151,6 +162,7 @@ __all__ = [  # the lazy names above, spelled out for linters and `from dask_rpm.
     "Progress",
     "STEP_FACTOR",
     "WORKLOADS",
+    "Workload",
     "bench_dataset",
     "bench_learning_rate",
     "gamma",
@@ -164,9 +176,11 @@ __all__ = [  # the lazy names above, spelled out for linters and `from dask_rpm.
     "serial_reference",
     "steady_seconds",
     "summary_rows",
+    "takes_batch_sizes",
     "torch_available",
     "true_profile",
     "weights_difference",
     "workload_batch_sizes",
+    "workload_of",
     "write_outputs",
 ]

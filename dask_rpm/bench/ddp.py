@@ -1,6 +1,7 @@
 """The PyTorch DistributedDataParallel peer of ``dask-rpm bench``: the same MLP, plain DDP.
 
-:func:`run_ddp` trains the network dask_rpm trains, on the same mini-batches,
+:func:`run_ddp` trains the network dask_rpm trains (one hidden layer or several: stacked
+bias-free ``Linear`` layers, each followed by a sigmoid), on the same mini-batches,
 with one gloo process per EMULATED speed on this machine (CPU, one thread
 each), every rank taking an equal share of each batch. Each rank's forward +
 backward is paced like a Dask worker's kernel block, so both systems run at the
@@ -26,7 +27,8 @@ import numpy as np
 
 from .. import config
 from ..nn.batches import BatchSchedule, schedule
-from ..nn.kernels import block_work, init_weights
+from ..nn.kernels import init_params, rectangle_work
+from ..nn.layers import Layers, layers_of
 from .profiles import STEP_FACTOR, BenchCase, steady_seconds
 from .report import MethodResult
 
@@ -90,21 +92,22 @@ class _Pacer:
     """Pads a rank's compute to its EMULATED speed before its gradients go out.
 
     The same work model and kernel rate as the Dask workers' pace(): forward +
-    backward of this iteration's rows of this rank x all hidden units, padded
-    to ``max(cpu, work / rate) / (speed * scale)``.
+    backward of this iteration's rows of this rank x all units of every hidden layer
+    (:func:`dask_rpm.kernels.rectangle_work`), padded to
+    ``max(cpu, work / rate) / (speed * scale)``.
     """
 
-    def __init__(self, cfg: dict[str, Any], rank: int, shape: tuple[int, int, int]) -> None:
+    def __init__(self, cfg: dict[str, Any], rank: int, layers: Layers) -> None:
         self.speed = self.base = float(cfg["speeds"][rank])
         self.scale, self.rate = float(cfg["scale"]), float(cfg["rate"])
-        self.shape = shape
+        self.layers = layers
         self.cpu = self.wall = self.work = 0.0
 
     def start(self, rows: int) -> None:
         """The start of an iteration of ``rows`` samples: its work and both clocks."""
-        n_in, m_h, l_out = self.shape
-        self.work = block_work("forward", rows, m_h, n_in, l_out) + block_work(
-            "backward", rows, m_h, n_in, l_out
+        units = self.layers.hidden
+        self.work = rectangle_work("forward", rows, units, self.layers) + rectangle_work(
+            "backward", rows, units, self.layers
         )
         self.cpu, self.wall = time.thread_time(), time.perf_counter()
 
@@ -118,23 +121,29 @@ class _Pacer:
 
 
 def _ddp_model(cfg: dict[str, Any]) -> Any:
-    """The MLP (weights from ``cfg``'s W0, V0) wrapped in DDP."""
+    """The MLP wrapped in DDP: a bias-free ``Linear`` + sigmoid per weight matrix ``W_1 .. W_L, V``
+    (dask_rpm's network with ``bias=False``: the inputs carry a constant-1 column), initialised
+    from ``cfg``'s parameter files."""
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    W0 = torch.from_numpy(np.load(cfg["W0"]))
-    V0 = torch.from_numpy(np.load(cfg["V0"]))
+    stack = []
+    for path in cfg["params"]:
+        w = torch.from_numpy(np.load(path))
+        lin = torch.nn.Linear(int(w.shape[1]), int(w.shape[0]), bias=False, dtype=w.dtype)
+        with torch.no_grad():
+            lin.weight.copy_(w)
+        stack += [lin, torch.nn.Sigmoid()]
+    return DDP(torch.nn.Sequential(*stack))
 
-    class MLP(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.W = torch.nn.Parameter(W0.clone())
-            self.V = torch.nn.Parameter(V0.clone())
 
-        def forward(self, inp: Any) -> Any:
-            return torch.sigmoid(torch.sigmoid(inp @ self.W.T) @ self.V.T)
-
-    return DDP(MLP())
+def _weights(model: Any) -> list[np.ndarray]:
+    """The final ``W_1 .. W_L, V`` of the DDP model, as numpy copies."""
+    return [
+        m.weight.detach().numpy().copy()
+        for m in model.module
+        if hasattr(m, "weight")  # the Linear layers; the sigmoids hold no weights
+    ]
 
 
 def _train_rank(rank: int, cfg: dict[str, Any], model: Any, pacer: _Pacer) -> dict[str, Any]:
@@ -163,14 +172,9 @@ def _train_rank(rank: int, cfg: dict[str, Any], model: Any, pacer: _Pacer) -> di
         times.append(now - last)
         last = now
         errors.append(float(loss.detach()))
-    net = model.module
     # the final weights too: the bench checks that the peer trained the same batches
-    return {
-        "times": times,
-        "error": errors[-1],
-        "W": net.W.detach().numpy().copy(),
-        "V": net.V.detach().numpy().copy(),
-    }
+    params = _weights(model)
+    return {"times": times, "error": errors[-1], "params": params, "W": params[0], "V": params[-1]}
 
 
 def _ddp_rank(rank: int, cfg: dict[str, Any], queue: Any) -> None:
@@ -189,8 +193,7 @@ def _ddp_rank(rank: int, cfg: dict[str, Any], queue: Any) -> None:
     )
     try:
         model = _ddp_model(cfg)
-        net = model.module
-        pacer = _Pacer(cfg, rank, (net.W.shape[1], net.W.shape[0], net.V.shape[0]))
+        pacer = _Pacer(cfg, rank, layers_of(cfg["shape"]))
 
         def paced_allreduce(state, bucket):  # no annotations: DDP checks them against GradBucket
             # this rank's compute so far (forward + backward up to this bucket) takes its
@@ -211,7 +214,7 @@ def run_ddp(
     x: np.ndarray,
     d: np.ndarray,
     *,
-    hidden: int,
+    hidden: int | Sequence[int],
     speeds: Sequence[float],
     scale: float,
     iterations: int,
@@ -227,6 +230,8 @@ def run_ddp(
 ) -> dict[str, Any]:
     """Train the same MLP with plain DDP, one process per EMULATED speed; rank 0's iteration times.
 
+    ``hidden``: the hidden units, or of each hidden layer (``(1024, 1024, 1024)``: three).
+
     ``paced=False`` runs the peer REAL: no pacing (``speeds``, ``scale`` and ``rate`` only
     count the ranks), each rank with ``threads[rank]`` torch/BLAS threads (default one).
 
@@ -234,12 +239,13 @@ def run_ddp(
     :mod:`dask_rpm.batches` with the same ``seed`` as :func:`dask_rpm.fit`,
     so DDP trains on exactly the batches dask_rpm does; every rank takes an
     equal share of each batch and DDP all-reduces the gradients every step.
-    Returns ``{"times", "error", "W", "V"}``: rank 0's iteration times and
-    last local loss, and the final weights.
+    Returns ``{"times", "error", "params", "W", "V"}``: rank 0's iteration times and
+    last local loss, and the final weights ``W_1 .. W_L, V`` (``W``, ``V``: the first and
+    the last).
 
     Each rank's forward + backward is paced like a Dask worker's kernel block
     (:func:`dask_rpm.emulation.pace`): to ``max(cpu, work / rate) / (speed *
-    scale)`` with the flop model :func:`dask_rpm.kernels.block_work`, so both
+    scale)`` with the flop model :func:`dask_rpm.kernels.rectangle_work`, so both
     systems run at the same EMULATED speeds whatever their kernels cost.
     ``rate`` (flop equivalents per second at speed 1, scale 1) defaults to this
     process's calibrated rate x ``rpm.emulation.rate-fraction``, the rate
@@ -254,13 +260,20 @@ def run_ddp(
 
         rate = float(config.get("emulation.rate-fraction")) * process_rate("float64")
     sched = schedule(x.shape[0], batch_size, shuffle=shuffle, seed=seed)  # validated, defaults
+    units = (int(hidden),) if isinstance(hidden, (int, np.integer)) else tuple(map(int, hidden))
+    layers = Layers(int(x.shape[1]), units, int(d.shape[1]))
     with tempfile.TemporaryDirectory(prefix="rpm-ddp-") as tmp:
-        W0, V0 = init_weights(x.shape[1], hidden, d.shape[1], seed=seed)
-        paths = {k: os.path.join(tmp, f"{k}.npy") for k in ("x", "d", "W0", "V0")}
-        for k, v in (("x", x), ("d", d), ("W0", W0), ("V0", V0)):
+        # dask_rpm's initial parameters (same seed, same order): init_params
+        arrays = {"x": x, "d": d}
+        arrays.update({f"P{k}": p for k, p in enumerate(init_params(layers, seed=seed))})
+        paths = {k: os.path.join(tmp, f"{k}.npy") for k in arrays}
+        for k, v in arrays.items():
             np.save(paths[k], np.ascontiguousarray(v, dtype="float64"))
         cfg = {
-            **paths,
+            "x": paths["x"],
+            "d": paths["d"],
+            "params": [paths[f"P{k}"] for k in range(len(layers.params))],
+            "shape": list(layers.shape),
             "world": len(speeds),
             "port": _free_port(),
             "speeds": list(speeds),
@@ -328,7 +341,7 @@ def run_ddp_method(
     res = run_ddp(
         x,
         d,
-        hidden=case.shape[1],
+        hidden=case.layers.hidden,
         speeds=case.speeds,
         scale=scale,
         iterations=iterations,
@@ -354,5 +367,5 @@ def run_ddp_method(
             }
         ),
         wall=time.perf_counter() - t0,
-        weights=(np.asarray(res["W"]), np.asarray(res["V"])),
+        weights=[np.asarray(p) for p in res["params"]],
     )

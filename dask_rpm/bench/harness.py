@@ -132,25 +132,28 @@ def _loadavg() -> float:
 
 def serial_reference(
     case: BenchCase, x: np.ndarray, d: np.ndarray, iterations: int, cache: dict[Any, Any]
-) -> tuple[np.ndarray, np.ndarray]:
-    """``fit_serial`` on the case's data, batches and learning rate (computed once per workload and batch
-    size: condition and N do not change what is trained)."""
+) -> list[np.ndarray]:
+    """``fit_serial`` on the case's data, batches and learning rate: its final parameters
+    ``W_1 .. W_L, V`` (one hidden layer: ``W, V``), computed once per workload and batch size
+    (condition and N do not change what is trained)."""
     key = (case.shape, case.samples, case.batch_size, iterations)
     if key not in cache:
-        W, V, _ = fit_serial(
+        res = fit_serial(
             x,
             d,
-            hidden=case.shape[1],
+            hidden=case.layers.hidden,
             iterations=iterations,
             learning_rate=bench_learning_rate(case),
             seed=0,
             batch_size=case.batch_size,
+            full_output=True,  # the parameter list, whatever the depth
         )
-        cache[key] = (W, V)
+        cache[key] = [np.asarray(p) for p in res["params"]]
     return cache[key]
 
 
 def _single_plan(shape: tuple[int, int, int], samples: int, address: str) -> Any:
+    """One worker, one rectangle of plan shape ``shape``: the ``T_series`` run."""
     return Plan.from_columns(
         [[0]], [samples], [[shape[1]]], abilities=[1.0], shape=shape, method="series"
     ).with_workers([address])
@@ -176,7 +179,7 @@ def _fit_record(
     x: np.ndarray,
     d: np.ndarray,
     *,
-    m: int,
+    hidden: tuple[int, ...],
     iterations: int,
     lr: float,
     mapping: Any,
@@ -189,7 +192,7 @@ def _fit_record(
     res = fit(
         x,
         d,
-        hidden=m,
+        hidden=hidden if len(hidden) > 1 else hidden[0],
         iterations=iterations,
         learning_rate=lr,
         mapping=mapping,
@@ -212,7 +215,7 @@ def _fit_record(
         final_error=res.error,
         plan=res.plan.to_json(),
         wall=wall,
-        weights=(np.asarray(res.W), np.asarray(res.V)),
+        weights=[np.asarray(p) for p in res.params],
         phases=_phase_profile(res.history, first),
     )
 
@@ -238,10 +241,10 @@ def _series(
                 client,
                 x,
                 d,
-                m=case.shape[1],
+                hidden=case.layers.hidden,
                 iterations=iterations,
                 lr=lr,
-                mapping=_single_plan(case.shape, case.samples, addr),
+                mapping=_single_plan(case.plan_shape, case.samples, addr),
                 abilities=None,
                 interval=iterations,
                 start=0,
@@ -287,7 +290,7 @@ class _CaseRun:
             self.client,
             self.x,
             self.d,
-            m=self.case.shape[1],
+            hidden=self.case.layers.hidden,
             iterations=self.iterations,
             lr=self.lr,
             mapping=mapping,
@@ -315,7 +318,8 @@ def run_case(
     ``references`` caches :func:`serial_reference` across cases (None: the
     final weights are not checked).
     """
-    x, d = demo_data(case.samples, case.shape, seed=0)
+    # a deep network trains on the same kind of data: the teacher needs only n and l
+    x, d = demo_data(case.samples, case.plan_shape, seed=0)
     start = iterations // 2
     if case.step_at is not None:
         start = max(start, case.step_at + 1)
@@ -343,8 +347,8 @@ def run_case(
             lr=bench_learning_rate(case),
             quiet=quiet,
         )
-        # work units per second: hidden units x samples of one iteration (a mini-batch's, not the set's)
-        rates = (case.shape[1] * case.batch) / out.series
+        # work units per second: plan rows x samples of one iteration (a mini-batch's, not the set's)
+        rates = (case.layers.m * case.batch) / out.series
         run = _CaseRun(
             case=case,
             client=client,
@@ -376,7 +380,8 @@ def run_case(
 
 def _probe_case(run: _CaseRun, out: CaseResult, quiet: bool) -> None:
     """Probed abilities and links of the case's workers (for ``srpm-probed`` and ``split-1d``)."""
-    pr = probe(run.client, shape=run.case.shape, samples=run.case.batch, workers=run.addresses)
+    # the plan shape, as fit(abilities="probe") probes: only the workers' relative speeds are used
+    pr = probe(run.client, shape=run.case.plan_shape, samples=run.case.batch, workers=run.addresses)
     run.probed = out.probed = [float(v) for v in pr["throughput"].values]
     out.latency = float(pr.attrs.get("latency", math.nan))
     out.bandwidth = float(pr.attrs.get("bandwidth", math.nan))
@@ -390,7 +395,7 @@ def _probe_case(run: _CaseRun, out: CaseResult, quiet: bool) -> None:
 def _timed_method(
     run: _CaseRun,
     method: str,
-    reference: tuple[np.ndarray, np.ndarray] | None,
+    reference: list[np.ndarray] | None,
     series: np.ndarray,
     quiet: bool,
 ) -> MethodResult:
@@ -400,7 +405,7 @@ def _timed_method(
     if not math.isfinite(r.wall):
         r.wall = time.perf_counter() - t0
     r.weights_vs_serial = weights_difference(r.weights, reference)
-    r.weights = None  # checked; do not keep (W, V) of every method of every case
+    r.weights = None  # checked; do not keep the parameters of every method of every case
     if r.skipped:
         _log(f"  {method}: skipped ({r.skipped})", quiet)
     else:
@@ -451,7 +456,14 @@ def _run_baseline(run: _CaseRun, method: str) -> MethodResult:
         r = MethodResult()
         for dp in divisors(case.n):
             try:
-                plan = make_plan(ab, case.shape, case.samples, method=planner, dp=dp)
+                plan = make_plan(
+                    ab,
+                    case.plan_shape,
+                    case.samples,
+                    method=planner,
+                    dp=dp,
+                    cost_shape=case.cost_shape,
+                )
             except Exception:  # noqa: BLE001 - an infeasible N_DP is skipped
                 continue
             cand = run.fit(plan.with_workers(run.addresses), None)
@@ -460,9 +472,18 @@ def _run_baseline(run: _CaseRun, method: str) -> MethodResult:
         return r
     # N_DP by the cost model with the measured T_series speeds
     # (the model prices one iteration: a mini-batch's rows, not the training set's)
-    plan, _ = fastest_grid(ab, case.shape, case.batch, planner, run.rates)
+    plan, _ = fastest_grid(
+        ab, case.plan_shape, case.batch, planner, run.rates, cost_shape=case.cost_shape
+    )
     if case.batch != case.samples:
-        plan = make_plan(ab, case.shape, case.samples, method=planner, dp=plan.n_columns)
+        plan = make_plan(
+            ab,
+            case.plan_shape,
+            case.samples,
+            method=planner,
+            dp=plan.n_columns,
+            cost_shape=case.cost_shape,
+        )
     return run.fit(plan.with_workers(run.addresses), None)
 
 
@@ -477,7 +498,7 @@ def run_bench(
     interval: int | None = None,
     step_at: int | None = None,
     dp_search: str = "model",
-    custom: tuple[int, int, int, int] | None = None,
+    custom: Sequence[int] | None = None,
     quiet: bool = False,
     batch_sizes: Sequence[int] | None = None,
     check_weights: bool = True,
@@ -487,7 +508,8 @@ def run_bench(
     Parameters
     ----------
     workloads
-        Names in :data:`~dask_rpm.bench.profiles.WORKLOADS`, or ``"custom"`` with ``custom=(n, m, l, s)``.
+        Names in :data:`~dask_rpm.bench.profiles.WORKLOADS`, or ``"custom"`` with
+        ``custom=(n, m, l, s)`` (several hidden layers: ``(n, m_1, ..., m_L, l, s)``).
     conditions
         ``"A"``, ``"B"``, ``"A-step"``, ``"B-step"`` (docs/method.md §8; ``-step``:
         the fastest worker slows 3x from iteration ``step_at``).
@@ -509,7 +531,7 @@ def run_bench(
     dp_search
         ``"model"`` or ``"measured"`` (see :mod:`dask_rpm.bench`).
     batch_sizes
-        Mini-batch sizes of the ``minibatch`` workload (default
+        Mini-batch sizes of the ``minibatch`` and ``deep`` workloads (default
         :data:`~dask_rpm.bench.profiles.MINIBATCH_SIZES`) and of ``custom`` (default: full batch); the
         other workloads are full batch. One case per batch size, condition and
         N; every method (the DDP peer too) trains on the same mini-batches.

@@ -15,9 +15,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..nn.layers import Layers, layers_of
+
 __all__ = [
     "CONDITIONS",
     "ASSUMED_TO_TRUE",
+    "Workload",
     "WORKLOADS",
     "MINIBATCH_SIZES",
     "MINIBATCH_METHODS",
@@ -29,7 +32,9 @@ __all__ = [
     "gamma",
     "steady_seconds",
     "true_profile",
+    "takes_batch_sizes",
     "workload_batch_sizes",
+    "workload_of",
     "make_cases",
     "bench_learning_rate",
     "weights_difference",
@@ -46,23 +51,65 @@ CONDITIONS: dict[str, tuple[float, ...]] = {
 }
 #: Assumed 0.63 (clock ratio 500/800 MHz), measured about 0.5 by the paper.
 ASSUMED_TO_TRUE = {0.63: 0.5}
-#: name -> (n, m, l, s)
-WORKLOADS: dict[str, tuple[int, int, int, int]] = {
+#: Batch sizes the ``minibatch`` and ``deep`` workloads run at unless ``batch_sizes`` is given.
+MINIBATCH_SIZES = (256, 1024, 4096)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A bench workload: the network, the training set and the batch sizes it runs at.
+
+    Attributes
+    ----------
+    n : int
+        Inputs.
+    hidden : tuple of int
+        Units of each hidden layer, first to last (one entry: the paper's 3-layer network).
+    l : int
+        Outputs.
+    samples : int
+        Training samples.
+    batch_sizes : tuple of int, optional
+        Mini-batch sizes it runs at by default; None: full batch (the paper's experiment).
+    """
+
+    n: int
+    hidden: tuple[int, ...]
+    l: int  # noqa: E741 - the paper's name for the output size
+    samples: int
+    batch_sizes: tuple[int, ...] | None = None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """``(n, m_1, ..., m_L, l)``."""
+        return (self.n, *self.hidden, self.l)
+
+    @classmethod
+    def of(cls, dims: Sequence[int]) -> Workload:
+        """The full-batch workload of ``(n, m_1, ..., m_L, l, s)`` (the ``custom`` tuple)."""
+        d = [int(v) for v in dims]
+        return cls(d[0], tuple(d[1:-2]), d[-2], d[-1])
+
+
+WORKLOADS: dict[str, Workload] = {
     # The paper's NETtalk size: about 5 ms of compute per iteration on one core
     # here, far below Dask's per-task latency, so it measures the engine.
-    "paper": (203, 80, 26, 1024),
+    "paper": Workload(203, (80,), 26, 1024),
     # Same inputs/outputs, 1024 hidden units and 32768 samples: about 1.3 s of
     # float64 compute per iteration on one core (0.8 s per iteration on 8
     # EMULATED workers at auto scale), against ~0.05-0.13 s of Dask latency.
-    "compute": (203, 1024, 26, 32768),
+    "compute": Workload(203, (1024,), 26, 32768),
     # Issue 11: mini-batch SGD on the compute network. 16384 samples give 4 to
     # 64 batches per epoch at the batch sizes of MINIBATCH_SIZES; a batch of
     # 4096 costs an eighth of the compute workload's iteration, one of 256 a
     # 128th (a few ms per worker: latency-bound, like the paper's workload).
-    "minibatch": (203, 1024, 26, 16384),
+    "minibatch": Workload(203, (1024,), 26, 16384, MINIBATCH_SIZES),
+    # A deep MNIST-sized network (784-1024-1024-1024-10), mini-batch SGD at the same batch
+    # sizes: about 16x the minibatch workload's work per sample (rectangle_work) and 12x its
+    # weights, and every iteration also gathers two layers' activations and sums their
+    # deltas inside a column.
+    "deep": Workload(784, (1024, 1024, 1024), 10, 16384, MINIBATCH_SIZES),
 }
-#: Batch sizes the ``minibatch`` workload runs at unless ``batch_sizes`` is given.
-MINIBATCH_SIZES = (256, 1024, 4096)
 #: Methods of the mini-batch comparison, the ``--methods`` of its docs command.
 MINIBATCH_METHODS = ("drpm", "split-1d", "uniform", "ddp")
 METHODS = ("uniform", "hrev", "srpm-assumed", "srpm-probed", "drpm-init", "drpm", "split-1d", "ddp")
@@ -81,7 +128,7 @@ class BenchCase:
     workload: str
     condition: str
     n: int
-    shape: tuple[int, int, int]
+    shape: tuple[int, ...]  # (n, m_1, ..., m_L, l): one hidden layer or several
     samples: int
     speeds: tuple[float, ...]  # EMULATED truth
     assumed: tuple[float, ...]  # what the paper assumed
@@ -93,6 +140,22 @@ class BenchCase:
     def name(self) -> str:
         base = f"{self.workload}/{self.condition}/N={self.n}"
         return base if self.batch_size is None else f"{base}/B={self.batch_size}"
+
+    @property
+    def layers(self) -> Layers:
+        """The network's :class:`~dask_rpm.nn.layers.Layers`."""
+        return layers_of(self.shape)
+
+    @property
+    def plan_shape(self) -> tuple[int, int, int]:
+        """``(n, m, l)`` the plans are made for (``m``: the narrowest hidden layer)."""
+        return self.layers.plan_shape
+
+    @property
+    def cost_shape(self) -> tuple[int, int, int] | None:
+        """What the communication model counts for a network of several hidden layers
+        (:attr:`Layers.cost_shape <dask_rpm.nn.layers.Layers.cost_shape>`); None for one."""
+        return self.layers.cost_shape if self.layers.depth > 1 else None
 
     @property
     def batch(self) -> int:
@@ -132,17 +195,30 @@ def true_profile(condition: str, n: int) -> tuple[float, ...]:
     return tuple(ASSUMED_TO_TRUE.get(v, v) for v in base)
 
 
+def takes_batch_sizes(workload: str) -> bool:
+    """Whether ``batch_sizes`` apply to ``workload``: the mini-batch workloads and ``custom``."""
+    return workload == "custom" or WORKLOADS[workload].batch_sizes is not None
+
+
 def workload_batch_sizes(
     workload: str, batch_sizes: Sequence[int] | None = None
 ) -> list[int | None]:
-    """Batch sizes a workload runs at: ``minibatch`` at ``batch_sizes`` (default
-    :data:`MINIBATCH_SIZES`), ``custom`` at ``batch_sizes`` when given, every
-    other workload full batch (``[None]``: the paper's experiment)."""
-    if workload == "minibatch":
-        return list(batch_sizes) if batch_sizes else list(MINIBATCH_SIZES)
-    if workload == "custom" and batch_sizes:
-        return list(batch_sizes)
-    return [None]
+    """Batch sizes a workload runs at: a mini-batch workload (``minibatch``, ``deep``) at
+    ``batch_sizes`` (default its own, :data:`MINIBATCH_SIZES`), ``custom`` at ``batch_sizes``
+    when given, every other workload full batch (``[None]``: the paper's experiment)."""
+    if workload == "custom":
+        return list(batch_sizes) if batch_sizes else [None]
+    own = WORKLOADS[workload].batch_sizes
+    if own is None:
+        return [None]
+    return list(batch_sizes) if batch_sizes else list(own)
+
+
+def workload_of(name: str, custom: Sequence[int] | None = None) -> Workload:
+    """The :class:`Workload` named ``name``; ``custom`` is ``(n, m_1, ..., m_L, l, s)``."""
+    if name == "custom" and custom is not None:
+        return Workload.of(custom)
+    return WORKLOADS[name]
 
 
 def make_cases(
@@ -151,13 +227,14 @@ def make_cases(
     ns: Sequence[int],
     *,
     step_at: int,
-    custom: tuple[int, int, int, int] | None = None,
+    custom: Sequence[int] | None = None,
     batch_sizes: Sequence[int] | None = None,
 ) -> list[BenchCase]:
-    """One case per workload, batch size, condition and N, in that nesting order."""
+    """One case per workload, batch size, condition and N, in that nesting order
+    (``custom``: ``(n, m_1, ..., m_L, l, s)``, one hidden layer or several)."""
     cases = []
     for wl in workloads:
-        n_, m_, l_, s_ = custom if wl == "custom" and custom is not None else WORKLOADS[wl]
+        work = workload_of(wl, custom)
         for batch in workload_batch_sizes(wl, batch_sizes):
             for cond in conditions:
                 base = cond.split("-")[0]
@@ -170,8 +247,8 @@ def make_cases(
                             wl,
                             cond,
                             n,
-                            (n_, m_, l_),
-                            s_,
+                            work.shape,
+                            work.samples,
                             speeds,
                             assumed,
                             step_worker=step_worker,
@@ -183,7 +260,8 @@ def make_cases(
 
 
 def bench_learning_rate(case: BenchCase) -> float:
-    """``0.5 / (samples per iteration x hidden units)``: the same step at every batch size, and
+    """``0.5 / (samples per iteration x hidden units)`` (the narrowest hidden layer's, the plan's
+    ``m``, for a deep network): the same step at every batch size, and
     well-conditioned, so every method ends at the serial reference's weights to rounding (the
     bench checks that: ``weights_vs_serial``).
 
@@ -194,13 +272,14 @@ def bench_learning_rate(case: BenchCase) -> float:
     different summation order from different batches. At ``0.5 / (B m)`` it stays at 4e-15 while
     batches of 2048 instead of 1024 differ by 9e-3. Timing does not depend on the rate.
     """
-    return 0.5 / (case.batch * case.shape[1])
+    return 0.5 / (case.batch * case.layers.m)
 
 
 def weights_difference(
-    weights: tuple[np.ndarray, np.ndarray] | None, reference: tuple[np.ndarray, np.ndarray] | None
+    weights: Sequence[np.ndarray] | None, reference: Sequence[np.ndarray] | None
 ) -> float:
-    """``max |W - W_ref|, |V - V_ref|`` over ``max |W_ref|, |V_ref|`` (NaN when either is missing)."""
+    """``max |P - P_ref|`` over ``max |P_ref|``, over the parameters ``W_1 .. W_L, V`` (one hidden
+    layer: ``W, V``); NaN when either is missing."""
     if weights is None or reference is None:
         return math.nan
     diff = max(
@@ -213,20 +292,20 @@ def weights_difference(
 def check_batch_sizes(
     workloads: list[str],
     batch_sizes: Sequence[int] | None,
-    custom: tuple[int, int, int, int] | None,
+    custom: Sequence[int] | None,
 ) -> list[int] | None:
     """Check ``batch_sizes`` (whole numbers from 1 to the workload's samples); a list, or None."""
     if batch_sizes is None:
         return None
     sizes = list(batch_sizes)
-    takers = [wl for wl in workloads if wl in ("minibatch", "custom")]
+    takers = [wl for wl in workloads if wl in ("custom", *WORKLOADS) and takes_batch_sizes(wl)]
     if not sizes:
         raise BenchError(
             "batch_sizes is empty: give at least one mini-batch size, e.g. 256,1024,4096"
         )
     if not takers:
         raise BenchError(
-            f"batch sizes {sizes} apply to the minibatch and custom workloads, and the run has "
+            f"batch sizes {sizes} apply to the minibatch, deep and custom workloads, and the run has "
             f"{', '.join(workloads)} (full batch: the paper's experiment); add --workloads minibatch"
         )
     for b in sizes:
@@ -235,12 +314,9 @@ def check_batch_sizes(
                 f"batch size {b!r}: give whole numbers of samples per mini-batch, e.g. 256,1024,4096"
             )
         for wl in takers:
-            if wl == "custom":
-                if custom is None:
-                    continue  # reported by check_arguments
-                s_ = custom[3]
-            else:
-                s_ = WORKLOADS[wl][3]
+            if wl == "custom" and custom is None:
+                continue  # reported by check_arguments
+            s_ = workload_of(wl, custom).samples
             if b > s_:
                 raise BenchError(
                     f"batch size {b} is larger than the {wl} workload's {s_} samples; give at most "
@@ -260,7 +336,7 @@ def check_arguments(
     series_iterations: int,
     interval: int | None,
     dp_search: str,
-    custom: tuple[int, int, int, int] | None,
+    custom: Sequence[int] | None,
 ) -> None:
     """Refuse (:class:`BenchError`) names, worker counts and iteration counts a run cannot use."""
     valid_wl = [*WORKLOADS, "custom"]
@@ -270,6 +346,11 @@ def check_arguments(
         if wl == "custom" and custom is None:
             raise BenchError(
                 "workload 'custom' needs a shape and samples (--shape N-M-L --samples S)"
+            )
+        if wl == "custom" and custom is not None and (len(custom) < 4 or min(custom) < 1):
+            raise BenchError(
+                f"custom={tuple(custom)}: give (n, m_1, ..., m_L, l, samples), every size "
+                f"at least 1"
             )
     valid_cond = [*CONDITIONS, *(f"{c}-step" for c in CONDITIONS)]
     for c in conditions:

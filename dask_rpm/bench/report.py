@@ -53,8 +53,9 @@ class MethodResult:
     plan: str = ""
     skipped: str = ""
     wall: float = math.nan
-    #: final (W, V), to check that every method trained the same batches (not written out)
-    weights: tuple[np.ndarray, np.ndarray] | None = None
+    #: final parameters (W, V; W_1 .. W_L, V for a deep network), to check that every method
+    #: trained the same batches (not written out)
+    weights: Sequence[np.ndarray] | None = None
     #: relative max difference of the final weights to fit_serial's (same data, batches, lr); NaN: not checked
     weights_vs_serial: float = math.nan
     #: seconds per engine phase (PHASES), steady-state median, mean over workers; empty for ddp

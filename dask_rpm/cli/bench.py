@@ -16,7 +16,7 @@ from typing import Any
 from ..bench.ddp import torch_available
 from ..bench.profiles import MAX_N, METHODS, BenchError
 from ..bench.report import markdown_table, summary_rows, write_outputs
-from ..planners import parse_shape
+from ..planners import parse_network_shape
 from ._common import CLIError, split_list
 
 __all__ = ["add_parser", "run"]
@@ -30,6 +30,8 @@ examples:
   dask-rpm bench --workloads custom --shape 20-16-4 --samples 512 --n 3 --methods srpm-assumed,drpm
   dask-rpm bench --workloads minibatch --conditions A --n 4,8 --methods drpm,split-1d,uniform,ddp \
       --batch-sizes 256,1024,4096           # mini-batch SGD, 203-1024-26, s = 16384
+  dask-rpm bench --workloads deep --conditions A --n 4 --methods drpm,split-1d,uniform,ddp
+                                            # deep: 784-1024-1024-1024-10, B = 256, 1024, 4096
   dask-rpm bench --real --n 2               # REAL: 2 unpaced one-thread workers vs 2 DDP ranks
   dask-rpm bench --real --n 8,16 --mix 1,2,4,8   # REAL on a 16-core machine (benchmarks/real_hardware.py)
 
@@ -62,13 +64,13 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument(
         "--workloads",
-        help="comma-separated: paper, compute, minibatch, custom (default paper,compute)",
+        help="comma-separated: paper, compute, minibatch, deep, custom (default paper,compute)",
     )
     p.add_argument(
         "--batch-sizes",
         metavar="B,B,...",
-        help="mini-batch sizes of the minibatch workload (default 256,1024,4096) and of custom "
-        "(default full batch); paper and compute are full batch",
+        help="mini-batch sizes of the minibatch and deep workloads (default 256,1024,4096) and of "
+        "custom (default full batch); paper and compute are full batch",
     )
     p.add_argument("--methods", help=f"comma-separated subset of {','.join(METHODS)} (default all)")
     p.add_argument(
@@ -99,7 +101,9 @@ def add_parser(subparsers: Any) -> None:
         help="how the baselines' best N_DP is found (default model)",
     )
     _add_real_arguments(p)
-    p.add_argument("--shape", help="custom workload network n-m-l")
+    p.add_argument(
+        "--shape", help="custom workload network n-m-l, or n-m1-...-mL-l (several hidden layers)"
+    )
     p.add_argument("--samples", type=int, help="custom workload samples")
     p.add_argument("--out", default="rpm-bench", help="output directory (default ./rpm-bench)")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
@@ -246,10 +250,10 @@ def run(args: argparse.Namespace) -> int:
             "--shape and --samples go together (a custom workload); give both or neither"
         )
     if args.shape is not None:
-        n, m, l = parse_shape(args.shape)
+        dims = parse_network_shape(args.shape)
         if args.samples < 1:
             raise CLIError(f"--samples {args.samples}: must be a positive number of samples")
-        custom = (n, m, l, int(args.samples))
+        custom = (*dims, int(args.samples))
         if args.workloads is None:
             workloads = ["custom"]
     if "ddp" in methods:

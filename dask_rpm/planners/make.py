@@ -332,6 +332,7 @@ def fastest_grid(
     network: Any = None,
     vertical: str | None = None,
     horizontal: str | None = None,
+    cost_shape: Any = None,
 ) -> tuple[Plan, float]:
     """The ``N_DP`` plan of a grid baseline predicted fastest in seconds.
 
@@ -340,7 +341,8 @@ def fastest_grid(
     with the workers' ``speeds`` (work units per second), which also counts
     compute imbalance. Every divisor of N is tried; infeasible ones are
     skipped; ties go to the smaller ``N_DP``. ``network``, ``vertical`` and
-    ``horizontal`` are passed to the model as they are.
+    ``horizontal`` are passed to the model as they are; ``cost_shape`` to
+    :func:`make_plan` (a network of several hidden layers).
 
     Returns
     -------
@@ -355,7 +357,7 @@ def fastest_grid(
     best: tuple[Plan, float] | None = None
     for dp in divisors(len(abilities)):
         try:
-            plan = make_plan(abilities, shape, samples, method=method, dp=dp)
+            plan = make_plan(abilities, shape, samples, method=method, dp=dp, cost_shape=cost_shape)
         except PlanError:
             continue
         t = predict_iteration_seconds(
