@@ -140,8 +140,12 @@ def test_02_local_training(tmp_path):
     assert "ability estimates at the DRPM checks" in out
     verdict = _speed_check(out, [1.0, 0.5, 0.25])
     if verdict == "works":
-        # after the remap each worker computes for about the same time (areas follow the speeds)
-        last = [ln for ln in out.splitlines() if ln.startswith("  plan 1 (iterations 20-59)")][0]
+        # after the remaps each worker computes for about the same time (areas follow the speeds);
+        # DRPM may remap again at a later check (a column remap when a loaded machine shifts the
+        # estimates), so the plan that ran to the end is the one measured
+        last = [
+            ln for ln in out.splitlines() if re.match(r"  plan [1-9]\d* \(iterations \d+-59\)", ln)
+        ][-1]
         ms = [float(v) for v in re.findall(r"(\d+\.\d) ms", last)]
         assert max(ms) / min(ms) < 1.35, last
     assert (
