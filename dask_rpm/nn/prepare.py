@@ -105,11 +105,8 @@ def _check_distribution(d: np.ndarray, where: str, output: str = "softmax") -> N
 def _weights(init: Any, weights: list[np.ndarray], rec: Recipe) -> list[np.ndarray]:
     """The augmented initial parameters: ``init``'s biases (``(W0, V0, b0, c0)``, or
     ``(weights, biases)``) joined to ``weights`` (:meth:`~dask_rpm.nn.network.Network.join_params`)."""
-    biases = None
-    if init is not None and _nested(init) and len(init) == 2:
-        biases = [np.asarray(b, dtype=weights[0].dtype) for b in init[1]]
-    elif init is not None and not _nested(init) and len(init) == 4 and np.ndim(init[2]) == 1:
-        biases = [np.asarray(b, dtype=weights[0].dtype) for b in init[2:]]
+    given = _split_init(init)[1]
+    biases = None if given is None else [np.asarray(b, dtype=weights[0].dtype) for b in given]
     if biases is not None:
         want = [(w.shape[0],) for w in weights]
         got = [b.shape for b in biases]
@@ -123,23 +120,24 @@ def _weights(init: Any, weights: list[np.ndarray], rec: Recipe) -> list[np.ndarr
     return rec.net.join_params(weights, biases)
 
 
-def _nested(init: Any) -> bool:
-    """Whether ``init`` is ``(weights, biases)`` (two sequences of arrays)."""
-    return isinstance(init[0], (list, tuple))
+def _split_init(init: Any) -> tuple[list[Any] | None, list[Any] | None]:
+    """``init`` as (weight matrices, biases or None); ``(None, None)`` without one.
 
-
-def _init_weights(init: Any) -> Any:
-    """The weight matrices of ``init`` (its forms: module :func:`prepare`), or None."""
+    Its forms: ``(W0, V0)``, ``(W0, V0, b0, c0)`` (1-D third entry), a list
+    ``(W_1, ..., W_L, V)``, or ``(weights, biases)`` (two sequences of arrays).
+    """
     if init is None:
-        return None
+        return None, None
     if not isinstance(init, (tuple, list)) or len(init) < 2:
         raise DataError(
             "init must be (W0, V0), (W0, V0, b0, c0), a list (W_1, ..., W_L, V) or "
             "(weights, biases) for several hidden layers"
         )
-    if _nested(init):
-        return list(init[0])
-    return list(init[:2]) if len(init) == 4 and np.ndim(init[2]) == 1 else list(init)
+    if isinstance(init[0], (list, tuple)):
+        return list(init[0]), list(init[1]) if len(init) == 2 else None
+    if len(init) == 4 and np.ndim(init[2]) == 1:
+        return list(init[:2]), list(init[2:])
+    return list(init), None
 
 
 def prepare(
@@ -163,7 +161,7 @@ def prepare(
     seed = int(config.get("train.seed", seed))
     if target_error is not None and not (np.isfinite(target_error) and target_error >= 0):
         raise DataError(f"target_error={target_error!r}; it must be a finite number >= 0, or None")
-    start = _init_weights(init)
+    start = _split_init(init)[0]
     src = _source(x, d, loss, classes, load)
     classes = src.classes
     # the validation split decides how many samples train, which the schedule needs
