@@ -166,7 +166,8 @@ class BlockResult(NamedTuple):
     iteration to run); ``errors`` the total error of each iteration of the
     block that ran its forward pass (identical on every worker); ``finite``
     whether the worker's weights after the block are finite; ``threads`` the
-    BLAS threads its kernels ran with.
+    BLAS threads its kernels ran with; ``backend`` where they ran (``numpy``, ``torch-cpu``,
+    ``torch-cuda``, ...: :attr:`dask_rpm.nn.backend.Backend.label`).
     """
 
     worker: int
@@ -177,6 +178,7 @@ class BlockResult(NamedTuple):
     finite: bool
     message: str = ""
     threads: int = 1
+    backend: str = "numpy"
 
 
 class Checkpoint(NamedTuple):

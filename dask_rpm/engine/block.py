@@ -26,6 +26,11 @@ all of them take the same decision to stop: divergence (a non-finite error
 or non-finite weights, before the update) or a reached target error (after
 it). Each worker also tells its column whether its weights are finite.
 
+Arrays live on the worker's backend (:mod:`~dask_rpm.nn.backend`: numpy, or torch / cupy on
+a CPU or a GPU). Messages travel from host memory: a received array is placed on the backend
+when its sum is formed on the worker's own arrays, and the scheduled allreduces sum in host
+buffers, staged once per iteration each way.
+
 The loop is a coroutine on the worker's event loop (see
 :mod:`dask_rpm.engine.worker`); the exchanges only need ``state.send``,
 ``state.receive`` and ``state.flush``, so this module does not import
@@ -42,6 +47,7 @@ import numpy as np
 
 from ..exchange import Schedule, WorkerStep, apply_received, build, worker_steps
 from ..hooks import worker_hooks
+from ..nn import backend as xb
 from ..nn.kernels import layer_work, rectangle_work
 from ..nn.optim import mean_gradient, penalty
 from ..records import BlockResult, BlockSpec, TimingRecord
@@ -84,11 +90,20 @@ class _Exchange:
         self.state.send(address, self.epoch, it, phase, payload)
 
     async def receive(
-        self, it: int, phase: str, senders: list[int], deadline: float
+        self, it: int, phase: str, senders: list[int], deadline: float, place: bool = True
     ) -> dict[int, Any]:
-        return await self.state.receive(
+        """The payloads of ``senders``; with ``place`` their arrays on this worker's backend
+        (else in host memory, as they arrived)."""
+        got = await self.state.receive(
             self.epoch, it, phase, senders, deadline, self.names, self.timeout
         )
+        be = self.state.shard.backend
+        if not place or be.name == "numpy":
+            return got
+        return {
+            w: tuple(be.asarray(p) if isinstance(p, np.ndarray) else p for p in payload)
+            for w, payload in got.items()
+        }
 
 
 class _Allreduce(NamedTuple):
@@ -117,12 +132,13 @@ async def _allreduce(ex: _Exchange, it: int, runs: list[_Allreduce], deadline: f
             st = by_round.get(r)
             if st is not None:
                 for t in st.sends:
-                    ex.send(ex.names[t.dst], it, f"{run.tag}{r}", (run.buffer[t.lo : t.hi].copy(),))
+                    ex.send(ex.names[t.dst], it, f"{run.tag}{r}", (run.buffer[t.lo : t.hi],))
         for run, by_round in zip(runs, steps):
             st = by_round.get(r)
             if st is None or not st.receives:
                 continue
-            got = await ex.receive(it, f"{run.tag}{r}", [t.src for t in st.receives], deadline)
+            senders = [t.src for t in st.receives]
+            got = await ex.receive(it, f"{run.tag}{r}", senders, deadline, place=False)
             payloads = {t: got[t.src][0] for t in st.receives}
             apply_received(run.buffer, me, st, payloads, run.schedule.holders)
 
@@ -140,15 +156,16 @@ async def _vertical_scheduled(
     """The vertical exchange by a schedule: partials, penalties and a "not finite" count summed
     together."""
     lay = ex.state.layout
-    size = partial.size + 2
-    buf = np.empty(size, dtype=partial.dtype)
-    buf[:-2] = partial.ravel()
+    host = xb.to_host(partial)
+    size = host.size + 2
+    buf = np.empty(size, dtype=host.dtype)
+    buf[:-2] = host.ravel()
     buf[-2] = pen
     buf[-1] = 0.0 if finite else 1.0  # sums exactly: the number of members with bad weights
     sched, steps = ex.steps(lay.vertical, tuple(p.worker for p in lay.members), size)
     await _allreduce(ex, it, [_Allreduce("v", buf, sched, steps)], deadline)
     u = ws.u
-    np.copyto(u, buf[:-2].reshape(u.shape))
+    xb.copyto(u, buf[:-2].reshape(tuple(u.shape)))
     delta2, err = ws.output_delta(u, d)
     return delta2, _with_penalty(lay, err, float(buf[-2])), bool(buf[-1] == 0)
 
@@ -201,7 +218,7 @@ async def _vertical(
         ok = ok and bool(flag)
         total_pen += share
         if i == 0:
-            np.copyto(u, part)
+            xb.copyto(u, part)
         else:
             u += part
     delta2, err = ws.output_delta(u, d)
@@ -230,7 +247,8 @@ async def _horizontal(
     layers, m0 = ex.state.shard.layers, lay.rows[0]
     for col in lay.partners:
         for p in col:
-            ex.send(p.address, it, "h", (*layers.take(grads, p.rows, m0), err, ok))
+            # views: the send copies them (dask_rpm.engine.worker)
+            ex.send(p.address, it, "h", (*layers.views(grads, p.rows, m0), err, ok))
     senders = [p.worker for col in lay.partners for p in col]
     got = await ex.receive(it, "h", senders, deadline)
     k = len(grads)
@@ -248,7 +266,7 @@ async def _horizontal(
         for rows, piece in pieces:
             for view, g in zip(layers.views(sums, rows, m0), piece):
                 if c == 0:
-                    np.copyto(view, g)
+                    xb.copyto(view, g)
                 else:
                     view += g
         errors.append(float(col_err))
@@ -277,9 +295,10 @@ async def _horizontal_groups(
     layers, C, m0 = ex.state.shard.layers, lay.n_columns, lay.rows[0]
     runs = []
     for group in lay.bands:
-        pieces = [layers.views(grads, band, m0) for band in group.rows]
+        # staged through host memory: the allreduce sums host buffers
+        pieces = [[xb.to_host(v) for v in layers.views(grads, band, m0)] for band in group.rows]
         size = sum(v.size for views in pieces for v in views)
-        buf = np.zeros(size + 2 * C, dtype=grads[0].dtype)
+        buf = np.zeros(size + 2 * C, dtype=pieces[0][0].dtype)
         at = 0
         for i in range(len(grads)):  # one parameter after another, its bands top to bottom
             for views in pieces:
@@ -299,8 +318,9 @@ async def _horizontal_groups(
         for i in range(len(sums)):
             for views in targets:
                 v = views[i]
-                v[...] = buf[at : at + v.size].reshape(v.shape)
-                at += v.size
+                n = math.prod(v.shape)
+                xb.copyto(v, buf[at : at + n].reshape(tuple(v.shape)))
+                at += n
     tail = runs[0].buffer[-2 * C :]
     return sums, [float(e) for e in tail[:C]], not bool(np.any(tail[C:] != 0))
 
@@ -358,6 +378,10 @@ class _Kernels:
         self.pace = worker_hooks(state.worker).pace
         # each parameter's bias column (local; None: not held), left out of the L2 penalty
         self.biases = self.layers.bias_columns(state.layout.rows, self.recipe.net.bias)
+        self.dtype = state.data.dtype
+        # a GPU's kernels return once queued: wait for them, so that the timing records (and
+        # DRPM's speeds) measure the compute, not the launch
+        self.gpu = state.shard.backend.device != "cpu"
 
     def penalty(self) -> float:
         """My rows' share of the L2 penalty ``0.5 alpha sum W^2`` (0.0 without one)."""
@@ -371,6 +395,11 @@ class _Kernels:
             return rectangle_work(kind, s, self.units, self.layers)
         return layer_work(kind, k, s, self.units, self.layers)
 
+    def _done(self, out: Any) -> Any:
+        if self.gpu:
+            xb.synchronize(self.shard.params[0])
+        return out
+
     def inline(self, rows: int, inline_work: float) -> bool:
         """Whether an iteration's kernels are small enough for the event loop."""
         return self._work("forward", rows) + self._work("backward", rows) <= inline_work
@@ -378,20 +407,20 @@ class _Kernels:
     def forward(self, it: int, x: np.ndarray) -> np.ndarray:
         """Every layer (this worker holds all units of its column); the partial product."""
         s = x.shape[0]
-        with self.pace(it, ("forward", s, self.units), self._work("forward", s), x.dtype):
-            return self.ws.forward(x, self.shard.params)
+        with self.pace(it, ("forward", s, self.units), self._work("forward", s), self.dtype):
+            return self._done(self.ws.forward(x, self.shard.params))
 
     def backward(self, it: int, x: np.ndarray, delta2: np.ndarray) -> list[np.ndarray]:
         s = x.shape[0]
-        with self.pace(it, ("backward", s, self.units), self._work("backward", s), x.dtype):
-            return self.ws.backward(x, self.shard.params, delta2)
+        with self.pace(it, ("backward", s, self.units), self._work("backward", s), self.dtype):
+            return self._done(self.ws.backward(x, self.shard.params, delta2))
 
     def layer_forward(self, it: int, k: int, inp: np.ndarray) -> np.ndarray:
         """Hidden layer ``k``'s outputs of my units; at the last layer, the partial product."""
         s, ws, params = inp.shape[0], self.ws, self.shard.params
-        with self.pace(it, ("forward", k, s, self.units), self._work("forward", s, k), inp.dtype):
+        with self.pace(it, ("forward", k, s, self.units), self._work("forward", s, k), self.dtype):
             f = ws.layer_forward(k, inp, params[k])
-            return ws.output_partial(params[-1]) if k == self.layers.depth - 1 else f
+            return self._done(ws.output_partial(params[-1]) if k == self.layers.depth - 1 else f)
 
     def layer_backward(
         self, it: int, k: int, inp: np.ndarray, delta2: np.ndarray
@@ -399,10 +428,12 @@ class _Kernels:
         """Layer ``k``'s update sum (after ``V``'s at the last layer); my part of the gradient
         for its whole input (``k >= 1``)."""
         s, ws, params = inp.shape[0], self.ws, self.shard.params
-        with self.pace(it, ("backward", k, s, self.units), self._work("backward", s, k), inp.dtype):
+        with self.pace(
+            it, ("backward", k, s, self.units), self._work("backward", s, k), self.dtype
+        ):
             if k == self.layers.depth - 1:
                 ws.output_backward(params[-1], delta2)
-            return ws.layer_backward(k, inp, params[k])
+            return self._done(ws.layer_backward(k, inp, params[k]))
 
     def modify(self, it: int, sums: list[np.ndarray]) -> None:
         # run where forward and backward run (the compute thread for large work), so that an
@@ -413,6 +444,7 @@ class _Kernels:
             if rec.alpha or rec.reduction == "mean":
                 mean_gradient(self.shard.params, sums, rec.divisor(it), rec.alpha, self.biases)
             self.shard.update(sums, self.spec.learning_rate, self.opt, it + 1)
+            self._done(None)
 
 
 async def _forward(
@@ -468,7 +500,7 @@ async def run_block(
     inline = k.inline(data.capacity, inline_work)
 
     # scratch for the summed updates (one column: the worker's own updates are the sums)
-    sums = [np.empty_like(p) for p in shard.params] if lay.n_columns > 1 else None
+    sums = [shard.backend.ns.empty_like(p) for p in shard.params] if lay.n_columns > 1 else None
     reporter = _Reporter(log, state.run, spec.report_seconds)
     records: list[TimingRecord] = []
     errors: dict[int, float] = {}

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from ..nn import backend as xb
 from ..nn.layers import Layers
 
 __all__ = ["gather_activations", "scatter_deltas"]
@@ -48,7 +49,7 @@ async def gather_activations(
     got = await ex.receive(it, f"a{k}", [p.worker for p in others], ex.deadline())
     for p in lay.members:
         a, b = layers.layer_rows(p.rows)[k]
-        np.copyto(full[:, a:b], local if p.worker == me else got[p.worker][0])
+        xb.copyto(full[:, a:b], local if p.worker == me else got[p.worker][0])
     return full
 
 
@@ -69,6 +70,6 @@ async def scatter_deltas(
     for i, p in enumerate(lay.members):
         part = grad[:, a:b] if p.worker == me else got[p.worker][0]
         if i == 0:
-            np.copyto(delta, part)
+            xb.copyto(delta, part)
         else:
             delta += part

@@ -103,12 +103,15 @@ class Driver:
         rows: Any = None,
         threads: int = 0,
         layers: Layers | None = None,
+        placement: tuple[str, str] = ("numpy", "cpu"),
     ) -> None:
         self.client = client
         # the network's sizes (default: one hidden layer of the plan's m)
         self.layers = layers or Layers(plan.shape[0], (plan.shape[1],), plan.shape[2])
         self.threads = threads  # the kernels' threads (rpm.engine.threads; 0: each nthreads)
+        self.placement = placement  # (backend, device) names; each worker resolves "auto"
         self.kernel_threads: dict[str, int] = {}  # what each worker's kernels last ran with
+        self.kernel_backends: dict[str, str] = {}  # ... and where (Backend.label)
         self.run = run
         self.plan = plan
         # While a remap or an install is under way: the workers it depends on (None: the current plan's).
@@ -225,6 +228,7 @@ class Driver:
                     self.recipe,
                     self.dtype,
                     start.iteration,
+                    self.placement,
                     key=self._key("setup", self.version, w),
                     worker=w,
                 )
@@ -354,6 +358,7 @@ class Driver:
             self.log.add(r.records)
             self.log.add_errors(r.errors)
             self.kernel_threads[self.addresses[r.worker]] = r.threads
+            self.kernel_backends[self.addresses[r.worker]] = r.backend
         self.iteration = stop
         finite = all(r.finite for r in results.values())
         keep = None
@@ -537,6 +542,7 @@ class Driver:
                     self.recipe,
                     self.dtype,
                     self.iteration,
+                    self.placement,
                     key=self._key("remap", self.version, w),
                     worker=w,
                 )

@@ -100,6 +100,8 @@ def fit(
     reduction: str | None = None,
     resume: dict[str, Any] | str | os.PathLike[str] | None = None,
     options: TrainingOptions | None = None,
+    backend: str | None = None,
+    device: str | None = None,
 ) -> FitResult:
     """Train a 3-layer perceptron by back-propagation on the workers of a Dask cluster.
 
@@ -234,6 +236,15 @@ def fit(
     options : TrainingOptions, optional
         The training options as one record (:class:`dask_rpm.options.TrainingOptions`:
         ``hidden`` to ``target_error`` above); the keywords set its fields, each given once.
+    backend : {"numpy", "torch", "cupy", "auto"}, default ``rpm.engine.backend``
+        The array library each worker's kernels, weights and optimizer state use
+        (:mod:`dask_rpm.nn.backend`); ``auto``: torch on a worker with a GPU, numpy on one
+        without. Every backend trains the same network: the result equals
+        :func:`fit_serial`'s to rounding.
+    device : {"auto", "cpu", "cuda"} or "cuda:<index>", default ``rpm.engine.device``
+        Where: ``auto`` is a worker's GPU where it sees one (``local_cluster(gpus=...)``,
+        SLURM groups with ``gpus:``) and the backend runs there, its CPU otherwise; so one
+        run can mix GPU and CPU workers.
 
     Returns
     -------
@@ -331,6 +342,7 @@ async def _fit_async(
         rows=data.rows,
         threads=opts.threads,
         layers=data.layers,
+        placement=opts.placement,
     )
     drpm = _drpm_state(opts, given, saved if resumed else None, len(plan.abilities))
     remaps: list[RemapRecord] = drpm.remaps if drpm is not None else []
@@ -390,6 +402,9 @@ def _stats(
         "tasks": driver.tasks_submitted,
         "blocks": driver.epoch,
         "threads": dict(driver.kernel_threads),  # BLAS threads of each worker's kernels
+        "backend": dict(
+            driver.kernel_backends
+        ),  # where each worker's kernels ran (torch-cuda, ...)
         "checkpoints": list(ckpt.times),  # (iteration, seconds) of each checkpoint
         "start": _start_stats(start, loop),
         "memory": _memory(driver, driver.recipe.optimizer.slots),

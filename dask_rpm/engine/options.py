@@ -11,6 +11,7 @@ import numpy as np
 
 from .. import config
 from ..drpm.policy import first_interval
+from ..nn.backend import check_names
 from ..nn.data import DataError
 from ..nn.prepare import Prepared
 from ..partition import Plan, PlanError
@@ -52,6 +53,8 @@ class Options:
     checkpoint_dir: str | None = None
     #: BLAS/OpenMP threads of each worker's kernels (rpm.engine.threads); 0: each worker's nthreads
     threads: int = 0
+    #: the kernels' (backend, device) names (rpm.engine.backend / device); each worker resolves auto
+    placement: tuple[str, str] = ("numpy", "auto")
 
 
 @dataclass(frozen=True, eq=False)
@@ -73,6 +76,8 @@ class RunKeywords:
     callback: Any = None
     callbacks: Any = None
     resume: Any = None
+    backend: str | None = None
+    device: str | None = None
 
 
 #: The field names of :class:`RunKeywords`: fit's keywords besides the training options.
@@ -116,6 +121,9 @@ def resolve_options(kw: RunKeywords, job: Prepared) -> Options:
             f"checkpoint_dir={os.fspath(directory)!r} but checkpoint_every={every!r}: no checkpoint would be "
             f"written; set checkpoint_every to the iterations between checkpoints (e.g. 50)"
         )
+    placement = check_names(
+        config.get("engine.backend", kw.backend), config.get("engine.device", kw.device)
+    )
     return Options(
         iterations=job.recipe.iterations,
         learning_rate=job.recipe.learning_rate,
@@ -130,6 +138,7 @@ def resolve_options(kw: RunKeywords, job: Prepared) -> Options:
         target_error=job.target_error,
         checkpoint_dir=None if directory is None else os.fspath(directory),
         threads=threads,
+        placement=placement,
     )
 
 

@@ -156,7 +156,12 @@ async def first_plan(
                 f"abilities={abilities!r}; give a sequence of numbers, None, or 'probe'"
             )
         probe_result = await probe_async(
-            client, shape=data.shape, samples=data.samples, dtype=opts.dtype, workers=addresses
+            client,
+            shape=data.shape,
+            samples=data.samples,
+            dtype=opts.dtype,
+            workers=addresses,
+            placement=opts.placement,
         )
         abilities = [float(v) for v in probe_result["throughput"].values]
         # absolute speeds (work units per second) and the measured links: what lets srpm-time

@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ..nn.backend import NUMPY, Backend
 from ..nn.batches import BatchSchedule
 from ..nn.data import load_rows, load_slice
 from ..nn.network import Network
@@ -62,6 +63,8 @@ class ColumnData:
     net : Network
         Appends the constant bias input when the network has bias terms.
     dtype : str
+    backend : Backend
+        Where the samples are placed for the kernels (default numpy).
     """
 
     def __init__(
@@ -71,6 +74,7 @@ class ColumnData:
         schedule: BatchSchedule,
         net: Network,
         dtype: str,
+        backend: Backend = NUMPY,
     ) -> None:
         self.source, self.cut, self.schedule, self.net, self.dtype = (
             source,
@@ -79,6 +83,7 @@ class ColumnData:
             net,
             dtype,
         )
+        self.backend = backend
         self._x: np.ndarray | None = None
         self._d: np.ndarray | None = None
         self._first = 0  # iteration whose rows start at offset 0
@@ -122,8 +127,10 @@ class ColumnData:
         self._epoch = -1
 
     def _set(self, x: np.ndarray, d: np.ndarray) -> None:
-        self._x = self.net.augment(np.ascontiguousarray(x, dtype=self.dtype))
-        self._d = np.ascontiguousarray(d, dtype=self.dtype)
+        # on the worker's backend once per load: every iteration's batch is a view of these
+        be = self.backend
+        self._x = be.asarray(self.net.augment(np.ascontiguousarray(x, dtype=self.dtype)))
+        self._d = be.asarray(np.ascontiguousarray(d, dtype=self.dtype))
 
     def ready(self, iteration: int) -> bool:
         """Whether :meth:`batch` of ``iteration`` needs no loading."""

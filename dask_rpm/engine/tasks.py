@@ -10,12 +10,14 @@ loop through ``client.run`` (they touch only flags and buffer pointers).
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Any
 
 import numpy as np
 
 from .. import config
 from ..hooks import worker_hooks
+from ..nn import backend as xb
 from ..nn.data import DataError
 from ..nn.recipe import Recipe
 from ..records import BlockResult, BlockSpec, Layout
@@ -47,7 +49,16 @@ def _worker() -> Any:
     return get_worker()
 
 
-def _column(source: Any, layout: Layout, recipe: Recipe, dtype: str) -> ColumnData:
+@functools.cache
+def _backend(placement: tuple[str, str]) -> xb.Backend:
+    """The backend this worker trains with, for the ``(backend, device)`` names of the run
+    (``auto`` resolved here: a worker with a GPU uses it; :func:`~dask_rpm.nn.backend.resolve`)."""
+    return xb.resolve(*placement)
+
+
+def _column(
+    source: Any, layout: Layout, recipe: Recipe, dtype: str, be: xb.Backend = xb.NUMPY
+) -> ColumnData:
     """The column's samples (:class:`~dask_rpm.engine.samples.ColumnData`) from what the driver sent."""
     if isinstance(source, str):  # the path of a dataset file
         source = SampleSource("file", path=source)
@@ -61,16 +72,16 @@ def _column(source: Any, layout: Layout, recipe: Recipe, dtype: str) -> ColumnDa
         source = SampleSource("arrays", *source[1])
     else:  # the column's rows as (x, d)
         source = SampleSource("slice", *source)
-    return ColumnData(source, layout.samples, recipe.schedule, recipe.net, dtype)
+    return ColumnData(source, layout.samples, recipe.schedule, recipe.net, dtype, be)
 
 
-def _shard(rows: dict[str, Any], layout: Layout, recipe: Recipe) -> Shard:
+def _shard(rows: dict[str, Any], layout: Layout, recipe: Recipe, be: xb.Backend) -> Shard:
     """A shard from :func:`~dask_rpm.engine.worker.rows_of`; without optimizer state (the start of
     training) the optimizer's state starts at zero."""
     layers, origin = layout_layers(layout), layout.rows[0]
     if rows["state"]:  # a checkpoint's
-        return Shard(layers, origin, rows["params"], rows["state"])
-    return Shard.fresh(layers, origin, rows["params"], recipe.optimizer)
+        return Shard(layers, origin, rows["params"], rows["state"], be)
+    return Shard.fresh(layers, origin, rows["params"], recipe.optimizer, be)
 
 
 def t_setup(
@@ -80,10 +91,12 @@ def t_setup(
     recipe: Recipe,
     dtype: str,
     iteration: int,
+    placement: tuple[str, str] = ("numpy", "cpu"),
 ) -> int | DataError:
     """Create this worker's state for a run: its shard, its samples (``source``: path, rows or a
-    :class:`~dask_rpm.engine.samples.SampleSource`); returns the bytes read from a checkpoint store,
-    or the :class:`~dask_rpm.data.DataError` its samples raised.
+    :class:`~dask_rpm.engine.samples.SampleSource`), on the backend ``placement`` names; returns
+    the bytes read from a checkpoint store, or the :class:`~dask_rpm.data.DataError` its samples
+    (or a backend this worker cannot run) raised.
 
     ``weights`` are the shard's rows the driver scattered, or which rows of a
     checkpoint store to read (:class:`~dask_rpm.engine.store.StoreRows`):
@@ -95,14 +108,15 @@ def t_setup(
     if isinstance(weights, StoreRows):
         weights = read_rows(weights, dtype)
         read = weights.pop("bytes")
-    data = _column(source, layout, recipe, dtype)
     try:
+        be = _backend(tuple(placement))
+        data = _column(source, layout, recipe, dtype, be)
         data.load(iteration)  # bad values in a dataset file are found here, before the first one
     except DataError as exc:
         # the user's data, not a failure of the task: returned, so the worker logs no "Compute
         # Failed" traceback, and the driver raises it as one line
         return exc
-    state = RunState(worker, layout, _shard(weights, layout, recipe), data, recipe)
+    state = RunState(worker, layout, _shard(weights, layout, recipe, be), data, recipe)
     state.iteration = iteration
     old = plugin.runs.get(layout.run)
     if old is not None:  # a recovery from a checkpoint: keep the epoch floor
@@ -126,7 +140,7 @@ async def t_block(run: str, spec: BlockSpec) -> BlockResult:
                 log=lambda msg: worker.log_event("rpm", msg),
                 inline_work=float(config.get(f"engine.inline-work{emulated}")),
             )
-        return res._replace(threads=threads)
+        return res._replace(threads=threads, backend=state.shard.backend.label)
 
 
 def t_stage(
@@ -137,6 +151,7 @@ def t_stage(
     recipe: Recipe,
     dtype: str,
     iteration: int,
+    placement: tuple[str, str] = ("numpy", "cpu"),
 ) -> int:
     """Build this worker's shard of a new plan: keep own rows, fetch the others from their holders.
 
@@ -166,12 +181,13 @@ def t_stage(
         layers.put(params, [unwrap(p) for p in got["params"]], (a, b), rows[0])
         for slot, arrays in got["state"].items():
             layers.put(opt_state[slot], [unwrap(p) for p in arrays], (a, b), rows[0])
+    be = _backend(tuple(placement))
     if source is None:
         data = state.data
     else:
-        data = _column(source, layout, recipe, dtype)
+        data = _column(source, layout, recipe, dtype, be)
         data.load(iteration)
-    shard = Shard(layers, rows[0], params, opt_state)
+    shard = Shard(layers, rows[0], params, opt_state, be)
     if state is None:  # a worker new to the run: nothing reads its state before the commit
         state = plugin.runs[run] = RunState(worker, layout, shard, data, recipe)
         state.iteration = iteration
@@ -180,13 +196,14 @@ def t_stage(
 
 
 def t_gather(run: str) -> tuple[list[np.ndarray], int, dict[str, list[np.ndarray]]]:
-    """This worker's current shard (copies), the iteration it is at, and its optimizer state (copies)."""
+    """This worker's current shard (host copies), the iteration it is at, and its optimizer state
+    (host copies)."""
     state = get_state(run)
     sh = state.shard
     return (
-        [p.copy() for p in sh.params],
+        [xb.host_copy(p) for p in sh.params],
         state.iteration,
-        {k: [a.copy() for a in v] for k, v in sh.state.items()},
+        {k: [xb.host_copy(a) for a in v] for k, v in sh.state.items()},
     )
 
 

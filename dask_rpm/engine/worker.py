@@ -34,6 +34,8 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.protocol import to_serialize
 
 from ..hooks import worker_hooks
+from ..nn import backend as xb
+from ..nn.backend import NUMPY, Backend
 from ..nn.kernels import Workspace, all_finite
 from ..nn.layers import Layers
 from ..nn.optim import Optimizer, step
@@ -63,7 +65,8 @@ _PHASE_NAMES = {"v": "vertical", "h": "horizontal", "a": "activation", "g": "del
 
 
 def _pack(value: Any) -> Any:
-    """An array as ``[bytes, dtype, shape]`` for the wire.
+    """An array as ``[bytes, dtype, shape]`` for the wire (from host memory: a GPU array is
+    copied to the host first, :func:`~dask_rpm.nn.backend.to_host`).
 
     Plain bytes go through msgpack as they are; wrapping the array for Dask's
     serializers instead costs about 0.1-0.2 ms of CPU per message on this
@@ -71,8 +74,9 @@ def _pack(value: Any) -> Any:
     product twice. The copy also means the receiver never sees a buffer the
     sender reuses (the in-process transport passes objects by reference).
     """
-    if isinstance(value, np.ndarray):
-        return ["nd", value.tobytes(), value.dtype.str, list(value.shape)]
+    if xb.is_array(value):
+        host = xb.to_host(value)
+        return ["nd", host.tobytes(), host.dtype.str, list(host.shape)]
     return value
 
 
@@ -89,7 +93,8 @@ class Shard:
     ``params`` are the parameters' pieces its plan rows ``rows`` hold
     (:meth:`Layers.take <dask_rpm.nn.layers.Layers.take>`); ``state[slot]`` has one array per
     parameter for each of the optimizer's state slots (:mod:`dask_rpm.optim`), cut the same
-    way. Nothing here names a parameter: every operation loops over the list.
+    way. Nothing here names a parameter: every operation loops over the list. The arrays live
+    on ``backend`` (:mod:`~dask_rpm.nn.backend`); :meth:`rows` gives host copies.
     """
 
     __slots__ = (
@@ -104,6 +109,7 @@ class Shard:
         "state_snap",
         "snap_iteration",
         "finite",
+        "backend",
     )
 
     def __init__(
@@ -112,28 +118,32 @@ class Shard:
         origin: int,
         params: Sequence[np.ndarray],
         state: dict[str, Any] | None = None,
+        backend: Backend = NUMPY,
     ) -> None:
-        self.layers, self.origin = layers, int(origin)
-        self.params = [np.array(p, copy=True, order="C") for p in params]
-        self.state = {
-            k: [np.array(a, copy=True, order="C") for a in v] for k, v in (state or {}).items()
-        }
-        self.prev = [np.empty_like(p) for p in self.params]
-        self.state_prev = {k: [np.empty_like(a) for a in v] for k, v in self.state.items()}
+        self.layers, self.origin, self.backend = layers, int(origin), backend
+        self.params = [backend.copy_of(p) for p in params]
+        self.state = {k: [backend.copy_of(a) for a in v] for k, v in (state or {}).items()}
+        empty_like = backend.ns.empty_like
+        self.prev = [empty_like(p) for p in self.params]
+        self.state_prev = {k: [empty_like(a) for a in v] for k, v in self.state.items()}
         self.prev_valid = False
-        self.snap = [np.empty_like(p) for p in self.params]
-        self.state_snap = {k: [np.empty_like(a) for a in v] for k, v in self.state.items()}
+        self.snap = [empty_like(p) for p in self.params]
+        self.state_snap = {k: [empty_like(a) for a in v] for k, v in self.state.items()}
         self.snap_iteration: int | None = None
         self.finite = self._all_finite()
 
     @classmethod
     def fresh(
-        cls, layers: Layers, origin: int, params: Sequence[np.ndarray], opt: Optimizer
+        cls,
+        layers: Layers,
+        origin: int,
+        params: Sequence[np.ndarray],
+        opt: Optimizer,
+        backend: Backend = NUMPY,
     ) -> Shard:
         """A shard with zero optimizer state (the start of training)."""
-        return cls(
-            layers, origin, params, {slot: [np.zeros_like(p) for p in params] for slot in opt.slots}
-        )
+        zeros = {slot: [np.zeros_like(p) for p in params] for slot in opt.slots}
+        return cls(layers, origin, params, zeros, backend)
 
     @property
     def W(self) -> np.ndarray:
@@ -151,7 +161,7 @@ class Shard:
     @staticmethod
     def _copy_all(dst: Sequence[np.ndarray], src: Sequence[np.ndarray]) -> None:
         for a, b in zip(dst, src):
-            np.copyto(a, b)
+            xb.copyto(a, b)
 
     def _copy_state(
         self, dst: dict[str, list[np.ndarray]], src: dict[str, list[np.ndarray]]
@@ -178,8 +188,9 @@ class Shard:
         if opt is None or (opt.name == "sgd" and opt.convention == "pytorch"):
             for g in sums:
                 g *= eps
+            xp = self.backend.ns
             for p, g, spare in zip(self.params, sums, self.prev):
-                np.subtract(p, g, out=spare)
+                xp.subtract(p, g, out=spare)
             self.params, self.prev = self.prev, self.params
         else:
             self._copy_all(self.prev, self.params)
@@ -209,8 +220,17 @@ class Shard:
         self.finite = self._all_finite()
 
     def rows(self, a: int, b: int) -> dict[str, Any]:
-        """Plan rows ``[a, b)`` (global numbering): weights and optimizer state (copies)."""
-        return rows_of(self.layers, self.params, self.state, a, b, self.origin)
+        """Plan rows ``[a, b)`` (global numbering): weights and optimizer state (host copies)."""
+        if self.backend.name == "numpy":
+            return rows_of(self.layers, self.params, self.state, a, b, self.origin)
+        views = self.layers.views
+        return {
+            "params": [xb.host_copy(v) for v in views(self.params, (a, b), self.origin)],
+            "state": {
+                k: [xb.host_copy(v) for v in views(arrays, (a, b), self.origin)]
+                for k, arrays in self.state.items()
+            },
+        }
 
     def nbytes(self) -> int:
         """Bytes of the weights and the optimizer state this shard holds (its spare copies not
@@ -281,6 +301,7 @@ class RunState:
             units=layers.units(rows),
             # each layer's bias unit, if this worker holds it
             bias_rows=layers.bias_rows(rows, net.bias),
+            backend=self.shard.backend,
         )
         s = self.data.capacity
         if self.workspace is None or not self.workspace.fits(s, **kw):

@@ -1,7 +1,9 @@
 """Batch back-propagation kernels for a 3-layer perceptron (docs/method.md §1).
 
-Pure numpy; every kernel is a handful of GEMMs over a whole block of samples,
-so the work runs at BLAS speed with no Python loop over samples. The same
+Pure; every kernel is a handful of GEMMs over a whole block of samples,
+so the work runs at BLAS (or GPU) speed with no Python loop over samples. The
+arrays are numpy's, torch's or cupy's (:mod:`~dask_rpm.nn.backend`): the kernels
+use the operations the three share, so one set of kernels serves every backend. The same
 functions serve the serial reference (:func:`dask_rpm.serial.fit_serial`) and the rectangle
 tasks of the distributed engine, which is what makes the two agree to rounding.
 The serial training loop itself is :func:`dask_rpm.serial.fit_serial`.
@@ -19,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from . import backend as xb
+from .backend import NUMPY, Backend
 from .layers import Layers, layers_of_params
 from .network import Network
 
@@ -90,6 +94,7 @@ def _key(
     layers: Layers | None = None,
     units: tuple[int, ...] | None = None,
     bias_rows: tuple[int | None, ...] | None = None,
+    backend: Backend | None = None,
 ) -> tuple[Any, ...]:
     """:class:`Workspace`'s arguments, normalised: what two workspaces must share to be one."""
     if layers is None:
@@ -97,7 +102,7 @@ def _key(
     units = tuple(int(u) for u in (layers.hidden if units is None else units))
     bias_rows = (None,) * layers.depth if bias_rows is None else tuple(bias_rows)
     net = Network() if net is None else net
-    return (layers, units, np.dtype(dtype), net, bias_rows, float(loss_scale))
+    return (layers, units, np.dtype(dtype), net, bias_rows, float(loss_scale), backend or NUMPY)
 
 
 class Workspace:
@@ -142,6 +147,9 @@ class Workspace:
         Rows of each hidden layer the rectangle holds (default: all).
     bias_rows : tuple, optional
         ``bias_row`` of each layer (with ``layers``).
+    backend : Backend, optional
+        Where the buffers live (:mod:`~dask_rpm.nn.backend`; default numpy): the
+        arrays the kernels are given must be on it.
     """
 
     def __init__(
@@ -158,6 +166,7 @@ class Workspace:
         layers: Layers | None = None,
         units: tuple[int, ...] | None = None,
         bias_rows: tuple[int | None, ...] | None = None,
+        backend: Backend | None = None,
     ) -> None:
         self.key = (
             s,
@@ -172,33 +181,36 @@ class Workspace:
                 layers=layers,
                 units=units,
                 bias_rows=bias_rows,
+                backend=backend,
             ),
         )
-        layers, units, dt, self.net, self.bias_rows, self.loss_scale = self.key[1:]
+        layers, units, dt, self.net, self.bias_rows, self.loss_scale, be = self.key[1:]
+        self.backend, self.xp = be, be.ns
+        empty = be.empty
         self.layers, self.units = layers, units
         L, l = layers.depth, layers.l  # noqa: E741
         # local activations of every layer; after backward, their derivatives
-        self._f = [np.empty((s, u), dt) for u in units]
-        self._d = [np.empty((s, u), dt) for u in units]  # local deltas of every layer
+        self._f = [empty((s, u), dt) for u in units]
+        self._d = [empty((s, u), dt) for u in units]  # local deltas of every layer
         # the gathered (full) input of layer k + 1, and the gradient for the full input of layer
         # k: the local buffers themselves when this rectangle holds the whole layer
         self._full = [
-            self._f[k] if units[k] == layers.hidden[k] else np.empty((s, layers.hidden[k]), dt)
+            self._f[k] if units[k] == layers.hidden[k] else empty((s, layers.hidden[k]), dt)
             for k in range(L - 1)
         ]
         # (layer 0's input is x: no gradient for it)
-        self._gin: list[np.ndarray] = [np.empty((0, 0), dt)] + [
+        self._gin: list[Any] = [empty((0, 0), dt)] + [
             self._d[k - 1]
             if units[k - 1] == layers.hidden[k - 1]
-            else np.empty((s, layers.hidden[k - 1]), dt)
+            else empty((s, layers.hidden[k - 1]), dt)
             for k in range(1, L)
         ]
-        self._partial = np.empty((s, l), dt)  # f_L V^T
-        self._u = np.empty((s, l), dt)  # summed pre-activation of the column
-        self._h = np.empty((s, l), dt)
-        self._diff = np.empty((s, l), dt)
-        self._delta2 = np.empty((s, l), dt)
-        self.grads = [np.empty(shape, dt) for shape in layers.shapes([(0, u) for u in units])]
+        self._partial = empty((s, l), dt)  # f_L V^T
+        self._u = empty((s, l), dt)  # summed pre-activation of the column
+        self._h = empty((s, l), dt)
+        self._diff = empty((s, l), dt)
+        self._delta2 = empty((s, l), dt)
+        self.grads = [empty(shape, dt) for shape in layers.shapes([(0, u) for u in units])]
         self.rows = s
 
     @classmethod
@@ -208,18 +220,20 @@ class Workspace:
         params: Sequence[np.ndarray],
         net: Network | None = None,
         loss_scale: float = 1.0,
+        backend: Backend | None = None,
     ) -> Workspace:
         """A workspace for the whole network whose parameters are ``params`` (every unit, the
-        bias units of :mod:`~dask_rpm.nn.network` in each layer's last row)."""
+        bias units of :mod:`~dask_rpm.nn.network` in each layer's last row), on ``backend``."""
         layers = layers_of_params(params)
         net = Network() if net is None else net
         return cls(
             s,
-            dtype=params[0].dtype,
+            dtype=xb.dtype_of(params[0]),
             net=net,
             loss_scale=loss_scale,
             layers=layers,
             bias_rows=layers.bias_rows((0, layers.m), net.bias),
+            backend=backend,
         )
 
     def fits(self, s: int, *args: Any, **kw: Any) -> bool:
@@ -258,13 +272,14 @@ class Workspace:
         return self._gin[k][: self.rows]
 
     @staticmethod
-    def _sigmoid(a: np.ndarray) -> np.ndarray:
+    def _sigmoid(a: Any) -> Any:
         # the arithmetic of sigmoid(): exp(-a), + 1, reciprocal, in place
-        np.negative(a, out=a)
-        with np.errstate(over="ignore"):
-            np.exp(a, out=a)
+        xp = xb.namespace(a)
+        xp.negative(a, out=a)
+        with xb.errstate(a):
+            xp.exp(a, out=a)
         a += 1.0
-        np.reciprocal(a, out=a)
+        xp.reciprocal(a, out=a)
         return a
 
     def _activate(self, a: np.ndarray, bias_row: int | None) -> None:
@@ -272,9 +287,9 @@ class Workspace:
         if act == "sigmoid":
             self._sigmoid(a)
         elif act == "tanh":
-            np.tanh(a, out=a)
+            self.xp.tanh(a, out=a)
         else:  # relu
-            np.maximum(a, 0.0, out=a)
+            xb.relu_(a)
         if bias_row is not None:
             a[:, bias_row] = 1.0
 
@@ -283,14 +298,14 @@ class Workspace:
         if k == 0:
             self.use(inp.shape[0])
         f = self.local(k)
-        np.matmul(inp, W.T, out=f)
+        self.xp.matmul(inp, W.T, out=f)
         self._activate(f, self.bias_rows[k])
         return f
 
     def output_partial(self, V: np.ndarray) -> np.ndarray:
         """The partial product ``f_L V^T`` of this rectangle's last-layer units (``self.partial``)."""
         partial = self.partial
-        np.matmul(self.f, V.T, out=partial)
+        self.xp.matmul(self.f, V.T, out=partial)
         return partial
 
     def forward(self, x: np.ndarray, params: Sequence[np.ndarray]) -> np.ndarray:
@@ -305,46 +320,46 @@ class Workspace:
     def outputs(self, u: np.ndarray) -> np.ndarray:
         """The network's outputs ``h`` for the summed pre-activation ``u``, as a new array (the
         arithmetic of :meth:`output_delta`: one sigmoid, one softmax in the package)."""
-        h = np.array(u, copy=True)
+        h = xb.copy(u)
         out = self.net.output
         if out == "sigmoid":
             return self._sigmoid(h)
         if out == "softmax":
-            h -= h.max(axis=1, keepdims=True)
-            np.exp(h, out=h)
-            h /= h.sum(axis=1, keepdims=True)
+            h -= xb.row_max(h)
+            xb.namespace(h).exp(h, out=h)
+            h /= xb.row_sum(h)
         return h
 
     def output_delta(self, u: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, float]:
         """Output deltas (``self.delta2``) and the loss of the summed pre-activation ``u``."""
-        h, diff, delta2 = self.h, self.diff, self.delta2
+        h, diff, delta2, xp = self.h, self.diff, self.delta2, self.xp
         out = self.net.output
-        np.copyto(h, u)
+        xb.copyto(h, u)
         if out == "softmax":
             # log-softmax with the row maximum subtracted: no overflow for any u
-            h -= h.max(axis=1, keepdims=True)
-            np.exp(h, out=diff)
-            z = diff.sum(axis=1, keepdims=True)
-            np.log(z, out=z)
+            h -= xb.row_max(h)
+            xp.exp(h, out=diff)
+            z = xb.row_sum(diff)
+            xp.log(z, out=z)
             h -= z  # log softmax(u)
-            err = -float(np.vdot(d, h))
-            np.exp(h, out=h)
-            np.subtract(h, d, out=delta2)
+            err = -xb.vdot(d, h)
+            xp.exp(h, out=h)
+            xp.subtract(h, d, out=delta2)
             return delta2, err
         if out == "sigmoid":
             self._sigmoid(h)
             if self.net.loss == "cross-entropy":
-                np.subtract(h, d, out=delta2)  # the log loss's delta through a sigmoid
+                xp.subtract(h, d, out=delta2)  # the log loss's delta through a sigmoid
                 return delta2, binary_log_loss(h, d, diff)
-        np.subtract(h, d, out=diff)
-        err = 0.5 * float(np.vdot(diff, diff))
+        xp.subtract(h, d, out=diff)
+        err = 0.5 * xb.vdot(diff, diff)
         if self.loss_scale != 1.0:
             err *= self.loss_scale
         if out == "linear":
-            np.copyto(delta2, diff)
+            xb.copyto(delta2, diff)
             return delta2, err
-        np.multiply(diff, h, out=delta2)
-        np.subtract(1.0, h, out=h)
+        xp.multiply(diff, h, out=delta2)
+        xp.subtract(1.0, h, out=h)
         delta2 *= h
         return delta2, err
 
@@ -352,34 +367,34 @@ class Workspace:
         """``V``'s update sum (into ``self.grads[-1]``); the last layer's deltas before the
         activation's derivative go to ``self.delta(L - 1)``."""
         L = self.layers.depth
-        np.matmul(delta2, V, out=self.delta(L - 1))
-        np.matmul(delta2.T, self.f, out=self.grads[-1])
+        self.xp.matmul(delta2, V, out=self.delta(L - 1))
+        self.xp.matmul(delta2.T, self.f, out=self.grads[-1])
         return self.grads[-1]
 
     def layer_backward(self, k: int, inp: np.ndarray, W: np.ndarray) -> np.ndarray | None:
         """Layer ``k``'s update sum (``self.grads[k]``) from its deltas and whole input ``inp``;
         for ``k >= 1`` returns this rectangle's part of the gradient for ``inp``
         (``self.grad_input(k)``: summed over the column, its rows are layer ``k - 1``'s deltas)."""
-        f, d = self.local(k), self.delta(k)
+        f, d, xp = self.local(k), self.delta(k), self.xp
         act = self.net.activation
         # f is not needed after this layer's deltas: it becomes the activation's derivative,
         # written from f itself
         if act == "sigmoid":
             d *= f
-            np.subtract(1.0, f, out=f)
+            xp.subtract(1.0, f, out=f)
         elif act == "tanh":
-            np.multiply(f, f, out=f)
-            np.subtract(1.0, f, out=f)
+            xp.multiply(f, f, out=f)
+            xp.subtract(1.0, f, out=f)
         else:  # relu: 1 where the unit is active
-            np.greater(f, 0.0, out=f, casting="unsafe")
+            xb.positive_(f)
         d *= f
         if self.bias_rows[k] is not None:
             d[:, self.bias_rows[k]] = 0.0
-        np.matmul(d.T, inp, out=self.grads[k])
+        xp.matmul(d.T, inp, out=self.grads[k])
         if k == 0:
             return None
         g = self.grad_input(k)
-        np.matmul(d, W, out=g)
+        xp.matmul(d, W, out=g)
         return g
 
     def backward(
@@ -396,15 +411,15 @@ class Workspace:
 def binary_log_loss(h: np.ndarray, d: np.ndarray, scratch: np.ndarray | None = None) -> float:
     """``-sum [d log h + (1 - d) log(1 - h)]`` with ``h`` clipped to ``[eps, 1 - eps]`` (machine
     epsilon of its dtype), as scikit-learn's ``binary_log_loss`` sums it."""
-    eps = float(np.finfo(h.dtype).eps)
-    p = np.empty_like(h) if scratch is None else scratch
-    np.clip(h, eps, 1.0 - eps, out=p)
-    np.log(p, out=p)
-    total = float(np.vdot(d, p))
-    np.clip(h, eps, 1.0 - eps, out=p)
-    np.subtract(1.0, p, out=p)
-    np.log(p, out=p)
-    total += float(np.vdot(1.0 - d, p))
+    xp, eps = xb.namespace(h), xb.eps_of(h)
+    p = xp.empty_like(h) if scratch is None else scratch
+    xp.clip(h, eps, 1.0 - eps, out=p)
+    xp.log(p, out=p)
+    total = xb.vdot(d, p)
+    xp.clip(h, eps, 1.0 - eps, out=p)
+    xp.subtract(1.0, p, out=p)
+    xp.log(p, out=p)
+    total += xb.vdot(1.0 - d, p)
     return -total
 
 
@@ -424,9 +439,13 @@ def all_finite(a: np.ndarray) -> bool:
     A sum of finite numbers is finite unless it overflows; only then (or when
     something is NaN or infinite) the exact, allocating check runs.
     """
-    if math.isfinite(float(np.add.reduce(a, axis=None))):
+    if isinstance(a, np.ndarray):
+        total = float(np.add.reduce(a, axis=None))
+    else:
+        total = float(a.sum())
+    if math.isfinite(total):
         return True
-    return bool(np.isfinite(a).all())
+    return bool(xb.namespace(a).isfinite(a).all())
 
 
 def init_weights(

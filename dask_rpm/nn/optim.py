@@ -1,6 +1,6 @@
 """Optimizers: plain gradient descent (the paper), momentum, Adam — elementwise, so row-split exact.
 
-Pure (numpy only). Every update is elementwise in the weights, so a worker
+Pure (on any array backend: :mod:`~dask_rpm.nn.backend`). Every update is elementwise in the weights, so a worker
 that holds some hidden rows updates them exactly as the serial reference
 updates the same rows, as long as it was given the same summed gradient.
 The optimizer's state (momentum buffer; Adam's first and second moments)
@@ -42,6 +42,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .. import config
+from . import backend as xb
 from .errors import DataError
 
 __all__ = [
@@ -158,7 +159,7 @@ def penalty(params: Sequence[np.ndarray], biases: Sequence[int | None]) -> float
     total = 0.0
     for p, skip in zip(params, biases):
         for part in _weights(p, skip):
-            total += float(np.vdot(part, part))
+            total += xb.vdot(part, part)
     return total
 
 
@@ -166,7 +167,7 @@ def _weights(p: np.ndarray, skip: int | None) -> list[np.ndarray]:
     """The column blocks of ``p`` without column ``skip`` (views)."""
     if skip is None:
         return [p]
-    return [b for b in (p[:, :skip], p[:, skip + 1 :]) if b.size]
+    return [b for b in (p[:, :skip], p[:, skip + 1 :]) if b.shape[1]]
 
 
 def mean_gradient(
@@ -212,7 +213,7 @@ def step(
         for p, g, buf in zip(params, grads, state["buf"]):
             buf *= opt.momentum
             buf += g
-            np.multiply(buf, lr, out=g)
+            xb.namespace(g).multiply(buf, lr, out=g)
             p -= g
     else:  # pragma: no cover - validated by optimizer()
         raise OptimizerError(f"optimizer {opt.name!r} is not known")
@@ -233,17 +234,18 @@ def _adam(
     sklearn = opt.convention == "scikit-learn"
     size = lr * root_bc2 / bc1 if sklearn else lr / bc1
     for p, g, m, v in zip(params, grads, state["m"], state["v"]):
+        xp = xb.namespace(g)
         m *= opt.beta1
         m += (1.0 - opt.beta1) * g
         v *= opt.beta2
         g *= g
         g *= 1.0 - opt.beta2
         v += g
-        np.sqrt(v, out=g)  # g is scratch from here: the denominator
+        xp.sqrt(v, out=g)  # g is scratch from here: the denominator
         if not sklearn:
             g /= root_bc2
         g += opt.eps
-        np.divide(m, g, out=g)
+        xp.divide(m, g, out=g)
         g *= size
         p -= g
 

@@ -11,6 +11,9 @@ from typing import Any
 
 import numpy as np
 
+from .. import config
+from . import backend as xbk
+from .backend import Backend
 from .convergence import epoch_error
 from .data import DataError
 from .kernels import Workspace, all_finite
@@ -32,29 +35,39 @@ def train_arrays(
     target_error: float | None = None,
     rules: Sequence[Any] = (),
     opt_state: dict[str, list[np.ndarray]] | None = None,
+    backend: Backend | None = None,
 ) -> dict[str, Any]:
     """Train on prepared arrays (``x`` with the bias input already appended when the recipe has bias).
 
     ``params0`` are the initial parameters ``W_1 .. W_L, V`` (augmented, as planned:
     :mod:`dask_rpm.nn.layers`); ``rules`` end-of-epoch rules
     (:class:`dask_rpm.convergence.ConvergenceRule`); ``opt_state`` the optimizer state to
-    start from (default zeros).
+    start from (default zeros); ``backend`` where the arrays live while training (default numpy:
+    :mod:`~dask_rpm.nn.backend`; the results are numpy arrays whatever it is).
 
     Returns a dict: ``params`` (and ``W``, ``V``: the first and the last), ``errors`` (loss
     of each iteration's forward pass, before its update), ``stopped`` (reason or None),
     ``validation`` (rows ``(iteration, loss, accuracy)``), ``optimizer_state``.
     """
     sched, net, opt = rec.schedule, rec.net, rec.optimizer
-    params = [p.copy() for p in params0]
+    be = backend or xbk.NUMPY
+    params = [be.copy_of(p) for p in params0]
     layers = layers_of_params(params)
     state = (
-        {k: [a.copy() for a in v] for k, v in opt_state.items()}
+        {k: [be.copy_of(a) for a in v] for k, v in opt_state.items()}
         if opt_state
-        else {slot: [np.zeros_like(p) for p in params] for slot in opt.slots}
+        else {slot: [be.ns.zeros_like(p) for p in params] for slot in opt.slots}
     )
     biases = layers.bias_columns((0, layers.m), net.bias)
     lr = rec.learning_rate
-    ws = Workspace.whole(min(sched.batch, x.shape[0]), params, net, rec.loss_scale(d.shape[1]))
+    ws = Workspace.whole(
+        min(sched.batch, x.shape[0]), params, net, rec.loss_scale(d.shape[1]), backend=be
+    )
+    x, d = be.asarray(x), be.asarray(d)
+
+    def host() -> list[np.ndarray]:  # what validation and the epoch rules read
+        return [xbk.to_host(p) for p in params]
+
     errors = np.empty(rec.iterations)
     stopped = None
     order_epoch, order = -1, np.arange(0)  # replaced at the first mini-batch (epoch 0)
@@ -85,14 +98,17 @@ def train_arrays(
             stopped = f"target error reached at iteration {k}"
             break
         if validator is not None and validator.due(done):
-            reason = validator.evaluate(done, params)
+            reason = validator.evaluate(done, host())
             if reason:
                 stopped = reason
                 break
         if rules and done % sched.per_epoch == 0:
-            lr, stopped = _end_epoch(rules, errors[done - sched.per_epoch : done], params, lr)
+            lr, stopped = _end_epoch(rules, errors[done - sched.per_epoch : done], host(), lr)
             if stopped:
                 break
+    if be.name != "numpy":  # host copies: what the caller gets whatever trained
+        params = [np.array(xbk.to_host(p)) for p in params]
+        state = {k: [np.array(xbk.to_host(a)) for a in v] for k, v in state.items()}
     return {
         "params": params,
         "W": params[0],
@@ -146,6 +162,8 @@ def fit_serial(
     callbacks: Any = None,
     full_output: bool = False,
     options: TrainingOptions | None = None,
+    backend: str | None = None,
+    device: str | None = None,
 ) -> Any:
     """Serial BP: the reference every distributed run must equal.
 
@@ -180,6 +198,10 @@ def fit_serial(
     options : TrainingOptions, optional
         The training options as one record (:class:`dask_rpm.options.TrainingOptions`); the
         keywords above set its fields, each given once.
+    backend, device : str, optional
+        Where it trains, as in :func:`dask_rpm.fit` (default ``rpm.engine.backend`` /
+        ``rpm.engine.device``): ``backend="torch", device="cuda"`` is the serial reference on
+        one GPU. The results are numpy arrays on every backend.
 
     Returns
     -------
@@ -192,6 +214,7 @@ def fit_serial(
     """
     # the keywords map one to one onto the fields of the options record
     given = {k: v for k, v in locals().items() if k in TRAINING_FIELDS}
+    be = xbk.resolve(config.get("engine.backend", backend), config.get("engine.device", device))
     job = prepare(x, d, TrainingOptions.of(options, **given), load=True)
     assert job.arrays is not None
     for rule in callbacks or ():
@@ -209,6 +232,7 @@ def fit_serial(
         job.validator(),
         job.target_error,
         rules=list(callbacks or ()),
+        backend=be,
     )
     out["recipe"] = job.recipe
     out["classes"] = job.classes

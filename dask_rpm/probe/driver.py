@@ -114,7 +114,11 @@ def _block(
 
 
 async def _kernel_probe(
-    client: Any, addresses: list[str], args: ProbeArgs, dtype: str
+    client: Any,
+    addresses: list[str],
+    args: ProbeArgs,
+    dtype: str,
+    placement: tuple[str, str] = ("numpy", "cpu"),
 ) -> KernelTimes:
     """Warm-up, then timed repetitions of the probe block on every worker at once."""
     n_workers = len(addresses)
@@ -131,6 +135,7 @@ async def _kernel_probe(
             dtype,
             rep,
             t_pass,
+            placement,
             key=(name, rep, i),
             workers=[addresses[i]],
             allow_other_workers=False,
@@ -391,10 +396,12 @@ async def probe_async(
     repeats: int | None = None,
     max_seconds: float | None = None,
     groups: Sequence[Any] | None = None,
+    placement: tuple[str, str] = ("numpy", "cpu"),
 ) -> xr.Dataset:
     """Asynchronous :func:`dask_rpm.probe.probe` (same parameters, an asynchronous client).
 
-    ``fit(..., abilities="probe")`` awaits it.
+    ``fit(..., abilities="probe")`` awaits it, with the run's ``placement`` (backend and device
+    names, :mod:`dask_rpm.nn.backend`): each worker is measured where it will train.
     """
     started = time.perf_counter()
     args = check_args(
@@ -408,7 +415,7 @@ async def probe_async(
     addresses = await _addresses(client, workers)
     if groups is not None:  # one label per worker: refused before anything runs
         link_class_pairs(addresses, list(groups), int(config.get("probe.link-pairs")))
-    k = await _kernel_probe(client, addresses, args, dtype)
+    k = await _kernel_probe(client, addresses, args, dtype, placement)
     link_start = time.perf_counter()
     links = await _link_probe(client, addresses, k.token, groups)
     ds = _dataset(k, args, addresses, dtype, links, time.perf_counter() - link_start)

@@ -19,6 +19,7 @@ from distributed import get_worker
 
 from .. import config
 from ..emulation import PLUGIN_NAME, pace
+from ..nn.backend import NUMPY, Backend, resolve, synchronize
 from ..nn.kernels import Workspace, block_work, init_weights, kernel_pass
 from ..threads import blas_threads, kernel_threads, threads_setting
 
@@ -51,18 +52,26 @@ TRIM = 0.125
 _REPETITION_LOCK = threading.Lock()
 
 
-def block_data(n: int, m: int, l: int, s: int, dtype: str, seed: int) -> tuple[Any, ...]:
+def block_data(
+    n: int, m: int, l: int, s: int, dtype: str, seed: int, backend: Backend = NUMPY
+) -> tuple[Any, ...]:
     """The kernel buffers, synthetic inputs, teachers and weights of one probe block (values are
-    irrelevant): the arguments of :func:`~dask_rpm.kernels.kernel_pass`."""
+    irrelevant) on ``backend``: the arguments of :func:`~dask_rpm.kernels.kernel_pass`."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((s, n)).astype(dtype)
     d = rng.uniform(0.1, 0.9, size=(s, l)).astype(dtype)
     W, V = init_weights(n, m, l, seed=seed, dtype=dtype)
-    return Workspace(s, m, n, l, dtype), x, d, W, V
+    ws = Workspace(s, m, n, l, dtype, backend=backend)
+    return (ws, *(backend.asarray(a) for a in (x, d, W, V)))
 
 
 def t_probe(
-    block: tuple[int, int, int, int], loops: int, dtype: str, seed: int, pass_seconds: float = 0.0
+    block: tuple[int, int, int, int],
+    loops: int,
+    dtype: str,
+    seed: int,
+    pass_seconds: float = 0.0,
+    placement: tuple[str, str] = ("numpy", "cpu"),
 ) -> tuple[float, int, float]:
     """One repetition on a worker: ``loops`` kernel passes in one paced block.
 
@@ -72,10 +81,11 @@ def t_probe(
     emulation; an overrun means other load, not the emulated speed, set the
     time) and the block's CPU time. Repetitions on one worker process run one
     at a time (a lock), even on a worker with several threads, as one
-    rectangle task would.
+    rectangle task would. The kernels run on the backend the worker trains with (``placement``:
+    a worker with a GPU is measured on it).
     """
     n, m, l, s = block
-    data = block_data(n, m, l, s, dtype, seed)
+    data = block_data(n, m, l, s, dtype, seed, resolve(*placement))
     worker = get_worker()
     # timed on the threads the worker trains with (dask_rpm.threads)
     with _REPETITION_LOCK, worker_threads(worker, threads_setting() or worker.state.nthreads):
@@ -103,6 +113,7 @@ def t_probe(
         with pace(key=("probe", block, loops, dtype), work=work, dtype=dtype):
             for _ in range(loops):
                 kernel_pass(*data)
+            synchronize(data[1])  # a GPU's last kernels, queued
         seconds = time.perf_counter() - t0
         cpu = time.thread_time() - c0
     return seconds, int(getattr(plugin, "overruns", 0) - overruns0), cpu
