@@ -15,6 +15,7 @@ from typing import Any
 import dask
 import numpy as np
 
+from ..nn.backend import BackendError, check_names
 from ..nn.data import DataError
 from ..nn.optim import OPTIMIZERS
 from ..planners import describe_names, mapping_names
@@ -103,13 +104,40 @@ def add_parser(subparsers: Any) -> None:
         help="demo: sgd (default, the paper's), momentum or adam",
     )
     p.add_argument(
+        "--backend",
+        metavar="NAME",
+        help="the kernels' array library on every worker: numpy, torch, cupy or auto (torch on a "
+        "worker with a GPU); as rpm.engine.backend (a job file's backend: wins)",
+    )
+    p.add_argument(
+        "--device",
+        metavar="NAME",
+        help="auto (a worker's GPU where it has one), cpu, cuda or cuda:<index>; as rpm.engine.device",
+    )
+    p.add_argument(
         "--json", action="store_true", help="demo: print a JSON summary instead of the report"
     )
     p.set_defaults(func=run)
 
 
+def _placement(args: argparse.Namespace) -> dict[str, Any]:
+    """``--backend`` / ``--device`` as ``rpm.engine.*`` settings, checked as names."""
+    given = {"rpm.engine.backend": args.backend, "rpm.engine.device": args.device}
+    try:
+        check_names(args.backend or "numpy", args.device or "auto")
+    except BackendError as exc:
+        flag = "--backend" if "backend=" in str(exc).split(";")[0] else "--device"
+        raise CLIError(f"{flag}: {exc}") from None
+    return {k: v for k, v in given.items() if v is not None}
+
+
 def run(args: argparse.Namespace) -> int:
     """Runner of ``dask-rpm train``: the demo, or a job file with ``--config``."""
+    with dask.config.set(_placement(args)):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.config is not None or args.resume or args.overwrite:
         return _run_job(args)
 

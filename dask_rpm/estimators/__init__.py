@@ -75,6 +75,9 @@ _COMMON_DOC = """
         Train on this cluster; None: the default client if any, else serially.
     mapping, abilities, progress
         As in :func:`dask_rpm.fit` (ignored when training serially).
+    backend, device
+        Where the kernels run, as in :func:`dask_rpm.fit` (serially too: ``backend="torch",
+        device="cuda"`` trains on this process's GPU); the fitted ``coefs_`` are numpy arrays.
     hidden_units, epochs, seed, optimizer
         dask_rpm's older names: ``hidden_layer_sizes=(hidden_units,)``,
         ``max_iter``, ``random_state``, ``solver`` (``"momentum"``: sgd with
@@ -139,6 +142,8 @@ class MLPClassifier(ClassifierMixin, MLPBase):
         mapping: Any = None,
         abilities: Any = None,
         progress: Any = None,
+        backend: str | None = None,
+        device: str | None = None,
         hidden_units: int | None = None,
         epochs: int | None = None,
         seed: int | None = None,
@@ -272,6 +277,8 @@ class MLPRegressor(RegressorMixin, MLPBase):
         mapping: Any = None,
         abilities: Any = None,
         progress: Any = None,
+        backend: str | None = None,
+        device: str | None = None,
         hidden_units: int | None = None,
         epochs: int | None = None,
         seed: int | None = None,

@@ -21,8 +21,10 @@ from sklearn.model_selection import train_test_split
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from .. import config
 from .._version import __version__
 from ..model import MLPModel
+from ..nn.backend import resolve
 from ..nn.convergence import LEARNING_RATE_SCHEDULES, ConvergenceRule
 from ..nn.network import Network
 from ..nn.options import TrainingOptions
@@ -272,6 +274,10 @@ class MLPBase(BaseEstimator):
                 job.recipe,
                 rules=[rule],
                 opt_state=self._optimizer_state,
+                backend=resolve(
+                    config.get("engine.backend", p["backend"]),
+                    config.get("engine.device", p["device"]),
+                ),
             )
             params, stopped, state = out["params"], out["stopped"], out["optimizer_state"]
             self.result_: Any = out
@@ -322,6 +328,8 @@ class MLPBase(BaseEstimator):
             mapping=p["mapping"],
             abilities=p["abilities"],
             progress=p["progress"],
+            backend=p["backend"],
+            device=p["device"],
             callbacks=[rule],
             resume=resume,
             # a worker loss replays from the last epoch end, at that epoch's learning rate

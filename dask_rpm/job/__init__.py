@@ -18,6 +18,8 @@ come from and where the result goes::
       path: null                # default: the directory <output stem>.checkpoint, each worker writes its own rows there; a path ending in .nc: one netCDF file the driver writes
     min-workers: 3              # start once this many workers are up; later ones are absorbed (default rpm.train.min-workers)
     on-worker-loss: recover     # recover | raise (default rpm.train.on-worker-loss)
+    backend: auto               # numpy | torch | cupy | auto: torch on a worker with a GPU (default rpm.engine.backend)
+    device: auto                # auto (a worker's GPU where it has one) | cpu | cuda (default rpm.engine.device)
     time-limit: null            # seconds; then checkpoint and stop cleanly (SIGTERM does the same)
     workers:                    # exactly one of:
       slurm:                    #   SLURM jobs (dask_rpm.slurm.HeterogeneousSLURMCluster)

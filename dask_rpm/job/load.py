@@ -33,6 +33,7 @@ from .spec import (
     JobError,
     bad,
     number,
+    placement,
     unknown,
     whole,
 )
@@ -244,10 +245,9 @@ def _checkpoint(
 ) -> tuple[int, str]:
     """``(every, path)`` of the checkpoints.
 
-    The default path is the directory ``<output stem>.checkpoint``: a store
-    the workers write their own rows into, so the driver never gathers the
-    weights to checkpoint. A ``checkpoint.path`` ending in ``.nc`` opts into
-    one netCDF file the driver writes.
+    Default: the store ``<output stem>.checkpoint`` the workers write their own rows into (the
+    driver never gathers the weights); a ``checkpoint.path`` ending in ``.nc`` is one netCDF
+    file the driver writes.
     """
     ck = raw.get("checkpoint") or {}
     if not isinstance(ck, dict):
@@ -488,9 +488,8 @@ def load_job(path: str | os.PathLike[str], *, overwrite: bool = False) -> Job:
     Raises
     ------
     JobError
-        Missing or unreadable file, bad YAML, unknown keys, invalid values,
-        a data file that is missing or lacks ``x``/``d``, worker groups that
-        are invalid.
+        Missing or unreadable file, bad YAML, unknown keys, invalid values, a data file that is
+        missing or lacks ``x``/``d``, worker groups that are invalid.
     """
     path = os.fspath(path)
     text, raw = _read(path)
@@ -522,6 +521,7 @@ def load_job(path: str | os.PathLike[str], *, overwrite: bool = False) -> Job:
         overwrite=over or bool(overwrite),
         training=training,
         model=model,
+        placement=placement(raw),
         **settings,
     )
     _check_effective(job)

@@ -321,6 +321,7 @@ def _fit(
         resume=job.checkpoint_path if ck is not None and job.checkpoint_store else ck,
         client=client,
         **job.training,
+        **job.placement,
         progress="none",
         on_worker_loss=job.on_worker_loss,
         min_workers=job.min_workers,

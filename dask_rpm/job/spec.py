@@ -20,6 +20,7 @@ from typing import Any
 import dask.config
 
 from .. import config as rpm_config
+from ..nn.backend import BackendError, check_names
 
 __all__ = [
     "Job",
@@ -84,6 +85,8 @@ KEYS = (
     "workers",
     "config",
     "model",
+    "backend",
+    "device",
     *TRAINING_KEYS,
 )
 OVERWRITE_HINT = "set overwrite: true in the job file (or pass --overwrite) to replace it"
@@ -134,6 +137,9 @@ class Job:
     overwrite: bool = False
     training: dict[str, Any] = field(default_factory=dict)  # fit() keywords from TRAINING_KEYS
     model: str | None = None  # where the trained model goes (None: not written)
+    #: fit()'s backend= and device= (None: rpm.engine.backend / device); where, not what: a
+    #: checkpoint resumes on any backend (not part of the fingerprint)
+    placement: dict[str, Any] = field(default_factory=dict)
 
     def settings(self) -> dict[str, Any]:
         """The job's ``config:`` section as dotted ``rpm.*`` keys for ``dask.config.set``.
@@ -191,6 +197,17 @@ class Job:
         if "slurm" in self.workers:
             return sum(g.jobs * g.processes for g in self.workers["slurm"]["groups"])
         return None
+
+
+def placement(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The job's ``backend:`` and ``device:`` as fit() keywords, checked as names
+    (:func:`dask_rpm.nn.backend.check_names`; each worker resolves ``auto``)."""
+    given = {k: raw[k] for k in ("backend", "device") if raw.get(k) is not None}
+    try:
+        check_names(given.get("backend", "numpy"), given.get("device", "auto"))
+    except BackendError as exc:
+        raise JobError(f"job file: {exc}") from None
+    return given
 
 
 def bad(key: str, got: Any, valid: str, fix: str) -> JobError:
