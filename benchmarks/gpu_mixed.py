@@ -1,0 +1,326 @@
+"""REAL: one GPU worker beside one-thread CPU workers, on one machine (issue #25).
+
+The prepared script for a machine with a GPU and 16 cores (``bash benchmarks/gpu_mixed.sh`` on
+the lent device; any CUDA machine with torch and dask_rpm installed). Every worker is a Dask
+nanny process, unpaced: worker 0 sees the GPU (``CUDA_VISIBLE_DEVICES=0``) and trains with
+``backend="auto"`` on it (torch, CUDA), the others see none and train with numpy on one thread.
+Every figure it prints is REAL.
+
+1. Exactness on the GPU: ``fit(backend="auto")`` on the GPU worker alone, and on the GPU with
+   four CPU workers (a plan whose column mixes the GPU and CPUs, DRPM's own plans and a whole
+   remap), against numpy ``fit_serial`` (float64, relative error; 1e-10 is the bar).
+2. Per workload (compute: 203-1024-26 on 32768 samples, full batch; minibatch: the same network,
+   B = 1024; deep: 784-1024-1024-1024-10, B = 1024): ``T_series`` of each worker kind
+   (``fit_serial`` on that worker: the GPU with torch-CUDA, a CPU worker with numpy on its one
+   thread), the serial reference and a PyTorch loop on the GPU in this process (a single GPU
+   alone, what a user compares with), then ``fit`` with ``mapping="drpm"`` on the GPU alone and
+   on the GPU with 1, 4 and 15 CPU workers: seconds per iteration (median after the first
+   third), gamma ``(1 / T) / sum_i (1 / T_series(i))``, and the plan DRPM settled on.
+
+Writes ``gpu_mixed.json`` into ``$OUT`` (or the current folder) and prints a Markdown table.
+``--cpu-only`` runs the same on a machine without a GPU (worker 0 then trains with torch on its
+CPU): the script's own test, not a measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from typing import Any
+
+import numpy as np
+from distributed import Client, Nanny, Scheduler, SpecCluster
+
+import dask_rpm
+from dask_rpm import fit, fit_serial
+from dask_rpm.bench.profiles import gamma, steady_seconds
+from dask_rpm.bench.real import real_data
+from dask_rpm.partition import Plan
+
+# name -> (n, hidden, l, samples, batch size or None, iterations of a fit)
+WORKLOADS: dict[str, tuple[int, tuple[int, ...], int, int, int | None, int]] = {
+    "compute": (203, (1024,), 26, 32768, None, 30),
+    "minibatch": (203, (1024,), 26, 32768, 1024, 120),
+    "deep": (784, (1024, 1024, 1024), 10, 16384, 1024, 60),
+}
+LR = 1e-6  # per sample: every run trains the same stable trajectory
+
+
+def cluster(n_cpu: int, gpu_env: dict[str, Any]) -> SpecCluster:
+    """Worker ``r00-gpu`` (sees the GPU) and ``n_cpu`` one-thread workers that see none.
+
+    ``gpu_env``: the GPU worker's environment, and under ``"config"`` its dask settings (a
+    nanny hands its worker this process's configuration after the environment is read).
+    """
+    quiet = {"host": "127.0.0.1", "silence_logs": logging.ERROR}
+    env = {k: v for k, v in gpu_env.items() if k != "config"}
+    opts = {"nthreads": 1, "env": env, "config": gpu_env.get("config", {}), **quiet}
+    workers: dict[str, Any] = {"r00-gpu": {"cls": Nanny, "options": opts}}
+    for i in range(n_cpu):
+        env = {"CUDA_VISIBLE_DEVICES": ""}
+        workers[f"r{i + 1:02d}-cpu"] = {
+            "cls": Nanny,
+            "options": {"nthreads": 1, "env": env, **quiet},
+        }
+    sched = {"cls": Scheduler, "options": {"dashboard_address": None, "host": "127.0.0.1"}}
+    return SpecCluster(workers=workers, scheduler=sched, silence_logs=logging.ERROR)
+
+
+def rel(a: list[np.ndarray], b: list[np.ndarray]) -> float:
+    return max(float(np.max(np.abs(p - q)) / np.max(np.abs(p))) for p, q in zip(a, b))
+
+
+def exactness(client: Client, backend: str, log: Any) -> dict[str, float]:
+    """fit on the workers of ``client`` against numpy fit_serial on a small deep problem."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((96, 6))
+    d = np.eye(3)[rng.integers(0, 3, 96)]
+    kw: dict[str, Any] = dict(
+        hidden=(7, 5),
+        iterations=24,
+        learning_rate=1e-3,
+        bias=True,
+        optimizer="adam",
+        activation="tanh",
+        loss="cross-entropy",
+        batch_size=32,
+    )
+    ref = fit_serial(x, d, full_output=True, **kw)
+    out: dict[str, float] = {}
+    n = len(client.scheduler_info()["workers"])
+    plans: dict[str, Any] = {"drpm": "drpm"}
+    if n == 5:  # one column of the GPU and two CPU workers, beside two CPU workers
+        # rows as planned: m = min(7, 5) + the bias unit
+        cols, widths, heights = [[0, 1, 2], [3], [4]], [40, 28, 28], [[2, 2, 2], [6], [6]]
+        plans["mixed-column"] = Plan.from_columns(cols, widths, heights, shape=(7, 6, 3))
+    plans["uniform"] = "uniform"
+    for name, mapping in plans.items():
+        # DRPM checks every 4 iterations: its remaps happen inside the 24
+        r = fit(
+            x, d, mapping=mapping, interval=4, progress="none", backend=backend, client=client, **kw
+        )
+        out[name] = rel(ref["params"], list(r.params))
+        out[f"{name}-remaps"] = len(r.remaps)
+        log(
+            f"  exact {name:13s} rel {out[name]:.2e}  backends {sorted(set(r.stats['backend'].values()))}"
+        )
+    # a resume from the state on_checkpoint received at iteration 12
+    saved: list[dict[str, Any]] = []
+    fit(
+        x,
+        d,
+        mapping="uniform",
+        checkpoint_every=12,
+        on_checkpoint=saved.append,
+        progress="none",
+        backend=backend,
+        client=client,
+        **{**kw, "iterations": 12},
+    )
+    r = fit(
+        x,
+        d,
+        mapping="drpm",
+        interval=4,
+        resume=saved[-1],
+        progress="none",
+        backend=backend,
+        client=client,
+        **kw,
+    )
+    out["resume"] = rel(ref["params"], list(r.params))
+    log(f"  exact resume        rel {out['resume']:.2e}")
+    return out
+
+
+def alone_on_worker(
+    x: np.ndarray, d: np.ndarray, kw: dict[str, Any], backend: str, it: int
+) -> float:
+    """fit_serial's seconds per iteration on this worker (its backend, its one thread)."""
+    from dask_rpm.nn.backend import resolve
+
+    be = resolve(backend, "auto")
+    fit_serial(x, d, iterations=2, backend=be.name, device=be.device, **kw)
+    t0 = time.perf_counter()
+    fit_serial(x, d, iterations=it, backend=be.name, device=be.device, **kw)
+    return (time.perf_counter() - t0) / it
+
+
+def torch_loop(
+    x: np.ndarray, d: np.ndarray, hidden: tuple[int, ...], batch: int | None, it: int, device: str
+) -> float:
+    """A plain PyTorch loop on one device (float64, sigmoid layers without bias, summed squared
+    loss, SGD): seconds per iteration after two warm ones."""
+    import torch
+
+    dims = [x.shape[1], *hidden, d.shape[1]]
+    layers: list[Any] = []
+    for a, b in zip(dims, dims[1:]):
+        layers += [torch.nn.Linear(a, b, bias=False, dtype=torch.float64), torch.nn.Sigmoid()]
+    model = torch.nn.Sequential(*layers).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    X, D = torch.from_numpy(x).to(device), torch.from_numpy(d).to(device)
+    B = batch or x.shape[0]
+
+    def step(k: int) -> None:
+        lo = (k * B) % x.shape[0]
+        xb, db = X[lo : lo + B], D[lo : lo + B]
+        opt.zero_grad(set_to_none=True)
+        loss = 0.5 * ((model(xb) - db) ** 2).sum()
+        loss.backward()
+        opt.step()
+
+    for k in range(2):
+        step(k)
+    if device != "cpu":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for k in range(it):
+        step(k)
+    if device != "cpu":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / it
+
+
+def workload_rows(
+    name: str, cpus: list[int], gpu_env: dict[str, str], backend: str, device: str, log: Any
+) -> dict[str, Any]:
+    n, hidden, l, samples, batch, it = WORKLOADS[name]
+    x, d = real_data((n, 0, l), samples)
+    kw: dict[str, Any] = dict(hidden=hidden, learning_rate=LR, batch_size=batch)
+    row: dict[str, Any] = {
+        "workload": name,
+        "shape": "-".join(map(str, (n, *hidden, l))),
+        "samples": samples,
+        "batch": batch,
+        "runs": {},
+    }
+    series_it = 8 if batch else 3
+    with cluster(1, gpu_env) as c, Client(c) as client:
+        gw, cw = sorted(
+            client.scheduler_info()["workers"],
+            key=lambda a: client.scheduler_info()["workers"][a]["name"],
+        )
+        xf, df = client.scatter([x, d], broadcast=True)
+        t_gpu = client.submit(
+            alone_on_worker, xf, df, kw, backend, series_it, workers=[gw], pure=False
+        ).result()
+        t_cpu = client.submit(
+            alone_on_worker, xf, df, kw, "numpy", max(2, series_it // 4), workers=[cw], pure=False
+        ).result()
+    row["t_series"] = {"gpu": t_gpu, "cpu": t_cpu}
+    log(
+        f"[REAL] {name}: T_series GPU worker {t_gpu * 1e3:.2f} ms, CPU worker (1 thread) {t_cpu * 1e3:.1f} ms (ratio {t_cpu / t_gpu:.0f})"
+    )
+    if device != "cpu":
+        row["torch_gpu"] = torch_loop(x, d, hidden, batch, max(it // 2, 10), device)
+        log(f"[REAL] {name}: PyTorch loop on the GPU alone {row['torch_gpu'] * 1e3:.2f} ms")
+    for k in cpus:
+        with cluster(k, gpu_env) as c, Client(c) as client:
+            client.wait_for_workers(k + 1)
+            fit(
+                x,
+                d,
+                iterations=3,
+                mapping="drpm",
+                interval=3,
+                progress="none",
+                backend=backend,
+                client=client,
+                **kw,
+            )
+            t0 = time.perf_counter()
+            res = fit(
+                x,
+                d,
+                iterations=it,
+                mapping="drpm",
+                interval=max(it // 6, 4),
+                progress="none",
+                elastic=False,
+                backend=backend,
+                client=client,
+                **kw,
+            )
+            wall = time.perf_counter() - t0
+            times = np.asarray(res.history["iteration_time"].values, dtype=float)
+            sec = steady_seconds(times, len(times) // 3)
+            series = [t_gpu] + [t_cpu] * k
+            plan = res.plan
+            run = {
+                "seconds": sec,
+                "wall": wall,
+                "gamma": gamma(sec, series),
+                "gamma_gpu_only": gamma(sec, [t_gpu]),
+                "workers_used": len(plan.planned_workers),
+                "idle": list(plan.excluded),
+                "columns": [list(col) for col in plan.columns],
+                "remaps": len(res.remaps),
+                "backends": sorted(set(res.stats["backend"].values())),
+            }
+        row["runs"][k] = run
+        log(
+            f"[REAL] {name}: GPU + {k:2d} CPU: {sec * 1e3:8.2f} ms/it, gamma {run['gamma']:.2f}, "
+            f"vs GPU alone x{t_gpu / sec:.2f}; plan columns {run['columns']} idle {run['idle']}, "
+            f"remaps {run['remaps']}, {run['backends']}"
+        )
+    return row
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument(
+        "--cpu-only", action="store_true", help="no GPU here: worker 0 uses torch on its CPU"
+    )
+    ap.add_argument("--workloads", default="compute,minibatch,deep")
+    ap.add_argument("--cpus", default="0,1,4,15", help="CPU workers beside the GPU worker, per run")
+    ap.add_argument("--skip-exactness", action="store_true")
+    args = ap.parse_args()
+    out_dir = os.environ.get("OUT", ".")
+    log = lambda s: print(s, flush=True)  # noqa: E731
+    if args.cpu_only:
+        torch_cpu = {"rpm.engine.cpu-backend": "torch"}  # dotted: set() keeps the rest of rpm.*
+        gpu_env, backend, device = {"config": torch_cpu}, "auto", "cpu"
+    else:
+        gpu_env, backend, device = {"CUDA_VISIBLE_DEVICES": "0"}, "auto", "cuda"
+    report: dict[str, Any] = {
+        "label": "REAL",
+        "version": dask_rpm.__version__,
+        "cores": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "rows": [],
+        "exactness": {},
+    }
+    try:
+        import torch
+
+        report["torch"] = torch.__version__
+        report["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except ImportError:
+        pass
+    log(f"[REAL] {report}")
+
+    def save() -> None:
+        with open(os.path.join(out_dir, "gpu_mixed.json"), "w") as f:
+            json.dump(report, f, indent=1, default=str)
+
+    if not args.skip_exactness:
+        for k in (0, 4):
+            with cluster(k, gpu_env) as c, Client(c) as client:
+                client.wait_for_workers(k + 1)
+                log(f"[REAL] exactness, GPU + {k} CPU workers:")
+                report["exactness"][k] = exactness(client, backend, log)
+        save()
+    cpus = [int(v) for v in args.cpus.split(",")]
+    for name in args.workloads.split(","):
+        report["rows"].append(workload_rows(name, cpus, gpu_env, backend, device, log))
+        save()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
