@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -37,6 +38,7 @@ from distributed import Client, Nanny, Scheduler, SpecCluster
 
 import dask_rpm
 from dask_rpm import fit, fit_serial
+from dask_rpm.bench.ddp import run_ddp
 from dask_rpm.bench.profiles import gamma, steady_seconds
 from dask_rpm.bench.real import real_data
 from dask_rpm.partition import Plan
@@ -137,57 +139,71 @@ def exactness(client: Client, backend: str, log: Any) -> dict[str, float]:
     return out
 
 
-def alone_on_worker(
-    x: np.ndarray, d: np.ndarray, kw: dict[str, Any], backend: str, it: int
-) -> float:
-    """fit_serial's seconds per iteration on this worker (its backend, its one thread)."""
+def per_iteration(x: np.ndarray, d: np.ndarray, kw: dict[str, Any], backend: str, it: int) -> float:
+    """fit_serial's seconds per iteration where it runs (``backend`` resolved there, ``auto``
+    included): the difference of a run of ``3 it`` and one of ``it`` iterations, so that what a
+    call pays once (checking the data, moving it to the GPU) is not counted."""
     from dask_rpm.nn.backend import resolve
 
     be = resolve(backend, "auto")
-    fit_serial(x, d, iterations=2, backend=be.name, device=be.device, **kw)
-    t0 = time.perf_counter()
-    fit_serial(x, d, iterations=it, backend=be.name, device=be.device, **kw)
-    return (time.perf_counter() - t0) / it
+    fit_serial(x, d, iterations=2, backend=be.name, device=be.device, **kw)  # warm
+    seconds = []
+    for n in (it, 3 * it):
+        t0 = time.perf_counter()
+        fit_serial(x, d, iterations=n, backend=be.name, device=be.device, **kw)
+        seconds.append(time.perf_counter() - t0)
+    return (seconds[1] - seconds[0]) / (2 * it)
 
 
-def torch_loop(
-    x: np.ndarray, d: np.ndarray, hidden: tuple[int, ...], batch: int | None, it: int, device: str
-) -> float:
-    """A plain PyTorch loop on one device (float64, sigmoid layers without bias, summed squared
-    loss, SGD): seconds per iteration after two warm ones."""
-    import torch
+def series_times(
+    x: np.ndarray, d: np.ndarray, kw: dict[str, Any], gpu_env: dict[str, Any], backend: str, it: int
+) -> tuple[float, float]:
+    """``T_series`` of the GPU worker (its backend) and of a one-thread CPU worker (numpy)."""
+    with cluster(1, gpu_env) as c, Client(c) as client:
+        client.wait_for_workers(2)
+        info = client.scheduler_info()["workers"]
+        gw, cw = sorted(info, key=lambda a: info[a]["name"])
+        xf, df = client.scatter([x, d], broadcast=True)
+        t_gpu = client.submit(per_iteration, xf, df, kw, backend, it, workers=[gw], pure=False)
+        t_cpu = client.submit(
+            per_iteration, xf, df, kw, "numpy", max(1, it // 4), workers=[cw], pure=False
+        )
+        return float(t_gpu.result()), float(t_cpu.result())
 
-    dims = [x.shape[1], *hidden, d.shape[1]]
-    layers: list[Any] = []
-    for a, b in zip(dims, dims[1:]):
-        layers += [torch.nn.Linear(a, b, bias=False, dtype=torch.float64), torch.nn.Sigmoid()]
-    model = torch.nn.Sequential(*layers).to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    X, D = torch.from_numpy(x).to(device), torch.from_numpy(d).to(device)
-    B = batch or x.shape[0]
 
-    def step(k: int) -> None:
-        lo = (k * B) % x.shape[0]
-        xb, db = X[lo : lo + B], D[lo : lo + B]
-        opt.zero_grad(set_to_none=True)
-        loss = 0.5 * ((model(xb) - db) ** 2).sum()
-        loss.backward()
-        opt.step()
-
-    for k in range(2):
-        step(k)
-    if device != "cpu":
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for k in range(it):
-        step(k)
-    if device != "cpu":
-        torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / it
+def mixed_run(
+    x: np.ndarray,
+    d: np.ndarray,
+    kw: dict[str, Any],
+    k: int,
+    gpu_env: dict[str, Any],
+    it: int,
+    backend: str,
+) -> dict[str, Any]:
+    """fit with DRPM on the GPU worker and ``k`` CPU workers: steady seconds per iteration and
+    the plan it ended on."""
+    with cluster(k, gpu_env) as c, Client(c) as client:
+        client.wait_for_workers(k + 1)
+        run_kw = dict(mapping="drpm", progress="none", backend=backend, client=client, **kw)
+        fit(x, d, iterations=3, interval=3, **run_kw)  # warm: imports, CUDA, caches
+        t0 = time.perf_counter()
+        res = fit(x, d, iterations=it, interval=max(it // 6, 4), elastic=False, **run_kw)
+        wall = time.perf_counter() - t0
+    times = np.asarray(res.history["iteration_time"].values, dtype=float)
+    plan = res.plan
+    return {
+        "seconds": steady_seconds(times, len(times) // 3),
+        "wall": wall,
+        "workers_used": len(plan.planned_workers),
+        "idle": list(plan.excluded),
+        "columns": [list(col) for col in plan.columns],
+        "remaps": len(res.remaps),
+        "backends": sorted(set(res.stats["backend"].values())),
+    }
 
 
 def workload_rows(
-    name: str, cpus: list[int], gpu_env: dict[str, str], backend: str, device: str, log: Any
+    name: str, cpus: list[int], gpu_env: dict[str, Any], backend: str, device: str, log: Any
 ) -> dict[str, Any]:
     n, hidden, l, samples, batch, it = WORKLOADS[name]
     x, d = real_data((n, 0, l), samples)
@@ -199,74 +215,40 @@ def workload_rows(
         "batch": batch,
         "runs": {},
     }
-    series_it = 8 if batch else 3
-    with cluster(1, gpu_env) as c, Client(c) as client:
-        gw, cw = sorted(
-            client.scheduler_info()["workers"],
-            key=lambda a: client.scheduler_info()["workers"][a]["name"],
-        )
-        xf, df = client.scatter([x, d], broadcast=True)
-        t_gpu = client.submit(
-            alone_on_worker, xf, df, kw, backend, series_it, workers=[gw], pure=False
-        ).result()
-        t_cpu = client.submit(
-            alone_on_worker, xf, df, kw, "numpy", max(2, series_it // 4), workers=[cw], pure=False
-        ).result()
+    t_gpu, t_cpu = series_times(x, d, kw, gpu_env, backend, 8 if batch else 3)
     row["t_series"] = {"gpu": t_gpu, "cpu": t_cpu}
     log(
-        f"[REAL] {name}: T_series GPU worker {t_gpu * 1e3:.2f} ms, CPU worker (1 thread) {t_cpu * 1e3:.1f} ms (ratio {t_cpu / t_gpu:.0f})"
+        f"[REAL] {name}: T_series GPU worker {t_gpu * 1e3:.2f} ms, CPU worker (1 thread) "
+        f"{t_cpu * 1e3:.1f} ms (ratio {t_cpu / t_gpu:.0f})"
     )
-    if device != "cpu":
-        row["torch_gpu"] = torch_loop(x, d, hidden, batch, max(it // 2, 10), device)
-        log(f"[REAL] {name}: PyTorch loop on the GPU alone {row['torch_gpu'] * 1e3:.2f} ms")
+    if device != "cpu":  # the peers on the GPU alone, in this process: what a user compares with
+        row["serial_gpu"] = per_iteration(x, d, kw, "torch", 10)
+        ddp = run_ddp(
+            x,
+            d,
+            hidden=hidden,
+            speeds=[1.0],
+            scale=1.0,
+            iterations=it,
+            learning_rate=LR,
+            batch_size=batch,
+            device="cuda",
+        )
+        row["ddp_gpu"] = steady_seconds(np.asarray(ddp["times"]), it // 3)
+        log(
+            f"[REAL] {name}: on the GPU alone: fit_serial {row['serial_gpu'] * 1e3:.2f} ms, "
+            f"PyTorch DDP (1 rank) {row['ddp_gpu'] * 1e3:.2f} ms"
+        )
     for k in cpus:
-        with cluster(k, gpu_env) as c, Client(c) as client:
-            client.wait_for_workers(k + 1)
-            fit(
-                x,
-                d,
-                iterations=3,
-                mapping="drpm",
-                interval=3,
-                progress="none",
-                backend=backend,
-                client=client,
-                **kw,
-            )
-            t0 = time.perf_counter()
-            res = fit(
-                x,
-                d,
-                iterations=it,
-                mapping="drpm",
-                interval=max(it // 6, 4),
-                progress="none",
-                elastic=False,
-                backend=backend,
-                client=client,
-                **kw,
-            )
-            wall = time.perf_counter() - t0
-            times = np.asarray(res.history["iteration_time"].values, dtype=float)
-            sec = steady_seconds(times, len(times) // 3)
-            series = [t_gpu] + [t_cpu] * k
-            plan = res.plan
-            run = {
-                "seconds": sec,
-                "wall": wall,
-                "gamma": gamma(sec, series),
-                "gamma_gpu_only": gamma(sec, [t_gpu]),
-                "workers_used": len(plan.planned_workers),
-                "idle": list(plan.excluded),
-                "columns": [list(col) for col in plan.columns],
-                "remaps": len(res.remaps),
-                "backends": sorted(set(res.stats["backend"].values())),
-            }
+        run = mixed_run(x, d, kw, k, gpu_env, it, backend)
+        sec = run["seconds"]
+        run["gamma"] = gamma(sec, [t_gpu] + [t_cpu] * k)
+        alone = row["runs"].get(0, {}).get("seconds", math.nan)
         row["runs"][k] = run
         log(
             f"[REAL] {name}: GPU + {k:2d} CPU: {sec * 1e3:8.2f} ms/it, gamma {run['gamma']:.2f}, "
-            f"vs GPU alone x{t_gpu / sec:.2f}; plan columns {run['columns']} idle {run['idle']}, "
-            f"remaps {run['remaps']}, {run['backends']}"
+            f"GPU worker alone / this {alone / sec:.2f}; columns {run['columns']} idle "
+            f"{run['idle']}, remaps {run['remaps']}, {run['backends']}"
         )
     return row
 

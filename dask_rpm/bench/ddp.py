@@ -29,7 +29,7 @@ from .. import config
 from ..nn.batches import BatchSchedule, schedule
 from ..nn.kernels import init_params, rectangle_work
 from ..nn.layers import Layers, layers_of
-from .profiles import STEP_FACTOR, BenchCase, steady_seconds
+from .profiles import STEP_FACTOR, BenchCase, BenchError, steady_seconds
 from .report import MethodResult
 
 __all__ = ["torch_available", "run_ddp", "run_ddp_method"]
@@ -74,15 +74,15 @@ class _RankRows:
         )
         self.epoch: int | None = None
 
-    def __call__(self, it: int) -> tuple[Any, Any]:
+    def __call__(self, it: int, device: str = "cpu") -> tuple[Any, Any]:
         import torch  # the rank process's optional dependency (see the module docstring)
 
         e = self.sched.epoch(it)
         if self.epoch != e:
             idx, self.offsets = self.sched.epoch_plan(e, self.cut)
             self.epoch, self.first = e, e * self.sched.per_epoch
-            self.x = torch.from_numpy(np.ascontiguousarray(self.x_all[idx]))
-            self.d = torch.from_numpy(np.ascontiguousarray(self.d_all[idx]))
+            self.x = torch.from_numpy(np.ascontiguousarray(self.x_all[idx])).to(device)
+            self.d = torch.from_numpy(np.ascontiguousarray(self.d_all[idx])).to(device)
         j = it - self.first
         lo, hi = self.offsets[j], self.offsets[j + 1]
         return self.x[lo:hi], self.d[lo:hi]
@@ -120,10 +120,15 @@ class _Pacer:
             time.sleep(late)
 
 
-def _ddp_model(cfg: dict[str, Any]) -> Any:
+def _rank_device(cfg: dict[str, Any], rank: int) -> str:
+    """Where rank ``rank`` trains: ``cpu``, or its own GPU ``cuda:<rank>``."""
+    return "cpu" if cfg.get("device", "cpu") == "cpu" else f"cuda:{rank}"
+
+
+def _ddp_model(cfg: dict[str, Any], device: str = "cpu") -> Any:
     """The MLP wrapped in DDP: a bias-free ``Linear`` + sigmoid per weight matrix ``W_1 .. W_L, V``
     (dask_rpm's network with ``bias=False``: the inputs carry a constant-1 column), initialised
-    from ``cfg``'s parameter files."""
+    from ``cfg``'s parameter files, on ``device``."""
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -134,13 +139,13 @@ def _ddp_model(cfg: dict[str, Any]) -> Any:
         with torch.no_grad():
             lin.weight.copy_(w)
         stack += [lin, torch.nn.Sigmoid()]
-    return DDP(torch.nn.Sequential(*stack))
+    return DDP(torch.nn.Sequential(*stack).to(device))
 
 
 def _weights(model: Any) -> list[np.ndarray]:
     """The final ``W_1 .. W_L, V`` of the DDP model, as numpy copies."""
     return [
-        m.weight.detach().numpy().copy()
+        m.weight.detach().cpu().numpy().copy()
         for m in model.module
         if hasattr(m, "weight")  # the Linear layers; the sigmoids hold no weights
     ]
@@ -153,6 +158,7 @@ def _train_rank(rank: int, cfg: dict[str, Any], model: Any, pacer: _Pacer) -> di
 
     rows_of = _RankRows(cfg, rank)
     world, step = cfg["world"], cfg.get("step")  # step: (rank, iteration, factor)
+    device = _rank_device(cfg, rank)
     opt = torch.optim.SGD(model.parameters(), lr=cfg["lr"])
     times, errors = [], []
     dist.barrier()
@@ -160,7 +166,7 @@ def _train_rank(rank: int, cfg: dict[str, Any], model: Any, pacer: _Pacer) -> di
     for it in range(cfg["iterations"]):
         if step is not None and rank == step[0] and it >= step[1]:
             pacer.speed = pacer.base / step[2]
-        x, d = rows_of(it)
+        x, d = rows_of(it, device)
         pacer.start(int(x.shape[0]))
         opt.zero_grad(set_to_none=True)
         h = model(x)
@@ -188,11 +194,17 @@ def _ddp_rank(rank: int, cfg: dict[str, Any], queue: Any) -> None:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     torch.set_num_threads(threads)
+    gpu = _rank_device(cfg, rank) != "cpu"
+    if gpu:
+        torch.cuda.set_device(rank)
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{cfg['port']}", rank=rank, world_size=cfg["world"]
+        "nccl" if gpu else "gloo",
+        init_method=f"tcp://127.0.0.1:{cfg['port']}",
+        rank=rank,
+        world_size=cfg["world"],
     )
     try:
-        model = _ddp_model(cfg)
+        model = _ddp_model(cfg, _rank_device(cfg, rank))
         pacer = _Pacer(cfg, rank, layers_of(cfg["shape"]))
 
         def paced_allreduce(state, bucket):  # no annotations: DDP checks them against GradBucket
@@ -227,6 +239,7 @@ def run_ddp(
     shuffle: bool | None = None,
     threads: Sequence[int] | None = None,
     paced: bool = True,
+    device: str = "cpu",
 ) -> dict[str, Any]:
     """Train the same MLP with plain DDP, one process per EMULATED speed; rank 0's iteration times.
 
@@ -234,6 +247,9 @@ def run_ddp(
 
     ``paced=False`` runs the peer REAL: no pacing (``speeds``, ``scale`` and ``rate`` only
     count the ranks), each rank with ``threads[rank]`` torch/BLAS threads (default one).
+
+    ``device="cuda"`` runs each rank on its own GPU (NCCL; REAL, unpaced): one rank is the
+    single-GPU run a user compares a heterogeneous run with.
 
     ``batch_size`` / ``shuffle`` (defaults ``rpm.train.*``): the mini-batches of
     :mod:`dask_rpm.batches` with the same ``seed`` as :func:`dask_rpm.fit`,
@@ -251,6 +267,9 @@ def run_ddp(
     process's calibrated rate x ``rpm.emulation.rate-fraction``, the rate
     :func:`dask_rpm.local_cluster` gives its workers.
     """
+    if device != "cpu":
+        _check_gpus(len(speeds))
+        paced = False
     if rate is None and not paced:
         rate = math.inf
     if rate is None:
@@ -287,8 +306,21 @@ def run_ddp(
             "seed": sched.seed,
             "threads": [int(t) for t in (threads or [1] * len(speeds))],
             "paced": bool(paced),
+            "device": device,
         }
         return _run_ranks(cfg, timeout)
+
+
+def _check_gpus(world: int) -> None:
+    """A rank per GPU: refuse more ranks than this machine's GPUs (NCCL cannot share one)."""
+    import torch
+
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if world > have:
+        raise BenchError(
+            f"the DDP peer on device='cuda' needs a GPU per rank: {world} rank(s), {have} GPU(s) "
+            f"here; use one rank per GPU, or device='cpu'"
+        )
 
 
 def _run_ranks(cfg: dict[str, Any], timeout: float) -> dict[str, Any]:

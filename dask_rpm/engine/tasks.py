@@ -129,8 +129,14 @@ async def t_block(run: str, spec: BlockSpec) -> BlockResult:
     """One block of iterations on this worker (:func:`dask_rpm.engine.block.run_block`), on its event loop."""
     worker = _worker()
     state = get_state(run, worker)
-    # a paced (EMULATED) kernel sleeps, and must not sleep on the event loop
-    emulated = "-emulated" if worker_hooks(worker).paced else ""
+    # a paced (EMULATED) kernel sleeps, and must not sleep on the event loop; a GPU's kernels
+    # hold the loop only while the host waits for them
+    if worker_hooks(worker).paced:
+        inline_key = "engine.inline-work-emulated"
+    elif state.shard.backend.device != "cpu":
+        inline_key = "engine.inline-work-gpu"
+    else:
+        inline_key = "engine.inline-work"
     async with state.busy:
         # the worker's cores, not the one thread its nanny leaves BLAS (dask_rpm.threads)
         with kernel_threads(spec.threads or worker.state.nthreads) as threads:
@@ -138,7 +144,7 @@ async def t_block(run: str, spec: BlockSpec) -> BlockResult:
                 state,
                 spec,
                 log=lambda msg: worker.log_event("rpm", msg),
-                inline_work=float(config.get(f"engine.inline-work{emulated}")),
+                inline_work=float(config.get(inline_key)),
             )
         return res._replace(threads=threads, backend=state.shard.backend.label)
 

@@ -315,7 +315,10 @@ class RunState:
             return fn(*args)
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(
-                1, thread_name_prefix="rpm-compute"
+                1,
+                thread_name_prefix="rpm-compute",
+                initializer=xb.use_in_thread,
+                initargs=(self.shard.backend,),
             )
         ctx = contextvars.copy_context()  # get_worker() (EMULATED pacing) works in the thread too
         return await asyncio.get_running_loop().run_in_executor(self._executor, ctx.run, fn, *args)

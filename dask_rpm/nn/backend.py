@@ -55,6 +55,8 @@ __all__ = [
     "eps_of",
     "errstate",
     "synchronize",
+    "use_in_thread",
+    "on_device",
 ]
 
 #: Backend names: ``auto`` is torch on a worker with a GPU, numpy on one without.
@@ -349,6 +351,16 @@ def synchronize(a: Any) -> None:
         _library("torch").cuda.synchronize(a.device)
     elif compat.is_cupy_array(a):
         _library("cupy").cuda.Device(a.device.id).synchronize()
+
+
+def use_in_thread(be: Backend) -> None:
+    """Make ``be``'s GPU current in the calling thread (a compute thread's first CUDA call
+    otherwise finds no current context: torch then sets one and warns)."""
+    if be.device != "cpu":
+        if be.name == "torch":
+            be.ns.cuda.set_device(_index(be.device))
+        else:
+            be.ns.cuda.Device(_index(be.device)).use()
 
 
 @contextlib.contextmanager

@@ -70,18 +70,18 @@ def train_arrays(
 
     errors = np.empty(rec.iterations)
     stopped = None
-    order_epoch, order = -1, np.arange(0)  # replaced at the first mini-batch (epoch 0)
+    order_epoch = -1  # the first mini-batch gathers epoch 0
     done = 0
     for k in range(rec.iterations):
         if sched.full_batch:
             xb, db = x, d
         else:
             e = sched.epoch(k)
-            if e != order_epoch:
+            if e != order_epoch:  # the epoch's samples in its order, gathered once
                 order_epoch, order = e, sched.order(e)
+                x_e, d_e = x[be.asarray(order)], d[be.asarray(order)]
             lo, hi = sched.positions(k)
-            idx = order[lo:hi]
-            xb, db = x[idx], d[idx]
+            xb, db = x_e[lo:hi], d_e[lo:hi]
         u = ws.forward(xb, params)
         delta2, errors[k] = ws.output_delta(u, db)
         if rec.alpha:
