@@ -280,6 +280,13 @@ def _predict(tmp: Path, *argv: str) -> str:
     return _cli(tmp, "predict", *args)
 
 
+def _serial_on(device: str) -> Any:
+    from dask_rpm import fit_serial
+
+    x, d = _arrays()
+    return fit_serial(x, d, hidden=4, iterations=1, backend="torch", device=device)
+
+
 CASES = [
     # ---- the job file
     Case(
@@ -301,6 +308,18 @@ CASES = [
         lambda t, c: _cli(t, "train", "--config", str(_raw(t, "- data.nc\n- 4\n"))),
     ),
     Case("job-unknown-key", J, "A misspelt top-level key.", lambda t, c: _train(t, itterations=5)),
+    Case(
+        "job-backend",
+        J,
+        "A `backend:` that is not known.",
+        lambda t, c: _train(t, backend="tensorflow"),
+    ),
+    Case(
+        "cli-backend",
+        J,
+        "`dask-rpm train --backend` that is not known.",
+        lambda t, c: _train(t, "--backend", "jax"),
+    ),
     Case("job-missing-data", J, "No `data:`.", lambda t, c: _train(t, data=None)),
     Case("job-missing-hidden", J, "No `hidden:`.", lambda t, c: _train(t, hidden=None)),
     Case("job-missing-output", J, "No `output:`.", lambda t, c: _train(t, output=None)),
@@ -742,6 +761,19 @@ CASES = [
         lambda t, c: _fit(t, c, optimizer="sgdx"),
     ),
     Case("fit-min-workers", A, "`min_workers=0`.", lambda t, c: _fit(t, c, min_workers=0)),
+    Case("fit-backend", A, "A backend that is not known.", lambda t, c: _fit(t, c, backend="jax")),
+    Case(
+        "fit-device",
+        A,
+        "numpy asked to run on a GPU.",
+        lambda t, c: _fit(t, c, backend="numpy", device="cuda"),
+    ),
+    Case(
+        "fit-serial-device",
+        A,
+        "`fit_serial` on a GPU this machine does not have.",
+        lambda t, c: _api(t, lambda: _serial_on("cuda:7")),
+    ),
     Case(
         "fit-min-workers-timeout",
         A,
