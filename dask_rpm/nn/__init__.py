@@ -1,11 +1,13 @@
 """The network: its form, kernels, optimizers, mini-batches, recipe, data and the serial reference.
 
-The model layer (pure: numpy and xarray, no ``distributed``): what one BP
-iteration computes, shared by the serial reference and the engine's workers.
+The model layer (pure: numpy and xarray, torch or cupy arrays where a backend names them; no
+``distributed``): what one BP iteration computes, shared by the serial reference and the engine's
+workers.
 
 * :mod:`~dask_rpm.nn.options` - :class:`TrainingOptions`, what a run trains;
 * :mod:`~dask_rpm.nn.network` - the network's form (activation, output, loss, bias);
 * :mod:`~dask_rpm.nn.kernels` - the one set of BP kernels (:class:`Workspace`);
+* :mod:`~dask_rpm.nn.backend` - where the kernels' arrays live (numpy, torch, cupy; CPU or GPU);
 * :mod:`~dask_rpm.nn.optim` - optimizer steps (PyTorch's and scikit-learn's conventions);
 * :mod:`~dask_rpm.nn.batches` - the mini-batch sequence, the same for every plan;
 * :mod:`~dask_rpm.nn.recipe` - options resolved into one :class:`Recipe`, validation;
