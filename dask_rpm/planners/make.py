@@ -171,7 +171,7 @@ def _make(
     problem is one mini-batch of that many samples (said in the note).
     """
     planner, name = _resolve_method(method)
-    small_group = check_fraction("small_group", config.get("planner.small-group", small_group))
+    snap = check_fraction("small_group", config.get("planner.small-group", small_group))
     min_units = float(config.get("planner.min-units"))
     if not (math.isfinite(min_units) and min_units >= 0):
         raise PlanError(f"rpm.planner.min-units={min_units} must be a non-negative number")
@@ -187,12 +187,13 @@ def _make(
         sub_net = subset_network(network, active)
         p = normalise(p_all[active])
         if time_objective:
-            return planner(p, cost, samples, dp=dp, rates=sub_rates, network=sub_net)
+            extra: dict[str, Any] = {"rates": sub_rates, "network": sub_net}
+            return planner(p, cost, samples, dp=dp, **extra)
         res = planner(p, cost, samples, dp=dp)
         if search:  # fastest_subset compares predicted seconds
             assert sub_rates is not None
             res = predicted(
-                res, p, cost, samples, small_group=small_group, rates=sub_rates, network=sub_net
+                res, p, cost, samples, small_group=snap, rates=sub_rates, network=sub_net
             )
         return res
 
@@ -222,11 +223,11 @@ def _make(
         notes.append(note)
     excluded = [*excluded, *idle_now]
     if "small_group" in res.meta:  # the planner chose the threshold by its own objective
-        small_group = float(res.meta["small_group"])
-    snapped, merged = snap_with_count(mapped, small_group)
+        snap = float(res.meta["small_group"])
+    snapped, merged = snap_with_count(mapped, snap)
     if merged:
         notes.append(
-            f"snapped {merged} thin horizontal band(s) of at most {small_group:g} of m "
+            f"snapped {merged} thin horizontal band(s) of at most {snap:g} of m "
             f"(rpm.planner.small-group); t_comm values are before snapping"
         )
     plan = to_integer(
