@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -11,7 +12,14 @@ import numpy as np
 from .. import config
 from .._files import json_default
 from ..drpm.estimator import AbilityEstimateError, AbilityEstimator
-from ..drpm.idle import idle_decision, idle_remap, worker_rates
+from ..drpm.idle import (
+    comm_excess,
+    comm_scale,
+    idle_decision,
+    idle_remap,
+    scaled_network,
+    worker_rates,
+)
 from ..drpm.policy import auto_interval, decide
 from ..drpm.remap import column_remap, whole_remap
 from ..partition import PlanError
@@ -55,6 +63,8 @@ class DRPMState:
         self.idle = bool(config.get("drpm.idle"))
         self.remembered: dict[int, float] = {}  # rates measured by the probe, by worker index
         self.network: Any = None  # the probe's links (None: rpm.cost.*)
+        # (predicted, measured) communication of the plans checked (drpm.idle.comm_excess)
+        self.comm_points: deque[tuple[float, float]] = deque(maxlen=self.estimator.window)
 
     def probed(self, probe: Any, addresses: list[str]) -> None:
         """Keep the probe's rates (for workers DRPM never measured, e.g. idle from the start)
@@ -65,9 +75,12 @@ class DRPMState:
         self.remembered = {i: at[a] for i, a in enumerate(addresses) if a in at}
         self.network = probe_network(probe)
 
-    def _rates(self, driver: Driver, t2: dict) -> tuple[np.ndarray, np.ndarray] | None:
+    def _rates(
+        self, driver: Driver, t2: dict, first: int, stop: int
+    ) -> tuple[np.ndarray, np.ndarray] | None:
         """Abilities and rates of every worker of the plan for the idle choices (None: off, or
-        after a worker loss, when the plan's indices no longer match the cluster's)."""
+        after a worker loss, when the plan's indices no longer match the cluster's); measures
+        :attr:`comm_scale` on the iterations ``[first, stop)`` of the current plan."""
         if not self.idle or driver.gone or len(driver.plan.abilities) != len(driver.addresses):
             return None
         tc: dict[int, float] = {}
@@ -80,10 +93,39 @@ class DRPMState:
             except AbilityEstimateError:
                 continue
         try:
-            return worker_rates(driver.plan, tc, ab, self.remembered)
+            rates = worker_rates(driver.plan, tc, ab, self.remembered)
         except PlanError as exc:
             logger.info(f"idle check skipped: {exc}")
             return None
+        seconds = driver.log.median_iteration_time(first, stop)  # what its messages cost
+        batch = driver.recipe.schedule.batch
+        point = comm_excess(driver.plan, rates[1], seconds, network=self.network, batch=batch)
+        if point is not None:
+            self.comm_points.append(point)
+        return rates
+
+    @property
+    def comm_scale(self) -> float:
+        """Measured communication over the model's (:func:`~dask_rpm.drpm.idle.comm_scale`)."""
+        return comm_scale(self.comm_points)
+
+    def _idle_check(
+        self, driver: Driver, decision: Any, rates: Any, remaining: int, stop: int
+    ) -> Any:
+        """``decision``, or the idle check's whole remap when other workers pay
+        (:func:`~dask_rpm.drpm.idle.idle_decision`)."""
+        idle = idle_decision(
+            driver.plan,
+            *rates,
+            remaining=remaining,
+            ratio=decision.ratio,
+            network=self.network,
+            comm_scale=self.comm_scale,
+            batch=driver.recipe.schedule.batch,
+        )
+        if idle.kind is None and not np.isnan(idle.saving):  # another set, rejected: say why
+            logger.info(f"check at iteration {stop}: {idle.reason}")
+        return idle if idle.kind else decision
 
     def to_dict(self) -> dict[str, Any]:
         """The state a resumed run needs (JSON-able): checks so far, estimator windows, initial abilities.
@@ -92,6 +134,7 @@ class DRPMState:
         """
         return {
             "initial_abilities": bool(self.initial_abilities),
+            "comm_points": [[float(p), float(m)] for p, m in self.comm_points],
             "checks": [
                 [int(it), [None if not np.isfinite(v) else float(v) for v in vec]]
                 for it, vec in self.checks
@@ -113,6 +156,7 @@ class DRPMState:
         window of iterations first.
         """
         self.initial_abilities = bool(state.get("initial_abilities", True))
+        self.comm_points.extend((float(p), float(m)) for p, m in state.get("comm_points", []))
         self.checks = [
             (int(it), np.array([np.nan if v is None else v for v in vec], dtype=float)[:n_workers])
             for it, vec in state.get("checks", [])
@@ -141,7 +185,13 @@ class DRPMState:
             if driver.gone:
                 new = whole_plan(driver, speeds_t2)
             elif rates is not None:  # workers whose messages cost more than they save: idle
-                new = idle_remap(driver.plan, *rates, network=self.network, batch=batch)
+                new = idle_remap(
+                    driver.plan,
+                    *rates,
+                    network=self.network,
+                    comm_scale=self.comm_scale,
+                    batch=batch,
+                )
             else:
                 new = whole_remap(driver.plan, speeds_t2, batch=batch)
         elif decision.kind == "column" and new is None:
@@ -170,7 +220,7 @@ class DRPMState:
                 "whole_speeds": speeds_t2,
                 "remaining": remaining,
             }
-        rates = self._rates(driver, speeds_t2)
+        rates = self._rates(driver, speeds_t2, first, stop)
         if policy == "cost" and rates is not None:  # its whole candidate leaves idle workers too
             kw["whole_speeds"] = list(rates[0])
             kw["whole_kwargs"] = self._idle_kwargs(driver, rates)
@@ -182,17 +232,7 @@ class DRPMState:
             **kw,
         )
         if decision.kind != "whole" and rates is not None:
-            idle = idle_decision(
-                driver.plan,
-                *rates,
-                remaining=remaining,
-                ratio=decision.ratio,
-                network=self.network,
-                batch=driver.recipe.schedule.batch,
-            )
-            if idle.kind is None and not np.isnan(idle.saving):  # another set, rejected: say why
-                logger.info(f"check at iteration {stop}: {idle.reason}")
-            decision = idle if idle.kind else decision
+            decision = self._idle_check(driver, decision, rates, remaining, stop)
         vec = np.full(len(driver.plan.abilities), np.nan)
         for w, v in speeds_t2.items():
             vec[w] = v
@@ -232,7 +272,7 @@ class DRPMState:
         """``whole_remap`` keywords of the idle choice (the cost policy's whole candidate)."""
         return {
             "rates": list(rates[1]),
-            "network": self.network,
+            "network": scaled_network(self.network, self.comm_scale),
             "idle": True,
             "batch": driver.recipe.schedule.batch,
         }
