@@ -100,3 +100,28 @@ def sigkill_after():
         return callback
 
     return make
+
+
+# ---------------------------------------------------------------------------
+# DRPM's idle workers (issue 25) off, except in tests marked idle_workers
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def drpm_idle_off_unless_marked(request, monkeypatch):
+    """``rpm.drpm.idle`` off for every test not marked ``idle_workers``.
+
+    The tests of DRPM's mechanics (remaps, recovery, checkpoints of every worker's rows,
+    the demo's evidence) train jobs so small that one worker alone is faster than several:
+    with the default on, DRPM would rightly leave the others idle and those mechanics would
+    not run. Off in this process (``dask.config.set``) and in the subprocesses a test starts
+    (``DASK_RPM__DRPM__IDLE``). The tests of the idle choice (tests/test_idle.py) are marked.
+    """
+    if request.node.get_closest_marker("idle_workers") is not None:
+        yield
+        return
+    import dask.config
+
+    monkeypatch.setenv("DASK_RPM__DRPM__IDLE", "false")
+    with dask.config.set({"rpm.drpm.idle": False}):
+        yield
