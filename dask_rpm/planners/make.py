@@ -71,7 +71,8 @@ def make_plan(
         For planners that minimise predicted seconds (``srpm-time``): each
         worker's speed in work units per second (index-aligned with
         ``abilities``) and the :class:`~dask_rpm.cost.Interconnect` (its
-        ``hosts``/``groups`` index-aligned too). Other planners ignore them.
+        ``hosts``/``groups`` index-aligned too). Other planners use them only with
+        ``idle=True``.
     batch
         Samples per iteration when training on mini-batches (``None``: all
         ``samples``, full batch). An iteration then exchanges partial
