@@ -3,8 +3,7 @@ work saves holds no rows; DRPM takes it back when a remap says it pays.
 
 Planner and DRPM tests are pure and fast (predicted seconds only); one engine test trains on an
 EMULATED 1 : 100 mix and checks exactness through a remap that brings an idle worker back
-(marked ``idle_workers``: the other tests of the suite run with ``rpm.drpm.idle`` off,
-tests/conftest.py).
+(with ``rpm.drpm.idle`` on: the suite runs with it off, tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -235,7 +234,6 @@ def test_batch_plan_cuts_one_mini_batch():
 
 
 # -------------------------------------------------------------------------------- engine
-@pytest.mark.idle_workers
 def test_drpm_leaves_the_slow_workers_idle_and_takes_one_back_exactly():
     """EMULATED 1 : 100 mix (no timing asserted): DRPM starts uniform; its first whole remap
     leaves the three slow workers idle (still in the cluster, no rows); the fast one then slows
@@ -254,6 +252,7 @@ def test_drpm_leaves_the_slow_workers_idle_and_takes_one_back_exactly():
     with (
         dask_rpm.local_cluster((1.0, 0.01, 0.01, 0.01), processes=False, schedule=schedule) as c,
         Client(c) as client,
+        dask.config.set({"rpm.drpm.idle": True}),  # the default (off in the suite: conftest.py)
     ):
         r = fit(x, d, mapping="drpm", interval=10, client=client, progress="none", **kw)
     assert [p.planned_workers for p in r.plans[:2]] == [(0, 1, 2, 3), (0,)]
