@@ -109,11 +109,14 @@ def test_more_workers_must_pay_by_min_gain():
     margin = make_plan(speeds, shape, samples, "srpm", min_gain=0.05, **kw)
     assert len(every.planned_workers) == 4 and margin.planned_workers == (0,)
     note = next(n for n in margin.notes if n.startswith("left "))
-    assert "faster" in note and "rpm.planner.min-gain = 5%" in note
+    assert "faster" in note and "less than the 5% more workers must gain" in note
     with pytest.raises(PlanError, match="min_gain"):
         make_plan(speeds, shape, samples, "srpm", min_gain=1.5, **kw)
-    with dask.config.set({"rpm.planner.min-gain": 0.05}):
-        assert make_plan(speeds, shape, samples, "srpm", **kw).planned_workers == (0,)
+    assert len(make_plan(speeds, shape, samples, "srpm", **kw).planned_workers) == 4  # default 0
+    rates = kw["rates"]
+    with dask.config.set({"rpm.drpm.min-gain": 0.05}):  # DRPM's margin
+        assert idle_remap(margin, rates, rates).planned_workers == (0,)
+    assert len(idle_remap(margin, rates, rates, min_gain=0.0).planned_workers) == 4
 
 
 def test_a_mini_batch_decides_who_is_idle():

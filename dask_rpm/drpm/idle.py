@@ -122,8 +122,8 @@ def idle_remap(
     SRPM on ``abilities`` (one per worker of ``plan``), on every worker and on the fastest
     few, the plan predicted fastest at ``rates`` over ``network`` (its communication times
     ``comm_scale``, :func:`scaled_network`) kept (:func:`dask_rpm.planners.make_plan` with
-    ``idle=True``); ``min_gain``: the planner's margin for more workers
-    (``rpm.planner.min-gain``). The note ``"whole remap"`` is added.
+    ``idle=True``); more workers only when predicted ``min_gain`` faster than fewer
+    (``None``: ``rpm.drpm.min-gain``). The note ``"whole remap"`` is added.
     """
     return whole_remap(
         plan,
@@ -132,7 +132,7 @@ def idle_remap(
         network=scaled_network(network, comm_scale),
         batch=batch,
         idle=True,
-        min_gain=min_gain,
+        min_gain=float(config.get("drpm.min-gain", min_gain)),
     )
 
 

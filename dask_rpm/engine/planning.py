@@ -60,6 +60,7 @@ def resolve_plan(
             network=network,
             cost_shape=cost_shape,
             idle=idle,
+            min_gain=float(config.get("drpm.min-gain")) if idle else None,
         )
     plan = mapping
     if plan.workers is not None:

@@ -139,8 +139,8 @@ def idle_note(idle: Sequence[int], meta: dict[str, Any], *, batch: int | None = 
     else:
         why = (
             f"the plan with every worker is predicted only {1 - t_all / t:.2%} faster "
-            f"({t_all:.4g} against {t:.4g} s/iteration{per}), less than rpm.planner.min-gain = "
-            f"{gain:.0%}: within the cost model's error their messages may cost more than their "
-            f"share of the work saves"
+            f"({t_all:.4g} against {t:.4g} s/iteration{per}), less than the {gain:.0%} more "
+            f"workers must gain (min_gain; DRPM: rpm.drpm.min-gain): within the cost model's "
+            f"error their messages may cost more than their share of the work saves"
         )
     return f"left {worker_names(idle)} idle: {why}"

@@ -95,7 +95,8 @@ def make_plan(
         ``True`` with any planner given ``rates`` (DRPM's SRPM plans); never with ``dp``.
     min_gain
         A plan on more workers is chosen only when predicted at least this much (relative)
-        faster than one on fewer; ``None`` reads ``rpm.planner.min-gain``.
+        faster than one on fewer (DRPM passes ``rpm.drpm.min-gain``); ``None``: 0, any gain.
+        With 0 ``srpm-time`` is never predicted slower than any plan it considered.
 
     Returns
     -------
@@ -136,16 +137,14 @@ def make_plan(
 
 
 def _min_gain(min_gain: float | None) -> float:
-    """``min_gain`` or ``rpm.planner.min-gain``, checked: a fraction in [0, 1)."""
-    v = config.get("planner.min-gain", min_gain)
+    """``min_gain`` (``None``: 0), checked: a fraction in [0, 1)."""
+    v = 0.0 if min_gain is None else min_gain
     try:
         gain = float(v)
     except (TypeError, ValueError):
         gain = math.nan
     if not (math.isfinite(gain) and 0 <= gain < 1):
-        raise PlanError(
-            f"min_gain (rpm.planner.min-gain) is {v!r}; give a fraction in [0, 1), e.g. 0.02"
-        )
+        raise PlanError(f"min_gain={v!r}; give a fraction in [0, 1), e.g. 0.02 (rpm.drpm.min-gain)")
     return gain
 
 
