@@ -119,6 +119,7 @@ def one_mix(name: str, speeds: tuple[float, ...], args: argparse.Namespace) -> d
         for plan in arms.values():  # warm-up: connections, caches
             dask_rpm.fit(x, d, iterations=3, mapping=plan, client=client, **kw)
         times: dict[str, list[float]] = {k: [] for k in arms}
+        per_run: dict[str, list[float]] = {k: [] for k in arms}
         for rep in range(args.repeats):
             order = list(arms) if rep % 2 == 0 else list(arms)[::-1]
             for k in order:
@@ -127,6 +128,7 @@ def one_mix(name: str, speeds: tuple[float, ...], args: argparse.Namespace) -> d
                 )
                 t = r.history["iteration_time"].values[2:]
                 times[k].extend(float(v) for v in t[np.isfinite(t)])
+                per_run[k].append(float(np.median(t)))
                 check(k, r, args.iterations)
                 print(
                     f"  {name} repeat {rep + 1} {k}: {np.median(t) * 1e3:.2f} ms", file=sys.stderr
@@ -145,6 +147,7 @@ def one_mix(name: str, speeds: tuple[float, ...], args: argparse.Namespace) -> d
         ],
         "drpm_in_run": _after_last_remap(drpm),
         "measured": {k: float(np.median(v)) for k, v in times.items()},
+        "per_run": per_run,
         "max_rel_diff_vs_serial": exact,
     }
 
@@ -157,17 +160,29 @@ def report(res: dict[str, Any]) -> str:
         f"iterations from the probe (load {res['loadavg'][0]:.1f} -> {res['loadavg'][1]:.1f}, "
         f"{res['wall']:.0f} s)",
         "",
-        "| mix (EMULATED) | fastest alone s/it | DRPM's plan s/it | DRPM in run s/it | every worker "
-        "(SRPM) s/it | DRPM's plan vs alone | DRPM planned | max rel. diff vs fit_serial |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
+        "s/iteration: median of every timed iteration [range of the runs' medians]",
+        "",
+        "| mix (EMULATED) | fastest alone | DRPM's plan | DRPM in run | every worker (SRPM) "
+        "| DRPM's plan vs alone | every worker vs alone | DRPM planned | max rel. diff vs "
+        "fit_serial |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
     ]
+
+    plan_key = "DRPM's plan"
+
+    def cell(m: dict[str, Any], arm: str) -> str:
+        runs = m.get("per_run", {}).get(arm, [])
+        spread = f" [{min(runs):.3f}-{max(runs):.3f}]" if runs else ""
+        return f"{m['measured'][arm]:.4f}{spread}"
+
     for m in res["mixes"]:
         t = m["measured"]
         alone, mixed, every = t["fastest alone"], t["DRPM's plan"], t["every worker (SRPM)"]
         planned = m["drpm_plans"][-1]["planned"]
         lines.append(
-            f"| {m['mix']} | {alone:.4f} | {mixed:.4f} | {m['drpm_in_run']:.4f} | {every:.4f} | "
-            f"{mixed / alone:.2f}x | "
+            f"| {m['mix']} | {cell(m, 'fastest alone')} | {cell(m, plan_key)} "
+            f"| {m['drpm_in_run']:.4f} | {cell(m, 'every worker (SRPM)')} | "
+            f"{mixed / alone:.2f}x | {every / alone:.2f}x | "
             f"P{', P'.join(str(w + 1) for w in sorted(planned))} | "
             f"{max(m['max_rel_diff_vs_serial'].values()):.1e} |"
         )
