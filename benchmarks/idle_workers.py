@@ -7,7 +7,8 @@ kernel block, its small exchange kernels (summing received partial products and 
 included, so at 1 : 100 its messages cost more here than on real hardware, where the
 exchanges run on its host CPU at full speed.
 
-For each mix, on the same workload:
+Two workloads, 33-256-8 on 2048 samples (messages dominate) and on 32768 (compute
+dominates); for each workload and mix:
 
 1. **DRPM** (the default mapping) starts from the probe (``abilities="probe"``): its first
    plan leaves idle the workers whose messages cost more than their share saves
@@ -21,12 +22,12 @@ For each mix, on the same workload:
 
 Every run's weights are checked against :func:`dask_rpm.fit_serial` (float64, relative
 1e-10). The mixed run should never be slower than the fastest worker alone by more than
-noise, and faster where the slow workers' share pays (the 1 : 4 mix).
+noise, and faster where the slow workers' share pays (the 1 : 4 mix on the large workload).
 
 Usage::
 
-    flock -x /tmp/rpm-cpu.lock python benchmarks/idle_workers.py              # ~3 min
-    python benchmarks/idle_workers.py --repeats 5 --json idle.json
+    flock -x /tmp/rpm-cpu.lock python benchmarks/idle_workers.py              # ~5 min
+    python benchmarks/idle_workers.py --samples 2048 --repeats 5 --json idle.json
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ import numpy as np  # noqa: E402
 #: EMULATED speed mixes: one fast worker and three slow ones
 MIXES = {"1:100": (1.0, 0.01, 0.01, 0.01), "1:4": (1.0, 0.25, 0.25, 0.25)}
 SHAPE = (33, 256, 8)
-SAMPLES = 2048
+SAMPLES = (2048, 32768)  # messages dominate / compute dominates
 LEARNING_RATE = 1e-5
 
 
@@ -78,7 +79,7 @@ def one_mix(name: str, speeds: tuple[float, ...], args: argparse.Namespace) -> d
     import dask_rpm
     from dask_rpm.planners import make_plan
 
-    shape, samples = tuple(args.shape), args.samples
+    shape, samples = tuple(args.shape), args.samples_now
     x, d = _data(samples, shape)
     kw = dict(hidden=shape[1], learning_rate=LEARNING_RATE, progress="none", elastic=False)
     serial = {
@@ -135,6 +136,7 @@ def one_mix(name: str, speeds: tuple[float, ...], args: argparse.Namespace) -> d
                 )
     return {
         "mix": name,
+        "samples": samples,
         "speeds": list(speeds),
         "emulation": label,
         "drpm_plans": [
@@ -155,17 +157,17 @@ def one_mix(name: str, speeds: tuple[float, ...], args: argparse.Namespace) -> d
 def report(res: dict[str, Any]) -> str:
     lines = [
         f"EMULATED (one 2-core machine, workers slowed by sleeping): shape "
-        f"{'-'.join(map(str, res['shape']))}, s = {res['samples']}, {res['repeats']} interleaved "
+        f"{'-'.join(map(str, res['shape']))}, {res['repeats']} interleaved "
         f"repeats of {res['iterations']} iterations per arm; DRPM {res['drpm_iterations']} "
         f"iterations from the probe (load {res['loadavg'][0]:.1f} -> {res['loadavg'][1]:.1f}, "
         f"{res['wall']:.0f} s)",
         "",
         "s/iteration: median of every timed iteration [range of the runs' medians]",
         "",
-        "| mix (EMULATED) | fastest alone | DRPM's plan | DRPM in run | every worker (SRPM) "
+        "| s | mix (EMULATED) | fastest alone | DRPM's plan | DRPM in run | every worker (SRPM) "
         "| DRPM's plan vs alone | every worker vs alone | DRPM planned | max rel. diff vs "
         "fit_serial |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
     ]
 
     plan_key = "DRPM's plan"
@@ -180,7 +182,7 @@ def report(res: dict[str, Any]) -> str:
         alone, mixed, every = t["fastest alone"], t["DRPM's plan"], t["every worker (SRPM)"]
         planned = m["drpm_plans"][-1]["planned"]
         lines.append(
-            f"| {m['mix']} | {cell(m, 'fastest alone')} | {cell(m, plan_key)} "
+            f"| {m.get('samples', '')} | {m['mix']} | {cell(m, 'fastest alone')} | {cell(m, plan_key)} "
             f"| {m['drpm_in_run']:.4f} | {cell(m, 'every worker (SRPM)')} | "
             f"{mixed / alone:.2f}x | {every / alone:.2f}x | "
             f"P{', P'.join(str(w + 1) for w in sorted(planned))} | "
@@ -188,7 +190,7 @@ def report(res: dict[str, Any]) -> str:
         )
     for m in res["mixes"]:
         lines.append("")
-        lines.append(f"{m['mix']}: {m['emulation']}")
+        lines.append(f"s = {m.get('samples', '')}, {m['mix']}: {m['emulation']}")
         lines.extend(f"  note: {n}" for n in m["drpm_notes"])
         lines.extend(
             f"  remap at {r['iteration']} ({r['kind']}): {r['reason']}" for r in m["drpm_remaps"]
@@ -203,15 +205,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--drpm-iterations", type=int, default=30)
     ap.add_argument("--interval", type=int, default=10, help="DRPM's checks")
     ap.add_argument("--shape", type=int, nargs=3, default=list(SHAPE), metavar=("N", "M", "L"))
-    ap.add_argument("--samples", type=int, default=SAMPLES)
+    ap.add_argument(
+        "--samples", default=",".join(map(str, SAMPLES)), help="workloads: sample counts"
+    )
     ap.add_argument("--mixes", default=",".join(MIXES), help=f"of {', '.join(MIXES)}")
     ap.add_argument("--json", help="write the result here")
     args = ap.parse_args(argv)
     t0, load0 = time.perf_counter(), os.getloadavg()[0]
-    mixes = [one_mix(k, MIXES[k], args) for k in args.mixes.split(",")]
+    mixes = []
+    for samples in [int(v) for v in str(args.samples).split(",")]:
+        args.samples_now = samples
+        mixes += [one_mix(k, MIXES[k], args) for k in args.mixes.split(",")]
     res = {
         "shape": list(args.shape),
-        "samples": args.samples,
+        "samples": [int(v) for v in str(args.samples).split(",")],
         "repeats": args.repeats,
         "iterations": args.iterations,
         "drpm_iterations": args.drpm_iterations,
