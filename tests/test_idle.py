@@ -151,6 +151,18 @@ def test_fastest_subset_tries_the_fastest_few_and_keeps_the_fewest():
     assert res.meta["predicted_seconds"] == pytest.approx(0.5)
 
 
+def test_drpms_first_plan_from_the_probe_leaves_them_idle():
+    """fit(abilities="probe") with mapping drpm: resolve_plan(idle=True) with the probe's rates."""
+    from dask_rpm.engine.planning import resolve_plan
+
+    speeds = [1.0, 0.01, 0.01, 0.01]
+    addresses = ["tcp://a:1", "tcp://b:1", "tcp://c:1", "tcp://d:1"]
+    kw = dict(addresses=addresses, shape=SMALL[0], samples=SMALL[1], rates=_rates(speeds))
+    first = resolve_plan("srpm", speeds, idle=True, **kw)
+    assert first.planned_workers == (0,) and first.workers == tuple(addresses)
+    assert len(resolve_plan("srpm", speeds, **kw).planned_workers) == 4  # mapping="srpm"
+
+
 # ---------------------------------------------------------------------------------- DRPM
 def _idle_plan():
     speeds = [1.0, 0.01, 0.01, 0.01]
