@@ -100,3 +100,34 @@ def sigkill_after():
         return callback
 
     return make
+
+
+# ---------------------------------------------------------------------------
+# DRPM's idle workers (issue 25) off for the session; tests of the idle choice turn it on
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session", autouse=True)
+def drpm_idle_off():
+    """``rpm.drpm.idle`` off for the whole session (tests/test_idle.py turns it on where it tests it).
+
+    The tests of DRPM's mechanics (remaps, recovery, checkpoints of every worker's rows, the
+    demo's evidence) train jobs so small that one worker alone is faster than several: with
+    the default on, DRPM would rightly leave the others idle and those mechanics would not
+    run. Off in this process (``dask.config.set``, before any module-scoped fixture trains)
+    and in the subprocesses tests start (``DASK_RPM__DRPM__IDLE``).
+    """
+    import os
+
+    import dask.config
+
+    before = os.environ.get("DASK_RPM__DRPM__IDLE")
+    os.environ["DASK_RPM__DRPM__IDLE"] = "false"
+    try:
+        with dask.config.set({"rpm.drpm.idle": False}):
+            yield
+    finally:
+        if before is None:
+            os.environ.pop("DASK_RPM__DRPM__IDLE", None)
+        else:
+            os.environ["DASK_RPM__DRPM__IDLE"] = before

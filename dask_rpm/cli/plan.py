@@ -41,6 +41,11 @@ examples:
   # abilities from a file (one number per line, or a JSON list), no band snapping
   {PROG} plan --abilities-file speeds.txt --shape 203-80-26 --samples 1024 --small-group 0
 
+  # a GPU beside three one-thread CPU workers (1 : 100): with measured rates (work units per
+  # second) DRPM's choice leaves the CPUs idle when their messages cost more than they save
+  {PROG} plan --abilities 1,0.01,0.01,0.01 --rates 2.6e7,2.6e5,2.6e5,2.6e5 \
+      --shape 33-64-4 --samples 512 --idle
+
   # the same through dask's command line
   dask rpm plan --abilities 1,2,3 --shape 10-8-2 --samples 100
 
@@ -92,6 +97,20 @@ def add_parser(subparsers: Any) -> None:
         metavar="A",
         default=None,
         help="snap horizontal bands at most this fraction of m thick (default 0.06; 0 disables)",
+    )
+    p.add_argument(
+        "--rates",
+        metavar="R1,R2,...",
+        default=None,
+        help="each worker's speed in work units (hidden units x samples) per second, e.g. the "
+        "probe's throughput: what srpm-time and --idle predict seconds with",
+    )
+    p.add_argument(
+        "--idle",
+        action="store_true",
+        help="leave idle the workers whose messages cost more than their share of the work "
+        "saves (DRPM's choice; needs --rates with a planner other than srpm-time); the notes "
+        "say why",
     )
     p.add_argument(
         "--json", action="store_true", help="print one JSON object instead of the report"
@@ -170,7 +189,26 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(
             f"--width={args.width} is too small for a drawing; use at least 8 (or --no-draw)"
         )
-    plan = make_plan(abilities, shape, samples, method=args.method, dp=dp, small_group=small_group)
+    rates = None if args.rates is None else parse_abilities(args.rates, "--rates")
+    if rates is not None and len(rates) != len(abilities):
+        raise CLIError(
+            f"--rates has {len(rates)} values for {len(abilities)} abilities; give one per worker"
+        )
+    if args.idle and rates is None and str(args.method) != "srpm-time":
+        raise CLIError(
+            "--idle predicts seconds from each worker's speed: give --rates (work units per "
+            "second, e.g. dask-rpm probe's throughput), or use --method srpm-time"
+        )
+    plan = make_plan(
+        abilities,
+        shape,
+        samples,
+        method=args.method,
+        dp=dp,
+        small_group=small_group,
+        rates=rates,
+        idle=True if args.idle else None,
+    )
     if args.json:
         print(json.dumps(plan_json(plan, layers)))
     else:

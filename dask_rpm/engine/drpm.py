@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -11,8 +12,18 @@ import numpy as np
 from .. import config
 from .._files import json_default
 from ..drpm.estimator import AbilityEstimateError, AbilityEstimator
+from ..drpm.idle import (
+    comm_excess,
+    comm_scale,
+    idle_decision,
+    idle_remap,
+    scaled_network,
+    worker_rates,
+)
 from ..drpm.policy import auto_interval, decide
 from ..drpm.remap import column_remap, whole_remap
+from ..partition import PlanError
+from ..probe import probe_network
 from ..records import RemapRecord
 from .driver import Driver
 from .recovery import whole_plan
@@ -48,6 +59,73 @@ class DRPMState:
         self.auto = auto
         self.checks: list[tuple[int, np.ndarray]] = []
         self.remaps: list[RemapRecord] = []
+        # leave workers idle whose messages cost more than their share saves (drpm/idle.py)
+        self.idle = bool(config.get("drpm.idle"))
+        self.remembered: dict[int, float] = {}  # rates measured by the probe, by worker index
+        self.network: Any = None  # the probe's links (None: rpm.cost.*)
+        # (predicted, measured) communication of the plans checked (drpm.idle.comm_excess)
+        self.comm_points: deque[tuple[float, float]] = deque(maxlen=self.estimator.window)
+
+    def probed(self, probe: Any, addresses: list[str]) -> None:
+        """Keep the probe's rates (for workers DRPM never measured, e.g. idle from the start)
+        and its links (the cost model of the idle choices)."""
+        if probe is None:
+            return
+        at = {str(a): float(v) for a, v in zip(probe["address"].values, probe["throughput"].values)}
+        self.remembered = {i: at[a] for i, a in enumerate(addresses) if a in at}
+        self.network = probe_network(probe)
+
+    def _rates(
+        self, driver: Driver, t2: dict, first: int, stop: int
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """Abilities and rates of every worker of the plan for the idle choices (None: off, or
+        after a worker loss, when the plan's indices no longer match the cluster's); measures
+        :attr:`comm_scale` on the iterations ``[first, stop)`` of the current plan."""
+        if not self.idle or driver.gone or len(driver.plan.abilities) != len(driver.addresses):
+            return None
+        tc: dict[int, float] = {}
+        ab: dict[int, float] = dict(t2)
+        for w in self.estimator.workers:  # planned now, or planned before and idle since
+            try:
+                tc.update(self.estimator.estimate("tc", workers=[w]))
+                if w not in ab:
+                    ab.update(self.estimator.estimate("t2", workers=[w]))
+            except AbilityEstimateError:
+                continue
+        try:
+            rates = worker_rates(driver.plan, tc, ab, self.remembered)
+        except PlanError as exc:
+            logger.info(f"idle check skipped: {exc}")
+            return None
+        seconds = driver.log.median_iteration_time(first, stop)  # what its messages cost
+        batch = driver.recipe.schedule.batch
+        point = comm_excess(driver.plan, rates[1], seconds, network=self.network, batch=batch)
+        if point is not None:
+            self.comm_points.append(point)
+        return rates
+
+    @property
+    def comm_scale(self) -> float:
+        """Measured communication over the model's (:func:`~dask_rpm.drpm.idle.comm_scale`)."""
+        return comm_scale(self.comm_points)
+
+    def _idle_check(
+        self, driver: Driver, decision: Any, rates: Any, remaining: int, stop: int
+    ) -> Any:
+        """``decision``, or the idle check's whole remap when other workers pay
+        (:func:`~dask_rpm.drpm.idle.idle_decision`)."""
+        idle = idle_decision(
+            driver.plan,
+            *rates,
+            remaining=remaining,
+            ratio=decision.ratio,
+            network=self.network,
+            comm_scale=self.comm_scale,
+            batch=driver.recipe.schedule.batch,
+        )
+        if idle.kind is None and not np.isnan(idle.saving):  # another set, rejected: say why
+            logger.info(f"check at iteration {stop}: {idle.reason}")
+        return idle if idle.kind else decision
 
     def to_dict(self) -> dict[str, Any]:
         """The state a resumed run needs (JSON-able): checks so far, estimator windows, initial abilities.
@@ -56,6 +134,7 @@ class DRPMState:
         """
         return {
             "initial_abilities": bool(self.initial_abilities),
+            "comm_points": [[float(p), float(m)] for p, m in self.comm_points],
             "checks": [
                 [int(it), [None if not np.isfinite(v) else float(v) for v in vec]]
                 for it, vec in self.checks
@@ -77,6 +156,7 @@ class DRPMState:
         window of iterations first.
         """
         self.initial_abilities = bool(state.get("initial_abilities", True))
+        self.comm_points.extend((float(p), float(m)) for p, m in state.get("comm_points", []))
         self.checks = [
             (int(it), np.array([np.nan if v is None else v for v in vec], dtype=float)[:n_workers])
             for it, vec in state.get("checks", [])
@@ -93,17 +173,27 @@ class DRPMState:
         ):
             self.estimator.observe(ob.worker, ob.work, ob.t1, ob.t2, ob.tc)
 
-    def _new_plan(self, driver: Driver, decision: Any, speeds_col: dict, speeds_t2: dict) -> Any:
+    def _new_plan(
+        self, driver: Driver, decision: Any, speeds_col: dict, speeds_t2: dict, rates: Any
+    ) -> Any:
         new = getattr(decision, "plan", None)
         if driver.gone and new is not None and set(new.planned_workers) & driver.gone:
             new = None  # planned from abilities that still count lost workers: plan again below
+        batch = driver.recipe.schedule.batch
         if decision.kind == "whole" and new is None:
             # After a worker loss, plan only the workers still there.
-            new = (
-                whole_plan(driver, speeds_t2)
-                if driver.gone
-                else whole_remap(driver.plan, speeds_t2, batch=driver.recipe.schedule.batch)
-            )
+            if driver.gone:
+                new = whole_plan(driver, speeds_t2)
+            elif rates is not None:  # workers whose messages cost more than they save: idle
+                new = idle_remap(
+                    driver.plan,
+                    *rates,
+                    network=self.network,
+                    comm_scale=self.comm_scale,
+                    batch=batch,
+                )
+            else:
+                new = whole_remap(driver.plan, speeds_t2, batch=batch)
         elif decision.kind == "column" and new is None:
             new = column_remap(driver.plan, speeds_col)
         return new
@@ -130,6 +220,10 @@ class DRPMState:
                 "whole_speeds": speeds_t2,
                 "remaining": remaining,
             }
+        rates = self._rates(driver, speeds_t2, first, stop)
+        if policy == "cost" and rates is not None:  # its whole candidate leaves idle workers too
+            kw["whole_speeds"] = list(rates[0])
+            kw["whole_kwargs"] = self._idle_kwargs(driver, rates)
         decision = decide(
             times,
             policy=policy,
@@ -137,11 +231,13 @@ class DRPMState:
             initial_abilities=self.initial_abilities,
             **kw,
         )
+        if decision.kind != "whole" and rates is not None:
+            decision = self._idle_check(driver, decision, rates, remaining, stop)
         vec = np.full(len(driver.plan.abilities), np.nan)
         for w, v in speeds_t2.items():
             vec[w] = v
         self.checks.append((stop, vec))
-        new = self._new_plan(driver, decision, speeds_col, speeds_t2)
+        new = self._new_plan(driver, decision, speeds_col, speeds_t2, rates)
         line = f"check at iteration {stop}: t_min/t_max = {decision.ratio:.2f}; {decision.reason}"
         if new is not None and decision.kind:
             rec = await driver.remap(new, decision.kind)
@@ -171,6 +267,15 @@ class DRPMState:
             if np.isfinite(secs) and secs > 0:
                 interval = auto_interval(secs)
         return interval
+
+    def _idle_kwargs(self, driver: Driver, rates: tuple[np.ndarray, np.ndarray]) -> dict:
+        """``whole_remap`` keywords of the idle choice (the cost policy's whole candidate)."""
+        return {
+            "rates": list(rates[1]),
+            "network": scaled_network(self.network, self.comm_scale),
+            "idle": True,
+            "batch": driver.recipe.schedule.batch,
+        }
 
     def add_to_history(self, history: Any) -> None:
         if not self.checks:

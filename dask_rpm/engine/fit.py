@@ -351,6 +351,8 @@ async def _fit_async(
     if drpm is not None:  # checkpoints carry the DRPM state: resume continues at the plan reached
         ckpt.extra = lambda d: {"drpm": {**drpm.to_dict(), "plan": d.plan.to_dict()}}
     loop = TrainingLoop(driver, opts, hooks, ckpt, drpm, remaps)
+    if drpm is not None:  # the probe's rates and links, for DRPM's idle choices (drpm/idle.py)
+        drpm.probed(probe_result, driver.addresses)
     # worker names (SLURM: <group>-<n>)
     names = {a: w.get("name", a) for a, w in info["workers"].items()}
     plans = [plan]

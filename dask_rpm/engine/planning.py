@@ -33,11 +33,14 @@ def resolve_plan(
     rates: list[float] | None = None,
     network: Any = None,
     cost_shape: tuple[int, int, int] | None = None,
+    idle: bool | None = None,
 ) -> Plan:
     """Turn ``mapping`` (a method name or a Plan) into a plan bound to worker addresses.
 
     ``rates`` (work units per second) and ``network``: measured by the probe, for the planners
-    that minimise predicted seconds (``srpm-time``); the others ignore them."""
+    that minimise predicted seconds (``srpm-time``), and for any planner with ``idle=True``
+    (DRPM's first plan: workers whose messages cost more than their share saves stay idle);
+    the others ignore them."""
     if not isinstance(mapping, Plan):
         abilities = [1.0] * len(addresses) if abilities is None else list(abilities)
         if len(abilities) != len(addresses):
@@ -56,6 +59,8 @@ def resolve_plan(
             rates=rates,
             network=network,
             cost_shape=cost_shape,
+            idle=idle,
+            min_gain=float(config.get("drpm.min-gain")) if idle else None,
         )
     plan = mapping
     if plan.workers is not None:
@@ -181,5 +186,6 @@ async def first_plan(
         rates=rates,
         network=network,
         cost_shape=data.layers.cost_shape if data.layers.depth > 1 else None,
+        idle=opts.mapping == "drpm" and bool(config.get("drpm.idle")),
     )
     return plan, info, probe_result, given, False

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -13,6 +12,7 @@ from .. import config
 from ..cost import predict_iteration_seconds
 from ..partition import Plan, PlanError, RealPartition, snap_with_count, to_integer
 from .grids import divisors
+from .idle import fastest_subset, idle_note, predicted, subset_network
 from .inputs import (
     check_count,
     check_fraction,
@@ -40,6 +40,8 @@ def make_plan(
     network: Any = None,
     batch: int | None = None,
     cost_shape: Any = None,
+    idle: bool | None = None,
+    min_gain: float | None = None,
 ) -> Plan:
     """Plan one BP iteration for workers of the given abilities.
 
@@ -69,7 +71,8 @@ def make_plan(
         For planners that minimise predicted seconds (``srpm-time``): each
         worker's speed in work units per second (index-aligned with
         ``abilities``) and the :class:`~dask_rpm.cost.Interconnect` (its
-        ``hosts``/``groups`` index-aligned too). Other planners ignore them.
+        ``hosts``/``groups`` index-aligned too). Other planners use them only with
+        ``idle=True``.
     batch
         Samples per iteration when training on mini-batches (``None``: all
         ``samples``, full batch). An iteration then exchanges partial
@@ -84,6 +87,16 @@ def make_plan(
         several hidden layers exchanges each layer's activations in a column and every
         layer's rows across columns: :attr:`Layers.cost_shape
         <dask_rpm.nn.layers.Layers.cost_shape>`); the plan records it for its remaps.
+    idle
+        Leave workers idle (in ``excluded``, holding no rows, the reason in ``notes``) when a
+        plan on the fastest few is predicted faster than on every worker
+        (:func:`~dask_rpm.planners.idle.fastest_subset`: the cost model at ``rates`` over
+        ``network``). ``None``: for the planners that minimise seconds (``srpm-time``) only;
+        ``True`` with any planner given ``rates`` (DRPM's SRPM plans); never with ``dp``.
+    min_gain
+        A plan on more workers is chosen only when predicted at least this much (relative)
+        faster than one on fewer (DRPM passes ``rpm.drpm.min-gain``); ``None``: 0, any gain.
+        With 0 ``srpm-time`` is never predicted slower than any plan it considered.
 
     Returns
     -------
@@ -105,63 +118,116 @@ def make_plan(
     shape = parse_shape(shape)
     cost = shape if cost_shape is None else parse_shape(cost_shape)
     samples = check_count("samples", samples, "give the number of training samples, e.g. 1024")
-    dp = _columns_for_batch(
-        abilities, cost, samples, method, dp, batch, small_group, rates=rates, network=network
-    )
-    if dp is not None:
-        dp = check_count(
-            "dp", dp, "give the number of columns (data-parallel degree) or leave it out"
-        )
-    planner, name = _resolve_method(method)
-    small_group = check_fraction("small_group", config.get("planner.small-group", small_group))
-    min_units = float(config.get("planner.min-units"))
-    if not (math.isfinite(min_units) and min_units >= 0):
-        raise PlanError(f"rpm.planner.min-units={min_units} must be a non-negative number")
     for what, given in (("worker names", workers), ("rates", rates)):
         if given is not None and len(given) != len(ab):
             raise PlanError(
                 f"{len(given)} {what} given for {len(ab)} abilities; give one per ability"
             )
+    gain = _min_gain(min_gain)
+    kw = dict(rates=rates, network=network, idle=idle, min_gain=gain, small_group=small_group)
+    dp, carried = _columns_for_batch(abilities, cost, samples, method, dp, batch, **kw)
+    if dp is not None:
+        dp = check_count(
+            "dp", dp, "give the number of columns (data-parallel degree) or leave it out"
+        )
+    plan, _, _ = _make(ab, shape, cost, samples, method, dp, carried, **kw)
+    if workers is not None:
+        plan = plan.with_workers(list(workers))
+    return plan
 
+
+def _min_gain(min_gain: float | None) -> float:
+    """``min_gain`` (``None``: 0), checked: a fraction in [0, 1)."""
+    v = 0.0 if min_gain is None else min_gain
+    try:
+        gain = float(v)
+    except (TypeError, ValueError):
+        gain = math.nan
+    if not (math.isfinite(gain) and 0 <= gain < 1):
+        raise PlanError(f"min_gain={v!r}; give a fraction in [0, 1), e.g. 0.02 (rpm.drpm.min-gain)")
+    return gain
+
+
+def _make(
+    ab: np.ndarray,
+    shape: tuple[int, int, int],
+    cost: tuple[int, int, int],
+    samples: int,
+    method: str | Planner | None,
+    dp: int | None,
+    carried: tuple[list[int], str] | None,
+    *,
+    rates: Sequence[float] | None,
+    network: Any,
+    idle: bool | None,
+    min_gain: float,
+    small_group: float | None,
+    per_batch: int | None = None,
+) -> tuple[Plan, list[int], str]:
+    """:func:`make_plan` on checked input; also returns the workers left idle and why.
+
+    ``carried``: workers already left idle (by the plan of one mini-batch) and the note
+    saying why; they are not planned and no further subset is searched. ``per_batch``: the
+    problem is one mini-batch of that many samples (said in the note).
+    """
+    planner, name = _resolve_method(method)
+    snap = check_fraction("small_group", config.get("planner.small-group", small_group))
+    min_units = float(config.get("planner.min-units"))
+    if not (math.isfinite(min_units) and min_units >= 0):
+        raise PlanError(f"rpm.planner.min-units={min_units} must be a non-negative number")
     p_all = normalise(ab)
-
     time_objective = getattr(planner, "time_objective", False)  # a planner minimising seconds
+    # Leave workers idle when fewer are predicted faster: planners minimising seconds always,
+    # others when asked and given rates to predict with; never with forced columns.
+    search = (time_objective if idle is None else bool(idle)) and dp is None and carried is None
+    search = search and (time_objective or rates is not None)
 
     def plan_on(active: list[int]) -> PlannerResult:
-        extra: dict[str, Any] = {}
+        sub_rates = None if rates is None else [float(rates[i]) for i in active]
+        sub_net = subset_network(network, active)
+        p = normalise(p_all[active])
         if time_objective:
-            extra["rates"] = None if rates is None else [float(rates[i]) for i in active]
-            extra["network"] = _subset_network(network, active)
-        return planner(normalise(p_all[active]), cost, samples, dp=dp, **extra)
+            extra: dict[str, Any] = {"rates": sub_rates, "network": sub_net}
+            return planner(p, cost, samples, dp=dp, **extra)
+        res = planner(p, cost, samples, dp=dp)
+        if search:  # fastest_subset compares predicted seconds
+            assert sub_rates is not None
+            res = predicted(
+                res, p, cost, samples, small_group=snap, rates=sub_rates, network=sub_net
+            )
+        return res
 
     def run(active: list[int]) -> PlannerResult:
-        if not time_objective or dp is not None:
+        if not search:
             return plan_on(active)
-        return _fastest_subset(plan_on, active, p_all)
+        speed = p_all if rates is None else np.asarray(rates, dtype=float)
+        return fastest_subset(plan_on, active, speed, min_gain)
 
-    res, active, excluded, notes = _plan_without_slow(run, p_all, shape[1], samples, min_units)
+    start = list(range(len(p_all)))
+    if carried is not None:
+        start = [w for w in start if w not in carried[0]]
+    res, active, excluded, notes = _plan_without_slow(
+        run, p_all, shape[1], samples, min_units, start
+    )
     part = res.partition
     mapped = RealPartition(
         tuple(tuple(active[i] for i in col) for col in part.columns), part.widths, part.heights
     )
     planned = {w for col in mapped.columns for w in col}
-    idle = [w for w in active if w not in planned]
-    if idle:
-        excluded = [*excluded, *idle]
-        why = "the planner gave them no rectangle"
-        if "predicted_seconds_all" in res.meta:  # _fastest_subset's choice
-            why = (
-                f"the plan without them is predicted faster ({res.meta['predicted_seconds']:.4g} "
-                f"s/iteration against {res.meta['predicted_seconds_all']:.4g} s with every "
-                f"worker; messages would cost more than their share of the work saves)"
-            )
-        notes.append(f"left {worker_names(idle)} idle: {why}")
+    idle_now = [w for w in active if w not in planned]
+    note = idle_note(idle_now, res.meta, batch=per_batch) if idle_now else ""
+    if note:
+        notes.append(note)
+    if carried is not None:
+        idle_now, note = sorted([*carried[0], *idle_now]), carried[1]
+        notes.append(note)
+    excluded = [*excluded, *idle_now]
     if "small_group" in res.meta:  # the planner chose the threshold by its own objective
-        small_group = float(res.meta["small_group"])
-    snapped, merged = snap_with_count(mapped, small_group)
+        snap = float(res.meta["small_group"])
+    snapped, merged = snap_with_count(mapped, snap)
     if merged:
         notes.append(
-            f"snapped {merged} thin horizontal band(s) of at most {small_group:g} of m "
+            f"snapped {merged} thin horizontal band(s) of at most {snap:g} of m "
             f"(rpm.planner.small-group); t_comm values are before snapping"
         )
     plan = to_integer(
@@ -176,9 +242,7 @@ def make_plan(
         notes=(*res.notes, *notes),
         cost_shape=None if cost == shape else cost,
     )
-    if workers is not None:
-        plan = plan.with_workers(list(workers))
-    return plan
+    return plan, idle_now, note
 
 
 #: planners whose number of columns is chosen for one mini-batch (``make_plan(batch=...)``)
@@ -192,27 +256,25 @@ def _columns_for_batch(
     method: str | Planner | None,
     dp: int | None,
     batch: int | None,
-    small_group: float | None,
-    *,
-    rates: Sequence[float] | None = None,
-    network: Any = None,
-) -> int | None:
+    **kw: Any,
+) -> tuple[int | None, tuple[list[int], str] | None]:
     """``dp`` as given, or for SRPM (and ``srpm-time``) on mini-batches the columns of a
-    one-batch problem.
+    one-batch problem, and the workers that problem leaves idle with the note saying why
+    (``None`` when it was not planned).
 
-    An iteration exchanges the partial products of one batch, so the number of columns is
-    chosen for ``batch`` samples; the cuts are then made on the whole set.
+    An iteration exchanges the partial products of one batch, so the number of columns (and
+    whether a worker's share pays for its messages) is chosen for ``batch`` samples; the cuts
+    are then made on the whole set. ``kw``: :func:`_make`'s keywords.
     """
     name = str(method or config.get("planner.method"))
     if batch is None or dp is not None or batch >= samples or name not in _BATCH_AWARE:
-        return dp
+        return dp, None
+    ab = validate_abilities(abilities)
     try:
-        one = make_plan(
-            abilities, shape, batch, name, small_group=small_group, rates=rates, network=network
-        )
-        return one.n_columns
+        one, idle, note = _make(ab, shape, shape, batch, name, None, None, per_batch=batch, **kw)
     except PlanError:  # a batch too small to plan (fewer samples than columns): plan the set
-        return None
+        return None, None
+    return one.n_columns, ((idle, note) if idle else None)
 
 
 def _resolve_method(method: str | Planner | None) -> tuple[Planner, str]:
@@ -229,13 +291,14 @@ def _plan_without_slow(
     m: int,
     samples: int,
     min_units: float,
+    start: list[int],
 ) -> tuple[PlannerResult, list[int], list[int], list[str]]:
     """Plan, leaving out workers whose rectangle would be below ``min_units`` whole units.
 
     Returns the planner's result for the workers kept, those workers (indices into
     ``p_all``), the ones left out and a note for each.
     """
-    active = list(range(len(p_all)))
+    active = list(start)
     excluded: list[int] = []
     notes: list[str] = []
     while True:
@@ -272,52 +335,6 @@ def _plan_without_slow(
         gone = {w for w, _, _ in low}
         excluded += sorted(gone)
         active = [w for w in active if w not in gone]
-
-
-#: how many of the fastest workers :func:`_fastest_subset` tries (and every worker): enough to
-#: find "one worker" and "a few" on a latency-bound job without planning N times for large N
-_SUBSET_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
-
-
-def _fastest_subset(
-    plan_on: Callable[[list[int]], PlannerResult], active: list[int], p_all: np.ndarray
-) -> PlannerResult:
-    """The plan on every worker of ``active``, or on its fastest ``k`` alone when that is
-    predicted faster (a job so small that messages cost more than a worker's share saves).
-
-    ``plan_on`` is a planner that minimises seconds (``meta["predicted_seconds"]``). The result's
-    partition indexes ``active``; workers it leaves out hold no rows (idle).
-    """
-    whole = plan_on(active)
-    t_all = float(whole.meta["predicted_seconds"])
-    best, t_best = whole, t_all
-    fastest = sorted(range(len(active)), key=lambda i: (-p_all[active[i]], i))
-    for k in (k for k in _SUBSET_SIZES if k < len(active)):
-        keep = sorted(fastest[:k])
-        try:
-            res = plan_on([active[i] for i in keep])
-        except PlanError:
-            continue
-        t = float(res.meta["predicted_seconds"])
-        if t < t_best:  # strictly faster: a tie keeps more workers
-            part = res.partition
-            cols = tuple(tuple(keep[i] for i in col) for col in part.columns)
-            best = replace(res, partition=RealPartition(cols, part.widths, part.heights))
-            t_best = t
-    meta = {**best.meta, "predicted_seconds_all": t_all}
-    return replace(best, meta=meta)
-
-
-def _subset_network(network: Any, active: Sequence[int]) -> Any:
-    """``network`` with its per-worker host/group labels restricted to the planned workers."""
-    if network is None:
-        return None
-    repl = {}
-    for name in ("hosts", "groups"):
-        labels = getattr(network, name)
-        if labels is not None:
-            repl[name] = tuple(labels[i] for i in active)
-    return network._replace(**repl) if repl else network
 
 
 def fastest_grid(
