@@ -1,13 +1,12 @@
 """REAL: one GPU worker beside one-thread CPU workers, on one machine (issue #25).
 
-The prepared script for a machine with a GPU and 16 cores (``bash benchmarks/gpu_mixed.sh`` on
-the lent device; any CUDA machine with torch and dask_rpm installed). Every worker is a Dask
+The prepared script for a machine with a GPU and 16 cores (any CUDA machine with torch and
+dask_rpm installed; on a machine without network, ``source tools/device_setup.sh`` first). Every worker is a Dask
 nanny process, unpaced: worker 0 sees the GPU (``CUDA_VISIBLE_DEVICES=0``) and trains with
 ``backend="auto"`` on it (torch, CUDA), the others see none and train with numpy on one thread.
 Every figure it prints is REAL.
 
-1. Exactness on the GPU: ``fit(backend="auto")`` on the GPU worker alone, and on the GPU with
-   four CPU workers (a plan whose column mixes the GPU and CPUs, DRPM's own plans and a whole
+1. Exactness on the GPU: ``fit(backend="auto")`` on the GPU worker with four CPU workers (a plan whose column mixes the GPU and CPUs, DRPM's own plans and a whole
    remap), against numpy ``fit_serial`` (float64, relative error; 1e-10 is the bar).
 2. Per workload (paper: 203-80-26 on 1024 samples; compute: 203-1024-26 on 32768 samples, full
    batch; minibatch: the same network, B = 1024; deep: 784-1024-1024-1024-10, B = 1024): ``T_series`` of each worker kind
