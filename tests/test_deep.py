@@ -581,3 +581,35 @@ def test_memory_of_each_worker_sums_to_the_network_per_column(client4, opt, slot
     assert sum(memory.values()) == plan.n_columns * whole * (1 + slots)
     if slots:
         assert len(r.optimizer_state) == slots
+
+
+# ------------------------------------------------------------------------- 5. timing of a column
+def test_a_layered_column_times_each_member_s_own_kernels_not_the_wait():
+    """In a column of a fast and a slow worker, a deep network goes layer by layer and the fast
+    worker waits on the slow one between layers; its timing record's compute (``tc``, what DRPM
+    estimates speeds from) must be its own kernels, not that wait (before, both members showed
+    the slow one's time, and DRPM could keep the slow worker and idle the fast one)."""
+    import dask_rpm
+
+    rng = np.random.default_rng(3)
+    x, d = rng.standard_normal((256, 12)), rng.uniform(0.1, 0.9, (256, 3))
+    plan = Plan.from_columns([[0, 1]], [256], [[16, 16]], shape=(12, 32, 3))
+    with dask_rpm.local_cluster([1.0, 0.1]) as cluster, Client(cluster) as client:
+        r = fit(
+            x,
+            d,
+            hidden=(48, 32),
+            iterations=12,
+            learning_rate=1e-4,
+            mapping=plan,
+            client=client,
+            progress="none",
+        )
+    tc = r.history["tc"].values[4:]  # (iteration, worker), after the first block's warm-up
+    fast, slow = np.nanmedian(tc[:, 0]), np.nanmedian(tc[:, 1])
+    # the EMULATED speeds are 10 : 1 and the rows equal: own kernels differ about tenfold,
+    # a shared wait would make them equal
+    assert slow > 4 * fast, (fast, slow)
+    ref = fit_serial(x, d, hidden=(48, 32), iterations=12, learning_rate=1e-4, full_output=True)
+    for a, b in zip(r.params, ref["params"]):
+        np.testing.assert_allclose(a, b, rtol=RTOL, atol=0)

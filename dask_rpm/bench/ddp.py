@@ -77,13 +77,15 @@ class _RankRows:
     def __call__(self, it: int, device: str = "cpu") -> tuple[Any, Any]:
         import torch  # the rank process's optional dependency (see the module docstring)
 
-        e = self.sched.epoch(it)
+        # full batch: every epoch is the same rows, gathered (and moved to a GPU) once, as
+        # dask_rpm's ColumnData does
+        e = 0 if self.sched.full_batch else self.sched.epoch(it)
         if self.epoch != e:
             idx, self.offsets = self.sched.epoch_plan(e, self.cut)
             self.epoch, self.first = e, e * self.sched.per_epoch
             self.x = torch.from_numpy(np.ascontiguousarray(self.x_all[idx])).to(device)
             self.d = torch.from_numpy(np.ascontiguousarray(self.d_all[idx])).to(device)
-        j = it - self.first
+        j = 0 if self.sched.full_batch else it - self.first
         lo, hi = self.offsets[j], self.offsets[j + 1]
         return self.x[lo:hi], self.d[lo:hi]
 

@@ -382,6 +382,11 @@ class _Kernels:
         # a GPU's kernels return once queued: wait for them, so that the timing records (and
         # DRPM's speeds) measure the compute, not the launch
         self.gpu = state.shard.backend.device != "cpu"
+        # layer by layer (a deep network in a column of several): the exchanges between layers
+        # wait on the column's slowest member, so the kernels' own seconds are summed here, and
+        # the timing record's compute phases are those (DRPM's speeds must not be the wait's)
+        self.layered = self.layers.depth > 1 and len(state.layout.members) > 1
+        self.spent = 0.0
 
     def penalty(self) -> float:
         """My rows' share of the L2 penalty ``0.5 alpha sum W^2`` (0.0 without one)."""
@@ -417,23 +422,27 @@ class _Kernels:
 
     def layer_forward(self, it: int, k: int, inp: np.ndarray) -> np.ndarray:
         """Hidden layer ``k``'s outputs of my units; at the last layer, the partial product."""
-        s, ws, params = inp.shape[0], self.ws, self.shard.params
+        s, ws, params, t0 = inp.shape[0], self.ws, self.shard.params, time.monotonic()
         with self.pace(it, ("forward", k, s, self.units), self._work("forward", s, k), self.dtype):
             f = ws.layer_forward(k, inp, params[k])
-            return self._done(ws.output_partial(params[-1]) if k == self.layers.depth - 1 else f)
+            out = self._done(ws.output_partial(params[-1]) if k == self.layers.depth - 1 else f)
+        self.spent += time.monotonic() - t0
+        return out
 
     def layer_backward(
         self, it: int, k: int, inp: np.ndarray, delta2: np.ndarray
     ) -> np.ndarray | None:
         """Layer ``k``'s update sum (after ``V``'s at the last layer); my part of the gradient
         for its whole input (``k >= 1``)."""
-        s, ws, params = inp.shape[0], self.ws, self.shard.params
+        s, ws, params, t0 = inp.shape[0], self.ws, self.shard.params, time.monotonic()
         with self.pace(
             it, ("backward", k, s, self.units), self._work("backward", s, k), self.dtype
         ):
             if k == self.layers.depth - 1:
                 ws.output_backward(params[-1], delta2)
-            return self._done(ws.layer_backward(k, inp, params[k]))
+            out = self._done(ws.layer_backward(k, inp, params[k]))
+        self.spent += time.monotonic() - t0
+        return out
 
     def modify(self, it: int, sums: list[np.ndarray]) -> None:
         # run where forward and backward run (the compute thread for large work), so that an
@@ -513,16 +522,16 @@ async def run_block(
             if not data.ready(it):  # a new epoch of mini-batches: this column's rows of it
                 await state.compute(False, data.load, it)  # (off the event loop)
             x, d = data.batch(it)
-            t_f0 = time.monotonic()
+            t_f0, k.spent = time.monotonic(), 0.0
             partial = await _forward(ex, state, k, it, x, inline)
-            t_f1 = time.monotonic()
+            t_f1 = t_f0 + k.spent if k.layered else time.monotonic()
             pen = k.penalty()
             delta2, err, ok = await _vertical(
                 ex, it, partial, k.ws, d, shard.finite, pen, ex.deadline()
             )
-            t_b0 = time.monotonic()
+            t_b0, k.spent = time.monotonic(), 0.0
             grads = await _backward(ex, state, k, it, x, delta2, inline)
-            t_b1 = time.monotonic()
+            t_b1 = t_b0 + k.spent if k.layered else time.monotonic()
             summed, col_errors, ok = await _horizontal(ex, it, grads, sums, err, ok, ex.deadline())
             total = _column_total(col_errors)
             if not ok or not math.isfinite(total):
