@@ -197,8 +197,8 @@ def resolve(backend: Any = "numpy", device: Any = "auto") -> Backend:
     ``device="auto"`` is the GPU where the backend sees one (a worker whose
     ``CUDA_VISIBLE_DEVICES`` hides every GPU sees none), else the CPU;
     ``backend="auto"`` is torch (else cupy) on a GPU; without one it is
-    ``rpm.engine.cpu-backend``, read where this runs (numpy by default, the faster at one
-    thread; a node type where torch's kernels are faster sets ``torch``:
+    ``rpm.engine.cpu-backend``, read where this runs (numpy by default, which needs no extra
+    install; a node type where torch's kernels are faster sets ``torch``:
     ``DASK_RPM__ENGINE__CPU_BACKEND=torch`` in its workers' environment, docs/benchmarks.md).
     """
     b, d = check_names(backend, device)
