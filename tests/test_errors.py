@@ -287,6 +287,20 @@ def _serial_on(device: str) -> Any:
     return fit_serial(x, d, hidden=4, iterations=1, backend="torch", device=device)
 
 
+def _local_cluster_without_gpus() -> Any:
+    import dask_rpm
+
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    try:
+        return dask_rpm.local_cluster([1.0, 0.5], gpus=1)
+    finally:
+        if before is None:
+            del os.environ["CUDA_VISIBLE_DEVICES"]
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
+
+
 CASES = [
     # ---- the job file
     Case(
@@ -452,6 +466,23 @@ CASES = [
             workers={
                 "slurm": {"groups": [{"name": "a-b", "jobs": 1, "cores": 1, "memory": "1GiB"}]}
             },
+        ),
+    ),
+    Case(
+        "workers-slurm-gpus",
+        J,
+        "A SLURM worker group with `gpus: -1`.",
+        lambda t, c: _train(
+            t, workers={"slurm": {"groups": [{"name": "gpu", "gpus": -1, "cores": 2}]}}
+        ),
+    ),
+    Case(
+        "workers-slurm-gpus-processes",
+        J,
+        "A GPU group whose `processes` is not its `gpus` (one worker process per GPU).",
+        lambda t, c: _train(
+            t,
+            workers={"slurm": {"groups": [{"name": "gpu", "gpus": 2, "processes": 4, "cores": 4}]}},
         ),
     ),
     Case(
@@ -773,6 +804,13 @@ CASES = [
         A,
         "`fit_serial` on a GPU this machine does not have.",
         lambda t, c: _api(t, lambda: _serial_on("cuda:7")),
+    ),
+    Case(
+        "local-cluster-gpus",
+        A,
+        "`local_cluster(gpus=1)` where this process sees no GPU (`CUDA_VISIBLE_DEVICES=''` here; "
+        "on a machine without GPUs the message counts them with `nvidia-smi -L`).",
+        lambda t, c: _api(t, _local_cluster_without_gpus),
     ),
     Case(
         "fit-min-workers-timeout",

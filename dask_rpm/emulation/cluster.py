@@ -17,6 +17,8 @@ from distributed import Nanny, Scheduler, SpecCluster, Worker
 from .. import config
 from ..closing import quiet_when_closing
 from ..cost import Interconnect
+from ..gpus import GPU_RESOURCE
+from .gpu import gpu_label, local_gpu_workers, worker_gpu_env
 from .links import EmulatedLinks, LinkEmulationPlugin, emulated_links
 from .pacing import BLAS_VARS, EmulationPlugin
 from .profile import DEFAULT_SPEEDS, auto_scale, check_speed, format_label, parse_schedule
@@ -47,6 +49,10 @@ class EmulatedCluster(SpecCluster):
     threads_per_worker : int
     emulation_label : str
         One line to print with every result obtained on this cluster.
+    gpu_devices : dict
+        ``{worker index: GPU}`` of the workers that train on a GPU of this
+        machine (``gpus=`` of :func:`local_cluster`: the first ones); they
+        run REAL, unpaced, and their ``speeds`` entries are not used.
     links : EmulatedLinks or None
         The EMULATED placement on nodes and the delay added per link class
         (``nodes=`` of :func:`local_cluster`); None: one node, nothing delayed.
@@ -77,15 +83,15 @@ class EmulatedCluster(SpecCluster):
         loop: Any = None,
         silence_logs: int | bool = logging.WARN,
         name: str | None = None,
+        gpus: int | None = None,
         **worker_kwargs: Any,
     ) -> None:
-        self._set_profile(speeds, scale, threads_per_worker, headroom)
-        self.schedule = self._checked_schedule(schedule)
         self.processes = processes
-        self.links: EmulatedLinks | None = emulated_links(len(self.speeds), nodes, groups, links)
-        self.emulation_label = format_label(
-            self.speeds, self.scale_factor, "on one machine", self.schedule
+        self._set_profile(
+            speeds, scale, threads_per_worker, headroom, gpus, schedule, worker_kwargs
         )
+        self.links: EmulatedLinks | None = emulated_links(len(self.speeds), nodes, groups, links)
+        self.emulation_label = self._label()
         if self.links is not None:
             self.emulation_label += "; " + self.links.describe()
         workers = self._worker_specs(silence_logs, worker_kwargs)
@@ -109,8 +115,15 @@ class EmulatedCluster(SpecCluster):
         scale: float | None,
         threads_per_worker: int | None,
         headroom: float | None,
+        gpus: int | None,
+        schedule: Mapping[int, Sequence[Sequence[Any]]] | None,
+        worker_kwargs: Mapping[str, Any],
     ) -> None:
-        """Validate speeds and threads, choose the scale, warn when the machine is too small."""
+        """Validate speeds, threads, schedule and GPU workers; choose the scale; warn when too small.
+
+        The GPU workers are not paced: each of their threads takes a whole core,
+        and the paced workers' scale fits the cores left.
+        """
         if speeds is None:
             speeds = config.get("emulation.speeds", None) or DEFAULT_SPEEDS
         self.speeds: tuple[float, ...] = tuple(check_speed(s) for s in speeds)
@@ -120,21 +133,32 @@ class EmulatedCluster(SpecCluster):
         if t < 1:
             raise ValueError("threads_per_worker must be >= 1")
         self.threads_per_worker = t
+        self.schedule = self._checked_schedule(schedule)
+        self.gpu_devices = local_gpu_workers(
+            gpus,
+            len(self.speeds),
+            processes=self.processes,
+            schedule=self.schedule,
+            env=worker_kwargs.get("env"),
+        )
+        paced = [s for i, s in enumerate(self.speeds) if i not in self.gpu_devices]
         self.cores = CPU_COUNT
         self.headroom = float(config.get("emulation.headroom", headroom))
+        free = max(1, self.cores - t * len(self.gpu_devices))
         self.scale_factor = (
-            auto_scale(self.speeds, t, cores=self.cores, headroom=self.headroom)
+            auto_scale(paced or [1.0], t, cores=free, headroom=self.headroom)
             if scale is None
             else check_speed(scale, "scale")
         )
-        demand = self.scale_factor * t * sum(self.speeds)
-        if demand > self.headroom * self.cores + 1e-9:
+        demand = self.scale_factor * t * sum(paced)
+        if demand > self.headroom * free + 1e-9:
             logger.warning(
-                "EMULATED speeds x scale need %.2f cores, more than headroom %.2f x %d cores: "
+                "EMULATED speeds x scale need %.2f cores, more than headroom %.2f x %d cores%s: "
                 "timings will measure contention, not the speed profile",
                 demand,
                 self.headroom,
-                self.cores,
+                free,
+                " (those the GPU workers leave)" if self.gpu_devices else "",
             )
 
     def _checked_schedule(
@@ -148,6 +172,19 @@ class EmulatedCluster(SpecCluster):
                 raise ValueError(f"schedule key {i!r} is not a worker index in 0..{n - 1}")
             parse_schedule(entries)
         return {i: [tuple(e) for e in given[i]] for i in sorted(given)}
+
+    def _label(self) -> str:
+        """The one-line label: the EMULATED speeds of the paced workers, the GPU workers REAL."""
+        if not self.gpu_devices:
+            return format_label(self.speeds, self.scale_factor, "on one machine", self.schedule)
+        paced = [s for i, s in enumerate(self.speeds) if i not in self.gpu_devices]
+        gpus = gpu_label(self.gpu_devices)
+        if not paced:
+            return f"REAL, unpaced, no EMULATED worker: {gpus}"
+        text = format_label(paced, self.scale_factor, "on one machine", self.schedule)
+        first, last = len(self.gpu_devices), len(self.speeds) - 1
+        who = f"worker {first}'s" if first == last else f"workers {first}-{last}'s"
+        return f"{text}; {gpus}: REAL, unpaced (the speeds are {who})"
 
     def _worker_specs(
         self, silence_logs: int | bool, worker_kwargs: dict[str, Any]
@@ -172,21 +209,30 @@ class EmulatedCluster(SpecCluster):
         self.rates = {dt: fraction * process_rate(dt) for dt in ("float64", "float32")}
         workers: dict[int, dict[str, Any]] = {}
         for i, speed in enumerate(self.speeds):
-            plugin = EmulationPlugin(
-                speed,
-                self.scale_factor,
-                self.schedule.get(i, ()),
-                index=i,
-                pin_blas=processes,
-                rate=self.rates,
-            )
-            plugins: tuple[Any, ...] = (plugin,)
+            device = self.gpu_devices.get(i)
+            plugins: tuple[Any, ...] = ()
+            if device is None:  # a GPU worker runs REAL: no pacing (.gpu)
+                plugins += (
+                    EmulationPlugin(
+                        speed,
+                        self.scale_factor,
+                        self.schedule.get(i, ()),
+                        index=i,
+                        pin_blas=processes,
+                        rate=self.rates,
+                    ),
+                )
             if self.links is not None:
                 plugins += (LinkEmulationPlugin(self.links),)
             opts = dict(base, plugins=plugins)
+            if device is not None:
+                opts["resources"] = {**(base.get("resources") or {}), GPU_RESOURCE: 1}
             if processes:
-                # set before the worker starts importing numpy in the child
-                opts["env"] = {**{v: str(t) for v in BLAS_VARS}, **extra_env}
+                # set before the worker starts importing numpy (and CUDA reads its GPUs) in the child
+                opts["env"] = {**{v: str(t) for v in BLAS_VARS}, **worker_gpu_env(None)}
+                opts["env"].update(extra_env)
+                if device is not None:
+                    opts["env"].update(worker_gpu_env(device))
             workers[i] = {"cls": Nanny if processes else Worker, "options": opts}
         return workers
 
@@ -268,6 +314,7 @@ class EmulatedCluster(SpecCluster):
             "cores": self.cores,
             "processes": self.processes,
             "links": None if self.links is None else self.links.to_dict(),
+            "gpus": {str(k): v for k, v in self.gpu_devices.items()},
         }
 
     def __repr__(self) -> str:
@@ -285,6 +332,7 @@ def local_cluster(
     nodes: Sequence[Any] | None = None,
     groups: Sequence[Any] | None = None,
     links: Mapping[str, Any] | None = None,
+    gpus: int | None = None,
     **kwargs: Any,
 ) -> EmulatedCluster:
     """Start a local cluster with EMULATED heterogeneous worker speeds.
@@ -332,6 +380,17 @@ def local_cluster(
         ``bandwidth``, or None for nothing added); classes not given keep
         ``rpm.emulation.links``. Without ``groups``, messages between nodes
         are ``"across"``.
+    gpus : int, optional
+        The first ``gpus`` workers (indices ``0 .. gpus-1``) train on a GPU of
+        this machine each (default ``rpm.emulation.gpus``: 0, none): the Dask
+        resource ``GPU=1`` and ``CUDA_VISIBLE_DEVICES=<its GPU>``, so each sees
+        exactly one GPU, as device 0; every other worker sees none
+        (``CUDA_VISIBLE_DEVICES=""``). A GPU worker runs REAL, unpaced: its
+        ``speeds`` entry is not used (:mod:`dask_rpm.emulation.gpu`). The
+        GPUs are those ``CUDA_VISIBLE_DEVICES`` names in this process, else
+        all of the machine's (``nvidia-smi -L``, else
+        ``torch.cuda.device_count()``); asking for more is a ``ValueError``.
+        ``fit(backend="auto")`` trains on the GPUs and on the others' CPUs.
     **kwargs
         ``headroom``, ``scheduler_kwargs``, ``asynchronous``, ``loop``,
         ``silence_logs``, ``name``; anything else goes to every worker
@@ -353,6 +412,10 @@ def local_cluster(
 
     >>> cluster = local_cluster([1, 1, 0.5, 0.5], nodes=[0, 0, 1, 1],
     ...                         links={"across": (0.005, 2e7)})  # doctest: +SKIP
+
+    Worker 0 on the machine's first GPU (REAL), workers 1 and 2 EMULATED on its CPUs:
+
+    >>> cluster = local_cluster([1.0, 1.0, 0.5], gpus=1)  # doctest: +SKIP
     """
     return EmulatedCluster(
         speeds,
@@ -364,6 +427,7 @@ def local_cluster(
         nodes=nodes,
         groups=groups,
         links=links,
+        gpus=gpus,
         **kwargs,
     )
 

@@ -82,7 +82,9 @@ def _client_for(job: Job, out: TextIO) -> Iterator[Client]:
         cluster_kw["log_directory"] = f"{stem}.slurm-logs"
     with HeterogeneousSLURMCluster(spec["groups"], **cluster_kw) as cluster:
         jobs = ", ".join(
-            f"{g.name}: {g.jobs} job(s) x {g.processes} worker(s)" for g in spec["groups"]
+            f"{g.name}: {g.jobs} job(s) x {g.processes} worker(s)"
+            + (" on a GPU each" if g.gpus else "")
+            for g in spec["groups"]
         )
         logs = cluster_kw.get("log_directory") or dask.config.get("jobqueue.slurm.log-directory")
         print(

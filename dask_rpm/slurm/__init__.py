@@ -20,7 +20,9 @@ Modules
 * :mod:`~dask_rpm.slurm.walltime` - SLURM times and the worker ``--lifetime`` from them;
 * :mod:`~dask_rpm.slurm.cluster` - :class:`HeterogeneousSLURMCluster`;
 * :mod:`~dask_rpm.slurm.replacement` - ended jobs and how many are resubmitted;
-* :mod:`~dask_rpm.slurm.preload` - :func:`dask_setup` (``--preload dask_rpm.slurm``);
+* :mod:`~dask_rpm.slurm.gpu` - GPU groups: ``--gres=gpu:N``, the ``GPU`` resource, each worker's GPU;
+* :mod:`~dask_rpm.slurm.preload` - :func:`dask_setup` (``--preload dask_rpm.slurm``, and
+  ``--preload-nanny`` for GPU groups);
 * :mod:`~dask_rpm.slurm.site` - :func:`slurm_unavailable`.
 
 How a worker carries its group
@@ -48,6 +50,15 @@ a fixed set of workers), so :meth:`HeterogeneousSLURMCluster.adapt` raises and
 plain ``scale(n)`` is refused (which group would ``n`` mean?). Use
 :meth:`~HeterogeneousSLURMCluster.scale_group`.
 
+GPU groups
+----------
+A group with ``gpus: N`` asks for ``--gres=gpu:N`` per job and runs one
+worker process per GPU, each with the Dask resource ``GPU=1`` and its own GPU
+of the job as its only visible device (``CUDA_VISIBLE_DEVICES``, set by the
+worker's nanny before the worker process starts; :mod:`~dask_rpm.slurm.gpu`).
+Workers of the other groups see no GPU (``CUDA_VISIBLE_DEVICES=""``), so
+``fit(backend="auto")`` trains on GPUs and CPUs as the groups say.
+
 Emulated speed
 --------------
 ``WorkerGroup.speed`` exists **only to emulate heterogeneity on one machine**
@@ -60,11 +71,12 @@ and paces the kernels to that relative speed. On real hardware leave it
 
 from .cluster import HeterogeneousSLURMCluster
 from .groups import WorkerGroup, group_from_name, load_groups
-from .preload import GROUP_ENV, GROUP_KEY, SPEED_ENV, SPEED_KEY, dask_setup
+from .preload import GPU_KEY, GROUP_ENV, GROUP_KEY, SPEED_ENV, SPEED_KEY, dask_setup
 from .site import slurm_unavailable
 from .validation import SlurmConfigError
 
 __all__ = [
+    "GPU_KEY",
     "GROUP_ENV",
     "GROUP_KEY",
     "SPEED_ENV",

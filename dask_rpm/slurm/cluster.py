@@ -24,6 +24,7 @@ from distributed.utils import NoOpAwaitable
 
 from .. import config
 from ..closing import quiet_when_closing
+from .gpu import gpu_exports, gres_directives, with_gpu_resource
 from .groups import WorkerGroup, group_from_name, load_groups
 from .preload import EMULATION_PRELOAD, GROUP_ENV, GROUP_KEY, SPEED_ENV, WORKER_PRELOAD
 from .replacement import ReplacementBudget, ended_jobs
@@ -157,13 +158,18 @@ class HeterogeneousSLURMCluster(SLURMCluster):
     def _job_options(self, g: WorkerGroup, common: Mapping[str, Any]) -> dict[str, Any]:
         """Keywords for :class:`SLURMJob` (via the cluster) for group ``g``."""
         config_name = common.get("config_name")
-        exports = [f"export {GROUP_ENV}={shlex.quote(g.name)}"]
+        exports = [f"export {GROUP_ENV}={shlex.quote(g.name)}", *gpu_exports(g.gpus)]
         preloads = ["--preload", WORKER_PRELOAD]
+        if g.gpus:  # the nannies give each worker its own GPU before starting it (.gpu)
+            preloads += ["--preload-nanny", WORKER_PRELOAD]
         if g.speed is not None:
             # Emulation only: dask_rpm.emulation's preload reads the variable
             # and paces the worker's kernels to this relative speed.
             exports.append(f"export {SPEED_ENV}={g.speed!r}")
             preloads += ["--preload", EMULATION_PRELOAD]
+        args = self._config_list("worker-extra-args", config_name) + list(g.worker_extra_args)
+        if g.gpus:  # each worker of a GPU group holds the Dask resource GPU=1
+            args = with_gpu_resource(args)
         return {
             **common,
             "cores": g.cores,
@@ -173,15 +179,15 @@ class HeterogeneousSLURMCluster(SLURMCluster):
             "account": g.account,
             "walltime": g.walltime,
             "job_name": f"dask-rpm-{g.name}",
-            "job_extra_directives": self._config_list("job-extra-directives", config_name)
-            + list(g.job_extra_directives),
+            "job_extra_directives": gres_directives(
+                g.gpus,
+                self._config_list("job-extra-directives", config_name)
+                + list(g.job_extra_directives),
+            ),
             "job_script_prologue": self._config_list("job-script-prologue", config_name)
             + exports
             + list(g.job_script_prologue),
-            "worker_extra_args": (
-                args := self._config_list("worker-extra-args", config_name)
-                + list(g.worker_extra_args)
-            )
+            "worker_extra_args": args
             + (
                 []
                 if any(a.split("=", 1)[0] == "--lifetime" for a in args)

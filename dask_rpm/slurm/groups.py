@@ -17,6 +17,8 @@ from .validation import (
     SlurmConfigError,
     check_cores,
     check_directives,
+    check_gpu_requests,
+    check_gpus,
     check_integer,
     check_lifetime,
     check_memory,
@@ -25,6 +27,7 @@ from .validation import (
     check_speed,
     check_walltime,
     check_worker_args,
+    config_error,
     str_tuple,
 )
 
@@ -50,7 +53,18 @@ class WorkerGroup:
     memory
         Memory per job, e.g. ``"4GiB"`` (``#SBATCH --mem``).
     processes
-        Dask worker processes per job; must divide ``cores``.
+        Dask worker processes per job; must divide ``cores``. Left out: ``gpus``
+        for a GPU group, else 1.
+    gpus
+        GPUs per job (default 0: none). The job asks for ``--gres=gpu:<gpus>``
+        and runs one worker process per GPU (``processes`` is ``gpus``; giving
+        another is an error); each worker holds the Dask resource ``GPU=1`` and
+        sees its own GPU of the job, as device 0 (``CUDA_VISIBLE_DEVICES``,
+        set by the job's nannies: :mod:`dask_rpm.slurm.gpu`). Workers of a group
+        without GPUs see none (``CUDA_VISIBLE_DEVICES=""``), so
+        ``fit(backend="auto")`` trains on the GPUs of the GPU groups and on
+        the CPUs of the others. Ask for GPUs here only, not in
+        ``job_extra_directives``.
     queue
         SLURM partition (``#SBATCH -p``). ``partition`` is accepted as an
         alias by :meth:`from_dict`. ``None`` uses the site default.
@@ -91,7 +105,8 @@ class WorkerGroup:
     jobs: int = 1
     cores: int = 1
     memory: str = "1GiB"
-    processes: int = 1
+    processes: int = None  # type: ignore[assignment]  # None: from gpus (__post_init__ sets an int)
+    gpus: int = 0
     queue: str | None = None
     account: str | None = None
     walltime: str | None = None
@@ -106,8 +121,9 @@ class WorkerGroup:
         name = check_name(self.name)
         check_integer(name, "jobs", self.jobs, 0)
         cores = check_integer(name, "cores", self.cores, 1)
-        processes = check_integer(name, "processes", self.processes, 1)
-        check_cores(name, cores, processes)
+        gpus, processes = check_gpus(name, self.gpus, self.processes)
+        object.__setattr__(self, "processes", check_integer(name, "processes", processes, 1))
+        check_cores(name, cores, processes, gpus)
         object.__setattr__(self, "memory", check_memory(name, self.memory, processes))
         for field in ("queue", "account"):
             check_site_name(name, field, getattr(self, field))
@@ -124,6 +140,15 @@ class WorkerGroup:
         object.__setattr__(self, "worker_extra_args", args)
         check_lifetime(name, self.lifetime, args)
         object.__setattr__(self, "speed", check_speed(name, self.speed))
+        check_gpu_requests(name, gpus, self.job_extra_directives, args)
+        if gpus and self.speed is not None:
+            raise config_error(
+                name,
+                "speed",
+                self.speed,
+                f"a group with gpus={gpus} runs REAL: its workers train on their GPUs, unpaced",
+                "Leave speed unset; EMULATED speeds are for CPU groups on one machine.",
+            )
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> WorkerGroup:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from dask.utils import parse_bytes, parse_timedelta
@@ -17,10 +17,13 @@ from dask.utils import parse_bytes, parse_timedelta
 from .walltime import WALLTIME_RE
 
 __all__ = [
+    "GPU_DIRECTIVES",
     "MANAGED_WORKER_ARGS",
     "SlurmConfigError",
     "check_cores",
     "check_directives",
+    "check_gpu_requests",
+    "check_gpus",
     "check_integer",
     "check_lifetime",
     "check_memory",
@@ -30,12 +33,19 @@ __all__ = [
     "check_walltime",
     "check_worker_args",
     "config_error",
+    "gres_asks_gpu",
+    "option_value",
+    "split_option",
     "str_tuple",
 ]
 
 # Group names become worker-name prefixes, SLURM job names and shell values:
 # keep them simple, and without "-" so "<group>-<n>-<k>" parses one way only.
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+# a command-line option and its value, given as "--opt=value" or "--opt value"
+_OPTION_RE = re.compile(r"^(--?[A-Za-z][\w-]*)(?:(?:=|\s+)(.*))?$", re.S)
+#: ``#SBATCH`` options that ask for GPUs: the group's ``gpus`` field does (``--gres=gpu:N``).
+GPU_DIRECTIVES = ("--gpus", "--gpus-per-node", "--gpus-per-task", "--gpus-per-socket", "-G")
 #: Worker options the cluster sets itself from the group's fields.
 MANAGED_WORKER_ARGS = ("--name", "--nworkers", "--nthreads", "--memory-limit", "--nprocs")
 
@@ -84,8 +94,45 @@ def check_integer(group: str, field: str, value: Any, lo: int) -> int:
     return value
 
 
-def check_cores(group: str, cores: int, processes: int) -> None:
+def check_gpus(group: str, gpus: Any, processes: Any) -> tuple[int, int]:
+    """GPUs per job (an integer >= 0) and the worker processes that follow: one per GPU.
+
+    Returns ``(gpus, processes)``: ``processes`` left out (None) is ``gpus``
+    for a GPU group, 1 otherwise; given, it must equal ``gpus`` when that is > 0.
+    """
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0:
+        raise config_error(
+            group,
+            "gpus",
+            gpus,
+            "expected an integer >= 0: GPUs per job (--gres=gpu:N), one worker process each",
+            "Give e.g. gpus=2, or leave it out (0) for a group without GPUs.",
+        )
+    if processes is None:
+        return gpus, gpus or 1
+    if gpus and processes != gpus:
+        raise config_error(
+            group,
+            "processes",
+            processes,
+            f"with gpus={gpus} a job runs one worker process per GPU, so processes must be {gpus}",
+            f"Leave processes out (it follows gpus), or set gpus={processes!r} for that many GPUs "
+            f"per job.",
+        )
+    return gpus, processes
+
+
+def check_cores(group: str, cores: int, processes: int, gpus: int = 0) -> None:
     """``processes`` must divide ``cores``: each process gets ``cores / processes`` threads."""
+    if gpus and cores % processes:
+        raise config_error(
+            group,
+            "cores",
+            cores,
+            f"with gpus={gpus} each of a job's {gpus} GPU workers gets cores/gpus threads, so "
+            f"cores must be a multiple of {gpus}",
+            f"Use e.g. cores={gpus * max(1, cores // gpus)}.",
+        )
     if cores % processes:
         raise config_error(
             group,
@@ -179,6 +226,61 @@ def check_worker_args(group: str, value: Any) -> tuple[str, ...]:
                 "Use name, processes, cores and memory instead.",
             )
     return args
+
+
+def split_option(item: str) -> tuple[str, str | None]:
+    """An option's name and value: ``--opt=v`` and ``--opt v`` give ``("--opt", "v")``, ``--opt``
+    alone ``("--opt", None)``; anything else is its own name."""
+    m = _OPTION_RE.match(item.strip())
+    if m is None:
+        return item.strip(), None
+    return m.group(1), m.group(2)
+
+
+def option_value(args: Sequence[str], option: str) -> tuple[int, str] | None:
+    """Where ``option`` is in ``args`` and its value (``--opt=v``, ``--opt v`` or the next item), the last one."""
+    found = None
+    for i, a in enumerate(args):
+        name, value = split_option(a)
+        if name == option:
+            found = (i, value if value is not None else (args[i + 1] if i + 1 < len(args) else ""))
+    return found
+
+
+def gres_asks_gpu(spec: str) -> bool:
+    """Whether a ``--gres`` value (``gpu:2``, ``gpu:a100:1,nvme:1``) names GPUs."""
+    return any(item.strip().split(":", 1)[0] == "gpu" for item in spec.split(","))
+
+
+def check_gpu_requests(
+    group: str, gpus: int, directives: tuple[str, ...], worker_args: tuple[str, ...]
+) -> None:
+    """No GPUs asked for outside the ``gpus`` field: it alone gives each worker its own GPU.
+
+    A ``--gres=gpu``/``--gpus`` directive would give a group's workers GPUs the
+    cluster does not hand out (a group without ``gpus`` hides them:
+    ``CUDA_VISIBLE_DEVICES=""``), and a ``GPU`` worker resource would claim one.
+    """
+    for d in directives:
+        name, value = split_option(d)
+        if name in GPU_DIRECTIVES or (name == "--gres" and gres_asks_gpu(value or "")):
+            raise config_error(
+                group,
+                "job_extra_directives",
+                d,
+                "GPUs are asked for with the group's gpus field: it writes --gres=gpu:N, runs "
+                "one worker per GPU and gives each worker its own",
+                f"Remove {d!r} and set gpus: N (now {gpus}).",
+            )
+    found = option_value(worker_args, "--resources")
+    if found and any(pair.split("=", 1)[0] == "GPU" for pair in found[1].replace(",", " ").split()):
+        raise config_error(
+            group,
+            "worker_extra_args",
+            f"--resources {found[1]}",
+            "the GPU resource follows the group's gpus field (GPU=1 on each worker of a GPU group)",
+            "Remove GPU from --resources and set gpus: N.",
+        )
 
 
 def check_lifetime(group: str, lifetime: Any, worker_args: tuple[str, ...]) -> None:
