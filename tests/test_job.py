@@ -709,7 +709,10 @@ def slurm_job(tmp_path, partitions, groups, **over):
             }
         },
     }
-    job["config"] = {**job["config"], "train": {"wait-workers": 180}}
+    # DRPM's idle choice off, in the job itself (tests/conftest.py turns it off for the session):
+    # these tests are about worker jobs, and a job this small runs fastest on one worker
+    drpm = {**job["config"].get("drpm", {}), "idle": False}
+    job["config"] = {**job["config"], "train": {"wait-workers": 180}, "drpm": drpm}
     job.update(over)
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(job))

@@ -274,7 +274,10 @@ def _columns_for_batch(
         one, idle, note = _make(ab, shape, shape, batch, name, None, None, per_batch=batch, **kw)
     except PlanError:  # a batch too small to plan (fewer samples than columns): plan the set
         return None, None
-    return one.n_columns, ((idle, note) if idle else None)
+    # only a chosen subset is carried (idle asked, or a planner minimising seconds): without
+    # that choice the one-batch problem gives the number of columns alone, as it always did
+    chosen = kw.get("idle") or getattr(_resolve_method(name)[0], "time_objective", False)
+    return one.n_columns, ((idle, note) if idle and chosen else None)
 
 
 def _resolve_method(method: str | Planner | None) -> tuple[Planner, str]:
