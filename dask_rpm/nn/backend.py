@@ -127,9 +127,12 @@ class Backend:
             return self.ns.asarray(host)
 
     def copy_of(self, a: Any, dtype: Any = None) -> Any:
-        """A C-contiguous copy of ``a`` on this backend (never ``a`` itself)."""
+        """A C-contiguous copy of ``a`` on this backend (never ``a`` itself, nor its memory)."""
         out = self.asarray(a, dtype)
-        return copy(out) if out is a else out
+        # torch on the CPU wraps a host array's memory (from_numpy): a copy must not
+        if out is a or (self.device == "cpu" and np.may_share_memory(to_host(out), to_host(a))):
+            return copy(out)
+        return out
 
 
 NUMPY = Backend()
