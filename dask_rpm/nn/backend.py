@@ -117,6 +117,9 @@ class Backend:
         if self.name == "numpy":
             return np.ascontiguousarray(to_host(a), dtype=dtype)
         if not isinstance(a, np.ndarray) and namespace(a) is self.ns:
+            # a tensor has no astype; to() and contiguous() give a itself where nothing changes
+            if self.name == "torch":
+                return (a if dtype is None else a.to(self._dtype(dtype))).contiguous()
             return a if dtype is None else a.astype(self._dtype(dtype))
         host = np.ascontiguousarray(a, dtype=dtype)
         if self.name == "torch":
