@@ -49,10 +49,15 @@ def _worker() -> Any:
     return get_worker()
 
 
-@functools.cache
-def _backend(placement: tuple[str, str]) -> xb.Backend:
+def _backend(placement: tuple[str, ...]) -> xb.Backend:
     """The backend this worker trains with, for the ``(backend, device)`` names of the run
     (``auto`` resolved here: a worker with a GPU uses it; :func:`~dask_rpm.nn.backend.resolve`)."""
+    # rpm.engine.cpu-backend, which "auto" reads, is part of the key: it can change in the process
+    return _resolve(placement, config.get("engine.cpu-backend"))
+
+
+@functools.cache
+def _resolve(placement: tuple[str, ...], cpu_backend: Any) -> xb.Backend:
     return xb.resolve(*placement)
 
 

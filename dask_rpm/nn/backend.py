@@ -117,6 +117,9 @@ class Backend:
         if self.name == "numpy":
             return np.ascontiguousarray(to_host(a), dtype=dtype)
         if not isinstance(a, np.ndarray) and namespace(a) is self.ns:
+            # a tensor has no astype; to() and contiguous() give a itself where nothing changes
+            if self.name == "torch":
+                return (a if dtype is None else a.to(self._dtype(dtype))).contiguous()
             return a if dtype is None else a.astype(self._dtype(dtype))
         host = np.ascontiguousarray(a, dtype=dtype)
         if self.name == "torch":
@@ -127,9 +130,12 @@ class Backend:
             return self.ns.asarray(host)
 
     def copy_of(self, a: Any, dtype: Any = None) -> Any:
-        """A C-contiguous copy of ``a`` on this backend (never ``a`` itself)."""
+        """A C-contiguous copy of ``a`` on this backend (never ``a`` itself, nor its memory)."""
         out = self.asarray(a, dtype)
-        return copy(out) if out is a else out
+        # torch on the CPU wraps a host array's memory (from_numpy): a copy must not
+        if out is a or (self.device == "cpu" and np.may_share_memory(to_host(out), to_host(a))):
+            return copy(out)
+        return out
 
 
 NUMPY = Backend()
