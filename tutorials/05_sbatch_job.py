@@ -83,7 +83,9 @@ workers:
       scheduler-options: {{host: 127.0.0.1, dashboard_address: ":0"}}
       log-directory: jobs
 config:
-  drpm: {{interval: 10}}
+  # idle: false - a job this small runs fastest on one worker, and DRPM would leave the others
+  # idle (docs/drpm.md, "Idle workers"); off here so that the run shows DRPM's speed estimates
+  drpm: {{interval: 10, idle: false}}
 """
 
 

@@ -118,8 +118,9 @@ class Backend:
             return np.ascontiguousarray(to_host(a), dtype=dtype)
         if not isinstance(a, np.ndarray) and namespace(a) is self.ns:
             # a tensor has no astype; to() and contiguous() give a itself where nothing changes
-            if self.name == "torch":
-                return (a if dtype is None else a.to(self._dtype(dtype))).contiguous()
+            if self.name == "torch":  # to() is ``a`` itself where device and dtype match
+                kw = {} if dtype is None else {"dtype": self._dtype(dtype)}
+                return a.to(device=self.device, **kw).contiguous()
             return a if dtype is None else a.astype(self._dtype(dtype))
         host = np.ascontiguousarray(a, dtype=dtype)
         if self.name == "torch":
@@ -264,8 +265,8 @@ def namespace(a: Any) -> Any:
 
 
 def to_host(a: Any) -> np.ndarray:
-    """``a`` in host memory as numpy: the array itself for numpy, else a copy (through the host
-    for a GPU: the copy the driver, messages and checkpoints need)."""
+    """``a`` in host memory as numpy: the array itself for numpy, a view of a CPU tensor's
+    memory, a copy of a GPU array's (:func:`host_copy` always copies)."""
     if isinstance(a, np.ndarray):
         return a
     if compat.is_torch_array(a):
