@@ -220,17 +220,8 @@ class Shard:
         self.finite = self._all_finite()
 
     def rows(self, a: int, b: int) -> dict[str, Any]:
-        """Plan rows ``[a, b)`` (global numbering): weights and optimizer state (host copies)."""
-        if self.backend.name == "numpy":
-            return rows_of(self.layers, self.params, self.state, a, b, self.origin)
-        views = self.layers.views
-        return {
-            "params": [xb.host_copy(v) for v in views(self.params, (a, b), self.origin)],
-            "state": {
-                k: [xb.host_copy(v) for v in views(arrays, (a, b), self.origin)]
-                for k, arrays in self.state.items()
-            },
-        }
+        """Plan rows ``[a, b)`` (global numbering): weights and optimizer state, in host memory."""
+        return rows_of(self.layers, self.params, self.state, a, b, self.origin)
 
     def nbytes(self) -> int:
         """Bytes of the weights and the optimizer state this shard holds (its spare copies not

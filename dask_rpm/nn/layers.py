@@ -31,6 +31,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from .backend import to_host
+
 __all__ = ["Param", "Layers", "layers_of", "layers_of_params"]
 
 
@@ -154,8 +156,9 @@ class Layers(NamedTuple):
     def take(
         self, arrays: Sequence[np.ndarray], rows: tuple[int, int], origin: int = 0
     ) -> list[np.ndarray]:
-        """:meth:`views` as contiguous copies."""
-        return [np.ascontiguousarray(v) for v in self.views(arrays, rows, origin)]
+        """:meth:`views` as contiguous host arrays (a GPU's copied to the host:
+        :func:`~dask_rpm.nn.backend.to_host`)."""
+        return [np.ascontiguousarray(to_host(v)) for v in self.views(arrays, rows, origin)]
 
     def put(
         self,

@@ -107,8 +107,8 @@ def train_arrays(
             if stopped:
                 break
     if be.name != "numpy":  # host copies: what the caller gets whatever trained
-        params = [np.array(xbk.to_host(p)) for p in params]
-        state = {k: [np.array(xbk.to_host(a)) for a in v] for k, v in state.items()}
+        params = [xbk.host_copy(p) for p in params]
+        state = {k: [xbk.host_copy(a) for a in v] for k, v in state.items()}
     return {
         "params": params,
         "W": params[0],
