@@ -21,7 +21,6 @@ from sklearn.model_selection import train_test_split
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from .. import config
 from .._version import __version__
 from ..model import MLPModel
 from ..nn.backend import resolve
@@ -274,10 +273,7 @@ class MLPBase(BaseEstimator):
                 job.recipe,
                 rules=[rule],
                 opt_state=self._optimizer_state,
-                backend=resolve(
-                    config.get("engine.backend", p["backend"]),
-                    config.get("engine.device", p["device"]),
-                ),
+                backend=resolve(p["backend"], p["device"]),
             )
             params, stopped, state = out["params"], out["stopped"], out["optimizer_state"]
             self.result_: Any = out

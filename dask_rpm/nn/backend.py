@@ -198,8 +198,9 @@ def _gpus(name: str) -> int:
         return 0
 
 
-def resolve(backend: Any = "numpy", device: Any = "auto") -> Backend:
-    """The :class:`Backend` this process trains with, for the names a user gave.
+def resolve(backend: Any = None, device: Any = None) -> Backend:
+    """The :class:`Backend` this process trains with, for the names a user gave (``None``:
+    ``rpm.engine.backend`` / ``rpm.engine.device``).
 
     ``device="auto"`` is the GPU where the backend sees one (a worker whose
     ``CUDA_VISIBLE_DEVICES`` hides every GPU sees none), else the CPU;
@@ -208,7 +209,7 @@ def resolve(backend: Any = "numpy", device: Any = "auto") -> Backend:
     install; a node type where torch's kernels are faster sets ``torch``:
     ``DASK_RPM__ENGINE__CPU_BACKEND=torch`` in its workers' environment, docs/benchmarks.md).
     """
-    b, d = check_names(backend, device)
+    b, d = check_names(config.get("engine.backend", backend), config.get("engine.device", device))
     if b == "auto":
         if d != "cpu":
             for name in ("torch", "cupy"):

@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 
-from .. import config
 from . import backend as xbk
 from .backend import Backend
 from .convergence import epoch_error
@@ -214,7 +213,7 @@ def fit_serial(
     """
     # the keywords map one to one onto the fields of the options record
     given = {k: v for k, v in locals().items() if k in TRAINING_FIELDS}
-    be = xbk.resolve(config.get("engine.backend", backend), config.get("engine.device", device))
+    be = xbk.resolve(backend, device)
     job = prepare(x, d, TrainingOptions.of(options, **given), load=True)
     assert job.arrays is not None
     for rule in callbacks or ():
