@@ -8,7 +8,7 @@ Two steps, so the model can be re-checked without re-running the cluster:
 
     * **calibration** cases: tiny compute, message patterns that differ in
       count and size (one column / two columns / all-to-all at N = 2..8).
-      They fix the network parameters of :class:`dask_rpm.cost.Interconnect`
+      They fix the network parameters of :class:`dask_rpm.comm.Interconnect`
       (latency, per-message overhead, bandwidth, host bandwidth, fixed cost
       per iteration) by least squares (:func:`dask_rpm.cost.fit_network`);
     * **validation** cases: a compute-bearing workload at N = 4, 8, 16, 32
@@ -276,7 +276,7 @@ def measure(
 # --------------------------------------------------------------- prediction
 def work_speeds(row: dict[str, Any]) -> list[float]:
     """Work units (hidden unit x sample) per second of each worker: the emulation's paced rate."""
-    from dask_rpm.kernels import block_work
+    from dask_rpm.nn.kernels import block_work
 
     n, m, l = row["shape"]
     per_unit = block_work("forward", 1, 1, n, l) + block_work("backward", 1, 1, n, l)
@@ -284,7 +284,7 @@ def work_speeds(row: dict[str, Any]) -> list[float]:
 
 
 def _plan_of(row: dict[str, Any]) -> Any:
-    from dask_rpm.partition import Plan
+    from dask_rpm.plan.partition import Plan
 
     return Plan.from_dict(row["plan"])
 

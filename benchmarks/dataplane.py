@@ -42,7 +42,7 @@ import numpy as np  # noqa: E402
 from distributed import Client, LocalCluster  # noqa: E402
 
 import dask_rpm  # noqa: E402
-from dask_rpm.partition import Plan  # noqa: E402
+from dask_rpm.plan.partition import Plan  # noqa: E402
 from dask_rpm.planners import make_plan  # noqa: E402
 
 

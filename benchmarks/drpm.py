@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 import dask_rpm
-from dask_rpm.train import demo_data
+from dask_rpm.demo.train import demo_data
 
 CONDITION_A = [0.25, 0.31, 0.63, 1.0]
 ASSUMED_A = [0.5, 0.5, 1.0, 1.0]  # clock-based guesses, as in the paper: wrong on purpose

@@ -41,8 +41,9 @@ import numpy as np  # noqa: E402
 from distributed import Client, LocalCluster  # noqa: E402
 
 import dask_rpm  # noqa: E402
-from dask_rpm.cost import Interconnect, predict_breakdown  # noqa: E402
-from dask_rpm.partition import Plan  # noqa: E402
+from dask_rpm.comm import Interconnect  # noqa: E402
+from dask_rpm.cost import predict_breakdown  # noqa: E402
+from dask_rpm.plan.partition import Plan  # noqa: E402
 from dask_rpm.planners import make_plan  # noqa: E402
 
 #: (case, vertical, horizontal) arms; the first of each case is the one-hop baseline.

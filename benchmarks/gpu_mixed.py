@@ -40,7 +40,7 @@ from dask_rpm import fit, fit_serial
 from dask_rpm.bench.ddp import run_ddp
 from dask_rpm.bench.profiles import gamma, steady_seconds
 from dask_rpm.bench.real import real_data
-from dask_rpm.partition import Plan
+from dask_rpm.plan.partition import Plan
 
 # name -> (n, hidden, l, samples, batch size or None, iterations of a fit)
 WORKLOADS: dict[str, tuple[int, tuple[int, ...], int, int, int | None, int]] = {

@@ -58,7 +58,7 @@ ACROSS = (0.005, 2.0e6)  # seconds, bytes per second added between the two nodes
 
 def work_rates(rate: float, scale: float, speeds: Any, shape: tuple[int, int, int]) -> list[float]:
     """Work units (hidden unit x sample) per second of each EMULATED worker: its paced kernel rate."""
-    from dask_rpm.kernels import block_work
+    from dask_rpm.nn.kernels import block_work
 
     n, _, l = shape
     per_unit = block_work("forward", 1, 1, n, l) + block_work("backward", 1, 1, n, l)
@@ -93,7 +93,8 @@ def run(repeats: int, iterations: int, across: tuple[float, float]) -> dict[str,
     from distributed import Client
 
     import dask_rpm
-    from dask_rpm.cost import network_from_config, predict_breakdown
+    from dask_rpm.comm import network_from_config
+    from dask_rpm.cost import predict_breakdown
 
     x, d = _data()
     m = SHAPE[1]

@@ -33,9 +33,9 @@ def run(n: int, batch_sizes: list[int], iterations: int, interval: int) -> list[
 
     from dask_rpm import fit, fit_serial, local_cluster
     from dask_rpm.bench.profiles import WORKLOADS, steady_seconds, true_profile, weights_difference
+    from dask_rpm.demo.train import demo_data
     from dask_rpm.emulation import worker_addresses
     from dask_rpm.planners import make_plan
-    from dask_rpm.train import demo_data
 
     work = WORKLOADS["minibatch"]
     shape, s = work.shape, work.samples

@@ -94,7 +94,7 @@ def main() -> None:
 def time_planner(sizes: list[int]) -> None:
     import dask.config
 
-    from dask_rpm.cost import Interconnect
+    from dask_rpm.comm import Interconnect
 
     a = np.array([0.25, 0.3125, 0.5, 1.0, 1.0, 0.4167, 0.6667, 0.5])
     net = Interconnect(latency=9e-4, bandwidth=1.3e9, overhead=1e-5)

@@ -40,7 +40,7 @@ def _torch_loop(x: np.ndarray, d: np.ndarray, m: int, threads: int, iterations: 
     """A plain torch training loop of the same network on ``threads`` threads (seconds/iteration)."""
     import torch
 
-    from dask_rpm.kernels import init_weights
+    from dask_rpm.nn.kernels import init_weights
 
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -73,7 +73,7 @@ def sweep(threads: list[int], iterations: int) -> list[dict[str, Any]]:
 
     import dask_rpm
     from dask_rpm.bench.real import real_cluster, real_data
-    from dask_rpm.partition import Plan
+    from dask_rpm.plan.partition import Plan
 
     n, m, l, s = 203, 1024, 26, 16384
     x, d = real_data((n, m, l), s)

@@ -1,13 +1,13 @@
 """SIMULATION to 4096 workers: SRPM-time against SRPM, split-1d and the best uniform grid.
 
-Nothing here is measured: :func:`dask_rpm.simulate.simulate` predicts seconds
+Nothing here is measured: :func:`dask_rpm.bench.simulate.simulate` predicts seconds
 per iteration with the cost model for the plans each method makes, and gamma
 from them (weak scaling s = 4096 N on the compute workload 203-1024-26).
 
 Two speed mixes: condition A of the paper's profile repeated (``A``) and a
 bimodal CPU+GPU-like mix, half the workers 20x slower than the other half
 (``two:0.5,0.05``). Exchanges: the scalable allreduces of
-:mod:`dask_rpm.exchange` (``--exchanges scalable``, default) or what the engine
+:mod:`dask_rpm.comm.exchange` (``--exchanges scalable``, default) or what the engine
 sends today (``engine``).
 
 Writes ``docs/img/simulate-scaling.png`` (or ``--plot``) and prints the
@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from dask_rpm.simulate import DEFAULT_NS, simulate
+from dask_rpm.bench.simulate import DEFAULT_NS, simulate
 
 MIXES = {
     "A": "condition A (0.25 ... 1, repeated)",

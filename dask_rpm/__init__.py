@@ -32,10 +32,10 @@ _LAZY = {
     "WorkerLostError": "engine",
     "fit": "engine",
     "ordered_workers": "ordering",
-    "MLPModel": "model",
-    "Plan": "partition",
-    "PlanError": "partition",
-    "Rectangle": "partition",
+    "MLPModel": "model.mlp",
+    "Plan": "plan.partition",
+    "PlanError": "plan.partition",
+    "Rectangle": "plan.partition",
     "PLANNERS": "planners",
     "get_planner": "planners",
     "make_plan": "planners",
@@ -47,8 +47,27 @@ _LAZY = {
     "MLPRegressor": "estimators",
 }
 
-#: submodules that are part of the public namespace (``dask_rpm.kernels.block_work``)
-_SUBMODULES = ("kernels", "train")
+#: the subpackages, reachable as attributes after ``import dask_rpm`` (``dask_rpm.nn.data``)
+_SUBMODULES = (
+    "bench",
+    "cli",
+    "comm",
+    "cost",
+    "dashboard",
+    "demo",
+    "drpm",
+    "emulation",
+    "engine",
+    "estimators",
+    "job",
+    "model",
+    "nn",
+    "plan",
+    "planners",
+    "probe",
+    "runtime",
+    "slurm",
+)
 
 
 def __getattr__(name: str) -> object:
@@ -67,17 +86,16 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports these
-    from . import kernels, train
     from .cost import predict_iteration_seconds, t_comm
     from .emulation import local_cluster
     from .engine import FitResult, TrainingError, WorkerLostError
     from .engine.fit import fit
     from .estimators import MLPClassifier, MLPRegressor
-    from .model import MLPModel
+    from .model.mlp import MLPModel
     from .nn.options import TrainingOptions
     from .nn.serial import fit_serial
     from .ordering import ordered_workers
-    from .partition import Plan, PlanError, Rectangle
+    from .plan.partition import Plan, PlanError, Rectangle
     from .planners import PLANNERS, get_planner, make_plan, register_planner
     from .plugin import RPMSchedulerPlugin
 
@@ -98,12 +116,10 @@ __all__ = [  # the lazy names above, spelled out for linters and `from dask_rpm 
     "fit",
     "fit_serial",
     "get_planner",
-    "kernels",
     "local_cluster",
     "make_plan",
     "ordered_workers",
     "predict_iteration_seconds",
     "register_planner",
     "t_comm",
-    "train",
 ]

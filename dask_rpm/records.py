@@ -1,4 +1,4 @@
-"""Record types shared by the driver, the workers and the scheduler plugin.
+"""Record types shared by the engine, DRPM, progress reports and results.
 
 Named tuples rather than positional tuples: they cross process boundaries
 (msgpack turns them into lists; ``Record(*row)`` restores them) and every
@@ -9,19 +9,9 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, TypedDict
 
-import numpy as np
-
 __all__ = [
     "PHASES",
-    "TimingRecord",
     "Observation",
-    "Peer",
-    "BandGroup",
-    "Layout",
-    "BlockSpec",
-    "BlockResult",
-    "BLOCK_STATUSES",
-    "Checkpoint",
     "RemapRecord",
     "remap_record",
     "Validation",
@@ -30,42 +20,6 @@ __all__ = [
 
 #: Phases of one iteration as the history names them (seconds each).
 PHASES = ("forward", "vertical_wait", "backward", "horizontal", "modify")
-
-#: How a block ended: ``ok`` (all iterations done), ``target`` (the error
-#: reached the target error; stopped after that iteration's update),
-#: ``diverged`` (a non-finite error or weights; stopped before the update),
-#: ``aborted`` (the driver aborted the block), ``failed`` (a peer did not
-#: answer in time or could not be reached; ``message`` says which).
-BLOCK_STATUSES = ("ok", "target", "diverged", "aborted", "failed")
-
-
-class TimingRecord(NamedTuple):
-    """One worker's clock readings for one iteration (``time.monotonic``, seconds).
-
-    All readings of a record come from one worker's clock, so differences
-    between them are exact on any cluster; records of different workers are
-    never subtracted from each other.
-    """
-
-    iteration: int
-    worker: int
-    forward_start: float
-    forward_end: float
-    backward_start: float
-    backward_end: float
-    modify_start: float
-    modify_end: float
-
-    @property
-    def phases(self) -> tuple[float, float, float, float, float]:
-        """Seconds in each of :data:`PHASES`."""
-        return (
-            self.forward_end - self.forward_start,
-            self.backward_start - self.forward_end,
-            self.backward_end - self.backward_start,
-            self.modify_start - self.backward_end,
-            self.modify_end - self.modify_start,
-        )
 
 
 class Observation(NamedTuple):
@@ -80,125 +34,6 @@ class Observation(NamedTuple):
     t1: float
     t2: float
     tc: float
-
-
-class Peer(NamedTuple):
-    """Another worker of the plan as one worker sees it."""
-
-    worker: int
-    address: str
-    rows: tuple[int, int]
-    """Hidden rows: a column member's own rows, or (horizontal partner) the overlap with ours."""
-
-
-class BandGroup(NamedTuple):
-    """A horizontal allreduce: the bands whose holders are the same workers (one per column).
-
-    ``rows`` are the bands (hidden-unit ranges, top to bottom); every holder
-    contributes its weight-update rows of them and gets their sums.
-    ``algorithm`` is one of :data:`dask_rpm.exchange.ALGORITHMS`.
-    """
-
-    holders: tuple[int, ...]  # left to right (column order)
-    addresses: tuple[str, ...]  # of the holders, same order
-    rows: tuple[tuple[int, int], ...]
-    algorithm: str
-
-
-class Layout(NamedTuple):
-    """What one worker needs to know of a plan to run its rectangle.
-
-    ``members`` is its column top to bottom (itself included); ``partners[c]``
-    the workers of column ``c`` whose rows overlap its own, top to bottom, with
-    the overlap (empty for its own column). ``vertical`` names the algorithm
-    of the in-column exchange (``"allgather"``, ``"leader"`` or a schedule of
-    :mod:`dask_rpm.exchange`). ``horizontal`` is ``"pairwise"`` (one message
-    to each overlapping partner) or ``"groups"``: one allreduce per entry of
-    ``bands`` (the groups of bands this worker holds).
-    """
-
-    run: str
-    version: int
-    worker: int
-    address: str
-    shape: tuple[int, int, int]
-    column: int
-    n_columns: int
-    samples: tuple[int, int]
-    rows: tuple[int, int]
-    members: tuple[Peer, ...]
-    partners: tuple[tuple[Peer, ...], ...]
-    vertical: str
-    leader: int
-    horizontal: str = "pairwise"
-    bands: tuple[BandGroup, ...] = ()
-    hidden: tuple[int, ...] = ()
-    """Units of every hidden layer as planned (empty: one layer of ``shape[1]``)."""
-
-    @property
-    def n_hidden(self) -> int:
-        return self.rows[1] - self.rows[0]
-
-    @property
-    def n_samples(self) -> int:
-        return self.samples[1] - self.samples[0]
-
-
-class BlockSpec(NamedTuple):
-    """The driver's order for one block of iterations (the same for every worker)."""
-
-    epoch: int
-    first: int
-    count: int  # type: ignore[assignment]  # a field named like tuple.count; the wire format names it
-    learning_rate: float
-    target_error: float | None
-    receive_timeout: float
-    report_seconds: float
-    threads: int = (
-        0  # BLAS/OpenMP threads of the kernels; 0: each worker's nthreads (rpm.engine.threads)
-    )
-
-
-class BlockResult(NamedTuple):
-    """What a worker's block task returns.
-
-    ``stop`` is the number of iterations done when the block ended (the next
-    iteration to run); ``errors`` the total error of each iteration of the
-    block that ran its forward pass (identical on every worker); ``finite``
-    whether the worker's weights after the block are finite; ``threads`` the
-    BLAS threads its kernels ran with; ``backend`` where they ran (``numpy``, ``torch-cpu``,
-    ``torch-cuda``, ...: :attr:`dask_rpm.nn.backend.Backend.label`).
-    """
-
-    worker: int
-    status: str
-    stop: int
-    errors: dict[int, float]
-    records: list[TimingRecord]
-    finite: bool
-    message: str = ""
-    threads: int = 1
-    backend: str = "numpy"
-
-
-class Checkpoint(NamedTuple):
-    """The last weights held on the client (the recovery point when no column holds lost rows)."""
-
-    iteration: int
-    params: tuple[np.ndarray, ...]
-    """The whole parameters ``W_1 .. W_L, V`` (augmented, as planned)."""
-    state: dict[str, list[np.ndarray]] | None = None
-    """Optimizer state ``{slot: [one array per parameter]}``; None: zero (the start of training)."""
-
-    @property
-    def W(self) -> np.ndarray:
-        """The first layer's weights."""
-        return self.params[0]
-
-    @property
-    def V(self) -> np.ndarray:
-        """The output layer's weights."""
-        return self.params[-1]
 
 
 class Validation(NamedTuple):

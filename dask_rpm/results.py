@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from ._files import atomic_write
-from .partition import Plan
-from .plan_dataset import PLAN_VARS, plan_dataset
+from .plan.dataset import PLAN_VARS, plan_dataset
+from .plan.partition import Plan
 from .records import RemapRecord
 
 _NO_MATPLOTLIB = (

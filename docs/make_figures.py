@@ -20,7 +20,7 @@ import sys
 from matplotlib.figure import Figure
 
 from dask_rpm import make_plan
-from dask_rpm.remap import column_remap
+from dask_rpm.drpm.remap import column_remap
 from dask_rpm.results import _save_atomically, plot_plan
 
 ABILITIES = [0.05, 0.10, 0.20, 0.30, 0.35]

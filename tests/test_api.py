@@ -17,13 +17,13 @@ import dask_rpm
 
 PURE = [
     "dask_rpm.planners",
-    "dask_rpm.partition",
+    "dask_rpm.plan.partition",
     "dask_rpm.cost",
-    "dask_rpm.kernels",
-    "dask_rpm.policy",
-    "dask_rpm.estimator",
-    "dask_rpm.remap",
-    "dask_rpm.serial",
+    "dask_rpm.nn.kernels",
+    "dask_rpm.drpm.policy",
+    "dask_rpm.drpm.estimator",
+    "dask_rpm.drpm.remap",
+    "dask_rpm.nn.serial",
     "dask_rpm.records",
 ]
 

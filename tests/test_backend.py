@@ -49,6 +49,7 @@ from distributed import Client, LocalCluster, Nanny, Scheduler, SpecCluster
 
 torch = pytest.importorskip("torch")
 
+from dask_rpm.drpm.remap import column_remap, whole_remap  # noqa: E402
 from dask_rpm.engine import fit, ordered_workers, store  # noqa: E402
 from dask_rpm.engine.callbacks import TrainingCallback  # noqa: E402
 from dask_rpm.nn import backend as xb  # noqa: E402
@@ -57,9 +58,8 @@ from dask_rpm.nn.backend import NUMPY, Backend, BackendError  # noqa: E402
 from dask_rpm.nn.kernels import Workspace, all_finite, init_params  # noqa: E402
 from dask_rpm.nn.layers import Layers  # noqa: E402
 from dask_rpm.nn.network import Network  # noqa: E402
-from dask_rpm.partition import Plan  # noqa: E402
-from dask_rpm.remap import column_remap, whole_remap  # noqa: E402
-from dask_rpm.serial import fit_serial  # noqa: E402
+from dask_rpm.nn.serial import fit_serial  # noqa: E402
+from dask_rpm.plan.partition import Plan  # noqa: E402
 
 TORCH = Backend("torch", "cpu")
 ON_TORCH = dict(backend="torch", device="cpu")

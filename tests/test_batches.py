@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dask_rpm.batches import BatchError, BatchSchedule, schedule
+from dask_rpm.nn.batches import BatchError, BatchSchedule, schedule
 
 
 def test_full_batch_is_one_batch_in_sample_order():
@@ -53,7 +53,7 @@ def test_bad_batch_sizes_are_refused_naming_the_value(bad):
 
 def test_batch_plan_holds_each_columns_share_of_a_batch():
     """batch_plan: the rectangles of one mini-batch iteration, the shares the engine takes."""
-    from dask_rpm.batches import batch_plan, schedule
+    from dask_rpm.nn.batches import batch_plan, schedule
     from dask_rpm.planners import make_plan
 
     plan = make_plan([1, 2, 3, 5, 8], (6, 40, 3), 1000, "srpm", dp=3)

@@ -106,7 +106,7 @@ def test_outputs_json_and_table(run, capsys):
 
 
 def test_simulate_check_reads_the_bench_result(run):
-    from dask_rpm.simulate import check_against_bench
+    from dask_rpm.bench.simulate import check_against_bench
 
     _, paths = run
     rows = check_against_bench(paths["netcdf"])
@@ -141,7 +141,7 @@ def test_gamma_helper():
 @pytest.mark.slow
 def test_ddp_peer_runs_with_torch():
     pytest.importorskip("torch")
-    from dask_rpm.train import demo_data
+    from dask_rpm.demo.train import demo_data
 
     x, d = demo_data(64, (6, 4, 2))
     res = bench.run_ddp(
@@ -151,8 +151,8 @@ def test_ddp_peer_runs_with_torch():
     # DDP's averaged gradient x world size is the batch sum: after 2 updates rank 0's local error
     # (its half of the samples) equals serial batch BP's weights applied to that half
     from dask_rpm import fit_serial
-    from dask_rpm.network import Network
-    from dask_rpm.recipe import forward
+    from dask_rpm.nn.network import Network
+    from dask_rpm.nn.recipe import forward
 
     W, V, _ = fit_serial(x, d, hidden=4, iterations=2, learning_rate=0.01)
     h = forward(x[:32], [W, V], Network())  # the paper's network: sigmoid hidden and outputs
@@ -163,8 +163,8 @@ def test_ddp_peer_runs_with_torch():
 def test_ddp_peer_is_paced_on_the_same_work_model():
     """Each DDP rank lasts work / (rate x speed x scale), like a Dask worker's paced block."""
     pytest.importorskip("torch")
-    from dask_rpm.kernels import block_work
-    from dask_rpm.train import demo_data
+    from dask_rpm.demo.train import demo_data
+    from dask_rpm.nn.kernels import block_work
 
     x, d = demo_data(64, (6, 4, 2))
     rows = 32  # two ranks, equal shares
@@ -232,7 +232,7 @@ def test_minibatch_cases_and_dimension(mini):
 
 def test_simulate_check_predicts_the_iterations_of_a_minibatch_bench(mini):
     """simulate --check on a mini-batch bench: every row predicted from the batch's rectangles."""
-    from dask_rpm.simulate import check_against_bench
+    from dask_rpm.bench.simulate import check_against_bench
 
     _, paths = mini
     rows = check_against_bench(paths["netcdf"])
@@ -249,7 +249,7 @@ def test_minibatch_methods_train_the_serial_batches(mini):
     ds, _ = mini
     assert np.all(ds["weights_vs_serial"].values <= 1e-10), ds["weights_vs_serial"].values
     from dask_rpm import fit_serial
-    from dask_rpm.train import demo_data
+    from dask_rpm.demo.train import demo_data
 
     n, m, l, s = MINI_SHAPE
     x, d = demo_data(s, (n, m, l), seed=0)
@@ -353,7 +353,7 @@ def test_ddp_peer_trains_a_deep_network_like_fit_serial():
     """The deep DDP peer (stacked Linear + sigmoid) ends at fit_serial's W_1 .. W_L, V."""
     pytest.importorskip("torch")
     from dask_rpm import fit_serial
-    from dask_rpm.train import demo_data
+    from dask_rpm.demo.train import demo_data
 
     x, d = demo_data(96, (6, 4, 2))
     lr = 0.5 / 32
@@ -410,7 +410,7 @@ def test_ddp_peer_trains_the_same_minibatches():
     """DDP ranks take equal shares of dask_rpm's mini-batches: the final weights equal fit_serial's."""
     pytest.importorskip("torch")
     from dask_rpm import fit_serial
-    from dask_rpm.train import demo_data
+    from dask_rpm.demo.train import demo_data
 
     x, d = demo_data(96, (6, 4, 2))
     lr = 0.5 / 32

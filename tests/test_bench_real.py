@@ -56,7 +56,7 @@ def test_real_run_on_a_threads_mix(tmp_path, capsys):
 def test_unpaced_ddp_with_threads_trains_the_serial_weights():
     pytest.importorskip("torch")
     from dask_rpm import fit_serial
-    from dask_rpm.train import demo_data
+    from dask_rpm.demo.train import demo_data
 
     x, d = demo_data(64, (6, 4, 2))
     res = bench.run_ddp(

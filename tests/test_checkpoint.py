@@ -18,10 +18,10 @@ import pytest
 from distributed import Client, LocalCluster, get_task_stream
 from problems import regression_problem
 
-from dask_rpm.data import DataError
 from dask_rpm.engine import fit, ordered_workers, store
-from dask_rpm.partition import Plan
-from dask_rpm.serial import fit_serial
+from dask_rpm.nn.data import DataError
+from dask_rpm.nn.serial import fit_serial
+from dask_rpm.plan.partition import Plan
 
 RTOL = 1e-10
 M = 9

@@ -455,7 +455,7 @@ def test_readme_help_errors_and_config_list_the_registry(capsys, tmp_path):
     # job file: the mapping error lists each name once
     import numpy as np
 
-    from dask_rpm.data import write_dataset
+    from dask_rpm.nn.data import write_dataset
 
     write_dataset(tmp_path / "d.nc", np.ones((4, 2)), np.ones((4, 1)))
     job = {

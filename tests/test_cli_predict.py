@@ -12,9 +12,9 @@ from distributed import Client, LocalCluster
 
 from dask_rpm import MLPModel, fit_serial
 from dask_rpm.cli import main
-from dask_rpm.data import write_dataset
 from dask_rpm.job import JobError, load_job, run_job
-from dask_rpm.network import Network
+from dask_rpm.nn.data import write_dataset
+from dask_rpm.nn.network import Network
 
 RTOL = 1e-10
 

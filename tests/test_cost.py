@@ -6,11 +6,8 @@ import dask.config
 import numpy as np
 import pytest
 
+from dask_rpm.comm import Interconnect, LinkClass, collective_seconds, engine_horizontal
 from dask_rpm.cost import (
-    Interconnect,
-    LinkClass,
-    collective_seconds,
-    engine_horizontal,
     fit_network,
     predict_breakdown,
     predict_iteration_seconds,
@@ -18,7 +15,7 @@ from dask_rpm.cost import (
     t_comm_model,
     t_comm_partition,
 )
-from dask_rpm.partition import Plan, RealPartition
+from dask_rpm.plan.partition import Plan, RealPartition
 from dask_rpm.planners import make_plan
 
 SHAPE = (203, 80, 26)

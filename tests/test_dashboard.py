@@ -32,9 +32,9 @@ import dask_rpm
 from dask_rpm import dashboard
 from dask_rpm.dashboard.page import RPMPage
 from dask_rpm.dashboard.state import Installed
-from dask_rpm.estimator import AbilityEstimateError
+from dask_rpm.drpm.estimator import AbilityEstimateError
+from dask_rpm.engine.records import TimingRecord
 from dask_rpm.plugin import RPMSchedulerPlugin
-from dask_rpm.records import TimingRecord
 
 SPEEDS = [1.0, 0.5, 0.25]
 ITERATIONS = 45  # two DRPM checks at the default interval (20): at least one remap

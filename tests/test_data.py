@@ -1,4 +1,4 @@
-"""dask_rpm.data: netCDF files are checked as strictly as arrays (shape, sample dimension, NaN/inf)."""
+"""dask_rpm.nn.data: netCDF files are checked as strictly as arrays (shape, sample dimension, NaN/inf)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from dask_rpm.data import DataError, data_shape, load_slice, write_dataset
+from dask_rpm.nn.data import DataError, data_shape, load_slice, write_dataset
 
 
 def test_each_slice_reports_the_first_bad_value_with_its_sample_index(tmp_path):

@@ -32,14 +32,14 @@ import numpy as np
 import pytest
 from distributed import Client, LocalCluster
 
-from dask_rpm.batches import BatchSchedule
+from dask_rpm.drpm.remap import column_remap, whole_remap
 from dask_rpm.engine import fit, ordered_workers, store
 from dask_rpm.engine.callbacks import TrainingCallback
+from dask_rpm.nn.batches import BatchSchedule
 from dask_rpm.nn.kernels import init_params
 from dask_rpm.nn.layers import Layers
-from dask_rpm.partition import Plan
-from dask_rpm.remap import column_remap, whole_remap
-from dask_rpm.serial import fit_serial
+from dask_rpm.nn.serial import fit_serial
+from dask_rpm.plan.partition import Plan
 
 RTOL = 1e-10
 S, N, L = 48, 5, 3

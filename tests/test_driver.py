@@ -25,10 +25,10 @@ from dask_rpm.engine.checkpoint import check_readable, check_shared
 from dask_rpm.engine.driver import Driver
 from dask_rpm.engine.errors import WorkerLostError
 from dask_rpm.engine.fit import ensure_plugins
-from dask_rpm.options import TrainingOptions
+from dask_rpm.nn.options import TrainingOptions
+from dask_rpm.nn.prepare import prepare
 from dask_rpm.ordering import ordered_workers
-from dask_rpm.partition import Plan
-from dask_rpm.prepare import prepare
+from dask_rpm.plan.partition import Plan
 
 
 def _pid() -> int:

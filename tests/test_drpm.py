@@ -8,16 +8,16 @@ import pytest
 from distributed import Client, LocalCluster
 
 import dask_rpm
+from dask_rpm.demo.train import demo_data
+from dask_rpm.drpm.remap import column_remap
 from dask_rpm.emulation import emulation_report, set_speed
 from dask_rpm.engine import Driver, ensure_plugins, fit, ordered_workers
-from dask_rpm.kernels import init_weights
-from dask_rpm.options import TrainingOptions
-from dask_rpm.partition import Plan
-from dask_rpm.recipe import recipe
-from dask_rpm.records import Checkpoint
-from dask_rpm.remap import column_remap
-from dask_rpm.serial import fit_serial
-from dask_rpm.train import demo_data
+from dask_rpm.engine.records import Checkpoint
+from dask_rpm.nn.kernels import init_weights
+from dask_rpm.nn.options import TrainingOptions
+from dask_rpm.nn.recipe import recipe
+from dask_rpm.nn.serial import fit_serial
+from dask_rpm.plan.partition import Plan
 
 RTOL = 1e-10
 

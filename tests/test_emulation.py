@@ -126,7 +126,7 @@ def test_pace_is_noop_on_plain_worker():
 
 
 def _hooks(dask_worker):
-    from dask_rpm.hooks import worker_hooks
+    from dask_rpm.runtime.hooks import worker_hooks
 
     h = worker_hooks(dask_worker)
     return h.paced, h.before_send is not None, h.pace.__module__
@@ -134,7 +134,7 @@ def _hooks(dask_worker):
 
 def test_the_engine_calls_no_emulation_code_on_a_real_cluster():
     """The engine reaches pacing and link delays only through the worker's hooks: a plain
-    worker's are the no-ops of dask_rpm.hooks; EMULATED ones get the emulation's, and lose
+    worker's are the no-ops of dask_rpm.runtime.hooks; EMULATED ones get the emulation's, and lose
     them when the plugin leaves."""
     from dask_rpm import fit
 
@@ -144,7 +144,7 @@ def test_the_engine_calls_no_emulation_code_on_a_real_cluster():
         Client(cluster) as client,
     ):
         fit(x, x[:, :2], hidden=4, iterations=3, learning_rate=0.01, progress="none")
-        assert set(client.run(_hooks).values()) == {(False, False, "dask_rpm.hooks")}
+        assert set(client.run(_hooks).values()) == {(False, False, "dask_rpm.runtime.hooks")}
     with (
         local_cluster(speeds=[1.0, 0.5], nodes=["a", "b"], dashboard_address=":0") as cluster,
         Client(cluster) as client,
@@ -459,7 +459,7 @@ def test_closing_noise_drops_only_the_close_notice_and_only_while_closing():
 
     from distributed.core import Status
 
-    from dask_rpm.closing import ClosingNoise
+    from dask_rpm.runtime.closing import ClosingNoise
 
     cluster = types.SimpleNamespace(status=Status.running)
     noise = ClosingNoise(cluster)

@@ -13,10 +13,10 @@ from distributed import Client, LocalCluster
 from problems import regression_problem
 
 import dask_rpm
-from dask_rpm.data import DataError, write_dataset
 from dask_rpm.engine import TrainingError, WorkerLostError, fit, ordered_workers
-from dask_rpm.partition import Plan, PlanError
-from dask_rpm.serial import fit_serial
+from dask_rpm.nn.data import DataError, write_dataset
+from dask_rpm.nn.serial import fit_serial
+from dask_rpm.plan.partition import Plan, PlanError
 
 RTOL = 1e-10
 
@@ -218,7 +218,7 @@ def test_divergence_returns_last_finite_weights(client6, interval):
     x = rng.normal(size=(100, 4))
     d = np.column_stack([np.ones(100), np.zeros(100)])
     plan = Plan.from_columns([[0], [1]], [50, 50], [[6], [6]], shape=(4, 6, 2))
-    W0, V0 = dask_rpm.kernels.init_weights(4, 6, 2, seed=0, scale=0.1)
+    W0, V0 = dask_rpm.nn.kernels.init_weights(4, 6, 2, seed=0, scale=0.1)
     r = fit(
         x,
         d,

@@ -59,7 +59,7 @@ def _arrays(s: int = 40, n: int = 5, l: int = 2) -> tuple[np.ndarray, np.ndarray
 
 
 def _data(tmp: Path, name: str = "data.nc", x: Any = None, d: Any = None) -> Path:
-    from dask_rpm.data import write_dataset
+    from dask_rpm.nn.data import write_dataset
 
     xa, da = _arrays()
     write_dataset(tmp / name, xa if x is None else x, da if d is None else d)
@@ -218,7 +218,7 @@ def _no_client(tmp: Path, _: Any) -> str:
 
 
 def _predict_wide(tmp: Path) -> str:
-    from dask_rpm.data import write_dataset
+    from dask_rpm.nn.data import write_dataset
 
     _model(tmp)
     xa, da = _arrays(n=7)
@@ -229,7 +229,7 @@ def _predict_wide(tmp: Path) -> str:
 def _load_result(tmp: Path) -> str:
     import xarray as xr
 
-    from dask_rpm.model import MLPModel
+    from dask_rpm.model.mlp import MLPModel
 
     xr.Dataset(
         {"W": (("hidden", "input"), np.zeros((2, 2)))}, attrs={"title": "dask_rpm training result"}
@@ -254,8 +254,8 @@ M = "Models (dask-rpm predict, MLPModel.load)"
 
 def _model(tmp: Path) -> None:
     """A saved 5-input classifier ``model.nc`` and its inputs ``data.nc`` (x of width 5)."""
-    from dask_rpm.model import MLPModel
-    from dask_rpm.network import Network
+    from dask_rpm.model.mlp import MLPModel
+    from dask_rpm.nn.network import Network
 
     rng = np.random.default_rng(0)
     MLPModel(
@@ -933,7 +933,7 @@ def _xr(
 
 
 def _plan(shape: tuple[int, int, int], samples: int) -> Any:
-    from dask_rpm.partition import Plan
+    from dask_rpm.plan.partition import Plan
 
     n, m, l = shape
     return Plan.from_columns([[0]], [samples], [[m]], shape=shape)

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dask_rpm.estimator import (
+from dask_rpm.drpm.estimator import (
     AbilityEstimateError,
     AbilityEstimator,
     Observation,

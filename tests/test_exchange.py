@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dask_rpm.cost import Interconnect, LinkClass, collective_seconds
-from dask_rpm.exchange import (
+from dask_rpm.comm import Interconnect, LinkClass, collective_seconds
+from dask_rpm.comm.exchange import (
     ALGORITHMS,
     build,
     choose,
@@ -15,7 +15,7 @@ from dask_rpm.exchange import (
     schedule_seconds,
     vertical_schedule,
 )
-from dask_rpm.partition import Plan
+from dask_rpm.plan.partition import Plan
 from dask_rpm.planners import make_plan
 
 EXACT = ("allgather", "gather", "direct")  # sum strictly in column order
@@ -153,7 +153,7 @@ def test_bands_with_the_same_holders_are_merged():
 @pytest.mark.parametrize("q", [2, 5, 8, 11])
 def test_per_worker_steps_with_mailboxes_match_the_reference(algorithm, q):
     """What an engine does: each worker runs only its own steps, exchanging payloads through mailboxes."""
-    from dask_rpm.exchange import apply_received, worker_steps
+    from dask_rpm.comm.exchange import apply_received, worker_steps
 
     rng = np.random.default_rng(q)
     holders = [3 * i + 1 for i in range(q)]

@@ -16,11 +16,11 @@ import pytest
 from distributed import Client, LocalCluster
 from distributed.diagnostics.plugin import WorkerPlugin
 
+from dask_rpm.drpm.remap import column_remap
 from dask_rpm.engine import fit, ordered_workers
 from dask_rpm.engine.callbacks import TrainingCallback
-from dask_rpm.partition import Plan
-from dask_rpm.remap import column_remap
-from dask_rpm.serial import fit_serial
+from dask_rpm.nn.serial import fit_serial
+from dask_rpm.plan.partition import Plan
 
 
 class _KillOnTask(WorkerPlugin):

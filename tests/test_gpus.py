@@ -24,9 +24,10 @@ import yaml
 from distributed import Client, Scheduler, Worker
 
 import dask_rpm
-from dask_rpm.data import write_dataset
 from dask_rpm.emulation import emulation_info
-from dask_rpm.gpus import (
+from dask_rpm.job import JobError, load_job
+from dask_rpm.nn.data import write_dataset
+from dask_rpm.runtime.gpus import (
     CUDA_ENV,
     GPUS_ENV,
     WORKER_GPU_ENV,
@@ -38,7 +39,6 @@ from dask_rpm.gpus import (
     visible_entries,
     worker_position,
 )
-from dask_rpm.job import JobError, load_job
 from dask_rpm.slurm import (
     GPU_KEY,
     GROUP_KEY,

@@ -12,7 +12,8 @@ import dask.config
 import numpy as np
 import pytest
 
-from dask_rpm.cost import Interconnect, predict_iteration_seconds
+from dask_rpm.comm import Interconnect
+from dask_rpm.cost import predict_iteration_seconds
 from dask_rpm.drpm.idle import (
     batch_plan,
     comm_excess,
@@ -22,7 +23,7 @@ from dask_rpm.drpm.idle import (
     scaled_network,
     worker_rates,
 )
-from dask_rpm.partition import PlanError, RealPartition
+from dask_rpm.plan.partition import PlanError, RealPartition
 from dask_rpm.planners import PlannerResult, make_plan
 from dask_rpm.planners.idle import SUBSET_SIZES, fastest_subset
 
@@ -257,9 +258,9 @@ def test_drpm_leaves_the_slow_workers_idle_and_takes_one_back_exactly():
     from distributed import Client
 
     import dask_rpm
+    from dask_rpm.demo.train import demo_data
     from dask_rpm.engine import fit
-    from dask_rpm.serial import fit_serial
-    from dask_rpm.train import demo_data
+    from dask_rpm.nn.serial import fit_serial
 
     x, d = demo_data(256, (17, 32, 4))
     kw = dict(hidden=32, iterations=40, learning_rate=1e-3)

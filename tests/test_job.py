@@ -21,10 +21,10 @@ import yaml
 from distributed import Client, LocalCluster
 
 from dask_rpm.cli import main
-from dask_rpm.data import write_dataset
 from dask_rpm.engine import store
 from dask_rpm.job import JobError, load_job, run_job, write_checkpoint
-from dask_rpm.serial import fit_serial
+from dask_rpm.nn.data import write_dataset
+from dask_rpm.nn.serial import fit_serial
 
 RTOL = 1e-10
 
@@ -794,7 +794,7 @@ def _serial_check(ds, x, d, iterations):
 
 
 def _digits_arrays(tmp_path):
-    from dask_rpm.data import as_arrays
+    from dask_rpm.nn.data import as_arrays
 
     return as_arrays(str(tmp_path / "digits.nc"))
 
@@ -827,8 +827,8 @@ def test_sbatch_driver_two_groups_reaches_target_error(slurm_cluster, tmp_path):
     x, d = _digits_arrays(tmp_path)
     _serial_check(ds, x, d, 182)
     # The trained net classifies most digits right (argmax of the outputs).
-    from dask_rpm.network import Network
-    from dask_rpm.recipe import forward
+    from dask_rpm.nn.network import Network
+    from dask_rpm.nn.recipe import forward
 
     h = forward(x, [ds["W"].values, ds["V"].values], Network())  # the paper's network
     accuracy = float(np.mean(h.argmax(1) == d.argmax(1)))
@@ -961,7 +961,7 @@ def test_sbatch_classifier_reaches_sklearns_held_out_accuracy(
     from sklearn import datasets
     from sklearn.neural_network import MLPClassifier
 
-    from dask_rpm.recipe import holdout
+    from dask_rpm.nn.recipe import holdout
 
     x, y = getattr(datasets, f"load_{dataset}")(return_X_y=True)
     x = (x - x.mean(0)) / np.where(x.std(0) > 0, x.std(0), 1.0)  # standardized features

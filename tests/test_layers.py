@@ -12,8 +12,8 @@ from dask_rpm.cli import main
 from dask_rpm.nn.data import DataError, hidden_sizes
 from dask_rpm.nn.layers import Layers, layers_of, layers_of_params
 from dask_rpm.nn.network import Network
+from dask_rpm.plan.real_partition import PlanError
 from dask_rpm.planners import make_plan, parse_network_shape
-from dask_rpm.real_partition import PlanError
 
 
 @pytest.mark.parametrize("hidden", [(7,), (7, 5), (12, 7, 9), (64, 16, 16, 40), (1024, 1024, 1024)])
@@ -96,8 +96,8 @@ def test_the_cost_model_counts_a_deep_networks_exchanges():
     assert cut.n_columns > shallow.n_columns
     assert cut.shape == deep.plan_shape and cut.cost_shape == deep.cost_shape
     # the plan keeps its cost shape through JSON, and a whole remap plans with it again
-    from dask_rpm.partition import Plan
-    from dask_rpm.remap import whole_remap
+    from dask_rpm.drpm.remap import whole_remap
+    from dask_rpm.plan.partition import Plan
 
     again = Plan.from_dict(json.loads(cut.to_json()))
     assert again.cost_shape == deep.cost_shape
@@ -136,9 +136,9 @@ def test_dask_rpm_plan_shows_each_workers_rows_of_every_layer(capsys):
 
 
 def test_a_job_file_takes_a_list_of_hidden_layers(tmp_path):
-    from dask_rpm.data import write_dataset
     from dask_rpm.job.load import load_job
     from dask_rpm.job.spec import JobError
+    from dask_rpm.nn.data import write_dataset
 
     rng = np.random.default_rng(0)
     write_dataset(tmp_path / "d.nc", rng.normal(size=(40, 5)), rng.uniform(size=(40, 3)))

@@ -19,7 +19,7 @@ import pytest
 from distributed import Client
 
 import dask_rpm
-from dask_rpm.cost import Interconnect, LinkClass, network_from_config
+from dask_rpm.comm import Interconnect, LinkClass, network_from_config
 from dask_rpm.emulation import (
     LINKS_PLUGIN_NAME,
     EmulatedLinks,

@@ -1,4 +1,4 @@
-"""dask_rpm.model: a trained network to use - predict, score, save/load, PyTorch export, bad input."""
+"""dask_rpm.model.mlp: a trained network to use - predict, score, save/load, PyTorch export, bad input."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import os
 import numpy as np
 import pytest
 
-from dask_rpm.model import FORMAT_VERSION, MLPModel, ModelError
-from dask_rpm.network import Network
-from dask_rpm.recipe import forward
-from dask_rpm.serial import fit_serial
+from dask_rpm.model.mlp import FORMAT_VERSION, MLPModel, ModelError
+from dask_rpm.nn.network import Network
+from dask_rpm.nn.recipe import forward
+from dask_rpm.nn.serial import fit_serial
 
 
 def _data(s=80, n=5, k=3, seed=0):
@@ -226,7 +226,7 @@ def test_constructor_refuses_inconsistent_parts():
         MLPModel(W, np.zeros((2, 5)), net)
     with pytest.raises(ModelError, match="3 classes for 2 output"):
         MLPModel(W, V, net, classes=["a", "b", "c"])
-    with pytest.raises(ModelError, match="must be a dask_rpm.network.Network"):
+    with pytest.raises(ModelError, match="must be a dask_rpm.nn.network.Network"):
         MLPModel(W, V, ("tanh",))
     with pytest.raises(ModelError, match="float arrays of one dtype"):
         MLPModel(W.astype(int), V, net)
@@ -239,7 +239,7 @@ def test_constructor_refuses_inconsistent_parts():
 
 
 def test_load_refuses_what_is_not_a_model(tmp_path):
-    from dask_rpm.data import write_dataset
+    from dask_rpm.nn.data import write_dataset
 
     with pytest.raises(ModelError, match="does not exist"):
         MLPModel.load(tmp_path / "missing.nc")

@@ -1,6 +1,6 @@
 """Files dask_rpm writes are standard netCDF-4: ``ncdump`` and xarray's netCDF4 engine read them, no warnings.
 
-Covers ``dask_rpm.data.atomic_to_netcdf`` (datasets, job output, checkpoints)
+Covers ``dask_rpm.nn.data.atomic_to_netcdf`` (datasets, job output, checkpoints)
 through the command a user runs: ``dask-rpm train --config job.yaml``.
 """
 
@@ -17,7 +17,7 @@ import pytest
 import xarray as xr
 import yaml
 
-from dask_rpm.data import write_dataset
+from dask_rpm.nn.data import write_dataset
 
 
 def _need_readers() -> None:

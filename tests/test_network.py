@@ -7,9 +7,9 @@ import itertools
 import numpy as np
 import pytest
 
-from dask_rpm.kernels import Workspace, init_weights
-from dask_rpm.network import Network, NetworkError, network
-from dask_rpm.recipe import forward
+from dask_rpm.nn.kernels import Workspace, init_weights
+from dask_rpm.nn.network import Network, NetworkError, network
+from dask_rpm.nn.recipe import forward
 
 FORMS = [
     Network(a, lo, o, b)

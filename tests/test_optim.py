@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dask_rpm.optim import Optimizer, OptimizerError, optimizer, step
+from dask_rpm.nn.optim import Optimizer, OptimizerError, optimizer, step
 
 
 @pytest.mark.parametrize("name", ["sgd", "momentum", "adam"])

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dask_rpm.partition import (
+from dask_rpm.plan.partition import (
     Plan,
     PlanError,
     RealPartition,

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dask_rpm.cost import t_comm_model
-from dask_rpm.partition import Plan, PlanError
+from dask_rpm.plan.partition import Plan, PlanError
 from dask_rpm.planners import (
     PLANNERS,
     PlannerResult,

@@ -8,8 +8,8 @@ from distributed import Client
 
 import dask_rpm
 from dask_rpm.dashboard import DASHBOARD_PLUGIN_NAME, RPMDashboardPlugin
+from dask_rpm.engine.records import TimingRecord
 from dask_rpm.plugin import PLUGIN_NAME, TOPIC, RPMSchedulerPlugin
-from dask_rpm.records import TimingRecord
 
 
 def _recorded(dask_scheduler: Any) -> tuple[int, list[str], list[int], int]:

@@ -8,8 +8,7 @@ import dask.config
 import numpy as np
 import pytest
 
-from dask_rpm.partition import Plan
-from dask_rpm.policy import (
+from dask_rpm.drpm.policy import (
     CheckSchedule,
     Decision,
     auto_interval,
@@ -21,7 +20,8 @@ from dask_rpm.policy import (
     predict_step_seconds,
     predict_worker_seconds,
 )
-from dask_rpm.remap import migration, migration_seconds
+from dask_rpm.drpm.remap import migration, migration_seconds
+from dask_rpm.plan.partition import Plan
 
 SHAPE = (7, 40, 3)
 ROW = (7 + 3) * 8
@@ -283,8 +283,8 @@ def test_check_schedule_auto():
 def test_first_interval_is_the_one_source_for_the_schedule_and_fit():
     """fit() and CheckSchedule take R before any measurement from policy.first_interval."""
     from dask_rpm.engine.options import RunKeywords, resolve_options
-    from dask_rpm.options import TrainingOptions
-    from dask_rpm.prepare import prepare
+    from dask_rpm.nn.options import TrainingOptions
+    from dask_rpm.nn.prepare import prepare
 
     job = prepare(
         np.zeros((8, 2)),

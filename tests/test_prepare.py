@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dask_rpm.data import DataError
-from dask_rpm.options import TrainingOptions
-from dask_rpm.prepare import prepare
-from dask_rpm.serial import fit_serial
+from dask_rpm.nn.data import DataError
+from dask_rpm.nn.options import TrainingOptions
+from dask_rpm.nn.prepare import prepare
+from dask_rpm.nn.serial import fit_serial
 
 rng = np.random.default_rng(0)
 X = rng.normal(size=(40, 3))

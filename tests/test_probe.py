@@ -305,7 +305,7 @@ def test_link_class_pairs_by_host_and_group():
 
 
 def test_probe_measures_link_classes_and_gives_a_network(emulated):
-    from dask_rpm.cost import Interconnect
+    from dask_rpm.comm import Interconnect
     from dask_rpm.probe import probe_network
 
     ds = probe(emulated, shape=(9, 7, 4), samples=61, repeats=3, groups=["x", "x", "y"])

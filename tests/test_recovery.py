@@ -17,8 +17,8 @@ from distributed import Client, LocalCluster
 from problems import regression_problem
 
 from dask_rpm.engine import TrainingError, WorkerLostError, fit, ordered_workers
-from dask_rpm.partition import Plan
-from dask_rpm.serial import fit_serial
+from dask_rpm.nn.serial import fit_serial
+from dask_rpm.plan.partition import Plan
 
 RTOL = 1e-10
 

@@ -8,9 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dask_rpm.partition import Plan, PlanError
-from dask_rpm.planners import make_plan
-from dask_rpm.remap import (
+from dask_rpm.drpm.remap import (
     MigrationError,
     SampleChange,
     Transfer,
@@ -22,6 +20,8 @@ from dask_rpm.remap import (
     sample_changes,
     whole_remap,
 )
+from dask_rpm.plan.partition import Plan, PlanError
+from dask_rpm.planners import make_plan
 
 SHAPE = (7, 40, 3)  # n, m, l
 ROW = (7 + 3) * 8  # bytes of one hidden unit's W row + V column in float64
@@ -472,7 +472,7 @@ def test_column_remap_on_t1_stops_short_of_balance_and_tc_reaches_it():
     stops them while the plan is still more than 10 % slower than balanced; one
     remap on the wait-free compute speeds (tc) is balanced at once.
     """
-    from dask_rpm.policy import imbalance_ratio, predict_step_seconds
+    from dask_rpm.drpm.policy import imbalance_ratio, predict_step_seconds
 
     plan = make_plan([1.0, 1.0, 0.5, 0.5], (257, 384, 16), 4096, "srpm")
     assert len(plan.columns) == 2

@@ -14,7 +14,7 @@ from problems import regression_problem
 
 import dask_rpm
 from dask_rpm import Plan, make_plan
-from dask_rpm.partition import PlanError
+from dask_rpm.plan.partition import PlanError
 from dask_rpm.results import plan_dataset, plans_dataset, plot_plan
 
 PAPER = ([0.05, 0.10, 0.20, 0.30, 0.35], (203, 80, 26), 1024)

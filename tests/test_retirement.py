@@ -10,7 +10,7 @@ from distributed import Client, LocalCluster, Worker
 
 from dask_rpm.engine import fit
 from dask_rpm.engine.retirement import due, iterations_before
-from dask_rpm.serial import fit_serial
+from dask_rpm.nn.serial import fit_serial
 
 
 def test_due_and_boundary_decisions():

@@ -10,8 +10,8 @@ import sys
 import numpy as np
 import pytest
 
+from dask_rpm.bench.simulate import SimulateError, simulate, speeds_for
 from dask_rpm.cli import main
-from dask_rpm.simulate import SimulateError, simulate, speeds_for
 
 
 def test_split_1d_two_equal_workers_by_hand():
@@ -141,7 +141,7 @@ def test_simulate_is_pure():
     """The cost-model simulation loads neither distributed nor torch (fresh interpreter)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     code = (
-        "import sys, dask_rpm.simulate; "
+        "import sys, dask_rpm.bench.simulate; "
         "print(sorted(m for m in ('distributed', 'torch') if m in sys.modules))"
     )
     out = subprocess.run(

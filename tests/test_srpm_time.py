@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from problems import regression_problem
 
-from dask_rpm.cost import Interconnect, LinkClass, predict_iteration_seconds
-from dask_rpm.partition import PlanError
+from dask_rpm.comm import Interconnect, LinkClass
+from dask_rpm.cost import predict_iteration_seconds
+from dask_rpm.plan.partition import PlanError
 from dask_rpm.planners import PLANNERS, fastest_grid, make_plan
 from dask_rpm.planners.srpm_time import _RangeMax, _RunCost, time_table, vertical_seconds
 
@@ -157,7 +158,7 @@ def test_link_aware_plan_trains_exactly_like_serial():
     from distributed import Client, LocalCluster
 
     from dask_rpm.engine import fit
-    from dask_rpm.serial import fit_serial
+    from dask_rpm.nn.serial import fit_serial
 
     rng = np.random.default_rng(5)
     s, n, m, l = 60, 40, 24, 2
@@ -271,7 +272,7 @@ def test_a_plan_with_idle_workers_trains_exactly_like_serial():
     from distributed import Client, LocalCluster
 
     from dask_rpm.engine import fit, ordered_workers
-    from dask_rpm.serial import fit_serial
+    from dask_rpm.nn.serial import fit_serial
 
     s, n, m, l = 50, 8, 10, 3
     x, d = regression_problem(s=s, n=n, l=l, seed=7)

@@ -15,7 +15,7 @@ import pytest
 from dask_rpm.engine import store
 from dask_rpm.engine.worker import rows_of as _rows_of
 from dask_rpm.nn.layers import Layers
-from dask_rpm.partition import Plan
+from dask_rpm.plan.partition import Plan
 
 
 def _weights(n=6, m=9, l=3, slots=("velocity",), seed=0):

@@ -14,10 +14,10 @@ from distributed import Client, LocalCluster
 from problems import regression_problem
 
 import dask_rpm
-from dask_rpm.data import DataError
-from dask_rpm.partition import Plan
-from dask_rpm.serial import fit_serial
-from dask_rpm.threads import blas_threads, kernel_threads, threads_setting
+from dask_rpm.nn.data import DataError
+from dask_rpm.nn.serial import fit_serial
+from dask_rpm.plan.partition import Plan
+from dask_rpm.runtime.threads import blas_threads, kernel_threads, threads_setting
 
 RTOL = 1e-10
 LR = 1e-3
@@ -55,7 +55,7 @@ def test_limits_nest_and_restore_in_this_process():
 
 
 def _blas_now() -> int:
-    from dask_rpm.threads import blas_threads
+    from dask_rpm.runtime.threads import blas_threads
 
     return blas_threads()
 
@@ -78,7 +78,7 @@ def _plan(client, s, shape):
 
 def _sensitivity(x, d, m, iterations):
     """Relative change of the final W when W0 moves by 1e-15 relative: the problem's conditioning."""
-    W0, V0 = dask_rpm.kernels.init_weights(x.shape[1], m, d.shape[1], seed=0)
+    W0, V0 = dask_rpm.nn.kernels.init_weights(x.shape[1], m, d.shape[1], seed=0)
     W, _, _ = fit_serial(x, d, init=(W0, V0), iterations=iterations, learning_rate=LR)
     Wp, _, _ = fit_serial(
         x, d, init=(W0 * (1 + 1e-15 * np.sign(W0)), V0), iterations=iterations, learning_rate=LR

@@ -12,11 +12,11 @@ import pytest
 
 from dask_rpm.engine import block as block_mod
 from dask_rpm.engine.layout import layouts
+from dask_rpm.engine.records import BlockSpec, TimingRecord
 from dask_rpm.engine.timing import TimingLog
-from dask_rpm.kernels import Workspace, init_weights
-from dask_rpm.partition import Plan
-from dask_rpm.records import BlockSpec, TimingRecord
-from dask_rpm.serial import fit_serial
+from dask_rpm.nn.kernels import Workspace, init_weights
+from dask_rpm.nn.serial import fit_serial
+from dask_rpm.plan.partition import Plan
 
 
 def _rec(it, w, start, f=0.01, v=0.002, b=0.02, h=0.003, mod=0.001):
@@ -67,8 +67,8 @@ class _OneWorkerState:
         self.run = "t"
         self.worker = types.SimpleNamespace()  # a worker without hooks: nothing paced
         from dask_rpm.engine.samples import ColumnData, SampleSource
-        from dask_rpm.options import TrainingOptions
-        from dask_rpm.recipe import recipe
+        from dask_rpm.nn.options import TrainingOptions
+        from dask_rpm.nn.recipe import recipe
 
         self.shard = Shard(layout_layers(self.layout), 0, [W, V])
         self.recipe = recipe(x.shape[0], TrainingOptions(iterations=4, learning_rate=0.05))

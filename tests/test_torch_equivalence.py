@@ -1,7 +1,7 @@
 """The serial reference against an independent implementation: the same network trained in PyTorch.
 
 PyTorch (float64) trains the same network from the same initial weights on
-the same mini-batches (the order of :class:`dask_rpm.batches.Schedule`), with
+the same mini-batches (the order of :class:`dask_rpm.nn.batches.Schedule`), with
 ``reduction="sum"`` (the paper sums over samples) and ``torch.optim.SGD``,
 ``SGD(momentum=0.9)`` and ``Adam``. After 50 steps its weights must equal
 :func:`dask_rpm.fit_serial`'s to 1e-9 relative, for every loss and output
@@ -22,8 +22,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dask_rpm.batches import BatchSchedule  # noqa: E402
-from dask_rpm.serial import fit_serial  # noqa: E402
+from dask_rpm.nn.batches import BatchSchedule  # noqa: E402
+from dask_rpm.nn.serial import fit_serial  # noqa: E402
 
 STEPS = 50
 S, N, M, L = 60, 7, 9, 4  # samples, inputs, hidden, outputs

@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 from distributed import Client, LocalCluster
 
-from dask_rpm.data import write_dataset
+from dask_rpm.drpm.remap import column_remap, whole_remap
 from dask_rpm.engine import fit, ordered_workers
 from dask_rpm.engine.callbacks import TrainingCallback
-from dask_rpm.kernels import init_weights
-from dask_rpm.partition import Plan
+from dask_rpm.nn.data import write_dataset
+from dask_rpm.nn.kernels import init_weights
+from dask_rpm.nn.serial import fit_serial
+from dask_rpm.plan.partition import Plan
 from dask_rpm.planners import make_plan
-from dask_rpm.remap import column_remap, whole_remap
-from dask_rpm.serial import fit_serial
 
 RTOL = 1e-10
 S, N, M, L = 90, 7, 9, 3

@@ -52,7 +52,7 @@ API_MODULES: tuple[tuple[str, str], ...] = (
     ("dask_rpm", "training, planning and the emulated local cluster"),
     ("dask_rpm.probe", "measure worker abilities and links before planning"),
     ("dask_rpm.cost", "the cost models: element counts and predicted seconds per iteration"),
-    ("dask_rpm.exchange", "allreduce schedules for the in-column and across-column exchanges"),
+    ("dask_rpm.comm.exchange", "allreduce schedules for the in-column and across-column exchanges"),
     ("dask_rpm.results", "plans and histories as xarray Datasets, pictures of runs"),
     ("dask_rpm.engine.callbacks", "per-block training hooks (fit(callbacks=...))"),
     ("dask_rpm.progress", "the progress bar / log lines of fit"),

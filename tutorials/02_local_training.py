@@ -15,7 +15,7 @@ Dask workers whose BP kernels are slowed to relative speeds 1.0, 0.5 and 0.25
    descriptions - for the error curve, per-worker phase times and the
    ability estimates, and ``result.plans_dataset()`` for the rectangles;
 4. hold the estimates and the final plan against the EMULATED speeds
-   (``dask_rpm.evidence.speed_check``): both within 10 %, or the reason not;
+   (``dask_rpm.demo.evidence.speed_check``): both within 10 %, or the reason not;
 5. save the history as netCDF (and, with ``--png``, a picture of the run).
 
 Run::
@@ -38,8 +38,8 @@ import xarray as xr
 from distributed import Client
 
 import dask_rpm
+from dask_rpm.demo.evidence import overrun_counts, speed_check
 from dask_rpm.emulation import emulation_info
-from dask_rpm.evidence import overrun_counts, speed_check
 
 SPEEDS = [1.0, 0.5, 0.25]  # EMULATED relative speeds
 

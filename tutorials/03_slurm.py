@@ -76,8 +76,8 @@ def run(logs: str) -> int:
     from distributed import Client
 
     import dask_rpm
+    from dask_rpm.demo.evidence import overrun_counts, plan_speeds, speed_check
     from dask_rpm.emulation import emulation_info
-    from dask_rpm.evidence import overrun_counts, plan_speeds, speed_check
     from dask_rpm.slurm import HeterogeneousSLURMCluster, WorkerGroup
 
     fast_p, slow_p = PARTITIONS[0], PARTITIONS[-1]

@@ -29,8 +29,8 @@ import numpy as np
 from distributed import Client
 
 import dask_rpm
+from dask_rpm.demo.evidence import overrun_counts, speed_check
 from dask_rpm.emulation import emulation_info
-from dask_rpm.evidence import overrun_counts, speed_check
 
 SPEEDS = [1.0, 0.5, 0.25]  # EMULATED relative speeds
 

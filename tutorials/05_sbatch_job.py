@@ -52,7 +52,7 @@ PARTITIONS = os.environ.get("DASK_RPM_SLURM_PARTITIONS", "fast slow").split()
 def write_digits(path: str) -> None:
     from sklearn.datasets import load_digits
 
-    from dask_rpm.data import write_dataset
+    from dask_rpm.nn.data import write_dataset
 
     pixels, labels = load_digits(return_X_y=True)
     x = np.column_stack([pixels / 16.0, np.ones(len(pixels))])  # last input: constant 1 (the bias)
@@ -162,9 +162,9 @@ def run(work: str) -> int:
     import xarray as xr
 
     from dask_rpm import Plan
-    from dask_rpm.evidence import speed_check
-    from dask_rpm.network import Network
-    from dask_rpm.recipe import forward
+    from dask_rpm.demo.evidence import speed_check
+    from dask_rpm.nn.network import Network
+    from dask_rpm.nn.recipe import forward
 
     with (
         xr.open_dataset("digits-result.nc", engine="h5netcdf") as res,

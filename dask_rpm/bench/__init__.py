@@ -49,7 +49,7 @@ Mini-batches (workload ``minibatch``, 203-1024-26 with 16384
 samples, at ``batch_sizes`` 256, 1024, 4096 by default): one case per batch
 size; an iteration is one mini-batch step, ``T_series(i)`` is worker ``i``
 alone on the same batches, and every method trains on the same mini-batch
-sequence (:mod:`dask_rpm.batches`; the DDP peer's ranks take equal shares of
+sequence (:mod:`dask_rpm.nn.batches`; the DDP peer's ranks take equal shares of
 each batch and all-reduce every step). ``weights_vs_serial`` checks that:
 every method's final weights against :func:`dask_rpm.fit_serial` with the
 same batches. ``phase_seconds`` says where the engine's time goes.

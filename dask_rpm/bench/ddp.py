@@ -95,7 +95,7 @@ class _Pacer:
 
     The same work model and kernel rate as the Dask workers' pace(): forward +
     backward of this iteration's rows of this rank x all units of every hidden layer
-    (:func:`dask_rpm.kernels.rectangle_work`), padded to
+    (:func:`dask_rpm.nn.kernels.rectangle_work`), padded to
     ``max(cpu, work / rate) / (speed * scale)``.
     """
 
@@ -254,7 +254,7 @@ def run_ddp(
     single-GPU run a user compares a heterogeneous run with.
 
     ``batch_size`` / ``shuffle`` (defaults ``rpm.train.*``): the mini-batches of
-    :mod:`dask_rpm.batches` with the same ``seed`` as :func:`dask_rpm.fit`,
+    :mod:`dask_rpm.nn.batches` with the same ``seed`` as :func:`dask_rpm.fit`,
     so DDP trains on exactly the batches dask_rpm does; every rank takes an
     equal share of each batch and DDP all-reduces the gradients every step.
     Returns ``{"times", "error", "params", "W", "V"}``: rank 0's iteration times and
@@ -263,7 +263,7 @@ def run_ddp(
 
     Each rank's forward + backward is paced like a Dask worker's kernel block
     (:func:`dask_rpm.emulation.pace`): to ``max(cpu, work / rate) / (speed *
-    scale)`` with the flop model :func:`dask_rpm.kernels.rectangle_work`, so both
+    scale)`` with the flop model :func:`dask_rpm.nn.kernels.rectangle_work`, so both
     systems run at the same EMULATED speeds whatever their kernels cost.
     ``rate`` (flop equivalents per second at speed 1, scale 1) defaults to this
     process's calibrated rate x ``rpm.emulation.rate-fraction``, the rate

@@ -23,14 +23,14 @@ import dask
 import numpy as np
 from distributed import Client
 
+from ..demo.train import demo_data
 from ..emulation import emulation_report, local_cluster, set_speed, worker_addresses
 from ..engine import fit
 from ..nn.serial import fit_serial
-from ..partition import Plan
+from ..plan.partition import Plan
 from ..planners import divisors, fastest_grid, make_plan
 from ..probe import probe
 from ..records import PHASES
-from ..train import demo_data
 from .ddp import run_ddp_method
 from .profiles import (
     METHODS,

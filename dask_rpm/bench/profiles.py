@@ -1,6 +1,6 @@
 """What a bench run is made of: the paper's ability profiles, the workloads, the methods, the cases.
 
-Pure (numpy only; no ``distributed``, no torch): :mod:`dask_rpm.simulate`
+Pure (numpy only; no ``distributed``, no torch): :mod:`dask_rpm.bench.simulate`
 draws its speed distributions ``A`` and ``B`` from here, and the harness
 (:mod:`dask_rpm.bench.harness`) builds its cases here. Also the metric
 (:func:`gamma`, :func:`steady_seconds`) and the checks of a run's arguments,

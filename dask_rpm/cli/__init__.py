@@ -5,7 +5,7 @@ Each subcommand is a module of this package with ``add_parser(subparsers)``
 runner, which takes the parsed namespace and returns an exit code. The
 subcommands are listed in :data:`COMMANDS`; :func:`register_parser` adds one
 from elsewhere. Runners report bad input by raising :class:`CLIError` or
-:class:`~dask_rpm.partition.PlanError`; :func:`main` prints the message as one
+:class:`~dask_rpm.plan.partition.PlanError`; :func:`main` prints the message as one
 line on stderr and exits 2.
 
 ``dask rpm ...`` works because the ``dask_cli`` entry point group is loaded by
@@ -25,7 +25,7 @@ from typing import Any
 import click
 
 from .._version import __version__
-from ..partition import PlanError
+from ..plan.partition import PlanError
 from . import bench, plan, predict, probe, simulate, train
 from ._common import PROG, CLIError, Parser, join_dashed_values, subcommand_names
 from .plan import draw_plan, format_plan, plan_json

@@ -14,9 +14,9 @@ import re
 from typing import Any
 
 from ..nn.layers import layers_of
-from ..partition import round_cuts
+from ..plan.partition import round_cuts
+from ..plan.real_partition import count_noun
 from ..planners import PLANNERS, make_plan, parse_network_shape
-from ..real_partition import count_noun
 from ._common import PROG, CLIError, float_option, int_option
 
 __all__ = [

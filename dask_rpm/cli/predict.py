@@ -20,7 +20,7 @@ import numpy as np
 
 from .._files import TargetError, check_target
 from .._version import __version__
-from ..model import MLPModel, ModelError
+from ..model.mlp import MLPModel, ModelError
 from ..nn.data import atomic_to_netcdf
 from ._common import CLIError
 

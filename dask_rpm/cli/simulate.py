@@ -1,6 +1,6 @@
 """``dask-rpm simulate``: predicted gamma and iteration time for large clusters (SIMULATION).
 
-The model is :mod:`dask_rpm.simulate`; this module holds the options and the
+The model is :mod:`dask_rpm.bench.simulate`; this module holds the options and the
 files written (``simulate.nc``, ``simulate.md``, ``simulate.png``).
 """
 
@@ -13,8 +13,7 @@ import sys
 from typing import Any
 
 from .._files import atomic_write, atomic_write_text
-from ..partition import PlanError
-from ..simulate import (
+from ..bench.simulate import (
     DEFAULT_NS,
     DEFAULT_UNIT_RATE,
     EXCHANGES,
@@ -25,6 +24,7 @@ from ..simulate import (
     plot_simulation,
     simulate,
 )
+from ..plan.partition import PlanError
 from ._common import CLIError
 
 __all__ = ["add_parser", "run"]

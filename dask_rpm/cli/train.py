@@ -1,6 +1,6 @@
 """``dask-rpm train``: the demo on a local EMULATED cluster, or a training job from a YAML file.
 
-The demo itself is :func:`dask_rpm.train.run_demo`; a job file is
+The demo itself is :func:`dask_rpm.demo.train.run_demo`; a job file is
 :func:`dask_rpm.job.run_job`. This module holds the options, their checks and
 the exit codes (2: bad input, 1: training failed or the output was saved
 elsewhere).
@@ -164,7 +164,7 @@ def _run(args: argparse.Namespace) -> int:
         )
     training = {"rpm.train.batch-size": args.batch_size, "rpm.train.optimizer": args.optimizer}
     # imported here: the demo loads distributed (about 0.6 s), which --help and plan need not pay
-    from ..train import run_demo
+    from ..demo.train import run_demo
 
     with dask.config.set({k: v for k, v in training.items() if v is not None}):
         run_demo(speeds=speeds, iterations=args.iterations, mapping=args.mapping, as_json=args.json)

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from .network import Interconnect
+from ..comm.network import Interconnect
 from .predict import predict_iteration_seconds
 
 __all__ = ["fit_network"]

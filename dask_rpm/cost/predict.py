@@ -9,9 +9,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .. import config
-from ..partition import Plan, RealPartition, t_comm_model
-from ..schedules import build
-from .collectives import (
+from ..comm.collectives import (
     HORIZONTAL_MODES,
     VERTICAL_MODES,
     EngineRule,
@@ -21,7 +19,9 @@ from .collectives import (
     round_seconds,
     schedule_seconds,
 )
-from .network import Interconnect, LinkClass, network_from_config
+from ..comm.network import Interconnect, LinkClass, network_from_config
+from ..comm.schedules import build
+from ..plan.partition import Plan, RealPartition, t_comm_model
 
 __all__ = [
     "expected_max_normal",
@@ -181,7 +181,7 @@ def predict_breakdown(
       (one round, everyone sends to everyone) or ``leader`` (gather, sum,
       send back: two rounds); ``gather`` is the paper's one-message-at-a-time
       ``2 (k - 1)`` messages; ``tree``, ``halving``, ``ring``, ``direct`` the
-      scalable schedules of :mod:`dask_rpm.exchange`; ``best`` the cheapest
+      scalable schedules of :mod:`dask_rpm.comm.exchange`; ``best`` the cheapest
       of those per column;
     * horizontal exchange: ``horizontal="engine"``/``"pairwise"`` charges the
       engine's messages (every worker sends the rows it shares with each

@@ -5,5 +5,5 @@
 * :mod:`~dask_rpm.drpm.remap` - column and whole remaps of a plan, and what moves.
 
 The engine runs them between blocks (:mod:`dask_rpm.engine.drpm`). The old
-paths (``dask_rpm.estimator``, ``dask_rpm.policy``, ``dask_rpm.remap``) are the same modules.
+paths (``dask_rpm.drpm.estimator``, ``dask_rpm.drpm.policy``, ``dask_rpm.drpm.remap``) are the same modules.
 """

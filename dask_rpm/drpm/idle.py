@@ -37,8 +37,9 @@ from typing import Any
 import numpy as np
 
 from .. import config
-from ..cost import LinkClass, network_from_config, predict_breakdown, predict_iteration_seconds
-from ..partition import Plan, PlanError, RealPartition, to_integer
+from ..comm import LinkClass, network_from_config
+from ..cost import predict_breakdown, predict_iteration_seconds
+from ..plan.partition import Plan, PlanError, RealPartition, to_integer
 from ..planners.inputs import worker_names
 from .policy import Decision
 from .remap import migration, migration_seconds, whole_remap

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .. import config
-from ..partition import Plan
+from ..plan.partition import Plan
 from .remap import (
     Abilities,
     ability_vector,
@@ -165,7 +165,7 @@ def predict_worker_seconds(plan: Plan, speeds: Abilities) -> dict[int, float]:
 
     ``speeds`` are in work units (hidden units x samples) per second, as
     :meth:`AbilityEstimator.estimate` returns them; see
-    :func:`~dask_rpm.remap.ability_vector` for the accepted forms.
+    :func:`~dask_rpm.drpm.remap.ability_vector` for the accepted forms.
     """
     vec = ability_vector(plan, speeds)
     return {w: plan.rectangle(w).area / float(vec[w]) for w in plan.planned_workers}
@@ -222,14 +222,14 @@ def cost_decision(
     comm_seconds
         Communication seconds per iteration, a number or a function of a plan.
     latency, bandwidth, itemsize, concurrent
-        Migration cost model, see :func:`~dask_rpm.remap.migration_seconds`.
+        Migration cost model, see :func:`~dask_rpm.drpm.remap.migration_seconds`.
     min_gain
         Smallest relative iteration-time gain worth a remap; ``None`` reads
         ``rpm.drpm.min-gain``.
     kinds
         Candidates to consider.
     whole_kwargs
-        Extra arguments for :func:`~dask_rpm.remap.whole_remap`.
+        Extra arguments for :func:`~dask_rpm.drpm.remap.whole_remap`.
     """
     if remaining < 0:
         raise ValueError(f"remaining iterations must be >= 0, got {remaining}")

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from .. import config
-from ..partition import Plan, PlanError, RealPartition, snap_small_groups, to_integer
+from ..plan.partition import Plan, PlanError, RealPartition, snap_small_groups, to_integer
 from ..planners import make_plan
 
 __all__ = [
@@ -94,7 +94,7 @@ def ability_vector(plan: Plan, abilities: Abilities) -> np.ndarray:
     abilities
         A sequence with one value per plan worker (``len(plan.abilities)``), or
         a mapping keyed by worker index or, if the plan has ``workers``, by
-        address (what :class:`~dask_rpm.estimator.AbilityEstimator` returns).
+        address (what :class:`~dask_rpm.drpm.estimator.AbilityEstimator` returns).
         Excluded workers may be missing from a mapping: they keep their old
         share, rescaled to the planned workers' new total.
 
@@ -148,8 +148,8 @@ def column_remap(plan: Plan, abilities: Abilities, *, small_group: float | None 
 
     Column ``c`` gets width ``sum(p_i for i in c) / sum(p)`` and worker ``i`` in
     it height ``p_i / sum(p_j for j in c)``; then thin bands are snapped
-    (:func:`~dask_rpm.partition.snap_small_groups`) and the cuts are rounded to
-    whole samples and units (:func:`~dask_rpm.partition.to_integer`).
+    (:func:`~dask_rpm.plan.partition.snap_small_groups`) and the cuts are rounded to
+    whole samples and units (:func:`~dask_rpm.plan.partition.to_integer`).
 
     Parameters
     ----------

@@ -30,7 +30,7 @@ emulated speeds; worse, a worker that sleeps most of the time runs its next
 block on cold caches and spends 10-30 % more CPU on it, so slow workers looked
 slower than their speed. The BP kernels therefore tell :func:`pace` how much
 work a block is (``work``, flop equivalents from
-:func:`dask_rpm.kernels.block_work`), and the block lasts
+:func:`dask_rpm.nn.kernels.block_work`), and the block lasts
 ``work / (rate * speed * scale)``, where ``rate`` is one warm core's
 throughput on these kernels, measured once per cluster
 (:func:`calibrate_rate`, once per process, times

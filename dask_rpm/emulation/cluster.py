@@ -15,9 +15,9 @@ from dask.system import CPU_COUNT
 from distributed import Nanny, Scheduler, SpecCluster, Worker
 
 from .. import config
-from ..closing import quiet_when_closing
-from ..cost import Interconnect
-from ..gpus import GPU_RESOURCE
+from ..comm import Interconnect
+from ..runtime.closing import quiet_when_closing
+from ..runtime.gpus import GPU_RESOURCE
 from .gpu import gpu_label, local_gpu_workers, worker_gpu_env
 from .links import EmulatedLinks, LinkEmulationPlugin, emulated_links
 from .pacing import BLAS_VARS, EmulationPlugin
@@ -107,7 +107,9 @@ class EmulatedCluster(SpecCluster):
             silence_logs=silence_logs,
             name=name,
         )
-        quiet_when_closing(self)  # the scheduler's notices while it closes (dask_rpm.closing)
+        quiet_when_closing(
+            self
+        )  # the scheduler's notices while it closes (dask_rpm.runtime.closing)
 
     def _set_profile(
         self,
@@ -376,7 +378,7 @@ def local_cluster(
     links : mapping, optional
         Added delay per link class: ``{"host" | "group" | "across":
         (latency_s, bandwidth_bytes_per_s)}`` (or a
-        :class:`~dask_rpm.cost.LinkClass`, a dict with ``latency`` and
+        :class:`~dask_rpm.comm.LinkClass`, a dict with ``latency`` and
         ``bandwidth``, or None for nothing added); classes not given keep
         ``rpm.emulation.links``. Without ``groups``, messages between nodes
         are ``"across"``.

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import config
-from ..gpus import CUDA_ENV, NO_GPU, WORKER_GPU_ENV, local_gpus, machine_gpu_count
+from ..runtime.gpus import CUDA_ENV, NO_GPU, WORKER_GPU_ENV, local_gpus, machine_gpu_count
 
 __all__ = ["gpu_label", "local_gpu_workers", "worker_gpu_env"]
 
@@ -77,7 +77,7 @@ def local_gpu_workers(
     dict
         Worker ``k < gpus`` -> the ``k``-th GPU of this machine (those
         ``CUDA_VISIBLE_DEVICES`` names, where this process has it set, else
-        ``0 .. count-1``: :func:`dask_rpm.gpus.local_gpus`); empty for ``gpus=0``.
+        ``0 .. count-1``: :func:`dask_rpm.runtime.gpus.local_gpus`); empty for ``gpus=0``.
 
     Raises
     ------

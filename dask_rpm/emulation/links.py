@@ -9,7 +9,7 @@
 :func:`local_cluster(..., nodes=..., groups=..., links=...) <dask_rpm.local_cluster>`
 places worker ``i`` on node ``nodes[i]`` (and group ``groups[i]``) and gives
 every worker a :class:`LinkEmulationPlugin`. The class of a link follows
-:meth:`dask_rpm.cost.Interconnect.link_class`: ``"host"`` (same node), ``"group"``
+:meth:`dask_rpm.comm.Interconnect.link_class`: ``"host"`` (same node), ``"group"``
 (same group, other node), ``"across"`` (other group). Without ``groups``
 every node is a group of its own, so messages between nodes are
 ``"across"`` - the class :func:`dask_rpm.probe` reports for
@@ -18,7 +18,7 @@ every node is a group of its own, so messages between nodes are
 What is delayed (on the sending worker, without blocking its event loop):
 
 * the engine's worker-to-worker messages (``rpm_put``: the plugin sets the
-  worker's ``before_send`` hook, :mod:`dask_rpm.hooks`, which
+  worker's ``before_send`` hook, :mod:`dask_rpm.runtime.hooks`, which
   :meth:`dask_rpm.engine.worker.RunState.send` awaits), first in first out per
   peer: a later message to the same peer never overtakes an earlier one;
 * Dask's worker-to-worker data transfers (the ``get_data`` handler that serves
@@ -44,8 +44,8 @@ from typing import Any, NamedTuple
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from .. import config
-from ..cost import LINK_CLASSES, Interconnect, LinkClass, link_class, network_from_config
-from ..hooks import worker_hooks
+from ..comm import LINK_CLASSES, Interconnect, LinkClass, link_class, network_from_config
+from ..runtime.hooks import worker_hooks
 
 __all__ = [
     "LINKS_PLUGIN_NAME",
@@ -91,7 +91,7 @@ class EmulatedLinks(NamedTuple):
         return link.latency + (nbytes / link.bandwidth if math.isfinite(link.bandwidth) else 0.0)
 
     def network(self, base: Interconnect | None = None) -> Interconnect:
-        """The cost model's :class:`~dask_rpm.cost.Interconnect` for this placement.
+        """The cost model's :class:`~dask_rpm.comm.Interconnect` for this placement.
 
         Each class costs the ``base`` link (``rpm.cost.*`` when ``None``: what
         the loopback itself costs) plus the emulated delay: latencies add,
@@ -196,7 +196,7 @@ def emulated_links(
         every node is a group of its own.
     links : mapping, optional
         Added delay per class name (``"host"``, ``"group"``, ``"across"``):
-        a :class:`~dask_rpm.cost.LinkClass`, ``(latency, bandwidth)``,
+        a :class:`~dask_rpm.comm.LinkClass`, ``(latency, bandwidth)``,
         ``{"latency": s, "bandwidth": bytes_per_s}`` or None (no delay).
         Classes not given keep ``rpm.emulation.links``.
 

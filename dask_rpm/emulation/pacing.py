@@ -28,7 +28,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.worker import get_worker
 
 from .. import config
-from ..hooks import worker_hooks
+from ..runtime.hooks import worker_hooks
 from .profile import PLUGIN_NAME, check_speed, parse_schedule
 from .rate import calibrate_rate
 
@@ -459,7 +459,7 @@ def pace(
         blocks with equal keys must do the same work.
     work : float, optional
         The block's work in flop equivalents
-        (:func:`dask_rpm.kernels.block_work`).
+        (:func:`dask_rpm.nn.kernels.block_work`).
     dtype : str or numpy dtype
         Floating-point type of the work (float32 runs about twice as fast).
 

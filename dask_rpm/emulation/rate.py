@@ -24,9 +24,9 @@ def calibrate_rate(
 ) -> float:
     """Throughput of one warm core on the BP kernels, in flop equivalents per second.
 
-    Runs the training kernels (:func:`~dask_rpm.kernels.kernel_pass`) on a ``(n, m, l, s)`` block a
+    Runs the training kernels (:func:`~dask_rpm.nn.kernels.kernel_pass`) on a ``(n, m, l, s)`` block a
     few times after a warm-up and divides their work
-    (:func:`~dask_rpm.kernels.block_work`) by the median process CPU time
+    (:func:`~dask_rpm.nn.kernels.block_work`) by the median process CPU time
     with BLAS limited to one thread (process time, so that a BLAS that could
     not be limited is counted whole). About 0.1-0.3 s. EMULATED workers of one cluster share the result, so their
     speeds differ by exactly their ratios.

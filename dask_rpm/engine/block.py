@@ -45,14 +45,14 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..exchange import Schedule, WorkerStep, apply_received, build, worker_steps
-from ..hooks import worker_hooks
+from ..comm.exchange import Schedule, WorkerStep, apply_received, build, worker_steps
 from ..nn import backend as xb
 from ..nn.kernels import layer_work, rectangle_work
 from ..nn.optim import mean_gradient, penalty
-from ..records import BlockResult, BlockSpec, TimingRecord
+from ..runtime.hooks import worker_hooks
 from .column import gather_activations, scatter_deltas
 from .errors import BlockAborted, PeerError
+from .records import BlockResult, BlockSpec, TimingRecord
 
 __all__ = ["run_block"]
 
@@ -107,7 +107,7 @@ class _Exchange:
 
 
 class _Allreduce(NamedTuple):
-    """One allreduce of a flat buffer by a schedule of :mod:`dask_rpm.exchange`."""
+    """One allreduce of a flat buffer by a schedule of :mod:`dask_rpm.comm.exchange`."""
 
     tag: str  # phase prefix of its messages: round r is phase f"{tag}{r}"
     buffer: np.ndarray
@@ -373,7 +373,7 @@ class _Kernels:
         self.opt = state.recipe.optimizer
         self.layers = state.shard.layers
         self.units = self.layers.units(state.layout.rows)
-        # the worker's hooks (dask_rpm.hooks): a no-op on a real worker, the EMULATED speed's
+        # the worker's hooks (dask_rpm.runtime.hooks): a no-op on a real worker, the EMULATED speed's
         # padding where the emulation put it
         self.pace = worker_hooks(state.worker).pace
         # each parameter's bias column (local; None: not held), left out of the L2 penalty

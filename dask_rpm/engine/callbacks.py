@@ -21,12 +21,13 @@ from typing import Any
 import numpy as np
 
 from ..nn.convergence import epoch_error
-from ..partition import Plan
-from ..records import Checkpoint, RemapRecord
+from ..plan.partition import Plan
+from ..records import RemapRecord
 from .checkpoint import StoredCheckpoint, write_store
 from .driver import Driver
 from .drpm import jsonable
 from .errors import WorkerLostError
+from .records import Checkpoint
 
 logger = logging.getLogger("dask_rpm")
 
@@ -260,7 +261,7 @@ class CheckpointCallback(TrainingCallback):
 
 class ValidationCallback(TrainingCallback):
     """Evaluate the validation set at the recipe's points (blocks end there) and stop early when the
-    :class:`~dask_rpm.recipe.Validator` says so. The weights are gathered to the client for it."""
+    :class:`~dask_rpm.nn.recipe.Validator` says so. The weights are gathered to the client for it."""
 
     def __init__(self, validator: Any) -> None:
         self.validator = validator
@@ -281,7 +282,7 @@ class ValidationCallback(TrainingCallback):
 
 
 class EpochRuleCallback(TrainingCallback):
-    """An end-of-epoch rule (:class:`dask_rpm.convergence.ConvergenceRule`, or any object with its
+    """An end-of-epoch rule (:class:`dask_rpm.nn.convergence.ConvergenceRule`, or any object with its
     ``end_epoch`` and ``needs_weights``) run by the engine: blocks end on epoch ends, the rule gets
     the epoch's summed error (the weights gathered when it scores them), its learning rate
     becomes the next blocks' and its reason to stop stops training."""

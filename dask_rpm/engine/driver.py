@@ -27,13 +27,14 @@ from ..nn.data import DataError
 from ..nn.layers import Layers
 from ..nn.recipe import Recipe
 from ..ordering import ordered_workers
-from ..partition import Plan
-from ..records import BlockResult, BlockSpec, Checkpoint, RemapRecord, remap_record
+from ..plan.partition import Plan
+from ..records import RemapRecord, remap_record
 from . import store
 from .calls import run_each
 from .checkpoint import StoredCheckpoint
 from .errors import TrainingError, WorkerLostError
 from .layout import exchanges_summary, layouts
+from .records import BlockResult, BlockSpec, Checkpoint
 from .tasks import (
     run_abort,
     run_clear,
@@ -54,7 +55,7 @@ logger = logging.getLogger("dask_rpm")
 
 
 def _users(error: DataError) -> DataError:
-    """A worker's :class:`~dask_rpm.data.DataError` (bad samples it read, a damaged checkpoint
+    """A worker's :class:`~dask_rpm.nn.data.DataError` (bad samples it read, a damaged checkpoint
     store: the user's to fix) raised anew on the driver: its own class and message, without the
     remote traceback."""
     return type(error)(str(error))
@@ -196,7 +197,7 @@ class Driver:
     async def install(self, plan: Plan, start: Checkpoint | StoredCheckpoint) -> Placed:
         """Give every planned worker its shard of ``start`` and its samples.
 
-        A :class:`~dask_rpm.records.Checkpoint` (weights on the client: the
+        A :class:`~dask_rpm.engine.records.Checkpoint` (weights on the client: the
         initial ones, or the last gathered) is cut into shards and scattered;
         of a :class:`~dask_rpm.engine.checkpoint.StoredCheckpoint` the driver
         reads only the manifest and every worker reads its own rows from the
@@ -504,7 +505,7 @@ class Driver:
         """Switch to plan ``new`` between blocks, moving only the rows that change owner, worker to worker.
 
         Each worker keeps the rows it already holds and fetches the others from
-        the holder :func:`dask_rpm.remap.migration` chooses (every column holds
+        the holder :func:`dask_rpm.drpm.remap.migration` chooses (every column holds
         a full copy); workers whose sample range changed read their new samples
         (from the dataset file; from the client for in-memory arrays). The new
         shards are staged on every worker first and switched to together.

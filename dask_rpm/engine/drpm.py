@@ -22,7 +22,7 @@ from ..drpm.idle import (
 )
 from ..drpm.policy import auto_interval, decide
 from ..drpm.remap import column_remap, whole_remap
-from ..partition import PlanError
+from ..plan.partition import PlanError
 from ..probe import probe_network
 from ..records import RemapRecord
 from .driver import Driver

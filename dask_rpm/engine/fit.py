@@ -21,7 +21,7 @@ from ..emulation import emulation_label_async
 from ..nn.options import TRAINING_FIELDS, TrainingOptions
 from ..nn.prepare import Prepared, prepare
 from ..progress import Progress
-from ..records import Checkpoint, RemapRecord
+from ..records import RemapRecord
 from ..results import describe_history
 from . import callbacks as cb
 from .checkpoint import StoredCheckpoint, check_readable, check_shared
@@ -39,6 +39,7 @@ from .options import (
     start_checkpoint,
 )
 from .planning import first_plan
+from .records import Checkpoint
 from .result import FitResult
 from .scheduler_plugin import PLUGIN_NAME, RPMSchedulerPlugin
 from .store import prepare_directory
@@ -129,7 +130,7 @@ def fit(
         means equal abilities for static mappings.
     init : (W0, V0) or (W_1, ..., W_L, V), optional
         Initial weights (biases: ``(W0, V0, b0, c0)`` or ``(weights, biases)``); default a
-        seeded uniform init (:func:`dask_rpm.kernels.init_params`).
+        seeded uniform init (:func:`dask_rpm.nn.kernels.init_params`).
     seed : int, default ``rpm.train.seed``
     dtype : {"float64", "float32"}, default ``rpm.train.dtype``
     client : distributed.Client, optional
@@ -200,11 +201,11 @@ def fit(
     output : {"auto", "sigmoid", "linear", "softmax"}, default ``rpm.train.output``
         Output layer; ``auto`` follows the loss (sigmoid for squared error).
     bias : bool, default ``rpm.train.bias``
-        Bias terms for both layers (:mod:`dask_rpm.network`: ``W`` and ``V``
+        Bias terms for both layers (:mod:`dask_rpm.nn.network`: ``W`` and ``V``
         then have one more column, ``W`` one more row).
     optimizer : {"sgd", "momentum", "adam"} or dict, default ``rpm.train.optimizer``
         ``{"name": "adam", "beta1": 0.9, ...}`` sets parameters
-        (:mod:`dask_rpm.optim`). Its state lives with the weight rows on the
+        (:mod:`dask_rpm.nn.optim`). Its state lives with the weight rows on the
         workers: it moves with them in remaps and recovery.
     validation : float or (x_val, d_val), optional
         A fraction of the samples to hold out (seeded), or a validation set;
@@ -234,7 +235,7 @@ def fit(
         the plan it had reached instead of starting uniform again.
 
     options : TrainingOptions, optional
-        The training options as one record (:class:`dask_rpm.options.TrainingOptions`:
+        The training options as one record (:class:`dask_rpm.nn.options.TrainingOptions`:
         ``hidden`` to ``target_error`` above); the keywords set its fields, each given once.
     backend : {"numpy", "torch", "cupy", "auto"}, default ``rpm.engine.backend``
         The array library each worker's kernels, weights and optimizer state use
@@ -309,7 +310,7 @@ def _callbacks(
             raise TrainingError(
                 f"callbacks: {type(hook).__name__} is neither a TrainingCallback "
                 f"(dask_rpm.engine.callbacks) nor an epoch rule with end_epoch "
-                f"(dask_rpm.convergence.ConvergenceRule)"
+                f"(dask_rpm.nn.convergence.ConvergenceRule)"
             )
     return out, ckpt
 

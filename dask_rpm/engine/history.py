@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from ..partition import Plan
+from ..plan.partition import Plan
 from ..records import PHASES, Validation
 from .timing import TimingLog
 

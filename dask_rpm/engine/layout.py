@@ -1,4 +1,4 @@
-"""From a :class:`~dask_rpm.partition.Plan` to what each worker needs to know of it.
+"""From a :class:`~dask_rpm.plan.partition.Plan` to what each worker needs to know of it.
 
 Pure: no ``distributed``. The driver builds one :class:`Layout` per planned
 worker and sends it with the worker's setup or remap task; the block loop
@@ -13,17 +13,17 @@ Both exchanges are allreduces whose result every holder gets bit-identical.
   other member and each sums them in column order (one hop); ``leader``: the
   members send to the column's leader, which sums, computes the output
   deltas and sends them back; ``tree``, ``halving``, ``ring``, ``direct``:
-  the schedules of :mod:`dask_rpm.exchange` (rounds of slices).
+  the schedules of :mod:`dask_rpm.comm.exchange` (rounds of slices).
 * **Horizontal**, across columns: ``pairwise``: every worker sends the rows of
   its weight-update sums that overlap each worker of another column to that
   worker (one message per overlapping pair) and sums what it receives in
-  column order; or one schedule of :mod:`dask_rpm.exchange` per group of
+  column order; or one schedule of :mod:`dask_rpm.comm.exchange` per group of
   bands with the same holders (the bands merged into one buffer).
 
 ``rpm.engine.vertical`` / ``rpm.engine.horizontal`` name the algorithm or
 say ``auto``: the one-hop exchange up to ``rpm.engine.allgather-max``
 holders, above it the one the cost model (``rpm.cost.*``) predicts fastest
-for the group's size and bytes (:func:`dask_rpm.cost.engine_algorithm`, the
+for the group's size and bytes (:func:`dask_rpm.comm.engine_algorithm`, the
 rule :func:`dask_rpm.cost.predict_breakdown` charges too).
 """
 
@@ -31,10 +31,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..cost import ENGINE_VERTICAL, EngineRule, Interconnect
+from ..comm import ENGINE_VERTICAL, EngineRule, Interconnect
 from ..nn.layers import Layers
-from ..partition import Plan
-from ..records import BandGroup, Layout, Peer
+from ..plan.partition import Plan
+from .records import BandGroup, Layout, Peer
 
 __all__ = [
     "layouts",
@@ -51,7 +51,7 @@ VERTICAL_ALGORITHMS = ENGINE_VERTICAL
 def band_groups(plan: Plan, addresses: Sequence[str], rule: EngineRule) -> list[BandGroup]:
     """The horizontal allreduces of ``plan``: bands with the same holders merged, in band order.
 
-    Their algorithms come from ``rule`` (:meth:`dask_rpm.cost.EngineRule.horizontal_for`);
+    Their algorithms come from ``rule`` (:meth:`dask_rpm.comm.EngineRule.horizontal_for`);
     an empty list when the exchange is ``pairwise`` (or there is one column).
     """
     groups = plan.band_groups() if plan.n_columns > 1 else []

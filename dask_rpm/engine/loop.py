@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from .. import config
-from ..partition import Plan
-from ..records import Checkpoint, RemapRecord, remap_record
+from ..plan.partition import Plan
+from ..records import RemapRecord, remap_record
 from . import callbacks as cb
 from . import retirement
 from .checkpoint import StoredCheckpoint
@@ -23,6 +23,7 @@ from .driver import Driver, Placed, ordered_workers
 from .drpm import DRPMState
 from .errors import TrainingError, WorkerLostError
 from .options import Options
+from .records import Checkpoint
 from .recovery import rebalance, recover, whole_plan
 from .tasks import run_deadline
 

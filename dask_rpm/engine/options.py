@@ -14,11 +14,11 @@ from ..drpm.policy import first_interval
 from ..nn.backend import check_names
 from ..nn.data import DataError
 from ..nn.prepare import Prepared
-from ..partition import Plan, PlanError
+from ..plan.partition import Plan, PlanError
 from ..planners import describe_names, mapping_names
-from ..records import Checkpoint
-from ..threads import threads_setting
+from ..runtime.threads import threads_setting
 from .checkpoint import StoredCheckpoint
+from .records import Checkpoint
 from .store import open_resume
 
 logger = logging.getLogger("dask_rpm")

@@ -9,7 +9,7 @@ from typing import Any
 
 from .. import config
 from ..nn.prepare import Prepared
-from ..partition import Plan, PlanError
+from ..plan.partition import Plan, PlanError
 from ..planners import make_plan
 from ..probe import probe_async, probe_network
 from .driver import ordered_workers

@@ -11,13 +11,14 @@ from dataclasses import replace
 import numpy as np
 
 from ..drpm.remap import MigrationError
-from ..partition import Plan
+from ..plan.partition import Plan
 from ..planners import make_plan
 from ..progress import weight_bytes
-from ..records import Checkpoint, RemapRecord, remap_record
+from ..records import RemapRecord, remap_record
 from .checkpoint import StoredCheckpoint
 from .driver import Driver, ordered_workers
 from .errors import TrainingError, WorkerLostError
+from .records import Checkpoint
 
 __all__ = ["whole_plan", "rebalance", "recover", "Checkpoint"]
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from ..model import MLPModel
-from ..partition import Plan
+from ..model.mlp import MLPModel
+from ..plan.partition import Plan
 from ..records import RemapRecord, Validation
 from ..results import plans_dataset, plot_result
 
@@ -24,7 +24,7 @@ class FitResult:
     params : list of numpy.ndarray
         Final parameters ``W_1 .. W_L, V`` (:mod:`dask_rpm.nn.layers`): ``W_k`` is
         ``(m_k, m_(k-1))``, ``V`` is ``(l, m_L)``; with bias terms one more row and
-        column each (:mod:`dask_rpm.network`).
+        column each (:mod:`dask_rpm.nn.network`).
     W, V : numpy.ndarray
         The first and the last of ``params`` (one hidden layer: the paper's ``W``, ``V``).
     history : xarray.Dataset
@@ -52,7 +52,7 @@ class FitResult:
         and optimizer state each worker of the final plan holds, by address (its
         rows of every layer: the rectangle model shards the model, a data-parallel
         peer holds all of it on every worker).
-    recipe : dask_rpm.recipe.Recipe
+    recipe : dask_rpm.nn.recipe.Recipe
         Network, optimizer, mini-batch schedule, iterations and learning rate used.
     classes : numpy.ndarray or None
         Class labels when ``d`` was given as 1-D labels (cross-entropy).

@@ -1,6 +1,6 @@
 """A worker's samples: what its column takes of each iteration's (mini-)batch.
 
-Pure (numpy; the dataset reader in :mod:`dask_rpm.data`): no ``distributed``.
+Pure (numpy; the dataset reader in :mod:`dask_rpm.nn.data`): no ``distributed``.
 
 How samples reach the workers
 -----------------------------
@@ -8,7 +8,7 @@ How samples reach the workers
   plan range ``[a, b)``. From in-memory arrays the driver sends each worker
   just that slice; from a dataset file each worker reads just that slice.
 * **Mini-batches**: column ``c`` takes its share of every batch
-  (:mod:`dask_rpm.batches`), and the batches are drawn from the whole
+  (:mod:`dask_rpm.nn.batches`), and the batches are drawn from the whole
   training set. From in-memory arrays every worker holds the whole training
   set (as in the paper, where every processor holds it; the driver
   sends each worker its copy once, and again only to a worker new to the run). From a dataset file on shared storage each worker

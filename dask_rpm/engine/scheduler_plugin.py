@@ -6,7 +6,7 @@ and the errors as ``rpm`` events (batched, at most every
 (O(1) per record, bounded buffers, one :class:`~dask_rpm.engine.timing.TimingLog`
 per run) and serves them to the driver (``rpm_pull``) and to the ``/rpm``
 dashboard page (``rpm_state``). Estimating abilities and deciding remaps live
-in pure modules (:mod:`dask_rpm.estimator`, :mod:`dask_rpm.policy`) that the
+in pure modules (:mod:`dask_rpm.drpm.estimator`, :mod:`dask_rpm.drpm.policy`) that the
 driver calls between blocks.
 
 The plugin knows nothing of the dashboard: :mod:`dask_rpm.dashboard` reads

@@ -50,7 +50,7 @@ import numpy as np
 from .._files import atomic_write, atomic_write_text, json_default, unwritable_reason
 from ..nn.data import DataError
 from ..nn.layers import layers_of, layers_of_params
-from ..partition import Plan
+from ..plan.partition import Plan
 
 __all__ = [
     "FORMAT",

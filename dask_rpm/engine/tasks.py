@@ -16,14 +16,14 @@ from typing import Any
 import numpy as np
 
 from .. import config
-from ..hooks import worker_hooks
 from ..nn import backend as xb
 from ..nn.data import DataError
 from ..nn.recipe import Recipe
-from ..records import BlockResult, BlockSpec, Layout
-from ..threads import kernel_threads
+from ..runtime.hooks import worker_hooks
+from ..runtime.threads import kernel_threads
 from .block import run_block
 from .layout import layout_layers
+from .records import BlockResult, BlockSpec, Layout
 from .samples import ColumnData, SampleSource
 from .store import StoreRows, file_digest, read_rows, write_mark, write_rows
 from .worker import PLUGIN_NAME, RunState, Shard, get_state
@@ -100,7 +100,7 @@ def t_setup(
 ) -> int | DataError:
     """Create this worker's state for a run: its shard, its samples (``source``: path, rows or a
     :class:`~dask_rpm.engine.samples.SampleSource`), on the backend ``placement`` names; returns
-    the bytes read from a checkpoint store, or the :class:`~dask_rpm.data.DataError` its samples
+    the bytes read from a checkpoint store, or the :class:`~dask_rpm.nn.data.DataError` its samples
     (or a backend this worker cannot run) raised.
 
     ``weights`` are the shard's rows the driver scattered, or which rows of a
@@ -143,7 +143,7 @@ async def t_block(run: str, spec: BlockSpec) -> BlockResult:
     else:
         inline_key = "engine.inline-work"
     async with state.busy:
-        # the worker's cores, not the one thread its nanny leaves BLAS (dask_rpm.threads)
+        # the worker's cores, not the one thread its nanny leaves BLAS (dask_rpm.runtime.threads)
         with kernel_threads(spec.threads or worker.state.nthreads) as threads:
             res = await run_block(
                 state,

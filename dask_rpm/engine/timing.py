@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from ..records import PHASES, Observation, TimingRecord
+from ..records import PHASES, Observation
+from .records import TimingRecord
 
 __all__ = ["TimingLog"]
 

@@ -33,15 +33,15 @@ import numpy as np
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.protocol import to_serialize
 
-from ..hooks import worker_hooks
 from ..nn import backend as xb
 from ..nn.backend import NUMPY, Backend
 from ..nn.kernels import Workspace, all_finite
 from ..nn.layers import Layers
 from ..nn.optim import Optimizer, step
 from ..nn.recipe import Recipe
-from ..records import Layout
+from ..runtime.hooks import worker_hooks
 from .errors import BlockAborted, PeerError
+from .records import Layout
 from .samples import ColumnData
 
 __all__ = [
@@ -92,7 +92,7 @@ class Shard:
 
     ``params`` are the parameters' pieces its plan rows ``rows`` hold
     (:meth:`Layers.take <dask_rpm.nn.layers.Layers.take>`); ``state[slot]`` has one array per
-    parameter for each of the optimizer's state slots (:mod:`dask_rpm.optim`), cut the same
+    parameter for each of the optimizer's state slots (:mod:`dask_rpm.nn.optim`), cut the same
     way. Nothing here names a parameter: every operation loops over the list. The arrays live
     on ``backend`` (:mod:`~dask_rpm.nn.backend`); :meth:`rows` gives host copies.
     """
@@ -183,7 +183,7 @@ class Shard:
         divergence the last finite weights (and optimizer state) are still
         there. Plain gradient descent writes ``p - eps * sum`` straight into
         the spare buffer and swaps (one pass, the paper's update); the other
-        optimizers copy first and step in place (:func:`dask_rpm.optim.step`).
+        optimizers copy first and step in place (:func:`dask_rpm.nn.optim.step`).
         """
         if opt is None or (opt.name == "sgd" and opt.convention == "pytorch"):
             for g in sums:
@@ -371,7 +371,7 @@ class RunState:
 
     async def _send(self, address: str, msg: dict[str, Any]) -> None:
         try:
-            # a hook (dask_rpm.hooks) only where one is set: EMULATED link classes
+            # a hook (dask_rpm.runtime.hooks) only where one is set: EMULATED link classes
             # (local_cluster(nodes=...)) make the message wait its link's added delay first
             before_send = worker_hooks(self.worker).before_send
             if before_send is not None:

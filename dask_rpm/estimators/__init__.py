@@ -12,13 +12,13 @@ cluster and plan. What makes them equal:
   intercepts (Glorot uniform; ``factor`` 2 for logistic);
 * the early-stopping split by ``train_test_split`` from the same generator
   (stratified for single-output classifiers), then scikit-learn's cumulative
-  per-epoch shuffles from what is left of it (:mod:`dask_rpm.batches`);
+  per-epoch shuffles from what is left of it (:mod:`dask_rpm.nn.batches`);
 * each iteration's gradient is the batch mean plus ``alpha W / batch``
-  (``reduction="mean"``, :mod:`dask_rpm.optim`), stepped by scikit-learn's
+  (``reduction="mean"``, :mod:`dask_rpm.nn.optim`), stepped by scikit-learn's
   Adam or SGD arithmetic (``convention="scikit-learn"``);
 * the epoch loss, ``tol`` / ``n_iter_no_change`` stopping, early stopping on
   the validation score and the ``invscaling`` / ``adaptive`` learning rates
-  are :class:`dask_rpm.convergence.ConvergenceRule`, run at epoch ends by
+  are :class:`dask_rpm.nn.convergence.ConvergenceRule`, run at epoch ends by
   the serial loop and by the engine alike.
 
 Like xgboost.dask's and dask-ml's estimators they take a ``client``: with

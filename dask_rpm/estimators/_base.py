@@ -3,7 +3,7 @@
 :class:`MLPBase` resolves the parameters, draws the initial weights and the
 early-stopping split from scikit-learn's generator in scikit-learn's order,
 and trains with :func:`dask_rpm.fit` (a client) or the serial loop (none),
-both ending each epoch with a :class:`dask_rpm.convergence.ConvergenceRule`.
+both ending each epoch with a :class:`dask_rpm.nn.convergence.ConvergenceRule`.
 :mod:`dask_rpm.estimators` holds the public classes and says what makes
 their model scikit-learn's.
 """
@@ -22,7 +22,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from .._version import __version__
-from ..model import MLPModel
+from ..model.mlp import MLPModel
 from ..nn.backend import resolve
 from ..nn.convergence import LEARNING_RATE_SCHEDULES, ConvergenceRule
 from ..nn.network import Network
@@ -416,7 +416,7 @@ class MLPBase(BaseEstimator):
     # ------------------------------------------------------------- fitted
     def _forward(self, X: np.ndarray) -> np.ndarray:
         """The outputs of the network ``coefs_`` / ``intercepts_`` hold, by the kernels that train
-        it (:func:`dask_rpm.recipe.forward`)."""
+        it (:func:`dask_rpm.nn.recipe.forward`)."""
         return forward(X, self._params(), self._net(self._resolved()))
 
     def _params(self) -> list[np.ndarray]:

@@ -21,8 +21,8 @@ import xarray as xr
 
 from .._files import TargetError, atomic_write, atomic_write_text, json_default
 from ..engine import FitResult, TrainingError, store
-from ..model import MLPModel, ModelError
-from ..model_file import dimension_names
+from ..model.files import dimension_names
+from ..model.mlp import MLPModel, ModelError
 from ..nn.layers import layers_of_params
 from ..slurm import group_from_name
 from .spec import Job, JobError
@@ -61,7 +61,7 @@ def _parameters(state: Any) -> list[np.ndarray]:
 
 def weight_variables(params: list[np.ndarray], what: str, prefix: str = "") -> dict[str, Any]:
     """One variable per parameter, named and dimensioned as in a model file (``W``, ``V`` for one
-    hidden layer; ``W1 .. WL``, ``V`` deeper: :func:`~dask_rpm.model_file.dimension_names`)."""
+    hidden layer; ``W1 .. WL``, ``V`` deeper: :func:`~dask_rpm.model.files.dimension_names`)."""
     layers = layers_of_params(params)
     return {
         f"{prefix}{name}": (dims, p, {"description": f"{what} of {name}"})

@@ -393,7 +393,7 @@ def run_job(
         Invalid job file, an output or checkpoint that exists or cannot be
         written, ``--resume`` without a matching checkpoint, an unreachable
         scheduler; all before any training.
-    dask_rpm.data.DataError
+    dask_rpm.nn.data.DataError
         A worker found a NaN or infinite value in its samples of the data file
         (before the first iteration).
     dask_rpm.TrainingError

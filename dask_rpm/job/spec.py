@@ -36,7 +36,7 @@ __all__ = [
     "flatten",
 ]
 
-#: Job keys that choose what is trained, and fit()'s keyword for each (validated by dask_rpm.recipe).
+#: Job keys that choose what is trained, and fit()'s keyword for each (validated by dask_rpm.nn.recipe).
 TRAINING_KEYS = {
     "epochs": "epochs",
     "batch-size": "batch_size",

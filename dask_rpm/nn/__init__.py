@@ -16,5 +16,5 @@ workers.
 * :mod:`~dask_rpm.nn.prepare` - data and options to a validated job;
 * :mod:`~dask_rpm.nn.serial` - the serial reference every distributed run equals.
 
-The old paths (``dask_rpm.kernels``, ``dask_rpm.recipe``, ...) are the same modules.
+The old paths (``dask_rpm.nn.kernels``, ``dask_rpm.nn.recipe``, ...) are the same modules.
 """

@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .. import config
-from ..partition import Plan
+from ..plan.partition import Plan
 from .errors import DataError
 
 __all__ = [

@@ -59,7 +59,7 @@ def _open(path: str | os.PathLike) -> Any:
         raise DataError(
             f"data file {path!r} cannot be read as netCDF-4 ({type(e).__name__}: "
             f"{' '.join(str(e).split())[:160]}); is it complete? Write one with "
-            f"dask_rpm.data.write_dataset"
+            f"dask_rpm.nn.data.write_dataset"
         ) from None
 
 

@@ -4,9 +4,9 @@ Pure; every kernel is a handful of GEMMs over a whole block of samples,
 so the work runs at BLAS (or GPU) speed with no Python loop over samples. The
 arrays are numpy's, torch's or cupy's (:mod:`~dask_rpm.nn.backend`): the kernels
 use the operations the three share, so one set of kernels serves every backend. The same
-functions serve the serial reference (:func:`dask_rpm.serial.fit_serial`) and the rectangle
+functions serve the serial reference (:func:`dask_rpm.nn.serial.fit_serial`) and the rectangle
 tasks of the distributed engine, which is what makes the two agree to rounding.
-The serial training loop itself is :func:`dask_rpm.serial.fit_serial`.
+The serial training loop itself is :func:`dask_rpm.nn.serial.fit_serial`.
 
 Shapes: ``x`` is ``(s, n)``, ``d`` is ``(s, l)``, ``W`` is ``(m, n)``,
 ``V`` is ``(l, m)``. A worker holding hidden units ``[m0, m1)`` has
@@ -137,10 +137,10 @@ class Workspace:
         Activation, output and loss (default: the paper's).
     bias_row : int, optional
         Local index of the bias unit among the rectangle's hidden rows: its
-        output is held at 1 and its delta at 0 (:mod:`dask_rpm.network`).
+        output is held at 1 and its delta at 0 (:mod:`dask_rpm.nn.network`).
     loss_scale : float
         Factor on the squared loss reported (not on its deltas): ``1 / l`` is
-        scikit-learn's per-sample mean over the outputs (:meth:`dask_rpm.recipe.Recipe.loss_scale`).
+        scikit-learn's per-sample mean over the outputs (:meth:`dask_rpm.nn.recipe.Recipe.loss_scale`).
     layers : Layers, optional
         The network's sizes as planned, for any depth (:class:`~dask_rpm.nn.layers.Layers`).
     units : tuple of int, optional

@@ -1,7 +1,7 @@
 """The functional form of the network: hidden activation, output and loss, bias terms.
 
 Pure (numpy only). A :class:`Network` is a small record that travels with the
-training run to every worker; the kernels (:mod:`dask_rpm.kernels`) read it.
+training run to every worker; the kernels (:mod:`dask_rpm.nn.kernels`) read it.
 
 Bias terms without a second code path
 -------------------------------------

@@ -4,7 +4,7 @@
 Pure. :class:`TrainingOptions` is built once, wherever a user gives options -
 the keywords of ``fit`` / ``fit_serial`` (one to one), a job file
 (:mod:`dask_rpm.job`), the estimators, ``dask-rpm train`` - and travels
-as it is to :func:`dask_rpm.prepare.prepare`, which resolves ``None`` from
+as it is to :func:`dask_rpm.nn.prepare.prepare`, which resolves ``None`` from
 ``rpm.train.*`` and validates everything before any work starts. Where a
 run's options go from there: docs/architecture.md, "One option, user to worker".
 """

@@ -225,7 +225,7 @@ def _source(x: Any, d: Any, loss: str | None, classes: Any, load: bool) -> _Sour
     if isinstance(x, (str, os.PathLike)) and not load:
         path = os.path.abspath(os.fspath(x))
         shape = data_shape(path)
-        if classes is None:  # labels written with the file (dask_rpm.data.write_dataset)
+        if classes is None:  # labels written with the file (dask_rpm.nn.data.write_dataset)
             classes = dataset_classes(path)
         return _Source(path, None, None, classes, shape)
     xa, da = as_arrays(x, d) if d is None or np.ndim(d) != 1 else (np.asarray(x), np.asarray(d))

@@ -260,7 +260,7 @@ class Validator:
 
 
 def recipe_summary(rec: Any) -> dict[str, Any]:
-    """The hyperparameters of a :class:`dask_rpm.recipe.Recipe` as a JSON-ready dict."""
+    """The hyperparameters of a :class:`dask_rpm.nn.recipe.Recipe` as a JSON-ready dict."""
     sched = rec.schedule
     return {
         "activation": rec.net.activation,

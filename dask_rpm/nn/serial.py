@@ -40,7 +40,7 @@ def train_arrays(
 
     ``params0`` are the initial parameters ``W_1 .. W_L, V`` (augmented, as planned:
     :mod:`dask_rpm.nn.layers`); ``rules`` end-of-epoch rules
-    (:class:`dask_rpm.convergence.ConvergenceRule`); ``opt_state`` the optimizer state to
+    (:class:`dask_rpm.nn.convergence.ConvergenceRule`); ``opt_state`` the optimizer state to
     start from (default zeros); ``backend`` where the arrays live while training (default numpy:
     :mod:`~dask_rpm.nn.backend`; the results are numpy arrays whatever it is).
 
@@ -184,7 +184,7 @@ def fit_serial(
     init : (W0, V0) or (W_1, ..., W_L, V), optional
         Initial weights (data inputs and hidden units, without bias terms; biases as
         ``(W0, V0, b0, c0)`` or ``(weights, biases)``); default
-        :func:`dask_rpm.kernels.init_params` with ``seed``.
+        :func:`dask_rpm.nn.kernels.init_params` with ``seed``.
     full_output : bool
         Return a :class:`SerialResult` (parameters, errors, validation, stop reason,
         ``predict``, ``score``) instead of ``(W, V, err)``; always for several hidden layers.
@@ -192,10 +192,10 @@ def fit_serial(
     validate_every, early_stopping, tol, target_error, alpha, reduction
         As in :func:`dask_rpm.fit`.
     callbacks : sequence, optional
-        Epoch rules such as :class:`dask_rpm.convergence.ConvergenceRule`: the same objects
+        Epoch rules such as :class:`dask_rpm.nn.convergence.ConvergenceRule`: the same objects
         :func:`dask_rpm.fit` takes in ``callbacks=``, called at the end of every epoch.
     options : TrainingOptions, optional
-        The training options as one record (:class:`dask_rpm.options.TrainingOptions`); the
+        The training options as one record (:class:`dask_rpm.nn.options.TrainingOptions`); the
         keywords above set its fields, each given once.
     backend, device : str, optional
         Where it trains, as in :func:`dask_rpm.fit` (default ``rpm.engine.backend`` /
@@ -207,7 +207,7 @@ def fit_serial(
     W, V : numpy.ndarray (one hidden layer; several: a :class:`SerialResult`)
         Final weights as planned: with ``bias=True`` ``W`` has the hidden
         biases as its last column and the bias unit as its last row, ``V``
-        the output biases as its last column (:class:`dask_rpm.network.Network`).
+        the output biases as its last column (:class:`dask_rpm.nn.network.Network`).
     err : numpy.ndarray
         Loss of each iteration's forward pass (before that iteration's update).
     """
@@ -220,7 +220,7 @@ def fit_serial(
         if not hasattr(rule, "end_epoch"):
             raise DataError(
                 f"callbacks: {type(rule).__name__} has no end_epoch; fit_serial takes epoch rules "
-                f"such as dask_rpm.convergence.ConvergenceRule"
+                f"such as dask_rpm.nn.convergence.ConvergenceRule"
             )
     x_train, d_train = job.arrays
     out = train_arrays(

@@ -1,11 +1,11 @@
 """Planners: from worker abilities to a column-fixed rectangle plan.
 
 A *planner* turns normalised abilities into a real-valued
-:class:`~dask_rpm.partition.RealPartition`; :func:`make_plan` validates the
+:class:`~dask_rpm.plan.partition.RealPartition`; :func:`make_plan` validates the
 input, leaves out workers too slow to hold one hidden unit or one sample, snaps thin
-horizontal bands (:func:`~dask_rpm.partition.snap_small_groups`) and maps the
+horizontal bands (:func:`~dask_rpm.plan.partition.snap_small_groups`) and maps the
 result to whole samples and hidden units
-(:func:`~dask_rpm.partition.to_integer`).
+(:func:`~dask_rpm.plan.partition.to_integer`).
 
 Planners are plain functions with one signature and live in a registry keyed
 by name, so new ones can be added without touching :func:`make_plan`::

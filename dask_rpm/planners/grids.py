@@ -12,7 +12,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..cost import t_comm_partition
-from ..partition import PlanError, RealPartition
+from ..plan.partition import PlanError, RealPartition
 from .inputs import normalise
 from .registry import PlannerResult
 

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..cost import predict_breakdown
-from ..partition import PlanError, RealPartition, snap_with_count, to_integer
+from ..plan.partition import PlanError, RealPartition, snap_with_count, to_integer
 from .inputs import worker_names
 from .registry import PlannerResult
 

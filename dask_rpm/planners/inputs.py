@@ -1,6 +1,6 @@
 """Checks and conversions of a planner's inputs: abilities, the network shape, counts.
 
-Each raises :class:`~dask_rpm.partition.PlanError` naming the value received, what is valid
+Each raises :class:`~dask_rpm.plan.partition.PlanError` naming the value received, what is valid
 and how to fix it.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..partition import PlanError
+from ..plan.partition import PlanError
 
 __all__ = [
     "check_count",

@@ -10,7 +10,7 @@ import numpy as np
 
 from .. import config
 from ..cost import predict_iteration_seconds
-from ..partition import Plan, PlanError, RealPartition, snap_with_count, to_integer
+from ..plan.partition import Plan, PlanError, RealPartition, snap_with_count, to_integer
 from .grids import divisors
 from .idle import fastest_subset, idle_note, predicted, subset_network
 from .inputs import (
@@ -63,14 +63,14 @@ def make_plan(
         divide N; SRPM: forces ``C``. ``None`` lets the planner choose by the
         ``t_comm`` model.
     small_group
-        Band threshold for :func:`~dask_rpm.partition.snap_small_groups` as a
+        Band threshold for :func:`~dask_rpm.plan.partition.snap_small_groups` as a
         fraction of m; ``None`` reads ``rpm.planner.small-group``; 0 disables.
     workers
         Optional worker names/addresses, one per ability (see ``Plan.with_workers``).
     rates, network
         For planners that minimise predicted seconds (``srpm-time``): each
         worker's speed in work units per second (index-aligned with
-        ``abilities``) and the :class:`~dask_rpm.cost.Interconnect` (its
+        ``abilities``) and the :class:`~dask_rpm.comm.Interconnect` (its
         ``hosts``/``groups`` index-aligned too). Other planners use them only with
         ``idle=True``.
     batch

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..partition import PlanError, RealPartition
+from ..plan.partition import PlanError, RealPartition
 
 __all__ = [
     "DYNAMIC_MAPPING",

@@ -71,7 +71,7 @@ from typing import Any
 
 import numpy as np
 
-from ..partition import PlanError, RealPartition
+from ..plan.partition import PlanError, RealPartition
 from .inputs import normalise, parse_shape, validate_abilities
 from .registry import PlannerResult
 

@@ -43,15 +43,9 @@ from typing import Any
 import numpy as np
 
 from .. import config
-from ..cost import (
-    SCALABLE,
-    Interconnect,
-    LinkClass,
-    network_from_config,
-    predict_breakdown,
-    t_comm_partition,
-)
-from ..partition import PlanError, RealPartition, snap_with_count, to_integer
+from ..comm import SCALABLE, Interconnect, LinkClass, network_from_config
+from ..cost import predict_breakdown, t_comm_partition
+from ..plan.partition import PlanError, RealPartition, snap_with_count, to_integer
 from .grids import divisors, grid_hrev, split_1d
 from .inputs import normalise
 from .registry import PlannerResult
@@ -69,7 +63,7 @@ def vertical_seconds(
     bandwidth: np.ndarray,
     overhead: float,
 ) -> np.ndarray:
-    """In-column allreduce seconds of :func:`dask_rpm.cost.collective_seconds`, vectorised (0 for k = 1).
+    """In-column allreduce seconds of :func:`dask_rpm.comm.collective_seconds`, vectorised (0 for k = 1).
 
     Without the receivers' additions (the DP charges those through the
     bytes); ``halving`` is made non-decreasing in ``k`` (see the code).

@@ -21,7 +21,7 @@ from .. import config
 from ..emulation import PLUGIN_NAME, pace
 from ..nn.backend import NUMPY, Backend, resolve, synchronize
 from ..nn.kernels import Workspace, block_work, init_weights, kernel_pass
-from ..threads import blas_threads, kernel_threads, threads_setting
+from ..runtime.threads import blas_threads, kernel_threads, threads_setting
 
 __all__ = [
     "block_data",
@@ -56,7 +56,7 @@ def block_data(
     n: int, m: int, l: int, s: int, dtype: str, seed: int, backend: Backend = NUMPY
 ) -> tuple[Any, ...]:
     """The kernel buffers, synthetic inputs, teachers and weights of one probe block (values are
-    irrelevant) on ``backend``: the arguments of :func:`~dask_rpm.kernels.kernel_pass`."""
+    irrelevant) on ``backend``: the arguments of :func:`~dask_rpm.nn.kernels.kernel_pass`."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((s, n)).astype(dtype)
     d = rng.uniform(0.1, 0.9, size=(s, l)).astype(dtype)
@@ -87,7 +87,7 @@ def t_probe(
     n, m, l, s = block
     data = block_data(n, m, l, s, dtype, seed, resolve(*placement))
     worker = get_worker()
-    # timed on the threads the worker trains with (dask_rpm.threads)
+    # timed on the threads the worker trains with (dask_rpm.runtime.threads)
     with _REPETITION_LOCK, worker_threads(worker, threads_setting() or worker.state.nthreads):
         # Unpaced, untimed passes first: a thread that idled (a slow worker
         # sleeps most of the time) spends more CPU on its next millisecond or
@@ -137,9 +137,9 @@ def _pass_work(plugin: Any, seconds: float, dtype: str) -> float:
 
 @contextmanager
 def worker_threads(worker: Any, threads: int) -> Iterator[int]:
-    """:func:`dask_rpm.threads.kernel_threads` for code in a worker's task thread: the limit is
+    """:func:`dask_rpm.runtime.threads.kernel_threads` for code in a worker's task thread: the limit is
     set and restored from the worker's event-loop thread, the only one whose limit OpenBLAS
-    honours once that thread has set one (see :mod:`dask_rpm.threads`)."""
+    honours once that thread has set one (see :mod:`dask_rpm.runtime.threads`)."""
     from distributed.utils import sync  # a worker-side helper: distributed is loaded there
 
     if blas_threads() == threads:  # nothing to change (every EMULATED worker): no loop hops

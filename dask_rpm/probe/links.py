@@ -68,7 +68,7 @@ def link_class_pairs(
     """A few worker pairs per link class, by position in ``addresses``.
 
     ``"host"``: same host and same group; ``"group"``: same group, other
-    host; ``"across"``: different groups (:meth:`dask_rpm.cost.Interconnect.link_class`).
+    host; ``"across"``: different groups (:meth:`dask_rpm.comm.Interconnect.link_class`).
     Pairs are taken in worker order, spreading over different first workers
     before reusing one, at most ``per_class`` per class; classes without a
     pair are left out.

@@ -10,7 +10,7 @@ import xarray as xr
 from distributed import get_client
 
 from .. import config
-from ..cost import LINK_CLASSES, Interconnect, LinkClass, network_from_config
+from ..comm import LINK_CLASSES, Interconnect, LinkClass, network_from_config
 from .driver import check_args, probe_async
 from .links import host
 
@@ -58,7 +58,7 @@ def probe(
         group, across groups - on up to ``rpm.probe.link-pairs`` pairs each
         (:func:`link_class_pairs`), into attributes ``latency_<class>`` and
         ``bandwidth_<class>``; :func:`probe_network` turns them into a
-        :class:`dask_rpm.cost.Interconnect` for the model and ``srpm-time``.
+        :class:`dask_rpm.comm.Interconnect` for the model and ``srpm-time``.
 
     Returns
     -------
@@ -117,7 +117,7 @@ def probe(
 
 
 def probe_network(ds: xr.Dataset, *, overhead: float | None = None) -> Interconnect:
-    """A :class:`dask_rpm.cost.Interconnect` from a probe result: latency, bandwidth and link classes.
+    """A :class:`dask_rpm.comm.Interconnect` from a probe result: latency, bandwidth and link classes.
 
     Hosts come from the worker addresses, groups from the probe's ``groups``
     (when it measured link classes). Classes the probe did not measure fall

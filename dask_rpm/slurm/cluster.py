@@ -23,7 +23,7 @@ from distributed.core import Status
 from distributed.utils import NoOpAwaitable
 
 from .. import config
-from ..closing import quiet_when_closing
+from ..runtime.closing import quiet_when_closing
 from .gpu import gpu_exports, gres_directives, with_gpu_resource
 from .groups import WorkerGroup, group_from_name, load_groups
 from .preload import EMULATION_PRELOAD, GROUP_ENV, GROUP_KEY, SPEED_ENV, WORKER_PRELOAD
@@ -134,7 +134,9 @@ class HeterogeneousSLURMCluster(SLURMCluster):
         # The base class validates job keywords by building one job; give it
         # the first group so the check is real. Its own new_spec is unused.
         super().__init__(n_workers=0, **self._job_options(first, kwargs))
-        quiet_when_closing(self)  # the scheduler's notices while it closes (dask_rpm.closing)
+        quiet_when_closing(
+            self
+        )  # the scheduler's notices while it closes (dask_rpm.runtime.closing)
         # a subclass made here, so that every group shares the start-failure marking
         self.job_cls = type(self.job_cls.__name__, (_MarkFailedOnStart, self.job_cls), {})  # type: ignore[assignment]
         common = {k: v for k, v in self._job_kwargs.items() if k not in _JOB_FIELDS}

@@ -24,7 +24,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping, Sequence
 
-from ..gpus import (
+from ..runtime.gpus import (
     CUDA_ENV,
     GPU_RESOURCE,
     GPUS_ENV,
@@ -131,7 +131,7 @@ def worker_gpu(name: object, environ: Mapping[str, str]) -> str | None:
         The worker's (or its nanny's) name: ``<job>`` or ``<job>-<k>``.
     environ : mapping
         The job's environment: ``DASK_RPM_GPUS`` (the group's ``gpus``) and
-        what SLURM says about the job's GPUs (:func:`dask_rpm.gpus.job_gpus`).
+        what SLURM says about the job's GPUs (:func:`dask_rpm.runtime.gpus.job_gpus`).
 
     Returns
     -------
@@ -142,7 +142,7 @@ def worker_gpu(name: object, environ: Mapping[str, str]) -> str | None:
     ------
     SlurmConfigError
         ``DASK_RPM_GPUS`` is not a whole number.
-    dask_rpm.gpus.GPUAssignmentError
+    dask_rpm.runtime.gpus.GPUAssignmentError
         The name has no place in the job, or the job sees too few GPUs.
     """
     raw = environ.get(GPUS_ENV, "").strip()

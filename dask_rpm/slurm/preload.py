@@ -16,7 +16,7 @@ from typing import Any
 from distributed import Nanny
 
 from ..emulation.profile import ENV_SPEED
-from ..gpus import CUDA_ENV, WORKER_GPU_ENV
+from ..runtime.gpus import CUDA_ENV, WORKER_GPU_ENV
 from .gpu import worker_gpu
 
 __all__ = [

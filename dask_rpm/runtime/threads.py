@@ -38,7 +38,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from . import config
+from .. import config
 
 __all__ = ["threads_setting", "kernel_threads", "blas_threads"]
 

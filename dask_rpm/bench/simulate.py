@@ -9,7 +9,7 @@ SRPM-time, SRPM, the proportional 1-D split and method 1 (uniform) make for
 ``N`` workers of a given speed distribution.
 
 Exchanges (``exchanges=``): ``scalable`` (default) charges the tree / ring /
-recursive-halving / direct allreduces of :mod:`dask_rpm.exchange`, the
+recursive-halving / direct allreduces of :mod:`dask_rpm.comm.exchange`, the
 cheapest per column and per band group; ``engine`` what the engine sends
 today (allgather or leader in a column, one message per overlapping pair
 across columns); ``paper`` the paper-style model (one gatherer, bands one
@@ -38,13 +38,14 @@ from typing import TYPE_CHECKING, Any
 import dask.config
 import numpy as np
 
-from . import config
-from ._files import atomic_write
-from .bench.profiles import true_profile
-from .cost import Interconnect, predict_iteration_seconds
-from .nn.batches import batch_plan
-from .partition import Plan
-from .planners import fastest_grid, make_plan, parse_shape
+from .. import config
+from .._files import atomic_write
+from ..comm import Interconnect
+from ..cost import predict_iteration_seconds
+from ..nn.batches import batch_plan
+from ..plan.partition import Plan
+from ..planners import fastest_grid, make_plan, parse_shape
+from .profiles import true_profile
 
 if TYPE_CHECKING:  # xarray costs about 0.3 s to import: only functions building datasets load it
     import xarray as xr
@@ -261,7 +262,7 @@ def check_against_bench(
     """Predict the measured bench rows of ``srpm-probed``, ``split-1d`` and ``uniform``; rows with the error.
 
     The plan is the one the run used (stored as JSON) as one iteration sees it (on mini-batches
-    each column's share of a batch, :func:`dask_rpm.batches.batch_plan`), speeds are the
+    each column's share of a batch, :func:`dask_rpm.nn.batches.batch_plan`), speeds are the
     measured ``m B / T_series(i)`` (``B``: samples per iteration), latency and bandwidth the probed values of that case
     unless given.
     """

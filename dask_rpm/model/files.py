@@ -1,6 +1,6 @@
 """The model file: :class:`dask_rpm.MLPModel` as one netCDF file, written atomically and read back.
 
-Pure (numpy and xarray). Kept apart from :mod:`dask_rpm.model` (what a model
+Pure (numpy and xarray). Kept apart from :mod:`dask_rpm.model.mlp` (what a model
 computes) because the file layout has versions to read and damage to name.
 This module knows the layout, not the model: :func:`model_dataset` takes
 any object with a model's attributes, and :func:`model_parts` returns the
@@ -39,11 +39,11 @@ from typing import Any
 
 import numpy as np
 
-from ._files import json_default
-from ._version import __version__
-from .nn.data import atomic_to_netcdf
-from .nn.layers import Layers, layers_of_params
-from .nn.network import Network, NetworkError, network
+from .._files import json_default
+from .._version import __version__
+from ..nn.data import atomic_to_netcdf
+from ..nn.layers import Layers, layers_of_params
+from ..nn.network import Network, NetworkError, network
 
 __all__ = [
     "ModelError",

@@ -22,7 +22,7 @@ copied, so every holder gets identical bits. :func:`execute` runs a schedule
 in-process on numpy arrays; it is the reference an engine implementation
 must match, and what the tests run.
 
-Algorithms (``q`` holders, ``B`` bytes; costs in :func:`dask_rpm.cost.collective_seconds`):
+Algorithms (``q`` holders, ``B`` bytes; costs in :func:`dask_rpm.comm.collective_seconds`):
 
 ============  ===============================  ======================================
 name          rounds                           sum order / when it wins
@@ -46,7 +46,7 @@ seconds for the buffer and link: trees when latency dominates, ring or
 halving when bandwidth does.
 
 How the engine consumes it: :mod:`dask_rpm.engine.layout` names each
-exchange's algorithm and holders (chosen by :func:`dask_rpm.cost.engine_algorithm`,
+exchange's algorithm and holders (chosen by :func:`dask_rpm.comm.engine_algorithm`,
 not :func:`choose`), and the block loop (:mod:`dask_rpm.engine.block`) builds
 :func:`worker_steps` of its worker and runs them round by round - send the
 slices of ``step.sends`` (tagged with the exchange and the round), await
@@ -64,11 +64,12 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from .cost import Interconnect, LinkClass, best_collective, network_from_config, schedule_seconds
+from .collectives import best_collective, schedule_seconds
+from .network import Interconnect, LinkClass, network_from_config
 from .schedules import ALGORITHMS, Schedule, Transfer, build
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .partition import Plan
+    from ..plan.partition import Plan
 
 __all__ = [
     "ALGORITHMS",

@@ -4,9 +4,9 @@
   square (samples x hidden units);
 * :func:`t_comm_model` - the paper's communication model of a column structure (elements);
 * :func:`snap_small_groups` - the conference paper's small-communication-group rule;
-* :func:`round_cuts` - cut positions rounded to whole units (see :mod:`dask_rpm.partition`).
+* :func:`round_cuts` - cut positions rounded to whole units (see :mod:`dask_rpm.plan.partition`).
 
-Below :mod:`dask_rpm.partition` (the integer plan), which re-exports these names. Pure (numpy).
+Below :mod:`dask_rpm.plan.partition` (the integer plan), which re-exports these names. Pure (numpy).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """One plan as labelled data: :func:`plan_dataset` (``Plan.to_dataset()``).
 
-Below :mod:`dask_rpm.partition`, which calls it: this module works on any object with the
+Below :mod:`dask_rpm.plan.partition`, which calls it: this module works on any object with the
 ``Plan`` attributes and imports nothing of the package, so ``partition`` stays free of the
 results layer. xarray is imported when a dataset is made.
 """

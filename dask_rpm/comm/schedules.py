@@ -1,6 +1,6 @@
 """Allreduce schedules as data: who sends which slice of a buffer to whom, round by round.
 
-Pure (no numpy needed). :mod:`dask_rpm.exchange` runs and chooses them and
+Pure (no numpy needed). :mod:`dask_rpm.comm.exchange` runs and chooses them and
 documents the algorithms; the cost model (:mod:`dask_rpm.cost.predict`)
 prices them round by round when workers share hosts. Here because both
 need them and the exchange module sits above the cost model.

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from .. import config
-from ..schedules import Schedule
 from .network import Interconnect, LinkClass, network_from_config
+from .schedules import Schedule
 
 __all__ = [
     "HORIZONTAL_MODES",
@@ -105,7 +105,7 @@ def schedule_seconds(schedule: Schedule, network: Interconnect) -> float:
 
 
 # ----------------------------------------------------------- exchange costs
-#: In-column algorithms the model knows: the engine's today, and the scalable ones of dask_rpm.exchange.
+#: In-column algorithms the model knows: the engine's today, and the scalable ones of dask_rpm.comm.exchange.
 VERTICAL_MODES = (
     "engine",
     "allgather",
@@ -119,7 +119,7 @@ VERTICAL_MODES = (
 )
 #: Across-column algorithms: the engine's pairwise messages, the paper's serialised bands, per-band schedules.
 HORIZONTAL_MODES = ("engine", "pairwise", "bands", "tree", "halving", "ring", "direct", "best")
-#: The scalable collectives "best" chooses from (dask_rpm.exchange builds their schedules).
+#: The scalable collectives "best" chooses from (dask_rpm.comm.exchange builds their schedules).
 SCALABLE = ("tree", "halving", "ring", "direct")
 
 
@@ -134,7 +134,7 @@ def collective_seconds(
     """Seconds of a sum-and-share (allreduce) of ``nbytes`` among ``q`` holders, closed form.
 
     Matches :func:`round_seconds` summed over the rounds of the schedules of
-    :mod:`dask_rpm.exchange` on uniform links (tested):
+    :mod:`dask_rpm.comm.exchange` on uniform links (tested):
 
     * ``tree``: binomial reduce then binomial broadcast, ``2 ceil(log2 q)`` rounds of the whole buffer;
     * ``halving``: recursive halving reduce-scatter + doubling all-gather (Rabenseifner);

@@ -10,7 +10,7 @@ This module is pure (numpy only). It holds
 
 * :class:`RealPartition` - the real-valued plan a planner produces (column
   widths and per-worker heights as fractions of the unit square), defined with
-  the snapping rule in :mod:`dask_rpm.real_partition` and re-exported here;
+  the snapping rule in :mod:`dask_rpm.plan.real_partition` and re-exported here;
 * :class:`Rectangle` and :class:`Plan` - the integer plan the engine runs, with
   exact-tiling validation;
 * :func:`snap_small_groups` - the conference paper's small-communication-group
@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from .plan_dataset import plan_dataset
+from .dataset import plan_dataset
 from .real_partition import (
     PlanError,
     RealPartition,

@@ -21,16 +21,16 @@ from typing import Any, NamedTuple
 import numpy as np
 from distributed import Client
 
-from . import config
-from .emulation import emulation_info, local_cluster
-from .engine import fit
+from .. import config
+from ..emulation import emulation_info, local_cluster
+from ..engine import fit
+from ..nn.network import Network
+from ..nn.recipe import forward
+from ..ordering import ordered_workers
+from ..plan.partition import Plan
+from ..plan.real_partition import count_noun
+from ..planners import parse_shape
 from .evidence import overrun_counts, speed_check
-from .nn.network import Network
-from .nn.recipe import forward
-from .ordering import ordered_workers
-from .partition import Plan
-from .planners import parse_shape
-from .real_partition import count_noun
 
 __all__ = ["DemoSettings", "demo_data", "demo_settings", "run_demo"]
 
@@ -123,7 +123,7 @@ def run_demo(
 
     Settings not given come from ``rpm.demo.*``. After the run the DRPM
     estimates and the final plan's areas are held against the EMULATED
-    speeds (:func:`dask_rpm.evidence.speed_check`); with ``compare`` the same
+    speeds (:func:`dask_rpm.demo.evidence.speed_check`); with ``compare`` the same
     cluster then runs a few iterations on the fastest worker alone and with a
     uniform plan, so the output shows what the mapping bought, measured in
     the same run.

@@ -3,8 +3,8 @@
 Pure (numpy and xarray; PyTorch only inside :meth:`MLPModel.to_torch`): a
 model is applied on the client or anywhere else, with no cluster. It holds
 the weights *as planned* (augmented with the bias input and bias unit when
-the network has bias terms, :mod:`dask_rpm.network`), so a model's outputs
-are computed by the same kernels (:func:`dask_rpm.recipe.forward`) that
+the network has bias terms, :mod:`dask_rpm.nn.network`), so a model's outputs
+are computed by the same kernels (:func:`dask_rpm.nn.recipe.forward`) that
 trained it, and a saved model reloads bit for bit.
 
 File format
@@ -12,7 +12,7 @@ File format
 One netCDF file, written atomically; each weight matrix under its name
 (``W`` and ``V`` for one hidden layer, ``W1 .. WL`` and ``V`` deeper), the
 network, classes, target scale and ``meta`` as variables and attributes
-(:mod:`dask_rpm.model_file`, which also reads the files of older formats).
+(:mod:`dask_rpm.model.files`, which also reads the files of older formats).
 :meth:`MLPModel.load` refuses any other file with a message saying what it
 is and what to give instead.
 """
@@ -25,8 +25,13 @@ from typing import Any
 
 import numpy as np
 
-from ._version import __version__
-from .model_file import (
+from .._version import __version__
+from ..nn.kernels import Workspace
+from ..nn.layers import Layers, layers_of_params
+from ..nn.network import Network
+from ..nn.recipe import forward, recipe_summary
+from ..results import validation_rows
+from .files import (
     FORMAT_VERSION,
     ModelError,
     model_dataset,
@@ -34,11 +39,6 @@ from .model_file import (
     read_model_file,
     save_dataset,
 )
-from .nn.kernels import Workspace
-from .nn.layers import Layers, layers_of_params
-from .nn.network import Network
-from .nn.recipe import forward, recipe_summary
-from .results import validation_rows
 
 __all__ = ["MLPModel", "ModelError", "FORMAT_VERSION"]
 
@@ -57,7 +57,7 @@ class MLPModel:
         ``(m, n)`` and ``V`` is ``(l, m)``, or with ``net.bias`` ``(m + 1, n + 1)``
         and ``(l, m + 1)`` (hidden biases in the last column of ``W``, the bias
         unit as its last row, output biases in the last column of ``V``;
-        :class:`dask_rpm.network.Network`). Any depth: :meth:`from_params`.
+        :class:`dask_rpm.nn.network.Network`). Any depth: :meth:`from_params`.
     net : Network
         Activation, loss, output layer and bias of the trained network.
     classes : array_like, optional
@@ -114,7 +114,7 @@ class MLPModel:
         Parameters
         ----------
         params : sequence of numpy.ndarray
-            As planned (:meth:`dask_rpm.network.Network.join_params`): ``W_k`` of
+            As planned (:meth:`dask_rpm.nn.network.Network.join_params`): ``W_k`` of
             shape ``(m_k, m_(k-1))`` (``m_0`` the inputs) and ``V`` of shape
             ``(l, m_L)``; with ``net.bias`` every ``W_k`` holds its biases as its
             last column and its layer's bias unit as its last row, and ``V`` the
@@ -140,7 +140,7 @@ class MLPModel:
         target_scale: Any,
     ) -> None:
         if not isinstance(net, Network):
-            raise ModelError(f"net must be a dask_rpm.network.Network; got {type(net).__name__}")
+            raise ModelError(f"net must be a dask_rpm.nn.network.Network; got {type(net).__name__}")
         self.params, self.layers = self._check_params(params, net)
         self.net = net
         self.classes = None if classes is None else np.asarray(classes)
@@ -198,7 +198,7 @@ class MLPModel:
             raise ModelError(
                 f"with bias=True the weights {got} must hold the bias input and each layer's bias "
                 f"unit (every W at least 2 x 2): pass the augmented weights "
-                f"(dask_rpm.network.Network.join_params)"
+                f"(dask_rpm.nn.network.Network.join_params)"
             )
         return ps, layers
 
@@ -369,7 +369,7 @@ class MLPModel:
 
     def outputs(self, x: Any) -> np.ndarray:
         """Network outputs ``h`` (after the output layer), ``(samples, outputs)``: exactly
-        :func:`dask_rpm.recipe.forward` of the weights."""
+        :func:`dask_rpm.nn.recipe.forward` of the weights."""
         return forward(self._check_x(x), self.params, self.net)
 
     def decision_function(self, x: Any) -> np.ndarray:
@@ -450,7 +450,7 @@ class MLPModel:
 
     # ----------------------------------------------------------------- files
     def to_dataset(self) -> Any:
-        """The model as an ``xarray.Dataset`` (what :meth:`save` writes; :mod:`dask_rpm.model_file`)."""
+        """The model as an ``xarray.Dataset`` (what :meth:`save` writes; :mod:`dask_rpm.model.files`)."""
         return model_dataset(self)
 
     def save(self, path: str | os.PathLike, *, overwrite: bool = False) -> str:

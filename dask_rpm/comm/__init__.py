@@ -1,0 +1,48 @@
+"""Communication between workers: the network model, the exchange schedules and their cost.
+
+Pure (numpy only). :mod:`~dask_rpm.comm.network` holds the link classes and the network
+parameters, :mod:`~dask_rpm.comm.schedules` the schedules of a collective (who sends what to
+whom in each round), :mod:`~dask_rpm.comm.collectives` their cost in seconds and the one rule
+that picks the engine's algorithm, :mod:`~dask_rpm.comm.exchange` how a worker applies a
+schedule's rounds.
+"""
+
+from __future__ import annotations
+
+from .collectives import (
+    ENGINE_HORIZONTAL,
+    ENGINE_VERTICAL,
+    HORIZONTAL_MODES,
+    SCALABLE,
+    VERTICAL_MODES,
+    EngineRule,
+    Message,
+    best_collective,
+    collective_seconds,
+    engine_algorithm,
+    engine_horizontal,
+    round_seconds,
+    schedule_seconds,
+)
+from .network import LINK_CLASSES, Interconnect, LinkClass, link_class, network_from_config
+
+__all__ = [
+    "ENGINE_HORIZONTAL",
+    "ENGINE_VERTICAL",
+    "HORIZONTAL_MODES",
+    "LINK_CLASSES",
+    "SCALABLE",
+    "VERTICAL_MODES",
+    "EngineRule",
+    "Interconnect",
+    "LinkClass",
+    "Message",
+    "best_collective",
+    "collective_seconds",
+    "engine_algorithm",
+    "engine_horizontal",
+    "link_class",
+    "network_from_config",
+    "round_seconds",
+    "schedule_seconds",
+]

@@ -1,0 +1,1 @@
+"""A trained network (``MLPModel``) and its model file."""
