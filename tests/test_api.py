@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -64,5 +65,13 @@ def test_unknown_name_is_an_attribute_error() -> None:
 
 
 def test_all_lists_exactly_the_lazy_names() -> None:
-    lazy = set(dask_rpm._LAZY) | set(dask_rpm._SUBMODULES) | {"__version__"}
+    # the subpackages are reachable as attributes but not star-imported (that would load them all)
+    lazy = set(dask_rpm._LAZY) | {"__version__"}
     assert sorted(dask_rpm.__all__) == sorted(lazy)
+
+
+def test_every_subpackage_is_an_attribute_and_a_folder() -> None:
+    folders = {p.parent.name for p in Path(dask_rpm.__file__).parent.glob("*/__init__.py")}
+    assert set(dask_rpm._SUBMODULES) == folders
+    for name in dask_rpm._SUBMODULES:
+        assert getattr(dask_rpm, name).__name__ == f"dask_rpm.{name}"
