@@ -25,6 +25,8 @@ from dask_rpm.engine.checkpoint import check_readable, check_shared
 from dask_rpm.engine.driver import Driver
 from dask_rpm.engine.errors import WorkerLostError
 from dask_rpm.engine.fit import ensure_plugins
+from dask_rpm.engine.records import RunSpec
+from dask_rpm.nn.backend import Placement
 from dask_rpm.nn.options import TrainingOptions
 from dask_rpm.nn.prepare import prepare
 from dask_rpm.ordering import ordered_workers
@@ -47,9 +49,8 @@ async def _driver(client: Client) -> Driver:
     data = prepare(
         x, d, TrainingOptions(hidden=4, iterations=1, learning_rate=0.1, seed=0, dtype="float64")
     )
-    return Driver(
-        client, run="t", plan=plan, source=None, arrays=None, recipe=data.recipe, dtype="float64"
-    )
+    spec = RunSpec("t", data.recipe, "float64", Placement("numpy", "cpu"))
+    return Driver(client, spec=spec, plan=plan, source=None, arrays=None)
 
 
 async def _closed(address: str) -> None:

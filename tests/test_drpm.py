@@ -12,7 +12,8 @@ from dask_rpm.demo.train import demo_data
 from dask_rpm.drpm.remap import column_remap
 from dask_rpm.emulation import emulation_report, set_speed
 from dask_rpm.engine import Driver, ensure_plugins, fit, ordered_workers
-from dask_rpm.engine.records import Checkpoint
+from dask_rpm.engine.records import Checkpoint, RunSpec
+from dask_rpm.nn.backend import Placement
 from dask_rpm.nn.kernels import init_weights
 from dask_rpm.nn.options import TrainingOptions
 from dask_rpm.nn.recipe import recipe
@@ -94,14 +95,13 @@ def test_any_sequence_of_remaps_equals_serial(seed):
             async def run() -> tuple[np.ndarray, np.ndarray, int, list[int]]:
                 await ensure_plugins(client)
                 plan = _random_plan(rng, addresses, s, (n, m, l))
+                rec = recipe(s, TrainingOptions(iterations=7 * block, learning_rate=eps))
                 tr = Driver(
                     client,
-                    run=f"t{seed}",
+                    spec=RunSpec(f"t{seed}", rec, "float64", Placement("numpy", "cpu")),
                     plan=plan,
                     source=None,
                     arrays=(x, d),
-                    recipe=recipe(s, TrainingOptions(iterations=7 * block, learning_rate=eps)),
-                    dtype="float64",
                 )
                 await tr.install(plan, Checkpoint(0, (W0, V0)))
                 moved = []
@@ -154,8 +154,8 @@ def test_drpm_fit_with_remaps_equals_serial(column_times):
     assert "ability" in r.history and r.history["ability"].dims == ("check", "worker")
     assert r.emulation and "EMULATED" in r.history.attrs["emulation"]
     W, V, err = fit_serial(x, d, hidden=24, iterations=40, learning_rate=2e-3)
-    np.testing.assert_allclose(r.W, W, rtol=RTOL)
-    np.testing.assert_allclose(r.V, V, rtol=RTOL)
+    np.testing.assert_allclose(r.params[0], W, rtol=RTOL)
+    np.testing.assert_allclose(r.params[-1], V, rtol=RTOL)
     np.testing.assert_allclose(r.history["error"].values, err, rtol=RTOL)
 
 
@@ -336,5 +336,5 @@ def test_resume_continues_drpm_on_the_plan_it_had_reached():
     )
     W, V, _ = fit_serial(x, d, hidden=48, iterations=40, learning_rate=1e-3)
     for r in (resumed, afresh):
-        np.testing.assert_allclose(r.W, W, rtol=RTOL, atol=0)
-        np.testing.assert_allclose(r.V, V, rtol=RTOL, atol=0)
+        np.testing.assert_allclose(r.params[0], W, rtol=RTOL, atol=0)
+        np.testing.assert_allclose(r.params[-1], V, rtol=RTOL, atol=0)

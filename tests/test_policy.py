@@ -282,18 +282,10 @@ def test_check_schedule_auto():
 
 def test_first_interval_is_the_one_source_for_the_schedule_and_fit():
     """fit() and CheckSchedule take R before any measurement from policy.first_interval."""
-    from dask_rpm.engine.options import RunKeywords, resolve_options
-    from dask_rpm.nn.options import TrainingOptions
-    from dask_rpm.nn.prepare import prepare
-
-    job = prepare(
-        np.zeros((8, 2)),
-        np.zeros((8, 1)),
-        TrainingOptions(hidden=4, iterations=10, learning_rate=0.1, seed=0, dtype="float64"),
-    )
+    from dask_rpm.engine.options import RunOptions
 
     def fit_interval(interval):
-        opts = resolve_options(RunKeywords(mapping="srpm", interval=interval), job)
+        opts = RunOptions(mapping="srpm", interval=interval).resolved()
         return opts.interval, opts.auto_interval
 
     assert first_interval(7) == (7, False) == fit_interval(7)

@@ -15,7 +15,6 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from .. import config
 from .errors import WorkerLostError
 
 __all__ = ["run_each"]
@@ -27,6 +26,7 @@ async def run_each(
     *,
     leaving: Callable[[Sequence[str]], Awaitable[list[str]]],
     iteration: int,
+    poll: float = 0.25,
 ) -> dict[str, Any]:
     """``client.run`` of ``fn(*args)`` on each worker of ``calls`` (address -> (fn, args)), at once.
 
@@ -41,6 +41,8 @@ async def run_each(
         :meth:`~dask_rpm.engine.driver.Driver.leaving`).
     iteration : int
         The iteration a :class:`WorkerLostError` names.
+    poll : float
+        Seconds between looks at who left (the run's ``rpm.engine.poll-seconds``).
 
     Returns
     -------
@@ -48,7 +50,6 @@ async def run_each(
         Each worker's result, or the exception its call raised; a worker that
         left while its call was pending gets :class:`WorkerLostError`.
     """
-    poll = float(config.get("engine.poll-seconds"))
     tasks = {
         a: asyncio.ensure_future(client.run(fn, *args, workers=[a]))
         for a, (fn, args) in calls.items()

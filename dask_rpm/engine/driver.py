@@ -21,11 +21,9 @@ import numpy as np
 # the coroutine behind distributed.wait: the public one blocks (client.sync) and this driver is async
 from distributed.client import FIRST_COMPLETED, _wait
 
-from .. import config
 from ..drpm.remap import migration, sample_changes, stage_pieces
 from ..nn.data import DataError
 from ..nn.layers import Layers
-from ..nn.recipe import Recipe
 from ..ordering import ordered_workers
 from ..plan.partition import Plan
 from ..records import RemapRecord, remap_record
@@ -34,7 +32,9 @@ from .calls import run_each
 from .checkpoint import StoredCheckpoint
 from .errors import TrainingError, WorkerLostError
 from .layout import exchanges_summary, layouts
-from .records import BlockResult, BlockSpec, Checkpoint
+from .options import EngineSettings
+from .records import BlockResult, BlockSpec, Checkpoint, RunSpec
+from .samples import SampleSource
 from .tasks import (
     run_abort,
     run_clear,
@@ -95,25 +95,24 @@ class Driver:
         self,
         client: Any,
         *,
-        run: str,
+        spec: RunSpec,
         plan: Plan,
         source: str | None,
         arrays: tuple[np.ndarray, np.ndarray] | None,
-        recipe: Recipe,
-        dtype: str,
         rows: Any = None,
         threads: int = 0,
         layers: Layers | None = None,
-        placement: tuple[str, str] = ("numpy", "cpu"),
+        engine: EngineSettings | None = None,
     ) -> None:
         self.client = client
+        self.spec = spec  # what every worker is told at setup (recipe, dtype, placement, settings)
+        self.engine = engine or EngineSettings()
         # the network's sizes (default: one hidden layer of the plan's m)
         self.layers = layers or Layers(plan.shape[0], (plan.shape[1],), plan.shape[2])
         self.threads = threads  # the kernels' threads (rpm.engine.threads; 0: each nthreads)
-        self.placement = placement  # (backend, device) names; each worker resolves "auto"
         self.kernel_threads: dict[str, int] = {}  # what each worker's kernels last ran with
         self.kernel_backends: dict[str, str] = {}  # ... and where (Backend.label)
-        self.run = run
+        self.run = spec.run
         self.plan = plan
         # While a remap or an install is under way: the workers it depends on (None: the current plan's).
         # Workers of the old plan already declared lost must not count as lost again.
@@ -121,9 +120,9 @@ class Driver:
         self.source = source  # a netCDF path the workers read, or None (arrays on the client)
         self.rows = rows  # file rows of the training samples (a validation split), or None: all
         self.arrays = arrays
-        self.recipe = recipe
-        self.eps = recipe.learning_rate
-        self.dtype = dtype
+        self.recipe = spec.recipe
+        self.eps = spec.recipe.learning_rate
+        self.dtype = spec.dtype
         # the whole training set, one copy per worker (mini-batches from arrays), by address
         self._copies: dict[str, Any] = {}
         self.addresses: list[str] = list(plan.workers or ())
@@ -159,13 +158,12 @@ class Driver:
         self.exchanges = exchanges_summary(lays)
         return lays
 
-    async def _samples(self, plan: Plan, w: int) -> Any:
-        """What a worker needs to get its samples (:mod:`dask_rpm.engine.samples`): the dataset path,
-        its rows scattered to it (full batch), or the whole training set, sent once to each worker (mini-batches)."""
+    async def _samples(self, plan: Plan, w: int) -> tuple[SampleSource, Any]:
+        """Where worker ``w`` gets its samples (:class:`~dask_rpm.engine.samples.SampleSource`),
+        and what is scattered to it for them: nothing for a dataset file (it reads its rows), the
+        column's rows (full batch), or the whole training set, sent once to each worker (mini-batches)."""
         if self.source is not None:
-            if self.rows is None and self.recipe.schedule.full_batch:
-                return self.source
-            return ("file", self.source, self.rows)
+            return SampleSource("file", path=self.source, rows=self.rows), None
         x, d = self.arrays  # type: ignore[misc]
         if not self.recipe.schedule.full_batch:
             # One key per worker, not one broadcast key: the scheduler's active memory manager
@@ -176,9 +174,9 @@ class Driver:
             copy = self._copies.get(addr)
             if copy is None or copy.status != "finished":
                 copy = self._copies[addr] = await self._scatter_to((x, d), w)
-            return ("arrays", copy)
+            return SampleSource("arrays"), copy
         s0, s1 = plan.rectangle(w).samples
-        return await self._scatter_to((x[s0:s1], d[s0:s1]), w)
+        return SampleSource("slice"), await self._scatter_to((x[s0:s1], d[s0:s1]), w)
 
     async def _scatter_to(self, obj: Any, w: int) -> Any:
         """Scatter ``obj`` to worker ``w``; a worker that left meanwhile raises :class:`WorkerLostError`.
@@ -219,17 +217,16 @@ class Driver:
                     a.nbytes for v in shard["state"].values() for a in v
                 )
                 weights = await self._scatter_to(shard, w)
-            data = await self._samples(plan, w)
+            samples, data = await self._samples(plan, w)
             futures.append(
                 self._submit(
                     t_setup,
+                    self.spec,
                     lay,
                     weights,
+                    samples,
                     data,
-                    self.recipe,
-                    self.dtype,
                     start.iteration,
-                    self.placement,
                     key=self._key("setup", self.version, w),
                     worker=w,
                 )
@@ -249,10 +246,9 @@ class Driver:
 
     # ------------------------------------------------------------ blocks
     def _receive_timeout(self) -> float:
-        value = config.get("engine.receive-timeout")
-        floor = float(config.get("engine.receive-timeout-min"))
-        if value != "auto":
-            return float(value)
+        value, floor = self.engine.receive_timeout, self.engine.receive_timeout_min
+        if value is not None:
+            return value
         # a generous multiple of the slowest iteration seen so far
         recent = self.log.iteration_times(range(max(self.iteration - 20, 0), self.iteration))
         recent = recent[np.isfinite(recent)]
@@ -272,7 +268,7 @@ class Driver:
             learning_rate=self.eps,
             target_error=target_error,
             receive_timeout=self._receive_timeout(),
-            report_seconds=float(config.get("engine.report-seconds")),
+            report_seconds=self.engine.report_seconds,
             threads=self.threads,
         )
         self.epoch += 1
@@ -292,7 +288,7 @@ class Driver:
         pending = set(futures.values())
         results: dict[int, BlockResult] = {}
         by_key = {f.key: w for w, f in futures.items()}
-        poll = float(config.get("engine.poll-seconds"))
+        poll = self.engine.poll_seconds
         last_check = time.monotonic()
         while pending:
             try:
@@ -398,7 +394,13 @@ class Driver:
 
     async def run_each(self, calls: Mapping[str, tuple[Any, tuple]]) -> dict[str, Any]:
         """:func:`dask_rpm.engine.calls.run_each` with this run's scheduler view of who left."""
-        return await run_each(self.client, calls, leaving=self.leaving, iteration=self.iteration)
+        return await run_each(
+            self.client,
+            calls,
+            leaving=self.leaving,
+            iteration=self.iteration,
+            poll=self.engine.poll_seconds,
+        )
 
     async def run_on(self, fn: Any, *args: Any, workers: Sequence[str]) -> dict[str, Any]:
         """:meth:`run_each` of the same call on every worker of ``workers``."""
@@ -532,18 +534,16 @@ class Driver:
         futures = []
         for w, lay in lays.items():
             pieces = stage_pieces(old, new, w, transfers, self.addresses, lost)
-            data = await self._samples(new, w) if w in changed else None
+            samples, data = await self._samples(new, w) if w in changed else (None, None)
             futures.append(
                 self._submit(
                     t_stage,
-                    self.run,
+                    self.spec,
                     lay,
                     pieces,
+                    samples,
                     data,
-                    self.recipe,
-                    self.dtype,
                     self.iteration,
-                    self.placement,
                     key=self._key("remap", self.version, w),
                     worker=w,
                 )

@@ -8,6 +8,7 @@ policy, estimator).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import uuid
@@ -18,7 +19,7 @@ import numpy as np
 
 from ..dashboard import RPMDashboardPlugin
 from ..emulation import emulation_label_async
-from ..nn.options import TRAINING_FIELDS, TrainingOptions
+from ..nn.options import TrainingOptions
 from ..nn.prepare import Prepared, prepare
 from ..progress import Progress
 from ..records import RemapRecord
@@ -30,16 +31,9 @@ from .drpm import DRPMState
 from .errors import TrainingError
 from .history import add_validation, build_history
 from .loop import TrainingLoop
-from .options import (
-    RUN_FIELDS,
-    Options,
-    RunKeywords,
-    resolve_options,
-    resume_state,
-    start_checkpoint,
-)
+from .options import RunOptions, resume_state, start_checkpoint
 from .planning import first_plan
-from .records import Checkpoint
+from .records import Checkpoint, RunSpec
 from .result import FitResult
 from .scheduler_plugin import PLUGIN_NAME, RPMSchedulerPlugin
 from .store import prepare_directory
@@ -169,7 +163,7 @@ def fit(
         ``resume=`` takes the directory back. A directory holding another
         run's checkpoint is refused (resume it, or choose a new one).
     on_checkpoint : callable, optional
-        ``on_checkpoint(state)`` with a dict ``iteration``, ``W``, ``V``,
+        ``on_checkpoint(state)`` with a dict ``iteration``, ``params`` (``W_1 .. W_L, V``),
         ``optimizer_state``, ``errors`` (per iteration so far), ``plan`` (and
         ``drpm``, DRPM's state, with ``mapping="drpm"``); called
         in a thread at each checkpoint (e.g. to write it to disk; ``resume=``
@@ -227,7 +221,7 @@ def fit(
         A checkpoint store directory (``checkpoint_dir`` of an earlier run: its
         valid checkpoint, each row file checked against the manifest's
         checksum), or a checkpoint as ``on_checkpoint`` receives it
-        (``iteration``, ``W``, ``V``, ``optimizer_state``): training continues at that iteration, with
+        (``iteration``, ``params``, ``optimizer_state``): training continues at that iteration, with
         the same mini-batches and optimizer state, up to ``iterations`` in all,
         and ends with the weights of an uninterrupted run. With
         ``mapping="drpm"`` and the checkpoint's ``"drpm"`` state (plan, checks,
@@ -262,15 +256,53 @@ def fit(
                 "`client = distributed.Client(dask_rpm.local_cluster())`, or pass client=..."
             ) from exc
     # the keywords map one to one onto the two records: what is computed, and how the run goes
-    given = {k: v for k, v in locals().items() if k in TRAINING_FIELDS}
-    training = TrainingOptions.of(options, **given)
-    run = RunKeywords(**{k: v for k, v in locals().items() if k in RUN_FIELDS})
+    training = TrainingOptions.of(
+        options,
+        hidden=hidden,
+        iterations=iterations,
+        epochs=epochs,
+        learning_rate=learning_rate,
+        init=init,
+        seed=seed,
+        dtype=dtype,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        activation=activation,
+        loss=loss,
+        output=output,
+        bias=bias,
+        optimizer=optimizer,
+        alpha=alpha,
+        reduction=reduction,
+        validation=validation,
+        validate_every=validate_every,
+        early_stopping=early_stopping,
+        tol=tol,
+        target_error=target_error,
+    )
+    run = RunOptions(
+        mapping=mapping,
+        abilities=abilities,
+        interval=interval,
+        progress=progress,
+        on_worker_loss=on_worker_loss,
+        min_workers=min_workers,
+        elastic=elastic,
+        checkpoint_every=checkpoint_every,
+        checkpoint_dir=checkpoint_dir,
+        on_checkpoint=on_checkpoint,
+        should_stop=should_stop,
+        callback=callback,
+        callbacks=callbacks,
+        resume=resume,
+        backend=backend,
+        device=device,
+    )
     return client.sync(_fit_async, client, x, d, training, run)
 
 
 def _callbacks(
-    kw: RunKeywords,
-    opts: Options,
+    opts: RunOptions,
     data: Prepared,
     reporter: Progress,
     remaps: list[RemapRecord],
@@ -280,7 +312,7 @@ def _callbacks(
 ) -> tuple[list[cb.TrainingCallback], cb.CheckpointCallback]:
     ckpt = cb.CheckpointCallback(
         opts.checkpoint_every,
-        kw.on_checkpoint,
+        opts.on_checkpoint,
         start,
         directory=opts.checkpoint_dir,
         errors_before=errors_before,
@@ -295,13 +327,13 @@ def _callbacks(
         ckpt,
         cb.ProgressCallback(reporter, remaps, validator),
     ]
-    if opts.target_error is not None:
-        out.append(cb.StopAtTarget(opts.target_error))
-    if kw.callback is not None:
-        out.append(cb.FunctionCallback(kw.callback))
-    if kw.should_stop is not None:
-        out.append(cb.ShouldStop(kw.should_stop))
-    for hook in kw.callbacks or ():
+    if data.target_error is not None:
+        out.append(cb.StopAtTarget(data.target_error))
+    if opts.callback is not None:
+        out.append(cb.FunctionCallback(opts.callback))
+    if opts.should_stop is not None:
+        out.append(cb.ShouldStop(opts.should_stop))
+    for hook in opts.callbacks or ():
         if isinstance(hook, cb.TrainingCallback):
             out.append(hook)
         elif hasattr(hook, "end_epoch"):  # an epoch rule, as fit_serial takes it
@@ -316,39 +348,45 @@ def _callbacks(
 
 
 async def _fit_async(
-    client: Any, x: Any, d: Any, training: TrainingOptions, kw: RunKeywords
+    client: Any, x: Any, d: Any, training: TrainingOptions, given: RunOptions
 ) -> FitResult:
-    reporter = Progress(kw.progress)  # validates progress= before any work
+    reporter = Progress(given.progress)  # validates progress= before any work
     data = prepare(x, d, training)
-    opts = resolve_options(kw, data)
+    opts = given.resolved()
     # a bad checkpoint is refused before waiting for workers
-    resume = resume_state(kw.resume, data)
-    start = start_checkpoint(resume, data, stored=isinstance(kw.resume, (str, os.PathLike)))
+    resume = resume_state(opts.resume, data)
+    start = start_checkpoint(resume, data, stored=isinstance(opts.resume, (str, os.PathLike)))
     if opts.checkpoint_dir is not None:  # created (nothing else written) once the input is valid
-        opts.checkpoint_dir = prepare_directory(opts.checkpoint_dir, kw.resume)
+        opts = dataclasses.replace(
+            opts, checkpoint_dir=prepare_directory(opts.checkpoint_dir, opts.resume)
+        )
     saved = resume.get("drpm") if isinstance(resume, dict) else None
     errors_before = resume.get("errors") if isinstance(resume, dict) else None
-    plan, info, probe_result, given, resumed = await first_plan(
-        client, opts, data, kw.abilities, saved
-    )
+    plan, info, probe_result, abilities_given, resumed = await first_plan(client, opts, data, saved)
     await ensure_plugins(client)
+    engine = opts.engine
+    spec = RunSpec(
+        run=uuid.uuid4().hex[:10],
+        recipe=data.recipe,
+        dtype=data.dtype,
+        placement=opts.placement,
+        inline_work=(engine.inline_work, engine.inline_work_gpu, engine.inline_work_emulated),
+    )
     driver = Driver(
         client,
-        run=uuid.uuid4().hex[:10],
+        spec=spec,
         plan=plan,
         source=data.source,
         arrays=data.arrays,
-        recipe=data.recipe,
-        dtype=data.dtype,
         rows=data.rows,
         threads=opts.threads,
         layers=data.layers,
-        placement=opts.placement,
+        engine=engine,
     )
-    drpm = _drpm_state(opts, given, saved if resumed else None, len(plan.abilities))
+    drpm = _drpm_state(opts, abilities_given, saved if resumed else None, len(plan.abilities))
     remaps: list[RemapRecord] = drpm.remaps if drpm is not None else []
     emulation = await emulation_label_async(client)
-    hooks, ckpt = _callbacks(kw, opts, data, reporter, remaps, emulation, start, errors_before)
+    hooks, ckpt = _callbacks(opts, data, reporter, remaps, emulation, start, errors_before)
     if drpm is not None:  # checkpoints carry the DRPM state: resume continues at the plan reached
         ckpt.extra = lambda d: {"drpm": {**drpm.to_dict(), "plan": d.plan.to_dict()}}
     loop = TrainingLoop(driver, opts, hooks, ckpt, drpm, remaps)
@@ -367,7 +405,7 @@ async def _fit_async(
             await check_readable(driver, start.directory)
         await loop.install(start)
         for h in hooks:
-            await cb.call(h.before_training(driver, opts.iterations))
+            await cb.call(h.before_training(driver, data.recipe.iterations))
         driver.on_progress = loop.progress
         await loop.refresh_deadlines()
         stopped = await loop.run(plans, names)
@@ -442,7 +480,7 @@ def _memory(driver: Driver, slots: Sequence[str]) -> dict[str, int]:
 
 
 def _drpm_state(
-    opts: Options, given: bool, saved: dict[str, Any] | None, n_workers: int
+    opts: RunOptions, given: bool, saved: dict[str, Any] | None, n_workers: int
 ) -> DRPMState | None:
     """DRPM's state for ``mapping="drpm"`` (else None); ``saved``: a resumed run's, restored."""
     if opts.mapping != "drpm":

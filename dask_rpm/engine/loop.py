@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 
-from .. import config
 from ..plan.partition import Plan
 from ..records import RemapRecord, remap_record
 from . import callbacks as cb
@@ -22,7 +21,7 @@ from .checkpoint import StoredCheckpoint
 from .driver import Driver, Placed, ordered_workers
 from .drpm import DRPMState
 from .errors import TrainingError, WorkerLostError
-from .options import Options
+from .options import RunOptions
 from .records import Checkpoint
 from .recovery import rebalance, recover, whole_plan
 from .tasks import run_deadline
@@ -39,7 +38,7 @@ class TrainingLoop:
     def __init__(
         self,
         driver: Driver,
-        opts: Options,
+        opts: RunOptions,
         hooks: list[cb.TrainingCallback],
         ckpt: cb.CheckpointCallback,
         drpm: DRPMState | None,
@@ -59,7 +58,7 @@ class TrainingLoop:
         self._jobs_checked = time.monotonic()
         self.deadlines: dict[str, float] = {}
         self._deadlines_for = -1
-        self.margin = float(config.get("train.retire-margin"))
+        self.margin = opts.engine.retire_margin
         self.placed: Placed | None = None  # what placing the first shards moved (install)
 
     def progress(self, driver: Driver) -> None:
@@ -67,7 +66,7 @@ class TrainingLoop:
             h.on_progress(driver)
 
     def _block_size(self, done: int) -> int:
-        sizes = [self.interval, self.opts.iterations - done]
+        sizes = [self.interval, self.driver.recipe.iterations - done]
         sizes += [b for h in self.hooks if (b := h.boundary(done))]
         d = self.driver
         before = retirement.iterations_before(
@@ -152,7 +151,7 @@ class TrainingLoop:
 
     async def run(self, plans: list[Plan], names: dict[str, Any]) -> str | None:
         """Train to the end; returns why training stopped early, or None."""
-        driver, total = self.driver, self.opts.iterations
+        driver, total = self.driver, self.driver.recipe.iterations
         while driver.iteration < total:
             first, n_remaps = driver.iteration, len(self.remaps)
             try:
@@ -192,12 +191,11 @@ class TrainingLoop:
         """On a batch-system cluster that can (``replace_lost``, e.g. SLURM groups), resubmit ended jobs;
         their workers join later and are absorbed like any new worker."""
         cluster = getattr(self.driver.client, "cluster", None)
-        if not hasattr(cluster, "replace_lost") or not config.get("slurm.replace-lost"):
+        engine = self.opts.engine
+        if not hasattr(cluster, "replace_lost") or not engine.replace_lost:
             return
         now = time.monotonic()
-        if not self.jobs_suspect and now - self._jobs_checked < float(
-            config.get("slurm.replace-check")
-        ):
+        if not self.jobs_suspect and now - self._jobs_checked < engine.replace_check:
             return
         self._jobs_checked, self.jobs_suspect = now, False
         assert cluster is not None  # hasattr(cluster, "replace_lost") above
@@ -238,14 +236,14 @@ class TrainingLoop:
                 driver,
                 first,
                 driver.iteration,
-                self.opts.iterations - driver.iteration,
+                driver.recipe.iterations - driver.iteration,
                 self.interval,
             )
 
     def _diverged(self, keep: int | None) -> str:
         msg = (
             f"training diverged: iteration {keep} produced a non-finite error or non-finite weights "
-            f"(learning_rate={self.opts.learning_rate} is probably too large); returning the last finite "
+            f"(learning_rate={self.driver.recipe.learning_rate} is probably too large); returning the last finite "
             f"weights, after {keep} iteration(s)"
         )
         logger.warning(msg)

@@ -1,17 +1,19 @@
-"""What :func:`~dask_rpm.engine.fit` was asked: its options after ``rpm.*`` defaults, and where it starts."""
+"""What :func:`~dask_rpm.engine.fit` was asked about how and where a run goes: its run options,
+resolved once on the client (``rpm.*`` defaults, names normalised), and where it starts."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from .. import config
 from ..drpm.policy import first_interval
-from ..nn.backend import check_names
+from ..nn.backend import Placement
 from ..nn.data import DataError
 from ..nn.prepare import Prepared
 from ..plan.partition import Plan, PlanError
@@ -25,51 +27,73 @@ logger = logging.getLogger("dask_rpm")
 
 
 __all__ = [
-    "RunKeywords",
-    "RUN_FIELDS",
-    "Options",
-    "resolve_options",
+    "EngineSettings",
+    "RunOptions",
     "resume_state",
     "start_checkpoint",
 ]
 
 
-@dataclass
-class Options:
-    """``fit``'s keywords after defaults (``rpm.*`` config) and validation."""
+@dataclass(frozen=True)
+class EngineSettings:
+    """The ``rpm.engine`` / ``rpm.train`` / ``rpm.slurm`` settings a run's driver and workers
+    follow while it goes (not what it computes), read once when the run starts."""
 
-    iterations: int
-    learning_rate: float
-    dtype: str
-    mapping: Any
-    interval: int
-    auto_interval: bool
-    on_worker_loss: str
-    min_workers: int
-    elastic: bool
-    checkpoint_every: int
-    target_error: float | None
-    #: the checkpoint store the workers write (absolute, created), or None: checkpoints via the driver
-    checkpoint_dir: str | None = None
-    #: BLAS/OpenMP threads of each worker's kernels (rpm.engine.threads); 0: each worker's nthreads
-    threads: int = 0
-    #: the kernels' (backend, device) names (rpm.engine.backend / device); each worker resolves auto
-    placement: tuple[str, str] = ("numpy", "auto")
+    #: seconds a worker waits for a peer's message; None: auto (from the iterations seen)
+    receive_timeout: float | None = None
+    receive_timeout_min: float = 60.0
+    report_seconds: float = 0.2
+    poll_seconds: float = 0.25
+    wait_workers: float = 600.0
+    retire_margin: float = 30.0
+    replace_lost: bool = True
+    replace_check: float = 30.0
+    #: the largest kernels (flop equivalents per iteration) a worker runs on its event loop, on a
+    #: CPU, on a GPU and on an EMULATED (paced) worker; these travel to the workers in the run spec
+    inline_work: float = 3e8
+    inline_work_gpu: float = 1e11
+    inline_work_emulated: float = 2e7
+
+    @classmethod
+    def from_config(cls) -> EngineSettings:
+        engine, train, slurm = (
+            config.section("engine"),
+            config.section("train"),
+            config.section("slurm"),
+        )
+        timeout = engine["receive_timeout"]
+        return cls(
+            receive_timeout=None if timeout == "auto" else float(timeout),
+            receive_timeout_min=float(engine["receive_timeout_min"]),
+            report_seconds=float(engine["report_seconds"]),
+            poll_seconds=float(engine["poll_seconds"]),
+            wait_workers=float(train["wait_workers"]),
+            retire_margin=float(train["retire_margin"]),
+            replace_lost=bool(slurm["replace_lost"]),
+            replace_check=float(slurm["replace_check"]),
+            inline_work=float(engine["inline_work"]),
+            inline_work_gpu=float(engine["inline_work_gpu"]),
+            inline_work_emulated=float(engine["inline_work_emulated"]),
+        )
 
 
 @dataclass(frozen=True, eq=False)
-class RunKeywords:
-    """``fit``'s keywords about how and where a run goes (not what it computes), as given;
-    :func:`resolve_options` turns them into :class:`Options`."""
+class RunOptions:
+    """``fit``'s keywords about how and where a run goes (not what it computes).
+
+    As given, a field left ``None`` means its ``rpm.*`` default; :meth:`resolved` returns the
+    record with every default read (once), every value checked and the names normalised, which
+    is what the engine runs on.
+    """
 
     mapping: Any = None
     abilities: Any = None
     interval: Any = None
     progress: Any = None
-    on_worker_loss: str | None = None
-    min_workers: int | None = None
-    elastic: bool | None = None
-    checkpoint_every: int | None = None
+    on_worker_loss: Any = None
+    min_workers: Any = None
+    elastic: Any = None
+    checkpoint_every: Any = None
     checkpoint_dir: Any = None
     on_checkpoint: Any = None
     should_stop: Any = None
@@ -78,68 +102,82 @@ class RunKeywords:
     resume: Any = None
     backend: str | None = None
     device: str | None = None
+    #: set by :meth:`resolved`: R="auto" (DRPM adapts the interval)
+    auto_interval: bool = False
+    #: set by :meth:`resolved`: BLAS/OpenMP threads of each worker's kernels (0: its nthreads)
+    threads: int = 0
+    #: set by :meth:`resolved`: the (backend, device) names; each worker resolves ``auto``
+    placement: Placement = Placement()
+    #: set by :meth:`resolved`
+    engine: EngineSettings = EngineSettings()
+
+    def resolved(self) -> RunOptions:
+        """These options with the ``rpm.*`` defaults read once and every value checked.
+
+        Raises :class:`~dask_rpm.plan.partition.PlanError` for an unknown mapping and
+        :class:`~dask_rpm.nn.data.DataError` for any other bad value.
+        """
+        train, ckpt = config.section("train"), config.section("checkpoint")
+        mapping = _mapping(train["mapping"] if self.mapping is None else self.mapping)
+        try:  # with R="auto" the first check comes after one estimation window
+            interval, auto = first_interval(self.interval)
+        except ValueError as exc:
+            raise DataError(str(exc)) from None
+        on_loss = self.on_worker_loss or train["on_worker_loss"]
+        if on_loss not in ("recover", "raise"):
+            raise DataError(
+                f"on_worker_loss={on_loss!r}; use 'recover' (go on without the worker) or 'raise'"
+            )
+        min_workers = train["min_workers"] if self.min_workers is None else self.min_workers
+        if not _whole(min_workers) or min_workers < 1:
+            raise DataError(f"min_workers={min_workers!r}; it must be a positive integer")
+        every = ckpt["every"] if self.checkpoint_every is None else self.checkpoint_every
+        if not _whole(every) or every < 0:
+            raise DataError(
+                f"checkpoint_every={every!r}; it must be an integer >= 0 (0: no checkpoints)"
+            )
+        directory = ckpt["dir"] if self.checkpoint_dir is None else self.checkpoint_dir
+        if directory is not None and not every:
+            raise DataError(
+                f"checkpoint_dir={os.fspath(directory)!r} but checkpoint_every={every!r}: no "
+                f"checkpoint would be written; set checkpoint_every to the iterations between "
+                f"checkpoints (e.g. 50)"
+            )
+        try:
+            threads = threads_setting()
+        except ValueError as exc:
+            raise DataError(str(exc)) from None
+        elastic = train["elastic"] if self.elastic is None else self.elastic
+        return dataclasses.replace(
+            self,
+            mapping=mapping,
+            interval=interval,
+            auto_interval=auto,
+            on_worker_loss=on_loss,
+            min_workers=int(min_workers),
+            elastic=bool(elastic) and not isinstance(mapping, Plan),
+            checkpoint_every=int(every),
+            checkpoint_dir=None if directory is None else os.fspath(directory),
+            threads=threads,
+            placement=Placement.of(self.backend, self.device),
+            engine=EngineSettings.from_config(),
+        )
 
 
-#: The field names of :class:`RunKeywords`: fit's keywords besides the training options.
-RUN_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RunKeywords))
+def _whole(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, np.integer))
 
 
-def resolve_options(kw: RunKeywords, job: Prepared) -> Options:
-    mapping = config.get("train.mapping", kw.mapping)
-    if not isinstance(mapping, Plan) and str(mapping).strip().lower() not in mapping_names():
+def _mapping(mapping: Any) -> str | Plan:
+    """A mapping name normalised (``"DRPM "`` is ``"drpm"``), or the Plan given."""
+    if isinstance(mapping, Plan):
+        return mapping
+    name = str(mapping).strip().lower()
+    if name not in mapping_names():
         raise PlanError(
             f"mapping={mapping!r} is not known; valid: {describe_names(mapping_names())}, or a Plan"
         )
-    try:  # with R="auto" the first check comes after one estimation window
-        interval, auto = first_interval(kw.interval)
-    except ValueError as exc:
-        raise DataError(str(exc)) from None
-    on_loss = config.get("train.on-worker-loss", kw.on_worker_loss)
-    if on_loss not in ("recover", "raise"):
-        raise DataError(
-            f"on_worker_loss={on_loss!r}; use 'recover' (go on without the worker) or 'raise'"
-        )
-    min_workers = config.get("train.min-workers", kw.min_workers)
-    if (
-        isinstance(min_workers, bool)
-        or not isinstance(min_workers, (int, np.integer))
-        or min_workers < 1
-    ):
-        raise DataError(f"min_workers={min_workers!r}; it must be a positive integer")
-    every = config.get("checkpoint.every", kw.checkpoint_every)
-    if isinstance(every, bool) or not isinstance(every, (int, np.integer)) or every < 0:
-        raise DataError(
-            f"checkpoint_every={every!r}; it must be an integer >= 0 (0: no checkpoints)"
-        )
-    try:
-        threads = threads_setting()
-    except ValueError as exc:
-        raise DataError(str(exc)) from None
-    directory = config.get("checkpoint.dir", kw.checkpoint_dir)
-    if directory is not None and not every:
-        raise DataError(
-            f"checkpoint_dir={os.fspath(directory)!r} but checkpoint_every={every!r}: no checkpoint would be "
-            f"written; set checkpoint_every to the iterations between checkpoints (e.g. 50)"
-        )
-    placement = check_names(
-        config.get("engine.backend", kw.backend), config.get("engine.device", kw.device)
-    )
-    return Options(
-        iterations=job.recipe.iterations,
-        learning_rate=job.recipe.learning_rate,
-        dtype=job.dtype,
-        mapping=mapping,
-        interval=interval,
-        auto_interval=auto,
-        on_worker_loss=on_loss,
-        min_workers=int(min_workers),
-        elastic=bool(config.get("train.elastic", kw.elastic)) and not isinstance(mapping, Plan),
-        checkpoint_every=int(every),
-        target_error=job.target_error,
-        checkpoint_dir=None if directory is None else os.fspath(directory),
-        threads=threads,
-        placement=placement,
-    )
+    return name
 
 
 def resume_state(resume: Any, data: Prepared) -> dict[str, Any] | None:
@@ -162,13 +200,20 @@ def start_checkpoint(
     """
     if resume is None:
         return Checkpoint(0, data.params0)
-    if not isinstance(resume, dict) or not (
-        stored or "iteration" in resume and ("params" in resume or {"W", "V"} <= set(resume))
-    ):
+    if not isinstance(resume, dict):
         raise DataError(
             f"resume={type(resume).__name__}; it must be a checkpoint store directory (the "
-            "checkpoint_dir a run wrote) or a checkpoint dict with 'iteration' and 'params' (or "
-            "'W', 'V'; and 'optimizer_state'), as fit's on_checkpoint receives it"
+            "checkpoint_dir a run wrote) or a checkpoint dict with 'iteration', 'params' and "
+            "'optimizer_state', as fit's on_checkpoint receives it"
+        )
+    if not stored and not {"iteration", "params"} <= set(resume):
+        # the keys found name the culprit, e.g. an earlier development build's first and last
+        # layers under keys of their own instead of the one list
+        raise DataError(
+            f"resume: the checkpoint dict has keys {sorted(map(str, resume))}; it needs "
+            "'iteration' and 'params' (the list W_1 .. W_L, V; 'optimizer_state' too when the "
+            "optimizer has state), as fit's on_checkpoint gives it: take a new checkpoint, or "
+            "put the weights under 'params'"
         )
     k = resume["iteration"]
     if (
@@ -183,8 +228,7 @@ def start_checkpoint(
     if stored:
         _check_slots(resume["optimizer_slots"], data)
         return StoredCheckpoint(int(k), resume["directory"])
-    given = resume.get("params") or (resume["W"], resume["V"])
-    params = tuple(np.asarray(p, dtype=data.dtype) for p in given)
+    params = tuple(np.asarray(p, dtype=data.dtype) for p in resume["params"])
     have, need = [p.shape for p in params], [p.shape for p in data.params0]
     if have != need:
         raise DataError(

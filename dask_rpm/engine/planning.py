@@ -14,7 +14,7 @@ from ..planners import make_plan
 from ..probe import probe_async, probe_network
 from .driver import ordered_workers
 from .errors import TrainingError
-from .options import Options
+from .options import RunOptions
 
 logger = logging.getLogger("dask_rpm")
 
@@ -85,9 +85,9 @@ def resolve_plan(
     return plan.validate()
 
 
-async def wait_for_workers(client: Any, min_workers: int) -> dict[str, Any]:
-    """Scheduler identity once ``min_workers`` workers are connected (``rpm.train.wait-workers`` s at most)."""
-    timeout = float(config.get("train.wait-workers"))
+async def wait_for_workers(client: Any, min_workers: int, timeout: float) -> dict[str, Any]:
+    """Scheduler identity once ``min_workers`` workers are connected (``timeout`` seconds at most:
+    ``rpm.train.wait-workers``)."""
     t0 = time.monotonic()
     deadline, said, last = t0 + timeout, None, -1
     while True:
@@ -140,11 +140,12 @@ def resumed_plan(saved: dict[str, Any], addresses: list[str], data: Prepared) ->
 
 
 async def first_plan(
-    client: Any, opts: Options, data: Prepared, abilities: Any, saved: dict[str, Any] | None = None
+    client: Any, opts: RunOptions, data: Prepared, saved: dict[str, Any] | None = None
 ) -> tuple[Plan, dict[str, Any], Any, bool, bool]:
     """The first plan (probing first when asked); returns it, the scheduler identity, the probe,
     whether abilities were given, and whether the plan is a resumed DRPM run's (``saved``)."""
-    info = await wait_for_workers(client, opts.min_workers)
+    info = await wait_for_workers(client, opts.min_workers, opts.engine.wait_workers)
+    abilities = opts.abilities
     addresses = ordered_workers(info)
     if not addresses:
         raise TrainingError(
@@ -164,7 +165,7 @@ async def first_plan(
             client,
             shape=data.shape,
             samples=data.samples,
-            dtype=opts.dtype,
+            dtype=data.dtype,
             workers=addresses,
             placement=opts.placement,
         )

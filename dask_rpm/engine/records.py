@@ -10,7 +10,19 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["BandGroup", "BlockResult", "BlockSpec", "Checkpoint", "Layout", "Peer", "TimingRecord"]
+from ..nn.backend import Placement
+from ..nn.recipe import Recipe
+
+__all__ = [
+    "RunSpec",
+    "BandGroup",
+    "BlockResult",
+    "BlockSpec",
+    "Checkpoint",
+    "Layout",
+    "Peer",
+    "TimingRecord",
+]
 
 
 class TimingRecord(NamedTuple):
@@ -153,3 +165,18 @@ class Checkpoint(NamedTuple):
     """The whole parameters ``W_1 .. W_L, V`` (augmented, as planned)."""
     state: dict[str, list[np.ndarray]] | None = None
     """Optimizer state ``{slot: [one array per parameter]}``; None: zero (the start of training)."""
+
+
+class RunSpec(NamedTuple):
+    """What every worker of a run is told once, when it sets up: what it computes, in which
+    dtype, where its kernels run and the engine settings it follows. The driver builds it from
+    the options resolved on the client; no worker reads them from its own configuration (but
+    ``rpm.engine.cpu-backend``, which is per node type by design: :func:`dask_rpm.nn.backend.resolve`)."""
+
+    run: str
+    recipe: Recipe
+    dtype: str
+    placement: Placement
+    #: the largest kernels (flop equivalents per iteration) run on the worker's event loop on a
+    #: CPU, on a GPU and on an EMULATED worker (rpm.engine.inline-work*)
+    inline_work: tuple[float, float, float] = (3e8, 1e11, 2e7)

@@ -23,7 +23,7 @@ from ..runtime.hooks import worker_hooks
 from ..runtime.threads import kernel_threads
 from .block import run_block
 from .layout import layout_layers
-from .records import BlockResult, BlockSpec, Layout
+from .records import BlockResult, BlockSpec, Layout, RunSpec
 from .samples import ColumnData, SampleSource
 from .store import StoreRows, file_digest, read_rows, write_mark, write_rows
 from .worker import PLUGIN_NAME, RunState, Shard, get_state
@@ -49,11 +49,12 @@ def _worker() -> Any:
     return get_worker()
 
 
-def _backend(placement: tuple[str, ...]) -> xb.Backend:
+def _backend(placement: tuple[str, str]) -> xb.Backend:
     """The backend this worker trains with, for the ``(backend, device)`` names of the run
     (``auto`` resolved here: a worker with a GPU uses it; :func:`~dask_rpm.nn.backend.resolve`)."""
-    # rpm.engine.cpu-backend, which "auto" reads, is part of the key: it can change in the process
-    return _resolve(placement, config.get("engine.cpu-backend"))
+    # rpm.engine.cpu-backend, which "auto" reads, is a per-node setting read here, on the worker;
+    # it is part of the key: it can change in the process
+    return _resolve(tuple(placement), config.get("engine.cpu-backend"))
 
 
 @functools.cache
@@ -62,22 +63,15 @@ def _resolve(placement: tuple[str, ...], cpu_backend: Any) -> xb.Backend:
 
 
 def _column(
-    source: Any, layout: Layout, recipe: Recipe, dtype: str, be: xb.Backend = xb.NUMPY
+    samples: SampleSource, data: Any, layout: Layout, spec: RunSpec, be: xb.Backend
 ) -> ColumnData:
-    """The column's samples (:class:`~dask_rpm.engine.samples.ColumnData`) from what the driver sent."""
-    if isinstance(source, str):  # the path of a dataset file
-        source = SampleSource("file", path=source)
-    elif (
-        isinstance(source[0], str) and source[0] == "file"
-    ):  # ("file", path, rows of the training samples)
-        source = SampleSource("file", path=source[1], rows=source[2])
-    elif (
-        isinstance(source[0], str) and source[0] == "arrays"
-    ):  # ("arrays", (x, d)): the whole training set
-        source = SampleSource("arrays", *source[1])
-    else:  # the column's rows as (x, d)
-        source = SampleSource("slice", *source)
-    return ColumnData(source, layout.samples, recipe.schedule, recipe.net, dtype, be)
+    """The column's samples (:class:`~dask_rpm.engine.samples.ColumnData`); ``data`` is the
+    ``(x, d)`` the driver scattered for an ``arrays`` or ``slice`` source (None for a file)."""
+    if data is not None:
+        samples = samples._replace(x=data[0], d=data[1])
+    return ColumnData(
+        samples, layout.samples, spec.recipe.schedule, spec.recipe.net, spec.dtype, be
+    )
 
 
 def _shard(rows: dict[str, Any], layout: Layout, recipe: Recipe, be: xb.Backend) -> Shard:
@@ -90,38 +84,37 @@ def _shard(rows: dict[str, Any], layout: Layout, recipe: Recipe, be: xb.Backend)
 
 
 def t_setup(
+    spec: RunSpec,
     layout: Layout,
     weights: dict[str, Any] | StoreRows,
-    source: Any,
-    recipe: Recipe,
-    dtype: str,
+    samples: SampleSource,
+    data: Any,
     iteration: int,
-    placement: tuple[str, str] = ("numpy", "cpu"),
 ) -> int | DataError:
-    """Create this worker's state for a run: its shard, its samples (``source``: path, rows or a
-    :class:`~dask_rpm.engine.samples.SampleSource`), on the backend ``placement`` names; returns
-    the bytes read from a checkpoint store, or the :class:`~dask_rpm.nn.data.DataError` its samples
-    (or a backend this worker cannot run) raised.
+    """Create this worker's state for a run: its shard and its samples, on the backend the
+    run's ``spec`` places it; returns the bytes read from a checkpoint store, or the
+    :class:`~dask_rpm.nn.data.DataError` its samples (or a backend this worker cannot run) raised.
 
     ``weights`` are the shard's rows the driver scattered, or which rows of a
     checkpoint store to read (:class:`~dask_rpm.engine.store.StoreRows`):
-    then this worker reads them itself, checked against the manifest.
+    then this worker reads them itself, checked against the manifest. ``samples`` says where
+    the column's samples come from; ``data`` is what the driver scattered for them, or None.
     """
     worker = _worker()
     plugin = worker.plugins[PLUGIN_NAME]
     read = 0
     if isinstance(weights, StoreRows):
-        weights = read_rows(weights, dtype)
+        weights = read_rows(weights, spec.dtype)
         read = weights.pop("bytes")
     try:
-        be = _backend(tuple(placement))
-        data = _column(source, layout, recipe, dtype, be)
-        data.load(iteration)  # bad values in a dataset file are found here, before the first one
+        be = _backend(spec.placement)
+        column = _column(samples, data, layout, spec, be)
+        column.load(iteration)  # bad values in a dataset file are found here, before the first one
     except DataError as exc:
         # the user's data, not a failure of the task: returned, so the worker logs no "Compute
         # Failed" traceback, and the driver raises it as one line
         return exc
-    state = RunState(worker, layout, _shard(weights, layout, recipe, be), data, recipe)
+    state = RunState(worker, layout, _shard(weights, layout, spec.recipe, be), column, spec)
     state.iteration = iteration
     old = plugin.runs.get(layout.run)
     if old is not None:  # a recovery from a checkpoint: keep the epoch floor
@@ -136,12 +129,13 @@ async def t_block(run: str, spec: BlockSpec) -> BlockResult:
     state = get_state(run, worker)
     # a paced (EMULATED) kernel sleeps, and must not sleep on the event loop; a GPU's kernels
     # hold the loop only while the host waits for them
+    on_cpu, on_gpu, emulated = state.spec.inline_work
     if worker_hooks(worker).paced:
-        inline_key = "engine.inline-work-emulated"
+        inline_work = emulated
     elif state.shard.backend.device != "cpu":
-        inline_key = "engine.inline-work-gpu"
+        inline_work = on_gpu
     else:
-        inline_key = "engine.inline-work"
+        inline_work = on_cpu
     async with state.busy:
         # the worker's cores, not the one thread its nanny leaves BLAS (dask_rpm.runtime.threads)
         with kernel_threads(spec.threads or worker.state.nthreads) as threads:
@@ -149,20 +143,18 @@ async def t_block(run: str, spec: BlockSpec) -> BlockResult:
                 state,
                 spec,
                 log=lambda msg: worker.log_event("rpm", msg),
-                inline_work=float(config.get(inline_key)),
+                inline_work=inline_work,
             )
         return res._replace(threads=threads, backend=state.shard.backend.label)
 
 
 def t_stage(
-    run: str,
+    spec: RunSpec,
     layout: Layout,
     pieces: list[tuple[int, int, str | None]],
-    source: Any,
-    recipe: Recipe,
-    dtype: str,
+    samples: SampleSource | None,
+    data: Any,
     iteration: int,
-    placement: tuple[str, str] = ("numpy", "cpu"),
 ) -> int:
     """Build this worker's shard of a new plan: keep own rows, fetch the others from their holders.
 
@@ -170,16 +162,17 @@ def t_stage(
     ``None`` for rows held here; the others are fetched worker to worker
     (``rpm_rows`` on the source, which serves its *current* shard until every
     stage task is done and the new shards are committed). Optimizer state
-    travels with its rows. ``source`` is None when the sample range is unchanged.
+    travels with its rows. ``samples`` is None when the sample range is unchanged.
     """
     from distributed.utils import sync
 
     worker = _worker()
     plugin = worker.plugins[PLUGIN_NAME]
+    run, dtype = spec.run, spec.dtype
     state = plugin.runs.get(run)
     layers, rows = layout_layers(layout), layout.rows
     params = layers.zeros(rows, dtype)
-    opt_state = {slot: layers.zeros(rows, dtype) for slot in recipe.optimizer.slots}
+    opt_state = {slot: layers.zeros(rows, dtype) for slot in spec.recipe.optimizer.slots}
 
     async def fetch(a: int, b: int, src: str) -> dict[str, Any]:
         return await worker.rpc(src).rpm_rows(run=run, a=a, b=b)
@@ -192,17 +185,17 @@ def t_stage(
         layers.put(params, [unwrap(p) for p in got["params"]], (a, b), rows[0])
         for slot, arrays in got["state"].items():
             layers.put(opt_state[slot], [unwrap(p) for p in arrays], (a, b), rows[0])
-    be = _backend(tuple(placement))
-    if source is None:
-        data = state.data
+    be = _backend(spec.placement)
+    if samples is None:
+        column = state.data
     else:
-        data = _column(source, layout, recipe, dtype, be)
-        data.load(iteration)
+        column = _column(samples, data, layout, spec, be)
+        column.load(iteration)
     shard = Shard(layers, rows[0], params, opt_state, be)
     if state is None:  # a worker new to the run: nothing reads its state before the commit
-        state = plugin.runs[run] = RunState(worker, layout, shard, data, recipe)
+        state = plugin.runs[run] = RunState(worker, layout, shard, column, spec)
         state.iteration = iteration
-    state.staged[layout.version] = (layout, shard, data)
+    state.staged[layout.version] = (layout, shard, column)
     return layout.worker
 
 

@@ -38,10 +38,9 @@ from ..nn.backend import NUMPY, Backend
 from ..nn.kernels import Workspace, all_finite
 from ..nn.layers import Layers
 from ..nn.optim import Optimizer, step
-from ..nn.recipe import Recipe
 from ..runtime.hooks import worker_hooks
 from .errors import BlockAborted, PeerError
-from .records import Layout
+from .records import Layout, RunSpec
 from .samples import ColumnData
 
 __all__ = [
@@ -144,16 +143,6 @@ class Shard:
         """A shard with zero optimizer state (the start of training)."""
         zeros = {slot: [np.zeros_like(p) for p in params] for slot in opt.slots}
         return cls(layers, origin, params, zeros, backend)
-
-    @property
-    def W(self) -> np.ndarray:
-        """The first layer's rows."""
-        return self.params[0]
-
-    @property
-    def V(self) -> np.ndarray:
-        """The output layer's columns."""
-        return self.params[-1]
 
     def _all_finite(self) -> bool:
         return all(all_finite(p) for p in self.params)
@@ -260,14 +249,15 @@ class RunState:
     """
 
     def __init__(
-        self, worker: Any, layout: Layout, shard: Shard, data: ColumnData, recipe: Recipe
+        self, worker: Any, layout: Layout, shard: Shard, data: ColumnData, spec: RunSpec
     ) -> None:
         self.worker = worker
         self.run = layout.run
         self.layout = layout
         self.shard = shard
         self.data = data
-        self.recipe = recipe
+        self.spec = spec
+        self.recipe = spec.recipe
         self.iteration = 0
         self.staged: dict[int, tuple[Layout, Shard, ColumnData]] = {}
         self.workspace: Workspace | None = None

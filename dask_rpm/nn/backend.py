@@ -24,7 +24,7 @@ import contextlib
 import importlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import array_api_compat as compat
 import numpy as np
@@ -36,6 +36,7 @@ __all__ = [
     "BACKENDS",
     "DEVICES",
     "Backend",
+    "Placement",
     "BackendError",
     "NUMPY",
     "check_names",
@@ -198,6 +199,22 @@ def _gpus(name: str) -> int:
         return 0
 
 
+class Placement(NamedTuple):
+    """Where a run's kernels go, as names (``auto`` is resolved by each worker: :func:`resolve`)."""
+
+    backend: str = "numpy"
+    device: str = "auto"
+
+    @classmethod
+    def of(cls, backend: Any = None, device: Any = None) -> Placement:
+        """The names given (``None``: ``rpm.engine.backend`` / ``rpm.engine.device``), checked."""
+        if backend is None or device is None:
+            engine = config.section("engine")
+            backend = engine["backend"] if backend is None else backend
+            device = engine["device"] if device is None else device
+        return cls(*check_names(backend, device))
+
+
 def resolve(backend: Any = None, device: Any = None) -> Backend:
     """The :class:`Backend` this process trains with, for the names a user gave (``None``:
     ``rpm.engine.backend`` / ``rpm.engine.device``).
@@ -209,7 +226,7 @@ def resolve(backend: Any = None, device: Any = None) -> Backend:
     install; a node type where torch's kernels are faster sets ``torch``:
     ``DASK_RPM__ENGINE__CPU_BACKEND=torch`` in its workers' environment, docs/benchmarks.md).
     """
-    b, d = check_names(config.get("engine.backend", backend), config.get("engine.device", device))
+    b, d = Placement.of(backend, device)
     if b == "auto":
         if d != "cpu":
             for name in ("torch", "cupy"):
