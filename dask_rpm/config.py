@@ -39,8 +39,9 @@ def section(name: str, **overrides: Any) -> dict[str, Any]:
     """``rpm.<name>`` read once, as a new dict with ``-`` in keys written ``_`` (also in nested
     sections); the ``overrides`` that are not ``None`` replace their keys.
 
-    What the settings records (e.g. :class:`dask_rpm.drpm.DRPMSettings`) are built from at a
-    public entry point, so one call sees one consistent configuration.
+    What a settings record (e.g. :class:`dask_rpm.drpm.DRPMSettings`) is built from at a
+    public entry point, so one call sees one consistent configuration
+    (``receive-timeout`` -> ``receive_timeout``).
     """
     out = _underscored(dask.config.get(f"rpm.{name}"))
     out.update({k: v for k, v in overrides.items() if v is not None})
@@ -49,11 +50,6 @@ def section(name: str, **overrides: Any) -> dict[str, Any]:
 
 def _underscored(d: dict[str, Any]) -> dict[str, Any]:
     return {
-        k.replace("-", "_"): _underscored(v) if isinstance(v, dict) else v for k, v in d.items()
+        str(k).replace("-", "_"): _underscored(v) if isinstance(v, dict) else v
+        for k, v in d.items()
     }
-
-
-def section(name: str) -> dict[str, Any]:
-    """The settings ``rpm.<name>`` as one dict, read once, its keys spelled as Python names
-    (``receive-timeout`` -> ``receive_timeout``): what a settings record is built from."""
-    return {str(k).replace("-", "_"): v for k, v in dask.config.get(f"rpm.{name}").items()}
