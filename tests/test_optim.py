@@ -63,9 +63,14 @@ def test_bad_optimizers_are_refused(spec, match):
 
 
 def test_optimizer_defaults_come_from_config():
+    """A run's optimizer and its parameters default to rpm.train.*, read when its options are
+    resolved; optimizer() alone reads no configuration."""
     import dask
+
+    from dask_rpm.nn.options import TrainingOptions
 
     with dask.config.set(
         {"rpm.train.optimizer": "adam", "rpm.train.optimizer-parameters.beta2": 0.99}
     ):
-        assert optimizer() == Optimizer("adam", beta2=0.99)
+        assert optimizer(TrainingOptions().resolved().optimizer) == Optimizer("adam", beta2=0.99)
+        assert optimizer("adam") == Optimizer("adam")

@@ -34,7 +34,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .. import config
 from ..plan.partition import Plan
 from .errors import DataError
 
@@ -164,18 +163,16 @@ def rng_state(gen: np.random.RandomState) -> tuple:
 
 
 def schedule(
-    samples: int, batch_size: int | None = None, *, shuffle: Any = None, seed: int = 0
+    samples: int, batch_size: int | str | None = None, *, shuffle: Any = True, seed: int = 0
 ) -> BatchSchedule:
-    """A validated :class:`BatchSchedule`; ``None`` reads ``rpm.train.batch-size`` / ``rpm.train.shuffle``.
+    """A validated :class:`BatchSchedule`: ``batch_size`` None (or ``"full"``) is full-batch BP.
 
     ``shuffle`` may be a ``numpy.random.RandomState``: shuffled epochs in
     scikit-learn's order, drawn from (a copy of) that generator's state.
     """
-    batch_size = config.get("train.batch-size", batch_size)
     rng = None
     if isinstance(shuffle, np.random.RandomState):
         rng, shuffle = rng_state(shuffle), True
-    shuffle = config.get("train.shuffle", shuffle)
     if batch_size is not None and batch_size != "full":
         if (
             isinstance(batch_size, bool)

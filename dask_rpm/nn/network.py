@@ -25,7 +25,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .. import config
 from .errors import DataError
 
 __all__ = ["Network", "ACTIVATIONS", "OUTPUTS", "LOSSES", "network", "NetworkError"]
@@ -143,16 +142,13 @@ class Network(NamedTuple):
 
 
 def network(
-    activation: str | None = None,
-    loss: str | None = None,
-    output: str | None = None,
-    bias: bool | None = None,
+    activation: str = "sigmoid",
+    loss: str = "squared",
+    output: str | None = "auto",
+    bias: bool = False,
 ) -> Network:
-    """A validated :class:`Network`; ``None`` reads ``rpm.train.*`` (``output: auto`` follows the loss)."""
-    activation = str(config.get("train.activation", activation))
-    loss = str(config.get("train.loss", loss))
-    output = config.get("train.output", output)
-    bias = config.get("train.bias", bias)
+    """A validated :class:`Network` (``output="auto"`` or None follows the loss); the defaults
+    are the paper's network, those of ``rpm.train.*`` as shipped."""
     if activation not in ACTIVATIONS:
         raise NetworkError(f"activation={activation!r}; valid: {', '.join(ACTIVATIONS)}")
     if loss not in LOSSES:

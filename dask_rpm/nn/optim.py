@@ -41,7 +41,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .. import config
 from . import backend as xb
 from .errors import DataError
 
@@ -87,13 +86,12 @@ class Optimizer(NamedTuple):
         return OPTIMIZERS[self.name]
 
 
-def optimizer(spec: Any = None) -> Optimizer:
-    """A validated :class:`Optimizer` from a name, a mapping ``{"name": ..., <parameter>: ...}``,
-    an :class:`Optimizer`, or None (``rpm.train.optimizer``)."""
+def optimizer(spec: Any = "sgd") -> Optimizer:
+    """A validated :class:`Optimizer` from a name, a mapping ``{"name": ..., <parameter>: ...}``
+    or an :class:`Optimizer`; parameters not given take :class:`Optimizer`'s defaults (a run's
+    options add ``rpm.train.optimizer-parameters``: :meth:`~dask_rpm.nn.options.TrainingOptions.resolved`)."""
     if isinstance(spec, Optimizer):
         return _check(spec)
-    if spec is None:
-        spec = config.get("train.optimizer")
     if isinstance(spec, str):
         spec = {"name": spec}
     if not isinstance(spec, Mapping):
@@ -103,7 +101,6 @@ def optimizer(spec: Any = None) -> Optimizer:
         )
     spec = dict(spec)
     name = spec.pop("name", None)
-    defaults = dict(config.get("train.optimizer-parameters") or {})
     unknown = sorted(set(spec) - set(Optimizer._fields))
     if unknown:
         raise OptimizerError(
@@ -111,11 +108,11 @@ def optimizer(spec: Any = None) -> Optimizer:
             f"{', '.join(f for f in Optimizer._fields if f != 'name')}"
         )
     params: dict[str, Any] = {
-        k: float(spec.get(k, defaults.get(k, getattr(Optimizer(), k))))
+        k: float(spec.get(k, getattr(Optimizer(), k)))
         for k in ("momentum", "beta1", "beta2", "eps")
     }
-    params["convention"] = str(spec.get("convention", defaults.get("convention", "pytorch")))
-    nesterov = spec.get("nesterov", defaults.get("nesterov", False))
+    params["convention"] = str(spec.get("convention", "pytorch"))
+    nesterov = spec.get("nesterov", False)
     if not isinstance(nesterov, (bool, np.bool_)):
         raise OptimizerError(f"optimizer nesterov={nesterov!r}; give true or false")
     params["nesterov"] = bool(nesterov)

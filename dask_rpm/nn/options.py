@@ -5,7 +5,8 @@ Pure. :class:`TrainingOptions` is built once, wherever a user gives options -
 the keywords of ``fit`` / ``fit_serial`` (one to one), a job file
 (:mod:`dask_rpm.job`), the estimators, ``dask-rpm train`` - and travels
 as it is to :func:`dask_rpm.nn.prepare.prepare`, which resolves ``None`` from
-``rpm.train.*`` and validates everything before any work starts. Where a
+``rpm.train.*`` (:meth:`TrainingOptions.resolved`, the one place they are read) and validates
+everything before any work starts. Where a
 run's options go from there: docs/architecture.md, "One option, user to worker".
 """
 
@@ -13,8 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from .. import config
 
 __all__ = ["TrainingOptions", "TRAINING_FIELDS"]
 
@@ -78,6 +82,36 @@ class TrainingOptions:
             )
         return dataclasses.replace(base, **given)
 
+    def resolved(self) -> TrainingOptions:
+        """These options with every field left ``None`` set from its ``rpm.train.*`` default,
+        read once: what a run trains with.
+
+        ``epochs`` and ``iterations`` are alternatives: with neither given, ``rpm.train.epochs``
+        (when set) else ``rpm.train.iterations``; ``early_stopping``'s default applies only with
+        a ``validation`` set; a named optimizer takes ``rpm.train.optimizer-parameters`` for the
+        parameters it does not set. Resolving twice changes nothing.
+        """
+        train = config.section("train")
+        fill = {
+            f: train[f]
+            for f in _FROM_CONFIG
+            if getattr(self, f) is None and train.get(f) is not None
+        }
+        if self.iterations is None and self.epochs is None:
+            fill.pop("iterations", None)
+            if train["epochs"] is None:
+                fill["iterations"] = train["iterations"]
+        else:
+            fill.pop("epochs", None)
+            fill.pop("iterations", None)
+        if self.validation is None:
+            fill.pop("early_stopping", None)
+        spec = fill.get("optimizer", self.optimizer)
+        if isinstance(spec, (str, Mapping)):
+            named = {"name": spec} if isinstance(spec, str) else dict(spec)
+            fill["optimizer"] = {**(train["optimizer_parameters"] or {}), **named}
+        return dataclasses.replace(self, **fill)
+
     def as_dict(self) -> dict[str, Any]:
         """The options as keywords (``fit(**options.as_dict())``)."""
         return {f: getattr(self, f) for f in TRAINING_FIELDS}
@@ -85,3 +119,8 @@ class TrainingOptions:
 
 #: The field names of :class:`TrainingOptions`, in order: the training keywords of ``fit``.
 TRAINING_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TrainingOptions))
+
+#: The fields whose default is the ``rpm.train`` setting of the same name.
+_FROM_CONFIG = tuple(
+    f for f in TRAINING_FIELDS if f not in ("hidden", "init", "validation", "target_error")
+)

@@ -13,7 +13,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .. import config
 from .data import (
     DataError,
     as_arrays,
@@ -50,16 +49,6 @@ class Prepared(NamedTuple):
     target_error: float | None
     dtype: str
 
-    @property
-    def W0(self) -> np.ndarray:
-        """The first layer's initial weights (augmented)."""
-        return self.params0[0]
-
-    @property
-    def V0(self) -> np.ndarray:
-        """The output layer's initial weights (augmented)."""
-        return self.params0[-1]
-
     def validator(self) -> Validator | None:
         if self.validation is None:
             return None
@@ -70,7 +59,6 @@ def _targets(
     d: np.ndarray, loss: str | None, classes: Any = None
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """2-D targets; 1-D labels become one-hot rows (cross-entropy only)."""
-    loss = str(config.get("train.loss", loss))
     if d.ndim == 1:
         if loss != "cross-entropy":
             raise DataError(
@@ -154,11 +142,9 @@ def prepare(
     samples); ``options.validation`` may be None, a fraction to hold out
     (seeded), or ``(x_val, d_val)``. Every bad option raises :class:`DataError`.
     """
-    o = options or TrainingOptions()
-    dtype, seed, init, loss = o.dtype, o.seed, o.init, o.loss
+    o: Any = (options or TrainingOptions()).resolved()  # the rpm.train.* defaults, read once
+    dtype, seed, init, loss = str(o.dtype), int(o.seed), o.init, o.loss
     target_error = o.target_error
-    dtype = str(config.get("train.dtype", dtype))
-    seed = int(config.get("train.seed", seed))
     if target_error is not None and not (np.isfinite(target_error) and target_error >= 0):
         raise DataError(f"target_error={target_error!r}; it must be a finite number >= 0, or None")
     start = _split_init(init)[0]

@@ -16,7 +16,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .. import config
 from ..records import Validation
 from .batches import BatchSchedule, schedule
 from .errors import DataError
@@ -90,43 +89,38 @@ def _positive_int(name: str, value: Any) -> int:
 def recipe(
     samples: int, options: TrainingOptions | None = None, *, validation: bool = False
 ) -> Recipe:
-    """Validate and complete the training options (``None`` fields: ``rpm.train.*``).
+    """Validate and complete the training options (``None`` fields: ``rpm.train.*``, read by
+    :meth:`~dask_rpm.nn.options.TrainingOptions.resolved`).
 
     ``samples`` is the number of training samples (after a validation split);
     ``validation`` says whether there is a validation set. ``epochs`` and
     ``iterations`` are alternatives; with ``epochs`` the run has
     ``epochs * ceil(samples / batch_size)`` iterations.
     """
-    o = options or TrainingOptions()
-    iterations, epochs, learning_rate, seed = o.iterations, o.epochs, o.learning_rate, o.seed
-    validate_every, early_stopping, tol = o.validate_every, o.early_stopping, o.tol
+    o: Any = (options or TrainingOptions()).resolved()  # every value is checked below
+    iterations, epochs, lr, seed = o.iterations, o.epochs, o.learning_rate, int(o.seed)
+    every, patience, tol = o.validate_every, o.early_stopping, float(o.tol)
     alpha, reduction = o.alpha, o.reduction
-    seed = int(config.get("train.seed", seed))
     sched = schedule(samples, o.batch_size, shuffle=o.shuffle, seed=seed)
     net = network(o.activation, o.loss, o.output, o.bias)
     opt = optimizer(o.optimizer)
-    if epochs is None and iterations is None:
-        epochs = config.get("train.epochs")
     if epochs is not None and iterations is not None:
         raise RecipeError(
             f"both iterations={iterations!r} and epochs={epochs!r} given; give one of them"
         )
     if epochs is not None:
         iterations = _positive_int("epochs", epochs) * sched.per_epoch
-    iterations = _positive_int("iterations", config.get("train.iterations", iterations))
-    lr = config.get("train.learning-rate", learning_rate)
+    iterations = _positive_int("iterations", iterations)
     try:
         lr = float(lr)
     except (TypeError, ValueError):
         raise RecipeError(f"learning_rate={lr!r}; it must be a finite number > 0") from None
     if not (math.isfinite(lr) and lr > 0):
         raise RecipeError(f"learning_rate={lr!r}; it must be a finite number > 0")
-    every = config.get("train.validate-every", validate_every)
-    patience = config.get("train.early-stopping", early_stopping)
     if not validation:
-        if early_stopping is not None:
+        if options is not None and options.early_stopping is not None:
             raise RecipeError(
-                f"early_stopping={early_stopping!r} needs validation data: pass validation= "
+                f"early_stopping={options.early_stopping!r} needs validation data: pass validation= "
                 f"(a fraction such as 0.1, or (x_val, d_val))"
             )
         every, patience = None, None
@@ -138,10 +132,8 @@ def recipe(
             else _positive_int("validate_every", every)
         )
         patience = None if patience is None else _positive_int("early_stopping", patience)
-    tol = float(config.get("train.tol", tol))
     if not (math.isfinite(tol) and tol >= 0):
         raise RecipeError(f"tol={tol!r}; it must be a finite number >= 0")
-    alpha = config.get("train.alpha", alpha)
     try:
         alpha = float(alpha)
     except (TypeError, ValueError):
@@ -150,7 +142,6 @@ def recipe(
         ) from None
     if not (math.isfinite(alpha) and alpha >= 0):
         raise RecipeError(f"alpha={alpha!r}; it must be a finite number >= 0 (0: no penalty)")
-    reduction = config.get("train.reduction", reduction)
     if reduction not in ("sum", "mean"):
         raise RecipeError(
             f"reduction={reduction!r}; valid: 'sum' (step on the summed gradient, the paper's) or "
