@@ -65,7 +65,7 @@ def test_train_job_with_training_keys_writes_a_model_that_predict_applies(tmp_pa
     path = _job(tmp_path, base / "train.nc")
     job = load_job(path)
     # 400 samples, 40 held out: 360 train, batches of 50 -> 8 per epoch
-    assert job.iterations == 3 * 8 and job.model == str(tmp_path / "result.model.nc")
+    assert job.training.iterations == 3 * 8 and job.model == str(tmp_path / "result.model.nc")
     with LocalCluster(
         n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0"
     ) as cluster:
@@ -91,10 +91,9 @@ def test_train_job_with_training_keys_writes_a_model_that_predict_applies(tmp_pa
         bias=True,
         optimizer="adam",
         validation=0.1,
-        full_output=True,
     )
-    np.testing.assert_allclose(model.W, ref["W"], rtol=RTOL, atol=0)
-    np.testing.assert_allclose(model.V, ref["V"], rtol=RTOL, atol=0)
+    np.testing.assert_allclose(model.params[0], ref.params[0], rtol=RTOL, atol=0)
+    np.testing.assert_allclose(model.params[-1], ref.params[-1], rtol=RTOL, atol=0)
 
     out = tmp_path / "pred.nc"
     assert (

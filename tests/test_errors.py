@@ -157,13 +157,12 @@ def _checkpoint(tmp: Path, iteration: int = 2, **over: Any) -> None:
 
     _data(tmp)
     job = load_job(_job(tmp, "other.yaml", **over))
-    n, m, l = job.shape[1], job.hidden, job.shape[2]
+    n, m, l = job.shape[1], job.training.hidden, job.shape[2]
     write_checkpoint(
         job,
         {
             "iteration": iteration,
-            "W": np.zeros((m, n)),
-            "V": np.zeros((l, m)),
+            "params": [np.zeros((m, n)), np.zeros((l, m))],
             "errors": np.ones(iteration),
         },
     )

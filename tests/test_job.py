@@ -131,7 +131,7 @@ def test_yaml_as_its_author_means_it(tmp_path, digits, capsys):
     text = path.read_text().replace("learning-rate: 0.005", "learning-rate: 5e-3")
     assert "5e-3" in text
     path.write_text(text)
-    assert load_job(path).learning_rate == 0.005
+    assert load_job(path).training.learning_rate == 0.005
     path.write_text(text + "hidden: 20\n")
     assert main(["train", "--config", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -202,7 +202,7 @@ def test_an_existing_checkpoint_is_not_overwritten_without_resume(tmp_path, digi
     # the default: a store of a stopped run at <output stem>.checkpoint
     path = write_job(tmp_path, digits[0], checkpoint={"every": 10})
     W, V = np.ones((12, 65)), np.ones((10, 12))
-    write_checkpoint(load_job(path), {"iteration": 10, "W": W, "V": V, "errors": np.ones(10)})
+    write_checkpoint(load_job(path), {"iteration": 10, "params": [W, V], "errors": np.ones(10)})
     assert (tmp_path / "result.checkpoint" / "manifest.json").is_file()
     before = _tree(tmp_path)
     assert main(["train", "--config", str(path)]) == 2
@@ -211,7 +211,7 @@ def test_an_existing_checkpoint_is_not_overwritten_without_resume(tmp_path, digi
         f"checkpoint path {str(tmp_path / 'result.checkpoint')!r} already holds a checkpoint" in err
     )
     assert "continue that run with --resume" in err
-    assert _tree(tmp_path) == before and np.array_equal(_stored(tmp_path)["W"], W)
+    assert _tree(tmp_path) == before and np.array_equal(_stored(tmp_path)["params"][0], W)
     # the opt-in netCDF file (a checkpoint.path ending in .nc)
     path = write_job(tmp_path, digits[0], checkpoint={"every": 10, "path": "result.checkpoint.nc"})
     (tmp_path / "result.checkpoint.nc").write_text("the only copy of a stopped run")
@@ -244,7 +244,10 @@ def test_keys_a_job_leaves_out_stay_none_and_fall_back_on_rpm_train(tmp_path, di
     """mapping, seed, dtype, min-workers, on-worker-loss: None in the Job (fit reads rpm.train.*)."""
     path = write_job(tmp_path, digits[0], mapping=None)
     job = load_job(path)
-    assert (job.mapping, job.seed, job.dtype, job.min_workers, job.on_worker_loss) == (None,) * 5
+    run, training = job.run, job.training
+    assert (run.mapping, training.seed, training.dtype, run.min_workers, run.on_worker_loss) == (
+        None,
+    ) * 5
     assert job.effective("mapping") == "drpm" and job.effective("seed") == 0
     with dask.config.set({"rpm.train.mapping": "uniform", "rpm.train.min-workers": 2}):
         assert job.effective("mapping") == "uniform" and job.effective("min_workers") == 2
@@ -294,7 +297,7 @@ def test_mapping_and_seed_from_the_config_section_are_honoured(tmp_path, digits)
             run_job(path, client=client, out=out)
     assert "mapping grid," in out.getvalue()
     assert _plan_methods(tmp_path / "result.nc") == ["grid-hrev"]
-    W, V, _ = fit_serial(x, d, hidden=12, iterations=12, learning_rate=0.005, seed=3)
+    W, V = fit_serial(x, d, hidden=12, iterations=12, learning_rate=0.005, seed=3).params
     ds = _open(tmp_path / "result.nc")
     np.testing.assert_allclose(ds["W"].values, W, rtol=RTOL, atol=0)
     np.testing.assert_allclose(ds["V"].values, V, rtol=RTOL, atol=0)
@@ -315,7 +318,7 @@ def test_mapping_and_seed_from_dask_config_set_are_honoured(tmp_path, digits):
             run_job(path, client=client, out=out)
     assert "mapping uniform," in out.getvalue()
     assert _plan_methods(tmp_path / "result.nc") == ["uniform"]
-    W, V, _ = fit_serial(x, d, hidden=12, iterations=12, learning_rate=0.005, seed=5)
+    W, V = fit_serial(x, d, hidden=12, iterations=12, learning_rate=0.005, seed=5).params
     ds = _open(tmp_path / "result.nc")
     np.testing.assert_allclose(ds["W"].values, W, rtol=RTOL, atol=0)
     np.testing.assert_allclose(ds["V"].values, V, rtol=RTOL, atol=0)
@@ -323,7 +326,7 @@ def test_mapping_and_seed_from_dask_config_set_are_honoured(tmp_path, digits):
 
 def test_job_trains_to_target_and_writes_one_output(tmp_path, digits):
     data, x, d = digits
-    _, _, err = fit_serial(x, d, hidden=12, iterations=200, learning_rate=0.005, seed=0)
+    err = fit_serial(x, d, hidden=12, iterations=200, learning_rate=0.005, seed=0).errors
     # between two iterations' errors (distributed sums differ from serial in the last bits):
     # iteration 78 is the first at or below it, and training stops right after its update
     target = float(0.5 * (err[77] + err[78]))
@@ -342,7 +345,8 @@ def test_job_trains_to_target_and_writes_one_output(tmp_path, digits):
     ds = _open(tmp_path / "result.nc")
     assert ds.attrs["status"] == "complete" and ds.attrs["iterations"] == 79
     assert "target error" in ds.attrs["stopped"]
-    W, V, err = fit_serial(x, d, hidden=12, iterations=79, learning_rate=0.005, seed=0)
+    ref = fit_serial(x, d, hidden=12, iterations=79, learning_rate=0.005, seed=0)
+    (W, V), err = ref.params, ref.errors
     np.testing.assert_allclose(ds["W"].values, W, rtol=RTOL, atol=0)
     np.testing.assert_allclose(ds["V"].values, V, rtol=RTOL, atol=0)
     np.testing.assert_allclose(ds["error"].values, err, rtol=RTOL, atol=0)
@@ -352,7 +356,7 @@ def test_job_trains_to_target_and_writes_one_output(tmp_path, digits):
     from dask_rpm import MLPModel
 
     model = MLPModel.load(tmp_path / "result.model.nc")
-    assert np.array_equal(model.W, ds["W"].values) and model.meta["iterations"] == 79
+    assert np.array_equal(model.params[0], ds["W"].values) and model.meta["iterations"] == 79
     assert lines[-1].endswith(
         f"wrote {tmp_path / 'result.nc'}, model {tmp_path / 'result.model.nc'}"
     )
@@ -412,7 +416,7 @@ def test_sigterm_checkpoints_and_resume_equals_uninterrupted(tmp_path, digits):
     whole = _open(tmp_path / "result.nc")
     for v in ("W", "V", "error"):
         np.testing.assert_allclose(resumed[v].values, whole[v].values, rtol=RTOL, atol=0)
-    W, V, _ = fit_serial(x, d, hidden=12, iterations=150, learning_rate=0.005, seed=0)
+    W, V = fit_serial(x, d, hidden=12, iterations=150, learning_rate=0.005, seed=0).params
     np.testing.assert_allclose(resumed["W"].values, W, rtol=RTOL, atol=0)
 
 
@@ -453,7 +457,7 @@ def test_ctrl_c_stops_with_a_checkpoint_exit_130_and_no_traceback(tmp_path, digi
         env=env,
     )
     assert p.returncode == 0, p.stderr[-3000:]
-    W, V, _ = fit_serial(x, d, hidden=12, iterations=400, learning_rate=0.005, seed=0)
+    W, V = fit_serial(x, d, hidden=12, iterations=400, learning_rate=0.005, seed=0).params
     np.testing.assert_allclose(_open(tmp_path / "result.nc")["W"].values, W, rtol=RTOL, atol=0)
 
 
@@ -495,7 +499,7 @@ def test_classifier_job_with_adam_minibatches_resumes_equal_to_uninterrupted(
     )
     job = load_job(path)
     assert (
-        job.iterations == 15 * 8 and job.training["batch_size"] == 64
+        job.training.iterations == 15 * 8 and job.training.batch_size == 64
     )  # 480 training samples / 64 -> 8 per epoch
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
@@ -514,7 +518,7 @@ def test_classifier_job_with_adam_minibatches_resumes_equal_to_uninterrupted(
     ck = _stored(tmp_path)
     assert {"m", "v"} <= set(ck["optimizer_state"])  # Adam's moments, rows from every worker
     for slot in ("m", "v"):
-        assert [a.shape for a in ck["optimizer_state"][slot]] == [ck["W"].shape, ck["V"].shape]
+        assert [a.shape for a in ck["optimizer_state"][slot]] == [p.shape for p in ck["params"]]
     p = subprocess.run(
         [sys.executable, "-m", "dask_rpm.cli", "train", "--config", str(path), "--resume"],
         capture_output=True,
@@ -537,12 +541,11 @@ def test_classifier_job_with_adam_minibatches_resumes_equal_to_uninterrupted(
         bias=True,
         activation="tanh",
         validation=0.2,
-        full_output=True,
     )
     np.testing.assert_allclose(
-        resumed["W"].values, out["W"], rtol=RTOL, atol=1e-14 * np.abs(out["W"]).max()
+        resumed["W"].values, out.params[0], rtol=RTOL, atol=1e-14 * np.abs(out.params[0]).max()
     )
-    np.testing.assert_allclose(resumed["error"].values, out["errors"], rtol=RTOL)
+    np.testing.assert_allclose(resumed["error"].values, out.errors, rtol=RTOL)
 
 
 @pytest.mark.parametrize(
@@ -556,7 +559,7 @@ def test_resume_refuses_a_checkpoint_of_another_job(tmp_path, digits, where, kin
     job = load_job(path)
     assert job.checkpoint_store == (where is None)
     W, V = np.zeros((12, 65)), np.zeros((10, 12))
-    write_checkpoint(job, {"iteration": 10, "W": W, "V": V, "errors": np.ones(10)})
+    write_checkpoint(job, {"iteration": 10, "params": [W, V], "errors": np.ones(10)})
     shown = repr(str(tmp_path / (where or "result.checkpoint")))
     path = write_job(tmp_path, digits[0], hidden=13, checkpoint=ck)
     with pytest.raises(
@@ -615,7 +618,7 @@ def test_overwrite_replaces_an_existing_output_and_new_results_honour_the_umask(
     assert (
         stat.S_IMODE(os.stat(out).st_mode) == 0o640
     )  # a new file: 0666 minus the umask (mkstemp gives 0600)
-    W, V, _ = fit_serial(x, d, hidden=12, iterations=5, learning_rate=0.005, seed=0)
+    W, V = fit_serial(x, d, hidden=12, iterations=5, learning_rate=0.005, seed=0).params
     np.testing.assert_allclose(_open(out)["W"].values, W, rtol=RTOL, atol=0)
 
 
@@ -655,7 +658,7 @@ def test_final_write_failing_saves_the_result_next_to_the_checkpoint(tmp_path, d
     assert f"saved to {str(rescued)!r} instead" in text and f"wrote {rescued}" in text
     ds = _open(rescued)
     assert ds.attrs["status"] == "complete" and ds.attrs["iterations"] == 30
-    W, V, _ = fit_serial(x, d, hidden=12, iterations=30, learning_rate=0.005, seed=0)
+    W, V = fit_serial(x, d, hidden=12, iterations=30, learning_rate=0.005, seed=0).params
     np.testing.assert_allclose(ds["W"].values, W, rtol=RTOL, atol=0)
     # the checkpoint is folded into the result; the model (default out/result.model.nc) is rescued with it
     assert sorted(os.listdir(tmp_path / "ck")) == ["result.model.nc", "result.nc"]
@@ -787,7 +790,8 @@ class Driver:
 
 
 def _serial_check(ds, x, d, iterations):
-    W, V, err = fit_serial(x, d, hidden=24, iterations=iterations, learning_rate=0.005, seed=0)
+    ref = fit_serial(x, d, hidden=24, iterations=iterations, learning_rate=0.005, seed=0)
+    (W, V), err = ref.params, ref.errors
     np.testing.assert_allclose(ds["W"].values, W, rtol=RTOL, atol=0)
     np.testing.assert_allclose(ds["V"].values, V, rtol=RTOL, atol=0)
     np.testing.assert_allclose(ds["error"].values, err, rtol=RTOL, atol=0)
@@ -1015,10 +1019,9 @@ def test_sbatch_classifier_reaches_sklearns_held_out_accuracy(
         activation="relu",
         validation=0.2,
         seed=0,
-        full_output=True,
     )
     first = "W" if len(sizes) == 1 else "W1"
-    for name, want in ((first, out["W"]), ("V", out["V"])):
+    for name, want in ((first, out.params[0]), ("V", out.params[-1])):
         np.testing.assert_allclose(
             ds[name].values, want, rtol=RTOL, atol=1e-14 * np.abs(want).max()
         )
@@ -1051,10 +1054,11 @@ def test_a_worker_job_near_its_walltime_retires_without_losing_work(slurm_cluste
     ck = _stored(tmp_path)
     assert ck["iteration"] > k  # trained on after the retirement, on the two others
     x, d = _digits_arrays(tmp_path)
-    W, V, err = fit_serial(x, d, hidden=24, iterations=ck["iteration"], learning_rate=0.005, seed=0)
+    ref = fit_serial(x, d, hidden=24, iterations=ck["iteration"], learning_rate=0.005, seed=0)
+    W, err = ref.params[0], ref.errors
     # thousands of iterations: compare on the scale of the weights (an entry near 0 carries rounding
     # of the order of the largest ones, ~1e-15 absolute)
-    assert np.abs(ck["W"] - W).max() <= RTOL * np.abs(W).max()
+    assert np.abs(ck["params"][0] - W).max() <= RTOL * np.abs(W).max()
     np.testing.assert_allclose(ck["errors"], err, rtol=RTOL, atol=0)
 
 
@@ -1094,7 +1098,8 @@ def test_driver_sigkill_then_resume_equals_uninterrupted(tmp_path, digits):
     assert p.returncode == 0, p.stderr[-3000:]
     assert f"at iteration {k}" in p.stdout
     out = _open(tmp_path / "result.nc")
-    W, V, err = fit_serial(x, d, hidden=12, iterations=120, learning_rate=0.005, seed=0)
+    ref = fit_serial(x, d, hidden=12, iterations=120, learning_rate=0.005, seed=0)
+    W, err = ref.params[0], ref.errors
     np.testing.assert_allclose(out["W"].values, W, rtol=RTOL, atol=0)
     np.testing.assert_allclose(out["error"].values, err, rtol=RTOL, atol=0)
 
@@ -1121,8 +1126,11 @@ def test_an_ended_worker_job_is_resubmitted_and_its_worker_absorbed(slurm_cluste
     assert "to replace it" in log and "not resubmitting" not in log, log
     ck = _stored(tmp_path)
     x, d = _digits_arrays(tmp_path)
-    W, V, err = fit_serial(x, d, hidden=24, iterations=ck["iteration"], learning_rate=0.005, seed=0)
-    assert np.abs(ck["W"] - W).max() <= RTOL * np.abs(W).max()  # on the scale of the weights
+    ref = fit_serial(x, d, hidden=24, iterations=ck["iteration"], learning_rate=0.005, seed=0)
+    W, err = ref.params[0], ref.errors
+    assert (
+        np.abs(ck["params"][0] - W).max() <= RTOL * np.abs(W).max()
+    )  # on the scale of the weights
     np.testing.assert_allclose(ck["errors"], err, rtol=RTOL, atol=0)
 
 
@@ -1177,7 +1185,8 @@ def test_a_job_checkpoints_into_a_store_by_default_and_resumes_to_the_serial_res
         log = io.StringIO()
         run_job(path, client=client, out=log, resume=True)
     assert f"resuming from checkpoint {ck} at iteration 20" in log.getvalue()
-    W, V, err = fit_serial(x, d, hidden=12, iterations=40, learning_rate=0.005, seed=0)
+    ref = fit_serial(x, d, hidden=12, iterations=40, learning_rate=0.005, seed=0)
+    W, err = ref.params[0], ref.errors
     res = _open(tmp_path / "result.nc")
     assert res.attrs["resumed_from_iteration"] == 20
     np.testing.assert_allclose(res["W"].values, W, rtol=RTOL, atol=0)
@@ -1188,7 +1197,7 @@ def test_a_job_checkpoints_into_a_store_by_default_and_resumes_to_the_serial_res
 def test_resume_refuses_a_checkpoint_store_of_another_network(tmp_path, digits, capsys):
     path = write_job(tmp_path, digits[0], checkpoint={"every": 10})
     W, V = np.zeros((12, 65)), np.zeros((10, 12))
-    write_checkpoint(load_job(path), {"iteration": 10, "W": W, "V": V, "errors": np.ones(10)})
+    write_checkpoint(load_job(path), {"iteration": 10, "params": [W, V], "errors": np.ones(10)})
     path = write_job(tmp_path, digits[0], hidden=13, checkpoint={"every": 10})
     assert main(["train", "--config", str(path), "--resume"]) == 2
     err = capsys.readouterr().err
@@ -1211,7 +1220,11 @@ def test_resume_without_the_default_store_names_an_older_checkpoint_file(tmp_pat
     old = write_job(tmp_path, digits[0], checkpoint={"every": 10, "path": "result.checkpoint.nc"})
     write_checkpoint(
         load_job(old),
-        {"iteration": 10, "W": np.zeros((12, 65)), "V": np.zeros((10, 12)), "errors": np.ones(10)},
+        {
+            "iteration": 10,
+            "params": [np.zeros((12, 65)), np.zeros((10, 12))],
+            "errors": np.ones(10),
+        },
     )
     path = write_job(tmp_path, digits[0], checkpoint={"every": 10})
     assert main(["train", "--config", str(path), "--resume"]) == 2
@@ -1376,9 +1389,10 @@ def test_alpha_and_reduction_in_a_job_file_equal_fit_serial(tmp_path, digits, ca
     )
     assert main(["train", "--config", str(path)]) == 0
     ds = _open(tmp_path / "result.nc")
-    W, V, err = fit_serial(
+    ref = fit_serial(
         x, d, hidden=12, iterations=20, learning_rate=0.005, seed=0, batch_size=100, alpha=0.5,
         reduction="mean",
     )  # fmt: skip
+    W, err = ref.params[0], ref.errors
     np.testing.assert_allclose(ds["W"].values, W, rtol=RTOL, atol=0)
     np.testing.assert_allclose(ds["error"].values, err, rtol=RTOL, atol=0)

@@ -148,7 +148,7 @@ def test_a_job_file_takes_a_list_of_hidden_layers(tmp_path):
     )
     (tmp_path / "job.yaml").write_text(text.format("[8, 6]"))
     job = load_job(tmp_path / "job.yaml")
-    assert job.hidden == (8, 6) and job.network == "5-8-6-3"
+    assert job.training.hidden == (8, 6) and job.network == "5-8-6-3"
     (tmp_path / "job.yaml").write_text(text.format("[8, 0]"))
     with pytest.raises(
         JobError, match=r"hidden=\[8, 0\] is invalid.*Write e.g. hidden: \[512, 256\]"

@@ -8,6 +8,7 @@ the workers.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 import os
@@ -19,6 +20,7 @@ import yaml
 
 from .. import config as rpm_config
 from .._files import TargetError, check_target, unwritable_reason
+from ..engine.options import RunOptions
 from ..nn.data import DataError, data_shape
 from ..nn.options import TrainingOptions
 from ..nn.recipe import RecipeError, recipe
@@ -142,50 +144,18 @@ def _data(raw: Mapping[str, Any], data: str) -> tuple[int, int, int]:
         ) from None
 
 
-def _training_iterations(
-    training: dict[str, Any], shape: tuple[int, int, int], raw: Mapping[str, Any]
-) -> int:
-    """Check the training keys (as fit() will) and return the number of iterations they make."""
-    if "iterations" in raw and "epochs" in training:
-        raise JobError(
-            f"job file: both iterations={raw['iterations']!r} and epochs={training['epochs']!r}; "
-            f"give one of them"
-        )
-    val = training.get("validation")
-    if val is not None and not (isinstance(val, float) and 0 < val < 1):
-        raise bad(
-            "validation",
-            val,
-            "expected a fraction of the samples to hold out, in (0, 1)",
-            "Write e.g. validation: 0.1.",
-        )
-    s = shape[0] - (int(round(val * shape[0])) if val else 0)
-    try:
-        options = TrainingOptions.of(
-            iterations=raw.get("iterations") if "epochs" not in training else None,
-            learning_rate=1.0,
-            **{k: v for k, v in training.items() if k != "validation"},
-        )
-        rec = recipe(s, options, validation=val is not None)
-    except (RecipeError, ValueError) as e:
-        key = next((k for k, kw in TRAINING_KEYS.items() if f"{kw}=" in str(e)), None)
-        raise JobError(f"job file: {key + ': ' if key else ''}{e}") from None
-    return rec.iterations
-
-
-def _length(
-    raw: Mapping[str, Any], shape: tuple[int, int, int]
-) -> tuple[int, float | None, dict[str, Any]]:
-    """``(iterations, target error, fit() training keywords)``."""
+def _training(
+    raw: Mapping[str, Any],
+    shape: tuple[int, int, int],
+    hidden: int | tuple[int, ...],
+    settings: Mapping[str, Any],
+) -> TrainingOptions:
+    """The job's training options, checked as ``fit`` will check them; ``iterations`` is always
+    set (``epochs`` become the iterations they make: a resume counts from them)."""
     iterations = whole(raw, "iterations", 1)
     target = number(raw, "target-error", positive=False)
-    training = {kw: raw[key] for key, kw in TRAINING_KEYS.items() if key in raw}
-    if training:
-        n_iterations = _training_iterations(training, shape, raw)
-        if "epochs" in training:
-            iterations = n_iterations
-            training.pop("epochs")  # the job runs that many iterations (a resume counts from them)
-    if iterations is None:
+    given = {kw: raw[key] for key, kw in TRAINING_KEYS.items() if key in raw}
+    if iterations is None and "epochs" not in given:
         if target is None:
             raise JobError(
                 "job file: give 'iterations:' (how many BP iterations), 'target-error:' (train "
@@ -195,7 +165,34 @@ def _length(
             "job file: 'target-error:' needs 'iterations:' as the maximum number of iterations, "
             "so a run that never reaches it ends"
         )
-    return iterations, target, training
+    if iterations is not None and "epochs" in given:
+        raise JobError(
+            f"job file: both iterations={iterations!r} and epochs={given['epochs']!r}; "
+            f"give one of them"
+        )
+    val = given.get("validation")
+    if val is not None and not (isinstance(val, float) and 0 < val < 1):
+        raise bad(
+            "validation",
+            val,
+            "expected a fraction of the samples to hold out, in (0, 1)",
+            "Write e.g. validation: 0.1.",
+        )
+    options = TrainingOptions.of(
+        hidden=hidden,
+        iterations=iterations,
+        learning_rate=_learning_rate(raw),
+        target_error=target,
+        **settings,
+        **given,
+    )
+    s = shape[0] - (int(round(val * shape[0])) if val else 0)
+    try:
+        rec = recipe(s, options, validation=val is not None)
+    except (RecipeError, ValueError) as e:
+        key = next((k for k, kw in TRAINING_KEYS.items() if f"{kw}=" in str(e)), None)
+        raise JobError(f"job file: {key + ': ' if key else ''}{e}") from None
+    return dataclasses.replace(options, iterations=rec.iterations, epochs=None)
 
 
 def _learning_rate(raw: Mapping[str, Any]) -> float:
@@ -362,13 +359,13 @@ def _train_settings(raw: Mapping[str, Any]) -> dict[str, Any]:
 def _check_effective(job: Job) -> None:
     """Check the ``rpm.train.*`` values a job falls back on, and that its workers can suffice."""
     for name, key in TRAIN_SETTINGS.items():
-        if getattr(job, name) is None:
+        if getattr(job.run if hasattr(job.run, name) else job.training, name) is None:
             # from the job's config: section or the dask configuration (rpm.yaml, DASK_RPM__...)
             _TRAIN_CHECKS[name](f"rpm.train.{key}", job.effective(name))
     expected = job.expected_workers
     min_workers = job.effective("min_workers")
     if expected is not None and min_workers > expected:
-        where = "min-workers" if job.min_workers is not None else "rpm.train.min-workers"
+        where = "min-workers" if job.run.min_workers is not None else "rpm.train.min-workers"
         raise bad(
             where,
             min_workers,
@@ -496,10 +493,8 @@ def load_job(path: str | os.PathLike[str], *, overwrite: bool = False) -> Job:
     rel = _relative_to(path)
     data = rel(raw["data"], "data")
     shape = _data(raw, data)
-    hidden = _hidden(raw)
-    iterations, target, training = _length(raw, shape)
-    lr = _learning_rate(raw)
     settings = _train_settings(raw)
+    run_settings = {k: settings.pop(k) for k in ("mapping", "min_workers", "on_worker_loss")}
     output, model, over = _outputs(raw, rel, data)
     every, ck_path = _checkpoint(raw, rel, output)
     time_limit = number(raw, "time-limit", positive=True, example="3600 (seconds)")
@@ -507,22 +502,17 @@ def load_job(path: str | os.PathLike[str], *, overwrite: bool = False) -> Job:
         path=os.path.abspath(path),
         text=text,
         data=data,
-        hidden=hidden,
-        iterations=iterations,
-        learning_rate=lr,
+        training=_training(raw, shape, _hidden(raw), settings),
+        run=RunOptions(**run_settings, **placement(raw)),
         output=output,
         checkpoint_path=ck_path,
         checkpoint_every=every,
-        target_error=target,
         time_limit=time_limit,
         config=_config_section(raw),
         workers=workers_spec(raw.get("workers")),
         shape=shape,
         overwrite=over or bool(overwrite),
-        training=training,
         model=model,
-        placement=placement(raw),
-        **settings,
     )
     _check_effective(job)
     return job

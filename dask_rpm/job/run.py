@@ -142,10 +142,10 @@ def _resume_from(job: Job, resume: bool, out: TextIO) -> tuple[int, np.ndarray, 
         return 0, np.zeros(0), None
     ck = read_checkpoint(job)
     start = ck["iteration"]
-    if start >= job.iterations:
+    if start >= job.training.iterations:
         raise JobError(
             f"--resume: the checkpoint is at iteration {start}, already at "
-            f"iterations={job.iterations}; raise iterations to train on"
+            f"iterations={job.training.iterations}; raise iterations to train on"
         )
     print(
         f"resuming from checkpoint {job.checkpoint_path} at iteration {start}", file=out, flush=True
@@ -188,7 +188,7 @@ def _progress(job: Job, out: TextIO) -> Callable[[dict[str, Any]], None]:
             print(f"checkpoint at iteration {k} -> {job.checkpoint_path}", file=out, flush=True)
         spi = info["seconds_per_iteration"]
         print(
-            f"iteration {info['iteration']}/{job.iterations}: error {info['error']:.6g}, "
+            f"iteration {info['iteration']}/{job.training.iterations}: error {info['error']:.6g}, "
             f"{spi * 1e3:.1f} ms/iteration, {len(info['workers'])} worker(s)",
             file=out,
             flush=True,
@@ -240,7 +240,7 @@ def _summary(job: Job, result: FitResult, done: int, wall: float) -> dict[str, A
     return {
         "iterations": done,
         "final_error": result.error,
-        "target_error": job.target_error,
+        "target_error": job.training.target_error,
         "stopped": result.stopped,
         "wall_seconds": wall,
         "seconds_per_iteration": result.seconds_per_iteration,
@@ -265,7 +265,7 @@ def _train(
     """``fit`` with the job's settings (``None`` where the file sets none); ``(result, wall seconds)``."""
     print(
         f"training {job.network} on {job.shape[0]} samples from {job.data}: "
-        f"iterations {start}..{job.iterations}, mapping {job.effective('mapping')}, "
+        f"iterations {start}..{job.training.iterations}, mapping {job.effective('mapping')}, "
         f"min-workers {job.effective('min_workers')}",
         file=out,
         flush=True,
@@ -313,21 +313,16 @@ def _fit(
     """``fit`` with the job's settings (``None`` where the file sets none)."""
     return fit(
         job.data,
-        hidden=job.hidden,
-        iterations=job.iterations,
-        learning_rate=job.learning_rate,
-        mapping=job.mapping,
-        seed=job.seed,
-        dtype=job.dtype,
+        options=job.training,
+        mapping=job.run.mapping,
+        backend=job.run.backend,
+        device=job.run.device,
         # a store is read by fit itself (its manifest and checksums again), and written on into
         resume=job.checkpoint_path if ck is not None and job.checkpoint_store else ck,
         client=client,
-        **job.training,
-        **job.placement,
         progress="none",
-        on_worker_loss=job.on_worker_loss,
-        min_workers=job.min_workers,
-        target_error=job.target_error,
+        on_worker_loss=job.run.on_worker_loss,
+        min_workers=job.run.min_workers,
         checkpoint_every=every,
         checkpoint_dir=job.checkpoint_path if to_store else None,
         on_checkpoint=(
@@ -346,8 +341,7 @@ def _stopped(
         job,
         {
             "iteration": done,
-            "W": result.W,
-            "V": result.V,
+            "params": result.params,
             "plan": result.plan,
             "optimizer_state": result.optimizer_state,
             "drpm": result.drpm_state,
@@ -433,7 +427,11 @@ def run_job(
         written += ", model " + save_model(job, result, start=start, written=written, out=out)
     print(
         f"done: {done} iterations, error {result.error:.6g}"
-        + (f" (target {job.target_error:g})" if job.target_error is not None else "")
+        + (
+            f" (target {job.training.target_error:g})"
+            if job.training.target_error is not None
+            else ""
+        )
         + f", {wall:.1f} s; wrote {written}",
         file=out,
         flush=True,

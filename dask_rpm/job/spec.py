@@ -20,7 +20,9 @@ from typing import Any
 import dask.config
 
 from .. import config as rpm_config
+from ..engine.options import RunOptions
 from ..nn.backend import BackendError, check_names
+from ..nn.options import TrainingOptions
 
 __all__ = [
     "Job",
@@ -109,37 +111,29 @@ def flatten(d: Mapping[str, Any], prefix: str) -> Iterator[tuple[str, Any]]:
 class Job:
     """A validated training job (see :mod:`dask_rpm.job` for the file format).
 
-    ``mapping``, ``seed``, ``dtype``, ``min_workers`` and ``on_worker_loss``
-    are ``None`` when the file does not set them: ``fit`` then reads
-    ``rpm.train.*`` (:data:`TRAIN_SETTINGS`); :meth:`effective` says which
-    value that is.
+    It holds the records :func:`dask_rpm.fit` takes: ``training`` (what is trained: the
+    network, the learning, the length; ``iterations`` always set, ``epochs`` turned into
+    iterations) and ``run`` (how it runs: mapping, workers, backend and device). Fields the
+    file does not set are ``None``: ``fit`` then reads ``rpm.*``; :meth:`effective` says which
+    value that is for :data:`TRAIN_SETTINGS`.
     """
 
     path: str
     text: str
     data: str
-    hidden: int | tuple[int, ...]  # a tuple: one width per hidden layer
-    iterations: int
-    learning_rate: float
+    training: TrainingOptions
     output: str
     checkpoint_path: str
     checkpoint_every: int = 0
-    target_error: float | None = None
-    mapping: str | None = None
-    seed: int | None = None
-    dtype: str | None = None
-    min_workers: int | None = None
-    on_worker_loss: str | None = None
+    #: how the run goes: mapping, min_workers, on_worker_loss, backend, device (where, not
+    #: what: a checkpoint resumes on any backend, so they are not part of the fingerprint)
+    run: RunOptions = field(default_factory=RunOptions)
     time_limit: float | None = None
     workers: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
     shape: tuple[int, int, int] = (0, 0, 0)  # (s, n, l) of the data
     overwrite: bool = False
-    training: dict[str, Any] = field(default_factory=dict)  # fit() keywords from TRAINING_KEYS
     model: str | None = None  # where the trained model goes (None: not written)
-    #: fit()'s backend= and device= (None: rpm.engine.backend / device); where, not what: a
-    #: checkpoint resumes on any backend (not part of the fingerprint)
-    placement: dict[str, Any] = field(default_factory=dict)
 
     def settings(self) -> dict[str, Any]:
         """The job's ``config:`` section as dotted ``rpm.*`` keys for ``dask.config.set``.
@@ -155,7 +149,7 @@ class Job:
         The job file's own value, else ``rpm.train.<key>`` as the job's
         ``config:`` section and the dask configuration in force now set it.
         """
-        value = getattr(self, name)
+        value = getattr(self.run if hasattr(self.run, name) else self.training, name)
         if value is not None:
             return value
         with dask.config.set(self.settings()):
@@ -164,15 +158,21 @@ class Job:
     @property
     def fingerprint(self) -> str:
         """What a checkpoint must match to be resumed by this job (data, network, learning)."""
+        t = self.training
+        given = {
+            kw: v
+            for kw in TRAINING_KEYS.values()
+            if kw != "epochs" and (v := getattr(t, kw)) is not None
+        }
         key = json.dumps(
             [
                 os.path.abspath(self.data),
                 list(self.shape),
-                self.hidden,
-                self.learning_rate,
+                t.hidden,
+                t.learning_rate,
                 self.effective("seed"),
                 self.effective("dtype"),
-                *([sorted(self.training.items())] if self.training else []),
+                *([sorted(given.items())] if given else []),
             ],
         )
         return hashlib.sha256(key.encode()).hexdigest()[:16]
@@ -186,7 +186,8 @@ class Job:
     @property
     def network(self) -> str:
         """``n-m-l`` of the network this job trains (``n-m_1-...-m_L-l`` for several hidden layers)."""
-        widths = self.hidden if isinstance(self.hidden, tuple) else (self.hidden,)
+        hidden = self.training.hidden
+        widths = hidden if isinstance(hidden, tuple) else (hidden,)
         return "-".join(str(v) for v in (self.shape[1], *widths, self.shape[2]))
 
     @property
@@ -200,7 +201,7 @@ class Job:
 
 
 def placement(raw: Mapping[str, Any]) -> dict[str, Any]:
-    """The job's ``backend:`` and ``device:`` as fit() keywords, checked as names
+    """The job's ``backend:`` and ``device:`` (those it sets), checked as names
     (:func:`dask_rpm.nn.backend.check_names`; each worker resolves ``auto``)."""
     given = {k: raw[k] for k in ("backend", "device") if raw.get(k) is not None}
     try:
