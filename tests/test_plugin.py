@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import urllib.request
 from typing import Any
 
-from distributed import Client
+import numpy as np
+from distributed import Client, LocalCluster
 
 import dask_rpm
 from dask_rpm.dashboard import DASHBOARD_PLUGIN_NAME, RPMDashboardPlugin
@@ -70,3 +73,47 @@ def test_leaving_names_retiring_and_gone_workers_not_paused_ones() -> None:
             client.run_on_scheduler(_report_status, worker=b, status="running")
             client.run_on_scheduler(_report_status, worker=c, status="running")
             assert client.sync(client.scheduler.rpm_leaving, workers=[a, b, c, d]) == []
+
+
+def _installed(dask_scheduler: Any) -> tuple[list[str], list[str], bool]:
+    from dask_rpm.engine.worker import PLUGIN_NAME as WORKER_PLUGIN_NAME
+
+    http = getattr(dask_scheduler, "http_application", None)
+    routes = (
+        [str(getattr(r.matcher, "regex", r)) for r in http.wildcard_router.rules] if http else []
+    )
+    return (
+        [n for n in dask_scheduler.plugins if n == PLUGIN_NAME],
+        [n for n in dask_scheduler.worker_plugins if n == WORKER_PLUGIN_NAME],
+        any("/rpm" in r for r in routes),
+    )
+
+
+def _worker_has_engine(dask_worker: Any) -> bool:
+    from dask_rpm.engine.worker import PLUGIN_NAME as WORKER_PLUGIN_NAME
+
+    return WORKER_PLUGIN_NAME in dask_worker.plugins
+
+
+def test_one_registration_installs_the_dashboard_and_the_worker_plugin_once():
+    """fit registers the recorder only; when it starts on the scheduler it installs /rpm and the
+    engine's worker plugin, which reaches workers that join later too. A second fit adds nothing."""
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=1, processes=False, dashboard_address="127.0.0.1:0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        x, d = np.random.default_rng(0).uniform(size=(16, 3)), np.full((16, 2), 0.5)
+        dask_rpm.fit(x, d, hidden=4, iterations=2, mapping="srpm", progress="none")
+        first = client.run_on_scheduler(_installed)
+        assert first[0] == [PLUGIN_NAME] and len(first[1]) == 1
+        port = client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.http_server.port)
+        page = f"http://127.0.0.1:{port}/rpm/state.json"
+        with urllib.request.urlopen(page, timeout=30) as reply:  # the route is served
+            assert reply.status == 200 and json.loads(reply.read())
+        dask_rpm.fit(x, d, hidden=4, iterations=2, mapping="srpm", progress="none")
+        assert client.run_on_scheduler(_installed) == first
+        cluster.scale(2)
+        client.wait_for_workers(2, timeout=60)
+        assert set(client.run(_worker_has_engine).values()) == {True}

@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from ..dashboard import RPMDashboardPlugin
 from ..emulation import emulation_label_async
 from ..nn.options import TrainingOptions
 from ..nn.prepare import Prepared, prepare
@@ -35,10 +34,8 @@ from .options import RunOptions, resume_state, start_checkpoint
 from .planning import first_plan
 from .records import Checkpoint, RunSpec
 from .result import FitResult
-from .scheduler_plugin import PLUGIN_NAME, RPMSchedulerPlugin
+from .scheduler_plugin import RPMSchedulerPlugin
 from .store import prepare_directory
-from .worker import PLUGIN_NAME as WORKER_PLUGIN_NAME
-from .worker import RPMEnginePlugin
 
 __all__ = ["fit"]
 
@@ -46,12 +43,11 @@ logger = logging.getLogger("dask_rpm")
 
 
 async def ensure_plugins(client: Any) -> None:
-    """Register the scheduler plugins (records, ``/rpm`` dashboard) and the worker plugin (data plane)."""
-    # all idempotent: a scheduler that has them keeps them (and what they recorded)
+    """Register the scheduler plugin, once per scheduler: when it starts it installs the
+    ``/rpm`` dashboard and the worker plugin (the data plane) itself."""
+    # idempotent: a scheduler that has it keeps it (and what it recorded), and a second fit
+    # costs one round trip
     await client.register_plugin(RPMSchedulerPlugin())
-    await client.register_plugin(RPMDashboardPlugin(PLUGIN_NAME))
-    # idempotent: the scheduler skips it when registered before, and installs it on workers that join later
-    await client.register_plugin(RPMEnginePlugin(), name=WORKER_PLUGIN_NAME)
 
 
 def fit(

@@ -25,6 +25,7 @@ dashboard), e.g. in dask-jobqueue's
 
 from __future__ import annotations
 
+import pickle
 import time
 from collections import OrderedDict, deque
 from collections.abc import Sequence
@@ -89,6 +90,18 @@ class RPMSchedulerPlugin(SchedulerPlugin):
                 "rpm_state": self.state,
                 "rpm_leaving": self.leaving,
             }
+        )
+        # What every run needs, installed once with this recorder (a later fit registers the
+        # recorder again, idempotent, and finds all of it here): the /rpm dashboard that shows
+        # what it records, and the worker plugin that holds each run's state on every worker,
+        # those that join later included.
+        from ..dashboard.scheduler import install
+        from .worker import PLUGIN_NAME as WORKER_PLUGIN_NAME
+        from .worker import RPMEnginePlugin
+
+        install(scheduler, PLUGIN_NAME)
+        await scheduler.register_worker_plugin(
+            None, pickle.dumps(RPMEnginePlugin()), name=WORKER_PLUGIN_NAME, idempotent=True
         )
 
     def _run(self, run: str) -> _Run:

@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 from distributed.diagnostics.plugin import WorkerPlugin
-from distributed.protocol import to_serialize
 
+from .._distributed import to_serialize
 from ..nn import backend as xb
 from ..nn.backend import NUMPY, Backend
 from ..nn.kernels import Workspace, all_finite
@@ -445,7 +445,7 @@ class RunState:
 class RPMEnginePlugin(WorkerPlugin):
     """Holds the per-run state of dask_rpm training on a worker and its message handlers.
 
-    Registered by :func:`dask_rpm.fit` (``client.register_plugin``); idempotent,
+    Registered by the scheduler plugin when it starts (:class:`~dask_rpm.engine.scheduler_plugin.RPMSchedulerPlugin`); idempotent,
     so every ``fit`` on the same cluster reuses the one installed.
     """
 
