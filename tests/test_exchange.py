@@ -4,17 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from schedules_reference import choose, execute, horizontal_schedules, vertical_schedule
 
-from dask_rpm.comm import Interconnect, LinkClass, collective_seconds
-from dask_rpm.comm.exchange import (
-    ALGORITHMS,
-    build,
-    choose,
-    execute,
-    horizontal_schedules,
-    schedule_seconds,
-    vertical_schedule,
-)
+from dask_rpm.comm import Interconnect, LinkClass, collective_seconds, schedule_seconds
+from dask_rpm.comm.exchange import ALGORITHMS, build
 from dask_rpm.plan.partition import Plan
 from dask_rpm.planners import make_plan
 

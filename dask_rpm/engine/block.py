@@ -15,8 +15,9 @@ With mini-batches the column's rows of each iteration come from
 
 Several hidden layers: a worker holds its rows of every layer (:mod:`dask_rpm.nn.layers`),
 and forward and backward go layer by layer, the column's members exchanging the
-layer's activations and deltas between layers (:mod:`dask_rpm.engine.column`); the
-vertical and horizontal exchanges are the same, over every parameter.
+layer's activations and deltas between layers; the vertical and horizontal exchanges are
+the same, over every parameter. Every exchange is a named collective of
+:mod:`dask_rpm.comm.collectives`.
 
 Every holder of a row sums the same numbers in the same order, so the
 replicas of a row stay bit-identical and the result equals serial BP to
@@ -32,297 +33,39 @@ when its sum is formed on the worker's own arrays, and the scheduled allreduces 
 buffers, staged once per iteration each way.
 
 The loop is a coroutine on the worker's event loop (see
-:mod:`dask_rpm.engine.worker`); the exchanges only need ``state.send``,
-``state.receive`` and ``state.flush``, so this module does not import
-``distributed``.
+:mod:`dask_rpm.engine.worker`); its messages go through the run's mailbox
+(:mod:`dask_rpm.comm.mailbox`), so this module does not import ``distributed``.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
-from ..comm.exchange import Schedule, WorkerStep, apply_received, build, worker_steps
+from ..comm.mailbox import BlockAborted, PeerError
+from ..comm.ops import (
+    Channel,
+    column_allgather,
+    column_reduce,
+    column_reduce_scatter,
+    row_allreduce,
+)
 from ..nn import backend as xb
 from ..nn.kernels import layer_work, rectangle_work
 from ..nn.optim import mean_gradient, penalty
 from ..runtime.hooks import worker_hooks
-from .column import gather_activations, scatter_deltas
-from .errors import BlockAborted, PeerError
 from .records import BlockResult, BlockSpec, TimingRecord
 
 __all__ = ["run_block"]
-
-
-class _Exchange:
-    """One block's view of the messages: deadline, names, epoch, and the schedules it runs."""
-
-    def __init__(self, state: Any, spec: BlockSpec) -> None:
-        self.state = state
-        self.epoch = spec.epoch
-        self.timeout = spec.receive_timeout
-        lay = state.layout
-        self.names = {p.worker: p.address for p in lay.members}
-        for col in lay.partners:
-            self.names.update({p.worker: p.address for p in col})
-        for g in lay.bands:
-            self.names.update(zip(g.holders, g.addresses))
-        # (algorithm, holders, size) -> this worker's steps; a mini-batch's column share
-        # can change size between iterations, so schedules are built per size, once
-        self._steps: dict[tuple[str, tuple[int, ...], int], tuple[Schedule, list[WorkerStep]]] = {}
-
-    def steps(
-        self, algorithm: str, holders: tuple[int, ...], size: int
-    ) -> tuple[Schedule, list[WorkerStep]]:
-        key = (algorithm, holders, size)
-        if key not in self._steps:
-            sched = build(algorithm, holders, size)
-            self._steps[key] = (sched, worker_steps(sched, self.state.layout.worker))
-        return self._steps[key]
-
-    def deadline(self) -> float:
-        return time.monotonic() + self.timeout
-
-    def send(self, address: str, it: int, phase: str, payload: tuple) -> None:
-        self.state.send(address, self.epoch, it, phase, payload)
-
-    async def receive(
-        self, it: int, phase: str, senders: list[int], deadline: float, place: bool = True
-    ) -> dict[int, Any]:
-        """The payloads of ``senders``; with ``place`` their arrays on this worker's backend
-        (else in host memory, as they arrived)."""
-        got = await self.state.receive(
-            self.epoch, it, phase, senders, deadline, self.names, self.timeout
-        )
-        be = self.state.shard.backend
-        if not place or be.name == "numpy":
-            return got
-        return {
-            w: tuple(be.asarray(p) if isinstance(p, np.ndarray) else p for p in payload)
-            for w, payload in got.items()
-        }
-
-
-class _Allreduce(NamedTuple):
-    """One allreduce of a flat buffer by a schedule of :mod:`dask_rpm.comm.exchange`."""
-
-    tag: str  # phase prefix of its messages: round r is phase f"{tag}{r}"
-    buffer: np.ndarray
-    schedule: Schedule
-    steps: list[WorkerStep]
-
-
-async def _allreduce(ex: _Exchange, it: int, runs: list[_Allreduce], deadline: float) -> None:
-    """Run allreduces side by side, round by round; each buffer ends as the sum, on every holder.
-
-    A round's slices are sent as they are when the round starts (copies: the
-    buffer changes when the round's receives are applied). Rounds advance in
-    lock step over all ``runs``: every round-``r`` message is sent before any
-    round-``r`` receive is awaited, so no holder waits on a message its
-    sender can only send later - the exchange cannot deadlock.
-    """
-    me = ex.state.layout.worker
-    steps = [{st.round: st for st in run.steps} for run in runs]
-    last = max((st.round for run in runs for st in run.steps), default=-1)
-    for r in range(last + 1):
-        for run, by_round in zip(runs, steps):
-            st = by_round.get(r)
-            if st is not None:
-                for t in st.sends:
-                    ex.send(ex.names[t.dst], it, f"{run.tag}{r}", (run.buffer[t.lo : t.hi],))
-        for run, by_round in zip(runs, steps):
-            st = by_round.get(r)
-            if st is None or not st.receives:
-                continue
-            senders = [t.src for t in st.receives]
-            got = await ex.receive(it, f"{run.tag}{r}", senders, deadline, place=False)
-            payloads = {t: got[t.src][0] for t in st.receives}
-            apply_received(run.buffer, me, st, payloads, run.schedule.holders)
-
-
-async def _vertical_scheduled(
-    ex: _Exchange,
-    it: int,
-    partial: np.ndarray,
-    ws: Any,
-    d: np.ndarray,
-    finite: bool,
-    pen: float,
-    deadline: float,
-) -> tuple[np.ndarray, float, bool]:
-    """The vertical exchange by a schedule: partials, penalties and a "not finite" count summed
-    together."""
-    lay = ex.state.layout
-    host = xb.to_host(partial)
-    size = host.size + 2
-    buf = np.empty(size, dtype=host.dtype)
-    buf[:-2] = host.ravel()
-    buf[-2] = pen
-    buf[-1] = 0.0 if finite else 1.0  # sums exactly: the number of members with bad weights
-    sched, steps = ex.steps(lay.vertical, tuple(p.worker for p in lay.members), size)
-    await _allreduce(ex, it, [_Allreduce("v", buf, sched, steps)], deadline)
-    u = ws.u
-    xb.copyto(u, buf[:-2].reshape(tuple(u.shape)))
-    delta2, err = ws.output_delta(u, d)
-    return delta2, _with_penalty(lay, err, float(buf[-2])), bool(buf[-1] == 0)
 
 
 def _with_penalty(lay: Any, err: float, pen: float) -> float:
     """The column's error plus the L2 penalty of the whole network (summed over the column's
     members, who hold every row between them) in column 0 only: counted once in the total."""
     return err + pen if lay.column == 0 and pen else err
-
-
-async def _vertical(
-    ex: _Exchange,
-    it: int,
-    partial: np.ndarray,
-    ws: Any,
-    d: np.ndarray,
-    finite: bool,
-    pen: float,
-    deadline: float,
-) -> tuple[np.ndarray, float, bool]:
-    """Output deltas, column error and "every member's weights are finite" for iteration ``it``.
-
-    ``pen`` is this worker's share of the L2 penalty (0 without one); the column's
-    error includes the whole network's in column 0 (:func:`_with_penalty`).
-    """
-    lay = ex.state.layout
-    me = lay.worker
-    others = [p for p in lay.members if p.worker != me]
-    if not others:
-        delta2, err = ws.output_delta(partial, d)
-        return delta2, _with_penalty(lay, err, pen), finite
-    if lay.vertical not in ("allgather", "leader"):
-        return await _vertical_scheduled(ex, it, partial, ws, d, finite, pen, deadline)
-    if lay.vertical == "leader" and me != lay.leader:
-        leader = next(p for p in lay.members if p.worker == lay.leader)
-        ex.send(leader.address, it, "v", (partial, finite, pen))
-        ((delta2, err, ok),) = (await ex.receive(it, "vd", [lay.leader], deadline)).values()
-        return delta2, float(err), bool(ok)
-    if lay.vertical == "leader":
-        got = await ex.receive(it, "v", [p.worker for p in others], deadline)
-    else:  # allgather: everyone sends to everyone, everyone sums
-        for p in others:
-            ex.send(p.address, it, "v", (partial, finite, pen))
-        got = await ex.receive(it, "v", [p.worker for p in others], deadline)
-    u = ws.u
-    ok = finite
-    total_pen = 0.0
-    for i, p in enumerate(lay.members):  # column order: identical bits on every member
-        part, flag, share = (partial, finite, pen) if p.worker == me else got[p.worker]
-        ok = ok and bool(flag)
-        total_pen += share
-        if i == 0:
-            xb.copyto(u, part)
-        else:
-            u += part
-    delta2, err = ws.output_delta(u, d)
-    err = _with_penalty(lay, err, total_pen)
-    if lay.vertical == "leader":
-        for p in others:
-            ex.send(p.address, it, "vd", (delta2, err, ok))
-    return delta2, err, ok
-
-
-async def _horizontal(
-    ex: _Exchange,
-    it: int,
-    grads: list[np.ndarray],
-    sums: list[np.ndarray] | None,
-    err: float,
-    ok: bool,
-    deadline: float,
-) -> tuple[list[np.ndarray], list[float], bool]:
-    """Sum the weight updates of my rows over all columns; every column's error and status."""
-    lay = ex.state.layout
-    if lay.n_columns == 1 or sums is None:
-        return grads, [err], ok
-    if lay.horizontal == "groups":
-        return await _horizontal_groups(ex, it, grads, sums, err, ok, deadline)
-    layers, m0 = ex.state.shard.layers, lay.rows[0]
-    for col in lay.partners:
-        for p in col:
-            # views: the send copies them (dask_rpm.engine.worker)
-            ex.send(p.address, it, "h", (*layers.views(grads, p.rows, m0), err, ok))
-    senders = [p.worker for col in lay.partners for p in col]
-    got = await ex.receive(it, "h", senders, deadline)
-    k = len(grads)
-    errors, all_ok = [], True
-    for c, col in enumerate(lay.partners):  # column order: identical bits on every holder of a row
-        if c == lay.column:
-            pieces = [(lay.rows, grads)]
-            col_err, col_ok = err, ok
-        else:
-            pieces = []
-            for p in col:
-                msg = got[p.worker]
-                pieces.append((p.rows, msg[:k]))
-                col_err, col_ok = msg[k], msg[k + 1]
-        for rows, piece in pieces:
-            for view, g in zip(layers.views(sums, rows, m0), piece):
-                if c == 0:
-                    xb.copyto(view, g)
-                else:
-                    view += g
-        errors.append(float(col_err))
-        all_ok = all_ok and bool(col_ok)
-    return sums, errors, all_ok
-
-
-async def _horizontal_groups(
-    ex: _Exchange,
-    it: int,
-    grads: list[np.ndarray],
-    sums: list[np.ndarray],
-    err: float,
-    ok: bool,
-    deadline: float,
-) -> tuple[list[np.ndarray], list[float], bool]:
-    """The horizontal exchange by schedules: one allreduce per group of bands I hold.
-
-    A group's buffer packs, parameter by parameter, its bands' rows of that
-    parameter's update, then one slot per column for its error and one for
-    "its weights are not finite" - zero but in the sender's own column's
-    slot, so the sums carry every column's error unchanged (adding zeros is
-    exact) and every worker learns all of them from any one of its groups.
-    """
-    lay = ex.state.layout
-    layers, C, m0 = ex.state.shard.layers, lay.n_columns, lay.rows[0]
-    runs = []
-    for group in lay.bands:
-        # staged through host memory: the allreduce sums host buffers
-        pieces = [[xb.to_host(v) for v in layers.views(grads, band, m0)] for band in group.rows]
-        size = sum(v.size for views in pieces for v in views)
-        buf = np.zeros(size + 2 * C, dtype=pieces[0][0].dtype)
-        at = 0
-        for i in range(len(grads)):  # one parameter after another, its bands top to bottom
-            for views in pieces:
-                v = views[i]
-                buf[at : at + v.size] = v.ravel()
-                at += v.size
-        buf[at + lay.column] = err
-        buf[at + C + lay.column] = 0.0 if ok else 1.0
-        sched, steps = ex.steps(group.algorithm, group.holders, buf.size)
-        # tagged by the group's first row: the same on every holder (an index into my own
-        # groups would not be - holders hold different sets of groups)
-        runs.append(_Allreduce(f"h{group.rows[0][0]}.", buf, sched, steps))
-    await _allreduce(ex, it, runs, deadline)
-    for run, group in zip(runs, lay.bands):
-        buf, at = run.buffer, 0
-        targets = [layers.views(sums, band, m0) for band in group.rows]
-        for i in range(len(sums)):
-            for views in targets:
-                v = views[i]
-                n = math.prod(v.shape)
-                xb.copyto(v, buf[at : at + n].reshape(tuple(v.shape)))
-                at += n
-    tail = runs[0].buffer[-2 * C :]
-    return sums, [float(e) for e in tail[:C]], not bool(np.any(tail[C:] != 0))
 
 
 class _Reporter:
@@ -448,7 +191,7 @@ class _Kernels:
         # run where forward and backward run (the compute thread for large work), so that an
         # EMULATED worker's padding of the update does not hold its event loop either; no
         # handler touches the shard during a block (rpm_rows serves remaps, between blocks)
-        with self.pace(it, ("modify", self.shard.W.shape)):
+        with self.pace(it, ("modify", self.shard.params[0].shape)):
             rec = self.recipe
             if rec.alpha or rec.reduction == "mean":
                 mean_gradient(self.shard.params, sums, rec.divisor(it), rec.alpha, self.biases)
@@ -457,7 +200,7 @@ class _Kernels:
 
 
 async def _forward(
-    ex: _Exchange, state: Any, k: _Kernels, it: int, x: np.ndarray, inline: bool
+    ch: Channel, state: Any, k: _Kernels, it: int, x: np.ndarray, inline: bool
 ) -> np.ndarray:
     """The forward pass to the partial product: all layers at once where this worker holds all
     units of its column's layers, else layer by layer with the column's activations gathered."""
@@ -467,12 +210,12 @@ async def _forward(
     for j in range(k.layers.depth):
         out = await state.compute(inline, k.layer_forward, it, j, inp)
         if j < k.layers.depth - 1:
-            inp = await gather_activations(ex, it, j, out, k.ws.full(j), k.layers)
+            inp = await column_allgather(ch, it, j, out, k.ws.full(j))
     return out
 
 
 async def _backward(
-    ex: _Exchange, state: Any, k: _Kernels, it: int, x: np.ndarray, delta2: np.ndarray, inline: bool
+    ch: Channel, state: Any, k: _Kernels, it: int, x: np.ndarray, delta2: np.ndarray, inline: bool
 ) -> list[np.ndarray]:
     """The update sums of my rows of every parameter; layer by layer, with the column's deltas
     summed between layers, where the forward pass went layer by layer."""
@@ -482,7 +225,7 @@ async def _backward(
         inp = k.ws.full(j - 1) if j else x
         g = await state.compute(inline, k.layer_backward, it, j, inp, delta2)
         if g is not None:
-            await scatter_deltas(ex, it, j, g, k.ws.delta(j - 1), k.layers)
+            await column_reduce_scatter(ch, it, j, g, k.ws.delta(j - 1))
     return k.ws.grads
 
 
@@ -500,10 +243,9 @@ async def run_block(
         raise RuntimeError(
             f"block starts at iteration {spec.first} but worker {lay.address} is at {state.iteration}"
         )
-    state.begin(spec.epoch)
-    ex = _Exchange(state, spec)
-    data = state.data
-    shard = state.shard
+    mailbox, data, shard = state.mailbox, state.data, state.shard
+    mailbox.begin(spec.epoch)
+    ch = Channel(mailbox, lay, shard.backend, shard.layers, spec.epoch, spec.receive_timeout)
     shard.snapshot(spec.first)
     k = _Kernels(state, spec)
     inline = k.inline(data.capacity, inline_work)
@@ -516,23 +258,29 @@ async def run_block(
     status, message = "ok", ""
     try:
         for it in range(spec.first, spec.first + spec.count):
-            state.check_abort(spec.epoch)
+            mailbox.check_abort(spec.epoch)
             # last iteration's messages are out: buffers are free
-            await state.flush(spec.receive_timeout, spec.epoch)
+            await mailbox.flush(spec.receive_timeout, spec.epoch)
             if not data.ready(it):  # a new epoch of mini-batches: this column's rows of it
                 await state.compute(False, data.load, it)  # (off the event loop)
             x, d = data.batch(it)
             t_f0, k.spent = time.monotonic(), 0.0
-            partial = await _forward(ex, state, k, it, x, inline)
+            partial = await _forward(ch, state, k, it, x, inline)
             t_f1 = t_f0 + k.spent if k.layered else time.monotonic()
-            pen = k.penalty()
-            delta2, err, ok = await _vertical(
-                ex, it, partial, k.ws, d, shard.finite, pen, ex.deadline()
+
+            def finish(u: Any, pen: float, d: np.ndarray = d) -> tuple[Any, float]:
+                delta2, err = k.ws.output_delta(u, d)
+                return delta2, _with_penalty(lay, err, pen)
+
+            delta2, err, ok = await column_reduce(
+                ch, it, partial, k.ws.u, shard.finite, k.penalty(), finish, ch.deadline()
             )
             t_b0, k.spent = time.monotonic(), 0.0
-            grads = await _backward(ex, state, k, it, x, delta2, inline)
+            grads = await _backward(ch, state, k, it, x, delta2, inline)
             t_b1 = t_b0 + k.spent if k.layered else time.monotonic()
-            summed, col_errors, ok = await _horizontal(ex, it, grads, sums, err, ok, ex.deadline())
+            summed, col_errors, ok = await row_allreduce(
+                ch, it, grads, sums, err, ok, ch.deadline()
+            )
             total = _column_total(col_errors)
             if not ok or not math.isfinite(total):
                 status = "diverged"
@@ -548,7 +296,7 @@ async def run_block(
             if spec.target_error is not None and total <= spec.target_error:
                 status = "target"
                 break
-        await state.flush(spec.receive_timeout, spec.epoch)
+        await mailbox.flush(spec.receive_timeout, spec.epoch)
     except BlockAborted as exc:
         status, message = "aborted", str(exc)
     except PeerError as exc:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["TrainingError", "WorkerLostError", "BlockAborted", "PeerError"]
+__all__ = ["TrainingError", "WorkerLostError"]
 
 
 class TrainingError(RuntimeError):
@@ -21,11 +21,3 @@ class WorkerLostError(TrainingError):
             f"worker(s) {', '.join(self.workers)} left the cluster during iteration {iteration}; "
             f"their weight shards are gone from this run"
         )
-
-
-class BlockAborted(Exception):
-    """Raised inside a worker's block loop when the driver aborts the block."""
-
-
-class PeerError(Exception):
-    """Raised inside a worker's block loop when a peer could not be reached or did not answer in time."""

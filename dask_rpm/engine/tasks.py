@@ -118,7 +118,7 @@ def t_setup(
     state.iteration = iteration
     old = plugin.runs.get(layout.run)
     if old is not None:  # a recovery from a checkpoint: keep the epoch floor
-        state.epoch = old.epoch
+        state.mailbox.epoch = old.mailbox.epoch
     plugin.runs[layout.run] = state
     return int(read)
 
@@ -164,7 +164,7 @@ def t_stage(
     stage task is done and the new shards are committed). Optimizer state
     travels with its rows. ``samples`` is None when the sample range is unchanged.
     """
-    from distributed.utils import sync
+    from .._distributed import sync  # here, as get_worker above: only tasks on a worker use it
 
     worker = _worker()
     plugin = worker.plugins[PLUGIN_NAME]
@@ -264,7 +264,7 @@ def run_abort(run: str, epoch: int, reason: str, dask_worker: Any = None) -> boo
     state = _plugin(dask_worker).runs.get(run)
     if state is None:
         return False
-    state.abort(epoch, reason)
+    state.mailbox.abort(epoch, reason)
     return True
 
 

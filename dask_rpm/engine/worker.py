@@ -3,10 +3,9 @@
 Modelled on distributed's P2P shuffle (``distributed/shuffle/_worker_plugin.py``):
 :class:`RPMEnginePlugin` is registered on every worker by :func:`dask_rpm.fit`,
 registers ``worker.handlers`` for messages from other workers, and keeps one
-:class:`RunState` per training run: the worker's weight shard ``W_i``,
-``V_i`` and their optimizer state (with the previous update's copy and the
-block's starting copy), its column's samples, the kernel buffers and the
-receive slots.
+:class:`RunState` per training run: the worker's rows of every parameter and their
+optimizer state (with the previous update's copy and the block's starting copy), its
+column's samples, the kernel buffers and the run's mailbox (:mod:`dask_rpm.comm.mailbox`).
 
 Messages travel worker to worker over Dask's own comm layer
 (``worker.rpc(address).rpm_put(...)``: TCP, or UCX where the cluster is
@@ -33,13 +32,13 @@ import numpy as np
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from .._distributed import to_serialize
+from ..comm.mailbox import Mailbox, unpack
 from ..nn import backend as xb
 from ..nn.backend import NUMPY, Backend
 from ..nn.kernels import Workspace, all_finite
 from ..nn.layers import Layers
 from ..nn.optim import Optimizer, step
 from ..runtime.hooks import worker_hooks
-from .errors import BlockAborted, PeerError
 from .records import Layout, RunSpec
 from .samples import ColumnData
 
@@ -55,35 +54,6 @@ __all__ = [
 logger = logging.getLogger("dask_rpm")
 
 PLUGIN_NAME = "rpm-engine"
-
-#: Message phases (short on the wire) as errors name them.
-#: Message phases by their first letter: "v", "vd" and "v<round>" are vertical; "h" and
-#: "h<group>.<round>" horizontal (dask_rpm.engine.block); "a<layer>" and "g<layer>" between
-#: hidden layers (dask_rpm.engine.column)
-_PHASE_NAMES = {"v": "vertical", "h": "horizontal", "a": "activation", "g": "delta"}
-
-
-def _pack(value: Any) -> Any:
-    """An array as ``[bytes, dtype, shape]`` for the wire (from host memory: a GPU array is
-    copied to the host first, :func:`~dask_rpm.nn.backend.to_host`).
-
-    Plain bytes go through msgpack as they are; wrapping the array for Dask's
-    serializers instead costs about 0.1-0.2 ms of CPU per message on this
-    machine (dispatch and metering), more than copying a 200 KB partial
-    product twice. The copy also means the receiver never sees a buffer the
-    sender reuses (the in-process transport passes objects by reference).
-    """
-    if xb.is_array(value):
-        host = xb.to_host(value)
-        return ["nd", host.tobytes(), host.dtype.str, list(host.shape)]
-    return value
-
-
-def _unpack(value: Any) -> Any:
-    if isinstance(value, (list, tuple)) and len(value) == 4 and value[0] == "nd":
-        return np.frombuffer(value[1], dtype=value[2]).reshape(value[3])
-    return value
-
 
 class Shard:
     """A worker's rows of every parameter and their optimizer state: current, before the last
@@ -239,14 +209,9 @@ def rows_of(
 
 
 class RunState:
-    """Everything one worker holds for one training run.
-
-    Receive slots are keyed ``(epoch, iteration, phase, sender)``; ``epoch``
-    numbers blocks (a retried block gets a new one), so messages of an
-    aborted block still in flight are dropped instead of being mistaken for
-    the retry's. The block loop, the message handler and the control calls
-    all run on the worker's event loop, so the slots need no lock.
-    """
+    """Everything one worker holds for one training run: its shard, its column's samples, the
+    kernels' buffers and its :class:`~dask_rpm.comm.mailbox.Mailbox`, whose transport is
+    Dask's worker-to-worker RPC."""
 
     def __init__(
         self, worker: Any, layout: Layout, shard: Shard, data: ColumnData, spec: RunSpec
@@ -261,12 +226,8 @@ class RunState:
         self.iteration = 0
         self.staged: dict[int, tuple[Layout, Shard, ColumnData]] = {}
         self.workspace: Workspace | None = None
-        self.slots: dict[tuple[int, int, str, int], Any] = {}
-        self.epoch = -1
-        self.aborted: dict[int, str] = {}
-        self.pending: list[asyncio.Future] = []
-        self.send_error: str | None = None
-        self._waiting: tuple[list[tuple[int, int, str, int]], asyncio.Future] | None = None
+        # the messages of this run; the worker index of a run does not change
+        self.mailbox = Mailbox(layout.run, layout.worker, layout.address, self._post)
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self.busy = asyncio.Lock()  # one block at a time
 
@@ -310,136 +271,18 @@ class RunState:
             self._executor = None
 
     # ----------------------------------------------------------- messages
-    def begin(self, epoch: int) -> None:
-        """Start block ``epoch``: forget slots of older epochs and any send error."""
-        self.epoch = epoch
-        for key in [k for k in self.slots if k[0] < epoch]:
-            del self.slots[key]
-        self.send_error = None
-        self.pending = []
-
-    def _wake(self, exc: BaseException | None = None) -> None:
-        if self._waiting is None:
-            return
-        keys, fut = self._waiting
-        if fut.done():
-            return
-        if exc is not None:
-            fut.set_exception(exc)
-        elif all(k in self.slots for k in keys):
-            fut.set_result(None)
-
-    def deliver(self, epoch: int, iteration: int, phase: str, sender: int, payload: Any) -> None:
-        """Called by the ``rpm_put`` handler."""
-        if epoch < self.epoch:  # from an aborted block
-            return
-        self.slots[(epoch, iteration, phase, sender)] = payload
-        self._wake()
-
-    def abort(self, epoch: int, reason: str) -> None:
-        self.aborted[epoch] = reason
-        if epoch == self.epoch:
-            self._wake(BlockAborted(reason))
-
-    def check_abort(self, epoch: int) -> None:
-        reason = self.aborted.get(epoch)
-        if reason is not None:
-            raise BlockAborted(reason)
-
-    def send(self, address: str, epoch: int, iteration: int, phase: str, payload: tuple) -> None:
-        """Send a message (in the background); ``payload``'s arrays must stay unchanged until
-        :meth:`flush` returns."""
-        msg = {
-            "run": self.run,
-            "epoch": epoch,
-            "iteration": iteration,
-            "phase": phase,
-            "sender": self.layout.worker,
-            "payload": tuple(_pack(p) for p in payload),
-        }
-        self.pending.append(asyncio.ensure_future(self._send(address, msg)))
-
-    async def _send(self, address: str, msg: dict[str, Any]) -> None:
-        try:
-            # a hook (dask_rpm.runtime.hooks) only where one is set: EMULATED link classes
-            # (local_cluster(nodes=...)) make the message wait its link's added delay first
-            before_send = worker_hooks(self.worker).before_send
-            if before_send is not None:
-                nbytes = sum(
-                    len(p[1]) for p in msg["payload"] if isinstance(p, list) and p[:1] == ["nd"]
-                )
-                await before_send(address, nbytes)
-            # one way (no reply): a lost peer shows as a failed write, a deadline, or the driver's abort
-            await self.worker.rpc(address).rpm_put(reply=False, **msg)
-        except Exception as exc:  # a peer that is gone or cannot be reached
-            # a send of an aborted block, failing late: not this block's
-            if msg["epoch"] != self.epoch:
-                return
-            if self.send_error is None:
-                self.send_error = (
-                    f"worker {self.layout.address} could not send {_PHASE_NAMES.get(msg['phase'][:1], msg['phase'])} "
-                    f"data of iteration "
-                    f"{msg['iteration']} to {address}: {type(exc).__name__}: {exc}"
-                )
-            self._wake(PeerError(self.send_error))
-
-    async def flush(self, timeout: float, epoch: int | None = None) -> None:
-        """Wait until every message sent so far has been written (its buffers may then be reused).
-
-        An abort of block ``epoch`` ends the wait at once (:class:`BlockAborted`): a send to a
-        peer that has just left retries its connection until Dask's connect timeout (30 s), and
-        the block must not hold its worker that long. The send goes
-        on in the background; its late failure is not charged to a later block.
-        """
-        if self.pending:
-            pending: set[asyncio.Future] = set(self.pending)
-            self.pending = []
-            deadline = time.monotonic() + timeout
-            while pending:
-                if epoch is not None:
-                    self.check_abort(epoch)
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise PeerError(
-                        f"worker {self.layout.address}: {len(pending)} message(s) could not be "
-                        f"written within {timeout:g} s"
-                    )
-                # all written: returns at once; else look at the abort flag every 0.1 s
-                _, pending = await asyncio.wait(pending, timeout=min(left, 0.1))
-        if self.send_error is not None:
-            raise PeerError(self.send_error)
-
-    async def receive(
-        self,
-        epoch: int,
-        iteration: int,
-        phase: str,
-        senders: list[int],
-        deadline: float,
-        names: dict[int, str],
-        timeout: float,
-    ) -> dict[int, Any]:
-        """The payloads of ``senders`` for one phase; raises if aborted, a send failed or the deadline passed."""
-        keys = [(epoch, iteration, phase, s) for s in senders]
-        if not all(k in self.slots for k in keys):
-            self.check_abort(epoch)
-            if self.send_error is not None:
-                raise PeerError(self.send_error)
-            fut = asyncio.get_running_loop().create_future()
-            self._waiting = (keys, fut)
-            try:
-                await asyncio.wait_for(fut, max(deadline - time.monotonic(), 0.0))
-            except TimeoutError:
-                missing = [k[3] for k in keys if k not in self.slots]
-                who = ", ".join(f"worker {w} ({names.get(w, '?')})" for w in missing)
-                raise PeerError(
-                    f"worker {self.layout.address} received no {_PHASE_NAMES.get(phase[:1], phase)} data of "
-                    f"iteration {iteration} "
-                    f"from {who} within {timeout:g} s (rpm.engine.receive-timeout)"
-                ) from None
-            finally:
-                self._waiting = None
-        return {k[3]: self.slots.pop(k) for k in keys}
+    async def _post(self, address: str, msg: dict[str, Any]) -> None:
+        """The mailbox's transport: one message to a peer over Dask's worker-to-worker RPC."""
+        # a hook (dask_rpm.runtime.hooks) only where one is set: EMULATED link classes
+        # (local_cluster(nodes=...)) make the message wait its link's added delay first
+        before_send = worker_hooks(self.worker).before_send
+        if before_send is not None:
+            nbytes = sum(
+                len(p[1]) for p in msg["payload"] if isinstance(p, list) and p[:1] == ["nd"]
+            )
+            await before_send(address, nbytes)
+        # one way (no reply): a lost peer shows as a failed write, a deadline, or the driver's abort
+        await self.worker.rpc(address).rpm_put(reply=False, **msg)
 
 
 class RPMEnginePlugin(WorkerPlugin):
@@ -475,7 +318,7 @@ class RPMEnginePlugin(WorkerPlugin):
     ) -> None:
         state = self.runs.get(run)
         if state is not None:
-            state.deliver(epoch, iteration, phase, sender, tuple(_unpack(p) for p in payload))
+            state.mailbox.deliver(epoch, iteration, phase, sender, tuple(unpack(p) for p in payload))
 
     def rows(self, run: str, a: int, b: int) -> dict[str, Any]:
         """Hidden rows ``[a, b)`` (global numbering) of this worker's current shard, for a remap."""
