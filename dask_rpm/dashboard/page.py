@@ -8,10 +8,9 @@ from typing import Any
 
 from bokeh.layouts import column, row
 from bokeh.models import ColumnDataSource
-from distributed.dashboard.core import BokehApplication
-from distributed.dashboard.scheduler import template_variables
 from tornado.ioloop import IOLoop
 
+from .._distributed import BokehApplication, template_variables
 from .components import (
     REMAP_COLORS,
     Abilities,
@@ -140,7 +139,7 @@ def make_document(installed: Installed, extra: dict[str, Any], doc: Any) -> None
 
     doc.add_periodic_callback(tick, REFRESH_MS)
     try:  # the Dask dashboard's look (navigation bar, theme): internals of distributed, optional
-        from distributed.dashboard.components.scheduler import BOKEH_THEME, env
+        from .._distributed import BOKEH_THEME, env  # inside the try: the page works without them
 
         doc.template = env.get_template("simple.html")
         doc.template_variables.update(extra)

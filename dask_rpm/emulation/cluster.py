@@ -15,6 +15,7 @@ from dask.system import CPU_COUNT
 from distributed import Nanny, Scheduler, SpecCluster, Worker
 
 from .. import config
+from .._distributed import parse_memory_limit
 from ..comm import Interconnect
 from ..runtime.closing import quiet_when_closing
 from ..runtime.gpus import GPU_RESOURCE
@@ -194,8 +195,6 @@ class EmulatedCluster(SpecCluster):
         """One SpecCluster worker spec per speed, each with its :class:`EmulationPlugin`."""
         n, t, processes = len(self.speeds), self.threads_per_worker, self.processes
         if "memory_limit" not in worker_kwargs:
-            from distributed.worker_memory import parse_memory_limit
-
             worker_kwargs["memory_limit"] = parse_memory_limit("auto", 1, n, logger=logger)
         extra_env = dict(worker_kwargs.pop("env", None) or {})
         base = dict(

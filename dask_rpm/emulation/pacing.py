@@ -22,12 +22,11 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from distributed import Worker
-from distributed.core import Status
+from distributed import Worker, get_worker
 from distributed.diagnostics.plugin import WorkerPlugin
-from distributed.worker import get_worker
 
 from .. import config
+from .._distributed import Status
 from ..runtime.hooks import worker_hooks
 from .profile import PLUGIN_NAME, check_speed, parse_schedule
 from .rate import calibrate_rate

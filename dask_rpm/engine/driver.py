@@ -18,9 +18,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-# the coroutine behind distributed.wait: the public one blocks (client.sync) and this driver is async
-from distributed.client import FIRST_COMPLETED, _wait
-
+from .._distributed import FIRST_COMPLETED, wait_async
 from ..drpm.remap import migration, sample_changes, stage_pieces
 from ..nn.data import DataError
 from ..nn.layers import Layers
@@ -292,7 +290,7 @@ class Driver:
         last_check = time.monotonic()
         while pending:
             try:
-                await _wait(list(pending), timeout=poll, return_when=FIRST_COMPLETED)
+                await wait_async(list(pending), timeout=poll, return_when=FIRST_COMPLETED)
             except TimeoutError:
                 pass
             for f in [f for f in pending if f.status != "pending"]:
@@ -334,7 +332,7 @@ class Driver:
         await self.run_on(run_abort, self.run, spec.epoch, reason, workers=targets)
         live = [f for w, f in futures.items() if self.addresses[w] in alive]
         try:
-            await _wait(live, timeout=max(spec.receive_timeout, 5.0))
+            await wait_async(live, timeout=max(spec.receive_timeout, 5.0))
         except Exception:  # a task that errs or a worker dying meanwhile: nothing left to wait for
             pass
         await self.client.cancel(list(futures.values()))
@@ -435,7 +433,7 @@ class Driver:
         """Wait for setup/remap/gather tasks; a lost worker raises :class:`WorkerLostError`."""
         while True:
             try:
-                await _wait(list(futures), timeout=0.5)
+                await wait_async(list(futures), timeout=0.5)
                 break
             except TimeoutError:
                 await self._raise_lost(self.iteration)

@@ -140,7 +140,7 @@ def worker_threads(worker: Any, threads: int) -> Iterator[int]:
     """:func:`dask_rpm.runtime.threads.kernel_threads` for code in a worker's task thread: the limit is
     set and restored from the worker's event-loop thread, the only one whose limit OpenBLAS
     honours once that thread has set one (see :mod:`dask_rpm.runtime.threads`)."""
-    from distributed.utils import sync  # a worker-side helper: distributed is loaded there
+    from .._distributed import sync  # a worker-side helper: distributed is loaded there
 
     if blas_threads() == threads:  # nothing to change (every EMULATED worker): no loop hops
         yield threads

@@ -19,10 +19,9 @@ from typing import Any
 import dask.config
 from dask_jobqueue import SLURMCluster
 from dask_jobqueue.slurm import SLURMJob
-from distributed.core import Status
-from distributed.utils import NoOpAwaitable
 
 from .. import config
+from .._distributed import NoOpAwaitable, Status
 from ..runtime.closing import quiet_when_closing
 from .gpu import gpu_exports, gres_directives, with_gpu_resource
 from .groups import WorkerGroup, group_from_name, load_groups
