@@ -610,11 +610,11 @@ def _serial_check(
     W, V, err = fit_serial(x, d, init=(W0, V0), **kw)
     Wp, Vp, _ = fit_serial(x, d, init=(W0 + 1e-15, V0), **kw)
     conditioning = max(norm_diff(Wp, W), norm_diff(Vp, V))
-    diff = max(rel_diff(r.W, W), rel_diff(r.V, V))
+    diff = max(rel_diff(r.params[0], W), rel_diff(r.params[-1], V))
     diff_err = rel_diff(r.history["error"].values, err)
     differing = int(
-        np.sum(~np.isclose(r.W, W, rtol=1e-10, atol=0))
-        + np.sum(~np.isclose(r.V, V, rtol=1e-10, atol=0))
+        np.sum(~np.isclose(r.params[0], W, rtol=1e-10, atol=0))
+        + np.sum(~np.isclose(r.params[-1], V, rtol=1e-10, atol=0))
     )
     return dict(
         iterations=iterations,
@@ -623,7 +623,7 @@ def _serial_check(
         relative_difference_errors=diff_err,
         equal_to_serial=diff <= 1e-10 and diff_err <= 1e-10,
         conditioning_1e15_W0=conditioning,
-        relative_difference_normwise=max(norm_diff(r.W, W), norm_diff(r.V, V)),
+        relative_difference_normwise=max(norm_diff(r.params[0], W), norm_diff(r.params[-1], V)),
         well_conditioned=conditioning < 1e-12,
     )
 

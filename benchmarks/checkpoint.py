@@ -43,7 +43,7 @@ def _driver_writer(directory: str) -> Any:
     from dask_rpm._files import atomic_write
 
     def on_checkpoint(state: dict[str, Any]) -> None:
-        arrays = {"W": state["W"], "V": state["V"]}
+        arrays = dict(zip(("W", "V"), state["params"]))
         for slot, (Ws, Vs) in (state["optimizer_state"] or {}).items():
             arrays[f"{slot}_W"], arrays[f"{slot}_V"] = Ws, Vs
 
@@ -87,7 +87,7 @@ def one_run(client: Any, arm: str, x: Any, d: Any, args: argparse.Namespace, pla
         "checkpoint_seconds": times,
         "seconds_per_iteration": float(r.seconds_per_iteration),
         "wall": wall,
-        "W": r.W,
+        "W": r.params[0],
     }
 
 

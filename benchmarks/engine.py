@@ -450,7 +450,7 @@ def bench_single(
     # Correctness guard: the last fits used the same init, data and iterations.
     W_s, V_s, err_s = last["S"]
     res = last["D"]
-    diff = float(max(np.max(np.abs(res.W - W_s)), np.max(np.abs(res.V - V_s))))
+    diff = float(max(np.max(np.abs(res.params[0] - W_s)), np.max(np.abs(res.params[-1] - V_s))))
     err_d = res.history["error"].values
     phases = {
         p: med(res.history[p].values)

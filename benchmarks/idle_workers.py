@@ -90,7 +90,7 @@ def one_mix(name: str, speeds: tuple[float, ...], args: argparse.Namespace) -> d
 
     def check(arm: str, r: Any, iterations: int) -> None:
         W, V, _ = serial[iterations]
-        exact[arm] = max(exact.get(arm, 0.0), _rel(r.W, W), _rel(r.V, V))
+        exact[arm] = max(exact.get(arm, 0.0), _rel(r.params[0], W), _rel(r.params[-1], V))
 
     with (
         dask_rpm.local_cluster(list(speeds), dashboard_address=None) as cluster,

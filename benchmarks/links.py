@@ -133,7 +133,7 @@ def run(repeats: int, iterations: int, across: tuple[float, float]) -> dict[str,
                 t = t[np.isfinite(t)]
                 times[k].extend(float(v) for v in t)
                 per_run[k].append(float(np.median(t)))
-                exact[k] = max(exact.get(k, 0.0), _rel(r.W, W0), _rel(r.V, V0))
+                exact[k] = max(exact.get(k, 0.0), _rel(r.params[0], W0), _rel(r.params[-1], V0))
                 print(
                     f"  repeat {rep + 1}/{repeats} {k}: {per_run[k][-1] * 1e3:.2f} ms/iteration",
                     file=sys.stderr,

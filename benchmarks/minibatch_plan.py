@@ -95,7 +95,7 @@ def run(n: int, batch_sizes: list[int], iterations: int, interval: int) -> list[
                             )
                         )
                     ),
-                    "weights_vs_serial": weights_difference((res.W, res.V), (W, V)),
+                    "weights_vs_serial": weights_difference(res.params, (W, V)),
                 }
                 rows.append(row)
                 print(

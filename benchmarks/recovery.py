@@ -114,8 +114,8 @@ def main() -> None:
                     client, x, d, plan, m, a.iterations, a.kill_at, a.every, a.interval
                 )
         for r in (base, hit):
-            np.testing.assert_allclose(r.W, W, rtol=1e-10, atol=0)
-            np.testing.assert_allclose(r.V, V, rtol=1e-10, atol=0)
+            np.testing.assert_allclose(r.params[0], W, rtol=1e-10, atol=0)
+            np.testing.assert_allclose(r.params[-1], V, rtol=1e-10, atol=0)
         (rec,) = [r for r in hit.remaps if r.get("lost")]
         print(
             f"{name:>10}: recovered from the {rec['recovered_from']}; remap {rec['seconds']:.3f} s, "

@@ -81,7 +81,7 @@ def one_run(
         "client_bytes": start["client_bytes"],
         "store_bytes": start["store_bytes"],
         "wall": wall,
-        "W": r.W,
+        "W": r.params[0],
     }
 
 

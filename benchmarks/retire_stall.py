@@ -76,7 +76,7 @@ def one_run(at: int, iterations: int, seed: int, interval: int, hidden: int) -> 
     return {
         "stall_seconds": marks.get("resumed", float("nan")) - marks.get("retire", float("nan")),
         "recovered": bool(lost),
-        "max_rel_diff_W": float(np.max(np.abs(r.W - W_serial)) / np.max(np.abs(W_serial))),
+        "max_rel_diff_W": float(np.max(np.abs(r.params[0] - W_serial)) / np.max(np.abs(W_serial))),
     }
 
 

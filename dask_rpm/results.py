@@ -3,7 +3,7 @@
 * :func:`plan_dataset` (``Plan.to_dataset()``) - one plan, one entry per worker:
   its rectangle ``[sample_start, sample_stop) x [hidden_start, hidden_stop)``,
   column, ability, work and load, with units and descriptions in ``attrs``;
-  :func:`plan_from_dataset` (``Plan.from_dataset()``) reads it back exactly.
+  ``Plan.from_dataset()`` reads it back exactly.
 * :func:`plans_dataset` (``FitResult.plans_dataset()``) - every plan of a run
   along a ``plan`` dimension, with the iteration each one took over.
 * :func:`describe_history` - units, descriptions and a title for the
@@ -27,7 +27,6 @@ import numpy as np
 
 from ._files import atomic_write
 from .plan.dataset import PLAN_VARS, plan_dataset
-from .plan.partition import Plan
 from .records import RemapRecord
 
 _NO_MATPLOTLIB = (
@@ -38,17 +37,11 @@ _NO_MATPLOTLIB = (
 __all__ = [
     "describe_history",
     "plan_dataset",
-    "plan_from_dataset",
     "plans_dataset",
     "plot_plan",
     "plot_result",
     "validation_rows",
 ]
-
-
-def plan_from_dataset(ds: Any) -> Plan:
-    """The :class:`~dask_rpm.Plan` stored in a :func:`plan_dataset` (``Plan.from_dataset()``)."""
-    return Plan.from_dataset(ds)
 
 
 def plans_dataset(plans: Sequence[Any], remaps: Sequence[RemapRecord] = ()) -> Any:

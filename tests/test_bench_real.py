@@ -71,4 +71,4 @@ def test_unpaced_ddp_with_threads_trains_the_serial_weights():
         paced=False,
     )
     W, V, _ = fit_serial(x, d, hidden=4, iterations=5, learning_rate=0.01)
-    assert bench.weights_difference((res["W"], res["V"]), (W, V)) < 1e-12
+    assert bench.weights_difference(res["params"], (W, V)) < 1e-12

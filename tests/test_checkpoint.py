@@ -68,8 +68,8 @@ def _stop_at(k):
 
 
 def _assert_equal(r, ref):
-    np.testing.assert_allclose(r.W, ref[0], rtol=RTOL, atol=0)
-    np.testing.assert_allclose(r.V, ref[1], rtol=RTOL, atol=0)
+    np.testing.assert_allclose(r.params[0], ref[0], rtol=RTOL, atol=0)
+    np.testing.assert_allclose(r.params[-1], ref[1], rtol=RTOL, atol=0)
 
 
 def test_resume_from_a_worker_written_store_equals_uninterrupted_and_serial(client, tmp_path):
@@ -110,7 +110,7 @@ def test_resume_from_a_worker_written_store_equals_uninterrupted_and_serial(clie
         and whole.stats["start"]["client_bytes"] > 0
     )
     W, V, err = fit_serial(x, d, hidden=M, iterations=40, learning_rate=0.02, optimizer=OPT, seed=0)
-    _assert_equal(resumed, (whole.W, whole.V))
+    _assert_equal(resumed, whole.params)
     _assert_equal(resumed, (W, V))
     np.testing.assert_allclose(resumed.history["error"].values, err[20:], rtol=RTOL, atol=0)
     # the store's last checkpoint (iteration 40) holds the errors of the whole run, before the resume too
@@ -191,6 +191,31 @@ def test_resume_refuses_a_store_of_another_network_and_a_reused_directory(client
     with pytest.raises(DataError, match="checkpoint_every=0: no checkpoint would be written"):
         _fit(client, x, d, 20, checkpoint_dir=tmp_path / "other")
     assert not (tmp_path / "other").exists()  # refused before anything was written
+
+
+def test_a_checkpoint_dict_holds_params_and_one_without_them_is_refused(client):
+    x, d = _problem()
+    states = []
+    _fit(client, x, d, 10, checkpoint_every=5, on_checkpoint=states.append)
+    state = states[0]
+    # the weights as one list W_1 .. W_L, V, under no other name
+    assert set(state) == {"iteration", "params", "optimizer_state", "plan", "errors"}
+    assert [p.shape for p in state["params"]] == [(M, 6), (3, M)]
+    # an earlier development build's dict: the first and the last layer under keys of their own
+    old = {
+        "iteration": state["iteration"],
+        "W": state["params"][0],
+        "V": state["params"][-1],
+        "optimizer_state": state["optimizer_state"],
+    }
+    with pytest.raises(DataError) as err:
+        _fit(client, x, d, 20, resume=old)
+    assert (
+        "resume: the checkpoint dict has keys ['V', 'W', 'iteration', 'optimizer_state']; it needs "
+        "'iteration' and 'params' (the list W_1 .. W_L, V;" in str(err.value)
+    )
+    with pytest.raises(DataError, match=r"resume=list; it must be a checkpoint store directory"):
+        _fit(client, x, d, 20, resume=[state["params"]])
 
 
 def test_every_holder_lost_recovers_from_the_store(tmp_path, sigkill_after):

@@ -52,8 +52,8 @@ def _random_plan(rng, n_workers, s, shape):
 
 def _assert_equal_serial(result, x, d, m, iterations, lr, seed=0):
     W, V, err = fit_serial(x, d, hidden=m, iterations=iterations, learning_rate=lr, seed=seed)
-    np.testing.assert_allclose(result.W, W, rtol=RTOL, atol=0)
-    np.testing.assert_allclose(result.V, V, rtol=RTOL, atol=0)
+    np.testing.assert_allclose(result.params[0], W, rtol=RTOL, atol=0)
+    np.testing.assert_allclose(result.params[-1], V, rtol=RTOL, atol=0)
     np.testing.assert_allclose(result.history["error"].values, err, rtol=RTOL, atol=0)
 
 
@@ -149,8 +149,8 @@ def test_xarray_and_netcdf_inputs(client6, tmp_path):
     r2 = fit(path, hidden=8, iterations=20, learning_rate=0.05, mapping=plan, client=client6)
     W, V, _ = fit_serial(x, d, hidden=8, iterations=20, learning_rate=0.05)
     for r in (r1, r2):
-        np.testing.assert_allclose(r.W, W, rtol=RTOL)
-        np.testing.assert_allclose(r.V, V, rtol=RTOL)
+        np.testing.assert_allclose(r.params[0], W, rtol=RTOL)
+        np.testing.assert_allclose(r.params[-1], V, rtol=RTOL)
 
 
 def test_history_and_task_keys(client6):
@@ -231,8 +231,8 @@ def test_divergence_returns_last_finite_weights(client6, interval):
     )
     assert r.stopped is not None and "diverged" in r.stopped and "after 0 iteration" in r.stopped
     # The last finite weights are the initial ones (the first update overflowed).
-    np.testing.assert_array_equal(r.W, W0)
-    np.testing.assert_array_equal(r.V, V0)
+    np.testing.assert_array_equal(r.params[0], W0)
+    np.testing.assert_array_equal(r.params[-1], V0)
     assert r.history.sizes["iteration"] == 0
 
 
@@ -354,8 +354,8 @@ def test_random_plans_with_random_exchanges_equal_serial(client6, seed):
         batch_size=batch,
         shuffle=False,
     )
-    np.testing.assert_allclose(r.W, W, rtol=RTOL, atol=0)
-    np.testing.assert_allclose(r.V, V, rtol=RTOL, atol=0)
+    np.testing.assert_allclose(r.params[0], W, rtol=RTOL, atol=0)
+    np.testing.assert_allclose(r.params[-1], V, rtol=RTOL, atol=0)
     np.testing.assert_allclose(r.history["error"].values, err, rtol=RTOL, atol=0)
 
 

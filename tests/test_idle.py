@@ -284,6 +284,6 @@ def test_drpm_leaves_the_slow_workers_idle_and_takes_one_back_exactly():
     ability = r.history["ability"].sel(check=r.history["check_iteration"] == 20).values[0]
     assert np.isfinite(ability[0]) and np.isnan(ability[1:]).all()  # the idle are not measured
     W, V, err = fit_serial(x, d, **kw)
-    np.testing.assert_allclose(r.W, W, rtol=1e-10, atol=0)
-    np.testing.assert_allclose(r.V, V, rtol=1e-10, atol=0)
+    np.testing.assert_allclose(r.params[0], W, rtol=1e-10, atol=0)
+    np.testing.assert_allclose(r.params[-1], V, rtol=1e-10, atol=0)
     np.testing.assert_allclose(r.history["error"].values, err, rtol=1e-10, atol=0)

@@ -272,8 +272,8 @@ def test_fit_with_emulated_links_equals_fit_serial():
             elastic=False,
         )
         sent = client.run(_sent)
-    np.testing.assert_allclose(r.W, W0, rtol=1e-10, atol=0)
-    np.testing.assert_allclose(r.V, V0, rtol=1e-10, atol=0)
+    np.testing.assert_allclose(r.params[0], W0, rtol=1e-10, atol=0)
+    np.testing.assert_allclose(r.params[-1], V0, rtol=1e-10, atol=0)
     assert sum(s["across"] for s in sent.values()) > 0  # the engine's messages were delayed
 
 

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from srpm_reference import srpm_table
 
-from dask_rpm.planners import PLANNERS, grid_h, grid_hrev, make_plan, srpm_dp, srpm_table
+from dask_rpm.planners import PLANNERS, grid_h, grid_hrev, make_plan, srpm_dp
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "method.md"

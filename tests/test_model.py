@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -80,9 +81,10 @@ def test_weights_split_the_augmented_matrices():
         and w["V"].shape == (3, 6)
         and w["c"].shape == (3,)
     )
-    assert np.array_equal(w["b"], model.W[:6, 5]) and np.array_equal(w["c"], model.V[:, 6])
+    assert np.array_equal(w["b"], model.params[0][:6, 5])
+    assert np.array_equal(w["c"], model.params[-1][:, 6])
     w["W"][0, 0] = 99.0  # copies: the model is untouched
-    assert model.W[0, 0] != 99.0
+    assert model.params[0][0, 0] != 99.0
 
 
 @pytest.mark.parametrize(
@@ -93,8 +95,8 @@ def test_save_load_round_trip_is_exact(tmp_path, labels):
     path = model.save(tmp_path / "m.nc")
     assert os.listdir(tmp_path) == ["m.nc"]  # atomic write: no temporary file left
     back = MLPModel.load(path)
-    assert np.array_equal(back.W, model.W) and np.array_equal(back.V, model.V)
-    assert back.W.dtype == model.W.dtype and back.net == model.net
+    assert all(np.array_equal(a, b) for a, b in zip(back.params, model.params))
+    assert back.params[0].dtype == model.params[0].dtype and back.net == model.net
     assert np.array_equal(back.classes, model.classes) and back.classes.dtype == model.classes.dtype
     assert back.meta == model.meta
     assert np.array_equal(back.predict_proba(x), model.predict_proba(x))
@@ -120,11 +122,12 @@ def test_regression_model_round_trip_with_target_scale(tmp_path):
         dtype="float32",
     )
     model = MLPModel.from_result(out, target_shift=[1.0, -2.0], target_scale=[3.0, 0.5])
-    assert not model.is_classifier and model.W.dtype == np.float32
+    assert not model.is_classifier and model.params[0].dtype == np.float32
     pred = model.predict(x)
     assert np.allclose(pred, model.outputs(x) * [3.0, 0.5] + [1.0, -2.0], rtol=1e-6)
     back = MLPModel.load(model.save(tmp_path / "r.nc"))
-    assert back.W.dtype == np.float32 and np.array_equal(back.W, model.W)
+    assert back.params[0].dtype == np.float32
+    assert all(np.array_equal(a, b) for a, b in zip(back.params, model.params))
     assert np.array_equal(back.target_scale, model.target_scale) and np.array_equal(
         back.predict(x), pred
     )
@@ -284,7 +287,7 @@ def test_load_refuses_what_is_not_a_model(tmp_path):
 
 def test_from_result_without_recipe_is_refused():
     with pytest.raises(ModelError, match="no recipe"):
-        MLPModel.from_result({"W": np.zeros((2, 2)), "V": np.zeros((1, 2))})
+        MLPModel.from_result({"params": [np.zeros((2, 2)), np.zeros((1, 2))]})
 
 
 def test_save_honours_the_umask(tmp_path):
@@ -343,7 +346,6 @@ def test_deep_model_predicts_like_fit_serial_and_round_trips_bit_for_bit(
     assert model.hidden_layer_sizes == hidden and model.n_inputs == 5 and model.n_outputs == 3
     assert len(model.params) == len(hidden) + 1
     assert all(p is q for p, q in zip(model.params, out["params"]))  # the result's own arrays
-    assert model.W is model.params[0] and model.V is model.params[-1]
     assert np.array_equal(model.outputs(x), out.outputs(x))
     assert np.array_equal(model.predict(x), out.predict(x))
     assert model.is_classifier == (activation == "sigmoid")  # softmax: classes 0 .. 2
@@ -368,7 +370,7 @@ def test_deep_model_predicts_like_fit_serial_and_round_trips_bit_for_bit(
         assert list(np.atleast_1d(ds.attrs["hidden_layer_sizes"])) == list(hidden)
         assert ds["W1"].dims == ("hidden1", "input") and ds["W2"].dims == ("hidden2", "hidden1")
         assert ds["V"].dims == ("output", f"hidden{len(hidden)}")
-        assert "W" not in ds.variables and "hidden_units" not in ds.attrs
+        assert "W" not in ds.variables
 
 
 def test_deep_weights_and_to_torch_of_a_fitted_model():
@@ -379,7 +381,9 @@ def test_deep_weights_and_to_torch_of_a_fitted_model():
     assert list(w) == ["W1", "b1", "W2", "b2", "W3", "b3", "V", "c"]
     assert [w[k].shape for k in ("W1", "W2", "W3", "V")] == [(7, 5), (5, 7), (4, 5), (3, 4)]
     assert [w[k].shape for k in ("b1", "b2", "b3", "c")] == [(7,), (5,), (4,), (3,)]
-    assert np.array_equal(w["b2"], model.params[1][:5, 7]) and np.array_equal(w["c"], model.V[:, 4])
+    assert np.array_equal(w["b2"], model.params[1][:5, 7]) and np.array_equal(
+        w["c"], model.params[-1][:, 4]
+    )
     seq = model.to_torch()
     assert [type(m).__name__ for m in seq] == [
         "Linear", "Tanh", "Linear", "Tanh", "Linear", "Tanh", "Linear", "Sigmoid"
@@ -415,17 +419,21 @@ def test_to_torch_of_a_depth_3_model_outputs_equal_ours(net):
 
 
 def _format_1_dataset(model):
-    """The dataset format 1 (dask_rpm before deep networks) wrote for a one-hidden-layer model:
-    its ``to_dataset``, kept here as it was so the test does not follow the writer."""
+    """The dataset format 1 (development builds before deep networks) wrote for a one-hidden-layer
+    model, kept here as it was so the test does not follow the writer."""
     import json
 
     import xarray as xr
 
     net = model.net
-    ds = xr.Dataset(
+    return xr.Dataset(
         {
-            "W": (("hidden", "input"), model.W, {"description": "input-to-hidden weights"}),
-            "V": (("output", "hidden"), model.V, {"description": "hidden-to-output weights"}),
+            "W": (("hidden", "input"), model.params[0], {"description": "input-to-hidden weights"}),
+            "V": (
+                ("output", "hidden"),
+                model.params[-1],
+                {"description": "hidden-to-output weights"},
+            ),
         },
         attrs={
             "title": "dask_rpm model",
@@ -443,34 +451,28 @@ def _format_1_dataset(model):
             "meta": json.dumps(model.meta),
         },
     )
-    if model.classes is not None:
-        cls = model.classes
-        ds["classes"] = (
-            ("class",),
-            cls.astype(str) if cls.dtype.kind in "OUS" else cls,
-            {"dtype": cls.dtype.str},
-        )
-    return ds
 
 
-@pytest.mark.parametrize("labels", [None, ["cat", "dog", "emu"]], ids=["int", "str"])
-def test_format_1_file_loads(tmp_path, labels):
-    model, x, _, _ = _classifier(labels=labels)
+def test_format_1_file_is_refused_and_format_2_names_one_layers_weights_w_and_v(tmp_path):
+    model, *_ = _classifier()
     path = tmp_path / "v1.nc"
     _format_1_dataset(model).to_netcdf(path, engine="h5netcdf")
-    back = MLPModel.load(path)
-    assert back.n_hidden == 6 and back.hidden_layer_sizes == (6,)
-    assert np.array_equal(back.W, model.W) and np.array_equal(back.V, model.V)
-    assert back.net == model.net and back.meta == model.meta
-    assert np.array_equal(back.classes, model.classes)
-    assert np.array_equal(back.predict_proba(x), model.predict_proba(x))
-    # a one-hidden-layer model of format 2 keeps format 1's variables and dimensions
+    with pytest.raises(ModelError) as err:
+        MLPModel.load(path)
+    # what was found (format, writer, variables) and what is expected (format 2, its parameters)
+    assert re.search(
+        r"is a model file of format 1, written by a development build of dask_rpm \(version "
+        r"0\.0\.0, variables \['V', 'W'\]\); this dask_rpm reads format 2 only .*train the "
+        r"model again and save it",
+        str(err.value),
+    )
+    # a one-hidden-layer model of format 2 names its weights as the paper does
     ds = model.to_dataset()
     assert [(v, ds[v].dims) for v in ("W", "V")] == [
         ("W", ("hidden", "input")),
         ("V", ("output", "hidden")),
     ]
-    assert ds.attrs["hidden_units"] == 6 and ds.attrs["parameters"] == "W V"
+    assert ds.attrs["parameters"] == "W V" and "hidden_units" not in ds.attrs
 
 
 def test_newer_and_damaged_files_are_refused_clearly(tmp_path):
@@ -483,9 +485,7 @@ def test_newer_and_damaged_files_are_refused_clearly(tmp_path):
 
     ds = model.to_dataset()
     ds.attrs["dask_rpm_model"] = 3
-    with pytest.raises(
-        ModelError, match=r"format 3, newer than this dask_rpm .* \(formats 1 to 2\)"
-    ):
+    with pytest.raises(ModelError, match=r"format 3, newer than this dask_rpm .* \(format 2\)"):
         load(ds, "future.nc")
     ds = model.to_dataset().drop_vars("W2")
     with pytest.raises(
@@ -527,14 +527,17 @@ def test_from_params_refuses_bad_shapes_with_what_it_got():
         MLPModel(W1, V, net)
 
 
-def test_from_result_reads_params_else_w_and_v():
+def test_from_result_reads_params_only():
     out, x = _deep((7, 5), "relu", False)
-    deep = MLPModel.from_result({"recipe": out["recipe"], "params": out["params"]})
+    deep = MLPModel.from_result({"recipe": out.recipe, "params": out.params})
     assert deep.hidden_layer_sizes == (7, 5)
     assert np.array_equal(deep.outputs(x), out.outputs(x))
-    one, x1, _, res = _classifier()
-    old = {k: v for k, v in res.items() if k != "params"}  # a result from before deep networks
-    back = MLPModel.from_result(old)
-    assert back.W is res["W"] and back.V is res["V"] and back.n_hidden == 6
-    with pytest.raises(ModelError, match=r"no weights \(params, or W and V\)"):
-        MLPModel.from_result({"recipe": out["recipe"]})
+    # a result of an earlier development build held one hidden layer's weights under two keys
+    old = {"recipe": out.recipe, "W": out.params[0], "V": out.params[-1]}
+    with pytest.raises(
+        ModelError,
+        match=r"a mapping with keys \['V', 'W', 'recipe'\], with no weights under 'params'",
+    ):
+        MLPModel.from_result(old)
+    with pytest.raises(ModelError, match=r"a mapping with keys \['recipe'\], with no weights"):
+        MLPModel.from_result({"recipe": out.recipe})

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from srpm_reference import srpm_table
 
 from dask_rpm.cost import t_comm_model
 from dask_rpm.plan.partition import Plan, PlanError
@@ -26,7 +27,6 @@ from dask_rpm.planners import (
     srpm,
     srpm_dp,
     srpm_dp_reference,
-    srpm_table,
     uniform,
 )
 

@@ -7,9 +7,9 @@ import math
 import dask.config
 import numpy as np
 import pytest
+from policy_reference import CheckSchedule
 
 from dask_rpm.drpm.policy import (
-    CheckSchedule,
     Decision,
     auto_interval,
     cost_decision,

@@ -29,8 +29,8 @@ _problem = partial(regression_problem, seed=1)
 def _assert_serial(r, x, d, m, lr, iterations=None):
     iterations = iterations if iterations is not None else r.history.sizes["iteration"]
     W, V, err = fit_serial(x, d, hidden=m, iterations=iterations, learning_rate=lr, seed=0)
-    np.testing.assert_allclose(r.W, W, rtol=RTOL, atol=0)
-    np.testing.assert_allclose(r.V, V, rtol=RTOL, atol=0)
+    np.testing.assert_allclose(r.params[0], W, rtol=RTOL, atol=0)
+    np.testing.assert_allclose(r.params[-1], V, rtol=RTOL, atol=0)
     np.testing.assert_allclose(r.history["error"].values, err, rtol=RTOL, atol=0)
 
 

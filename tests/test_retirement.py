@@ -80,6 +80,6 @@ def test_a_worker_at_the_end_of_its_lifetime_hands_over_its_rows_first():
     assert r.history.sizes["iteration"] == 5000  # every iteration once
     W, V, err = fit_serial(x, d, **kw)
     assert (
-        np.abs(r.W - W).max() <= 1e-10 * np.abs(W).max()
+        np.abs(r.params[0] - W).max() <= 1e-10 * np.abs(W).max()
     )  # 5000 iterations: on the scale of the weights
     np.testing.assert_allclose(r.history["error"].values, err, rtol=1e-10)

@@ -199,8 +199,8 @@ def test_link_aware_plan_trains_exactly_like_serial():
             x, d, hidden=m, iterations=30, learning_rate=0.03, mapping=plan, client=client, seed=0
         )
     W, V, err = fit_serial(x, d, hidden=m, iterations=30, learning_rate=0.03, seed=0)
-    np.testing.assert_allclose(r.W, W, rtol=1e-10, atol=0)
-    np.testing.assert_allclose(r.V, V, rtol=1e-10, atol=0)
+    np.testing.assert_allclose(r.params[0], W, rtol=1e-10, atol=0)
+    np.testing.assert_allclose(r.params[-1], V, rtol=1e-10, atol=0)
     np.testing.assert_allclose(r.history["error"].values, err, rtol=1e-10, atol=0)
 
 
@@ -296,6 +296,6 @@ def test_a_plan_with_idle_workers_trains_exactly_like_serial():
         r = fit(x, d, hidden=m, iterations=20, learning_rate=0.01, mapping=plan, client=client)
     assert set(r.stats["threads"]) == {workers[w] for w in plan.planned_workers}
     W, V, err = fit_serial(x, d, hidden=m, iterations=20, learning_rate=0.01)
-    np.testing.assert_allclose(r.W, W, rtol=1e-10, atol=0)
-    np.testing.assert_allclose(r.V, V, rtol=1e-10, atol=0)
+    np.testing.assert_allclose(r.params[0], W, rtol=1e-10, atol=0)
+    np.testing.assert_allclose(r.params[-1], V, rtol=1e-10, atol=0)
     np.testing.assert_allclose(r.history["error"].values, err, rtol=1e-10, atol=0)

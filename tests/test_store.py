@@ -25,16 +25,24 @@ def _weights(n=6, m=9, l=3, slots=("velocity",), seed=0):
     return W, V, state
 
 
+def _layers(W, V):
+    return Layers(W.shape[1], (W.shape[0],), V.shape[0])
+
+
 def rows_of(W, V, state, a, b):
     """The rows of one hidden layer's W, V (and state) as a shard holds them."""
-    layers = Layers(W.shape[1], (W.shape[0],), V.shape[0])
-    return _rows_of(layers, [W, V], state, a, b)
+    return _rows_of(_layers(W, V), [W, V], state, a, b)
+
+
+def write_rows(directory, iteration, W, V, state, a, b):
+    """Rows ``[a, b)`` of one hidden layer's W, V (and state) into a row file, as a worker writes them."""
+    rows = rows_of(W, V, state, a, b)
+    return store.write_rows(str(directory), iteration, a, b, rows, _layers(W, V).names)
 
 
 def _write(directory, iteration, W, V, state, cuts, extra=None):
     files = [
-        store.write_rows(str(directory), iteration, a, b, rows_of(W, V, state, a, b))
-        for a, b in zip(cuts[:-1], cuts[1:])
+        write_rows(directory, iteration, W, V, state, a, b) for a, b in zip(cuts[:-1], cuts[1:])
     ]
     n, m, l = W.shape[1], W.shape[0], V.shape[0]
     return files, store.commit(
@@ -80,8 +88,8 @@ def test_round_trip_with_optimizer_state_and_extra(tmp_path):
     )
     got = store.load(tmp_path)
     assert got["iteration"] == 40 and got["shape"] == (6, 9, 3) and got["dtype"] == "float64"
-    np.testing.assert_array_equal(got["W"], W)
-    np.testing.assert_array_equal(got["V"], V)
+    np.testing.assert_array_equal(got["params"][0], W)
+    np.testing.assert_array_equal(got["params"][-1], V)
     np.testing.assert_array_equal(got["optimizer_state"]["velocity"][0], state["velocity"][0])
     np.testing.assert_array_equal(got["optimizer_state"]["velocity"][1], state["velocity"][1])
     assert got["errors"][0] == 1.5 and np.isnan(got["errors"][1]) and got["drpm"] == {"a": 1}
@@ -89,7 +97,7 @@ def test_round_trip_with_optimizer_state_and_extra(tmp_path):
 
 def test_a_manifest_must_cover_every_row_once(tmp_path):
     W, V, state = _weights()
-    files = [store.write_rows(str(tmp_path), 5, 0, 4, rows_of(W, V, state, 0, 4))]
+    files = [write_rows(tmp_path, 5, W, V, state, 0, 4)]
     with pytest.raises(store.StoreError, match=r"do not cover the hidden rows \[0, 9\)"):
         store.write_manifest(
             str(tmp_path),
@@ -107,11 +115,11 @@ def test_a_new_checkpoint_without_its_manifest_leaves_the_previous_one_valid(tmp
     _write(tmp_path, 10, W, V, state, [0, 4, 9])
     # the next checkpoint was interrupted: one row file complete, one writer killed mid-write
     W2, V2, state2 = _weights(seed=1)
-    store.write_rows(str(tmp_path), 20, 0, 4, rows_of(W2, V2, state2, 0, 4))
+    write_rows(tmp_path, 20, W2, V2, state2, 0, 4)
     (tmp_path / ".tmp-abc123-it000000020-rows0000004-0000009.npz").write_bytes(b"PK\x03\x04 half")
     got = store.load(tmp_path)
     assert got["iteration"] == 10
-    np.testing.assert_array_equal(got["W"], W)
+    np.testing.assert_array_equal(got["params"][0], W)
     # the next complete checkpoint removes the stale files, and only them
     (tmp_path / "notes.txt").write_text("the user's own file")
     files, _ = _write(tmp_path, 30, W2, V2, state2, [0, 5, 9])
@@ -167,7 +175,7 @@ def test_a_whole_checkpoint_is_cut_at_the_plans_rows_and_not_rewritten(tmp_path)
     # every row boundary of the plan's rectangles (4 | 5 and 6 | 3): a worker reads only its rows
     assert [f["rows"] for f in man["files"]] == [[0, 4], [4, 6], [6, 9]]
     got = store.load(tmp_path)
-    np.testing.assert_array_equal(got["W"], W)
+    np.testing.assert_array_equal(got["params"][0], W)
     np.testing.assert_array_equal(got["optimizer_state"]["velocity"][1], state["velocity"][1])
     # the store already holds iteration 7 (the workers' checkpoint at that boundary): kept as it is
     files = sorted(os.listdir(tmp_path))
@@ -187,7 +195,7 @@ def test_describe_reads_the_manifest_only(tmp_path):
         (tmp_path / f.name).unlink()  # no row file is needed to describe the checkpoint
     got = store.describe(tmp_path)
     assert got["iteration"] == 10 and got["shape"] == (6, 9, 3)
-    assert got["optimizer_slots"] == ["velocity"] and "W" not in got
+    assert got["optimizer_slots"] == ["velocity"] and "params" not in got
     np.testing.assert_array_equal(got["errors"], [2.0, 1.0])
 
 

@@ -101,8 +101,8 @@ def test_a_two_thread_worker_trains_on_two_threads_and_equals_serial(two_thread_
     assert res.stats["threads"] == {address: 2}
     assert client.run(_blas_now) == {address: 1}  # restored after the block
     W, V, err = fit_serial(x, d, **kw)
-    np.testing.assert_allclose(res.W, W, rtol=RTOL, atol=0)
-    np.testing.assert_allclose(res.V, V, rtol=RTOL, atol=0)
+    np.testing.assert_allclose(res.params[0], W, rtol=RTOL, atol=0)
+    np.testing.assert_allclose(res.params[-1], V, rtol=RTOL, atol=0)
     np.testing.assert_allclose(res.history["error"].values, err, rtol=RTOL, atol=0)
 
 

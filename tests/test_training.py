@@ -77,8 +77,8 @@ def _assert_well_conditioned(x, d, kw):
 def _assert_serial(r, x, d, kw, iterations=None):
     kw = dict(kw, iterations=iterations or kw["iterations"])
     W, V, err = fit_serial(x, d, **kw)
-    np.testing.assert_allclose(r.W, W, rtol=RTOL, atol=1e-14 * np.abs(W).max())
-    np.testing.assert_allclose(r.V, V, rtol=RTOL, atol=1e-14 * np.abs(V).max())
+    np.testing.assert_allclose(r.params[0], W, rtol=RTOL, atol=1e-14 * np.abs(W).max())
+    np.testing.assert_allclose(r.params[-1], V, rtol=RTOL, atol=1e-14 * np.abs(V).max())
     np.testing.assert_allclose(r.history["error"].values, err, rtol=RTOL, atol=0)
 
 
@@ -173,7 +173,7 @@ def test_dataset_file_with_minibatches_and_a_validation_split_equals_serial(clie
     plan_kw = dict(mapping="srpm", abilities=[1.0, 0.6, 0.3])
     r = fit(str(path), client=client3, interval=4, progress="none", **plan_kw, **kw)
     out = fit_serial(x, d, full_output=True, **kw)
-    np.testing.assert_allclose(r.W, out["W"], rtol=RTOL)
+    np.testing.assert_allclose(r.params[0], out["W"], rtol=RTOL)
     np.testing.assert_allclose(r.history["error"].values, out["errors"], rtol=RTOL)
     # validation every 3 iterations, the same numbers as the serial run's
     assert list(r.history["validation_iteration"].values) == [3, 6, 9, 12]
@@ -220,7 +220,7 @@ def test_early_stopping_stops_where_the_serial_run_stops(client3, capsys):
         v_loss, rel=1e-9
     )
     assert r.history.sizes["iteration"] == out["iterations"]
-    np.testing.assert_allclose(r.W, out["W"], rtol=1e-9)
+    np.testing.assert_allclose(r.params[0], out["W"], rtol=1e-9)
     assert 0.5 < r.history["validation_accuracy"].values[-1] <= 1.0
 
 
@@ -291,8 +291,8 @@ def test_resume_from_a_checkpoint_continues_batches_and_optimizer_state(client3)
     )
     assert list(r.history["iteration"].values) == list(range(10, 24))
     W, V, err = fit_serial(x, d, **kw)
-    np.testing.assert_allclose(r.W, W, rtol=RTOL, atol=1e-14 * np.abs(W).max())
-    np.testing.assert_allclose(r.V, V, rtol=RTOL, atol=1e-14 * np.abs(V).max())
+    np.testing.assert_allclose(r.params[0], W, rtol=RTOL, atol=1e-14 * np.abs(W).max())
+    np.testing.assert_allclose(r.params[-1], V, rtol=RTOL, atol=1e-14 * np.abs(V).max())
     np.testing.assert_allclose(r.history["error"].values, err[10:], rtol=RTOL)
     with pytest.raises(Exception, match="optimizer 'sgd' needs"):
         fit(x, d, client=client3, resume=saved[-1], progress="none", **dict(kw, optimizer="sgd"))
@@ -356,8 +356,8 @@ def test_scikit_learn_objective_equals_serial_on_every_vertical_exchange(
         )
     assert [k for _, k in remapper.kinds] == ["column", "whole"]
     W, V, err = fit_serial(x, d, **kw_serial)
-    np.testing.assert_allclose(r.W, W, rtol=RTOL, atol=1e-14 * np.abs(W).max())
-    np.testing.assert_allclose(r.V, V, rtol=RTOL, atol=1e-14 * np.abs(V).max())
+    np.testing.assert_allclose(r.params[0], W, rtol=RTOL, atol=1e-14 * np.abs(W).max())
+    np.testing.assert_allclose(r.params[-1], V, rtol=RTOL, atol=1e-14 * np.abs(V).max())
     np.testing.assert_allclose(r.history["error"].values, err, rtol=RTOL, atol=0)
     # the penalty is part of every iteration's error: without it the first error is lower
     _, _, plain = fit_serial(x, d, **dict(kw_serial, alpha=0.0, shuffle=np.random.RandomState(11)))

@@ -431,7 +431,7 @@ def api_markdown() -> str:
     )
     for module, summary in API_MODULES:
         out.append(f"- [`{module}`](#{_anchor(module)}) — {summary}\n")
-    seen: set[int] = set()
+    seen: dict[int, str] = {}  # id of each documented object -> where it is documented
     for module, summary in API_MODULES:
         mod = importlib.import_module(module)
         out.append(f"\n## {module}\n\n{summary[0].upper() + summary[1:]}.\n\n")
@@ -440,9 +440,9 @@ def api_markdown() -> str:
             qual = f"{module}.{name}"
             if id(obj) in seen:  # re-exported: document once, where first listed
                 home = getattr(obj, "__module__", "")
-                out.append(f"- `{qual}`: see `dask_rpm.{name}` (defined in `{home}`)\n")
+                out.append(f"- `{qual}`: see `{seen[id(obj)]}` (defined in `{home}`)\n")
                 continue
-            seen.add(id(obj))
+            seen[id(obj)] = qual
             out.append(_document(qual, obj) + "\n")
     return re.sub(r"\n{3,}", "\n\n", "".join(out)).rstrip() + "\n"
 

@@ -82,7 +82,8 @@ def main() -> None:
         x, d, hidden=hidden, iterations=args.iterations, learning_rate=lr
     )
     dev_w = max(
-        np.abs(result.W - W).max() / np.abs(W).max(), np.abs(result.V - V).max() / np.abs(V).max()
+        np.abs(result.params[0] - W).max() / np.abs(W).max(),
+        np.abs(result.params[-1] - V).max() / np.abs(V).max(),
     )
     dev_e = np.abs(result.history["error"].values - err).max() / np.abs(err).max()
     print(

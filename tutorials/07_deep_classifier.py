@@ -90,7 +90,11 @@ def show_rectangles(result: dask_rpm.FitResult) -> None:
 
 def _shape(result: dask_rpm.FitResult) -> tuple[int, ...]:
     """``(n, m_1, ..., m_L, l)`` of a result's parameters, as planned."""
-    return (result.params[0].shape[1], *(p.shape[0] for p in result.params[:-1]), result.V.shape[0])
+    return (
+        result.params[0].shape[1],
+        *(p.shape[0] for p in result.params[:-1]),
+        result.params[-1].shape[0],
+    )
 
 
 def main() -> None:

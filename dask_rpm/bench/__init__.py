@@ -77,9 +77,9 @@ so ``import dask_rpm.bench`` loads neither ``distributed`` nor torch.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
+from .._lazy import lazy_attributes
 from .profiles import (  # pure and light (numpy only): imported at once
     ASSUMED_TO_TRUE,
     CONDITIONS,
@@ -122,19 +122,6 @@ _LAZY = {
     ),
 }
 
-
-def __getattr__(name: str) -> object:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'dask_rpm.bench' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    globals()[name] = value  # later lookups skip __getattr__
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
-
-
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports these
     from .ddp import run_ddp, run_ddp_method, torch_available
     from .harness import Progress, run_bench, run_case, serial_reference
@@ -147,6 +134,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
         summary_rows,
         write_outputs,
     )
+else:  # at run time: the names above and the submodules, imported on first use
+    __getattr__, __dir__ = lazy_attributes(__name__, __path__, _LAZY)
 
 __all__ = [  # the lazy names above, spelled out for linters and `from dask_rpm.bench import *`
     "ASSUMED_TO_TRUE",

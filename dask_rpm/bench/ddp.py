@@ -182,7 +182,7 @@ def _train_rank(rank: int, cfg: dict[str, Any], model: Any, pacer: _Pacer) -> di
         errors.append(float(loss.detach()))
     # the final weights too: the bench checks that the peer trained the same batches
     params = _weights(model)
-    return {"times": times, "error": errors[-1], "params": params, "W": params[0], "V": params[-1]}
+    return {"times": times, "error": errors[-1], "params": params}
 
 
 def _ddp_rank(rank: int, cfg: dict[str, Any], queue: Any) -> None:
@@ -257,9 +257,8 @@ def run_ddp(
     :mod:`dask_rpm.nn.batches` with the same ``seed`` as :func:`dask_rpm.fit`,
     so DDP trains on exactly the batches dask_rpm does; every rank takes an
     equal share of each batch and DDP all-reduces the gradients every step.
-    Returns ``{"times", "error", "params", "W", "V"}``: rank 0's iteration times and
-    last local loss, and the final weights ``W_1 .. W_L, V`` (``W``, ``V``: the first and
-    the last).
+    Returns ``{"times", "error", "params"}``: rank 0's iteration times and
+    last local loss, and the final weights ``W_1 .. W_L, V``.
 
     Each rank's forward + backward is paced like a Dask worker's kernel block
     (:func:`dask_rpm.emulation.pace`): to ``max(cpu, work / rate) / (speed *

@@ -20,15 +20,19 @@ import os
 import sys
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
+from .._lazy import lazy_attributes
 from .._version import __version__
 from ..plan.partition import PlanError
 from . import bench, plan, predict, probe, simulate, train
 from ._common import PROG, CLIError, Parser, join_dashed_values, subcommand_names
 from .plan import draw_plan, format_plan, plan_json
+
+if not TYPE_CHECKING:  # type checkers resolve submodules themselves; a catch-all hides typos
+    __getattr__, __dir__ = lazy_attributes(__name__, __path__)  # submodules on first use
 
 __all__ = [
     "CLIError",

@@ -19,6 +19,9 @@ Modules: :mod:`~dask_rpm.cost.predict` (one iteration of a plan) and :mod:`~dask
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_attributes
 from ..plan.partition import t_comm_model
 from .fitting import fit_network
 from .predict import (
@@ -28,6 +31,9 @@ from .predict import (
     t_comm,
     t_comm_partition,
 )
+
+if not TYPE_CHECKING:  # type checkers resolve submodules themselves; a catch-all hides typos
+    __getattr__, __dir__ = lazy_attributes(__name__, __path__)  # submodules on first use
 
 __all__ = [
     "expected_max_normal",

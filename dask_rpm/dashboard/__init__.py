@@ -34,10 +34,16 @@ Modules: :mod:`~dask_rpm.dashboard.state` (the JSON snapshot, pure),
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_attributes
 from .metrics import METRIC_NAMES
 from .routes import REFRESH_MS, ROUTE, STATE_ROUTE
 from .scheduler import DASHBOARD_PLUGIN_NAME, RPMDashboardPlugin, install
 from .state import snapshot
+
+if not TYPE_CHECKING:  # type checkers resolve submodules themselves; a catch-all hides typos
+    __getattr__, __dir__ = lazy_attributes(__name__, __path__)  # submodules on first use
 
 __all__ = [
     "install",

@@ -4,6 +4,14 @@
 * :mod:`~dask_rpm.drpm.policy` - when to check and which remap to make;
 * :mod:`~dask_rpm.drpm.remap` - column and whole remaps of a plan, and what moves.
 
-The engine runs them between blocks (:mod:`dask_rpm.engine.drpm`). The old
-paths (``dask_rpm.drpm.estimator``, ``dask_rpm.drpm.policy``, ``dask_rpm.drpm.remap``) are the same modules.
+The engine runs them between blocks (:mod:`dask_rpm.engine.drpm`).
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_attributes
+
+if not TYPE_CHECKING:  # type checkers resolve submodules themselves; a catch-all hides typos
+    __getattr__, __dir__ = lazy_attributes(__name__, __path__)  # submodules on first use

@@ -50,7 +50,6 @@ from .remap import (
 )
 
 __all__ = [
-    "CheckSchedule",
     "Decision",
     "auto_interval",
     "cost_decision",
@@ -371,7 +370,7 @@ def first_interval(
 ) -> tuple[int, bool]:
     """``R`` before any iteration time is measured, and whether it is ``"auto"``.
 
-    The one place both :class:`CheckSchedule` and :func:`dask_rpm.fit` take it from: an int
+    The one place :func:`dask_rpm.fit` takes it from: an int
     as given (``None`` reads ``rpm.drpm.interval``); ``"auto"`` starts at the estimation
     bound of :func:`auto_interval` (``min_interval``, else ``rpm.drpm.auto.min-interval``,
     else the window ``L``) and at least 2, so the first check sees a whole window of times.
@@ -396,54 +395,3 @@ def first_interval(
             f"interval={interval!r}; it must be a positive number of iterations (>= 1) or 'auto'"
         )
     return r, False
-
-
-class CheckSchedule:
-    """Decides at which iterations to run the remap check.
-
-    Parameters
-    ----------
-    interval
-        ``R`` as an int, ``"auto"`` (see :func:`auto_interval`), or ``None`` to
-        read ``rpm.drpm.interval``.
-    **auto_kw
-        Passed to :func:`auto_interval`.
-
-    Examples
-    --------
-    >>> sched = CheckSchedule(3)
-    >>> [it for it in range(1, 10) if sched.due(it) and sched.mark(it) is None]
-    [3, 6, 9]
-    """
-
-    def __init__(self, interval: int | str | None = None, **auto_kw: Any) -> None:
-        self.interval, self.auto = first_interval(
-            interval, min_interval=auto_kw.get("min_interval")
-        )
-        self._auto_kw = auto_kw
-        self.last = 0
-        self.checks = 0
-
-    @property
-    def first_check(self) -> bool:
-        """No check has been marked yet."""
-        return self.checks == 0
-
-    def update(self, iteration_seconds: float) -> int:
-        """Re-derive ``R`` from a measured iteration time (``"auto"`` only); return ``R``."""
-        if self.auto:
-            self.interval = auto_interval(iteration_seconds, **self._auto_kw)
-        return self.interval
-
-    def due(self, iteration: int) -> bool:
-        """``True`` when ``interval`` iterations have completed since the last check."""
-        return iteration - self.last >= self.interval
-
-    def mark(self, iteration: int) -> None:
-        """Record that the check ran after ``iteration``."""
-        self.last = iteration
-        self.checks += 1
-
-    def __repr__(self) -> str:
-        mode = "auto" if self.auto else "fixed"
-        return f"<CheckSchedule {mode} R={self.interval} last={self.last} checks={self.checks}>"

@@ -70,6 +70,9 @@ Modules
 * :mod:`~dask_rpm.emulation.preload` - :func:`dask_setup` for workers started elsewhere.
 """
 
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_attributes
 from .cluster import EmulatedCluster, local_cluster
 from .control import (
     emulation_info,
@@ -86,7 +89,6 @@ from .links import (
     EmulatedLinks,
     LinkEmulationPlugin,
     emulated_links,
-    link_delay,
 )
 from .pacing import EmulationPlugin, current_speed, pace, worker_plugin
 from .preload import dask_setup, plugin_from_env
@@ -100,6 +102,9 @@ from .profile import (
     auto_scale,
 )
 from .rate import calibrate_rate, process_rate
+
+if not TYPE_CHECKING:  # type checkers resolve submodules themselves; a catch-all hides typos
+    __getattr__, __dir__ = lazy_attributes(__name__, __path__)  # submodules on first use
 
 __all__ = [
     "PLUGIN_NAME",
@@ -123,7 +128,6 @@ __all__ = [
     "emulated_links",
     "emulation_report",
     "format_report",
-    "link_delay",
     "local_cluster",
     "pace",
     "plugin_from_env",

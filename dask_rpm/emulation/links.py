@@ -52,7 +52,6 @@ __all__ = [
     "EmulatedLinks",
     "LinkEmulationPlugin",
     "emulated_links",
-    "link_delay",
 ]
 
 logger = logging.getLogger(__name__)
@@ -395,10 +394,3 @@ def _index(name: Any, n: int) -> int | None:
     except (TypeError, ValueError):
         return None
     return i if 0 <= i < n and str(i) == str(name) else None
-
-
-async def link_delay(worker: Any, peer: str, nbytes: int) -> None:
-    """Wait the EMULATED link delay of a message from ``worker`` to ``peer`` (no-op without link emulation)."""
-    plugin = worker.plugins.get(LINKS_PLUGIN_NAME)
-    if plugin is not None:
-        await plugin.delay(peer, nbytes)

@@ -19,12 +19,18 @@ See docs/architecture.md for the path of one iteration's data.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_attributes
 from ..records import PHASES
 from .callbacks import BlockInfo, TrainingCallback
 from .driver import Driver, ordered_workers
 from .errors import TrainingError, WorkerLostError
 from .fit import ensure_plugins, fit
 from .result import FitResult
+
+if not TYPE_CHECKING:  # type checkers resolve submodules themselves; a catch-all hides typos
+    __getattr__, __dir__ = lazy_attributes(__name__, __path__)  # submodules on first use
 
 __all__ = [
     "fit",

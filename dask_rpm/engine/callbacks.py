@@ -249,8 +249,6 @@ class CheckpointCallback(TrainingCallback):
             state = {
                 "iteration": done,
                 "params": params,
-                "W": params[0],
-                "V": params[-1],
                 "optimizer_state": opt_state,
                 "plan": info.driver.plan,
                 "errors": self._errors(info.driver, done),

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..comm import ENGINE_VERTICAL, EngineRule, Interconnect
+from ..comm import EngineRule, Interconnect
 from ..nn.layers import Layers
 from ..plan.partition import Plan
 from .records import BandGroup, Layout, Peer
@@ -41,11 +41,7 @@ __all__ = [
     "layout_layers",
     "band_groups",
     "exchanges_summary",
-    "VERTICAL_ALGORITHMS",
 ]
-
-#: What ``rpm.engine.vertical`` accepts (kept under this name for callers of earlier releases).
-VERTICAL_ALGORITHMS = ENGINE_VERTICAL
 
 
 def band_groups(plan: Plan, addresses: Sequence[str], rule: EngineRule) -> list[BandGroup]:
@@ -89,7 +85,8 @@ def layouts(
     run, version : str, int
         Run name and plan version (a counter the driver advances at each remap).
     vertical : str, optional
-        In-column exchange (:data:`VERTICAL_ALGORITHMS`); default ``rpm.engine.vertical``.
+        In-column exchange (:data:`dask_rpm.comm.ENGINE_VERTICAL`); default
+        ``rpm.engine.vertical``.
     horizontal : str, optional
         Across-column exchange (``auto``, ``pairwise`` or a schedule name);
         default ``rpm.engine.horizontal``.

@@ -24,9 +24,8 @@ class FitResult:
     params : list of numpy.ndarray
         Final parameters ``W_1 .. W_L, V`` (:mod:`dask_rpm.nn.layers`): ``W_k`` is
         ``(m_k, m_(k-1))``, ``V`` is ``(l, m_L)``; with bias terms one more row and
-        column each (:mod:`dask_rpm.nn.network`).
-    W, V : numpy.ndarray
-        The first and the last of ``params`` (one hidden layer: the paper's ``W``, ``V``).
+        column each (:mod:`dask_rpm.nn.network`). One hidden layer: ``params[0]`` and
+        ``params[-1]`` are the paper's ``W`` and ``V``.
     history : xarray.Dataset
         Error per iteration and per-worker phase times (dims ``iteration``, ``worker``).
     plan : Plan
@@ -83,16 +82,6 @@ class FitResult:
     validation: list[Validation] = field(default_factory=list)
     optimizer_state: dict[str, list[np.ndarray]] = field(default_factory=dict)
     drpm_state: dict[str, Any] | None = None
-
-    @property
-    def W(self) -> np.ndarray:
-        """The first hidden layer's weights."""
-        return self.params[0]
-
-    @property
-    def V(self) -> np.ndarray:
-        """The output layer's weights."""
-        return self.params[-1]
 
     @property
     def error(self) -> float:

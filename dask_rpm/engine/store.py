@@ -76,7 +76,6 @@ __all__ = [
     "unseen_marks",
     "unseen_files",
     "file_digest",
-    "is_store",
     "prepare_directory",
     "open_resume",
 ]
@@ -146,15 +145,15 @@ def write_rows(
     a: int,
     b: int,
     rows: Mapping[str, Any],
-    names: Sequence[str] = ("W", "V"),
+    names: Sequence[str],
 ) -> RowFile:
     """Write plan rows ``[a, b)`` (:func:`~dask_rpm.engine.worker.rows_of`'s dict) atomically;
     returns its record.
 
-    The file is ``numpy``'s ``.npz`` (uncompressed): each parameter under its name
-    (:attr:`Layers.names <dask_rpm.nn.layers.Layers.names>`: ``W`` (rows x inputs) and
-    ``V`` (outputs x rows) for one hidden layer) and ``state_<slot>_<name>`` for the
-    optimizer's state.
+    The file is ``numpy``'s ``.npz`` (uncompressed): each parameter under its name in
+    ``names`` (:attr:`Layers.names <dask_rpm.nn.layers.Layers.names>`, the paper's names of
+    the weight matrices: ``W`` (rows x inputs) and ``V`` (outputs x rows) for one hidden
+    layer) and ``state_<slot>_<name>`` for the optimizer's state.
     """
     arrays = dict(zip(names, rows["params"]))
     for slot, parts in (rows.get("state") or {}).items():
@@ -272,11 +271,6 @@ def write_whole(
     )
 
 
-def is_store(path: Any) -> bool:
-    """Whether ``path`` names a directory (a checkpoint store, valid or not)."""
-    return isinstance(path, (str, os.PathLike)) and os.path.isdir(path)
-
-
 def read_manifest(directory: str | os.PathLike) -> dict[str, Any]:
     """The valid checkpoint's manifest; :class:`StoreError` if there is none or it is not one."""
     directory = os.fspath(directory)
@@ -386,8 +380,7 @@ def read_rows(part: StoreRows, dtype: Any) -> dict[str, Any]:
 def load(directory: str | os.PathLike) -> dict[str, Any]:
     """The valid checkpoint as :func:`dask_rpm.fit`'s ``on_checkpoint`` receives it.
 
-    Keys ``iteration``, ``params`` (``W_1 .. W_L, V``; ``W`` and ``V`` the first and the
-    last), ``optimizer_state``, ``errors``,
+    Keys ``iteration``, ``params`` (``W_1 .. W_L, V``), ``optimizer_state``, ``errors``,
     ``plan`` (JSON, or None), ``drpm`` (or None), ``shape``, ``dtype`` and
     ``directory``. Every row file is checked against the manifest's size and
     SHA-256 first. (A run reads its checkpoints on the workers instead, each
@@ -400,8 +393,6 @@ def load(directory: str | os.PathLike) -> dict[str, Any]:
     return {
         **_about(man, directory),
         "params": got["params"],
-        "W": got["params"][0],
-        "V": got["params"][-1],
         "optimizer_state": got["state"],
     }
 
@@ -528,7 +519,7 @@ def prepare_directory(directory: Any, resume: Any) -> str:
 def describe(directory: str | os.PathLike) -> dict[str, Any]:
     """The valid checkpoint's manifest summed up, without reading a row file.
 
-    :func:`load`'s keys but ``W``, ``V`` and ``optimizer_state``; adds
+    :func:`load`'s keys but ``params`` and ``optimizer_state``; adds
     ``optimizer_slots``.
     """
     directory = os.fspath(directory)

@@ -53,10 +53,9 @@ def _write(ds: xr.Dataset, path: str) -> str:
 
 
 def _parameters(state: Any) -> list[np.ndarray]:
-    """The parameters ``W_1 .. W_L, V`` of a checkpoint state or a result (``params``, or ``W``, ``V``)."""
-    get = state.get if isinstance(state, dict) else lambda k: getattr(state, k, None)
-    params = get("params")
-    return [np.asarray(p) for p in (params if params is not None else (get("W"), get("V")))]
+    """The parameters ``W_1 .. W_L, V`` of a checkpoint state or a result (its ``params``)."""
+    params = state["params"] if isinstance(state, dict) else state.params
+    return [np.asarray(p) for p in params]
 
 
 def weight_variables(params: list[np.ndarray], what: str, prefix: str = "") -> dict[str, Any]:
@@ -110,7 +109,7 @@ def _store_checkpoint(job: Job, state: dict[str, Any]) -> str:
     store.write_whole(
         job.checkpoint_path,
         int(state["iteration"]),
-        [np.asarray(p) for p in state.get("params") or (state["W"], state["V"])],
+        [np.asarray(p) for p in state["params"]],
         state.get("optimizer_state"),
         extra={
             "errors": np.asarray(state["errors"], dtype=float),
@@ -251,8 +250,6 @@ def read_checkpoint(job: Job) -> dict[str, Any]:
     return {
         "iteration": int(ds.attrs["iteration"]),
         "params": params,
-        "W": params[0],
-        "V": params[-1],
         "errors": ds["error"].values,
         "plan": ds.attrs.get("plan", ""),
         "drpm": json.loads(ds.attrs["drpm"]) if ds.attrs.get("drpm") else None,

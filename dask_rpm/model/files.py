@@ -11,10 +11,9 @@ File format
 One netCDF-4 file (h5netcdf), written atomically (a temporary file in the
 same directory, then :func:`os.replace`). Format 2 stores each weight matrix,
 augmented as planned (:mod:`dask_rpm.nn.network`), under its name in
-:attr:`dask_rpm.nn.layers.Layers.names`:
+:attr:`dask_rpm.nn.layers.Layers.names` (the paper's names):
 
-* one hidden layer: ``W(hidden, input)`` and ``V(output, hidden)`` - the
-  variables of format 1;
+* one hidden layer: ``W(hidden, input)`` and ``V(output, hidden)``;
 * ``L`` hidden layers: ``W1(hidden1, input)``, ``W2(hidden2, hidden1)``, ...,
   ``WL(hiddenL, hidden<L-1>)`` and ``V(output, hiddenL)``;
 
@@ -26,8 +25,8 @@ counted), ``outputs``, ``dask_rpm_version``, the network (``activation``,
 ``loss``, ``output``, ``bias``) and ``meta`` (JSON: hyperparameters, loss
 curve, validation rows, plan history, emulation label).
 
-Format 1 (dask_rpm before deep networks): ``W`` and ``V`` only, no
-``parameters`` or ``hidden_layer_sizes``; still read.
+Format 1 (development builds before deep networks) is refused: such a model is
+trained and saved again.
 """
 
 from __future__ import annotations
@@ -54,7 +53,7 @@ __all__ = [
     "model_parts",
 ]
 
-#: Version of the model file layout; :func:`model_parts` reads this and older.
+#: Version of the model file layout; :func:`model_parts` reads this one only.
 FORMAT_VERSION = 2
 
 
@@ -110,8 +109,6 @@ def model_dataset(model: Any) -> Any:
         "emulation": str(model.meta.get("emulation") or ""),
         "meta": json.dumps(model.meta, default=json_default),
     }
-    if layers.depth == 1:  # format 1's attribute, for tools that read it
-        attrs["hidden_units"] = model.hidden_layer_sizes[0]
     ds = xr.Dataset(variables, attrs=attrs)
     if model.classes is not None:
         cls = model.classes
@@ -179,8 +176,8 @@ def read_model_file(path: str | os.PathLike) -> Any:
     return ds
 
 
-def _check_version(ds: Any, where: str) -> int:
-    """The file's format, after refusing what is no model file or one from a newer dask_rpm."""
+def _check_version(ds: Any, where: str) -> None:
+    """Refuse what is no model file, or one of another format than :data:`FORMAT_VERSION`."""
     version = ds.attrs.get("dask_rpm_model")
     if version is None:
         title = ds.attrs.get("title", "")
@@ -201,15 +198,22 @@ def _check_version(ds: Any, where: str) -> int:
     if int(version) > FORMAT_VERSION:
         raise ModelError(
             f"{where} is a model file of format {int(version)}, newer than this dask_rpm "
-            f"({str(__version__)}) reads (formats 1 to {FORMAT_VERSION}); upgrade dask_rpm"
+            f"({str(__version__)}) reads (format {FORMAT_VERSION}); upgrade dask_rpm"
         )
-    return int(version)
+    if int(version) < FORMAT_VERSION:
+        raise ModelError(
+            f"{where} is a model file of format {int(version)}, written by a development build "
+            f"of dask_rpm (version {ds.attrs.get('dask_rpm_version', 'unknown')}, variables "
+            f"{sorted(map(str, ds.data_vars))}); this dask_rpm reads format {FORMAT_VERSION} "
+            f"only (the weights listed in its 'parameters' attribute): train the model again "
+            f"and save it"
+        )
 
 
-def _read_params(ds: Any, version: int, where: str, bias: bool) -> list[np.ndarray]:
-    """The weight matrices of a file of format ``version``, checked against its attributes."""
+def _read_params(ds: Any, where: str, bias: bool) -> list[np.ndarray]:
+    """The weight matrices of a model file, checked against its attributes."""
     damaged = f"{where} is a damaged dask_rpm model file"
-    names = ["W", "V"] if version < 2 else str(ds.attrs.get("parameters", "")).split()
+    names = str(ds.attrs.get("parameters", "")).split()
     missing = [v for v in names if v not in ds.variables]
     if missing or not names:
         raise ModelError(f"{damaged}: variable(s) {missing or ['parameters attribute']} missing")
@@ -223,28 +227,28 @@ def _read_params(ds: Any, version: int, where: str, bias: bool) -> list[np.ndarr
             f"{damaged}: its parameters {names} are not those of a network of "
             f"{layers.depth} hidden layer(s), {list(layers.names)}"
         )
-    if version >= 2:
-        said = [int(v) for v in np.atleast_1d(ds.attrs.get("hidden_layer_sizes", []))]
-        held = [m - 1 if bias else m for m in layers.hidden]
-        if said != held:
-            raise ModelError(
-                f"{damaged}: attribute hidden_layer_sizes={said} but its weights have hidden "
-                f"layers of {held} units"
-            )
+    said = [int(v) for v in np.atleast_1d(ds.attrs.get("hidden_layer_sizes", []))]
+    held = [m - 1 if bias else m for m in layers.hidden]
+    if said != held:
+        raise ModelError(
+            f"{damaged}: attribute hidden_layer_sizes={said} but its weights have hidden "
+            f"layers of {held} units"
+        )
     return params
 
 
 def model_parts(ds: Any, *, where: str = "the dataset") -> dict[str, Any]:
-    """The keywords of :meth:`dask_rpm.MLPModel.from_params` stored in a model's dataset (any
-    format up to :data:`FORMAT_VERSION`).
+    """The keywords of :meth:`dask_rpm.MLPModel.from_params` stored in a model's dataset (format
+    :data:`FORMAT_VERSION`).
 
     Raises
     ------
     ModelError
-        ``ds`` is not a dask_rpm model (a training dataset or result), is from a newer
-        dask_rpm, or is damaged; the message names ``where`` and what it found.
+        ``ds`` is not a dask_rpm model (a training dataset or result), is of another format
+        (a newer dask_rpm's, or a development build's), or is damaged; the message names
+        ``where`` and what it found.
     """
-    version = _check_version(ds, where)
+    _check_version(ds, where)
     try:
         net = Network(
             str(ds.attrs["activation"]),
@@ -257,7 +261,7 @@ def model_parts(ds: Any, *, where: str = "the dataset") -> dict[str, Any]:
         raise ModelError(
             f"{where} is a damaged dask_rpm model file: its network attributes are invalid ({exc})"
         ) from None
-    params = _read_params(ds, version, where, net.bias)
+    params = _read_params(ds, where, net.bias)
     classes = None
     if "classes" in ds.variables:
         raw = ds["classes"].values

@@ -43,10 +43,6 @@ from .files import (
 __all__ = ["MLPModel", "ModelError", "FORMAT_VERSION"]
 
 
-def _float_or_none(v: Any) -> float | None:
-    return None if v is None else float(v)
-
-
 class MLPModel:
     """A trained multi-layer perceptron (one or more hidden layers).
 
@@ -74,7 +70,8 @@ class MLPModel:
     Attributes
     ----------
     params : list of numpy.ndarray
-        ``W_1 .. W_L, V`` as planned (``W`` and ``V`` are the first and the last).
+        ``W_1 .. W_L, V`` as planned (one hidden layer: ``params[0]`` and ``params[-1]`` are
+        the paper's ``W`` and ``V``).
     layers : Layers
         The sizes as planned (:class:`dask_rpm.nn.layers.Layers`: bias units included).
 
@@ -214,16 +211,6 @@ class MLPModel:
 
     # ------------------------------------------------------------------ shape
     @property
-    def W(self) -> np.ndarray:
-        """The first weight matrix (input to the first hidden layer), as planned."""
-        return self.params[0]
-
-    @property
-    def V(self) -> np.ndarray:
-        """The last weight matrix (last hidden layer to the outputs), as planned."""
-        return self.params[-1]
-
-    @property
     def n_inputs(self) -> int:
         """Data inputs (without the bias input)."""
         return self.layers.n - (1 if self.net.bias else 0)
@@ -268,7 +255,7 @@ class MLPModel:
         shape = "-".join(map(str, (self.n_inputs, *self.hidden_layer_sizes, self.n_outputs)))
         return (
             f"<MLPModel {shape} {kind}: {net.activation} hidden, "
-            f"{net.output} output, {net.loss} loss, bias={net.bias}, {self.W.dtype}>"
+            f"{net.output} output, {net.loss} loss, bias={net.bias}, {self.params[0].dtype}>"
         )
 
     # ------------------------------------------------------------ construction
@@ -279,10 +266,9 @@ class MLPModel:
         """The model of a training run: a :class:`dask_rpm.FitResult`, or :func:`dask_rpm.fit_serial`'s
         ``full_output=True`` dict (:class:`dask_rpm.nn.serial.SerialResult`).
 
-        Its weights are the result's ``params`` (every layer), or ``W`` and ``V``
-        where it has no ``params``. ``meta`` entries are added to what the result says about itself
-        (hyperparameters, loss curve, validation rows, plans, remaps,
-        emulation label); other keywords go to the constructor.
+        Its weights are the result's ``params`` (every layer). ``meta`` entries are added to
+        what the result says about itself (hyperparameters, loss curve, validation rows, plans,
+        remaps, emulation label); other keywords go to the constructor.
         """
         if isinstance(result, Mapping):
             get = result.get
@@ -322,12 +308,17 @@ class MLPModel:
         if info["validation"] == [] and not isinstance(result, Mapping):
             info["validation"] = validation_rows(get("history"))
         info.update(meta or {})
-        # a deep run's result holds every layer in params; an older result only W and V
         params = get("params")
-        if params is None:
-            params = [get("W"), get("V")]
-        if any(p is None for p in params):
-            raise ModelError("the result holds no weights (params, or W and V): train it first")
+        if params is None or any(p is None for p in params):
+            what = (
+                f"a mapping with keys {sorted(map(str, result))}"
+                if isinstance(result, Mapping)
+                else f"a {type(result).__name__}"
+            )
+            raise ModelError(
+                f"the result is {what}, with no weights under 'params' (the list W_1 .. W_L, V): "
+                "give a dask_rpm.FitResult or what dask_rpm.fit_serial returns"
+            )
         classes = kwargs.pop("classes", get("classes"))
         return cls.from_params(list(params), rec.net, classes, info, **kwargs)
 
@@ -358,7 +349,7 @@ class MLPModel:
             )
         if a.dtype.kind not in "biuf":
             raise ModelError(f"x has dtype {a.dtype}; give numbers")
-        a = np.ascontiguousarray(a, dtype=self.W.dtype)
+        a = np.ascontiguousarray(a, dtype=self.params[0].dtype)
         if not np.all(np.isfinite(a)):
             bad = int(np.argmax(~np.isfinite(a).all(axis=1)))
             raise ModelError(
@@ -506,11 +497,11 @@ class MLPModel:
                 "MLPModel.to_torch needs PyTorch: pip install 'dask-rpm[torch]'"
             ) from None
         dtype = {np.dtype("float64"): torch.float64, np.dtype("float32"): torch.float32}.get(
-            self.W.dtype
+            self.params[0].dtype
         )
         if dtype is None:
             raise ModelError(
-                f"to_torch supports float32 and float64 weights; these are {self.W.dtype}"
+                f"to_torch supports float32 and float64 weights; these are {self.params[0].dtype}"
             )
         activation = {"sigmoid": nn.Sigmoid, "tanh": nn.Tanh, "relu": nn.ReLU}[self.net.activation]
         weights, biases = self.net.split_params(self.params)

@@ -16,5 +16,15 @@ workers.
 * :mod:`~dask_rpm.nn.prepare` - data and options to a validated job;
 * :mod:`~dask_rpm.nn.serial` - the serial reference every distributed run equals.
 
-The old paths (``dask_rpm.nn.kernels``, ``dask_rpm.nn.recipe``, ...) are the same modules.
+Each is imported on first use: after ``import dask_rpm``, ``dask_rpm.nn.data.write_dataset``
+works as written.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_attributes
+
+if not TYPE_CHECKING:  # type checkers resolve submodules themselves; a catch-all hides typos
+    __getattr__, __dir__ = lazy_attributes(__name__, __path__)  # submodules on first use

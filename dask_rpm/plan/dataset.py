@@ -79,7 +79,7 @@ def plan_dataset(plan: Any) -> Any:
         Attributes: ``method``, ``shape`` (``"n-m-l"``), ``n``, ``m``, ``l``,
         ``samples``, ``n_columns``, ``t_comm`` (elements, the paper's model),
         ``imbalance``, ``notes`` and ``plan_json`` (the exact plan, for
-        :func:`plan_from_dataset`).
+        :meth:`Plan.from_dataset <dask_rpm.plan.partition.Plan.from_dataset>`).
     """
     import xarray as xr
 

@@ -181,9 +181,6 @@ class Plan:
         except KeyError:
             raise KeyError(f"worker {worker} has no rectangle in this plan") from None
 
-    def column_of(self, worker: int) -> int:
-        return self.rectangle(worker).column
-
     def column_samples(self, column: int) -> tuple[int, int]:
         return self.rectangle(self.columns[column][0]).samples
 

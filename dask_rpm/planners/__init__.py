@@ -41,6 +41,9 @@ below, in one place.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_attributes
 from .grids import divisors, grid_h, grid_hrev, split_1d, uniform
 from .inputs import normalise, parse_network_shape, parse_shape, validate_abilities
 from .make import fastest_grid, make_plan
@@ -55,8 +58,12 @@ from .registry import (
     planner_aliases,
     register_planner,
 )
-from .srpm import SRPMResult, srpm, srpm_dp, srpm_dp_reference, srpm_table
+from .srpm import SRPMResult, srpm, srpm_dp, srpm_dp_reference
 from .srpm_time import srpm_time
+
+if not TYPE_CHECKING:  # type checkers resolve submodules themselves; a catch-all hides typos
+    __getattr__, __dir__ = lazy_attributes(__name__, __path__)  # submodules on first use
+
 
 # The built-in planners, in the order users see them listed (aliases after their planner).
 for _name, _fn in (
@@ -93,7 +100,6 @@ __all__ = [
     "srpm",
     "srpm_dp",
     "srpm_dp_reference",
-    "srpm_table",
     "srpm_time",
     "uniform",
     "validate_abilities",

@@ -75,7 +75,7 @@ from ..plan.partition import PlanError, RealPartition
 from .inputs import normalise, parse_shape, validate_abilities
 from .registry import PlannerResult
 
-__all__ = ["SRPMResult", "first_true", "srpm", "srpm_dp", "srpm_dp_reference", "srpm_table"]
+__all__ = ["SRPMResult", "first_true", "srpm", "srpm_dp", "srpm_dp_reference"]
 
 
 @dataclass(frozen=True)
@@ -367,31 +367,6 @@ def _reference_table(prefix: np.ndarray, cap: int, last: int) -> tuple[np.ndarra
             t[c, q] = f[j]
             arg[c, q] = qp[j]
     return t, arg
-
-
-def srpm_table(
-    abilities: Sequence[float] | np.ndarray,
-    *,
-    max_per_column: int | None = None,
-    reference: bool = False,
-) -> np.ndarray:
-    """The full table ``t(C, q)``, shape ``(N + 1, N + 1)``, ``inf`` where undefined.
-
-    Row ``C``, column ``q`` is the smallest possible ``max_c s_c* (k(c) - 1)`` over
-    splits of the ``q`` slowest workers into ``C`` columns of consecutive sorted
-    workers. ``reference=True`` computes it with the plain DP.
-    """
-    order, prefix, cap = _prepare(abilities, max_per_column)
-    n = len(order)
-    if reference:
-        return _reference_table(prefix, cap, n)[0]
-    t = np.full((n + 1, n + 1), np.inf)
-    t[0, 0] = 0.0
-    t[1] = row = _first_row(prefix, cap)
-    for c in range(2, n + 1):
-        row, _ = _next_row(prefix, row, c, cap)
-        t[c] = row
-    return t
 
 
 def _srpm_partition(p: np.ndarray, res: SRPMResult) -> RealPartition:

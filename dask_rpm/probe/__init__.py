@@ -57,8 +57,14 @@ block calibration), :mod:`~dask_rpm.probe.links` (the link probe),
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_attributes
 from .driver import probe_async
 from .links import link_class_pairs
 from .sync import probe, probe_network
+
+if not TYPE_CHECKING:  # type checkers resolve submodules themselves; a catch-all hides typos
+    __getattr__, __dir__ = lazy_attributes(__name__, __path__)  # submodules on first use
 
 __all__ = ["probe", "probe_async", "probe_network", "link_class_pairs"]

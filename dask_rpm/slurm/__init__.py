@@ -69,11 +69,17 @@ and paces the kernels to that relative speed. On real hardware leave it
 ``None``: abilities are then measured (probe, DRPM), never assumed.
 """
 
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_attributes
 from .cluster import HeterogeneousSLURMCluster
 from .groups import WorkerGroup, group_from_name, load_groups
 from .preload import GPU_KEY, GROUP_ENV, GROUP_KEY, SPEED_ENV, SPEED_KEY, dask_setup
 from .site import slurm_unavailable
 from .validation import SlurmConfigError
+
+if not TYPE_CHECKING:  # type checkers resolve submodules themselves; a catch-all hides typos
+    __getattr__, __dir__ = lazy_attributes(__name__, __path__)  # submodules on first use
 
 __all__ = [
     "GPU_KEY",
