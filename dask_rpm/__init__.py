@@ -16,10 +16,10 @@ layer: planning, cost model, kernels) loads neither ``distributed`` nor scikit-l
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
 from . import config  # noqa: F401  (registers the rpm.yaml defaults with dask.config)
+from ._lazy import lazy_attributes
 from ._version import __version__
 
 #: public name -> the module that defines it (imported when the name is first asked for)
@@ -47,44 +47,6 @@ _LAZY = {
     "MLPRegressor": "estimators",
 }
 
-#: the subpackages, reachable as attributes after ``import dask_rpm`` (``dask_rpm.nn.data``)
-_SUBMODULES = (
-    "bench",
-    "cli",
-    "comm",
-    "cost",
-    "dashboard",
-    "demo",
-    "drpm",
-    "emulation",
-    "engine",
-    "estimators",
-    "job",
-    "model",
-    "nn",
-    "plan",
-    "planners",
-    "probe",
-    "runtime",
-    "slurm",
-)
-
-
-def __getattr__(name: str) -> object:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    elif name in _SUBMODULES:
-        value = importlib.import_module(f".{name}", __name__)
-    else:
-        raise AttributeError(f"module 'dask_rpm' has no attribute {name!r}")
-    globals()[name] = value  # later lookups skip __getattr__
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY, *_SUBMODULES})
-
-
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports these
     from .cost import predict_iteration_seconds, t_comm
     from .emulation import local_cluster
@@ -98,6 +60,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from .plan.partition import Plan, PlanError, Rectangle
     from .planners import PLANNERS, get_planner, make_plan, register_planner
     from .plugin import RPMSchedulerPlugin
+else:  # at run time: the names above and every submodule, imported on first use
+    __getattr__, __dir__ = lazy_attributes(__name__, __path__, _LAZY)
 
 __all__ = [  # the lazy names above, spelled out for linters and `from dask_rpm import *`
     "FitResult",
