@@ -360,25 +360,7 @@ async def _fit_async(
     errors_before = resume.get("errors") if isinstance(resume, dict) else None
     plan, info, probe_result, abilities_given, resumed = await first_plan(client, opts, data, saved)
     await ensure_plugins(client)
-    engine = opts.engine
-    spec = RunSpec(
-        run=uuid.uuid4().hex[:10],
-        recipe=data.recipe,
-        dtype=data.dtype,
-        placement=opts.placement,
-        inline_work=(engine.inline_work, engine.inline_work_gpu, engine.inline_work_emulated),
-    )
-    driver = Driver(
-        client,
-        spec=spec,
-        plan=plan,
-        source=data.source,
-        arrays=data.arrays,
-        rows=data.rows,
-        threads=opts.threads,
-        layers=data.layers,
-        engine=engine,
-    )
+    driver = _driver(client, opts, data, plan)
     drpm = _drpm_state(opts, abilities_given, saved if resumed else None, len(plan.abilities))
     remaps: list[RemapRecord] = drpm.remaps if drpm is not None else []
     emulation = await emulation_label_async(client)
@@ -428,6 +410,29 @@ async def _fit_async(
         validation=validation,
         optimizer_state=opt_state,
         drpm_state={**drpm.to_dict(), "plan": driver.plan.to_dict()} if drpm is not None else None,
+    )
+
+
+def _driver(client: Any, opts: RunOptions, data: Prepared, plan: Any) -> Driver:
+    """The run's driver, with the spec every worker is told at setup."""
+    engine = opts.engine
+    spec = RunSpec(
+        run=uuid.uuid4().hex[:10],
+        recipe=data.recipe,
+        dtype=data.dtype,
+        placement=opts.placement,
+        inline_work=(engine.inline_work, engine.inline_work_gpu, engine.inline_work_emulated),
+    )
+    return Driver(
+        client,
+        spec=spec,
+        plan=plan,
+        source=data.source,
+        arrays=data.arrays,
+        rows=data.rows,
+        threads=opts.threads,
+        layers=data.layers,
+        engine=engine,
     )
 
 

@@ -34,6 +34,8 @@ from typing import Any
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .timing import TimingLog
+from .worker import PLUGIN_NAME as WORKER_PLUGIN_NAME
+from .worker import RPMEnginePlugin
 
 __all__ = ["RPMSchedulerPlugin", "PLUGIN_NAME", "TOPIC"]
 
@@ -95,9 +97,7 @@ class RPMSchedulerPlugin(SchedulerPlugin):
         # recorder again, idempotent, and finds all of it here): the /rpm dashboard that shows
         # what it records, and the worker plugin that holds each run's state on every worker,
         # those that join later included.
-        from ..dashboard.scheduler import install
-        from .worker import PLUGIN_NAME as WORKER_PLUGIN_NAME
-        from .worker import RPMEnginePlugin
+        from ..dashboard.scheduler import install  # bokeh: loaded where a scheduler runs only
 
         install(scheduler, PLUGIN_NAME)
         await scheduler.register_worker_plugin(
