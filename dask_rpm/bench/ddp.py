@@ -29,6 +29,7 @@ from .. import config
 from ..nn.batches import BatchSchedule, schedule
 from ..nn.kernels import init_params, rectangle_work
 from ..nn.layers import Layers, layers_of
+from ..nn.options import TrainingOptions
 from .profiles import STEP_FACTOR, BenchCase, BenchError, steady_seconds
 from .report import MethodResult
 
@@ -279,7 +280,9 @@ def run_ddp(
         from ..emulation import process_rate
 
         rate = float(config.get("emulation.rate-fraction")) * process_rate("float64")
-    sched = schedule(x.shape[0], batch_size, shuffle=shuffle, seed=seed)  # validated, defaults
+    # the mini-batches dask_rpm's fit would draw: its defaults (rpm.train.*) where None
+    given = TrainingOptions(batch_size=batch_size, shuffle=shuffle).resolved()
+    sched = schedule(x.shape[0], given.batch_size, shuffle=given.shuffle, seed=seed)
     units = (int(hidden),) if isinstance(hidden, (int, np.integer)) else tuple(map(int, hidden))
     layers = Layers(int(x.shape[1]), units, int(d.shape[1]))
     with tempfile.TemporaryDirectory(prefix="rpm-ddp-") as tmp:
