@@ -39,7 +39,7 @@ def section(name: str, **overrides: Any) -> dict[str, Any]:
     """``rpm.<name>`` read once, as a new dict with ``-`` in keys written ``_`` (also in nested
     sections); the ``overrides`` that are not ``None`` replace their keys.
 
-    What a settings record (e.g. :class:`dask_rpm.drpm.DRPMSettings`) is built from at a
+    What a settings record (e.g. :class:`dask_rpm.drpm.settings.DRPMSettings`) is built from at a
     public entry point, so one call sees one consistent configuration
     (``receive-timeout`` -> ``receive_timeout``).
     """

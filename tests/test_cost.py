@@ -8,6 +8,7 @@ import pytest
 
 from dask_rpm.comm import Interconnect, LinkClass, collective_seconds, engine_horizontal
 from dask_rpm.cost import (
+    CostModel,
     fit_network,
     predict_breakdown,
     predict_iteration_seconds,
@@ -141,6 +142,24 @@ def test_defaults_come_from_config():
     ):
         # vertical 2 messages in column 0, horizontal 2 bands x 2 messages
         assert predict_iteration_seconds(plan, speeds) == pytest.approx(24.0 + 2 + 4)
+
+
+def test_a_cost_model_read_once_prices_later_predictions():
+    plan = _two_columns()
+    speeds = [10.0, 20.0, 50.0]
+    paper = {"rpm.cost.bandwidth": 1e30, "rpm.cost.vertical": "gather"}
+    with dask.config.set({**paper, "rpm.cost.latency": 1.0, "rpm.cost.horizontal": "bands"}):
+        model = CostModel.from_config()
+        by_config = predict_iteration_seconds(plan, speeds)
+    assert model.vertical == "gather" and model.rule is None  # no "engine" mode: no rule read
+    # the record read inside the block prices outside it, as the keywords did inside
+    assert predict_iteration_seconds(plan, speeds, model=model) == by_config == 24.0 + 2 + 4
+    assert predict_iteration_seconds(plan, speeds) != by_config
+    assert CostModel.from_config(vertical="engine").rule is not None
+    with pytest.raises(TypeError, match="not both"):
+        predict_breakdown(plan, speeds, model=model, latency=0.0)
+    with pytest.raises(ValueError, match="horizontal='nope'"):
+        predict_breakdown(plan, speeds, model=model._replace(horizontal="nope"))
 
 
 def test_speeds_by_mapping_and_names():

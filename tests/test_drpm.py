@@ -338,3 +338,18 @@ def test_resume_continues_drpm_on_the_plan_it_had_reached():
     for r in (resumed, afresh):
         np.testing.assert_allclose(r.params[0], W, rtol=RTOL, atol=0)
         np.testing.assert_allclose(r.params[-1], V, rtol=RTOL, atol=0)
+
+
+def test_drpm_state_reads_the_settings_once_per_run():
+    from dask_rpm.drpm.settings import DRPMSettings
+    from dask_rpm.engine.drpm import DRPMState
+
+    with dask.config.set({"rpm.drpm.window": 3, "rpm.drpm.outlier": 0, "rpm.drpm.idle": False}):
+        state = DRPMState(initial_abilities=True, auto=False)
+    # what it read when the run started, not what the configuration says later
+    assert state.estimator.window == 3 and state.settings.outlier == 0.0 and not state.idle
+    given = DRPMSettings.from_config(window=4)
+    assert DRPMState(initial_abilities=True, auto=False, settings=given).estimator.window == 4
+    with dask.config.set({"rpm.drpm.column-times": "t2"}):
+        with pytest.raises(ValueError, match="column-times must be 'tc'"):
+            DRPMState(initial_abilities=True, auto=False)

@@ -472,3 +472,13 @@ def test_closing_noise_drops_only_the_close_notice_and_only_while_closing():
         cluster.status = status
         assert not noise.filter(record("Batched Comm Closed %r"))
         assert noise.filter(record("something else"))
+
+
+def test_the_plugin_carries_the_settings_it_was_built_with_to_the_worker():
+    import pickle
+
+    plugin = EmulationPlugin(1.0, overrun_tolerance=0.1, rate_fraction=0.25)
+    there = pickle.loads(pickle.dumps(plugin))  # what a Nanny's worker gets
+    assert (there.overrun_tolerance, there.rate_fraction) == (0.1, 0.25)
+    with dask.config.set({"rpm.emulation.rate-fraction": 0.4}):
+        assert EmulationPlugin(1.0).rate_fraction == 0.4  # built here: read here

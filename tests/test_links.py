@@ -283,3 +283,16 @@ def test_link_network_needs_nodes():
     with pytest.raises(ValueError, match="no EMULATED links"):
         with local_cluster([1.0], processes=False, dashboard_address=None) as cluster:
             cluster.link_network()
+
+
+def test_emulated_links_take_the_settings_their_caller_read():
+    from dask_rpm.emulation.settings import EmulationSettings
+
+    with dask.config.set(
+        {"rpm.emulation.nodes": [0, 1], "rpm.emulation.links.across.latency": 0.5}
+    ):
+        settings = EmulationSettings.from_config()
+    links = emulated_links(2, settings=settings)
+    assert links is not None and links.nodes == (0, 1)
+    assert links.classes["across"].latency == 0.5
+    assert emulated_links(2) is None  # read now: one node, nothing delayed

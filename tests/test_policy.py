@@ -302,3 +302,34 @@ def test_first_interval_is_the_one_source_for_the_schedule_and_fit():
             first_interval(bad)
         with pytest.raises(ValueError, match="positive number of iterations"):
             fit_interval(bad)
+
+
+# ------------------------------------------------------------ settings record
+def test_settings_are_read_once_and_the_record_decides():
+    from dask_rpm.drpm.settings import DRPMSettings
+
+    with dask.config.set({"rpm.drpm.t-whole": 0.6, "rpm.drpm.auto.min-interval": 9}):
+        s = DRPMSettings.from_config()
+    assert (s.t_whole, s.min_interval, s.interval_floor) == (0.6, 9, 9)
+    # the record read inside the block decides outside it; the defaults otherwise
+    assert paper_decision([1.0, 2.0], settings=s).kind == "whole"  # 0.5 < 0.6
+    assert paper_decision([1.0, 2.0]).kind == "column"  # 0.4 <= 0.5 < 0.8
+    assert auto_interval(100.0, settings=s) == 9
+    assert first_interval("auto", settings=s) == (9, True)
+    assert decide([1.0, 2.0], settings=s).kind == "whole"
+    # keywords win over the record; the record itself is unchanged
+    assert paper_decision([1.0, 2.0], t_whole=0.1, settings=s).kind == "column"
+    assert DRPMSettings.resolve(s, t_whole=0.1).t_whole == 0.1 and s.t_whole == 0.6
+    assert DRPMSettings.resolve(s) is s
+    with pytest.raises(TypeError, match="no field"):
+        DRPMSettings.resolve(s, t_wholes=0.1)
+
+
+def test_config_section_spells_keys_as_python_names_and_overrides():
+    from dask_rpm import config
+
+    c = config.section("drpm", window=3, policy=None)
+    assert c["window"] == 3 and c["policy"] == "paper"  # None does not override
+    assert c["auto"]["check_seconds"] == 0.03 and "min-gain" not in c and "min_gain" in c
+    c["auto"]["check_seconds"] = 1.0  # a copy: the configuration is untouched
+    assert dask.config.get("rpm.drpm.auto.check-seconds") == 0.03

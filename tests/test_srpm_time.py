@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from problems import regression_problem
 
-from dask_rpm.comm import Interconnect, LinkClass
+from dask_rpm.comm import EngineRule, Interconnect, LinkClass
 from dask_rpm.cost import predict_iteration_seconds
 from dask_rpm.plan.partition import PlanError
 from dask_rpm.planners import PLANNERS, fastest_grid, make_plan
@@ -68,7 +68,8 @@ def test_time_dp_matches_brute_force_over_sorted_runs():
         p = p / p.sum()
         r = p * rng.uniform(0.5, 2.0, n) * 1e6  # rates not proportional: the range-max path
         net = Interconnect(latency=1e-3, bandwidth=1e7, overhead=1e-4)
-        w = _RunCost(p, r, None, (20, 64, 4), 2000, net, ["best", "engine", "tree"][trial % 3], 64)
+        mode = ["best", "engine", "tree"][trial % 3]
+        w = _RunCost(p, r, None, (20, 64, 4), 2000, net, mode, 64, EngineRule.from_config())
         tv, _ = time_table(w, n, n)
         for c in range(1, n + 1):
             best = np.inf

@@ -38,9 +38,8 @@ from typing import TYPE_CHECKING, Any
 import dask.config
 import numpy as np
 
-from .. import config
 from .._files import atomic_write
-from ..comm import Interconnect
+from ..comm import CostSettings, Interconnect
 from ..cost import predict_iteration_seconds
 from ..nn.batches import batch_plan
 from ..plan.partition import Plan
@@ -201,9 +200,8 @@ def simulate(
     import xarray as xr  # see TYPE_CHECKING above
 
     shape = parse_shape(shape)
-    latency = float(config.get("cost.latency", latency))
-    bandwidth = float(config.get("cost.bandwidth", bandwidth))
-    overhead = float(config.get("cost.overhead", overhead))
+    cost = CostSettings.from_config(latency=latency, bandwidth=bandwidth, overhead=overhead)
+    latency, bandwidth, overhead = cost.latency, cost.bandwidth, cost.overhead
     ns = [int(n) for n in ns]
     _check_arguments(
         ns, samples_per_worker, latency, bandwidth, overhead, unit_rate, methods, exchanges
@@ -215,7 +213,7 @@ def simulate(
         latency=latency,
         bandwidth=bandwidth,
         overhead=overhead,
-        itemsize=int(config.get("cost.itemsize")),
+        itemsize=cost.itemsize,
     )
     for j, n in enumerate(ns):
         speeds = speeds_for(distribution, n, seed=seed)

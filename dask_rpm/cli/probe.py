@@ -19,9 +19,8 @@ import json
 import math
 from typing import Any
 
-from .. import config
 from .._files import TargetError, atomic_write, check_target
-from ..planners import parse_shape
+from ..demo.settings import demo_settings
 from ._common import CLIError, int_option, positive_option
 
 __all__ = ["add_parser", "run", "format_probe", "probe_json"]
@@ -128,18 +127,15 @@ def _parse_speeds(text: str) -> list[float]:
 
 def run(args: argparse.Namespace) -> int:
     """Runner of ``dask-rpm probe``."""
-    shape = parse_shape(config.get("demo.shape", args.shape))
-    samples = (
-        int_option("--samples", args.samples)
-        if args.samples is not None
-        else int(config.get("demo.samples"))
-    )
+    demo = demo_settings(shape=args.shape)  # rpm.demo.* read once: the demo's job and workers
+    shape = demo.shape
+    samples = int_option("--samples", args.samples) if args.samples is not None else demo.samples
     if samples < 1:
         raise CLIError(f"--samples={samples} must be at least 1")
     repeats = positive_option("--repeats", args.repeats, int)
     max_seconds = positive_option("--max-seconds", args.max_seconds, float)
     timeout = positive_option("--timeout", args.timeout, float)
-    speeds = _parse_speeds(args.speeds) if args.speeds is not None else None
+    speeds = _parse_speeds(args.speeds) if args.speeds is not None else list(demo.speeds)
     if (
         args.netcdf is not None
     ):  # before the cluster starts: a directory, a device or no place to write
@@ -167,7 +163,7 @@ def _measure(
     repeats: int | None,
     max_seconds: float | None,
     timeout: float,
-    speeds: list[float] | None,
+    speeds: list[float],
 ) -> Any:
     """The probe dataset of the cluster at ``--scheduler``, or of a local EMULATED one."""
     # imported here: they load distributed (about 0.6 s), which --help and plan need not pay
@@ -199,8 +195,6 @@ def _measure(
                 )
             return measure(client)
     else:
-        if speeds is None:
-            speeds = [float(v) for v in config.get("demo.speeds")]
         with local_cluster(speeds, dashboard_address=":0") as cluster, Client(cluster) as client:
             return measure(client)
 

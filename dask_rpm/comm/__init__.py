@@ -9,6 +9,9 @@ schedule's rounds.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_attributes
 from .collectives import (
     ENGINE_HORIZONTAL,
     ENGINE_VERTICAL,
@@ -24,7 +27,17 @@ from .collectives import (
     round_seconds,
     schedule_seconds,
 )
-from .network import LINK_CLASSES, Interconnect, LinkClass, link_class, network_from_config
+from .network import (
+    LINK_CLASSES,
+    CostSettings,
+    Interconnect,
+    LinkClass,
+    link_class,
+    network_from_config,
+)
+
+if not TYPE_CHECKING:  # type checkers resolve submodules themselves; a catch-all hides typos
+    __getattr__, __dir__ = lazy_attributes(__name__, __path__)  # submodules on first use
 
 __all__ = [
     "ENGINE_HORIZONTAL",
@@ -33,6 +46,7 @@ __all__ = [
     "LINK_CLASSES",
     "SCALABLE",
     "VERTICAL_MODES",
+    "CostSettings",
     "EngineRule",
     "Interconnect",
     "LinkClass",

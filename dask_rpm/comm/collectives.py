@@ -286,10 +286,13 @@ class EngineRule(NamedTuple):
         horizontal: str | None = None,
         network: Interconnect | None = None,
     ) -> EngineRule:
+        """``rpm.engine.vertical`` / ``horizontal`` / ``allgather-max`` read now (``vertical`` and
+        ``horizontal`` win when not ``None``), priced on ``network`` (``None``: ``rpm.cost.*``)."""
+        c = config.section("engine", vertical=vertical, horizontal=horizontal)
         return cls(
-            str(config.get("engine.vertical", vertical)),
-            str(config.get("engine.horizontal", horizontal)),
-            int(config.get("engine.allgather-max")),
+            str(c["vertical"]),
+            str(c["horizontal"]),
+            int(c["allgather_max"]),
             network_from_config(network),
         )
 

@@ -8,7 +8,14 @@ from typing import Any, NamedTuple
 
 from .. import config
 
-__all__ = ["LINK_CLASSES", "LinkClass", "Interconnect", "link_class", "network_from_config"]
+__all__ = [
+    "LINK_CLASSES",
+    "CostSettings",
+    "LinkClass",
+    "Interconnect",
+    "link_class",
+    "network_from_config",
+]
 
 
 class LinkClass(NamedTuple):
@@ -132,6 +139,55 @@ class Interconnect(NamedTuple):
         return self.classes.get(name, LinkClass(self.latency, self.bandwidth))
 
 
+class CostSettings(NamedTuple):
+    """``rpm.cost.*`` read once (:meth:`from_config`), as configured (unchecked): the network's
+    defaults and the exchanges the seconds model charges.
+
+    The one place the package reads ``rpm.cost``; :func:`network_from_config` checks the
+    network part (:meth:`interconnect`).
+
+    Attributes
+    ----------
+    latency, bandwidth, itemsize, overhead, fixed
+        ``rpm.cost.latency`` ... ``rpm.cost.fixed`` (see :class:`Interconnect`).
+    vertical, horizontal
+        ``rpm.cost.vertical`` / ``rpm.cost.horizontal``: the exchange algorithms
+        :func:`dask_rpm.cost.predict_breakdown` charges.
+    """
+
+    latency: float
+    bandwidth: float
+    itemsize: int
+    overhead: float
+    fixed: float
+    vertical: str
+    horizontal: str
+
+    @classmethod
+    def from_config(cls, **overrides: Any) -> CostSettings:
+        """``rpm.cost.*`` read now, the ``overrides`` (field names) that are not ``None`` winning."""
+        c = config.section("cost", **overrides)
+        return cls(
+            latency=float(c["latency"]),
+            bandwidth=float(c["bandwidth"]),
+            itemsize=int(c["itemsize"]),
+            overhead=float(c["overhead"]),
+            fixed=float(c["fixed"]),
+            vertical=str(c["vertical"]),
+            horizontal=str(c["horizontal"]),
+        )
+
+    def interconnect(self) -> Interconnect:
+        """The :class:`Interconnect` of these settings (unchecked: :func:`network_from_config`)."""
+        return Interconnect(
+            latency=self.latency,
+            bandwidth=self.bandwidth,
+            itemsize=self.itemsize,
+            overhead=self.overhead,
+            fixed=self.fixed,
+        )
+
+
 def network_from_config(
     network: Interconnect | None = None,
     *,
@@ -139,15 +195,12 @@ def network_from_config(
     bandwidth: float | None = None,
     itemsize: int | None = None,
 ) -> Interconnect:
-    """``network`` with explicit keywords applied, else one from ``rpm.cost.*``; validated."""
+    """``network`` with explicit keywords applied, else one from ``rpm.cost.*``
+    (:class:`CostSettings`, read now); validated."""
     if network is None:
-        network = Interconnect(
-            latency=float(config.get("cost.latency", latency)),
-            bandwidth=float(config.get("cost.bandwidth", bandwidth)),
-            itemsize=int(config.get("cost.itemsize", itemsize)),
-            overhead=float(config.get("cost.overhead")),
-            fixed=float(config.get("cost.fixed")),
-        )
+        network = CostSettings.from_config(
+            latency=latency, bandwidth=bandwidth, itemsize=itemsize
+        ).interconnect()
     else:
         repl: dict[str, Any] = {
             k: v

@@ -25,6 +25,7 @@ from .._lazy import lazy_attributes
 from ..plan.partition import t_comm_model
 from .fitting import fit_network
 from .predict import (
+    CostModel,
     expected_max_normal,
     predict_breakdown,
     predict_iteration_seconds,
@@ -36,6 +37,7 @@ if not TYPE_CHECKING:  # type checkers resolve submodules themselves; a catch-al
     __getattr__, __dir__ = lazy_attributes(__name__, __path__)  # submodules on first use
 
 __all__ = [
+    "CostModel",
     "expected_max_normal",
     "fit_network",
     "predict_breakdown",

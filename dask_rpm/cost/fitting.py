@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from ..comm.network import Interconnect
-from .predict import predict_iteration_seconds
+from ..comm.network import Interconnect, network_from_config
+from .predict import CostModel, predict_iteration_seconds
 
 __all__ = ["fit_network"]
 
@@ -62,17 +62,20 @@ def fit_network(
             hosts=("localhost",) * n_workers if hosts == "one" else None,
         )
 
+    rule = CostModel.from_config(vertical="engine", horizontal="engine").rule  # read once
+
     def loss(v: np.ndarray) -> float:
         err = 0.0
         for run in runs:
             plan, speeds, measured, vert = run[:4]
+            model = CostModel(
+                network_from_config(net_of(v, len(plan.abilities))),
+                vert if vert != "auto" else "engine",
+                "engine",
+                rule,
+            )
             t = predict_iteration_seconds(
-                plan,
-                speeds,
-                network=net_of(v, len(plan.abilities)),
-                vertical=vert if vert != "auto" else "engine",
-                horizontal="engine",
-                spread=run[4] if len(run) > 4 else None,
+                plan, speeds, model=model, spread=run[4] if len(run) > 4 else None
             )
             err += abs(math.log(t / measured))  # L1: one noisy run does not drag the rest
         return err

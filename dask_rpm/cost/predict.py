@@ -8,7 +8,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .. import config
 from ..comm.collectives import (
     HORIZONTAL_MODES,
     VERTICAL_MODES,
@@ -19,11 +18,12 @@ from ..comm.collectives import (
     round_seconds,
     schedule_seconds,
 )
-from ..comm.network import Interconnect, LinkClass, network_from_config
+from ..comm.network import CostSettings, Interconnect, LinkClass, network_from_config
 from ..comm.schedules import build
 from ..plan.partition import Plan, RealPartition, t_comm_model
 
 __all__ = [
+    "CostModel",
     "expected_max_normal",
     "predict_breakdown",
     "predict_iteration_seconds",
@@ -156,6 +156,63 @@ def _band_groups(plan: Plan) -> list[tuple[tuple[int, ...], int]]:
     return [(h, sum(b - a for a, b in bands)) for h, bands in plan.band_groups()]
 
 
+class CostModel(NamedTuple):
+    """What :func:`predict_breakdown` charges, read once (:meth:`from_config`) and passed to
+    every prediction of a call that makes many (a planner's candidates, DRPM's checks).
+
+    Attributes
+    ----------
+    network : Interconnect
+        The network, checked (:func:`~dask_rpm.comm.network_from_config`).
+    vertical, horizontal : str
+        The exchange algorithms charged (see :func:`predict_breakdown`).
+    rule : EngineRule or None
+        What the ``"engine"`` modes charge (:class:`~dask_rpm.comm.EngineRule`, priced on
+        ``rpm.cost.*`` as the engine is); ``None`` when neither mode is ``"engine"``.
+    """
+
+    network: Interconnect
+    vertical: str
+    horizontal: str
+    rule: EngineRule | None = None
+
+    @classmethod
+    def from_config(
+        cls,
+        network: Interconnect | None = None,
+        *,
+        latency: float | None = None,
+        bandwidth: float | None = None,
+        itemsize: int | None = None,
+        vertical: str | None = None,
+        horizontal: str | None = None,
+    ) -> CostModel:
+        """``network`` (``None``: ``rpm.cost.*``) with the keywords that are not ``None``
+        applied, the modes (``None``: ``rpm.cost.vertical`` / ``horizontal``) and, for an
+        ``"engine"`` mode, the engine's rule (``rpm.engine.*``): read now, checked."""
+        cost = CostSettings.from_config()
+        net = network_from_config(
+            network if network is not None else cost.interconnect(),
+            latency=latency,
+            bandwidth=bandwidth,
+            itemsize=itemsize,
+        )
+        vmode = cost.vertical if vertical is None else str(vertical)
+        hmode = cost.horizontal if horizontal is None else str(horizontal)
+        _check_modes(vmode, hmode)
+        rule = None
+        if "engine" in (vmode, hmode):  # the engine prices its choice on rpm.cost.*
+            rule = EngineRule.from_config(network=network_from_config(cost.interconnect()))
+        return cls(net, vmode, hmode, rule)
+
+
+def _check_modes(vmode: str, hmode: str) -> None:
+    if vmode not in VERTICAL_MODES:
+        raise ValueError(f"vertical={vmode!r}; valid: {', '.join(VERTICAL_MODES)}")
+    if hmode not in HORIZONTAL_MODES:
+        raise ValueError(f"horizontal={hmode!r}; valid: {', '.join(HORIZONTAL_MODES)}")
+
+
 def predict_breakdown(
     plan: Plan,
     speeds: Sequence[float] | Mapping[Any, float],
@@ -167,6 +224,7 @@ def predict_breakdown(
     vertical: str | None = None,
     horizontal: str | None = None,
     spread: Sequence[float] | Mapping[Any, float] | None = None,
+    model: CostModel | None = None,
 ) -> dict[str, Any]:
     """Predicted seconds of one BP iteration of ``plan``, part by part.
 
@@ -224,6 +282,9 @@ def predict_breakdown(
     spread
         Standard deviation of each worker's compute seconds per iteration
         (same indexing as ``speeds``); ``None``: no straggler term.
+    model
+        All of the above but ``spread``, read once (:meth:`CostModel.from_config`), for
+        callers that predict many plans; not together with those keywords.
 
     Returns
     -------
@@ -235,16 +296,27 @@ def predict_breakdown(
         collective modes), ``horizontal``, ``fixed``, ``straggler``,
         ``bottleneck_column`` and ``total`` (seconds).
     """
-    net = network_from_config(network, latency=latency, bandwidth=bandwidth, itemsize=itemsize)
-    vmode = str(config.get("cost.vertical", vertical))
-    hmode = str(config.get("cost.horizontal", horizontal))
-    if vmode not in VERTICAL_MODES:
-        raise ValueError(f"vertical={vmode!r}; valid: {', '.join(VERTICAL_MODES)}")
-    if hmode not in HORIZONTAL_MODES:
-        raise ValueError(f"horizontal={hmode!r}; valid: {', '.join(HORIZONTAL_MODES)}")
-    vert = _vertical(plan, speeds, net, vmode)
+    given = (latency, bandwidth, itemsize, network, vertical, horizontal)
+    if model is None:
+        model = CostModel.from_config(
+            network,
+            latency=latency,
+            bandwidth=bandwidth,
+            itemsize=itemsize,
+            vertical=vertical,
+            horizontal=horizontal,
+        )
+    elif any(v is not None for v in given):
+        raise TypeError(
+            "give model= or latency/bandwidth/itemsize/network/vertical/horizontal, not both "
+            "(a CostModel already holds them)"
+        )
+    else:
+        _check_modes(model.vertical, model.horizontal)
+    net = model.network
+    vert = _vertical(plan, speeds, net, model.vertical, model.rule)
     column_total = [vert.compute_max[c] + vert.seconds[c] for c in range(plan.n_columns)]
-    h_seconds, by_band, groups = _horizontal(plan, net, hmode)
+    h_seconds, by_band, groups = _horizontal(plan, net, model.horizontal, model.rule)
     bottleneck = max(range(plan.n_columns), key=lambda c: column_total[c])
     fixed = _fixed_seconds(plan, net)
     straggler = 0.0 if spread is None else _straggler_seconds(plan, spread)
@@ -275,7 +347,11 @@ class _Vertical(NamedTuple):
 
 
 def _vertical(
-    plan: Plan, speeds: Sequence[float] | Mapping[Any, float], net: Interconnect, vmode: str
+    plan: Plan,
+    speeds: Sequence[float] | Mapping[Any, float],
+    net: Interconnect,
+    vmode: str,
+    rule: EngineRule | None,
 ) -> _Vertical:
     """Compute seconds per worker and the vertical exchange of every column."""
     _, _, l = plan.cost_shape or plan.shape  # a deep network: its layers too
@@ -283,7 +359,9 @@ def _vertical(
     out = _Vertical({}, [], [], [])
     engine_rounds: list[list[Message]] = [[], []]
     col_rounds: list[tuple[str, list[int]]] = []
-    rule = EngineRule.from_config() if vmode == "engine" else None  # read once per prediction
+    engine_rule = rule if vmode == "engine" else None
+    if vmode == "engine" and rule is None:
+        raise ValueError('vertical="engine" needs the engine\'s rule (CostModel.from_config)')
     for c, col in enumerate(plan.columns):
         times = []
         for w in col:
@@ -293,7 +371,7 @@ def _vertical(
         s0, s1 = plan.column_samples(c)
         k = len(col)
         nbytes = l * (s1 - s0) * isz
-        alg = rule.vertical_for(col, l * (s1 - s0)) if rule is not None else vmode
+        alg = engine_rule.vertical_for(col, l * (s1 - s0)) if engine_rule is not None else vmode
         out.compute_max.append(max(times))
         delta = l * (s1 - s0) * net.reduce  # output deltas of the summed partials, on every member
         if k == 1:
@@ -401,7 +479,7 @@ def _share_host_cores(plan: Plan, net: Interconnect, out: _Vertical) -> None:
 
 
 def _horizontal(
-    plan: Plan, net: Interconnect, hmode: str
+    plan: Plan, net: Interconnect, hmode: str, rule: EngineRule | None
 ) -> tuple[float, list[float], list[tuple[tuple[int, ...], int, str, float]]]:
     """The horizontal exchange: seconds, per band (``bands`` mode), per group (collectives)."""
     n, _, l = plan.cost_shape or plan.shape
@@ -412,7 +490,8 @@ def _horizontal(
     groups_rows = _band_groups(plan) if hmode not in ("pairwise", "bands") else []
     engine: list[str] | None = None
     if hmode == "engine":
-        rule = EngineRule.from_config()
+        if rule is None:
+            raise ValueError('horizontal="engine" needs the engine\'s rule (CostModel.from_config)')
         engine = rule.horizontal_for(C, [(h, r * (n + l)) for h, r in groups_rows])
         hmode = "pairwise" if engine is None else hmode
     if hmode == "pairwise":
@@ -504,6 +583,7 @@ def predict_iteration_seconds(
     vertical: str | None = None,
     horizontal: str | None = None,
     spread: Sequence[float] | Mapping[Any, float] | None = None,
+    model: CostModel | None = None,
 ) -> float:
     """Predicted seconds of one BP iteration; the ``total`` of :func:`predict_breakdown`."""
     return predict_breakdown(
@@ -516,4 +596,5 @@ def predict_iteration_seconds(
         vertical=vertical,
         horizontal=horizontal,
         spread=spread,
+        model=model,
     )["total"]

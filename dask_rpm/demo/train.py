@@ -16,12 +16,11 @@ import json
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 from distributed import Client
 
-from .. import config
 from ..emulation import emulation_info, local_cluster
 from ..engine import fit
 from ..nn.network import Network
@@ -29,33 +28,10 @@ from ..nn.recipe import forward
 from ..ordering import ordered_workers
 from ..plan.partition import Plan
 from ..plan.real_partition import count_noun
-from ..planners import parse_shape
 from .evidence import overrun_counts, speed_check
+from .settings import DemoSettings, demo_settings
 
-__all__ = ["DemoSettings", "demo_data", "demo_settings", "run_demo"]
-
-
-class DemoSettings(NamedTuple):
-    """The demo job, from ``rpm.demo.*`` (``dask-rpm probe`` starts the same workers)."""
-
-    speeds: tuple[float, ...]
-    shape: tuple[int, int, int]
-    samples: int
-    iterations: int
-    compare_iterations: int
-
-
-def demo_settings(
-    speeds: Sequence[float] | None = None, iterations: int | None = None, samples: int | None = None
-) -> DemoSettings:
-    """``rpm.demo.*`` with the given values taking precedence."""
-    return DemoSettings(
-        speeds=tuple(float(v) for v in config.get("demo.speeds", speeds)),
-        shape=parse_shape(config.get("demo.shape")),
-        samples=int(config.get("demo.samples", samples)),
-        iterations=int(config.get("demo.iterations", iterations)),
-        compare_iterations=int(config.get("demo.compare-iterations")),
-    )
+__all__ = ["demo_data", "run_demo"]
 
 
 def demo_data(

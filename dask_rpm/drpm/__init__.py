@@ -2,7 +2,8 @@
 
 * :mod:`~dask_rpm.drpm.estimator` - abilities from the workers' timings (least squares);
 * :mod:`~dask_rpm.drpm.policy` - when to check and which remap to make;
-* :mod:`~dask_rpm.drpm.remap` - column and whole remaps of a plan, and what moves.
+* :mod:`~dask_rpm.drpm.remap` - column and whole remaps of a plan, and what moves;
+* :mod:`~dask_rpm.drpm.settings` - ``rpm.drpm.*`` as one record, read once per call.
 
 The engine runs them between blocks (:mod:`dask_rpm.engine.drpm`).
 """

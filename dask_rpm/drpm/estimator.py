@@ -70,7 +70,7 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
-from .. import config
+from .settings import DRPMSettings
 
 __all__ = ["AbilityEstimator", "AbilityEstimateError", "Observation", "fit_slope", "inliers"]
 
@@ -188,10 +188,13 @@ class AbilityEstimator:
     """
 
     def __init__(self, window: int | None = None, outlier: float | None = None) -> None:
-        window = int(config.get("drpm.window", window))
+        if window is None or outlier is None:  # rpm.drpm.* read now (the engine passes both)
+            s = DRPMSettings.from_config(window=window, outlier=outlier)
+            window, outlier = s.window, s.outlier
+        window = int(window)
         if window < 1:
             raise AbilityEstimateError(f"window must be at least 1 observation, got {window}")
-        outlier = float(config.get("drpm.outlier", outlier) or 0.0)
+        outlier = float(outlier or 0.0)
         if not (math.isfinite(outlier) and outlier >= 0):
             raise AbilityEstimateError(
                 f"outlier must be a finite factor >= 0 (0 = plain least squares), got {outlier}"

@@ -36,13 +36,13 @@ from typing import Any
 
 import numpy as np
 
-from .. import config
-from ..comm import LinkClass, network_from_config
-from ..cost import predict_breakdown, predict_iteration_seconds
+from ..comm import CostSettings, LinkClass, network_from_config
+from ..cost import CostModel, predict_breakdown, predict_iteration_seconds
 from ..plan.partition import Plan, PlanError, RealPartition, to_integer
 from ..planners.inputs import worker_names
 from .policy import Decision
 from .remap import migration, migration_seconds, whole_remap
+from .settings import DRPMSettings
 
 __all__ = [
     "batch_plan",
@@ -117,6 +117,7 @@ def idle_remap(
     comm_scale: float = 1.0,
     batch: int | None = None,
     min_gain: float | None = None,
+    settings: DRPMSettings | None = None,
 ) -> Plan:
     """DRPM's whole remap that leaves idle the workers not worth their messages.
 
@@ -124,7 +125,8 @@ def idle_remap(
     few, the plan predicted fastest at ``rates`` over ``network`` (its communication times
     ``comm_scale``, :func:`scaled_network`) kept (:func:`dask_rpm.planners.make_plan` with
     ``idle=True``); more workers only when predicted ``min_gain`` faster than fewer
-    (``None``: ``rpm.drpm.min-gain``). The note ``"whole remap"`` is added.
+    (``None``: that of ``settings``, ``None`` reading ``rpm.drpm.*``). The note
+    ``"whole remap"`` is added.
     """
     return whole_remap(
         plan,
@@ -133,7 +135,7 @@ def idle_remap(
         network=scaled_network(network, comm_scale),
         batch=batch,
         idle=True,
-        min_gain=float(config.get("drpm.min-gain", min_gain)),
+        min_gain=DRPMSettings.resolve(settings, min_gain=min_gain).min_gain,
     )
 
 
@@ -175,26 +177,35 @@ def idle_decision(
     batch: int | None = None,
     min_gain: float | None = None,
     itemsize: int | None = None,
+    settings: DRPMSettings | None = None,
 ) -> Decision:
     """A whole remap when :func:`idle_remap` plans other workers and that pays.
 
     Both plans are predicted with the cost model at ``rates`` over ``network`` with its
     communication times ``comm_scale`` (one mini-batch's iteration with ``batch``); the new
-    one must be at least ``min_gain`` (``rpm.drpm.min-gain``)
+    one must be at least ``min_gain`` (``None``: that of ``settings``, ``rpm.drpm.min-gain``)
     faster, and its saving over ``remaining`` iterations larger than the migration's
-    predicted seconds (:func:`~dask_rpm.drpm.remap.migration_seconds`). ``ratio`` is only
-    reported. Returns ``Decision("whole", ..., plan=new)`` or a keep with the reason.
+    predicted seconds (:func:`~dask_rpm.drpm.remap.migration_seconds` at ``rpm.cost.*``,
+    ``itemsize`` winning when given). ``ratio`` is only reported. Returns
+    ``Decision("whole", ..., plan=new)`` or a keep with the reason. ``settings``: ``rpm.drpm.*``
+    (:class:`~dask_rpm.drpm.settings.DRPMSettings`); ``None`` reads them now.
     """
-    gain = float(config.get("drpm.min-gain", min_gain))
-    new = idle_remap(plan, abilities, rates, network=network, comm_scale=comm_scale, batch=batch)
+    s = DRPMSettings.resolve(settings)
+    gain = s.min_gain if min_gain is None else float(min_gain)
+    new = idle_remap(
+        plan, abilities, rates, network=network, comm_scale=comm_scale, batch=batch, settings=s
+    )
     now, then = set(plan.planned_workers), set(new.planned_workers)
     if now == then:
         return Decision(None, ratio, f"idle check: {_who(plan)} stay as they are")
     speeds = [float(v) for v in rates]
-    net = scaled_network(network, comm_scale)
-    t_cur = predict_iteration_seconds(batch_plan(plan, batch), speeds, network=net)
-    t_new = predict_iteration_seconds(batch_plan(new, batch), speeds, network=net)
-    cost = migration_seconds(migration(plan, new, itemsize))
+    model = CostModel.from_config(scaled_network(network, comm_scale))
+    t_cur = predict_iteration_seconds(batch_plan(plan, batch), speeds, model=model)
+    t_new = predict_iteration_seconds(batch_plan(new, batch), speeds, model=model)
+    prices = CostSettings.from_config(itemsize=itemsize)
+    cost = migration_seconds(
+        migration(plan, new, prices.itemsize), latency=prices.latency, bandwidth=prices.bandwidth
+    )
     saving = (t_cur - t_new) * remaining
     back, leave = sorted(then - now), sorted(now - then)
     what = "; ".join(

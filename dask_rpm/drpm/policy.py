@@ -38,7 +38,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .. import config
+from ..comm.network import CostSettings
 from ..plan.partition import Plan
 from .remap import (
     Abilities,
@@ -48,6 +48,7 @@ from .remap import (
     migration_seconds,
     whole_remap,
 )
+from .settings import DRPMSettings
 
 __all__ = [
     "Decision",
@@ -126,6 +127,7 @@ def paper_decision(
     initial_abilities: bool = True,
     t_whole: float | None = None,
     t_line: float | None = None,
+    settings: DRPMSettings | None = None,
 ) -> Decision:
     """The paper's remap rule (see the module notes).
 
@@ -138,10 +140,12 @@ def paper_decision(
     initial_abilities
         The run started from given abilities (``False``: from a uniform mapping).
     t_whole, t_line
-        Thresholds; ``None`` reads ``rpm.drpm.t-whole`` / ``rpm.drpm.t-line``.
+        Thresholds; ``None``: those of ``settings``.
+    settings
+        ``rpm.drpm.*`` (:class:`~dask_rpm.drpm.settings.DRPMSettings`); ``None`` reads them now.
     """
-    t_whole = float(config.get("drpm.t-whole", t_whole))
-    t_line = float(config.get("drpm.t-line", t_line))
+    s = DRPMSettings.resolve(settings, t_whole=t_whole, t_line=t_line)
+    t_whole, t_line = s.t_whole, s.t_line
     if not 0 <= t_whole <= t_line <= 1:
         raise ValueError(
             f"need 0 <= t_whole <= t_line <= 1, got t_whole={t_whole}, t_line={t_line}"
@@ -202,6 +206,7 @@ def cost_decision(
     min_gain: float | None = None,
     kinds: Sequence[RemapKind] = ("column", "whole"),
     whole_kwargs: Mapping[str, Any] | None = None,
+    settings: DRPMSettings | None = None,
 ) -> Decision:
     """Remap only when the predicted saving beats the predicted migration cost.
 
@@ -221,18 +226,23 @@ def cost_decision(
     comm_seconds
         Communication seconds per iteration, a number or a function of a plan.
     latency, bandwidth, itemsize, concurrent
-        Migration cost model, see :func:`~dask_rpm.drpm.remap.migration_seconds`.
+        Migration cost model, see :func:`~dask_rpm.drpm.remap.migration_seconds`;
+        ``None`` reads ``rpm.cost.*`` (once, for every candidate).
     min_gain
-        Smallest relative iteration-time gain worth a remap; ``None`` reads
-        ``rpm.drpm.min-gain``.
+        Smallest relative iteration-time gain worth a remap; ``None``: that of ``settings``.
     kinds
         Candidates to consider.
     whole_kwargs
         Extra arguments for :func:`~dask_rpm.drpm.remap.whole_remap`.
+    settings
+        ``rpm.drpm.*`` (:class:`~dask_rpm.drpm.settings.DRPMSettings`); ``None`` reads them now.
     """
     if remaining < 0:
         raise ValueError(f"remaining iterations must be >= 0, got {remaining}")
-    min_gain = float(config.get("drpm.min-gain", min_gain))
+    min_gain = DRPMSettings.resolve(settings, min_gain=min_gain).min_gain
+    if latency is None or bandwidth is None or itemsize is None:
+        prices = CostSettings.from_config(latency=latency, bandwidth=bandwidth, itemsize=itemsize)
+        latency, bandwidth, itemsize = prices.latency, prices.bandwidth, prices.itemsize
     t_cur = predict_step_seconds(plan, speeds, comm_seconds)
     ratio = (
         imbalance_ratio(times)
@@ -280,9 +290,10 @@ def decide(
     initial_abilities: bool = True,
     t_whole: float | None = None,
     t_line: float | None = None,
+    settings: DRPMSettings | None = None,
     **cost_kw: Any,
 ) -> Decision:
-    """Run the configured policy (``None`` reads ``rpm.drpm.policy``).
+    """Run the configured policy (``None``: that of ``settings``, ``None`` reading ``rpm.drpm.*``).
 
     ``"paper"`` uses ``times``, ``first_check``, ``initial_abilities`` and the
     thresholds; ``"cost"`` passes ``times`` and ``cost_kw`` (``plan``, ``speeds``,
@@ -290,7 +301,8 @@ def decide(
     no first-check special case: starting from a uniform mapping simply makes
     the predicted saving large.
     """
-    policy = str(config.get("drpm.policy", policy))
+    s = DRPMSettings.resolve(settings, policy=policy)
+    policy = s.policy
     if policy == "paper":
         if cost_kw:
             raise TypeError(f"the paper policy takes no {sorted(cost_kw)}")
@@ -300,12 +312,15 @@ def decide(
             initial_abilities=initial_abilities,
             t_whole=t_whole,
             t_line=t_line,
+            settings=s,
         )
     if policy == "cost":
         missing = [k for k in ("plan", "speeds", "remaining") if k not in cost_kw]
         if missing:
             raise TypeError(f"the cost policy needs {', '.join(missing)}=")
-        return cost_decision(cost_kw.pop("plan"), cost_kw.pop("speeds"), times=times, **cost_kw)
+        return cost_decision(
+            cost_kw.pop("plan"), cost_kw.pop("speeds"), times=times, settings=s, **cost_kw
+        )
     raise ValueError(f"unknown remap policy {policy!r}; use 'paper' or 'cost'")
 
 
@@ -318,6 +333,7 @@ def auto_interval(
     react_seconds: float | None = None,
     min_interval: int | None = None,
     max_interval: int | None = None,
+    settings: DRPMSettings | None = None,
 ) -> int:
     """Iterations between remap checks, from the measured iteration time.
 
@@ -342,19 +358,25 @@ def auto_interval(
     iteration_seconds
         A robust measure of one iteration's wall time (e.g. a median).
     check_seconds, target_overhead, react_seconds, min_interval, max_interval
-        ``None`` reads ``rpm.drpm.auto.*`` (``min-interval: null`` -> ``rpm.drpm.window``).
+        ``None``: those of ``settings`` (``rpm.drpm.auto.*``; ``min-interval: null`` -> ``rpm.drpm.window``).
+    settings
+        ``rpm.drpm.*`` (:class:`~dask_rpm.drpm.settings.DRPMSettings`); ``None`` reads them now.
     """
     t = float(iteration_seconds)
     if not (math.isfinite(t) and t > 0):
         raise ValueError(
             f"iteration_seconds must be a positive finite time, got {iteration_seconds!r}"
         )
-    check = float(config.get("drpm.auto.check-seconds", check_seconds))
-    target = float(config.get("drpm.auto.target-overhead", target_overhead))
-    react = float(config.get("drpm.auto.react-seconds", react_seconds))
-    lo = config.get("drpm.auto.min-interval", min_interval)
-    lo = int(config.get("drpm.window") if lo is None else lo)
-    hi = int(config.get("drpm.auto.max-interval", max_interval))
+    s = DRPMSettings.resolve(
+        settings,
+        check_seconds=check_seconds,
+        target_overhead=target_overhead,
+        react_seconds=react_seconds,
+        min_interval=min_interval,
+        max_interval=max_interval,
+    )
+    check, target, react = s.check_seconds, s.target_overhead, s.react_seconds
+    lo, hi = s.interval_floor, s.max_interval
     if check < 0 or not 0 < target <= 1 or react <= 0 or lo < 1 or hi < lo:
         raise ValueError(
             f"bad auto-interval settings: check_seconds={check}, target_overhead={target}, "
@@ -366,24 +388,28 @@ def auto_interval(
 
 
 def first_interval(
-    interval: int | str | None = None, *, min_interval: int | None = None
+    interval: int | str | None = None,
+    *,
+    min_interval: int | None = None,
+    settings: DRPMSettings | None = None,
 ) -> tuple[int, bool]:
     """``R`` before any iteration time is measured, and whether it is ``"auto"``.
 
     The one place :func:`dask_rpm.fit` takes it from: an int
-    as given (``None`` reads ``rpm.drpm.interval``); ``"auto"`` starts at the estimation
-    bound of :func:`auto_interval` (``min_interval``, else ``rpm.drpm.auto.min-interval``,
-    else the window ``L``) and at least 2, so the first check sees a whole window of times.
+    as given (``None``: that of ``settings``, ``None`` reading ``rpm.drpm.*``); ``"auto"``
+    starts at the estimation bound of :func:`auto_interval` (``min_interval``, else
+    ``rpm.drpm.auto.min-interval``, else the window ``L``) and at least 2, so the first check
+    sees a whole window of times.
 
     Raises
     ------
     ValueError
         ``interval`` is not ``"auto"`` or an integer >= 1.
     """
-    interval = config.get("drpm.interval", interval)
+    s = DRPMSettings.resolve(settings, interval=interval, min_interval=min_interval)
+    interval = s.interval
     if interval == "auto":
-        lo = config.get("drpm.auto.min-interval", min_interval)
-        return max(int(config.get("drpm.window") if lo is None else lo), 2), True
+        return max(s.interval_floor, 2), True
     try:
         r = int(interval)
         if isinstance(interval, bool) or r != interval:

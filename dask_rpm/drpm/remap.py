@@ -34,9 +34,10 @@ from typing import Any
 
 import numpy as np
 
-from .. import config
+from ..comm.network import CostSettings
 from ..plan.partition import Plan, PlanError, RealPartition, snap_small_groups, to_integer
 from ..planners import make_plan
+from ..planners.settings import PlannerSettings
 
 __all__ = [
     "MigrationError",
@@ -167,7 +168,9 @@ def column_remap(plan: Plan, abilities: Abilities, *, small_group: float | None 
         ``"column remap"``.
     """
     vec = ability_vector(plan, abilities)
-    small_group = float(config.get("planner.small-group", small_group))
+    if small_group is None:
+        small_group = PlannerSettings.from_config().small_group
+    small_group = float(small_group)
     sums = [float(sum(vec[w] for w in col)) for col in plan.columns]
     total = sum(sums)
     part = RealPartition(
@@ -297,7 +300,7 @@ def migration(
     """
     if old.shape != new.shape:
         raise PlanError(f"plans have different network shapes {old.shape} and {new.shape}")
-    itemsize = int(config.get("cost.itemsize", itemsize))
+    itemsize = int(CostSettings.from_config().itemsize if itemsize is None else itemsize)
     n, _, l = new.shape  # noqa: E741
     if row_bytes is None:
 
@@ -400,8 +403,10 @@ def migration_seconds(
         transfers overlap, and the busiest worker (the larger of what it sends
         and what it receives) sets the time.
     """
-    latency = float(config.get("cost.latency", latency))
-    bandwidth = float(config.get("cost.bandwidth", bandwidth))
+    if latency is None or bandwidth is None:
+        prices = CostSettings.from_config(latency=latency, bandwidth=bandwidth)
+        latency, bandwidth = prices.latency, prices.bandwidth
+    latency, bandwidth = float(latency), float(bandwidth)
     if bandwidth <= 0 or latency < 0:
         raise ValueError(f"need bandwidth > 0 and latency >= 0, got {bandwidth}, {latency}")
     if not transfers:

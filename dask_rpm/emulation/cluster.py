@@ -14,7 +14,6 @@ from typing import Any
 from dask.system import CPU_COUNT
 from distributed import Nanny, Scheduler, SpecCluster, Worker
 
-from .. import config
 from .._distributed import parse_memory_limit
 from ..comm import Interconnect
 from ..runtime.closing import quiet_when_closing
@@ -24,6 +23,7 @@ from .links import EmulatedLinks, LinkEmulationPlugin, emulated_links
 from .pacing import BLAS_VARS, EmulationPlugin
 from .profile import DEFAULT_SPEEDS, auto_scale, check_speed, format_label, parse_schedule
 from .rate import process_rate
+from .settings import EmulationSettings
 
 __all__ = ["EmulatedCluster", "local_cluster"]
 
@@ -88,14 +88,16 @@ class EmulatedCluster(SpecCluster):
         **worker_kwargs: Any,
     ) -> None:
         self.processes = processes
-        self._set_profile(
-            speeds, scale, threads_per_worker, headroom, gpus, schedule, worker_kwargs
+        # rpm.emulation.*, read once here on the client; what the cluster builds gets them
+        settings = EmulationSettings.from_config(headroom=headroom, gpus=gpus)
+        self._set_profile(speeds, scale, threads_per_worker, settings, schedule, worker_kwargs)
+        self.links: EmulatedLinks | None = emulated_links(
+            len(self.speeds), nodes, groups, links, settings=settings
         )
-        self.links: EmulatedLinks | None = emulated_links(len(self.speeds), nodes, groups, links)
         self.emulation_label = self._label()
         if self.links is not None:
             self.emulation_label += "; " + self.links.describe()
-        workers = self._worker_specs(silence_logs, worker_kwargs)
+        workers = self._worker_specs(silence_logs, worker_kwargs, settings)
         # In-process workers share this process's BLAS: pin it here while the
         # cluster lives (limitation: the client's own numpy is pinned too).
         self._limiter = None if processes else _limit_blas_here(self.threads_per_worker)
@@ -117,8 +119,7 @@ class EmulatedCluster(SpecCluster):
         speeds: Sequence[float] | None,
         scale: float | None,
         threads_per_worker: int | None,
-        headroom: float | None,
-        gpus: int | None,
+        settings: EmulationSettings,
         schedule: Mapping[int, Sequence[Sequence[Any]]] | None,
         worker_kwargs: Mapping[str, Any],
     ) -> None:
@@ -128,7 +129,7 @@ class EmulatedCluster(SpecCluster):
         and the paced workers' scale fits the cores left.
         """
         if speeds is None:
-            speeds = config.get("emulation.speeds", None) or DEFAULT_SPEEDS
+            speeds = settings.speeds or DEFAULT_SPEEDS
         self.speeds: tuple[float, ...] = tuple(check_speed(s) for s in speeds)
         if not self.speeds:
             raise ValueError("need at least one speed")
@@ -138,7 +139,7 @@ class EmulatedCluster(SpecCluster):
         self.threads_per_worker = t
         self.schedule = self._checked_schedule(schedule)
         self.gpu_devices = local_gpu_workers(
-            gpus,
+            settings.gpus,
             len(self.speeds),
             processes=self.processes,
             schedule=self.schedule,
@@ -146,7 +147,7 @@ class EmulatedCluster(SpecCluster):
         )
         paced = [s for i, s in enumerate(self.speeds) if i not in self.gpu_devices]
         self.cores = CPU_COUNT
-        self.headroom = float(config.get("emulation.headroom", headroom))
+        self.headroom = settings.headroom
         free = max(1, self.cores - t * len(self.gpu_devices))
         self.scale_factor = (
             auto_scale(paced or [1.0], t, cores=free, headroom=self.headroom)
@@ -190,7 +191,7 @@ class EmulatedCluster(SpecCluster):
         return f"{text}; {gpus}: REAL, unpaced (the speeds are {who})"
 
     def _worker_specs(
-        self, silence_logs: int | bool, worker_kwargs: dict[str, Any]
+        self, silence_logs: int | bool, worker_kwargs: dict[str, Any], settings: EmulationSettings
     ) -> dict[int, dict[str, Any]]:
         """One SpecCluster worker spec per speed, each with its :class:`EmulationPlugin`."""
         n, t, processes = len(self.speeds), self.threads_per_worker, self.processes
@@ -206,7 +207,7 @@ class EmulatedCluster(SpecCluster):
             **worker_kwargs,
         )
         # one kernel throughput for all workers: their speeds then differ by exactly their ratios
-        fraction = float(config.get("emulation.rate-fraction"))
+        fraction = settings.rate_fraction
         self.rates = {dt: fraction * process_rate(dt) for dt in ("float64", "float32")}
         workers: dict[int, dict[str, Any]] = {}
         for i, speed in enumerate(self.speeds):
@@ -220,7 +221,9 @@ class EmulatedCluster(SpecCluster):
                         self.schedule.get(i, ()),
                         index=i,
                         pin_blas=processes,
+                        overrun_tolerance=settings.overrun_tolerance,
                         rate=self.rates,
+                        rate_fraction=settings.rate_fraction,
                     ),
                 )
             if self.links is not None:

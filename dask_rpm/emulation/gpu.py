@@ -22,8 +22,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from .. import config
 from ..runtime.gpus import CUDA_ENV, NO_GPU, WORKER_GPU_ENV, local_gpus, machine_gpu_count
+from .settings import EmulationSettings
 
 __all__ = ["gpu_label", "local_gpu_workers", "worker_gpu_env"]
 
@@ -86,7 +86,9 @@ def local_gpu_workers(
         share this process, a schedule or ``env`` would undo a GPU worker, or
         this machine has fewer GPUs than asked for.
     """
-    n = _checked_count(config.get("emulation.gpus", gpus), workers, processes)
+    if gpus is None:
+        gpus = EmulationSettings.from_config().gpus
+    n = _checked_count(gpus, workers, processes)
     if not n:
         return {}
     paced = sorted(i for i in schedule if i < n)

@@ -43,9 +43,9 @@ from typing import Any, NamedTuple
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from .. import config
 from ..comm import LINK_CLASSES, Interconnect, LinkClass, link_class, network_from_config
 from ..runtime.hooks import worker_hooks
+from .settings import EmulationSettings
 
 __all__ = [
     "LINKS_PLUGIN_NAME",
@@ -180,6 +180,8 @@ def emulated_links(
     nodes: Sequence[Any] | None = None,
     groups: Sequence[Any] | None = None,
     links: Mapping[str, Any] | None = None,
+    *,
+    settings: EmulationSettings | None = None,
 ) -> EmulatedLinks | None:
     """Validated placement and link classes for ``n_workers`` EMULATED workers; None without nodes.
 
@@ -198,6 +200,8 @@ def emulated_links(
         a :class:`~dask_rpm.comm.LinkClass`, ``(latency, bandwidth)``,
         ``{"latency": s, "bandwidth": bytes_per_s}`` or None (no delay).
         Classes not given keep ``rpm.emulation.links``.
+    settings : EmulationSettings, optional
+        ``rpm.emulation.*`` as the caller read them; ``None`` reads them now.
 
     Raises
     ------
@@ -205,8 +209,10 @@ def emulated_links(
         Wrong number of labels, a node in two groups, an unknown class name,
         a negative latency or a bandwidth that is not positive.
     """
+    if settings is None:
+        settings = EmulationSettings.from_config()
     if nodes is None:
-        nodes = config.get("emulation.nodes", None)
+        nodes = settings.nodes
     if nodes is None:
         if groups is not None or links:
             raise ValueError(
@@ -234,7 +240,7 @@ def emulated_links(
             f"unknown link class(es) {unknown}; the classes are {', '.join(LINK_CLASSES)} "
             f"(same node, same group on another node, across groups)"
         )
-    defaults = dict(config.get("emulation.links") or {})
+    defaults = dict(settings.links)
     classes = {
         name: _link_class(name, given[name] if name in given else defaults.get(name))
         for name in LINK_CLASSES

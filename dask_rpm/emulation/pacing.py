@@ -25,11 +25,11 @@ import numpy as np
 from distributed import Worker, get_worker
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from .. import config
 from .._distributed import Status
 from ..runtime.hooks import worker_hooks
 from .profile import PLUGIN_NAME, check_speed, parse_schedule
 from .rate import calibrate_rate
+from .settings import EmulationSettings
 
 __all__ = [
     "BLAS_VARS",
@@ -94,6 +94,9 @@ class EmulationPlugin(WorkerPlugin):
         (:func:`calibrate_rate`), per dtype name (a float means float64);
         blocks that state their ``work`` last ``work / (rate * speed * scale)``.
         A dtype without a rate is measured on the worker when first used.
+    rate_fraction : float, optional
+        Speed 1.0 x scale 1.0 as a fraction of one warm core's throughput, for the rates
+        measured on the worker (``rpm.emulation.rate-fraction``).
 
     Notes
     -----
@@ -115,6 +118,7 @@ class EmulationPlugin(WorkerPlugin):
         pin_blas: bool = False,
         overrun_tolerance: float | None = None,
         rate: float | Mapping[str, float] | None = None,
+        rate_fraction: float | None = None,
     ) -> None:
         self.speed = check_speed(speed)
         rates = {} if rate is None else rate if isinstance(rate, Mapping) else {"float64": rate}
@@ -124,7 +128,13 @@ class EmulationPlugin(WorkerPlugin):
         self._by_iter, self._by_time = parse_schedule(self.schedule)
         self.index = index
         self.pin_blas = pin_blas
-        self.overrun_tolerance = float(config.get("emulation.overrun-tolerance", overrun_tolerance))
+        if overrun_tolerance is None or rate_fraction is None:  # read where it is built
+            settings = EmulationSettings.from_config(
+                overrun_tolerance=overrun_tolerance, rate_fraction=rate_fraction
+            )
+            overrun_tolerance, rate_fraction = settings.overrun_tolerance, settings.rate_fraction
+        self.overrun_tolerance = float(overrun_tolerance)
+        self.rate_fraction = float(rate_fraction)
         self._init_runtime()
 
     # -- runtime state (not pickled: the plugin travels to Nanny subprocesses)
@@ -162,6 +172,7 @@ class EmulationPlugin(WorkerPlugin):
             "pin_blas",
             "overrun_tolerance",
             "rates",
+            "rate_fraction",
         )
         return {k: self.__dict__[k] for k in keep}
 
@@ -256,7 +267,7 @@ class EmulationPlugin(WorkerPlugin):
         if work is not None:
             rate = self.rates.get(dtype)
             if rate is None:  # a dtype the cluster did not calibrate: measure it here, once
-                rate = float(config.get("emulation.rate-fraction")) * calibrate_rate(dtype=dtype)
+                rate = self.rate_fraction * calibrate_rate(dtype=dtype)
                 rate = self.rates.setdefault(dtype, rate)
             ref = max(ref, work / rate)
         return ref

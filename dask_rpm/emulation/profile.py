@@ -13,7 +13,7 @@ from typing import Any
 
 from dask.system import CPU_COUNT
 
-from .. import config
+from .settings import EmulationSettings
 
 __all__ = [
     "DEFAULT_SPEEDS",
@@ -134,7 +134,9 @@ def auto_scale(
         raise ValueError("need at least one speed")
     sp = [check_speed(s) for s in speeds]
     cores = CPU_COUNT if cores is None else int(cores)
-    headroom = float(config.get("emulation.headroom", headroom))
+    if headroom is None:
+        headroom = EmulationSettings.from_config().headroom
+    headroom = float(headroom)
     if not 0 < headroom:
         raise ValueError(f"headroom must be > 0, got {headroom}")
     return min(1.0, 1.0 / max(sp), headroom * cores / (threads_per_worker * sum(sp)))

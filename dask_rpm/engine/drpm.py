@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 
-from .. import config
 from .._files import json_default
 from ..drpm.estimator import AbilityEstimateError, AbilityEstimator
 from ..drpm.idle import (
@@ -22,6 +21,7 @@ from ..drpm.idle import (
 )
 from ..drpm.policy import auto_interval, decide
 from ..drpm.remap import column_remap, whole_remap
+from ..drpm.settings import DRPMSettings
 from ..plan.partition import PlanError
 from ..probe import probe_network
 from ..records import RemapRecord
@@ -44,12 +44,20 @@ def jsonable(rec: Mapping[str, Any]) -> dict[str, Any]:
 
 
 class DRPMState:
-    """Estimator, checks and remaps of one DRPM run."""
+    """Estimator, checks and remaps of one DRPM run.
 
-    def __init__(self, *, initial_abilities: bool, auto: bool) -> None:
-        self.estimator = AbilityEstimator(window=config.get("drpm.window"))
+    ``settings``: ``rpm.drpm.*`` (:class:`~dask_rpm.drpm.settings.DRPMSettings`), read once
+    here when ``None``; every check of the run decides with them.
+    """
+
+    def __init__(
+        self, *, initial_abilities: bool, auto: bool, settings: DRPMSettings | None = None
+    ) -> None:
+        self.settings = DRPMSettings.resolve(settings)
+        s = self.settings
+        self.estimator = AbilityEstimator(window=s.window, outlier=s.outlier)
         # Validated here, before any iteration runs, not at the first check.
-        self.column_times = str(config.get("drpm.column-times"))
+        self.column_times = s.column_times
         if self.column_times not in ("tc", "t1"):
             raise ValueError(
                 f"rpm.drpm.column-times must be 'tc' (compute without the wait) or 't1' (the paper's), "
@@ -60,7 +68,7 @@ class DRPMState:
         self.checks: list[tuple[int, np.ndarray]] = []
         self.remaps: list[RemapRecord] = []
         # leave workers idle whose messages cost more than their share saves (drpm/idle.py)
-        self.idle = bool(config.get("drpm.idle"))
+        self.idle = s.idle
         self.remembered: dict[int, float] = {}  # rates measured by the probe, by worker index
         self.network: Any = None  # the probe's links (None: rpm.cost.*)
         # (predicted, measured) communication of the plans checked (drpm.idle.comm_excess)
@@ -122,6 +130,7 @@ class DRPMState:
             network=self.network,
             comm_scale=self.comm_scale,
             batch=driver.recipe.schedule.batch,
+            settings=self.settings,
         )
         if idle.kind is None and not np.isnan(idle.saving):  # another set, rejected: say why
             logger.info(f"check at iteration {stop}: {idle.reason}")
@@ -191,6 +200,7 @@ class DRPMState:
                     network=self.network,
                     comm_scale=self.comm_scale,
                     batch=batch,
+                    settings=self.settings,
                 )
             else:
                 new = whole_remap(driver.plan, speeds_t2, batch=batch)
@@ -211,7 +221,7 @@ class DRPMState:
         except AbilityEstimateError as exc:  # e.g. a worker that just joined has no times yet
             logger.info(f"check at iteration {stop}: skipped ({exc})")
             return interval
-        policy = config.get("drpm.policy")
+        policy = self.settings.policy
         kw: dict[str, Any] = {}
         if policy == "cost":
             kw = {
@@ -229,6 +239,7 @@ class DRPMState:
             policy=policy,
             first_check=not self.checks,
             initial_abilities=self.initial_abilities,
+            settings=self.settings,
             **kw,
         )
         if decision.kind != "whole" and rates is not None:
@@ -265,7 +276,7 @@ class DRPMState:
         if self.auto:
             secs = driver.log.median_iteration_time(first, stop)
             if np.isfinite(secs) and secs > 0:
-                interval = auto_interval(secs)
+                interval = auto_interval(secs, settings=self.settings)
         return interval
 
     def _idle_kwargs(self, driver: Driver, rates: tuple[np.ndarray, np.ndarray]) -> dict:

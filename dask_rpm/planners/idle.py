@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..cost import predict_breakdown
+from ..cost import CostModel, predict_breakdown
 from ..plan.partition import PlanError, RealPartition, snap_with_count, to_integer
 from .inputs import worker_names
 from .registry import PlannerResult
@@ -89,11 +89,11 @@ def predicted(
     *,
     small_group: float,
     rates: Sequence[float],
-    network: Any = None,
+    model: CostModel,
 ) -> PlannerResult:
     """``res`` with ``meta["predicted_seconds"]``: its integer plan (snapped with
     ``small_group``, as :func:`make_plan <dask_rpm.planners.make_plan>` will) predicted with
-    the cost model at ``rates`` (work units per second, indexed like ``abilities``).
+    the cost ``model`` at ``rates`` (work units per second, indexed like ``abilities``).
 
     For the planners that do not minimise seconds themselves (SRPM), so that
     :func:`fastest_subset` can compare their plans on fewer workers.
@@ -107,7 +107,7 @@ def predicted(
         method=res.method or "plan",
         t_comm=math.nan,
     )
-    t = float(predict_breakdown(plan, [float(r) for r in rates], network=network)["total"])
+    t = float(predict_breakdown(plan, [float(r) for r in rates], model=model)["total"])
     return replace(res, meta={**res.meta, "predicted_seconds": t})
 
 

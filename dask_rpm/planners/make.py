@@ -8,8 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import config
-from ..cost import predict_iteration_seconds
+from ..cost import CostModel, predict_iteration_seconds
 from ..plan.partition import Plan, PlanError, RealPartition, snap_with_count, to_integer
 from .grids import divisors
 from .idle import fastest_subset, idle_note, predicted, subset_network
@@ -23,6 +22,7 @@ from .inputs import (
     worker_names,
 )
 from .registry import Planner, PlannerResult, get_planner
+from .settings import PlannerSettings
 
 __all__ = ["fastest_grid", "make_plan"]
 
@@ -124,7 +124,19 @@ def make_plan(
                 f"{len(given)} {what} given for {len(ab)} abilities; give one per ability"
             )
     gain = _min_gain(min_gain)
-    kw = dict(rates=rates, network=network, idle=idle, min_gain=gain, small_group=small_group)
+    settings = PlannerSettings.from_config()  # rpm.planner.*, once for the whole call
+    planner, _ = _resolve_method(method, settings)
+    model = None  # the cost model (rpm.cost.*, rpm.engine.*), read once where plans are timed
+    if getattr(planner, "time_objective", False) or (idle and rates is not None):
+        model = CostModel.from_config(network)
+    kw: dict[str, Any] = dict(
+        rates=rates,
+        model=model,
+        idle=idle,
+        min_gain=gain,
+        small_group=small_group,
+        settings=settings,
+    )
     dp, carried = _columns_for_batch(abilities, cost, samples, method, dp, batch, **kw)
     if dp is not None:
         dp = check_count(
@@ -158,21 +170,27 @@ def _make(
     carried: tuple[list[int], str] | None,
     *,
     rates: Sequence[float] | None,
-    network: Any,
+    model: CostModel | None,
     idle: bool | None,
     min_gain: float,
     small_group: float | None,
+    settings: PlannerSettings,
     per_batch: int | None = None,
 ) -> tuple[Plan, list[int], str]:
     """:func:`make_plan` on checked input; also returns the workers left idle and why.
+
+    ``model``: the cost model of :func:`make_plan`'s ``network`` (``None`` where no plan is
+    timed); ``settings``: ``rpm.planner.*`` as :func:`make_plan` read them.
 
     ``carried``: workers already left idle (by the plan of one mini-batch) and the note
     saying why; they are not planned and no further subset is searched. ``per_batch``: the
     problem is one mini-batch of that many samples (said in the note).
     """
-    planner, name = _resolve_method(method)
-    snap = check_fraction("small_group", config.get("planner.small-group", small_group))
-    min_units = float(config.get("planner.min-units"))
+    planner, name = _resolve_method(method, settings)
+    snap = check_fraction(
+        "small_group", settings.small_group if small_group is None else small_group
+    )
+    min_units = settings.min_units
     if not (math.isfinite(min_units) and min_units >= 0):
         raise PlanError(f"rpm.planner.min-units={min_units} must be a non-negative number")
     p_all = normalise(ab)
@@ -184,16 +202,18 @@ def _make(
 
     def plan_on(active: list[int]) -> PlannerResult:
         sub_rates = None if rates is None else [float(rates[i]) for i in active]
-        sub_net = subset_network(network, active)
+        sub_model = None
+        if model is not None:
+            sub_model = model._replace(network=subset_network(model.network, active))
         p = normalise(p_all[active])
-        if time_objective:
-            extra: dict[str, Any] = {"rates": sub_rates, "network": sub_net}
+        if time_objective:  # such a planner takes the rates and the records read once
+            extra: dict[str, Any] = {"rates": sub_rates, "model": sub_model, "settings": settings}
             return planner(p, cost, samples, dp=dp, **extra)
         res = planner(p, cost, samples, dp=dp)
         if search:  # fastest_subset compares predicted seconds
-            assert sub_rates is not None
+            assert sub_rates is not None and sub_model is not None
             res = predicted(
-                res, p, cost, samples, small_group=snap, rates=sub_rates, network=sub_net
+                res, p, cost, samples, small_group=snap, rates=sub_rates, model=sub_model
             )
         return res
 
@@ -266,7 +286,7 @@ def _columns_for_batch(
     whether a worker's share pays for its messages) is chosen for ``batch`` samples; the cuts
     are then made on the whole set. ``kw``: :func:`_make`'s keywords.
     """
-    name = str(method or config.get("planner.method"))
+    name = str(method or kw["settings"].method)
     if batch is None or dp is not None or batch >= samples or name not in _BATCH_AWARE:
         return dp, None
     ab = validate_abilities(abilities)
@@ -276,13 +296,15 @@ def _columns_for_batch(
         return None, None
     # only a chosen subset is carried (idle asked, or a planner minimising seconds): without
     # that choice the one-batch problem gives the number of columns alone, as it always did
-    chosen = kw.get("idle") or getattr(_resolve_method(name)[0], "time_objective", False)
+    chosen = kw.get("idle") or getattr(
+        _resolve_method(name, kw["settings"])[0], "time_objective", False
+    )
     return one.n_columns, ((idle, note) if idle and chosen else None)
 
 
-def _resolve_method(method: str | Planner | None) -> tuple[Planner, str]:
+def _resolve_method(method: str | Planner | None, settings: PlannerSettings) -> tuple[Planner, str]:
     """The planner function and the name recorded in the plan (``None``: rpm.planner.method)."""
-    method = config.get("planner.method", method)
+    method = settings.method if method is None else method
     if callable(method):
         return method, getattr(method, "__name__", "custom")
     return get_planner(method), str(method).strip().lower()
@@ -375,20 +397,15 @@ def fastest_grid(
         No ``N_DP`` gives a feasible plan.
     """
     best: tuple[Plan, float] | None = None
+    model = CostModel.from_config(
+        network, latency=latency, bandwidth=bandwidth, vertical=vertical, horizontal=horizontal
+    )
     for dp in divisors(len(abilities)):
         try:
             plan = make_plan(abilities, shape, samples, method=method, dp=dp, cost_shape=cost_shape)
         except PlanError:
             continue
-        t = predict_iteration_seconds(
-            plan,
-            speeds,
-            latency=latency,
-            bandwidth=bandwidth,
-            network=network,
-            vertical=vertical,
-            horizontal=horizontal,
-        )
+        t = predict_iteration_seconds(plan, speeds, model=model)
         if best is None or t < best[1]:
             best = (plan, t)
     if best is None:

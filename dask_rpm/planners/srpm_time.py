@@ -42,13 +42,13 @@ from typing import Any
 
 import numpy as np
 
-from .. import config
-from ..comm import SCALABLE, Interconnect, LinkClass, network_from_config
-from ..cost import predict_breakdown, t_comm_partition
+from ..comm import SCALABLE, EngineRule, Interconnect, LinkClass
+from ..cost import CostModel, predict_breakdown, t_comm_partition
 from ..plan.partition import PlanError, RealPartition, snap_with_count, to_integer
 from .grids import divisors, grid_hrev, split_1d
 from .inputs import normalise
 from .registry import PlannerResult
+from .settings import PlannerSettings
 from .srpm import first_true
 
 __all__ = ["srpm_time", "time_table", "vertical_seconds", "resolve_vertical"]
@@ -62,11 +62,13 @@ def vertical_seconds(
     latency: np.ndarray,
     bandwidth: np.ndarray,
     overhead: float,
+    rule: EngineRule | None = None,
 ) -> np.ndarray:
     """In-column allreduce seconds of :func:`dask_rpm.comm.collective_seconds`, vectorised (0 for k = 1).
 
     Without the receivers' additions (the DP charges those through the
-    bytes); ``halving`` is made non-decreasing in ``k`` (see the code).
+    bytes); ``halving`` is made non-decreasing in ``k`` (see the code). ``mode`` ``"engine"``
+    charges what ``rule`` picks (:func:`resolve_vertical`).
     """
     k = np.asarray(k, dtype=float)
     a = np.asarray(latency, dtype=float)
@@ -100,7 +102,7 @@ def vertical_seconds(
     if mode == "best":
         out = np.minimum.reduce([one(alg) for alg in SCALABLE])
     elif mode == "engine" or mode.startswith("auto:"):
-        v = resolve_vertical(mode)
+        v = resolve_vertical(mode, rule)
         if v.startswith("auto:"):
             # the engine's rule (cost.engine_algorithm): one hop up to K members, else the least.
             # Above K that can cost less than allgather did at K; the DP needs costs that never
@@ -117,13 +119,14 @@ def vertical_seconds(
     return np.where(k <= 1, 0.0, out)
 
 
-def resolve_vertical(mode: str) -> str:
-    """``"engine"`` as what the engine runs now: ``"auto:K"`` (allgather up to K members, else the
-    cheapest of ``leader`` and the scalable schedules) or a name."""
+def resolve_vertical(mode: str, rule: EngineRule | None) -> str:
+    """``"engine"`` as what the engine's ``rule`` runs: ``"auto:K"`` (allgather up to K members,
+    else the cheapest of ``leader`` and the scalable schedules) or a name; other modes as given."""
     if mode != "engine":
         return mode
-    v = str(config.get("engine.vertical"))
-    return f"auto:{int(config.get('engine.allgather-max'))}" if v == "auto" else v
+    if rule is None:
+        raise ValueError('vertical="engine" needs the engine\'s rule (EngineRule.from_config())')
+    return f"auto:{rule.one_hop_max}" if rule.vertical == "auto" else rule.vertical
 
 
 class _RangeMax:
@@ -162,6 +165,7 @@ class _RunCost:
         net: Interconnect,
         vertical: str,
         cap: int,
+        rule: EngineRule | None = None,
     ) -> None:
         n, m, l = shape
         self.prefix = np.concatenate([[0.0], np.cumsum(ps)])
@@ -170,7 +174,7 @@ class _RunCost:
         self.ratio_value = float(ratio.max()) if ratio.max() <= ratio.min() * (1 + 1e-12) else None
         self.ratio = _RangeMax(ratio)
         self.ms, self.ls, self.cap = float(m) * samples, float(l) * samples * net.itemsize, cap
-        self.net, self.vertical = net, resolve_vertical(vertical)
+        self.net, self.vertical = net, resolve_vertical(vertical, rule)
         # link class of a run: the worst class among its members (labels: class rank boundaries)
         self.classes = None
         if labels is not None and net.classes:
@@ -253,7 +257,12 @@ def _sizes(args: np.ndarray, n: int, c_best: int) -> list[int]:
 
 
 def _horizontal_estimate(
-    mode: str, C: np.ndarray, n: int, shape: tuple[int, int, int], net: Interconnect
+    mode: str,
+    C: np.ndarray,
+    n: int,
+    shape: tuple[int, int, int],
+    net: Interconnect,
+    rule: EngineRule | None,
 ) -> np.ndarray:
     """Rough horizontal seconds with ``C`` columns of ``n`` workers (shortlisting only)."""
     _, m, l = shape
@@ -265,11 +274,11 @@ def _horizontal_estimate(
         return vertical_seconds(name, C, nbytes, lat, bw, net.overhead)
 
     if mode == "engine":  # what rpm.engine.horizontal runs (cost.engine_algorithm's rule)
-        setting = str(config.get("engine.horizontal"))
-        if setting == "auto":
+        assert rule is not None  # CostModel.from_config reads it for an "engine" mode
+        if rule.horizontal == "auto":
             least = np.minimum(one_hop, scheduled("best"))
-            return np.where(C <= int(config.get("engine.allgather-max")), one_hop, least)
-        mode = setting
+            return np.where(C <= rule.one_hop_max, one_hop, least)
+        mode = rule.horizontal
     if mode in ("pairwise", "bands"):
         return one_hop
     return scheduled(mode)
@@ -304,6 +313,8 @@ def srpm_time(
     horizontal: str | None = None,
     shortlist: int = 4,
     max_dp_columns: int = 256,
+    model: CostModel | None = None,
+    settings: PlannerSettings | None = None,
 ) -> PlannerResult:
     """SRPM minimising predicted seconds per iteration (see the module doc).
 
@@ -325,6 +336,13 @@ def srpm_time(
     vertical, horizontal
         Exchange algorithms the model charges (``rpm.cost.vertical`` /
         ``rpm.cost.horizontal`` when ``None``).
+    model
+        ``network``, ``vertical`` and ``horizontal`` read once
+        (:class:`~dask_rpm.cost.CostModel`, what :func:`~dask_rpm.planners.make_plan` passes);
+        not together with them.
+    settings
+        ``rpm.planner.*`` (:class:`~dask_rpm.planners.settings.PlannerSettings`); ``None``
+        reads them now.
     shortlist
         How many column counts of the DP are built and predicted exactly.
     max_dp_columns
@@ -333,16 +351,20 @@ def srpm_time(
     """
     p = normalise(abilities)
     N = len(p)
-    net = network_from_config(network)
-    vmode = str(config.get("cost.vertical", vertical))
-    hmode = str(config.get("cost.horizontal", horizontal))
-    r = _absolute_rates(p, rates)
+    if model is None:
+        model = CostModel.from_config(network, vertical=vertical, horizontal=horizontal)
+    elif not (network is None and vertical is None and horizontal is None):
+        raise TypeError("give model= or network/vertical/horizontal, not both")
+    if settings is None:
+        settings = PlannerSettings.from_config()
+    net, vmode, hmode = model.network, model.vertical, model.horizontal
+    r = _absolute_rates(p, rates, settings.rate)
     if dp is not None and not (1 <= dp <= min(N, samples)):
         raise PlanError(
             f"dp={dp} columns must be between 1 and min(workers={N}, samples={samples})"
         )
-    default_snap = float(config.get("planner.small-group"))
-    cands = _Candidates(p, r, shape, samples, net, vmode, hmode, sorted({0.0, default_snap, 0.2}))
+    default_snap = float(settings.small_group)
+    cands = _Candidates(p, r, shape, samples, model, sorted({0.0, default_snap, 0.2}))
     for name, order, labels in _order(p, net, N):
         _sorted_run_candidates(cands, name, order, labels, dp, shortlist, max_dp_columns)
     if dp is None and N <= samples:
@@ -378,11 +400,12 @@ def srpm_time(
 srpm_time.time_objective = True  # type: ignore[attr-defined]
 
 
-def _absolute_rates(p: np.ndarray, rates: Sequence[float] | None) -> np.ndarray:
-    """Each worker's work units per second: given, or abilities scaled by rpm.planner.rate."""
+def _absolute_rates(p: np.ndarray, rates: Sequence[float] | None, rate: float) -> np.ndarray:
+    """Each worker's work units per second: given, or abilities scaled by ``rate``
+    (rpm.planner.rate)."""
     N = len(p)
     if rates is None:
-        return p * N * float(config.get("planner.rate"))
+        return p * N * float(rate)
     r = np.asarray(rates, dtype=float)
     if r.shape != p.shape or not np.all(np.isfinite(r)) or np.any(r <= 0):
         raise PlanError(
@@ -400,13 +423,11 @@ class _Candidates:
         r: np.ndarray,
         shape: tuple[int, int, int],
         samples: int,
-        net: Interconnect,
-        vmode: str,
-        hmode: str,
+        model: CostModel,
         snaps: Sequence[float],
     ) -> None:
-        self.p, self.r, self.shape, self.samples, self.net = p, r, shape, samples, net
-        self.vmode, self.hmode, self.snaps = vmode, hmode, tuple(snaps)
+        self.p, self.r, self.shape, self.samples = p, r, shape, samples
+        self.model, self.net, self.snaps = model, model.network, tuple(snaps)
         #: (predicted seconds, columns, label, real partition, small-group threshold)
         self.built: list[tuple[float, int, str, RealPartition, float]] = []
 
@@ -424,9 +445,7 @@ class _Candidates:
             )
         except PlanError:
             return
-        t = predict_breakdown(
-            plan, list(self.r), network=self.net, vertical=self.vmode, horizontal=self.hmode
-        )["total"]
+        t = predict_breakdown(plan, list(self.r), model=self.model)["total"]
         self.built.append((t, len(part.columns), label, part, snap))
 
     def runs(self, order: np.ndarray, sizes: Sequence[int]) -> RealPartition:
@@ -454,11 +473,14 @@ def _sorted_run_candidates(
     p, r, shape, samples, net = cands.p, cands.r, cands.shape, cands.samples, cands.net
     N, cap = len(p), shape[1]
     need = -(-N // cap)
-    w = _RunCost(p[order], r[order], labels, shape, samples, net, cands.vmode, cap)
+    model = cands.model
+    w = _RunCost(p[order], r[order], labels, shape, samples, net, model.vertical, cap, model.rule)
     last = min(N if dp is None else dp, samples, max_dp_columns if dp is None else N)
     tv, args = time_table(w, N, last)
     cs = np.arange(1, last + 1)
-    est = np.array(tv) + _horizontal_estimate(cands.hmode, cs.astype(float), N, shape, net)
+    est = np.array(tv) + _horizontal_estimate(
+        model.horizontal, cs.astype(float), N, shape, net, model.rule
+    )
     est[cs < need] = np.inf
     if dp is not None:
         pick = [dp]

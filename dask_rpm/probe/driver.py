@@ -21,7 +21,39 @@ from ..ordering import ordered_workers
 from .kernel import MAX_LOOPS, PASSES_PER_TARGET, TRIM, calibrate, robust_mean, t_probe
 from .links import link_class_pairs, measure_links, t_round_trip
 
-__all__ = ["probe_async", "check_args", "clean_seconds", "ProbeArgs", "KernelTimes"]
+__all__ = [
+    "probe_async",
+    "check_args",
+    "clean_seconds",
+    "ProbeArgs",
+    "ProbeSettings",
+    "KernelTimes",
+]
+
+
+class ProbeSettings(NamedTuple):
+    """``rpm.probe.*`` read once (:meth:`from_config`); the kernel probe's three as configured
+    (:func:`check_args` checks them), the link probe's as whole numbers."""
+
+    repeats: int  # timed repetitions after one warm-up
+    max_seconds: float  # kernel-probe budget per worker
+    target_seconds: float  # wall time of one timed repetition
+    link_repeats: int  # tiny and large transfers timed per worker pair
+    link_bytes: int  # size of the large transfer
+    link_pairs: int  # worker pairs whose links are measured (per class)
+
+    @classmethod
+    def from_config(cls, **overrides: Any) -> ProbeSettings:
+        """``rpm.probe.*`` read now, the ``overrides`` (field names) that are not ``None`` winning."""
+        c = config.section("probe", **overrides)
+        return cls(
+            repeats=c["repeats"],
+            max_seconds=c["max_seconds"],
+            target_seconds=c["target_seconds"],
+            link_repeats=int(c["link_repeats"]),
+            link_bytes=int(c["link_bytes"]),
+            link_pairs=int(c["link_pairs"]),
+        )
 
 
 class ProbeArgs(NamedTuple):
@@ -230,12 +262,15 @@ def clean_seconds(seconds: np.ndarray, overran: np.ndarray) -> np.ndarray:
 
 
 async def _link_probe(
-    client: Any, addresses: list[str], token: str, groups: Sequence[Any] | None
+    client: Any,
+    addresses: list[str],
+    token: str,
+    groups: Sequence[Any] | None,
+    settings: ProbeSettings,
 ) -> dict[str, Any]:
     """Latency and bandwidth overall and, with ``groups``, per link class."""
-    repeats = int(config.get("probe.link-repeats"))
-    big_bytes = int(config.get("probe.link-bytes"))
-    per_class = int(config.get("probe.link-pairs"))
+    repeats, big_bytes = settings.link_repeats, settings.link_bytes
+    per_class = settings.link_pairs
     links = await measure_links(
         client, addresses, token, repeats=repeats, big_bytes=big_bytes, pairs=per_class
     )
@@ -404,20 +439,17 @@ async def probe_async(
     names, :mod:`dask_rpm.nn.backend`): each worker is measured where it will train.
     """
     started = time.perf_counter()
+    settings = ProbeSettings.from_config(repeats=repeats, max_seconds=max_seconds)
     args = check_args(
-        shape,
-        samples,
-        config.get("probe.repeats", repeats),
-        config.get("probe.max-seconds", max_seconds),
-        config.get("probe.target-seconds"),
+        shape, samples, settings.repeats, settings.max_seconds, settings.target_seconds
     )
     dtype = str(np.dtype(config.get("train.dtype", dtype)))
     addresses = await _addresses(client, workers)
     if groups is not None:  # one label per worker: refused before anything runs
-        link_class_pairs(addresses, list(groups), int(config.get("probe.link-pairs")))
+        link_class_pairs(addresses, list(groups), settings.link_pairs)
     k = await _kernel_probe(client, addresses, args, dtype, placement)
     link_start = time.perf_counter()
-    links = await _link_probe(client, addresses, k.token, groups)
+    links = await _link_probe(client, addresses, k.token, groups, settings)
     ds = _dataset(k, args, addresses, dtype, links, time.perf_counter() - link_start)
     emulation = await emulation_label_async(client)
     if emulation:

@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 from distributed import get_worker
 
-from .. import config
 from ..emulation import PLUGIN_NAME, pace
 from ..nn.backend import NUMPY, Backend, resolve, synchronize
 from ..nn.kernels import Workspace, block_work, init_weights, kernel_pass
@@ -132,7 +131,7 @@ def _pass_work(plugin: Any, seconds: float, dtype: str) -> float:
     rate = plugin.rates.get(dtype)
     if not rate:
         return 0.0
-    return seconds * float(rate) / float(config.get("emulation.rate-fraction"))
+    return seconds * float(rate) / float(plugin.rate_fraction)  # rpm.emulation.rate-fraction
 
 
 @contextmanager

@@ -9,9 +9,8 @@ from typing import Any
 import xarray as xr
 from distributed import get_client
 
-from .. import config
 from ..comm import LINK_CLASSES, Interconnect, LinkClass, network_from_config
-from .driver import check_args, probe_async
+from .driver import ProbeSettings, check_args, probe_async
 from .links import host
 
 __all__ = ["probe", "probe_network"]
@@ -90,13 +89,8 @@ def probe(
     >>> ds["throughput"] / ds["throughput"].max()  # doctest: +SKIP
     """
     # validate before looking for a client: bad input fails fast and clearly
-    check_args(
-        shape,
-        samples,
-        config.get("probe.repeats", repeats),
-        config.get("probe.max-seconds", max_seconds),
-        config.get("probe.target-seconds"),
-    )
+    settings = ProbeSettings.from_config(repeats=repeats, max_seconds=max_seconds)
+    check_args(shape, samples, settings.repeats, settings.max_seconds, settings.target_seconds)
     if client is None:
         client = get_client()
     if groups is not None and workers is not None and len(groups) != len(workers):

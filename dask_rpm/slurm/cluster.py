@@ -349,10 +349,8 @@ class HeterogeneousSLURMCluster(SLURMCluster):
         seconds is not resubmitted any more (its jobs keep failing); the log says so once.
         """
         replaced: dict[str, str] = {}
-        limit, window = (
-            int(config.get("slurm.replace-max")),
-            float(config.get("slurm.replace-window")),
-        )
+        slurm = config.section("slurm")  # read once per call
+        limit, window = int(slurm["replace_max"]), float(slurm["replace_window"])
         now = time.monotonic()
         for job in await asyncio.get_running_loop().run_in_executor(None, self.lost_jobs):
             group = self._job_group[job]
