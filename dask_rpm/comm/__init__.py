@@ -1,10 +1,12 @@
-"""Communication between workers: the network model, the exchange schedules and their cost.
+"""Communication between workers: the one home of the exchange.
 
-Pure (numpy only). :mod:`~dask_rpm.comm.network` holds the link classes and the network
-parameters, :mod:`~dask_rpm.comm.schedules` the schedules of a collective (who sends what to
-whom in each round), :mod:`~dask_rpm.comm.collectives` their cost in seconds and the one rule
-that picks the engine's algorithm, :mod:`~dask_rpm.comm.exchange` how a worker applies a
-schedule's rounds.
+Pure (asyncio and numpy; no ``distributed``). :mod:`~dask_rpm.comm.network` holds the link
+classes and the network parameters, :mod:`~dask_rpm.comm.schedules` the schedules of a
+collective (who sends what to whom in each round), :mod:`~dask_rpm.comm.cost` their cost in
+seconds and the one rule that picks the engine's algorithm (:func:`engine_algorithm`,
+:func:`engine_horizontal`), :mod:`~dask_rpm.comm.exchange` how a worker applies a schedule's
+rounds, :mod:`~dask_rpm.comm.mailbox` a worker's messages of one run (the transport
+injected), and :mod:`~dask_rpm.comm.collectives` the named collectives the block loop calls.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .._lazy import lazy_attributes
-from .collectives import (
+from .cost import (
     ENGINE_HORIZONTAL,
     ENGINE_VERTICAL,
     HORIZONTAL_MODES,

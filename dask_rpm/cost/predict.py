@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..comm.collectives import (
+from ..comm.cost import (
     HORIZONTAL_MODES,
     VERTICAL_MODES,
     EngineRule,

@@ -45,14 +45,14 @@ from typing import Any
 
 import numpy as np
 
-from ..comm.mailbox import BlockAborted, PeerError
-from ..comm.ops import (
+from ..comm.collectives import (
     Channel,
     column_allgather,
     column_reduce,
     column_reduce_scatter,
     row_allreduce,
 )
+from ..comm.mailbox import BlockAborted, PeerError
 from ..nn import backend as xb
 from ..nn.kernels import layer_work, rectangle_work
 from ..nn.optim import mean_gradient, penalty
