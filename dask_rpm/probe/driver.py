@@ -17,6 +17,7 @@ import xarray as xr
 
 from .. import config
 from ..emulation import emulation_label_async
+from ..nn.backend import Placement
 from ..ordering import ordered_workers
 from .kernel import MAX_LOOPS, PASSES_PER_TARGET, TRIM, calibrate, robust_mean, t_probe
 from .links import link_class_pairs, measure_links, t_round_trip
@@ -150,7 +151,7 @@ async def _kernel_probe(
     addresses: list[str],
     args: ProbeArgs,
     dtype: str,
-    placement: tuple[str, str] = ("numpy", "cpu"),
+    placement: Placement,
 ) -> KernelTimes:
     """Warm-up, then timed repetitions of the probe block on every worker at once."""
     n_workers = len(addresses)
@@ -431,12 +432,13 @@ async def probe_async(
     repeats: int | None = None,
     max_seconds: float | None = None,
     groups: Sequence[Any] | None = None,
-    placement: tuple[str, str] = ("numpy", "cpu"),
+    placement: Placement | None = None,
 ) -> xr.Dataset:
     """Asynchronous :func:`dask_rpm.probe.probe` (same parameters, an asynchronous client).
 
     ``fit(..., abilities="probe")`` awaits it, with the run's ``placement`` (backend and device
-    names, :mod:`dask_rpm.nn.backend`): each worker is measured where it will train.
+    names, :class:`dask_rpm.nn.backend.Placement`; None: ``rpm.engine.backend`` / ``device``, as
+    ``fit`` would): each worker is measured where it will train.
     """
     started = time.perf_counter()
     settings = ProbeSettings.from_config(repeats=repeats, max_seconds=max_seconds)
@@ -447,7 +449,7 @@ async def probe_async(
     addresses = await _addresses(client, workers)
     if groups is not None:  # one label per worker: refused before anything runs
         link_class_pairs(addresses, list(groups), settings.link_pairs)
-    k = await _kernel_probe(client, addresses, args, dtype, placement)
+    k = await _kernel_probe(client, addresses, args, dtype, placement or Placement.of())
     link_start = time.perf_counter()
     links = await _link_probe(client, addresses, k.token, groups, settings)
     ds = _dataset(k, args, addresses, dtype, links, time.perf_counter() - link_start)

@@ -18,7 +18,7 @@ import numpy as np
 from distributed import get_worker
 
 from ..emulation import PLUGIN_NAME, pace
-from ..nn.backend import NUMPY, Backend, resolve, synchronize
+from ..nn.backend import NUMPY, Backend, Placement, resolve, synchronize
 from ..nn.kernels import Workspace, block_work, init_weights, kernel_pass
 from ..runtime.threads import blas_threads, kernel_threads, threads_setting
 
@@ -70,7 +70,7 @@ def t_probe(
     dtype: str,
     seed: int,
     pass_seconds: float = 0.0,
-    placement: tuple[str, str] = ("numpy", "cpu"),
+    placement: tuple[str, str] = Placement(),
 ) -> tuple[float, int, float]:
     """One repetition on a worker: ``loops`` kernel passes in one paced block.
 
