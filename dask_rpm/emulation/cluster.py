@@ -18,6 +18,7 @@ from .._distributed import parse_memory_limit
 from ..comm import Interconnect
 from ..runtime.closing import quiet_when_closing
 from ..runtime.gpus import GPU_RESOURCE
+from ..runtime.threads import limit_blas
 from .gpu import gpu_label, local_gpu_workers, worker_gpu_env
 from .links import EmulatedLinks, LinkEmulationPlugin, emulated_links
 from .pacing import BLAS_VARS, EmulationPlugin
@@ -100,7 +101,7 @@ class EmulatedCluster(SpecCluster):
         workers = self._worker_specs(silence_logs, worker_kwargs, settings)
         # In-process workers share this process's BLAS: pin it here while the
         # cluster lives (limitation: the client's own numpy is pinned too).
-        self._limiter = None if processes else _limit_blas_here(self.threads_per_worker)
+        self._limiter = None if processes else limit_blas(self.threads_per_worker)
         super().__init__(
             scheduler=_scheduler_spec(processes, dashboard_address, scheduler_kwargs),
             workers=workers,
@@ -434,20 +435,6 @@ def local_cluster(
         gpus=gpus,
         **kwargs,
     )
-
-
-def _limit_blas_here(threads: int) -> Any:
-    """Limit this process's BLAS pools to ``threads`` (threadpoolctl); the limiter, or None."""
-    try:
-        import numpy  # noqa: F401  (load BLAS now so the limit reaches it)
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover
-        logger.warning(
-            "threadpoolctl not installed: BLAS threads not pinned "
-            "for processes=False; pace() may under-count CPU time"
-        )
-        return None
-    return threadpool_limits(limits=threads)
 
 
 def _scheduler_spec(

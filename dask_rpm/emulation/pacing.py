@@ -27,6 +27,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from .._distributed import Status
 from ..runtime.hooks import worker_hooks
+from ..runtime.threads import limit_blas
 from .profile import PLUGIN_NAME, check_speed, parse_schedule
 from .rate import calibrate_rate
 from .settings import EmulationSettings
@@ -344,17 +345,11 @@ def pin_blas(nthreads: int) -> Any:
     """Pin BLAS/OpenMP thread pools of *this process* to ``nthreads``.
 
     Environment variables cover libraries loaded later (and child processes);
-    threadpoolctl covers ones already loaded. Returns the limiter (or None).
+    threadpoolctl covers ones already loaded. Returns the limiter.
     """
     for var in BLAS_VARS:
         os.environ[var] = str(nthreads)
-    try:
-        import numpy  # noqa: F401  (load BLAS now so the limit below reaches it)
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover - threadpoolctl is optional
-        logger.warning("threadpoolctl not installed: BLAS threads pinned only by environment")
-        return None
-    return threadpool_limits(limits=nthreads)
+    return limit_blas(nthreads)
 
 
 # --------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..nn.kernels import Workspace, block_work, kernel_pass
+from ..runtime.threads import limit_blas
 
 __all__ = ["calibrate_rate", "process_rate"]
 
@@ -44,12 +45,7 @@ def calibrate_rate(
     )
     ws = Workspace(s, m, n, l, dtype)
     work = block_work("forward", s, m, n, l) + block_work("backward", s, m, n, l)
-    try:  # one BLAS thread, as on the workers
-        from threadpoolctl import threadpool_limits
-
-        limiter: Any = threadpool_limits(limits=1)
-    except ImportError:  # pragma: no cover - then process time counts every BLAS thread
-        limiter = None
+    limiter = limit_blas(1)  # one BLAS thread, as on the workers
     cpu = []
     try:
         for i in range(repeats + 1):
@@ -58,8 +54,7 @@ def calibrate_rate(
             if i:  # the first pass warms caches and BLAS up
                 cpu.append(time.process_time() - c0)
     finally:
-        if limiter is not None:
-            limiter.restore_original_limits()
+        limiter.restore_original_limits()
     cpu.sort()
     return work / max(cpu[len(cpu) // 2], 1e-9)
 

@@ -20,7 +20,7 @@ from distributed import get_worker
 from ..emulation import PLUGIN_NAME, pace
 from ..nn.backend import NUMPY, Backend, Placement, resolve, synchronize
 from ..nn.kernels import Workspace, block_work, init_weights, kernel_pass
-from ..runtime.threads import blas_threads, kernel_threads, threads_setting
+from ..runtime.threads import blas_threads, kernel_threads, limit_blas, threads_setting
 
 __all__ = [
     "block_data",
@@ -191,12 +191,7 @@ def calibrate(n: int, m: int, l: int, s: int, dtype: str, target: float) -> tupl
     limited to one thread, like the workers' (only the block *size* depends
     on it; the abilities come from the workers' own timings).
     """
-    try:
-        from threadpoolctl import threadpool_limits
-
-        limiter: Any = threadpool_limits(limits=1)
-    except ImportError:  # pragma: no cover - threadpoolctl is optional
-        limiter = None
+    limiter = limit_blas(1)
     try:
         # a cheap flop estimate first, so the first timed block is never huge
         flops = 4.0 * m * s * (n + 1.5 * l) + 1.0
@@ -216,8 +211,7 @@ def calibrate(n: int, m: int, l: int, s: int, dtype: str, target: float) -> tupl
             m, s = shrink(m, s, 0.8 * target / t)
         return m, s, max(t, 1e-7)
     finally:
-        if limiter is not None:
-            limiter.restore_original_limits()
+        limiter.restore_original_limits()
 
 
 def shrink(m: int, s: int, factor: float) -> tuple[int, int]:

@@ -38,9 +38,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import numpy  # noqa: F401  (loaded before any limit, so that the limits reach its BLAS)
+from threadpoolctl import ThreadpoolController, threadpool_limits
+
 from .. import config
 
-__all__ = ["threads_setting", "kernel_threads", "blas_threads"]
+__all__ = ["threads_setting", "kernel_threads", "blas_threads", "limit_blas"]
 
 _lock = threading.Lock()
 _active: list[int] = []  # the thread counts of the blocks running in this process
@@ -80,22 +83,22 @@ def _controller() -> Any:
     otherwise), again when numpy or torch has been loaded since (each brings its own pools)."""
     key = ("numpy" in sys.modules, "torch" in sys.modules)
     if key not in _controllers:
-        try:  # threadpoolctl is a dependency; a broken install only loses the speed-up
-            from threadpoolctl import ThreadpoolController
-        except ImportError:  # pragma: no cover
-            return None
         _controllers[key] = ThreadpoolController()
     return _controllers[key]
+
+
+def limit_blas(threads: int) -> Any:
+    """Limit this process's loaded BLAS and OpenMP pools to ``threads``: a limiter, in effect
+    until its ``restore()`` or the end of its ``with`` block (threadpoolctl). For a process's
+    own pinning (an EMULATED worker, a timing on the client); a worker's kernels during a block
+    use :func:`kernel_threads`."""
+    return threadpool_limits(limits=threads)
 
 
 def blas_threads() -> int:
     """The threads this process's BLAS libraries use now (the smallest, if several; 1 without)."""
     ctl = _controller()
-    counts = (
-        []
-        if ctl is None
-        else [int(i["num_threads"]) for i in ctl.info() if i["user_api"] == "blas"]
-    )
+    counts = [int(i["num_threads"]) for i in ctl.info() if i["user_api"] == "blas"]
     return min(counts) if counts else 1
 
 
