@@ -486,7 +486,7 @@ def _drpm_state(
     """DRPM's state for ``mapping="drpm"`` (else None); ``saved``: a resumed run's, restored."""
     if opts.mapping != "drpm":
         return None
-    drpm = DRPMState(initial_abilities=given, auto=opts.auto_interval)
+    drpm = DRPMState(initial_abilities=given, auto=opts.auto_interval, settings=opts.drpm)
     if saved is not None:
         drpm.restore(saved, n_workers)
         logger.info(

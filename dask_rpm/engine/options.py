@@ -13,6 +13,7 @@ import numpy as np
 
 from .. import config
 from ..drpm.policy import first_interval
+from ..drpm.settings import DRPMSettings
 from ..nn.backend import Placement
 from ..nn.data import DataError
 from ..nn.prepare import Prepared
@@ -110,6 +111,9 @@ class RunOptions:
     placement: Placement = Placement()
     #: set by :meth:`resolved`
     engine: EngineSettings = EngineSettings()
+    #: set by :meth:`resolved`: ``rpm.drpm.*``, read once for the run (interval, DRPM's checks,
+    #: the idle choice of the first plan)
+    drpm: DRPMSettings | None = None
 
     def resolved(self) -> RunOptions:
         """These options with the ``rpm.*`` defaults read once and every value checked.
@@ -119,8 +123,9 @@ class RunOptions:
         """
         train, ckpt = config.section("train"), config.section("checkpoint")
         mapping = _mapping(train["mapping"] if self.mapping is None else self.mapping)
+        drpm = DRPMSettings.from_config()
         try:  # with R="auto" the first check comes after one estimation window
-            interval, auto = first_interval(self.interval)
+            interval, auto = first_interval(self.interval, settings=drpm)
         except ValueError as exc:
             raise DataError(str(exc)) from None
         on_loss = self.on_worker_loss or train["on_worker_loss"]
@@ -161,6 +166,7 @@ class RunOptions:
             threads=threads,
             placement=Placement.of(self.backend, self.device),
             engine=EngineSettings.from_config(),
+            drpm=drpm,
         )
 
 

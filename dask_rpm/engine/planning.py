@@ -7,7 +7,7 @@ import logging
 import time
 from typing import Any
 
-from .. import config
+from ..drpm.settings import DRPMSettings
 from ..nn.prepare import Prepared
 from ..plan.partition import Plan, PlanError
 from ..planners import make_plan
@@ -34,13 +34,14 @@ def resolve_plan(
     network: Any = None,
     cost_shape: tuple[int, int, int] | None = None,
     idle: bool | None = None,
+    min_gain: float | None = None,
 ) -> Plan:
     """Turn ``mapping`` (a method name or a Plan) into a plan bound to worker addresses.
 
     ``rates`` (work units per second) and ``network``: measured by the probe, for the planners
     that minimise predicted seconds (``srpm-time``), and for any planner with ``idle=True``
     (DRPM's first plan: workers whose messages cost more than their share saves stay idle);
-    the others ignore them."""
+    the others ignore them; ``min_gain`` is the idle choice's (None: ``rpm.drpm.min-gain``)."""
     if not isinstance(mapping, Plan):
         abilities = [1.0] * len(addresses) if abilities is None else list(abilities)
         if len(abilities) != len(addresses):
@@ -60,7 +61,7 @@ def resolve_plan(
             network=network,
             cost_shape=cost_shape,
             idle=idle,
-            min_gain=float(config.get("drpm.min-gain")) if idle else None,
+            min_gain=_min_gain(min_gain) if idle else None,
         )
     plan = mapping
     if plan.workers is not None:
@@ -83,6 +84,11 @@ def resolve_plan(
             f"the data and network are {'-'.join(map(str, shape))} with {samples} samples"
         )
     return plan.validate()
+
+
+def _min_gain(given: float | None) -> float:
+    """The gain an idle choice must bring: ``given``, else ``rpm.drpm.min-gain``."""
+    return DRPMSettings.from_config().min_gain if given is None else given
 
 
 async def wait_for_workers(client: Any, min_workers: int, timeout: float) -> dict[str, Any]:
@@ -187,6 +193,7 @@ async def first_plan(
         rates=rates,
         network=network,
         cost_shape=data.layers.cost_shape if data.layers.depth > 1 else None,
-        idle=opts.mapping == "drpm" and bool(config.get("drpm.idle")),
+        idle=opts.mapping == "drpm" and opts.drpm is not None and opts.drpm.idle,
+        min_gain=None if opts.drpm is None else opts.drpm.min_gain,
     )
     return plan, info, probe_result, given, False
