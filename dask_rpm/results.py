@@ -40,6 +40,7 @@ __all__ = [
     "plans_dataset",
     "plot_plan",
     "plot_result",
+    "save_figure",
     "validation_rows",
 ]
 
@@ -258,8 +259,9 @@ def plot_plan(plan: Any, ax: Any = None, *, title: str | None = None, labels: bo
     return ax
 
 
-def _save_atomically(fig: Any, path: Any, **kwargs: Any) -> None:
-    """Save ``fig`` to ``path`` via a temporary file in the same directory (no half-written file)."""
+def save_figure(fig: Any, path: Any, **kwargs: Any) -> None:
+    """Save a matplotlib figure ``fig`` to ``path`` via a temporary file in the same directory (no
+    half-written file; the format from the extension, ``kwargs`` to ``savefig``)."""
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
@@ -341,7 +343,7 @@ def plot_result(
         title += f"\n{result.emulation}"
     fig.suptitle(title, fontsize=11)
     if path is not None:
-        _save_atomically(fig, path, dpi=dpi)
+        save_figure(fig, path, dpi=dpi)
     return fig
 
 

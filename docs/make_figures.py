@@ -21,7 +21,7 @@ from matplotlib.figure import Figure
 
 from dask_rpm import make_plan
 from dask_rpm.drpm.remap import column_remap
-from dask_rpm.results import _save_atomically, plot_plan
+from dask_rpm.results import plot_plan, save_figure
 
 ABILITIES = [0.05, 0.10, 0.20, 0.30, 0.35]
 SHAPE = (203, 80, 26)
@@ -63,7 +63,7 @@ def main() -> int:
         "(paper's example: abilities 0.05, 0.10, 0.20, 0.30, 0.35)",
         fontsize=11,
     )
-    _save_atomically(fig, out, dpi=90)
+    save_figure(fig, out, dpi=90)
     print(f"wrote {out}")
     return 0
 

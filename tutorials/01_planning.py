@@ -90,10 +90,10 @@ def main() -> None:
     )
 
     if args.png:
-        from dask_rpm.results import _save_atomically, plot_plan
+        from dask_rpm.results import plot_plan, save_figure
 
         ax = plot_plan(plan, title="SRPM plan of the paper's worked example")
-        _save_atomically(ax.figure, args.png, dpi=100)
+        save_figure(ax.figure, args.png, dpi=100)
         print(f"\nsaved the drawing to {args.png}")
 
 
