@@ -607,8 +607,9 @@ def _serial_check(
     W0, V0 = init
     iterations = int(r.history.sizes["iteration"])
     kw = dict(hidden=hidden, iterations=iterations, learning_rate=lr)
-    W, V, err = fit_serial(x, d, init=(W0, V0), **kw)
-    Wp, Vp, _ = fit_serial(x, d, init=(W0 + 1e-15, V0), **kw)
+    ref = fit_serial(x, d, init=(W0, V0), **kw)
+    (W, V), err = ref.params, ref.errors
+    Wp, Vp = fit_serial(x, d, init=(W0 + 1e-15, V0), **kw).params
     conditioning = max(norm_diff(Wp, W), norm_diff(Vp, V))
     diff = max(rel_diff(r.params[0], W), rel_diff(r.params[-1], V))
     diff_err = rel_diff(r.history["error"].values, err)

@@ -91,7 +91,7 @@ def exactness(client: Client, backend: str, log: Any) -> dict[str, float]:
         loss="cross-entropy",
         batch_size=32,
     )
-    ref = fit_serial(x, d, full_output=True, **kw)
+    ref = fit_serial(x, d, **kw)
     out: dict[str, float] = {}
     n = len(client.scheduler_info()["workers"])
     plans: dict[str, Any] = {"drpm": "drpm"}
@@ -105,7 +105,7 @@ def exactness(client: Client, backend: str, log: Any) -> dict[str, float]:
         r = fit(
             x, d, mapping=mapping, interval=4, progress="none", backend=backend, client=client, **kw
         )
-        out[name] = rel(ref["params"], list(r.params))
+        out[name] = rel(ref.params, list(r.params))
         out[f"{name}-remaps"] = len(r.remaps)
         log(
             f"  exact {name:13s} rel {out[name]:.2e}  backends {sorted(set(r.stats['backend'].values()))}"
@@ -134,7 +134,7 @@ def exactness(client: Client, backend: str, log: Any) -> dict[str, float]:
         client=client,
         **kw,
     )
-    out["resume"] = rel(ref["params"], list(r.params))
+    out["resume"] = rel(ref.params, list(r.params))
     log(f"  exact resume        rel {out['resume']:.2e}")
     return out
 

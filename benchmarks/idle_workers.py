@@ -89,7 +89,7 @@ def one_mix(name: str, speeds: tuple[float, ...], args: argparse.Namespace) -> d
     exact: dict[str, float] = {}
 
     def check(arm: str, r: Any, iterations: int) -> None:
-        W, V, _ = serial[iterations]
+        W, V = serial[iterations].params
         exact[arm] = max(exact.get(arm, 0.0), _rel(r.params[0], W), _rel(r.params[-1], V))
 
     with (

@@ -99,7 +99,7 @@ def run(repeats: int, iterations: int, across: tuple[float, float]) -> dict[str,
     x, d = _data()
     m = SHAPE[1]
     lr = 1e-5
-    W0, V0, _ = dask_rpm.fit_serial(x, d, hidden=m, iterations=iterations, learning_rate=lr)
+    W0, V0 = dask_rpm.fit_serial(x, d, hidden=m, iterations=iterations, learning_rate=lr).params
     t0 = time.perf_counter()
     with (
         dask_rpm.local_cluster(

@@ -51,9 +51,9 @@ def run(n: int, batch_sizes: list[int], iterations: int, interval: int) -> list[
         print(f"N={n}: {cluster.emulation_label}", file=sys.stderr, flush=True)
         for b in batch_sizes:
             lr = 0.5 / (b * m)
-            W, V, _ = fit_serial(
+            W, V = fit_serial(
                 x, d, hidden=m, iterations=iterations, learning_rate=lr, seed=0, batch_size=b
-            )
+            ).params
             c_set = make_plan(speeds, shape, s, method="srpm").n_columns
             c_batch = make_plan(speeds, shape, b, method="srpm").n_columns
             arms = {

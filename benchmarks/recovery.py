@@ -90,7 +90,7 @@ def main() -> None:
     a = ap.parse_args()
     x, d = digits()
     s, n, l, m = x.shape[0], x.shape[1], d.shape[1], a.hidden
-    W, V, _ = fit_serial(x, d, hidden=m, iterations=a.iterations, learning_rate=0.005, seed=0)
+    W, V = fit_serial(x, d, hidden=m, iterations=a.iterations, learning_rate=0.005, seed=0).params
     h = m // 4
     plans = {
         "columns": Plan.from_columns(

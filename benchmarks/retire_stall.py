@@ -71,7 +71,7 @@ def one_run(at: int, iterations: int, seed: int, interval: int, hidden: int) -> 
             progress="none",
             **kw,
         )
-    W_serial = fit_serial(x, d, **kw)[0]
+    W_serial = fit_serial(x, d, **kw).params[0]
     lost = [rec for rec in r.remaps if victim in (rec.get("lost") or ())]
     return {
         "stall_seconds": marks.get("resumed", float("nan")) - marks.get("retire", float("nan")),

@@ -58,7 +58,7 @@ from dask_rpm.nn.backend import NUMPY, Backend, BackendError  # noqa: E402
 from dask_rpm.nn.kernels import Workspace, all_finite, init_params  # noqa: E402
 from dask_rpm.nn.layers import Layers  # noqa: E402
 from dask_rpm.nn.network import Network  # noqa: E402
-from dask_rpm.nn.serial import fit_serial  # noqa: E402
+from dask_rpm.nn.serial import SerialResult, fit_serial  # noqa: E402
 from dask_rpm.plan.partition import Plan  # noqa: E402
 
 TORCH = Backend("torch", "cpu")
@@ -507,35 +507,35 @@ def _rel(a, b) -> float:
 def _serial(x, d, init, kw, check=True, stops=False):
     """numpy fit_serial's result; with ``check`` also that the problem is well conditioned and that
     the weights moved (a comparison of two no-ops would mean nothing)."""
-    ref = fit_serial(x, d, init=init, full_output=True, **ON_NUMPY, **kw)
+    ref = fit_serial(x, d, init=init, **ON_NUMPY, **kw)
     if not stops:
-        assert ref["stopped"] is None and ref["iterations"] == kw["iterations"]
+        assert ref.stopped is None and ref.iterations == kw["iterations"]
     if check:
         if init is not None:
-            other = fit_serial(x, d, init=_perturbed(init), full_output=True, **ON_NUMPY, **kw)
+            other = fit_serial(x, d, init=_perturbed(init), **ON_NUMPY, **kw)
         else:  # the seeded default weights: change the learning rate by 1e-12 instead (still tiny)
             lr = kw["learning_rate"] * (1.0 + 1e-12)
-            other = fit_serial(x, d, full_output=True, **ON_NUMPY, **dict(kw, learning_rate=lr))
-        assert other["iterations"] == ref["iterations"]
-        change = _rel(other["params"], ref["params"])
+            other = fit_serial(x, d, **ON_NUMPY, **dict(kw, learning_rate=lr))
+        assert other.iterations == ref.iterations
+        change = _rel(other.params, ref.params)
         assert change < 1e-12, (
             f"ill-conditioned problem ({change:.2e}): the comparison means nothing"
         )
-        start = fit_serial(x, d, init=init, full_output=True, **ON_NUMPY, **dict(kw, iterations=1))
-        moved = _rel(ref["params"], start["params"])
+        start = fit_serial(x, d, init=init, **ON_NUMPY, **dict(kw, iterations=1))
+        moved = _rel(ref.params, start.params)
         assert moved > 1e-4, f"the weights barely moved ({moved:.2e})"
     return ref
 
 
 def _assert_equal(r, ref, errors=None):
     """The result ``r`` (a FitResult or a serial result) equals the serial ``ref``."""
-    params = r["params"] if isinstance(r, dict) else r.params
-    got_err = r["errors"] if isinstance(r, dict) else r.history["error"].values
-    assert len(params) == len(ref["params"])
-    for got, want in zip(params, ref["params"]):
+    params = r.params
+    got_err = r.errors if isinstance(r, SerialResult) else r.history["error"].values
+    assert len(params) == len(ref.params)
+    for got, want in zip(params, ref.params):
         assert isinstance(got, np.ndarray) and got.shape == want.shape
         np.testing.assert_allclose(got, want, rtol=RTOL, atol=1e-14 * np.abs(want).max())
-    want_err = ref["errors"] if errors is None else errors
+    want_err = ref.errors if errors is None else errors
     np.testing.assert_allclose(got_err, want_err, rtol=RTOL, atol=0)
 
 
@@ -567,18 +567,14 @@ def test_fit_serial_on_torch_equals_numpy(case):
     x, d, init = _problem(head, depth, bias, seed=depth)
     kw = _kw(depth, head, act, opt, bias, batch)
     ref = _serial(x, d, init, kw)
-    got = fit_serial(x, d, init=init, full_output=True, **ON_TORCH, **kw)
+    got = fit_serial(x, d, init=init, **ON_TORCH, **kw)
     _assert_equal(got, ref)
-    assert got["iterations"] == ref["iterations"] and got["stopped"] is None
-    assert set(got["optimizer_state"]) == set(ref["optimizer_state"])
-    for slot, arrays in ref["optimizer_state"].items():
-        for a, b in zip(got["optimizer_state"][slot], arrays):
+    assert got.iterations == ref.iterations and got.stopped is None
+    assert set(got.optimizer_state) == set(ref.optimizer_state)
+    for slot, arrays in ref.optimizer_state.items():
+        for a, b in zip(got.optimizer_state[slot], arrays):
             assert isinstance(a, np.ndarray)
             _rel_close(a, b, RTOL)
-    if depth == 1:  # the (W, V, err) form too
-        W, V, err = fit_serial(x, d, init=init, **ON_TORCH, **kw)
-        assert np.array_equal(W, got["W"]) and np.array_equal(V, got["V"])
-        assert np.array_equal(err, got["errors"])
 
 
 def test_fit_serial_on_torch_with_a_penalty_on_the_batch_mean_equals_numpy():
@@ -595,11 +591,9 @@ def test_fit_serial_on_torch_with_a_penalty_on_the_batch_mean_equals_numpy():
             reduction="mean",
         )
         ref = _serial(x, d, init, kw)
-        no_penalty = fit_serial(
-            x, d, init=init, full_output=True, **ON_NUMPY, **dict(kw, alpha=0.0)
-        )
-        assert _rel(no_penalty["params"], ref["params"]) > 1e-6  # the penalty matters here
-        _assert_equal(fit_serial(x, d, init=init, full_output=True, **ON_TORCH, **kw), ref)
+        no_penalty = fit_serial(x, d, init=init, **ON_NUMPY, **dict(kw, alpha=0.0))
+        assert _rel(no_penalty.params, ref.params) > 1e-6  # the penalty matters here
+        _assert_equal(fit_serial(x, d, init=init, **ON_TORCH, **kw), ref)
 
 
 def test_fit_serial_on_torch_with_early_stopping_equals_numpy():
@@ -617,12 +611,12 @@ def test_fit_serial_on_torch_with_early_stopping_equals_numpy():
         tol=1e-2,
     )
     ref = _serial(x, d, init, kw, stops=True)
-    assert ref["stopped"].startswith("early stopping") and ref["iterations"] < 200
-    got = fit_serial(x, d, init=init, full_output=True, **ON_TORCH, **kw)
-    assert got["stopped"] == ref["stopped"] and got["iterations"] == ref["iterations"]
+    assert ref.stopped.startswith("early stopping") and ref.iterations < 200
+    got = fit_serial(x, d, init=init, **ON_TORCH, **kw)
+    assert got.stopped == ref.stopped and got.iterations == ref.iterations
     _assert_equal(got, ref)
-    assert len(got["validation"]) == len(ref["validation"]) >= 3
-    for a, b in zip(got["validation"], ref["validation"]):
+    assert len(got.validation) == len(ref.validation) >= 3
+    for a, b in zip(got.validation, ref.validation):
         assert a.iteration == b.iteration and a.accuracy == b.accuracy
         assert a.loss == pytest.approx(b.loss, rel=RTOL)
 
@@ -997,7 +991,7 @@ def test_fit_on_torch_resumed_from_an_on_checkpoint_state_equals_serial(client4)
     )
     assert r.stats["start"]["iteration"] == 10
     assert list(r.history["iteration"].values) == list(range(10, 24))
-    _assert_equal(r, ref, errors=ref["errors"][10:])
+    _assert_equal(r, ref, errors=ref.errors[10:])
     assert all(np.array_equal(a, b) for a, b in zip(arrays, before))  # the workers trained copies
 
 
@@ -1033,7 +1027,7 @@ def test_fit_on_torch_resumed_from_a_checkpoint_store_equals_serial(client4, tmp
     )
     assert r.stats["start"] == {**r.stats["start"], "iteration": 10, "from": "checkpoint store"}
     assert list(r.history["iteration"].values) == list(range(10, 24))
-    _assert_equal(r, ref, errors=ref["errors"][10:])
+    _assert_equal(r, ref, errors=ref.errors[10:])
 
 
 # ------------------------------------------------------------------------------- 6. MIXED cluster

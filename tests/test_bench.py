@@ -154,7 +154,7 @@ def test_ddp_peer_runs_with_torch():
     from dask_rpm.nn.network import Network
     from dask_rpm.nn.recipe import forward
 
-    W, V, _ = fit_serial(x, d, hidden=4, iterations=2, learning_rate=0.01)
+    W, V = fit_serial(x, d, hidden=4, iterations=2, learning_rate=0.01).params
     h = forward(x[:32], [W, V], Network())  # the paper's network: sigmoid hidden and outputs
     assert res["error"] == pytest.approx(0.5 * float(((h - d[:32]) ** 2).sum()), rel=1e-9)
 
@@ -258,9 +258,13 @@ def test_minibatch_methods_train_the_serial_batches(mini):
     ]
     lr = bench.bench_learning_rate(case)
     assert lr == 0.5 / (32 * m)
-    W32, V32, _ = fit_serial(x, d, hidden=m, iterations=8, learning_rate=lr, seed=0, batch_size=32)
-    W64, V64, _ = fit_serial(x, d, hidden=m, iterations=8, learning_rate=lr, seed=0, batch_size=64)
-    Wf, Vf, _ = fit_serial(x, d, hidden=m, iterations=8, learning_rate=lr, seed=0)
+    W32, V32 = fit_serial(
+        x, d, hidden=m, iterations=8, learning_rate=lr, seed=0, batch_size=32
+    ).params
+    W64, V64 = fit_serial(
+        x, d, hidden=m, iterations=8, learning_rate=lr, seed=0, batch_size=64
+    ).params
+    Wf, Vf = fit_serial(x, d, hidden=m, iterations=8, learning_rate=lr, seed=0).params
     assert bench.weights_difference((W64, V64), (W32, V32)) > 1e-6
     assert bench.weights_difference((Wf, Vf), (W32, V32)) > 1e-6
     # the bench's reference is fit_serial at the case's batch size and learning rate
@@ -369,7 +373,7 @@ def test_ddp_peer_trains_a_deep_network_like_fit_serial():
     )
     assert [p.shape for p in res["params"]] == [(5, 6), (4, 5), (3, 4), (2, 3)]
     ref = fit_serial(x, d, hidden=(5, 4, 3), iterations=5, learning_rate=lr, seed=0, batch_size=32)
-    assert bench.weights_difference(res["params"], ref["params"]) < 1e-12
+    assert bench.weights_difference(res["params"], ref.params) < 1e-12
 
 
 def test_weights_difference():
@@ -425,9 +429,9 @@ def test_ddp_peer_trains_the_same_minibatches():
         batch_size=32,
     )  # 3 batches per epoch, a new shuffled order in epochs 1 and 2
     assert len(res["times"]) == 7 and all(t > 0 for t in res["times"])
-    W, V, _ = fit_serial(x, d, hidden=4, iterations=7, learning_rate=lr, seed=0, batch_size=32)
+    W, V = fit_serial(x, d, hidden=4, iterations=7, learning_rate=lr, seed=0, batch_size=32).params
     assert bench.weights_difference(res["params"], (W, V)) < 1e-12
-    Wf, Vf, _ = fit_serial(x, d, hidden=4, iterations=7, learning_rate=lr, seed=0)
+    Wf, Vf = fit_serial(x, d, hidden=4, iterations=7, learning_rate=lr, seed=0).params
     assert bench.weights_difference(res["params"], (Wf, Vf)) > 1e-6
 
 

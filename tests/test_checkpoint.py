@@ -109,7 +109,8 @@ def test_resume_from_a_worker_written_store_equals_uninterrupted_and_serial(clie
         whole.stats["start"]["from"] == "initial weights"
         and whole.stats["start"]["client_bytes"] > 0
     )
-    W, V, err = fit_serial(x, d, hidden=M, iterations=40, learning_rate=0.02, optimizer=OPT, seed=0)
+    ref = fit_serial(x, d, hidden=M, iterations=40, learning_rate=0.02, optimizer=OPT, seed=0)
+    (W, V), err = ref.params, ref.errors
     _assert_equal(resumed, whole.params)
     _assert_equal(resumed, (W, V))
     np.testing.assert_allclose(resumed.history["error"].values, err[20:], rtol=RTOL, atol=0)
@@ -156,7 +157,9 @@ def test_an_interrupted_checkpoint_leaves_the_previous_one_valid(client, tmp_pat
     blocker.rmdir()  # the file system is fixed; resume continues from the valid checkpoint
     resumed = _fit(client, x, d, 40, checkpoint_every=10, checkpoint_dir=ck, resume=ck)
     assert int(resumed.history["iteration"].values[0]) == 10
-    W, V, _ = fit_serial(x, d, hidden=M, iterations=40, learning_rate=0.02, optimizer=OPT, seed=0)
+    W, V = fit_serial(
+        x, d, hidden=M, iterations=40, learning_rate=0.02, optimizer=OPT, seed=0
+    ).params
     _assert_equal(resumed, (W, V))
     # the stale files went once a newer checkpoint was valid
     man = store.read_manifest(ck)
@@ -252,5 +255,7 @@ def test_every_holder_lost_recovers_from_the_store(tmp_path, sigkill_after):
     # together they hold every row, so they read at least all of W, V and the momentum buffers
     weight_bytes = 2 * (M * 6 + 3 * M) * 8
     assert rec["bytes"] == 0 and rec["store_bytes"] >= weight_bytes
-    W, V, _ = fit_serial(x, d, hidden=M, iterations=50, learning_rate=0.02, optimizer=OPT, seed=0)
+    W, V = fit_serial(
+        x, d, hidden=M, iterations=50, learning_rate=0.02, optimizer=OPT, seed=0
+    ).params
     _assert_equal(r, (W, V))

@@ -46,11 +46,11 @@ def test_fit_serial_on_the_gpu_equals_numpy():
     from dask_rpm import fit_serial
 
     x, d, kw = _problem()
-    ref = fit_serial(x, d, full_output=True, **kw)
-    got = fit_serial(x, d, full_output=True, backend="torch", device="cuda", **kw)
-    assert all(isinstance(p, np.ndarray) for p in got["params"])  # host results
-    _close(ref["params"], got["params"])
-    np.testing.assert_allclose(ref["errors"], got["errors"], rtol=RTOL)
+    ref = fit_serial(x, d, **kw)
+    got = fit_serial(x, d, backend="torch", device="cuda", **kw)
+    assert all(isinstance(p, np.ndarray) for p in got.params)  # host results
+    _close(ref.params, got.params)
+    np.testing.assert_allclose(ref.errors, got.errors, rtol=RTOL)
 
 
 def test_fit_on_a_gpu_beside_cpu_workers_equals_serial():
@@ -60,7 +60,7 @@ def test_fit_on_a_gpu_beside_cpu_workers_equals_serial():
     from dask_rpm import fit, fit_serial
 
     x, d, kw = _problem()
-    ref = fit_serial(x, d, full_output=True, **kw)
+    ref = fit_serial(x, d, **kw)
     with dask_rpm.local_cluster([1.0, 1.0, 1.0], gpus=1) as cluster, Client(cluster) as client:
         for mapping in ("uniform", "drpm"):
             r = fit(
@@ -74,7 +74,7 @@ def test_fit_on_a_gpu_beside_cpu_workers_equals_serial():
                 **kw,
             )
             assert sorted(set(r.stats["backend"].values()))[-1] == "torch-cuda"
-            _close(ref["params"], r.params)
+            _close(ref.params, r.params)
         saved: list = []
         fit(
             x,
@@ -98,4 +98,4 @@ def test_fit_on_a_gpu_beside_cpu_workers_equals_serial():
             progress="none",
             **kw,
         )
-        _close(ref["params"], r.params)
+        _close(ref.params, r.params)

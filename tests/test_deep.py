@@ -128,31 +128,31 @@ def _rel(a, b) -> float:
 def _serial(x, d, init, kw, check=True):
     """fit_serial's result; with ``check`` also that the problem is well conditioned and that the
     weights moved (a comparison of two no-ops would mean nothing)."""
-    ref = fit_serial(x, d, init=init, full_output=True, **kw)
-    assert ref["stopped"] is None and ref["iterations"] == kw["iterations"]
+    ref = fit_serial(x, d, init=init, **kw)
+    assert ref.stopped is None and ref.iterations == kw["iterations"]
     if check:
         if init is not None:
-            other = fit_serial(x, d, init=_perturbed(init), full_output=True, **kw)
+            other = fit_serial(x, d, init=_perturbed(init), **kw)
         else:  # the seeded default weights: change the learning rate by 1e-12 instead (still tiny)
             lr = kw["learning_rate"] * (1.0 + 1e-12)
-            other = fit_serial(x, d, full_output=True, **dict(kw, learning_rate=lr))
-        change = _rel(other["params"], ref["params"])
+            other = fit_serial(x, d, **dict(kw, learning_rate=lr))
+        change = _rel(other.params, ref.params)
         assert change < 1e-12, (
             f"ill-conditioned problem ({change:.2e}): the comparison means nothing"
         )
-        start = fit_serial(x, d, init=init, full_output=True, **dict(kw, iterations=1))
-        moved = _rel(ref["params"], start["params"])
+        start = fit_serial(x, d, init=init, **dict(kw, iterations=1))
+        moved = _rel(ref.params, start.params)
         assert moved > 1e-4, f"the weights barely moved ({moved:.2e})"
     return ref
 
 
 def _assert_equal(r, ref, errors=None):
     """The distributed result ``r`` equals the serial ``ref`` (every parameter, every error)."""
-    assert len(r.params) == len(ref["params"])
-    for got, want in zip(r.params, ref["params"]):
+    assert len(r.params) == len(ref.params)
+    for got, want in zip(r.params, ref.params):
         assert got.shape == want.shape
         np.testing.assert_allclose(got, want, rtol=RTOL, atol=1e-14 * np.abs(want).max())
-    want_err = ref["errors"] if errors is None else errors
+    want_err = ref.errors if errors is None else errors
     np.testing.assert_allclose(r.history["error"].values, want_err, rtol=RTOL, atol=0)
 
 
@@ -240,7 +240,7 @@ def test_deep_fit_equals_serial(client4, case):
     else:
         assert [list(c) for c in plan.columns] == LAYOUTS[layout][0]
     # every layer is held: W_k (m_k (+1), ...) and V (l, m_L (+1)) as the serial run has them
-    shapes = [p.shape for p in ref["params"]]
+    shapes = [p.shape for p in ref.params]
     assert len(shapes) == depth + 1 and shapes[-1] == (L, HIDDEN[depth][-1] + bias)
     if head == "ce-softmax":
         assert list(r.classes) == list(range(L))
@@ -251,9 +251,9 @@ def test_init_of_three_hidden_layers_without_bias():
     x, d, _, _ = _problem("sq-linear", 3, False)
     kw = _kw(3, "sq-linear", "tanh", "sgd", False, None, iterations=5)
     weights = init_params(Layers(N, HIDDEN[3], L), seed=SEED)
-    given = fit_serial(x, d, init=list(weights), full_output=True, **kw)
-    default = fit_serial(x, d, full_output=True, **kw)  # the same weights, from the seed
-    assert _rel(given["params"], default["params"]) == 0.0
+    given = fit_serial(x, d, init=list(weights), **kw)
+    default = fit_serial(x, d, **kw)  # the same weights, from the seed
+    assert _rel(given.params, default.params) == 0.0
 
 
 # --------------------------------------------------------------------- 2. remaps, loss and resume
@@ -416,7 +416,7 @@ def test_deep_fit_resumed_from_an_on_checkpoint_state_equals_serial(client4):
     assert first.stopped and first.stopped.startswith("stop requested")
     (state,) = saved
     assert state["iteration"] == 10 and set(state["optimizer_state"]) == {"m", "v"}
-    assert [p.shape for p in state["params"]] == [p.shape for p in ref["params"]]
+    assert [p.shape for p in state["params"]] == [p.shape for p in ref.params]
     assert all(len(v) == depth + 1 for v in state["optimizer_state"].values())
     r = fit(
         x,
@@ -431,7 +431,7 @@ def test_deep_fit_resumed_from_an_on_checkpoint_state_equals_serial(client4):
     )
     assert r.stats["start"]["iteration"] == 10
     assert list(r.history["iteration"].values) == list(range(10, 24))
-    _assert_equal(r, ref, errors=ref["errors"][10:])
+    _assert_equal(r, ref, errors=ref.errors[10:])
 
 
 def test_deep_fit_resumed_from_a_checkpoint_store_equals_serial(client4, tmp_path):
@@ -464,7 +464,7 @@ def test_deep_fit_resumed_from_a_checkpoint_store_equals_serial(client4, tmp_pat
     )
     assert r.stats["start"] == {**r.stats["start"], "iteration": 10, "from": "checkpoint store"}
     assert list(r.history["iteration"].values) == list(range(10, 24))
-    _assert_equal(r, ref, errors=ref["errors"][10:])
+    _assert_equal(r, ref, errors=ref.errors[10:])
     # the manifest names the network trained, every hidden layer
     assert store.read_manifest(ck)["shape"] == [N + 1, *(h + 1 for h in HIDDEN[depth]), L]
 
@@ -537,7 +537,7 @@ def test_deep_fit_serial_equals_pytorch(depth, head, optimizer, activation, bias
     batch = None if depth == 2 else BATCH
     kw = dict(_kw(depth, head, activation, optimizer, bias, batch, iterations=STEPS), shuffle=False)
     ours = _serial(x, d, init, kw)
-    w_ours, b_ours = ours["recipe"].net.split_params(ours["params"])
+    w_ours, b_ours = ours.recipe.net.split_params(ours.params)
     w_ref, b_ref = _torch(
         x, d, weights, biases, head=head, optimizer=optimizer, activation=activation, batch=batch
     )
@@ -610,6 +610,6 @@ def test_a_layered_column_times_each_member_s_own_kernels_not_the_wait():
     # the EMULATED speeds are 10 : 1 and the rows equal: own kernels differ about tenfold,
     # a shared wait would make them equal
     assert slow > 4 * fast, (fast, slow)
-    ref = fit_serial(x, d, hidden=(48, 32), iterations=12, learning_rate=1e-4, full_output=True)
-    for a, b in zip(r.params, ref["params"]):
+    ref = fit_serial(x, d, hidden=(48, 32), iterations=12, learning_rate=1e-4)
+    for a, b in zip(r.params, ref.params):
         np.testing.assert_allclose(a, b, rtol=RTOL, atol=0)

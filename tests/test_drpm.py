@@ -121,7 +121,7 @@ def test_any_sequence_of_remaps_equals_serial(seed):
                 return W, V, tr.iteration, moved
 
             W, V, iterations, moved = client.sync(run)
-    Ws, Vs, _ = fit_serial(x, d, iterations=iterations, learning_rate=eps, init=(W0, V0))
+    Ws, Vs = fit_serial(x, d, iterations=iterations, learning_rate=eps, init=(W0, V0)).params
     np.testing.assert_allclose(W, Ws, rtol=RTOL)
     np.testing.assert_allclose(V, Vs, rtol=RTOL)
     assert iterations == 7 * block
@@ -153,7 +153,8 @@ def test_drpm_fit_with_remaps_equals_serial(column_times):
     assert all(rec["kind"] in ("whole", "column") for rec in r.remaps)
     assert "ability" in r.history and r.history["ability"].dims == ("check", "worker")
     assert r.emulation and "EMULATED" in r.history.attrs["emulation"]
-    W, V, err = fit_serial(x, d, hidden=24, iterations=40, learning_rate=2e-3)
+    ref = fit_serial(x, d, hidden=24, iterations=40, learning_rate=2e-3)
+    (W, V), err = ref.params, ref.errors
     np.testing.assert_allclose(r.params[0], W, rtol=RTOL)
     np.testing.assert_allclose(r.params[-1], V, rtol=RTOL)
     np.testing.assert_allclose(r.history["error"].values, err, rtol=RTOL)
@@ -334,7 +335,7 @@ def test_resume_continues_drpm_on_the_plan_it_had_reached():
         afresh.remaps[0]["iteration"] == 30
         and "first check without initial abilities" in afresh.remaps[0]["reason"]
     )
-    W, V, _ = fit_serial(x, d, hidden=48, iterations=40, learning_rate=1e-3)
+    W, V = fit_serial(x, d, hidden=48, iterations=40, learning_rate=1e-3).params
     for r in (resumed, afresh):
         np.testing.assert_allclose(r.params[0], W, rtol=RTOL, atol=0)
         np.testing.assert_allclose(r.params[-1], V, rtol=RTOL, atol=0)

@@ -51,7 +51,8 @@ def _random_plan(rng, n_workers, s, shape):
 
 
 def _assert_equal_serial(result, x, d, m, iterations, lr, seed=0):
-    W, V, err = fit_serial(x, d, hidden=m, iterations=iterations, learning_rate=lr, seed=seed)
+    ref = fit_serial(x, d, hidden=m, iterations=iterations, learning_rate=lr, seed=seed)
+    (W, V), err = ref.params, ref.errors
     np.testing.assert_allclose(result.params[0], W, rtol=RTOL, atol=0)
     np.testing.assert_allclose(result.params[-1], V, rtol=RTOL, atol=0)
     np.testing.assert_allclose(result.history["error"].values, err, rtol=RTOL, atol=0)
@@ -147,7 +148,7 @@ def test_xarray_and_netcdf_inputs(client6, tmp_path):
     r1 = fit(ds, hidden=8, iterations=20, learning_rate=0.05, mapping=plan, client=client6)
     path = write_dataset(tmp_path / "train.nc", x, d)
     r2 = fit(path, hidden=8, iterations=20, learning_rate=0.05, mapping=plan, client=client6)
-    W, V, _ = fit_serial(x, d, hidden=8, iterations=20, learning_rate=0.05)
+    W, V = fit_serial(x, d, hidden=8, iterations=20, learning_rate=0.05).params
     for r in (r1, r2):
         np.testing.assert_allclose(r.params[0], W, rtol=RTOL)
         np.testing.assert_allclose(r.params[-1], V, rtol=RTOL)
@@ -344,7 +345,7 @@ def test_random_plans_with_random_exchanges_equal_serial(client6, seed):
             client=client6,
             progress="none",
         )
-    W, V, err = fit_serial(
+    ref = fit_serial(
         x,
         d,
         hidden=m,
@@ -354,6 +355,7 @@ def test_random_plans_with_random_exchanges_equal_serial(client6, seed):
         batch_size=batch,
         shuffle=False,
     )
+    (W, V), err = ref.params, ref.errors
     np.testing.assert_allclose(r.params[0], W, rtol=RTOL, atol=0)
     np.testing.assert_allclose(r.params[-1], V, rtol=RTOL, atol=0)
     np.testing.assert_allclose(r.history["error"].values, err, rtol=RTOL, atol=0)

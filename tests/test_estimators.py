@@ -18,12 +18,15 @@ import pytest
 
 pytest.importorskip("sklearn")
 
-from sklearn.base import clone  # noqa: E402
 from sklearn.datasets import make_classification, make_regression  # noqa: E402
 from sklearn.exceptions import ConvergenceWarning  # noqa: E402
 from sklearn.neural_network import MLPClassifier as SKClassifier  # noqa: E402
 from sklearn.neural_network import MLPRegressor as SKRegressor  # noqa: E402
-from sklearn.utils.estimator_checks import parametrize_with_checks  # noqa: E402
+from sklearn.utils._param_validation import InvalidParameterError  # noqa: E402
+from sklearn.utils.estimator_checks import (  # noqa: E402
+    check_param_validation,
+    parametrize_with_checks,
+)
 
 from dask_rpm import MLPClassifier, MLPModel, MLPRegressor  # noqa: E402
 from dask_rpm.estimators import EstimatorError  # noqa: E402
@@ -40,6 +43,17 @@ def test_scikit_learn_estimator_checks(estimator, check):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         check(estimator)
+
+
+@pytest.mark.parametrize("estimator_class", [MLPClassifier, MLPRegressor])
+def test_every_parameter_is_declared_and_checked_as_scikit_learn_does(estimator_class):
+    """scikit-learn's check_param_validation (its own estimators' test, not in check_estimator):
+    every parameter has a constraint in _parameter_constraints, and fit and partial_fit refuse a
+    value of the wrong type or range with scikit-learn's InvalidParameterError."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        check_param_validation(estimator_class.__name__, estimator_class(max_iter=2))
+    assert set(estimator_class._parameter_constraints) == set(estimator_class().get_params())
 
 
 def _classes(k=3, s=240, seed=0):
@@ -253,42 +267,92 @@ def test_warm_start_and_partial_fit_equal_scikit_learn():
         MLPClassifier().partial_fit(x, y)
 
 
-def test_older_parameter_names_keep_working():
-    x, y = _classes()
-    old = _fit_quiet(MLPClassifier(hidden_units=8, epochs=4, seed=2, optimizer="sgd"), x, y)
-    new = _fit_quiet(
-        MLPClassifier(
-            hidden_layer_sizes=(8,), max_iter=4, random_state=2, solver="sgd", momentum=0.0
+def test_only_scikit_learns_and_dask_rpms_own_parameters():
+    """dask_rpm's older names are gone; a float learning_rate or an int early_stopping is
+    refused with scikit-learn's own error, as scikit-learn refuses it."""
+    x, y = _classes(s=40)
+    for name in ("hidden_units", "epochs", "seed", "optimizer"):
+        with pytest.raises(TypeError, match=f"unexpected keyword argument '{name}'"):
+            MLPClassifier(**{name: 5})
+    for params, must in [
+        (
+            dict(learning_rate=0.01),
+            r"learning_rate' parameter of MLPClassifier must be a str among",
         ),
-        x,
-        y,
-    )
-    assert _relative(old, new) == 0.0
-    est = _fit_quiet(
-        MLPClassifier(hidden_units=5, learning_rate=0.01, early_stopping=2, seed=0), x, y
-    )
-    assert est.validation_scores_ and est.n_iter_ < 200
-    assert clone(est).get_params()["hidden_units"] == 5
+        (dict(early_stopping=2), r"early_stopping' parameter of MLPClassifier must be an instance"),
+    ]:
+        for estimator in (SKClassifier, MLPClassifier):
+            with pytest.raises(InvalidParameterError, match=must + r".* Got (0.01|2) instead\.$"):
+                estimator(max_iter=1, **params).fit(x, y)
+    ours = MLPClassifier(client=None, mapping="srpm", abilities=[1.0, 2.0], progress=False)
+    assert set(ours.get_params()) == set(SKClassifier().get_params()) | {
+        "client",
+        "mapping",
+        "abilities",
+        "progress",
+        "backend",
+        "device",
+    }
+    assert set(MLPRegressor().get_params()) == set(SKRegressor().get_params()) | {
+        "client",
+        "mapping",
+        "abilities",
+        "progress",
+        "backend",
+        "device",
+    }
 
 
 def test_bad_input_is_refused_with_what_is_valid():
     x, y = _classes(s=40)
+    must = "The '{}' parameter of MLPClassifier must be {}. Got {} instead"
     cases = [
-        (dict(solver="lbfgs"), "solver='lbfgs'; dask_rpm trains with 'adam' or 'sgd'"),
-        (dict(hidden_layer_sizes=()), r"hidden_layer_sizes=\(\); give positive integers"),
-        (dict(hidden_layer_sizes=(8, 0)), r"hidden_layer_sizes=\(8, 0\); give positive integers"),
-        (dict(hidden_layer_sizes=(0,)), r"hidden_layer_sizes=\(0,\); give positive integers"),
-        (dict(activation="identity"), "activation='identity'; valid: logistic, tanh, relu"),
-        (dict(learning_rate="cyclic"), "learning_rate='cyclic'; valid: constant, invscaling"),
-        (dict(alpha=-1.0), "alpha=-1.0; it must be a finite number >= 0"),
-        (dict(batch_size=0), "batch_size=0; give a positive integer or 'auto'"),
-        (dict(optimizer="lbfgs"), "optimizer='lbfgs'; valid: adam, sgd, momentum"),
+        (
+            dict(solver="lbfgs"),
+            must.format("solver", "a str among .*", "'lbfgs'")
+            + ": dask_rpm does not support 'lbfgs', a full-batch quasi-Newton method",
+        ),
+        (
+            dict(activation="identity"),
+            must.format("activation", "a str among .*", "'identity'")
+            + ": dask_rpm does not support 'identity' hidden units",
+        ),
+        (dict(hidden_layer_sizes=()), r"hidden_layer_sizes must be > 0, .*got \(\)"),
+        (dict(hidden_layer_sizes=(8, 0)), r"hidden_layer_sizes must be > 0, .*got \(8, 0\)"),
+        (dict(hidden_layer_sizes=(0,)), r"hidden_layer_sizes must be > 0, .*got \(0,\)"),
+        (dict(hidden_layer_sizes=(8, 2.5)), r"one positive integer per hidden layer"),
+        (dict(learning_rate="cyclic"), must.format("learning_rate", "a str among .*", "'cyclic'")),
+        (dict(alpha=-1.0), must.format("alpha", r"a float in the range \[0.0, inf\)", "-1.0")),
+        (dict(batch_size=0), must.format("batch_size", r".*an int in the range \[1, inf\)", "0")),
+        (
+            dict(client="tcp://x"),
+            must.format(
+                "client", "None or an object implementing 'submit' and 'gather'", "'tcp://x'"
+            ),
+        ),
+        (
+            dict(mapping=3),
+            must.format("mapping", "None, an instance of 'str' or an instance of '.*Plan'", "3"),
+        ),
+        (
+            dict(progress="loud"),
+            must.format("progress", "None, an instance of 'bool' .* or a str among .*", "'loud'"),
+        ),
+        (
+            dict(abilities="fast"),
+            must.format("abilities", "None, a str among {'probe'} or an array-like", "'fast'"),
+        ),
+        (dict(backend=1), must.format("backend", "None or an instance of 'str'", "1")),
     ]
     for params, message in cases:
-        with pytest.raises(EstimatorError, match=message):
+        with pytest.raises(InvalidParameterError, match=message):
             MLPClassifier(max_iter=1, **params).fit(x, y)
+    with pytest.raises(InvalidParameterError, match="dask_rpm's MLPRegressor trains the squared"):
+        MLPRegressor(loss="poisson", max_iter=1).fit(x, x[:, 0])
     with pytest.raises(EstimatorError, match="only one class"):
         MLPClassifier(max_iter=1).fit(x, np.zeros(40))
+    with pytest.raises(EstimatorError, match="partial_fit does not support early_stopping=True"):
+        MLPClassifier(early_stopping=True).partial_fit(x, y, classes=[0, 1, 2])
     with pytest.warns(UserWarning, match="It is going to be clipped"):
         _fit_quiet(MLPClassifier(max_iter=1, batch_size=1000), x, y)
     est = _fit_quiet(MLPClassifier(hidden_layer_sizes=(2,), max_iter=2), x, y)
@@ -300,6 +364,16 @@ def test_bad_input_is_refused_with_what_is_valid():
             x,
             x[:, 0] * 1e6,
         )
+
+
+def test_n_iter_no_change_inf_never_stops_as_in_scikit_learn():
+    x, y = _classes()
+    params = dict(hidden_layer_sizes=(6,), solver="sgd", tol=1.0, n_iter_no_change=np.inf)
+    params.update(max_iter=6, random_state=0)
+    theirs = _fit_quiet(SKClassifier(**params), x, y)
+    ours = _fit_quiet(MLPClassifier(**params), x, y)
+    assert ours.n_iter_ == 6 and ours.stopped_ is None
+    _assert_same_model(ours, theirs)
 
 
 def test_saved_estimator_model_predicts_the_same(tmp_path):

@@ -283,7 +283,8 @@ def test_drpm_leaves_the_slow_workers_idle_and_takes_one_back_exactly():
     assert 0 in now.excluded and any("idle" in n for n in now.notes)
     ability = r.history["ability"].sel(check=r.history["check_iteration"] == 20).values[0]
     assert np.isfinite(ability[0]) and np.isnan(ability[1:]).all()  # the idle are not measured
-    W, V, err = fit_serial(x, d, **kw)
+    ref = fit_serial(x, d, **kw)
+    (W, V), err = ref.params, ref.errors
     np.testing.assert_allclose(r.params[0], W, rtol=1e-10, atol=0)
     np.testing.assert_allclose(r.params[-1], V, rtol=1e-10, atol=0)
     np.testing.assert_allclose(r.history["error"].values, err, rtol=1e-10, atol=0)

@@ -246,7 +246,7 @@ def test_fit_with_emulated_links_equals_fit_serial():
     x = rng.normal(size=(96, 7))
     x[:, -1] = 1.0
     d = rng.uniform(0.1, 0.9, size=(96, 3))
-    W0, V0, e0 = dask_rpm.fit_serial(x, d, hidden=10, iterations=6, learning_rate=1e-3)
+    W0, V0 = dask_rpm.fit_serial(x, d, hidden=10, iterations=6, learning_rate=1e-3).params
     with (
         local_cluster(
             [1.0, 0.5, 1.0, 0.5],

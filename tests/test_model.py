@@ -35,7 +35,6 @@ def _classifier(labels=None, **kw):
         bias=True,
         optimizer="adam",
         batch_size=20,
-        full_output=True,
         **kw,
     )
     return MLPModel.from_result(out), x, y, out
@@ -45,7 +44,7 @@ def test_from_fit_serial_classifier_predicts_like_forward():
     model, x, y, out = _classifier()
     assert model.is_classifier and list(model.classes) == [0, 1, 2]
     assert (model.n_inputs, model.n_hidden, model.n_outputs) == (5, 6, 3)
-    h = forward(x, [out["W"], out["V"]], out["recipe"].net)
+    h = forward(x, out.params, out.recipe.net)
     assert np.array_equal(model.outputs(x), h)
     assert np.array_equal(model.predict_proba(x), h)
     assert np.allclose(model.predict_proba(x).sum(axis=1), 1.0, rtol=0, atol=1e-12)
@@ -118,7 +117,6 @@ def test_regression_model_round_trip_with_target_scale(tmp_path):
         activation="tanh",
         bias=True,
         optimizer="adam",
-        full_output=True,
         dtype="float32",
     )
     model = MLPModel.from_result(out, target_shift=[1.0, -2.0], target_scale=[3.0, 0.5])
@@ -151,14 +149,13 @@ def test_r2_score_matches_scikit_learn():
         output="linear",
         bias=True,
         optimizer="adam",
-        full_output=True,
     )
     model = MLPModel.from_result(out)
     r2 = model.score(x, d)
     assert r2 == pytest.approx(r2_score(d, model.predict(x)), rel=1e-12)
     assert r2 > 0.5
     one = MLPModel(
-        out["W"], out["V"][:1], out["recipe"].net
+        out.params[0], out.params[-1][:1], out.recipe.net
     )  # one output: 1-D targets are accepted
     assert one.score(x, d[:, 0]) == pytest.approx(
         r2_score(d[:, 0], one.predict(x)[:, 0]), rel=1e-12
@@ -327,7 +324,6 @@ def _deep(hidden, activation, bias, **kw):
         bias=bias,
         optimizer="adam",
         batch_size=20,
-        full_output=True,
         **kw,
     )
     return out, x
@@ -345,7 +341,7 @@ def test_deep_model_predicts_like_fit_serial_and_round_trips_bit_for_bit(
     model = MLPModel.from_result(out)
     assert model.hidden_layer_sizes == hidden and model.n_inputs == 5 and model.n_outputs == 3
     assert len(model.params) == len(hidden) + 1
-    assert all(p is q for p, q in zip(model.params, out["params"]))  # the result's own arrays
+    assert all(p is q for p, q in zip(model.params, out.params))  # the result's own arrays
     assert np.array_equal(model.outputs(x), out.outputs(x))
     assert np.array_equal(model.predict(x), out.predict(x))
     assert model.is_classifier == (activation == "sigmoid")  # softmax: classes 0 .. 2

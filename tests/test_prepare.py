@@ -74,7 +74,8 @@ def test_validation_split_is_seeded_and_disjoint():
 
 
 def test_fit_serial_with_bias_returns_augmented_weights():
-    W, V, err = fit_serial(X, D, hidden=4, iterations=3, learning_rate=0.01, bias=True)
+    ref = fit_serial(X, D, hidden=4, iterations=3, learning_rate=0.01, bias=True)
+    (W, V), err = ref.params, ref.errors
     assert W.shape == (5, 4) and V.shape == (2, 5) and err.shape == (3,)
     assert np.all(W[-1] == 0.0)  # the bias unit has no input weights
 
@@ -83,10 +84,13 @@ def test_training_options_record_and_keywords_map_one_to_one():
     """fit_serial(options=...) equals the same keywords; a keyword may set a field the record
     leaves None, each option is given once, and an unknown name gets the closest valid one."""
     opts = TrainingOptions(**BASE, batch_size=8)
-    W1, V1, e1 = fit_serial(X, D, options=opts)
-    W2, V2, e2 = fit_serial(X, D, **BASE, batch_size=8)
+    ref = fit_serial(X, D, options=opts)
+    (W1, V1), e1 = ref.params, ref.errors
+    ref = fit_serial(X, D, **BASE, batch_size=8)
+    (W2, V2), e2 = ref.params, ref.errors
     partial = TrainingOptions(hidden=4, seed=0, dtype="float64")
-    W3, V3, e3 = fit_serial(X, D, options=partial, iterations=3, learning_rate=0.01, batch_size=8)
+    ref = fit_serial(X, D, options=partial, iterations=3, learning_rate=0.01, batch_size=8)
+    (W3, V3), e3 = ref.params, ref.errors
     for a, b, c in ((W1, W2, W3), (V1, V2, V3), (e1, e2, e3)):
         assert np.array_equal(a, b) and np.array_equal(a, c)
     with pytest.raises(TypeError, match="hidden given both in options= and as keyword"):

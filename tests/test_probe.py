@@ -283,7 +283,7 @@ def test_fit_with_probed_abilities(emulated):
     assert max(areas, key=areas.get) == int(np.argmax(th)) == 0
     assert r.history.sizes["iteration"] == 5
     # training is still exact
-    W, V, err = dask_rpm.fit_serial(x, d, hidden=m, iterations=5)
+    W = dask_rpm.fit_serial(x, d, hidden=m, iterations=5).params[0]
     np.testing.assert_allclose(r.params[0], W, rtol=1e-10, atol=0)
 
 

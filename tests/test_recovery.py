@@ -28,7 +28,8 @@ _problem = partial(regression_problem, seed=1)
 
 def _assert_serial(r, x, d, m, lr, iterations=None):
     iterations = iterations if iterations is not None else r.history.sizes["iteration"]
-    W, V, err = fit_serial(x, d, hidden=m, iterations=iterations, learning_rate=lr, seed=0)
+    ref = fit_serial(x, d, hidden=m, iterations=iterations, learning_rate=lr, seed=0)
+    (W, V), err = ref.params, ref.errors
     np.testing.assert_allclose(r.params[0], W, rtol=RTOL, atol=0)
     np.testing.assert_allclose(r.params[-1], V, rtol=RTOL, atol=0)
     np.testing.assert_allclose(r.history["error"].values, err, rtol=RTOL, atol=0)
@@ -185,7 +186,7 @@ def test_target_error_and_should_stop():
         n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0"
     ) as cluster:
         with Client(cluster) as client:
-            _, _, err = fit_serial(x, d, hidden=6, iterations=200, learning_rate=0.05, seed=0)
+            err = fit_serial(x, d, hidden=6, iterations=200, learning_rate=0.05, seed=0).errors
             # between two iterations' errors: distributed and serial errors differ in the last bits
             target = float(0.5 * (err[57] + err[58]))
             r = fit(

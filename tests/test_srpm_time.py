@@ -199,7 +199,8 @@ def test_link_aware_plan_trains_exactly_like_serial():
         r = fit(
             x, d, hidden=m, iterations=30, learning_rate=0.03, mapping=plan, client=client, seed=0
         )
-    W, V, err = fit_serial(x, d, hidden=m, iterations=30, learning_rate=0.03, seed=0)
+    ref = fit_serial(x, d, hidden=m, iterations=30, learning_rate=0.03, seed=0)
+    (W, V), err = ref.params, ref.errors
     np.testing.assert_allclose(r.params[0], W, rtol=1e-10, atol=0)
     np.testing.assert_allclose(r.params[-1], V, rtol=1e-10, atol=0)
     np.testing.assert_allclose(r.history["error"].values, err, rtol=1e-10, atol=0)
@@ -296,7 +297,8 @@ def test_a_plan_with_idle_workers_trains_exactly_like_serial():
         assert 1 <= len(plan.planned_workers) < 4 and plan.excluded
         r = fit(x, d, hidden=m, iterations=20, learning_rate=0.01, mapping=plan, client=client)
     assert set(r.stats["threads"]) == {workers[w] for w in plan.planned_workers}
-    W, V, err = fit_serial(x, d, hidden=m, iterations=20, learning_rate=0.01)
+    ref = fit_serial(x, d, hidden=m, iterations=20, learning_rate=0.01)
+    (W, V), err = ref.params, ref.errors
     np.testing.assert_allclose(r.params[0], W, rtol=1e-10, atol=0)
     np.testing.assert_allclose(r.params[-1], V, rtol=1e-10, atol=0)
     np.testing.assert_allclose(r.history["error"].values, err, rtol=1e-10, atol=0)

@@ -79,10 +79,10 @@ def _plan(client, s, shape):
 def _sensitivity(x, d, m, iterations):
     """Relative change of the final W when W0 moves by 1e-15 relative: the problem's conditioning."""
     W0, V0 = dask_rpm.nn.kernels.init_weights(x.shape[1], m, d.shape[1], seed=0)
-    W, _, _ = fit_serial(x, d, init=(W0, V0), iterations=iterations, learning_rate=LR)
-    Wp, _, _ = fit_serial(
+    W, _ = fit_serial(x, d, init=(W0, V0), iterations=iterations, learning_rate=LR).params
+    Wp, _ = fit_serial(
         x, d, init=(W0 * (1 + 1e-15 * np.sign(W0)), V0), iterations=iterations, learning_rate=LR
-    )
+    ).params
     return float(np.max(np.abs(Wp - W)) / np.max(np.abs(W)))
 
 
@@ -100,7 +100,8 @@ def test_a_two_thread_worker_trains_on_two_threads_and_equals_serial(two_thread_
     )
     assert res.stats["threads"] == {address: 2}
     assert client.run(_blas_now) == {address: 1}  # restored after the block
-    W, V, err = fit_serial(x, d, **kw)
+    ref = fit_serial(x, d, **kw)
+    (W, V), err = ref.params, ref.errors
     np.testing.assert_allclose(res.params[0], W, rtol=RTOL, atol=0)
     np.testing.assert_allclose(res.params[-1], V, rtol=RTOL, atol=0)
     np.testing.assert_allclose(res.history["error"].values, err, rtol=RTOL, atol=0)

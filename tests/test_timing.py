@@ -146,6 +146,7 @@ def test_block_loop_times_known_sleeps(monkeypatch):
     # the records were streamed once, at the end of the block (report_seconds is long)
     assert len(streamed) == 1 and len(streamed[0]["records"]) == 4
     # and the arithmetic is serial BP's
-    W, V, err = fit_serial(x, d, iterations=4, learning_rate=0.05, init=(W0, V0))
+    ref = fit_serial(x, d, iterations=4, learning_rate=0.05, init=(W0, V0))
+    W, err = ref.params[0], ref.errors
     np.testing.assert_allclose(state.shard.params[0], W, rtol=1e-12)
     np.testing.assert_allclose([log.error(i) for i in range(4)], err, rtol=1e-12)

@@ -67,10 +67,9 @@ def _ours(x, d, init, *, loss, output, activation, optimizer, bias):
         batch_size=BATCH,
         shuffle=True,
         dtype="float64",
-        full_output=True,
     )
-    assert out["stopped"] is None and out["iterations"] == STEPS
-    return out["recipe"].net.split(out["W"], out["V"])
+    assert out.stopped is None and out.iterations == STEPS
+    return out.recipe.net.split(out.params[0], out.params[-1])
 
 
 def _torch(x, d, init, *, loss, output, activation, optimizer, bias):
@@ -159,9 +158,8 @@ def test_a_chaotic_problem_is_detected():
         bias=False,
         batch_size=BATCH,
         shuffle=True,
-        full_output=True,
     )
     a = fit_serial(x, d, init=init[:2], **kw)
     b = fit_serial(x, d, init=(init[0] * (1.0 + 1e-15 * np.sign(init[0])), init[1]), **kw)
-    assert a["stopped"] is None and b["stopped"] is None
-    assert _rel({"W": b["W"]}, {"W": a["W"]}) > 1e-11
+    assert a.stopped is None and b.stopped is None
+    assert _rel({"W": b.params[0]}, {"W": a.params[0]}) > 1e-11

@@ -62,10 +62,12 @@ def _kw(out, act, opt, bias, batch):
 def _assert_well_conditioned(x, d, kw):
     """A 1e-15 relative change of W0 must not grow beyond 1e-12 in the serial run."""
     W0, V0 = init_weights(N, M, L, seed=0, scale=0.1)
-    W_a, V_a, _ = fit_serial(x, d, init=(W0, V0), **{k: v for k, v in kw.items() if k != "hidden"})
-    W_b, V_b, _ = fit_serial(
+    W_a, V_a = fit_serial(
+        x, d, init=(W0, V0), **{k: v for k, v in kw.items() if k != "hidden"}
+    ).params
+    W_b, V_b = fit_serial(
         x, d, init=(W0 * (1 + 1e-15), V0), **{k: v for k, v in kw.items() if k != "hidden"}
-    )
+    ).params
     change = max(
         np.abs(W_a - W_b).max() / np.abs(W_a).max(), np.abs(V_a - V_b).max() / np.abs(V_a).max()
     )
@@ -76,7 +78,8 @@ def _assert_well_conditioned(x, d, kw):
 
 def _assert_serial(r, x, d, kw, iterations=None):
     kw = dict(kw, iterations=iterations or kw["iterations"])
-    W, V, err = fit_serial(x, d, **kw)
+    ref = fit_serial(x, d, **kw)
+    (W, V), err = ref.params, ref.errors
     np.testing.assert_allclose(r.params[0], W, rtol=RTOL, atol=1e-14 * np.abs(W).max())
     np.testing.assert_allclose(r.params[-1], V, rtol=RTOL, atol=1e-14 * np.abs(V).max())
     np.testing.assert_allclose(r.history["error"].values, err, rtol=RTOL, atol=0)
@@ -172,13 +175,13 @@ def test_dataset_file_with_minibatches_and_a_validation_split_equals_serial(clie
     kw.update(validation=0.2, validate_every=3)
     plan_kw = dict(mapping="srpm", abilities=[1.0, 0.6, 0.3])
     r = fit(str(path), client=client3, interval=4, progress="none", **plan_kw, **kw)
-    out = fit_serial(x, d, full_output=True, **kw)
-    np.testing.assert_allclose(r.params[0], out["W"], rtol=RTOL)
-    np.testing.assert_allclose(r.history["error"].values, out["errors"], rtol=RTOL)
+    out = fit_serial(x, d, **kw)
+    np.testing.assert_allclose(r.params[0], out.params[0], rtol=RTOL)
+    np.testing.assert_allclose(r.history["error"].values, out.errors, rtol=RTOL)
     # validation every 3 iterations, the same numbers as the serial run's
     assert list(r.history["validation_iteration"].values) == [3, 6, 9, 12]
     np.testing.assert_allclose(
-        r.history["validation_loss"].values, [v for _, v, _ in out["validation"]], rtol=RTOL
+        r.history["validation_loss"].values, [v for _, v, _ in out.validation], rtol=RTOL
     )
 
 
@@ -198,18 +201,16 @@ def test_early_stopping_stops_where_the_serial_run_stops(client3, capsys):
         bias=True,
         seed=1,
     )
-    out = fit_serial(x, y, full_output=True, **kw)
-    assert out["stopped"] and "early stopping" in out["stopped"], (
-        "the problem must stop early to test it"
-    )
+    out = fit_serial(x, y, **kw)
+    assert out.stopped and "early stopping" in out.stopped, "the problem must stop early to test it"
     import dask
 
     with dask.config.set({"rpm.train.progress-interval": 0}):  # a log line after every block
         r = fit(x, y, mapping="srpm", abilities=[1, 1, 1], client=client3, progress="log", **kw)
-    assert r.stopped == out["stopped"]
+    assert r.stopped == out.stopped
     # the progress lines and the /rpm page show the validation numbers
     lines = capsys.readouterr().err
-    v_it, v_loss, v_acc = out["validation"][-1]
+    v_it, v_loss, v_acc = out.validation[-1]
     assert f"val loss {v_loss:.4g} acc {100 * v_acc:.1f}%" in lines
     from dask_rpm import dashboard
 
@@ -219,8 +220,8 @@ def test_early_stopping_stops_where_the_serial_run_stops(client3, capsys):
     assert summary["validation"][0] == v_it and summary["validation"][1] == pytest.approx(
         v_loss, rel=1e-9
     )
-    assert r.history.sizes["iteration"] == out["iterations"]
-    np.testing.assert_allclose(r.params[0], out["W"], rtol=1e-9)
+    assert r.history.sizes["iteration"] == out.iterations
+    np.testing.assert_allclose(r.params[0], out.params[0], rtol=1e-9)
     assert 0.5 < r.history["validation_accuracy"].values[-1] <= 1.0
 
 
@@ -290,7 +291,8 @@ def test_resume_from_a_checkpoint_continues_batches_and_optimizer_state(client3)
         x, d, mapping="uniform", client=client3, interval=5, resume=saved[-1], progress="none", **kw
     )
     assert list(r.history["iteration"].values) == list(range(10, 24))
-    W, V, err = fit_serial(x, d, **kw)
+    ref = fit_serial(x, d, **kw)
+    (W, V), err = ref.params, ref.errors
     np.testing.assert_allclose(r.params[0], W, rtol=RTOL, atol=1e-14 * np.abs(W).max())
     np.testing.assert_allclose(r.params[-1], V, rtol=RTOL, atol=1e-14 * np.abs(V).max())
     np.testing.assert_allclose(r.history["error"].values, err[10:], rtol=RTOL)
@@ -355,10 +357,11 @@ def test_scikit_learn_objective_equals_serial_on_every_vertical_exchange(
             **kw,
         )
     assert [k for _, k in remapper.kinds] == ["column", "whole"]
-    W, V, err = fit_serial(x, d, **kw_serial)
+    ref = fit_serial(x, d, **kw_serial)
+    (W, V), err = ref.params, ref.errors
     np.testing.assert_allclose(r.params[0], W, rtol=RTOL, atol=1e-14 * np.abs(W).max())
     np.testing.assert_allclose(r.params[-1], V, rtol=RTOL, atol=1e-14 * np.abs(V).max())
     np.testing.assert_allclose(r.history["error"].values, err, rtol=RTOL, atol=0)
     # the penalty is part of every iteration's error: without it the first error is lower
-    _, _, plain = fit_serial(x, d, **dict(kw_serial, alpha=0.0, shuffle=np.random.RandomState(11)))
+    plain = fit_serial(x, d, **dict(kw_serial, alpha=0.0, shuffle=np.random.RandomState(11))).errors
     assert err[0] > plain[0]

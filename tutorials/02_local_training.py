@@ -78,9 +78,8 @@ def main() -> None:
     print(result)
 
     # 2. Exactly serial BP: the rectangles change where the arithmetic runs, not its result.
-    W, V, err = dask_rpm.fit_serial(
-        x, d, hidden=hidden, iterations=args.iterations, learning_rate=lr
-    )
+    ref = dask_rpm.fit_serial(x, d, hidden=hidden, iterations=args.iterations, learning_rate=lr)
+    (W, V), err = ref.params, ref.errors
     dev_w = max(
         np.abs(result.params[0] - W).max() / np.abs(W).max(),
         np.abs(result.params[-1] - V).max() / np.abs(V).max(),

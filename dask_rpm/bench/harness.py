@@ -146,9 +146,8 @@ def serial_reference(
             learning_rate=bench_learning_rate(case),
             seed=0,
             batch_size=case.batch_size,
-            full_output=True,  # the parameter list, whatever the depth
         )
-        cache[key] = [np.asarray(p) for p in res["params"]]
+        cache[key] = [np.asarray(p) for p in res.params]
     return cache[key]
 
 

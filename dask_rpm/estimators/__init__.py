@@ -30,9 +30,15 @@ gives the same model.
 
 Any depth: ``hidden_layer_sizes=(100, 50)`` trains two hidden layers, and
 ``coefs_`` / ``intercepts_`` hold one array per layer in scikit-learn's
-shapes (``(fan_in, fan_out)``). Not supported: ``solver="lbfgs"``,
-``activation="identity"``, ``sample_weight`` and ``loss="poisson"``; each is
-refused with a message saying so.
+shapes (``(fan_in, fan_out)``).
+
+The parameters are scikit-learn's and dask_rpm's own (``client``, ``mapping``,
+``abilities``, ``progress``, ``backend``, ``device``), declared as scikit-learn
+declares them (``_parameter_constraints``) and checked when ``fit`` starts: a bad
+value is scikit-learn's ``InvalidParameterError`` (a ``ValueError``), with the
+same message. Not supported: ``solver="lbfgs"``, ``activation="identity"``,
+``sample_weight`` and ``loss="poisson"``; each is refused with a message saying
+why.
 
 Needs scikit-learn (the optional extra ``sklearn``).
 """
@@ -46,9 +52,10 @@ from typing import Any
 import numpy as np
 
 try:
-    from sklearn.base import ClassifierMixin, RegressorMixin
+    from sklearn.base import ClassifierMixin, RegressorMixin, _fit_context
     from sklearn.metrics import accuracy_score, r2_score
     from sklearn.preprocessing import LabelBinarizer
+    from sklearn.utils._param_validation import StrOptions
     from sklearn.utils.multiclass import check_classification_targets, type_of_target
     from sklearn.utils.validation import column_or_1d, validate_data
 except ImportError as exc:  # pragma: no cover - exercised only without scikit-learn
@@ -78,11 +85,6 @@ _COMMON_DOC = """
     backend, device
         Where the kernels run, as in :func:`dask_rpm.fit` (serially too: ``backend="torch",
         device="cuda"`` trains on this process's GPU); the fitted ``coefs_`` are numpy arrays.
-    hidden_units, epochs, seed, optimizer
-        dask_rpm's older names: ``hidden_layer_sizes=(hidden_units,)``,
-        ``max_iter``, ``random_state``, ``solver`` (``"momentum"``: sgd with
-        momentum 0.9); a number as ``learning_rate`` is ``learning_rate_init``
-        and an integer ``early_stopping`` is ``n_iter_no_change`` with early stopping.
 
     Attributes
     ----------
@@ -94,8 +96,9 @@ _COMMON_DOC = """
     model_ : MLPModel or None
         The trained network (save, load, to_torch); None for several hidden layers, which
         :class:`~dask_rpm.MLPModel` does not hold.
-    result_ : FitResult or dict
-        What :func:`dask_rpm.fit` (or the serial loop) returned for the last fit.
+    result_ : FitResult or SerialResult
+        What :func:`dask_rpm.fit` (or the serial loop, :class:`dask_rpm.nn.serial.SerialResult`)
+        returned for the last fit.
 """
 
 
@@ -120,7 +123,7 @@ class MLPClassifier(ClassifierMixin, MLPBase):
         solver: str = "adam",
         alpha: float = 0.0001,
         batch_size: Any = "auto",
-        learning_rate: Any = "constant",
+        learning_rate: str = "constant",
         learning_rate_init: float = 0.001,
         power_t: float = 0.5,
         max_iter: int = 200,
@@ -131,7 +134,7 @@ class MLPClassifier(ClassifierMixin, MLPBase):
         warm_start: bool = False,
         momentum: float = 0.9,
         nesterovs_momentum: bool = True,
-        early_stopping: Any = False,
+        early_stopping: bool = False,
         validation_fraction: float = 0.1,
         beta_1: float = 0.9,
         beta_2: float = 0.999,
@@ -144,10 +147,6 @@ class MLPClassifier(ClassifierMixin, MLPBase):
         progress: Any = None,
         backend: str | None = None,
         device: str | None = None,
-        hidden_units: int | None = None,
-        epochs: int | None = None,
-        seed: int | None = None,
-        optimizer: str | None = None,
     ) -> None:
         _params_init(self, **{k: v for k, v in locals().items() if k not in ("self", "__class__")})
 
@@ -189,7 +188,7 @@ class MLPClassifier(ClassifierMixin, MLPBase):
         return self._label_binarizer.inverse_transform(Yv)
 
     def _scorer(self, Xv: np.ndarray, yv: Any) -> Any:
-        net = self._net(self._resolved())
+        net = self._net()
 
         def score(params: Sequence[np.ndarray]) -> float:
             return float(accuracy_score(yv, self._labels(forward(Xv, params, net))))
@@ -201,10 +200,12 @@ class MLPClassifier(ClassifierMixin, MLPBase):
             out = out.ravel()
         return self._label_binarizer.inverse_transform(out)
 
+    @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, X: Any, y: Any) -> MLPClassifier:
         """Fit the model to ``X (s, n)`` and labels ``y``; returns self."""
         return self._fit(X, y, incremental=False)
 
+    @_fit_context(prefer_skip_nested_validation=True)
     def partial_fit(self, X: Any, y: Any, classes: Any = None) -> MLPClassifier:
         """One epoch over ``X, y`` (``classes``: every label, needed on the first call)."""
         if not hasattr(self, "classes_") and classes is None:
@@ -246,6 +247,18 @@ class MLPRegressor(RegressorMixin, MLPBase):
     _loss_name = "squared"
     _output_name = "linear"
 
+    _parameter_constraints = {
+        **MLPBase._parameter_constraints,
+        "loss": [StrOptions({"squared_error"})],
+    }
+    _unsupported = {
+        **MLPBase._unsupported,
+        "loss": {
+            "poisson": "dask_rpm's MLPRegressor trains the squared error; its kernels have no "
+            "Poisson deviance (exponential outputs)",
+        },
+    }
+
     def __init__(
         self,
         loss: str = "squared_error",
@@ -255,7 +268,7 @@ class MLPRegressor(RegressorMixin, MLPBase):
         solver: str = "adam",
         alpha: float = 0.0001,
         batch_size: Any = "auto",
-        learning_rate: Any = "constant",
+        learning_rate: str = "constant",
         learning_rate_init: float = 0.001,
         power_t: float = 0.5,
         max_iter: int = 200,
@@ -266,7 +279,7 @@ class MLPRegressor(RegressorMixin, MLPBase):
         warm_start: bool = False,
         momentum: float = 0.9,
         nesterovs_momentum: bool = True,
-        early_stopping: Any = False,
+        early_stopping: bool = False,
         validation_fraction: float = 0.1,
         beta_1: float = 0.9,
         beta_2: float = 0.999,
@@ -279,10 +292,6 @@ class MLPRegressor(RegressorMixin, MLPBase):
         progress: Any = None,
         backend: str | None = None,
         device: str | None = None,
-        hidden_units: int | None = None,
-        epochs: int | None = None,
-        seed: int | None = None,
-        optimizer: str | None = None,
     ) -> None:
         _params_init(self, **{k: v for k, v in locals().items() if k not in ("self", "__class__")})
 
@@ -294,10 +303,6 @@ class MLPRegressor(RegressorMixin, MLPBase):
     def _validate_input(
         self, X: Any, y: Any, incremental: bool, reset: bool, classes: Any
     ) -> tuple[np.ndarray, np.ndarray]:
-        if self.loss != "squared_error":
-            raise EstimatorError(
-                f"loss={self.loss!r}; dask_rpm's MLPRegressor trains 'squared_error'"
-            )
         X, y = validate_data(
             self,
             X,
@@ -316,7 +321,7 @@ class MLPRegressor(RegressorMixin, MLPBase):
         return Yv.ravel() if Yv.shape[1] == 1 else Yv
 
     def _scorer(self, Xv: np.ndarray, yv: Any) -> Any:
-        net = self._net(self._resolved())
+        net = self._net()
 
         def score(params: Sequence[np.ndarray]) -> float:
             out = forward(Xv, params, net)
@@ -327,10 +332,12 @@ class MLPRegressor(RegressorMixin, MLPBase):
 
         return score
 
+    @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, X: Any, y: Any) -> MLPRegressor:
         """Fit the model to ``X (s, n)`` and targets ``y (s,)`` or ``(s, outputs)``; returns self."""
         return self._fit(X, y, incremental=False)
 
+    @_fit_context(prefer_skip_nested_validation=True)
     def partial_fit(self, X: Any, y: Any) -> MLPRegressor:
         """One epoch over ``X, y``."""
         return self._fit(X, y, incremental=True)

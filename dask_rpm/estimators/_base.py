@@ -1,24 +1,34 @@
 """The training loop the estimators share: scikit-learn's ``BaseMultilayerPerceptron`` on dask_rpm.
 
-:class:`MLPBase` resolves the parameters, draws the initial weights and the
-early-stopping split from scikit-learn's generator in scikit-learn's order,
-and trains with :func:`dask_rpm.fit` (a client) or the serial loop (none),
-both ending each epoch with a :class:`dask_rpm.nn.convergence.ConvergenceRule`.
-:mod:`dask_rpm.estimators` holds the public classes and says what makes
-their model scikit-learn's.
+:class:`MLPBase` declares the parameters (scikit-learn's ``_parameter_constraints``, checked
+by ``_validate_params`` when ``fit`` starts, as scikit-learn's own estimators do), draws the
+initial weights and the early-stopping split from scikit-learn's generator in scikit-learn's
+order, and trains with :func:`dask_rpm.fit` (a client) or the serial loop (none), both ending
+each epoch with a :class:`dask_rpm.nn.convergence.ConvergenceRule`.
+:mod:`dask_rpm.estimators` holds the public classes and says what makes their model
+scikit-learn's.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 import warnings
-from typing import Any
+from numbers import Integral, Real
+from typing import Any, ClassVar
 
 import numpy as np
 from sklearn.base import BaseEstimator, is_classifier
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.model_selection import train_test_split
 from sklearn.utils import check_random_state
+from sklearn.utils._param_validation import (
+    HasMethods,
+    Interval,
+    InvalidParameterError,
+    Options,
+    StrOptions,
+)
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from .._version import __version__
@@ -30,103 +40,110 @@ from ..nn.options import TrainingOptions
 from ..nn.prepare import prepare
 from ..nn.recipe import forward
 from ..nn.serial import train_arrays
+from ..plan.partition import Plan
+from ..progress import MODES
 
 __all__ = ["EstimatorError", "MLPBase"]
 
 
 class EstimatorError(ValueError):
-    """Invalid estimator input (data or hyperparameters); the message says what is valid."""
+    """Data the estimator cannot train on, or a fitted network it cannot go on with; the message
+    says what is valid. (A bad hyperparameter is scikit-learn's ``InvalidParameterError``.)"""
 
 
+#: scikit-learn's activation names, as dask_rpm's kernels call them
 _ACTIVATIONS = {"logistic": "sigmoid", "tanh": "tanh", "relu": "relu"}
 
 
 class MLPBase(BaseEstimator):
     """Training shared by both estimators (scikit-learn's ``BaseMultilayerPerceptron``'s loop)."""
 
-    # ------------------------------------------------------------- settings
-    def _resolved(self) -> dict[str, Any]:
-        """The parameters after dask_rpm's older names (``hidden_units``, ``epochs``, ``seed``,
-        ``optimizer``, a float ``learning_rate``, an integer ``early_stopping``) are mapped onto
-        scikit-learn's."""
-        p = self.get_params(deep=False)
-        if p["hidden_units"] is not None:
-            p["hidden_layer_sizes"] = (p["hidden_units"],)
-        if p["epochs"] is not None:
-            p["max_iter"] = p["epochs"]
-        if p["seed"] is not None:
-            p["random_state"] = p["seed"]
-        if p["optimizer"] is not None:
-            names = {"adam": ("adam", p["momentum"]), "sgd": ("sgd", 0.0), "momentum": ("sgd", 0.9)}
-            if p["optimizer"] not in names:
-                raise EstimatorError(
-                    f"optimizer={p['optimizer']!r}; valid: {', '.join(names)} (or scikit-learn's "
-                    f"solver='adam' / 'sgd')"
-                )
-            p["solver"], p["momentum"] = names[p["optimizer"]]
-            p["nesterovs_momentum"] = p["nesterovs_momentum"] and p["optimizer"] != "momentum"
-        lr = p["learning_rate"]
-        if isinstance(lr, (int, float, np.number)) and not isinstance(lr, bool):
-            p["learning_rate_init"], p["learning_rate"] = float(lr), "constant"
-        es = p["early_stopping"]
-        if isinstance(es, (int, np.integer)) and not isinstance(es, bool):
-            p["early_stopping"], p["n_iter_no_change"] = True, int(es)
-        return p
+    #: scikit-learn's ``BaseMultilayerPerceptron._parameter_constraints`` less what dask_rpm does
+    #: not train (:attr:`_unsupported`), and dask_rpm's own parameters
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        "hidden_layer_sizes": ["array-like", Interval(Integral, 1, None, closed="left")],
+        "activation": [StrOptions(set(_ACTIVATIONS))],
+        "solver": [StrOptions({"adam", "sgd"})],
+        "alpha": [Interval(Real, 0, None, closed="left")],
+        "batch_size": [StrOptions({"auto"}), Interval(Integral, 1, None, closed="left")],
+        "learning_rate": [StrOptions(set(LEARNING_RATE_SCHEDULES))],
+        "learning_rate_init": [Interval(Real, 0, None, closed="neither")],
+        "power_t": [Interval(Real, 0, None, closed="left")],
+        "max_iter": [Interval(Integral, 1, None, closed="left")],
+        "shuffle": ["boolean"],
+        "random_state": ["random_state"],
+        "tol": [Interval(Real, 0, None, closed="left")],
+        "verbose": ["verbose"],
+        "warm_start": ["boolean"],
+        "momentum": [Interval(Real, 0, 1, closed="both")],
+        "nesterovs_momentum": ["boolean"],
+        "early_stopping": ["boolean"],
+        "validation_fraction": [Interval(Real, 0, 1, closed="left")],
+        "beta_1": [Interval(Real, 0, 1, closed="left")],
+        "beta_2": [Interval(Real, 0, 1, closed="left")],
+        "epsilon": [Interval(Real, 0, None, closed="neither")],
+        "n_iter_no_change": [Interval(Integral, 1, None, closed="left"), Options(Real, {np.inf})],
+        "max_fun": [Interval(Integral, 1, None, closed="left")],
+        # dask_rpm's: where it trains (dask_rpm.fit's keywords of the same names)
+        "client": [None, HasMethods(["submit", "gather"])],
+        "mapping": [None, str, Plan],
+        "abilities": [None, StrOptions({"probe"}), "array-like"],
+        "progress": [None, "boolean", StrOptions(set(MODES))],
+        "backend": [None, str],
+        "device": [None, str],
+    }
 
-    def _check_params(self, p: dict[str, Any]) -> tuple[int, ...]:
-        hidden = p["hidden_layer_sizes"]
+    #: scikit-learn's values that dask_rpm does not train, and why: refused by
+    #: :meth:`_validate_params` with the reason
+    _unsupported: ClassVar[dict[str, dict[str, str]]] = {
+        "solver": {
+            "lbfgs": "dask_rpm does not support 'lbfgs', a full-batch quasi-Newton method whose "
+            "line search needs the whole data set's loss and gradient at every step; dask_rpm "
+            "trains with the mini-batch solvers 'adam' and 'sgd', whose steps split across "
+            "workers",
+        },
+        "activation": {
+            "identity": "dask_rpm does not support 'identity' hidden units: its kernels have "
+            "sigmoid ('logistic'), tanh and relu units (dask_rpm.nn.network.ACTIVATIONS)",
+        },
+    }
+
+    # ------------------------------------------------------------- settings
+    def _validate_params(self) -> None:
+        """scikit-learn's check of :attr:`_parameter_constraints`, after refusing the values of
+        :attr:`_unsupported` with why (the same ``InvalidParameterError``)."""
+        for name, why in self._unsupported.items():
+            value = getattr(self, name)
+            if isinstance(value, str) and value in why:
+                valid = " or ".join(str(c) for c in self._parameter_constraints[name])
+                raise InvalidParameterError(
+                    f"The {name!r} parameter of {type(self).__name__} must be {valid}. Got "
+                    f"{value!r} instead: {why[value]}."
+                )
+        super()._validate_params()
+
+    def _hidden_sizes(self) -> tuple[int, ...]:
+        """``hidden_layer_sizes`` as a tuple of positive integers (an int is one layer)."""
+        hidden = self.hidden_layer_sizes
         sizes = tuple(hidden) if hasattr(hidden, "__iter__") else (hidden,)
         if not sizes or any(
-            isinstance(h, bool) or not isinstance(h, (int, np.integer)) or h < 1 for h in sizes
+            isinstance(h, (bool, np.bool_)) or not isinstance(h, Integral) or h < 1 for h in sizes
         ):
-            raise EstimatorError(
-                f"hidden_layer_sizes={hidden!r}; give positive integers, e.g. (100,)"
+            raise InvalidParameterError(
+                f"hidden_layer_sizes must be > 0, one positive integer per hidden layer (at least "
+                f"one); got {hidden!r}: give e.g. (100,) or (100, 50)"
             )
-        if p["solver"] not in ("adam", "sgd"):
-            raise EstimatorError(
-                f"solver={p['solver']!r}; dask_rpm trains with 'adam' or 'sgd' (mini-batch "
-                f"solvers that split across workers); 'lbfgs' is not supported"
-            )
-        if p["activation"] not in _ACTIVATIONS:
-            raise EstimatorError(
-                f"activation={p['activation']!r}; valid: {', '.join(_ACTIVATIONS)}"
-            )
-        if p["learning_rate"] not in LEARNING_RATE_SCHEDULES:
-            raise EstimatorError(
-                f"learning_rate={p['learning_rate']!r}; valid: "
-                f"{', '.join(LEARNING_RATE_SCHEDULES)} (or a number: learning_rate_init)"
-            )
-        checks = [
-            ("alpha", 0.0, False),
-            ("learning_rate_init", 0.0, True),
-            ("tol", 0.0, False),
-            ("power_t", 0.0, False),
-            ("epsilon", 0.0, True),
-        ]
-        for name, low, strict in checks:
-            v = p[name]
-            ok = isinstance(v, (int, float, np.number)) and not isinstance(v, bool)
-            if not ok or not math.isfinite(v) or (v <= low if strict else v < low):
-                rel = ">" if strict else ">="
-                raise EstimatorError(f"{name}={v!r}; it must be a finite number {rel} {low:g}")
-        for name in ("max_iter", "n_iter_no_change"):
-            v = p[name]
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise EstimatorError(f"{name}={v!r}; it must be a positive integer")
-        for name in ("momentum", "beta_1", "beta_2", "validation_fraction"):
-            v = p[name]
-            if not isinstance(v, (int, float, np.number)) or not 0.0 <= v < 1.0:
-                raise EstimatorError(f"{name}={v!r}; it must be in [0, 1)")
-        b = p["batch_size"]
-        if b != "auto" and (isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1):
-            raise EstimatorError(f"batch_size={b!r}; give a positive integer or 'auto'")
         return tuple(int(h) for h in sizes)
 
     # ------------------------------------------------------------- training
     def _fit(self, X: Any, y: Any, incremental: bool, classes: Any = None) -> Any:
-        p = self._resolved()
-        hidden = self._check_params(p)
-        first_pass = not hasattr(self, "coefs_") or (not p["warm_start"] and not incremental)
+        hidden = self._hidden_sizes()
+        if self.early_stopping and incremental:
+            raise EstimatorError(
+                "partial_fit does not support early_stopping=True: set early_stopping=False, or "
+                "use fit"
+            )
+        first_pass = not hasattr(self, "coefs_") or (not self.warm_start and not incremental)
         fitted = () if first_pass else tuple(c.shape[1] for c in self.coefs_[:-1])
         if fitted and fitted != hidden:
             raise EstimatorError(
@@ -136,64 +153,60 @@ class MLPBase(BaseEstimator):
             )
         X, Y = self._validate_input(X, y, incremental, first_pass, classes)
         self.n_outputs_ = Y.shape[1]
-        rs = check_random_state(p["random_state"])
+        rs = check_random_state(self.random_state)
         if first_pass:
-            self._initialize(X.shape[1], hidden, Y, rs, p)
-        if p["early_stopping"] and incremental:
-            raise EstimatorError("partial_fit does not support early_stopping=True")
-        Xt, Yt, val = self._split(X, Y, rs, p)
+            self._initialize(X.shape[1], hidden, Y, rs)
+        Xt, Yt, val = self._split(X, Y, rs)
         n = Xt.shape[0]
-        if p["batch_size"] == "auto":
+        if self.batch_size == "auto":
             batch = min(200, n)
         else:
-            if p["batch_size"] > n:
+            if self.batch_size > n:
                 warnings.warn(
                     "Got `batch_size` less than 1 or larger than sample size. It is going to be "
                     "clipped",
                     stacklevel=3,
                 )
-            batch = int(np.clip(p["batch_size"], 1, n))
+            batch = int(np.clip(self.batch_size, 1, n))
         if not incremental or not hasattr(self, "_optimizer_state"):
             self._optimizer_state, self._steps = None, 0  # a new optimizer, as scikit-learn's
-            self._lr = float(p["learning_rate_init"])
+            self._lr = float(self.learning_rate_init)
         score = None
         if val is not None:
             score = self._scorer(*val)
+        # n_iter_no_change=np.inf (scikit-learn's "never"): more epochs than can ever run
+        patience = sys.maxsize if self.n_iter_no_change == np.inf else int(self.n_iter_no_change)
         rule = ConvergenceRule(
             n,
-            p["learning_rate_init"],
-            solver=p["solver"],
-            learning_rate=p["learning_rate"],
-            power_t=p["power_t"],
-            tol=p["tol"],
-            n_iter_no_change=p["n_iter_no_change"],
+            self.learning_rate_init,
+            solver=self.solver,
+            learning_rate=self.learning_rate,
+            power_t=self.power_t,
+            tol=self.tol,
+            n_iter_no_change=patience,
             score=score,
             state=self._rule_state,
-            verbose=bool(p["verbose"]),
+            verbose=bool(self.verbose),
         )
         # the rate the optimizer reached (sgd's invscaling and adaptive change it; partial_fit goes on)
         rule.lr = self._lr
-        params = self._train(
-            Xt, Yt, hidden, batch, 1 if incremental else p["max_iter"], rs, p, rule
-        )
+        params = self._train(Xt, Yt, hidden, batch, 1 if incremental else self.max_iter, rs, rule)
         if rule.best is not None:  # early stopping: the weights of the best validation score
             params = rule.best
-        self._store(params, rule, p)
-        if not incremental and rule.epochs == p["max_iter"] and not self._stopped:
+        self._store(params, rule)
+        if not incremental and rule.epochs == self.max_iter and not self._stopped:
             warnings.warn(
-                f"Stochastic Optimizer: Maximum iterations ({p['max_iter']}) reached and the "
+                f"Stochastic Optimizer: Maximum iterations ({self.max_iter}) reached and the "
                 f"optimization hasn't converged yet.",
                 ConvergenceWarning,
                 stacklevel=3,
             )
         return self
 
-    def _initialize(
-        self, n_features: int, hidden: tuple[int, ...], Y: np.ndarray, rs: Any, p: dict[str, Any]
-    ) -> None:
+    def _initialize(self, n_features: int, hidden: tuple[int, ...], Y: np.ndarray, rs: Any) -> None:
         """scikit-learn's ``_initialize``: Glorot-uniform weights drawn from ``rs`` in its order
         (each layer's coefficients, then its intercepts, first layer to output layer)."""
-        factor = 2.0 if p["activation"] == "logistic" else 6.0
+        factor = 2.0 if self.activation == "logistic" else 6.0
         units = [n_features, *hidden, Y.shape[1]]
         self.coefs_, self.intercepts_ = [], []
         for fan_in, fan_out in zip(units[:-1], units[1:]):
@@ -207,24 +220,24 @@ class MLPBase(BaseEstimator):
             del self._optimizer_state
 
     def _split(
-        self, X: np.ndarray, Y: np.ndarray, rs: Any, p: dict[str, Any]
+        self, X: np.ndarray, Y: np.ndarray, rs: Any
     ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, Any] | None]:
-        if not p["early_stopping"]:
+        if not self.early_stopping:
             return X, Y, None
         stratify = Y if is_classifier(self) and Y.shape[1] == 1 else None
         Xt, Xv, Yt, Yv = train_test_split(
-            X, Y, random_state=rs, test_size=p["validation_fraction"], stratify=stratify
+            X, Y, random_state=rs, test_size=self.validation_fraction, stratify=stratify
         )
         if Xv.shape[0] < 2:
             raise EstimatorError(
-                f"validation_fraction={p['validation_fraction']} of {X.shape[0]} samples holds out "
-                f"{Xv.shape[0]}; the validation set needs at least 2: increase validation_fraction "
-                f"or give more samples"
+                f"validation_fraction={self.validation_fraction} of {X.shape[0]} samples holds "
+                f"out {Xv.shape[0]}; the validation set needs at least 2: increase "
+                f"validation_fraction or give more samples"
             )
         return Xt, Yt, (Xv, self._validation_targets(Yv))
 
-    def _net(self, p: dict[str, Any]) -> Network:
-        return Network(_ACTIVATIONS[p["activation"]], self._loss_name, self._output_name, True)
+    def _net(self) -> Network:
+        return Network(_ACTIVATIONS[self.activation], self._loss_name, self._output_name, True)
 
     def _train(
         self,
@@ -234,15 +247,14 @@ class MLPBase(BaseEstimator):
         batch: int,
         epochs: int,
         rs: Any,
-        p: dict[str, Any],
         rule: ConvergenceRule,
     ) -> list[np.ndarray]:
-        net = self._net(p)
-        opt: dict[str, Any] = {"name": p["solver"], "convention": "scikit-learn", "steps": 0}
-        if p["solver"] == "adam":
-            opt.update(beta1=p["beta_1"], beta2=p["beta_2"], eps=p["epsilon"])
+        net = self._net()
+        opt: dict[str, Any] = {"name": self.solver, "convention": "scikit-learn"}
+        if self.solver == "adam":
+            opt.update(beta1=self.beta_1, beta2=self.beta_2, eps=self.epsilon)
         else:
-            opt.update(momentum=p["momentum"], nesterov=bool(p["nesterovs_momentum"]))
+            opt.update(momentum=self.momentum, nesterov=bool(self.nesterovs_momentum))
         opt["steps"] = self._steps
         # (weights, biases): every layer's, in the kernels' (fan_out, fan_in) orientation
         init = ([c.T for c in self.coefs_], list(self.intercepts_))
@@ -253,13 +265,13 @@ class MLPBase(BaseEstimator):
             init=init,
             dtype="float64",
             batch_size=batch,
-            shuffle=rs if p["shuffle"] else False,
+            shuffle=rs if self.shuffle else False,
             activation=net.activation,
             loss=net.loss,
             output=net.output,
             bias=True,
             optimizer=opt,
-            alpha=p["alpha"],
+            alpha=self.alpha,
             reduction="mean",
         )
         client = self._client()
@@ -273,17 +285,17 @@ class MLPBase(BaseEstimator):
                 job.recipe,
                 rules=[rule],
                 opt_state=self._optimizer_state,
-                backend=resolve(p["backend"], p["device"]),
+                backend=resolve(self.backend, self.device),
             )
-            params, stopped, state = out["params"], out["stopped"], out["optimizer_state"]
+            params, stopped, state = out.params, out.stopped, out.optimizer_state
             self.result_: Any = out
         else:
-            params, stopped, state = self._train_on_cluster(client, X, Y, batch, options, p, rule)
+            params, stopped, state = self._train_on_cluster(client, X, Y, batch, options, rule)
         if stopped and "diverged" in stopped:
             raise EstimatorError(
                 "Solver produced non-finite parameter weights. The input data may contain large "
                 f"values and need to be preprocessed ({stopped}; or lower learning_rate_init, now "
-                f"{p['learning_rate_init']!r})"
+                f"{self.learning_rate_init!r})"
             )
         self._stopped = stopped
         self._optimizer_state = state
@@ -299,7 +311,6 @@ class MLPBase(BaseEstimator):
         Y: np.ndarray,
         batch: int,
         options: TrainingOptions,
-        p: dict[str, Any],
         rule: ConvergenceRule,
     ) -> tuple[list[np.ndarray], str | None, Any]:
         """:func:`dask_rpm.fit` on ``client``'s workers: the parameters, why it stopped, the
@@ -308,12 +319,9 @@ class MLPBase(BaseEstimator):
 
         resume = None
         if self._optimizer_state is not None:  # partial_fit goes on with the optimizer's state
-            params0 = self._params()
             resume = {
                 "iteration": 0,
-                "params": params0,
-                "W": params0[0],
-                "V": params0[-1],
+                "params": self._params(),
                 "optimizer_state": self._optimizer_state,
             }
         per_epoch = math.ceil(X.shape[0] / batch)
@@ -321,26 +329,24 @@ class MLPBase(BaseEstimator):
             X,
             Y,
             client=client,
-            mapping=p["mapping"],
-            abilities=p["abilities"],
-            progress=p["progress"],
-            backend=p["backend"],
-            device=p["device"],
+            mapping=self.mapping,
+            abilities=self.abilities,
+            progress=self.progress,
+            backend=self.backend,
+            device=self.device,
             callbacks=[rule],
             resume=resume,
             # a worker loss replays from the last epoch end, at that epoch's learning rate
-            checkpoint_every=per_epoch if p["learning_rate"] != "constant" else None,
+            checkpoint_every=per_epoch if self.learning_rate != "constant" else None,
             options=options,
         )
         self.result_ = result
-        # a FitResult of one hidden layer may not carry the list yet: its W, V are the list
-        params = list(getattr(result, "params", None) or (result.W, result.V))
-        return params, result.stopped, result.optimizer_state
+        return list(result.params), result.stopped, result.optimizer_state
 
-    def _store(self, params: list[np.ndarray], rule: ConvergenceRule, p: dict[str, Any]) -> None:
+    def _store(self, params: list[np.ndarray], rule: ConvergenceRule) -> None:
         """scikit-learn's fitted attributes from the augmented parameters ``W_1 .. W_L, V`` and the
         rule's bookkeeping."""
-        net = self._net(p)
+        net = self._net()
         weights, biases = net.split_params(params)
         self.coefs_ = [np.array(w.T) for w in weights]
         self.intercepts_ = [np.array(b) for b in biases]
@@ -351,7 +357,7 @@ class MLPBase(BaseEstimator):
         self._rule_state = rule.state()
         self._no_improvement_count = rule.no_improvement
         # scikit-learn's: validation scores with early stopping, else the best training loss
-        early = bool(p["early_stopping"])
+        early = bool(self.early_stopping)
         self.validation_scores_: list[float] | None = (
             list(rule.validation_scores) if early else None
         )
@@ -373,7 +379,7 @@ class MLPBase(BaseEstimator):
                 # scikit-learn's parameters as trained (plain values; the client and plans stay out)
                 "params": {
                     k: (list(v) if isinstance(v, tuple) else v)
-                    for k, v in p.items()
+                    for k, v in self.get_params(deep=False).items()
                     if v is None or isinstance(v, (bool, int, float, str, tuple))
                 },
                 "loss_curve": self.loss_curve_,
@@ -417,11 +423,11 @@ class MLPBase(BaseEstimator):
     def _forward(self, X: np.ndarray) -> np.ndarray:
         """The outputs of the network ``coefs_`` / ``intercepts_`` hold, by the kernels that train
         it (:func:`dask_rpm.nn.recipe.forward`)."""
-        return forward(X, self._params(), self._net(self._resolved()))
+        return forward(X, self._params(), self._net())
 
     def _params(self) -> list[np.ndarray]:
         """The augmented parameters ``W_1 .. W_L, V`` that ``coefs_`` / ``intercepts_`` hold."""
-        net = self._net(self._resolved())
+        net = self._net()
         return net.join_params([c.T for c in self.coefs_], list(self.intercepts_))
 
     def _check_predict_X(self, X: Any) -> np.ndarray:

@@ -264,7 +264,7 @@ class MLPModel:
         cls, result: Any, *, meta: Mapping[str, Any] | None = None, **kwargs: Any
     ) -> MLPModel:
         """The model of a training run: a :class:`dask_rpm.FitResult`, or :func:`dask_rpm.fit_serial`'s
-        ``full_output=True`` dict (:class:`dask_rpm.nn.serial.SerialResult`).
+        :class:`dask_rpm.nn.serial.SerialResult`.
 
         Its weights are the result's ``params`` (every layer). ``meta`` entries are added to
         what the result says about itself (hyperparameters, loss curve, validation rows, plans,
@@ -282,7 +282,7 @@ class MLPModel:
 
             hist = get("history")
             errors = (
-                None
+                get("errors")  # fit_serial's result holds its errors, fit's a history
                 if hist is None or "error" not in getattr(hist, "variables", ())
                 else hist["error"].values
             )
@@ -292,7 +292,7 @@ class MLPModel:
         if rec is None:
             raise ModelError(
                 "the result has no recipe (which network was trained): give a dask_rpm.FitResult or "
-                "fit_serial(..., full_output=True)"
+                "what dask_rpm.fit_serial returns"
             )
         info: dict[str, Any] = {
             "recipe": recipe_summary(rec),

@@ -7,10 +7,12 @@ Every distributed run must equal :func:`fit_serial` (float64, relative
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
+from ..records import Validation
 from . import backend as xbk
 from .backend import Backend
 from .convergence import epoch_error
@@ -35,7 +37,7 @@ def train_arrays(
     rules: Sequence[Any] = (),
     opt_state: dict[str, list[np.ndarray]] | None = None,
     backend: Backend | None = None,
-) -> dict[str, Any]:
+) -> SerialResult:
     """Train on prepared arrays (``x`` with the bias input already appended when the recipe has bias).
 
     ``params0`` are the initial parameters ``W_1 .. W_L, V`` (augmented, as planned:
@@ -44,9 +46,7 @@ def train_arrays(
     start from (default zeros); ``backend`` where the arrays live while training (default numpy:
     :mod:`~dask_rpm.nn.backend`; the results are numpy arrays whatever it is).
 
-    Returns a dict: ``params`` (and ``W``, ``V``: the first and the last), ``errors`` (loss
-    of each iteration's forward pass, before its update), ``stopped`` (reason or None),
-    ``validation`` (rows ``(iteration, loss, accuracy)``), ``optimizer_state``.
+    Returns a :class:`SerialResult` (``classes`` None: the caller knows its labels).
     """
     sched, net, opt = rec.schedule, rec.net, rec.optimizer
     be = backend or xbk.NUMPY
@@ -108,16 +108,15 @@ def train_arrays(
     if be.name != "numpy":  # host copies: what the caller gets whatever trained
         params = [xbk.host_copy(p) for p in params]
         state = {k: [xbk.host_copy(a) for a in v] for k, v in state.items()}
-    return {
-        "params": params,
-        "W": params[0],
-        "V": params[-1],
-        "optimizer_state": state,
-        "errors": errors[: done if stopped else rec.iterations],
-        "stopped": stopped,
-        "validation": [] if validator is None else validator.rows,
-        "iterations": done,
-    }
+    return SerialResult(
+        params=params,
+        errors=errors[: done if stopped else rec.iterations],
+        stopped=stopped,
+        validation=[] if validator is None else list(validator.rows),
+        optimizer_state=state,
+        iterations=done,
+        recipe=rec,
+    )
 
 
 def _end_epoch(
@@ -159,11 +158,10 @@ def fit_serial(
     alpha: float | None = None,
     reduction: str | None = None,
     callbacks: Any = None,
-    full_output: bool = False,
     options: TrainingOptions | None = None,
     backend: str | None = None,
     device: str | None = None,
-) -> Any:
+) -> SerialResult:
     """Serial BP: the reference every distributed run must equal.
 
     Takes the training keywords of :func:`dask_rpm.fit` (same meaning, same
@@ -185,9 +183,6 @@ def fit_serial(
         Initial weights (data inputs and hidden units, without bias terms; biases as
         ``(W0, V0, b0, c0)`` or ``(weights, biases)``); default
         :func:`dask_rpm.nn.kernels.init_params` with ``seed``.
-    full_output : bool
-        Return a :class:`SerialResult` (parameters, errors, validation, stop reason,
-        ``predict``, ``score``) instead of ``(W, V, err)``; always for several hidden layers.
     seed, dtype, batch_size, shuffle, activation, loss, output, bias, optimizer, validation,
     validate_every, early_stopping, tol, target_error, alpha, reduction
         As in :func:`dask_rpm.fit`.
@@ -204,12 +199,10 @@ def fit_serial(
 
     Returns
     -------
-    W, V : numpy.ndarray (one hidden layer; several: a :class:`SerialResult`)
-        Final weights as planned: with ``bias=True`` ``W`` has the hidden
-        biases as its last column and the bias unit as its last row, ``V``
-        the output biases as its last column (:class:`dask_rpm.nn.network.Network`).
-    err : numpy.ndarray
-        Loss of each iteration's forward pass (before that iteration's update).
+    SerialResult
+        The same for every depth: ``params`` (``W_1 .. W_L, V`` as planned), ``errors``,
+        ``stopped``, ``validation``, ``optimizer_state``, ``iterations``, ``recipe``,
+        ``classes``, and ``predict`` / ``score``, named as :class:`dask_rpm.FitResult`'s.
     """
     # the keywords map one to one onto the fields of the options record
     given = {k: v for k, v in locals().items() if k in TRAINING_FIELDS}
@@ -233,43 +226,63 @@ def fit_serial(
         rules=list(callbacks or ()),
         backend=be,
     )
-    out["recipe"] = job.recipe
-    out["classes"] = job.classes
-    if full_output or job.layers.depth > 1:
-        return SerialResult(out)
-    return out["W"], out["V"], out["errors"]
+    return replace(out, classes=job.classes)
 
 
-class SerialResult(dict):
-    """:func:`fit_serial`'s result as a dict (``full_output=True``, or a network of several hidden
-    layers), with ``predict`` and ``score`` as :class:`dask_rpm.FitResult` has them.
+@dataclass(frozen=True, eq=False)
+class SerialResult:
+    """What :func:`fit_serial` returns, whatever the depth; its fields are named as
+    :class:`dask_rpm.FitResult`'s, so code reads either.
 
-    Keys (also attributes): ``params`` (``W_1 .. W_L, V``, augmented as planned), ``W`` and
-    ``V`` (the first and the last), ``errors``, ``stopped``, ``validation``,
-    ``optimizer_state``, ``iterations``, ``recipe``, ``classes``.
     :meth:`dask_rpm.MLPModel.from_result` makes it a model to save or export.
+
+    Attributes
+    ----------
+    params : list of numpy.ndarray
+        Final parameters ``W_1 .. W_L, V`` as planned (:mod:`dask_rpm.nn.layers`): with
+        ``bias=True`` each ``W_k`` has its layer's biases as its last column and the bias unit
+        as its last row, ``V`` the output biases as its last column
+        (:class:`dask_rpm.nn.network.Network`).
+    errors : numpy.ndarray
+        Loss of each iteration's forward pass (before that iteration's update).
+    stopped : str or None
+        Why training stopped early (divergence, target error, early stopping, an epoch rule),
+        else None.
+    validation : list of (iteration, loss, accuracy)
+        Validation-set evaluations.
+    optimizer_state : dict
+        The optimizer's state at the end, ``{slot: [one array per parameter]}``.
+    iterations : int
+        Iterations completed.
+    recipe : dask_rpm.nn.recipe.Recipe
+        Network, optimizer, mini-batch schedule, iterations and learning rate used.
+    classes : numpy.ndarray or None
+        Class labels when ``d`` was given as 1-D labels (cross-entropy).
     """
 
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self[name]
-        except KeyError:
-            raise AttributeError(name) from None
+    params: list[np.ndarray]
+    errors: np.ndarray
+    stopped: str | None
+    validation: list[Validation]
+    optimizer_state: dict[str, list[np.ndarray]]
+    iterations: int
+    recipe: Recipe
+    classes: Any = None
 
     @property
     def error(self) -> float:
-        """The last iteration's loss."""
-        return float(self["errors"][-1])
+        """The last iteration's loss (NaN when none completed)."""
+        return float(self.errors[-1]) if self.errors.size else float("nan")
 
     def outputs(self, x: Any) -> np.ndarray:
         """The network's outputs for inputs ``x``."""
-        return forward(np.asarray(x), self["params"], self["recipe"].net)
+        return forward(np.asarray(x), self.params, self.recipe.net)
 
     def predict(self, x: Any) -> np.ndarray:
         """Class labels (a classifier: labels given, or softmax outputs), else the outputs."""
         h = self.outputs(x)
-        classes = self["classes"]
-        if classes is None and self["recipe"].net.output == "softmax":
+        classes = self.classes
+        if classes is None and self.recipe.net.output == "softmax":
             classes = np.arange(h.shape[1])
         if classes is None:
             return h
