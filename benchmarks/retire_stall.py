@@ -66,7 +66,7 @@ def one_run(at: int, iterations: int, seed: int, interval: int, hidden: int) -> 
             d,
             client=client,
             mapping="srpm",
-            interval=10,
+            interval=interval,
             callback=callback,
             progress="none",
             **kw,

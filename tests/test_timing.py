@@ -57,7 +57,8 @@ def test_bounded_log_and_forget():
 
 
 class _OneWorkerState:
-    """The parts of RunState the block loop uses, for one worker without peers (no messages)."""
+    """The parts of RunState the block loop uses, for one worker without peers (a real mailbox
+    that must send nothing)."""
 
     def __init__(self, x, d, W, V, plan):
         from dask_rpm.engine.layout import layout_layers
@@ -81,18 +82,15 @@ class _OneWorkerState:
         )
         self.iteration = 0
         self.ws = Workspace(x.shape[0], W.shape[0], x.shape[1], d.shape[1])
+        from dask_rpm.comm.mailbox import Mailbox
+
+        async def no_peers(address, msg):
+            raise AssertionError(f"a worker without peers sent {msg['phase']} to {address}")
+
+        self.mailbox = Mailbox("t", self.layout.worker, "local", no_peers)
 
     def kernels(self):
         return self.ws
-
-    def begin(self, epoch):
-        pass
-
-    def check_abort(self, epoch):
-        pass
-
-    async def flush(self, timeout, epoch=None):
-        pass
 
     async def compute(self, inline, fn, *args):
         return fn(*args)
