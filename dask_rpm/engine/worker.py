@@ -55,6 +55,7 @@ logger = logging.getLogger("dask_rpm")
 
 PLUGIN_NAME = "rpm-engine"
 
+
 class Shard:
     """A worker's rows of every parameter and their optimizer state: current, before the last
     update, at the block start.
@@ -318,7 +319,9 @@ class RPMEnginePlugin(WorkerPlugin):
     ) -> None:
         state = self.runs.get(run)
         if state is not None:
-            state.mailbox.deliver(epoch, iteration, phase, sender, tuple(unpack(p) for p in payload))
+            state.mailbox.deliver(
+                epoch, iteration, phase, sender, tuple(unpack(p) for p in payload)
+            )
 
     def rows(self, run: str, a: int, b: int) -> dict[str, Any]:
         """Hidden rows ``[a, b)`` (global numbering) of this worker's current shard, for a remap."""
