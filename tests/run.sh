@@ -9,9 +9,12 @@
 #  3. starts the private single-node SLURM on loopback (slurm/local-cluster.sh);
 #  4. runs the gates: ruff (format and lint), mypy on the package, import-linter
 #     (layers, the pure layer without distributed, no import cycles; pyproject.toml);
-#  5. runs pytest over every test, including those marked slow, slurm, browser.
+#  5. runs pytest over every test, including those marked slow, slurm, browser
+#     (`-m ""` replaces pyproject.toml's default selection, the quick tier that a
+#     plain `python3 -m pytest` runs: README, "Tests").
 #
 # Extra arguments go to pytest, e.g. `bash tests/run.sh -k engine -x`.
+# .ci/run runs this, then the distributed-facing tests on the newest Dask releases.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

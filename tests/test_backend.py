@@ -889,6 +889,7 @@ def test_fit_on_torch_through_drpm_remaps_equals_serial(client4):
 
 
 @pytest.mark.parametrize("layout", ["two-columns", "one-column-store"])
+@pytest.mark.slow
 def test_fit_on_torch_through_a_worker_loss_equals_serial(layout, sigkill_after, tmp_path):
     """A worker process killed mid-run: its rows of every layer (and their adam moments) come from
     the other column's torch tensors, or - one column - from the checkpoint store the torch workers
@@ -1067,6 +1068,7 @@ def _mixed_labels(r, client) -> dict[int, str]:
     ],
     ids=["d1-sigmoid-sgd-full-one-hop", "d3-tanh-adam-bias-batch-tree"],
 )
+@pytest.mark.slow
 def test_mixed_cluster_auto_runs_numpy_and_torch_in_one_column(mixed, case):
     depth, act, opt, bias, batch, head, exchange = case
     x, d, init = _problem(head, depth, bias, seed=50 + depth)

@@ -200,6 +200,7 @@ def mini(tmp_path_factory):
     return ds, bench.write_outputs(ds, str(out), plot=False)
 
 
+@pytest.mark.slow
 def test_minibatch_cases_and_dimension(mini):
     ds, paths = mini
     assert ds["case"].values.tolist() == ["custom/A/N=2/B=32", "custom/A/N=2/B=64"]
@@ -230,6 +231,7 @@ def test_minibatch_cases_and_dimension(mini):
     assert sorted({r["batch_size"] for r in rows}) == [32, 64] and len(rows) == 6
 
 
+@pytest.mark.slow
 def test_simulate_check_predicts_the_iterations_of_a_minibatch_bench(mini):
     """simulate --check on a mini-batch bench: every row predicted from the batch's rectangles."""
     from dask_rpm.bench.simulate import check_against_bench
@@ -243,6 +245,7 @@ def test_simulate_check_predicts_the_iterations_of_a_minibatch_bench(mini):
         assert r["predicted"] > 0 and r["measured"] > 0 and np.isfinite(r["error"])
 
 
+@pytest.mark.slow
 def test_minibatch_methods_train_the_serial_batches(mini):
     """Every method ends at fit_serial's weights with the same batch size, and the check can tell
     batch sizes apart (a different batch size gives weights far from the reference)."""
@@ -316,6 +319,7 @@ def deep(tmp_path_factory):
     return ds, bench.write_outputs(ds, str(out), plot=False)
 
 
+@pytest.mark.slow
 def test_deep_workload_runs_end_to_end_equal_to_serial(deep):
     ds, paths = deep
     assert ds["case"].values.tolist() == ["deep/A/N=2/B=32", "deep/A/N=2/B=64"]

@@ -35,6 +35,7 @@ def test_kinds_depend_on_the_seed_only(chaos):
 
 
 @pytest.mark.parametrize("store", [False, True], ids=["driver-checkpoints", "store-checkpoints"])
+@pytest.mark.slow
 def test_a_short_soak_survives_every_fault_and_equals_serial(chaos, store):
     # store: checkpoints the workers write and, in a recovery from one, read (fit(checkpoint_dir=))
     rep = chaos.soak(seconds=30, seed=1, checkpoint_store=store)

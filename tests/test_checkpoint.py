@@ -72,6 +72,7 @@ def _assert_equal(r, ref):
     np.testing.assert_allclose(r.params[-1], ref[1], rtol=RTOL, atol=0)
 
 
+@pytest.mark.slow
 def test_resume_from_a_worker_written_store_equals_uninterrupted_and_serial(client, tmp_path):
     x, d = _problem()
     ck = tmp_path / "ck"
@@ -221,6 +222,7 @@ def test_a_checkpoint_dict_holds_params_and_one_without_them_is_refused(client):
         _fit(client, x, d, 20, resume=[state["params"]])
 
 
+@pytest.mark.slow
 def test_every_holder_lost_recovers_from_the_store(tmp_path, sigkill_after):
     x, d = _problem()
     with (

@@ -282,6 +282,7 @@ def test_bad_abilities_file_contents(tmp_path, capsys):
         assert msg in err, (text, err)
 
 
+@pytest.mark.slow
 def test_bad_input_via_subprocess():
     def run(args):
         return subprocess.run(

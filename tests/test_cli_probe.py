@@ -22,6 +22,7 @@ def _run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_local_emulated_probe_prints_a_table_and_the_plan_command():
     p = _run("--speeds", "1,0.25", "--repeats", "4", "--max-seconds", "1")
     assert p.returncode == 0, p.stderr[-3000:]
@@ -47,6 +48,7 @@ def test_local_emulated_probe_prints_a_table_and_the_plan_command():
     assert main(cmd[1:] + ["--no-draw"]) == 0
 
 
+@pytest.mark.slow
 def test_default_local_probe_starts_the_demos_workers():
     """dask-rpm probe and dask-rpm train start the same EMULATED workers: one default, rpm.demo.speeds."""
     import dask

@@ -334,6 +334,7 @@ def test_deep_fit_through_drpm_remaps_equals_serial(client4):
         "one-column-store",
     ],
 )
+@pytest.mark.slow
 def test_deep_fit_through_a_worker_loss_equals_serial(layout, sigkill_after, tmp_path):
     """A worker process killed mid-run: its rows of every layer (and their adam moments) come from the
     other column, or - one column - from the last checkpoint (gathered to the driver, or in the store

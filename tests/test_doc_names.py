@@ -153,6 +153,7 @@ def test_every_documented_path_exists():
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="each name is resolved in a fork")
+@pytest.mark.slow
 def test_every_documented_name_resolves_after_import_dask_rpm():
     used = _occurrences(NAME)
     assert len(used) > 100, "the docs name fewer dask_rpm names than they do: is the pattern right?"

@@ -290,6 +290,7 @@ def test_step_change_is_detected_and_remapped(record_property):
     assert med["drpm"] <= 1.15 * med["srpm-true"], med
 
 
+@pytest.mark.slow
 def test_resume_continues_drpm_on_the_plan_it_had_reached():
     """A checkpoint carries DRPM's plan, checks and estimator windows; fit(resume=...) starts on that plan.
 

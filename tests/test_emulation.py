@@ -132,6 +132,7 @@ def _hooks(dask_worker):
     return h.paced, h.before_send is not None, h.pace.__module__
 
 
+@pytest.mark.slow
 def test_the_engine_calls_no_emulation_code_on_a_real_cluster():
     """The engine reaches pacing and link delays only through the worker's hooks: a plain
     worker's are the no-ops of dask_rpm.runtime.hooks; EMULATED ones get the emulation's, and lose
@@ -206,6 +207,7 @@ def test_defaults_and_validation():
 # ---------------------------------------------------------------- speeds
 
 
+@pytest.mark.slow
 def test_wall_time_ratios_follow_speeds_on_nanny_workers():
     speeds, scale = (1.0, 0.5, 0.25), 0.15
     # scale well below a core: robust to other load on a shared machine

@@ -386,6 +386,7 @@ def test_auto_exchanges_switch_to_schedules_above_allgather_max(client6):
     )
 
 
+@pytest.mark.slow
 def test_a_peer_that_does_not_answer_fails_the_block_naming_it(client6):
     """Receive deadline: after the first block, worker 1's event loop is blocked for 4 s (a stalled
     process); worker 0 gives up after rpm.engine.receive-timeout = 1 s, the driver aborts the
@@ -432,6 +433,7 @@ def test_a_peer_that_does_not_answer_fails_the_block_naming_it(client6):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_sigkill_mid_block_recovers_to_serial_weights():
     """A worker process SIGKILLed in the middle of a long block: no hang, survivors aborted and
     rolled back, rows rebuilt from the other column, final weights equal serial BP."""

@@ -77,6 +77,7 @@ def _cluster4():
 
 
 @pytest.mark.parametrize("point", ["rpm-setup", "rpm-remap", "rpm-gather"])
+@pytest.mark.slow
 def test_a_worker_killed_at_each_point_is_survived(point):
     x, d, kw = _problem(3)
     plan = Plan.from_columns([[0, 1], [2, 3]], [25, 35], [[5, 5], [4, 6]], shape=(6, 10, 3))
@@ -113,6 +114,7 @@ def test_a_worker_killed_at_each_point_is_survived(point):
     np.testing.assert_allclose(r.history["error"].values, err, rtol=1e-10)
 
 
+@pytest.mark.slow
 def test_two_workers_lost_at_once_holding_the_same_rows_recover_from_the_checkpoint():
     """Workers 0 and 2 hold hidden rows 0..4 in both columns: with both gone those rows exist nowhere else."""
     x, d, kw = _problem(4)
@@ -144,6 +146,7 @@ def test_two_workers_lost_at_once_holding_the_same_rows_recover_from_the_checkpo
     np.testing.assert_allclose(r.history["error"].values, err, rtol=1e-10)
 
 
+@pytest.mark.slow
 def test_a_worker_killed_while_the_final_weights_are_gathered_is_survived():
     """The final gather loses a worker of column 0; the one gathered again after the recovery is the new plan's.
 

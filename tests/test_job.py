@@ -362,6 +362,7 @@ def test_job_trains_to_target_and_writes_one_output(tmp_path, digits):
     )
 
 
+@pytest.mark.slow
 def test_sigterm_checkpoints_and_resume_equals_uninterrupted(tmp_path, digits):
     data, x, d = digits
     path = write_job(tmp_path, data, iterations=150, checkpoint={"every": 20})
@@ -420,6 +421,7 @@ def test_sigterm_checkpoints_and_resume_equals_uninterrupted(tmp_path, digits):
     np.testing.assert_allclose(resumed["W"].values, W, rtol=RTOL, atol=0)
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_with_a_checkpoint_exit_130_and_no_traceback(tmp_path, digits):
     """A real SIGINT to the whole process group of ``dask-rpm train --config`` (what Ctrl-C in a
     terminal sends: the driver and its local workers): one line saying what happened, the
@@ -474,6 +476,7 @@ def digits_onehot(tmp_path_factory):
     return str(path), x, d
 
 
+@pytest.mark.slow
 def test_classifier_job_with_adam_minibatches_resumes_equal_to_uninterrupted(
     tmp_path, digits_onehot
 ):
@@ -1062,6 +1065,7 @@ def test_a_worker_job_near_its_walltime_retires_without_losing_work(slurm_cluste
     np.testing.assert_allclose(ck["errors"], err, rtol=RTOL, atol=0)
 
 
+@pytest.mark.slow
 def test_driver_sigkill_then_resume_equals_uninterrupted(tmp_path, digits):
     """The driver process itself killed (no chance to write anything): --resume continues from the last
     periodic checkpoint and ends with the weights of an uninterrupted run."""
@@ -1291,6 +1295,7 @@ def test_a_slurm_job_without_a_reachable_slurm_is_one_line_and_exit_2(tmp_path, 
     assert sorted(os.listdir(tmp_path)) == ["bin", "job.yaml"]  # nothing written
 
 
+@pytest.mark.slow
 def test_nan_found_by_a_worker_prints_no_worker_traceback(tmp_path, digits):
     """The worker returns the user's data error instead of failing its task: its log (this
     process group's stderr, as on a terminal) shows no "Compute Failed" traceback."""
@@ -1310,6 +1315,7 @@ def test_nan_found_by_a_worker_prints_no_worker_traceback(tmp_path, digits):
     assert len(lines) == 1 and "x[3, 1] = inf (sample 3)" in lines[0], p.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_a_classification_job_from_labels_written_with_write_dataset(tmp_path):
     """The documented way to make a job's data: ``write_dataset(path, x, labels)`` (labels of any
     kind, written one-hot with the labels kept); the job's model predicts those labels, and

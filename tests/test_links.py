@@ -207,6 +207,7 @@ def _sent(dask_worker):
     return dict(dask_worker.plugins[LINKS_PLUGIN_NAME].sent)
 
 
+@pytest.mark.slow
 def test_probe_sees_the_delay_between_nodes_and_not_within():
     delay = 0.2  # large against this machine's noise (a tiny loopback transfer: ~1 ms)
     with (
@@ -241,6 +242,7 @@ def test_probe_sees_the_delay_between_nodes_and_not_within():
         assert client.run(unknown, workers=[addresses[0]])[addresses[0]] == (delay, None)
 
 
+@pytest.mark.slow
 def test_fit_with_emulated_links_equals_fit_serial():
     rng = np.random.default_rng(3)
     x = rng.normal(size=(96, 7))

@@ -69,6 +69,7 @@ def test_training_dataset_is_standard_netcdf4(tmp_path):
     assert ds.attrs["source"] == "test"
 
 
+@pytest.mark.slow
 def test_train_config_output_is_standard_netcdf4_and_prints_no_warning(tmp_path):
     _need_readers()
     rng = np.random.default_rng(0)

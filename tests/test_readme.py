@@ -20,6 +20,7 @@ def test_the_readme_has_its_python_examples():
 
 
 @pytest.mark.parametrize("k", range(len(BLOCKS)))
+@pytest.mark.slow
 def test_a_readme_example_runs_as_a_script(k, tmp_path):
     if "MLPClassifier" in BLOCKS[k]:
         pytest.importorskip("sklearn")

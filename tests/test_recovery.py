@@ -129,6 +129,7 @@ def test_raise_mode_keeps_worker_lost_error(cluster4, sigkill_after):
         )
 
 
+@pytest.mark.slow
 def test_late_worker_is_absorbed_and_min_workers_waits():
     x, d = _problem(s=60)
     with LocalCluster(
@@ -228,6 +229,7 @@ def test_target_error_and_should_stop():
             _assert_serial(r, x, d, 6, 0.05)
 
 
+@pytest.mark.slow
 def test_drpm_goes_on_after_a_loss_without_planning_the_lost_worker(cluster4, sigkill_after):
     cluster, client = cluster4
     x, d = _problem(s=64)

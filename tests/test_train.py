@@ -21,6 +21,7 @@ def _run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_demo_trains_and_reports_json():
     p = _run("--iterations", "24", "--json")
     assert p.returncode == 0, p.stderr[-2000:]
@@ -66,6 +67,7 @@ def test_bad_input_exits_2_with_one_line(capsys, args, needle):
     assert len(err) == 1 and needle in err[0]
 
 
+@pytest.mark.slow
 def test_demo_prints_its_own_evidence():
     """The default demo, as a new user runs it: the numbers it prints are consistent and show the method."""
     from test_tutorials import _assert_clean_stderr, _speed_check

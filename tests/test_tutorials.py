@@ -119,6 +119,7 @@ def test_01_planning(tmp_path):
     _assert_nonblank_png(png)
 
 
+@pytest.mark.slow
 def test_02_local_training(tmp_path):
     import xarray as xr
 
@@ -182,6 +183,7 @@ def test_03_slurm(slurm_cluster, tmp_path):
     assert out.rstrip().splitlines()[-1].startswith(("cluster closed", "to run training itself"))
 
 
+@pytest.mark.slow
 def test_04_dashboard(tmp_path):
     out = _run("04_dashboard.py", tmp=tmp_path / "tmp").stdout
     assert "dashboard: http://127.0.0.1:" in out and "/rpm" in out
@@ -230,6 +232,7 @@ def test_05_sbatch_job(slurm_cluster, tmp_path):
     _speed_check(out, speeds, small=True)
 
 
+@pytest.mark.slow
 def test_06_classifier(tmp_path):
     model = tmp_path / "digits.model.nc"
     out = _run("06_classifier.py", "--model", str(model), tmp=tmp_path / "tmp").stdout
@@ -247,6 +250,7 @@ def test_06_classifier(tmp_path):
     assert loaded.is_classifier and loaded.meta["params"]["solver"] == "adam"
 
 
+@pytest.mark.slow
 def test_07_deep_classifier(tmp_path):
     out = _run("07_deep_classifier.py", tmp=tmp_path / "tmp").stdout
     assert "EMULATED heterogeneity on one machine: speeds 1.0, 0.5, 0.25" in out
