@@ -16,7 +16,7 @@ listed here and tested there too:
 * the scheduler's ``identity`` RPC with ``n_workers=-1`` (distributed >= 2025.4.0):
   every worker of the cluster in one call from the event loop.
   ``Client.scheduler_info`` is the public face of the same RPC, but it blocks a
-  synchronous client and returns only the first 5 workers before 2026.8.
+  synchronous client and returns only the first 5 workers before 2026.7.
 * ``SpecCluster._correct_state``: starts and stops workers (SLURM jobs) until the
   cluster matches its ``worker_spec``. ``SpecCluster.scale`` is the public way,
   but it schedules the change in the background, so ``sbatch`` and ``scancel``

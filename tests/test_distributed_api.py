@@ -39,7 +39,7 @@ from dask_rpm._distributed import (
     wait_async,
 )
 
-WORKERS = 6  # more than the 5 workers Client.scheduler_info returned by default before 2026.8
+WORKERS = 6  # more than the 5 workers Client.scheduler_info returned by default before 2026.7
 
 
 @pytest.fixture(scope="module")
