@@ -77,7 +77,6 @@ from .cluster import EmulatedCluster, local_cluster
 from .control import (
     emulation_info,
     emulation_label,
-    emulation_label_async,
     emulation_report,
     format_report,
     reset_clock,
@@ -124,7 +123,6 @@ __all__ = [
     "dask_setup",
     "emulation_info",
     "emulation_label",
-    "emulation_label_async",
     "emulated_links",
     "emulation_report",
     "format_report",

@@ -18,11 +18,12 @@ from .._distributed import parse_memory_limit
 from ..comm import Interconnect
 from ..runtime.closing import quiet_when_closing
 from ..runtime.gpus import GPU_RESOURCE
+from ..runtime.labels import format_label
 from ..runtime.threads import limit_blas
 from .gpu import gpu_label, local_gpu_workers, worker_gpu_env
 from .links import EmulatedLinks, LinkEmulationPlugin, emulated_links
 from .pacing import BLAS_VARS, EmulationPlugin
-from .profile import DEFAULT_SPEEDS, auto_scale, check_speed, format_label, parse_schedule
+from .profile import DEFAULT_SPEEDS, auto_scale, check_speed, parse_schedule
 from .rate import process_rate
 from .settings import EmulationSettings
 

@@ -15,13 +15,13 @@ from typing import Any
 
 from distributed import Worker
 
+from ..runtime.labels import run_label
 from .pacing import EmulationPlugin
-from .profile import PLUGIN_NAME, check_speed, format_label
+from .profile import PLUGIN_NAME, check_speed
 
 __all__ = [
     "emulation_info",
     "emulation_label",
-    "emulation_label_async",
     "emulation_report",
     "format_report",
     "reset_clock",
@@ -107,25 +107,6 @@ async def _a_reset_clock(client: Any, t0: float) -> None:
     await client.run(_reset_clock_on_worker, t0)
 
 
-async def _label_from_workers(client: Any) -> str | None:
-    """The label built from the workers' plugins (``None`` when no worker is emulated)."""
-    info = await _a_info(client)
-    emu = [d for d in info.values() if d is not None]
-    if not emu:
-        return None
-    hosts = {d.get("host") for d in emu}
-    where = "on one machine" if len(hosts) <= 1 else f"on {len(hosts)} hosts"
-    sched = {
-        d["index"] if d["index"] is not None else k: d["schedule"]
-        for k, d in enumerate(emu)
-        if d["schedule"]
-    }
-    text = format_label([d["speed"] for d in emu], [d["scale"] for d in emu], where, sched)
-    if len(emu) < len(info):
-        text += f" ({len(info) - len(emu)} of {len(info)} workers not emulated)"
-    return text
-
-
 async def _a_report(client: Any) -> list[dict[str, Any]]:
     return [d for d in (await _a_info(client)).values() if d is not None]
 
@@ -182,43 +163,15 @@ def reset_clock(client: Any, t0: float | None = None) -> None:
     return _call(client, _a_reset_clock, t0)
 
 
-async def emulation_label_async(client: Any) -> str | None:
-    """The EMULATED label for results obtained through ``client``, awaited on its event loop.
-
-    The one place the label is found: the cluster object's
-    ``emulation_label`` when the client was made from an
-    :class:`~dask_rpm.emulation.EmulatedCluster`, else built from the
-    workers' ``"rpm-emulation"`` plugins - so a client made from an address
-    (``Client(cluster.scheduler_address)``), workers emulated through
-    ``DASK_RPM_EMULATED_SPEED`` (SLURM groups with a ``speed``) and plain
-    clusters all get the same answer. ``fit`` and ``probe`` record it.
-
-    Returns
-    -------
-    str or None
-        ``None`` when no worker is emulated, or when the workers could not be
-        asked (a connection lost meanwhile: the label is informative, never a
-        reason to fail a run; the log says so).
-    """
-    label = getattr(getattr(client, "cluster", None), "emulation_label", None)
-    if label:
-        return str(label)
-    try:
-        return await _label_from_workers(client)
-    except (OSError, TimeoutError) as e:
-        logger.warning(f"could not ask the workers for their EMULATED speeds: {e!r}")
-        return None
-
-
 def emulation_label(client: Any) -> str | None:
     """One-line EMULATED label for results obtained through ``client``.
 
     Works for any cluster, including workers emulated through
-    ``DASK_RPM_EMULATED_SPEED`` and clients made from an address (see
-    :func:`emulation_label_async`). Returns ``None`` when no worker is
+    ``DASK_RPM_EMULATED_SPEED`` and clients made from an address
+    (:func:`dask_rpm.runtime.labels.run_label`). Returns ``None`` when no worker is
     emulated; an awaitable for an asynchronous client.
     """
-    return _call(client, emulation_label_async)
+    return _call(client, run_label)
 
 
 def emulation_report(client: Any) -> list[dict[str, Any]]:

@@ -197,9 +197,12 @@ class EmulationPlugin(WorkerPlugin):
         logging.getLogger("distributed.worker").addFilter(self._quiet_close)
         hooks = worker_hooks(worker)  # the engine's kernels now run at this worker's speed
         hooks.pace, hooks.paced = pace, True
+        hooks.describe = self.info  # what a run's EMULATED label says of this worker
 
     def teardown(self, worker: Worker) -> None:
-        worker_hooks(worker).reset_pace()
+        hooks = worker_hooks(worker)
+        hooks.reset_pace()
+        hooks.describe = None
         if self._limiter is not None:
             self._limiter.restore_original_limits()
             self._limiter = None

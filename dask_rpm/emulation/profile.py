@@ -8,7 +8,7 @@ a schedule entry and the EMULATED label are.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from dask.system import CPU_COUNT
@@ -26,7 +26,6 @@ __all__ = [
     "TimeEntries",
     "auto_scale",
     "check_speed",
-    "format_label",
     "parse_schedule",
 ]
 
@@ -140,52 +139,3 @@ def auto_scale(
     if not 0 < headroom:
         raise ValueError(f"headroom must be > 0, got {headroom}")
     return min(1.0, 1.0 / max(sp), headroom * cores / (threads_per_worker * sum(sp)))
-
-
-def _fmt_schedule(schedule: Mapping[int, Sequence[Sequence[Any]]]) -> str:
-    parts = []
-    for i in sorted(schedule):
-        for e in schedule[i]:
-            if len(e) == 3:
-                parts.append(f"w{i}->{_num(float(e[2]))} after {float(e[1]):g} s")
-            else:
-                parts.append(f"w{i}->{_num(float(e[1]))} from iteration {int(e[0])}")
-    return ", ".join(parts)
-
-
-def _num(x: float) -> str:
-    """Short number that still reads as a real (1.0, 0.5, 0.125)."""
-    text = f"{x:.4g}"
-    return text if any(c in text for c in ".en") else text + ".0"
-
-
-def format_label(
-    speeds: Sequence[float],
-    scale: Sequence[float] | float,
-    where: str,
-    schedule: Mapping[int, Sequence[Sequence[Any]]] | None = None,
-) -> str:
-    """The one-line EMULATED label printed with every result of an emulated cluster.
-
-    Parameters
-    ----------
-    speeds : sequence of float
-        Relative speeds in worker order.
-    scale : float or sequence of float
-        Fraction of a core per unit speed (several when workers differ).
-    where : str
-        ``"on one machine"`` or ``"on N hosts"``.
-    schedule : dict, optional
-        Speed changes per worker index.
-    """
-    scales = sorted(
-        {float(scale)} if isinstance(scale, (int, float)) else {float(s) for s in scale}
-    )
-    sc = ", ".join(f"{s:.3g}" for s in scales)
-    text = (
-        f"EMULATED heterogeneity {where}: speeds {', '.join(_num(s) for s in speeds)}"
-        f" x scale {sc} of a core"
-    )
-    if schedule:
-        text += f"; schedule: {_fmt_schedule(schedule)}"
-    return text

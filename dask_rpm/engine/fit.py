@@ -17,12 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from ..emulation import emulation_label_async
 from ..nn.options import TrainingOptions
 from ..nn.prepare import Prepared, prepare
 from ..progress import Progress
 from ..records import RemapRecord
 from ..results import describe_history
+from ..runtime.labels import run_label
 from . import callbacks as cb
 from .checkpoint import StoredCheckpoint, check_readable, check_shared
 from .driver import Driver, Placed
@@ -363,7 +363,7 @@ async def _fit_async(
     driver = _driver(client, opts, data, plan)
     drpm = _drpm_state(opts, abilities_given, saved if resumed else None, len(plan.abilities))
     remaps: list[RemapRecord] = drpm.remaps if drpm is not None else []
-    emulation = await emulation_label_async(client)
+    emulation = await run_label(client)
     hooks, ckpt = _callbacks(opts, data, reporter, remaps, emulation, start, errors_before)
     if drpm is not None:  # checkpoints carry the DRPM state: resume continues at the plan reached
         ckpt.extra = lambda d: {"drpm": {**drpm.to_dict(), "plan": d.plan.to_dict()}}

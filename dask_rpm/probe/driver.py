@@ -16,9 +16,9 @@ import numpy as np
 import xarray as xr
 
 from .. import config
-from ..emulation import emulation_label_async
 from ..nn.backend import Placement
 from ..ordering import ordered_workers
+from ..runtime.labels import run_label
 from .kernel import MAX_LOOPS, PASSES_PER_TARGET, TRIM, calibrate, robust_mean, t_probe
 from .links import link_class_pairs, measure_links, t_round_trip
 
@@ -453,7 +453,7 @@ async def probe_async(
     link_start = time.perf_counter()
     links = await _link_probe(client, addresses, k.token, groups, settings)
     ds = _dataset(k, args, addresses, dtype, links, time.perf_counter() - link_start)
-    emulation = await emulation_label_async(client)
+    emulation = await run_label(client)
     if emulation:
         ds.attrs["emulation"] = emulation
     ds.attrs["probe_seconds"] = time.perf_counter() - started

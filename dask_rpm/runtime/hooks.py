@@ -3,7 +3,7 @@
 The engine asks :func:`worker_hooks` for a worker's :class:`WorkerHooks` and
 calls them: ``pace(...)`` around every kernel, ``before_send(peer, nbytes)``
 before every message, ``paced`` to decide whether a kernel may run on the
-event loop. A real cluster leaves them as they are: no-ops, and no
+event loop, ``describe()`` for a run's EMULATED label. A real cluster leaves them as they are: no-ops, and no
 emulation code runs. The EMULATED workers' plugins (:mod:`dask_rpm.emulation`)
 put their pacing and link delays here when they are set up on a worker, and
 take them back at teardown - the injected-transport pattern of distributed's
@@ -42,12 +42,17 @@ class WorkerHooks:
     before_send : async callable or None
         ``await before_send(peer_address, nbytes)`` before each engine message
         (EMULATED links: the link's added delay). None: nothing to wait.
+    describe : callable or None
+        ``describe()`` -> what the worker emulates (its speed, scale, schedule, host, index:
+        :mod:`dask_rpm.runtime.labels` makes a run's EMULATED label of them). None: a real
+        worker.
     """
 
     def __init__(self) -> None:
         self.pace: Callable[..., contextlib.AbstractContextManager[Any]] = _no_pace
         self.paced = False
         self.before_send: Callable[[str, int], Awaitable[Any]] | None = None
+        self.describe: Callable[[], dict[str, Any]] | None = None
 
     def reset_pace(self) -> None:
         self.pace, self.paced = _no_pace, False
