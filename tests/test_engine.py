@@ -546,3 +546,22 @@ def test_fit_through_an_address_records_the_emulation_label():
                 recorded[how] = (r.emulation, r.history.attrs.get("emulation"))
     assert label.startswith("EMULATED heterogeneity on one machine: speeds 1.0, 0.5")
     assert recorded["cluster"] == recorded["address"] == (label, label)
+
+
+@pytest.mark.parametrize("name", ["DRPM", " Drpm "])
+def test_a_mapping_name_in_other_case_trains_with_it(name):
+    """fit(mapping="DRPM") is DRPM: the name is normalised where it is checked, so the run gets
+    DRPM's state (before, it passed validation but trained without it and failed late)."""
+    x, d = regression_problem(s=48, n=5, l=2, seed=3)
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster),
+    ):
+        result = fit(
+            x, d, hidden=6, iterations=12, learning_rate=0.05, mapping=name, progress="none"
+        )
+    assert result.drpm_state is not None and result.drpm_state["plan"]
+    serial = fit_serial(x, d, hidden=6, iterations=12, learning_rate=0.05)
+    np.testing.assert_allclose(result.params[0], serial.params[0], rtol=1e-10, atol=0)
