@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,12 +57,11 @@ class EngineSettings:
     inline_work_emulated: float = 2e7
 
     @classmethod
-    def from_config(cls) -> EngineSettings:
-        engine, train, slurm = (
-            config.section("engine"),
-            config.section("train"),
-            config.section("slurm"),
-        )
+    def of(
+        cls, engine: Mapping[str, Any], train: Mapping[str, Any], slurm: Mapping[str, Any]
+    ) -> EngineSettings:
+        """From the ``rpm.engine``, ``rpm.train`` and ``rpm.slurm`` sections
+        (:func:`dask_rpm.config.section`), read once by :meth:`RunOptions.resolved`."""
         timeout = engine["receive_timeout"]
         return cls(
             receive_timeout=None if timeout == "auto" else float(timeout),
@@ -121,14 +121,19 @@ class RunOptions:
         Raises :class:`~dask_rpm.plan.partition.PlanError` for an unknown mapping and
         :class:`~dask_rpm.nn.data.DataError` for any other bad value.
         """
-        train, ckpt = config.section("train"), config.section("checkpoint")
+        # every section once: the settings below are all built from these
+        train, ckpt, engine = (
+            config.section("train"),
+            config.section("checkpoint"),
+            config.section("engine"),
+        )
         mapping = _mapping(train["mapping"] if self.mapping is None else self.mapping)
         drpm = DRPMSettings.from_config()
         try:  # with R="auto" the first check comes after one estimation window
             interval, auto = first_interval(self.interval, settings=drpm)
         except ValueError as exc:
             raise DataError(str(exc)) from None
-        on_loss = self.on_worker_loss or train["on_worker_loss"]
+        on_loss = train["on_worker_loss"] if self.on_worker_loss is None else self.on_worker_loss
         if on_loss not in ("recover", "raise"):
             raise DataError(
                 f"on_worker_loss={on_loss!r}; use 'recover' (go on without the worker) or 'raise'"
@@ -149,7 +154,7 @@ class RunOptions:
                 f"checkpoints (e.g. 50)"
             )
         try:
-            threads = threads_setting()
+            threads = threads_setting(engine["threads"])
         except ValueError as exc:
             raise DataError(str(exc)) from None
         elastic = train["elastic"] if self.elastic is None else self.elastic
@@ -164,8 +169,8 @@ class RunOptions:
             checkpoint_every=int(every),
             checkpoint_dir=None if directory is None else os.fspath(directory),
             threads=threads,
-            placement=Placement.of(self.backend, self.device),
-            engine=EngineSettings.from_config(),
+            placement=Placement.of(self.backend, self.device, engine),
+            engine=EngineSettings.of(engine, train, config.section("slurm")),
             drpm=drpm,
         )
 

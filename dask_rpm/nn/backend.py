@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -206,10 +206,13 @@ class Placement(NamedTuple):
     device: str = "auto"
 
     @classmethod
-    def of(cls, backend: Any = None, device: Any = None) -> Placement:
-        """The names given (``None``: ``rpm.engine.backend`` / ``rpm.engine.device``), checked."""
+    def of(
+        cls, backend: Any = None, device: Any = None, engine: Mapping[str, Any] | None = None
+    ) -> Placement:
+        """The names given (``None``: ``rpm.engine.backend`` / ``rpm.engine.device``, from
+        ``engine``, the ``rpm.engine`` section a caller has read already, else read now), checked."""
         if backend is None or device is None:
-            engine = config.section("engine")
+            engine = config.section("engine") if engine is None else engine
             backend = engine["backend"] if backend is None else backend
             device = engine["device"] if device is None else device
         return cls(*check_names(backend, device))
