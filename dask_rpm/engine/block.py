@@ -167,8 +167,8 @@ class _Kernels:
         """Hidden layer ``k``'s outputs of my units; at the last layer, the partial product."""
         s, ws, params, t0 = inp.shape[0], self.ws, self.shard.params, time.monotonic()
         with self.pace(it, ("forward", k, s, self.units), self._work("forward", s, k), self.dtype):
-            f = ws.layer_forward(k, inp, params[k])
-            out = self._done(ws.output_partial(params[-1]) if k == self.layers.depth - 1 else f)
+            f = ws.layer_forward(k, inp, params)
+            out = self._done(ws.output_partial(params) if k == self.layers.depth - 1 else f)
         self.spent += time.monotonic() - t0
         return out
 
@@ -182,8 +182,8 @@ class _Kernels:
             it, ("backward", k, s, self.units), self._work("backward", s, k), self.dtype
         ):
             if k == self.layers.depth - 1:
-                ws.output_backward(params[-1], delta2)
-            out = self._done(ws.layer_backward(k, inp, params[k]))
+                ws.output_backward(params, delta2)
+            out = self._done(ws.layer_backward(k, inp, params))
         self.spent += time.monotonic() - t0
         return out
 

@@ -93,6 +93,7 @@ def fit(
     options: TrainingOptions | None = None,
     backend: str | None = None,
     device: str | None = None,
+    network: Any = None,
 ) -> FitResult:
     """Train a 3-layer perceptron by back-propagation on the workers of a Dask cluster.
 
@@ -236,6 +237,14 @@ def fit(
         Where: ``auto`` is a worker's GPU where it sees one (``local_cluster(gpus=...)``,
         SLURM groups with ``gpus:``) and the backend runs there, its CPU otherwise; so one
         run can mix GPU and CPU workers.
+    network : torch.nn.Sequential or list of layer records, optional
+        A convolutional network (:mod:`dask_rpm.nn.cnn`): ``Conv2d``, ``MaxPool2d`` /
+        ``AvgPool2d``, ``Flatten``, ``Linear`` and ReLU / tanh / sigmoid, ending with the output
+        ``Linear``. ``x`` then holds images ``(samples, channels, height, width)``; the
+        architecture and the initial weights are the module's (records: seeded with ``seed``).
+        Every stage's output channels are cut by the plan's hidden rows, as an MLP's hidden
+        units are (docs/training.md, "Convolutional networks"). ``hidden``, ``init``,
+        ``activation`` and ``bias`` do not apply.
 
     Returns
     -------
@@ -275,6 +284,7 @@ def fit(
         early_stopping=early_stopping,
         tol=tol,
         target_error=target_error,
+        network=network,
     )
     run = RunOptions(
         mapping=mapping,

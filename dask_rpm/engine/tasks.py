@@ -74,10 +74,15 @@ def _column(
     )
 
 
+def _layers(layout: Layout, recipe: Recipe) -> Any:
+    """The network's geometry: a CNN's travels in its recipe, an MLP's sizes in the layout."""
+    return recipe.layers if recipe.layers is not None else layout_layers(layout)
+
+
 def _shard(rows: dict[str, Any], layout: Layout, recipe: Recipe, be: xb.Backend) -> Shard:
     """A shard from :func:`~dask_rpm.engine.worker.rows_of`; without optimizer state (the start of
     training) the optimizer's state starts at zero."""
-    layers, origin = layout_layers(layout), layout.rows[0]
+    layers, origin = _layers(layout, recipe), layout.rows[0]
     if rows["state"]:  # a checkpoint's
         return Shard(layers, origin, rows["params"], rows["state"], be)
     return Shard.fresh(layers, origin, rows["params"], recipe.optimizer, be)
@@ -170,7 +175,7 @@ def t_stage(
     plugin = worker.plugins[PLUGIN_NAME]
     run, dtype = spec.run, spec.dtype
     state = plugin.runs.get(run)
-    layers, rows = layout_layers(layout), layout.rows
+    layers, rows = _layers(layout, spec.recipe), layout.rows
     params = layers.zeros(rows, dtype)
     opt_state = {slot: layers.zeros(rows, dtype) for slot in spec.recipe.optimizer.slots}
 

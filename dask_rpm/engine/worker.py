@@ -35,7 +35,7 @@ from .._distributed import to_serialize
 from ..comm.mailbox import Mailbox, unpack
 from ..nn import backend as xb
 from ..nn.backend import NUMPY, Backend
-from ..nn.kernels import Workspace, all_finite
+from ..nn.kernels import Workspace, all_finite, workspace
 from ..nn.layers import Layers
 from ..nn.optim import Optimizer, step
 from ..runtime.hooks import worker_hooks
@@ -248,7 +248,7 @@ class RunState:
         )
         s = self.data.capacity
         if self.workspace is None or not self.workspace.fits(s, **kw):
-            self.workspace = Workspace(s, **kw)
+            self.workspace = workspace(s, **kw)
         return self.workspace
 
     async def compute(self, inline: bool, fn: Any, *args: Any) -> Any:

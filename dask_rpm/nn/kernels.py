@@ -23,6 +23,7 @@ import numpy as np
 
 from . import backend as xb
 from .backend import NUMPY, Backend
+from .cnn import is_conv
 from .layers import Layers, layers_of_params
 from .network import Network
 
@@ -33,6 +34,8 @@ __all__ = [
     "layer_work",
     "rectangle_work",
     "Workspace",
+    "workspace",
+    "whole_workspace",
     "kernel_pass",
     "all_finite",
     "binary_log_loss",
@@ -59,7 +62,11 @@ def block_work(kind: str, s: int, m: int, n: int, l: int) -> float:
 def layer_work(kind: str, k: int, s: int, units: Sequence[int], layers: Layers) -> float:
     """:func:`block_work` of hidden layer ``k``'s kernels alone, for a rectangle holding ``units``
     rows of each layer; the output layer's work goes with the last hidden layer. The work of all
-    layers is their sum (:func:`rectangle_work`)."""
+    layers is their sum (:func:`rectangle_work`). A CNN's: :func:`~dask_rpm.nn.cnn_kernels.cnn_work`."""
+    if is_conv(layers):
+        from .cnn_kernels import cnn_work
+
+        return cnn_work(kind, k, s, units, layers)  # type: ignore[arg-type]
     u, inp, l, last = (
         float(units[k]),
         float(layers.inputs(k)),
@@ -293,19 +300,20 @@ class Workspace:
         if bias_row is not None:
             a[:, bias_row] = 1.0
 
-    def layer_forward(self, k: int, inp: np.ndarray, W: np.ndarray) -> np.ndarray:
-        """Hidden layer ``k``'s outputs (this rectangle's units) from its whole input ``inp``."""
+    def layer_forward(self, k: int, inp: np.ndarray, params: Sequence[np.ndarray]) -> np.ndarray:
+        """Hidden layer ``k``'s outputs (this rectangle's units) from its whole input ``inp``
+        (``params``: this rectangle's parameters, every layer's)."""
         if k == 0:
             self.use(inp.shape[0])
         f = self.local(k)
-        self.xp.matmul(inp, W.T, out=f)
+        self.xp.matmul(inp, params[k].T, out=f)
         self._activate(f, self.bias_rows[k])
         return f
 
-    def output_partial(self, V: np.ndarray) -> np.ndarray:
+    def output_partial(self, params: Sequence[np.ndarray]) -> np.ndarray:
         """The partial product ``f_L V^T`` of this rectangle's last-layer units (``self.partial``)."""
         partial = self.partial
-        self.xp.matmul(self.f, V.T, out=partial)
+        self.xp.matmul(self.f, params[-1].T, out=partial)
         return partial
 
     def forward(self, x: np.ndarray, params: Sequence[np.ndarray]) -> np.ndarray:
@@ -313,9 +321,8 @@ class Workspace:
         partial product ``f_L V^T`` (``self.partial``; the output pre-activation on one worker)."""
         inp = x
         for k in range(self.layers.depth):
-            f = self.layer_forward(k, inp, params[k])
-            inp = f
-        return self.output_partial(params[-1])
+            inp = self.layer_forward(k, inp, params)
+        return self.output_partial(params)
 
     def outputs(self, u: np.ndarray) -> np.ndarray:
         """The network's outputs ``h`` for the summed pre-activation ``u``, as a new array (the
@@ -363,15 +370,17 @@ class Workspace:
         delta2 *= h
         return delta2, err
 
-    def output_backward(self, V: np.ndarray, delta2: np.ndarray) -> np.ndarray:
+    def output_backward(self, params: Sequence[np.ndarray], delta2: np.ndarray) -> np.ndarray:
         """``V``'s update sum (into ``self.grads[-1]``); the last layer's deltas before the
         activation's derivative go to ``self.delta(L - 1)``."""
-        L = self.layers.depth
+        L, V = self.layers.depth, params[-1]
         self.xp.matmul(delta2, V, out=self.delta(L - 1))
         self.xp.matmul(delta2.T, self.f, out=self.grads[-1])
         return self.grads[-1]
 
-    def layer_backward(self, k: int, inp: np.ndarray, W: np.ndarray) -> np.ndarray | None:
+    def layer_backward(
+        self, k: int, inp: np.ndarray, params: Sequence[np.ndarray]
+    ) -> np.ndarray | None:
         """Layer ``k``'s update sum (``self.grads[k]``) from its deltas and whole input ``inp``;
         for ``k >= 1`` returns this rectangle's part of the gradient for ``inp``
         (``self.grad_input(k)``: summed over the column, its rows are layer ``k - 1``'s deltas)."""
@@ -394,7 +403,7 @@ class Workspace:
         if k == 0:
             return None
         g = self.grad_input(k)
-        xp.matmul(d, W, out=g)
+        xp.matmul(d, params[k], out=g)
         return g
 
     def backward(
@@ -402,10 +411,37 @@ class Workspace:
     ) -> list[np.ndarray]:
         """Every parameter's update sum (``self.grads``), when this rectangle holds all units of every
         layer but the last (as :meth:`forward`); uses the activations of the forward pass."""
-        self.output_backward(params[-1], delta2)
+        self.output_backward(params, delta2)
         for k in range(self.layers.depth - 1, -1, -1):
-            self.layer_backward(k, self.full(k - 1) if k else x, params[k])
+            self.layer_backward(k, self.full(k - 1) if k else x, params)
         return self.grads
+
+
+def workspace(s: int, **kw: Any) -> Workspace:
+    """The workspace of a rectangle of ``layers=`` (an MLP's :class:`Workspace`, or a CNN's
+    :class:`~dask_rpm.nn.cnn_kernels.ConvWorkspace`); the keywords are :class:`Workspace`'s."""
+    if is_conv(kw.get("layers")):
+        from .cnn_kernels import ConvWorkspace
+
+        return ConvWorkspace(s, **kw)
+    return Workspace(s, **kw)
+
+
+def whole_workspace(
+    s: int,
+    params: Sequence[np.ndarray],
+    net: Network | None = None,
+    loss_scale: float = 1.0,
+    backend: Backend | None = None,
+    layers: Any = None,
+) -> Workspace:
+    """:meth:`Workspace.whole` for an MLP (``layers`` None: read from ``params``) or a CNN
+    (``layers`` its :class:`~dask_rpm.nn.cnn.ConvLayers`)."""
+    if is_conv(layers):
+        from .cnn_kernels import ConvWorkspace
+
+        return ConvWorkspace.whole(s, params, net, loss_scale, backend, layers=layers)
+    return Workspace.whole(s, params, net, loss_scale, backend)
 
 
 def binary_log_loss(h: np.ndarray, d: np.ndarray, scratch: np.ndarray | None = None) -> float:

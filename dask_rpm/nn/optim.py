@@ -161,9 +161,12 @@ def penalty(params: Sequence[np.ndarray], biases: Sequence[int | None]) -> float
 
 
 def _weights(p: np.ndarray, skip: int | None) -> list[np.ndarray]:
-    """The column blocks of ``p`` without column ``skip`` (views)."""
+    """The column blocks of ``p`` without column ``skip`` (views); a 1-D ``p`` (a CNN layer's
+    biases) with a ``skip`` is all bias: nothing."""
     if skip is None:
         return [p]
+    if p.ndim == 1:
+        return []
     return [b for b in (p[:, :skip], p[:, skip + 1 :]) if b.shape[1]]
 
 

@@ -52,6 +52,7 @@ class TrainingOptions:
     early_stopping: int | None = None
     tol: float | None = None
     target_error: float | None = None
+    network: Any = None
 
     @classmethod
     def of(cls, options: TrainingOptions | None = None, **keywords: Any) -> TrainingOptions:
@@ -122,5 +123,7 @@ TRAINING_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Trai
 
 #: The fields whose default is the ``rpm.train`` setting of the same name.
 _FROM_CONFIG = tuple(
-    f for f in TRAINING_FIELDS if f not in ("hidden", "init", "validation", "target_error")
+    f
+    for f in TRAINING_FIELDS
+    if f not in ("hidden", "init", "validation", "target_error", "network")
 )

@@ -8,6 +8,7 @@ starts.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any, NamedTuple
 
@@ -21,6 +22,7 @@ from .data import (
     dataset_classes,
     load_rows,
 )
+from .cnn import ConvLayers, conv_layers, init_conv_params, params_from_torch
 from .layers import Layers, layers_of_params
 from .options import TrainingOptions
 from .recipe import Recipe, Validator, holdout, one_hot, recipe
@@ -38,7 +40,7 @@ class Prepared(NamedTuple):
 
     recipe: Recipe
     params0: tuple[np.ndarray, ...]
-    layers: Layers
+    layers: Layers | ConvLayers
     shape: tuple[int, int, int]
     samples: int
     arrays: tuple[np.ndarray, np.ndarray] | None
@@ -143,6 +145,9 @@ def prepare(
     (seeded), or ``(x_val, d_val)``. Every bad option raises :class:`DataError`.
     """
     o: Any = (options or TrainingOptions()).resolved()  # the rpm.train.* defaults, read once
+    image = None
+    if o.network is not None:  # a CNN: images travel as rows; the layers hold the biases
+        x, o, image = _images(x, o)
     dtype, seed, init, loss = str(o.dtype), int(o.seed), o.init, o.loss
     target_error = o.target_error
     if target_error is not None and not (np.isfinite(target_error) and target_error >= 0):
@@ -160,7 +165,10 @@ def prepare(
     except ValueError as exc:
         raise DataError(str(exc)) from None
     checks: dict[str, Any] = dict(
-        hidden=o.hidden, iterations=rec.iterations, learning_rate=rec.learning_rate
+        # a CNN's sizes are its network's: one hidden unit stands in for them in the data checks
+        hidden=o.hidden if image is None else 1,
+        iterations=rec.iterations,
+        learning_rate=rec.learning_rate,
     )
     arrays = None
     if src.x is None or src.d is None:
@@ -177,8 +185,16 @@ def prepare(
             _check_distribution(arrays[1], "d", rec.net.output)
     if val is not None:
         val = _checked_validation(val, dtype, rec)
-    params0 = tuple(_weights(init, weights, rec))
-    layers = layers_of_params(params0)
+    if image is not None:
+        layers: Any = conv_layers(o.network, image, l)
+        if type(o.network).__module__.startswith("torch"):
+            params0 = tuple(params_from_torch(o.network, layers, dtype))
+        else:
+            params0 = tuple(init_conv_params(layers, seed=seed, dtype=dtype))
+        rec = rec._replace(layers=layers)
+    else:
+        params0 = tuple(_weights(init, weights, rec))
+        layers = layers_of_params(params0)
     path = src.path
     return Prepared(
         rec,
@@ -194,6 +210,39 @@ def prepare(
         target_error,
         dtype,
     )
+
+
+def _images(x: Any, o: Any) -> tuple[Any, Any, tuple[int, int, int]]:
+    """A CNN's images ``(samples, channels, height, width)`` as rows, the options without what
+    the network itself says (its weights, sizes and biases), and the image shape."""
+    given = [f for f in ("hidden", "init") if getattr(o, f) is not None]
+    if given:
+        raise DataError(
+            f"{' and '.join(given)} given with network=; a network's layers give its sizes and "
+            f"its initial weights (a torch module's own, or seeded for layer records)"
+        )
+    if isinstance(x, (str, os.PathLike)):
+        raise DataError(
+            "network= takes images as an array (samples, channels, height, width); a dataset "
+            "path trains an MLP"
+        )
+    xa = np.asarray(x)
+    if xa.ndim != 4:
+        raise DataError(
+            f"x has shape {xa.shape}; a network with conv layers trains on images "
+            f"(samples, channels, height, width): reshape it, e.g. x.reshape(-1, 1, 8, 8)"
+        )
+    image = (int(xa.shape[1]), int(xa.shape[2]), int(xa.shape[3]))
+    val = o.validation
+    if isinstance(val, (tuple, list)) and len(val) == 2 and np.ndim(val[0]) == 4:
+        xv = np.asarray(val[0])
+        if xv.shape[1:] != xa.shape[1:]:
+            raise DataError(
+                f"validation images of shape {xv.shape[1:]}; the training images are {image}"
+            )
+        val = (xv.reshape(xv.shape[0], -1), val[1])
+    o = dataclasses.replace(o, bias=False, activation="relu", validation=val)
+    return xa.reshape(xa.shape[0], -1), o, image
 
 
 class _Source(NamedTuple):

@@ -19,7 +19,7 @@ import numpy as np
 from ..records import Validation
 from .batches import BatchSchedule, schedule
 from .errors import DataError
-from .kernels import Workspace
+from .kernels import whole_workspace
 from .network import Network, network
 from .optim import Optimizer, optimizer
 from .options import TrainingOptions
@@ -58,6 +58,9 @@ class Recipe(NamedTuple):
     #: "sum": the optimizer steps on the summed gradient (the paper's); "mean": on the gradient
     #: divided by the iteration's batch size (scikit-learn's; PyTorch's ``reduction="mean"``)
     reduction: str = "sum"
+    #: a CNN's geometry (:class:`~dask_rpm.nn.cnn.ConvLayers`), the layers it computes; None: an
+    #: MLP, whose sizes its parameters give
+    layers: Any = None
 
     def loss_scale(self, outputs: int) -> float:
         """Factor on the squared loss reported: with "mean", scikit-learn's per-sample mean over the
@@ -184,20 +187,31 @@ def one_hot(
     return out, cls
 
 
-def forward(x: np.ndarray, params: Sequence[np.ndarray], net: Network) -> np.ndarray:
-    """Network outputs ``h`` for inputs ``x`` (data inputs; augmented parameters ``W_1 .. V``)."""
-    xa = net.augment(np.ascontiguousarray(x, dtype=params[0].dtype))
-    ws = Workspace.whole(xa.shape[0], params, net)
+def _rows(x: Any, params: Sequence[np.ndarray], net: Network, layers: Any) -> np.ndarray:
+    """Samples as the kernels take them: rows, images flattened, the bias input appended."""
+    xa = np.ascontiguousarray(x, dtype=params[0].dtype)
+    if layers is not None:
+        return xa.reshape(xa.shape[0], -1)
+    return net.augment(xa)
+
+
+def forward(
+    x: np.ndarray, params: Sequence[np.ndarray], net: Network, layers: Any = None
+) -> np.ndarray:
+    """Network outputs ``h`` for inputs ``x`` (data inputs; augmented parameters ``W_1 .. V``;
+    ``layers`` a CNN's geometry, None for an MLP)."""
+    xa = _rows(x, params, net, layers)
+    ws = whole_workspace(xa.shape[0], params, net, layers=layers)
     return ws.outputs(ws.forward(xa, params))
 
 
 def evaluate(
-    x: np.ndarray, d: np.ndarray, params: Sequence[np.ndarray], net: Network
+    x: np.ndarray, d: np.ndarray, params: Sequence[np.ndarray], net: Network, layers: Any = None
 ) -> tuple[np.ndarray, float]:
     """Outputs ``h`` and the summed loss of the network on ``x`` against ``d``, by the kernels that
     train it (:class:`~dask_rpm.nn.kernels.Workspace`: one loss in the package)."""
-    xa = net.augment(np.ascontiguousarray(x, dtype=params[0].dtype))
-    ws = Workspace.whole(xa.shape[0], params, net)
+    xa = _rows(x, params, net, layers)
+    ws = whole_workspace(xa.shape[0], params, net, layers=layers)
     u = ws.forward(xa, params)
     h = ws.outputs(u)
     _, err = ws.output_delta(u, np.ascontiguousarray(d, dtype=params[0].dtype))
@@ -235,7 +249,7 @@ class Validator:
 
     def evaluate(self, done: int, params: Sequence[np.ndarray]) -> str | None:
         """Record the validation loss after ``done`` iterations; a reason to stop, or None."""
-        h, val = evaluate(self.x, self.d, params, self.recipe.net)
+        h, val = evaluate(self.x, self.d, params, self.recipe.net, self.recipe.layers)
         acc = accuracy(h, self.d) if self.recipe.net.output != "linear" else float("nan")
         self.rows.append(Validation(done, val, acc))
         if val < self.best * (1.0 - self.recipe.tol) or not math.isfinite(self.best):

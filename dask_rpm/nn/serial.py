@@ -17,7 +17,7 @@ from . import backend as xbk
 from .backend import Backend
 from .convergence import epoch_error
 from .data import DataError
-from .kernels import Workspace, all_finite
+from .kernels import all_finite, whole_workspace
 from .layers import layers_of_params
 from .optim import mean_gradient, penalty, step
 from .options import TRAINING_FIELDS, TrainingOptions
@@ -44,14 +44,15 @@ def train_arrays(
     :mod:`dask_rpm.nn.layers`); ``rules`` end-of-epoch rules
     (:class:`dask_rpm.nn.convergence.ConvergenceRule`); ``opt_state`` the optimizer state to
     start from (default zeros); ``backend`` where the arrays live while training (default numpy:
-    :mod:`~dask_rpm.nn.backend`; the results are numpy arrays whatever it is).
+    :mod:`~dask_rpm.nn.backend`; the results are numpy arrays whatever it is). A CNN's geometry is the
+    recipe's (:attr:`~dask_rpm.nn.recipe.Recipe.layers`).
 
     Returns a :class:`SerialResult` (``classes`` None: the caller knows its labels).
     """
     sched, net, opt = rec.schedule, rec.net, rec.optimizer
     be = backend or xbk.NUMPY
     params = [be.copy_of(p) for p in params0]
-    layers = layers_of_params(params)
+    layers = layers_of_params(params) if rec.layers is None else rec.layers
     state = (
         {k: [be.copy_of(a) for a in v] for k, v in opt_state.items()}
         if opt_state
@@ -59,8 +60,13 @@ def train_arrays(
     )
     biases = layers.bias_columns((0, layers.m), net.bias)
     lr = rec.learning_rate
-    ws = Workspace.whole(
-        min(sched.batch, x.shape[0]), params, net, rec.loss_scale(d.shape[1]), backend=be
+    ws = whole_workspace(
+        min(sched.batch, x.shape[0]),
+        params,
+        net,
+        rec.loss_scale(d.shape[1]),
+        backend=be,
+        layers=rec.layers,
     )
     x, d = be.asarray(x), be.asarray(d)
 
@@ -161,6 +167,7 @@ def fit_serial(
     options: TrainingOptions | None = None,
     backend: str | None = None,
     device: str | None = None,
+    network: Any = None,
 ) -> SerialResult:
     """Serial BP: the reference every distributed run must equal.
 
@@ -196,6 +203,9 @@ def fit_serial(
         Where it trains, as in :func:`dask_rpm.fit` (default ``rpm.engine.backend`` /
         ``rpm.engine.device``): ``backend="torch", device="cuda"`` is the serial reference on
         one GPU. The results are numpy arrays on every backend.
+    network : torch.nn.Sequential or list of layer records, optional
+        A convolutional network, as in :func:`dask_rpm.fit` (``x`` then holds images
+        ``(samples, channels, height, width)``).
 
     Returns
     -------
@@ -276,7 +286,7 @@ class SerialResult:
 
     def outputs(self, x: Any) -> np.ndarray:
         """The network's outputs for inputs ``x``."""
-        return forward(np.asarray(x), self.params, self.recipe.net)
+        return forward(np.asarray(x), self.params, self.recipe.net, self.recipe.layers)
 
     def predict(self, x: Any) -> np.ndarray:
         """Class labels (a classifier: labels given, or softmax outputs), else the outputs."""
