@@ -259,6 +259,46 @@ class ConvLayers(NamedTuple):
                 out.append(None)
         return out
 
+    def records(self) -> list[dict[str, Any]]:
+        """The network as normalised layer records (:func:`layer_records`'s form): what a job
+        file, a model file and :func:`to_torch` rebuild it from."""
+        out: list[dict[str, Any]] = []
+        for st in self.stages:
+            if st.kind == "conv":
+                out.append(
+                    dict(kind="conv", out=st.channels, kernel=st.kernel, stride=st.stride,
+                         padding=st.padding, bias=st.bias)
+                )
+            else:
+                out.append(dict(kind="linear", out=st.channels, bias=st.bias))
+            for op in st.post:
+                if len(op) == 1:
+                    out.append({"kind": op[0]})
+                else:
+                    out.append({"kind": op[0], "kernel": op[1], "stride": op[2]})
+            if st.kind == "conv" and self._flattened_after(st):
+                out.append({"kind": "flatten"})
+        out.append(dict(kind="linear", out=self.l, bias=self.out_bias))
+        return out
+
+    def _flattened_after(self, st: Stage) -> bool:
+        i = self.stages.index(st)
+        return i == self.depth - 1 or self.stages[i + 1].kind == "linear"
+
+    def spec(self) -> list[Any]:
+        """The layer records in the form a user writes them (a job file's ``network:``)."""
+        out: list[Any] = []
+        for rec in self.records():
+            kind = rec["kind"]
+            if kind in ("relu", "tanh", "sigmoid", "flatten"):
+                out.append(kind)
+            elif kind in ("conv", "linear"):
+                r = {kind: rec["out"], **{k: v for k, v in rec.items() if k not in ("kind", "out")}}
+                out.append(r)
+            else:
+                out.append({kind: rec["kernel"], "stride": rec["stride"]})
+        return out
+
     def describe(self) -> list[str]:
         """One line per stage for people: its kind, channels and map."""
         lines = []
@@ -270,7 +310,7 @@ class ConvLayers(NamedTuple):
                 else f"linear {st.inputs}->{st.channels}"
             )
             lines.append(f"stage {k + 1}: {what} {post} -> {st.channels} x {st.out_hw[0]}x{st.out_hw[1]}")
-        lines.append(f"output: linear {self.inputs(self.depth) if False else self._v_in()}->{self.l}")
+        lines.append(f"output: linear {self._v_in()}->{self.l}")
         return lines
 
     def _v_in(self) -> int:
@@ -650,14 +690,14 @@ def user_params(layers: ConvLayers, params: Sequence[np.ndarray]) -> list[tuple[
     return out
 
 
-def to_torch(layers: ConvLayers, params: Sequence[np.ndarray], records: Sequence[Any]) -> Any:
-    """A ``torch.nn.Sequential`` of ``records`` (:func:`layer_records`) holding ``params``."""
+def to_torch(layers: ConvLayers, params: Sequence[np.ndarray]) -> Any:
+    """A ``torch.nn.Sequential`` of the network holding ``params`` (float64 for float64 ones)."""
     import torch
     import torch.nn as tnn
 
     mods: list[Any] = []
     shape: tuple[int, ...] = layers.image
-    for rec in records:
+    for rec in layers.records():
         kind = rec["kind"]
         if kind == "conv":
             mods.append(
