@@ -1,14 +1,19 @@
-"""Draw docs/img/concepts.png, the picture of docs/concepts.md.
+"""Draw docs/img/concepts.png, the picture of docs/concepts.md (or, with --cnn-seed, the CNN model's).
 
 Run from the repository root (needs matplotlib, ``pip install 'dask-rpm[plot]'``)::
 
     python docs/make_figures.py               # writes docs/img/concepts.png
     python docs/make_figures.py --out x.png   # somewhere else
+    python docs/make_figures.py --cnn-seed    # writes docs/img/cnn_seed_model.png (docs/method.md)
 
 Three plans of the SRPM paper's worked example (abilities 0.05, 0.10, 0.20,
 0.30, 0.35; network 203-80-26; 1024 samples), drawn to scale with
 :func:`dask_rpm.results.plot_plan`: equal work for everyone, the SRPM plan, and
 the column remap DRPM makes when P4 slows down to half its speed.
+
+``--cnn-seed`` draws the seed's CNN time model instead (a MODEL, nothing run:
+:func:`dask_rpm.bench.cnn_seed.plot_cnn_seed`), the figure
+``benchmarks/cnn_seed_model.py`` also writes.
 """
 
 from __future__ import annotations
@@ -27,12 +32,25 @@ ABILITIES = [0.05, 0.10, 0.20, 0.30, 0.35]
 SHAPE = (203, 80, 26)
 SAMPLES = 1024
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "img", "concepts.png")
+CNN_SEED_OUT = os.path.join(os.path.dirname(OUT), "cnn_seed_model.png")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=OUT, help=f"where to write the PNG (default {OUT})")
-    out = parser.parse_args().out
+    parser.add_argument("--out", default=None, help=f"where to write the PNG (default {OUT})")
+    parser.add_argument(
+        "--cnn-seed",
+        action="store_true",
+        help=f"draw the seed's CNN time model instead (default --out {CNN_SEED_OUT})",
+    )
+    args = parser.parse_args()
+    if args.cnn_seed:
+        from dask_rpm.bench.cnn_seed import plot_cnn_seed, report  # only this figure needs it
+
+        out = plot_cnn_seed(report(), args.out or CNN_SEED_OUT)
+        print(f"wrote {out}")
+        return 0
+    out = args.out or OUT
     uniform = make_plan(ABILITIES, SHAPE, SAMPLES, method="uniform", dp=1)
     srpm = make_plan(ABILITIES, SHAPE, SAMPLES, method="srpm")
     slower = list(ABILITIES)

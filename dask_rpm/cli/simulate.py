@@ -1,18 +1,22 @@
 """``dask-rpm simulate``: predicted gamma and iteration time for large clusters (SIMULATION).
 
 The model is :mod:`dask_rpm.bench.simulate`; this module holds the options and the
-files written (``simulate.nc``, ``simulate.md``, ``simulate.png``).
+files written (``simulate.nc``, ``simulate.md``, ``simulate.png``). With
+``--cnn-seed`` it prints the seed's CNN time model instead
+(:mod:`dask_rpm.bench.cnn_seed`; files ``cnn_seed.md``, ``cnn_seed.png``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from typing import Any
 
 from .._files import atomic_write, atomic_write_text
+from ..bench import cnn_seed
 from ..bench.simulate import (
     DEFAULT_NS,
     DEFAULT_UNIT_RATE,
@@ -24,8 +28,9 @@ from ..bench.simulate import (
     plot_simulation,
     simulate,
 )
+from ..cost.cnn_model import BATCHES
 from ..plan.partition import PlanError
-from ._common import CLIError
+from ._common import CLIError, split_list
 
 __all__ = ["add_parser", "run"]
 
@@ -39,6 +44,12 @@ simulate.md and simulate.nc to --out and prints a table.
 
 gamma = (1 / T_parallel) / sum over workers of (1 / T_alone(i)): 1 means
 every worker's speed is used.
+
+--cnn-seed: instead, the channel-wise hybrid seed's CNN time model (its
+section 4, Tables 1 and 2): seconds per iteration of data parallelism, the
+hybrids hv1-hv3 and the rectangle model's channel-split plan (rpm) against the
+global mini-batch per node, where they cross, and whether the seed's Fig. 10
+claims hold. A MODEL: nothing is run.
 """
 
 _EPILOG = """\
@@ -47,6 +58,7 @@ examples:
   dask-rpm simulate --distribution two:0.5,0.25 --latency 1e-3   # half the workers 4x slower, slow links
   dask-rpm simulate --n 64,256 --json                  # two sizes, as JSON rows
   dask-rpm simulate --check rpm-bench/bench.nc         # the model against a dask-rpm bench result
+  dask-rpm simulate --cnn-seed --out cnn               # the seed's CNN model: table, cnn_seed.png, .md
 
 distributions: equal | A | B (the paper's profiles, at most 8 workers) |
   uniform:LO,HI (speeds uniform in [LO, HI]) | two:FRACTION,SLOW (that
@@ -119,11 +131,27 @@ def add_parser(subparsers: Any) -> None:
         "(default: print the table only)",
     )
     p.add_argument("--json", action="store_true", help="print JSON rows")
+    p.add_argument(
+        "--cnn-seed",
+        action="store_true",
+        help="instead: the seed's CNN time model (data, hv1-hv3, rpm) against the global "
+        "mini-batch per node; with --out writes cnn_seed.png and cnn_seed.md (MODEL)",
+    )
+    p.add_argument(
+        "--batches",
+        default=None,
+        help="with --cnn-seed: global mini-batches per node, comma-separated numbers > 0 "
+        f"(default {','.join(map(str, BATCHES))})",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Runner of ``dask-rpm simulate``."""
+    if args.cnn_seed:
+        return _run_cnn_seed(args)
+    if args.batches is not None:
+        raise CLIError("--batches goes with --cnn-seed (the CNN model's mini-batches per node)")
     try:
         if args.check:
             _print_check(args)
@@ -195,3 +223,76 @@ def _print_check(args: argparse.Namespace) -> None:
             f"| {r['case']} | {r['method']} | {r['predicted']:.3f} | {r['measured']:.3f} | "
             f"{100 * r['error']:+.0f} % |"
         )
+
+
+#: The cluster simulation's options and their defaults: none of them means anything to --cnn-seed.
+_CLUSTER_OPTIONS = {
+    "ns": ("--n", None),
+    "distribution": ("--distribution", "uniform:0.25,1"),
+    "shape": ("--shape", "203-1024-26"),
+    "samples_per_worker": ("--samples-per-worker", 4096),
+    "latency": ("--latency", None),
+    "bandwidth": ("--bandwidth", None),
+    "overhead": ("--overhead", None),
+    "exchanges": ("--exchanges", "scalable"),
+    "methods": ("--methods", ",".join(SIM_METHODS)),
+    "unit_rate": ("--unit-rate", DEFAULT_UNIT_RATE),
+    "check": ("--check", None),
+}
+
+
+def _run_cnn_seed(args: argparse.Namespace) -> int:
+    """``--cnn-seed``: the seed's CNN time model as a table (and cnn_seed.png, .md with --out)."""
+    given = [
+        opt for dest, (opt, default) in _CLUSTER_OPTIONS.items() if getattr(args, dest) != default
+    ]
+    if given:
+        raise CLIError(
+            f"--cnn-seed takes none of the cluster simulation's options; drop {', '.join(given)} "
+            "(it has --batches, --out and --json)"
+        )
+    batches: list[float] = list(BATCHES)
+    if args.batches is not None:
+        items = split_list(args.batches)
+        try:
+            batches = [float(v) for v in items]
+        except ValueError:
+            batches = []
+        if not batches or not all(math.isfinite(b) and b > 0 for b in batches):
+            raise CLIError(
+                f"--batches {args.batches!r}: give comma-separated numbers > 0, e.g. 1,2,4,8"
+            )
+    rep = cnn_seed.report(sorted(set(batches)))
+    table = cnn_seed.markdown(rep)
+    if args.out is not None:
+        os.makedirs(args.out, exist_ok=True)
+        atomic_write_text(os.path.join(args.out, "cnn_seed.md"), table)
+        cnn_seed.plot_cnn_seed(rep, os.path.join(args.out, "cnn_seed.png"))
+    if args.json:
+        t = rep.table
+        print(
+            json.dumps(
+                {
+                    "label": cnn_seed.LABEL,
+                    "rows": [
+                        {
+                            "batch_per_node": float(b),
+                            **{n: float(t.seconds[i, j]) for i, n in enumerate(t.names)},
+                            "rpm_k": int(t.rpm_k[j]),
+                        }
+                        for j, b in enumerate(t.batches)
+                    ],
+                    "crossovers": [c._asdict() for c in rep.crossovers],
+                    "claims": [c._asdict() for c in rep.claims],
+                }
+            )
+        )
+    else:
+        print(table)
+        wrote = (
+            f"wrote {args.out}/cnn_seed.md, cnn_seed.png"
+            if args.out is not None
+            else "--out DIR also writes cnn_seed.md and cnn_seed.png"
+        )
+        print(f"{wrote}  (MODEL, not measured)", file=sys.stderr)
+    return 0
