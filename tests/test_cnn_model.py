@@ -243,3 +243,21 @@ def test_cli_cnn_seed_bad_input_exits_2(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "error" in err and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_method_doc_table_is_the_models():
+    """docs/method.md §12 shows the model's seconds per iteration and rpm's set sizes."""
+    text = (ROOT / "docs" / "method.md").read_text(encoding="utf-8")
+    section = text.split('<a id="cnn-seed-model"></a>', 1)[1]
+    lines = section.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| b | data |"))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip("|").split("|")])
+    s = sweep(BATCHES)
+    assert [float(r[0]) for r in rows] == list(s.batches)
+    for j, row in enumerate(rows):
+        assert [float(v) for v in row[1:6]] == pytest.approx(s.seconds[:, j], abs=5e-5)
+        assert int(row[6]) == s.rpm_k[j]
