@@ -91,7 +91,7 @@ async def write_store(driver: Any, directory: str, extra: Mapping[str, Any]) -> 
             dtype=driver.dtype,
             files=files,
             slots=list(driver.recipe.optimizer.slots),
-            extra=extra,
+            extra={**(extra or {}), **store.network_entry(driver.layers)},
         )
 
     return await asyncio.get_running_loop().run_in_executor(None, finish)

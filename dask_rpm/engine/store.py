@@ -49,6 +49,7 @@ import numpy as np
 
 from .._files import atomic_write, atomic_write_text, json_default, unwritable_reason
 from ..nn.data import DataError
+from ..nn.cnn import conv_layers, is_conv
 from ..nn.layers import layers_of, layers_of_params
 from ..plan.partition import Plan
 
@@ -62,6 +63,8 @@ __all__ = [
     "write_rows",
     "write_manifest",
     "commit",
+    "network_entry",
+    "geometry",
     "write_whole",
     "read_manifest",
     "StoreRows",
@@ -171,6 +174,22 @@ def write_rows(
     return RowFile(name, (int(a), int(b)), len(data), hashlib.sha256(data).hexdigest())
 
 
+def network_entry(layers: Any) -> dict[str, Any]:
+    """What a manifest records of a CNN (``{"network": {"image", "layers"}}``: its layer
+    records); nothing for an MLP, whose ``shape`` says it all."""
+    if not is_conv(layers):
+        return {}
+    return {"network": {"image": list(layers.image), "layers": layers.spec()}}
+
+
+def geometry(shape: Sequence[int], network: Mapping[str, Any] | None = None) -> Any:
+    """The network a manifest describes: an MLP's :class:`~dask_rpm.nn.layers.Layers` from its
+    ``shape``, or a CNN's :class:`~dask_rpm.nn.cnn.ConvLayers` from its ``network`` entry."""
+    if network:
+        return conv_layers(network["layers"], network["image"], int(shape[-1]))
+    return layers_of(shape)
+
+
 def write_manifest(
     directory: str,
     *,
@@ -188,7 +207,7 @@ def write_manifest(
     JSON values.
     """
     files = sorted(files, key=lambda f: f.rows[0])
-    m = layers_of(shape).m
+    m = geometry(shape, (extra or {}).get("network")).m
     edges = [f.rows for f in files]
     if (
         not edges
@@ -230,6 +249,7 @@ def write_whole(
     state: Mapping[str, Sequence[np.ndarray]] | None,
     extra: Mapping[str, Any] | None = None,
     plan: Plan | None = None,
+    layers: Any = None,
 ) -> dict[str, Any]:
     """A checkpoint of weights held in this process, committed; returns the manifest.
 
@@ -239,7 +259,8 @@ def write_whole(
     resume on that plan has each worker read only the files of its rows. If
     the store's valid checkpoint is already at ``iteration`` (the workers wrote
     it at that boundary: the same weights), it is kept as it is: rewriting a
-    file it names could leave it damaged if interrupted.
+    file it names could leave it damaged if interrupted. ``layers`` is the network's geometry
+    (default: the MLP ``params`` make; a CNN's must be given).
     """
     try:
         current = read_manifest(directory)
@@ -247,7 +268,8 @@ def write_whole(
         current = None
     if current is not None and int(current["iteration"]) == int(iteration):
         return current
-    layers = layers_of_params(params)
+    layers = layers_of_params(params) if layers is None else layers
+    extra = {**(extra or {}), **network_entry(layers)}
     m = layers.m
     cuts = sorted(
         {0, m}
@@ -330,6 +352,7 @@ class StoreRows(NamedTuple):
     rows: tuple[int, int]  # plan rows [a, b) wanted
     shape: tuple[int, ...]  # (n, m_1, ..., m_L, l) of the network
     slots: tuple[str, ...]  # optimizer state slots in the files
+    network: Any = None  # a CNN's layers (:func:`network_entry`); None: an MLP
 
 
 def manifest_files(manifest: Mapping[str, Any]) -> list[RowFile]:
@@ -345,7 +368,9 @@ def rows_to_read(directory: str, manifest: Mapping[str, Any], a: int, b: int) ->
     files = tuple(f for f in manifest_files(manifest) if f.rows[0] < b and a < f.rows[1])
     shape = tuple(int(v) for v in manifest["shape"])
     slots = tuple(manifest.get("optimizer_slots") or ())
-    return StoreRows(os.fspath(directory), files, (int(a), int(b)), shape, slots)
+    return StoreRows(
+        os.fspath(directory), files, (int(a), int(b)), shape, slots, manifest.get("network")
+    )
 
 
 def read_rows(part: StoreRows, dtype: Any) -> dict[str, Any]:
@@ -355,7 +380,7 @@ def read_rows(part: StoreRows, dtype: Any) -> dict[str, Any]:
     ``dtype``, plus ``bytes``: the size of the files read.
     """
     a, b = part.rows
-    layers = layers_of(part.shape)
+    layers = geometry(part.shape, part.network)
     dtype = np.dtype(dtype)
     params = layers.zeros((a, b), dtype)
     state = {s: layers.zeros((a, b), dtype) for s in part.slots}
@@ -388,7 +413,7 @@ def load(directory: str | os.PathLike) -> dict[str, Any]:
     """
     directory = os.fspath(directory)
     man = read_manifest(directory)
-    m = layers_of(man["shape"]).m
+    m = geometry(man["shape"], man.get("network")).m
     got = read_rows(rows_to_read(directory, man, 0, m), man["dtype"])
     return {
         **_about(man, directory),

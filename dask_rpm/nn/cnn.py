@@ -365,8 +365,8 @@ def _record(item: Any, i: int) -> dict[str, Any]:
         )
     kind = kinds[0]
     allowed = {
-        "conv": {"kernel", "stride", "padding", "bias"},
-        "linear": {"bias"},
+        "conv": {"kernel", "stride", "padding", "bias", "inputs"},
+        "linear": {"bias", "inputs"},
         "maxpool": {"stride"},
         "avgpool": {"stride"},
     }.get(kind, set())
@@ -379,6 +379,8 @@ def _record(item: Any, i: int) -> dict[str, Any]:
     if kind in ("conv", "linear"):
         out["out"] = _int(item, kind, 0, where, 1)
         out["bias"] = bool(item.get("bias", True))
+        if "inputs" in item:  # what a torch layer declares: checked against what reaches it
+            out["inputs"] = _int(item, "inputs", 0, where, 1)
     if kind == "conv":
         out["kernel"] = _int(item, "kernel", 3, where, 1)
         out["stride"] = _int(item, "stride", 1, where, 1)
@@ -414,6 +416,7 @@ def _torch_records(module: Any) -> list[dict[str, Any]]:
                 )
             rec = {
                 "conv": layer.out_channels,
+                "inputs": layer.in_channels,
                 "kernel": tuple(layer.kernel_size),
                 "stride": tuple(layer.stride),
                 "padding": tuple(layer.padding),
@@ -445,7 +448,11 @@ def _torch_records(module: Any) -> list[dict[str, Any]]:
                 )
             rec = "flatten"
         elif isinstance(layer, tnn.Linear):
-            rec = {"linear": layer.out_features, "bias": layer.bias is not None}
+            rec = {
+                "linear": layer.out_features,
+                "inputs": layer.in_features,
+                "bias": layer.bias is not None,
+            }
         elif isinstance(layer, (tnn.ReLU, tnn.Tanh, tnn.Sigmoid)):
             rec = name.lower()
         else:
@@ -519,8 +526,20 @@ def conv_layers(network: Any, image: Sequence[int], outputs: int | None = None) 
             )
         cur, post = None, []
 
-    for i, rec in enumerate(recs[:-1]):
+    for i, rec in enumerate(recs):
         kind, where = rec["kind"], f"layer {i} ({rec['kind']})"
+        if "inputs" in rec and kind in ("conv", "linear"):
+            have = shape[0]
+            if len(shape) == 3 and kind == "linear":
+                break  # reported below: a Flatten is missing
+            if rec["inputs"] != have:
+                what = "input channels" if kind == "conv" else "input features"
+                raise NetworkSpecError(
+                    f"{where} takes {rec['inputs']} {what}; the layer before gives {have} "
+                    f"(images are {c}x{h}x{w}). Make them agree"
+                )
+        if i == len(recs) - 1:
+            break
         if kind == "conv":
             if len(shape) != 3:
                 raise NetworkSpecError(
@@ -719,10 +738,12 @@ def to_torch(layers: ConvLayers, params: Sequence[np.ndarray]) -> Any:
         else:
             mods.append({"relu": tnn.ReLU, "tanh": tnn.Tanh, "sigmoid": tnn.Sigmoid}[kind]())
     seq = tnn.Sequential(*mods)
+    if np.asarray(params[0]).dtype == np.float64:  # before the copies: float32 would round them
+        seq = seq.double()
     dense = [m for m in seq if isinstance(m, (tnn.Conv2d, tnn.Linear))]
     with torch.no_grad():
         for m, (w, b) in zip(dense, user_params(layers, params)):
             m.weight.copy_(torch.from_numpy(np.ascontiguousarray(w)).to(m.weight.dtype))
             if b is not None:
                 m.bias.copy_(torch.from_numpy(np.ascontiguousarray(b)).to(m.bias.dtype))
-    return seq.double() if np.asarray(params[0]).dtype == np.float64 else seq
+    return seq

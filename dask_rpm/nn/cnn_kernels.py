@@ -353,6 +353,11 @@ class ConvWorkspace(Workspace):
         W = params[iw][:r]
         b = params[ib][:r] if ib is not None else None
         x = self._input(k, inp)
+        if r == 0:  # the bias channel alone: nothing to compute
+            self._cache[k] = (x, None, [])
+            f = self.local(k)
+            self._bias_channel(f, self.bias_rows[k])
+            return f
         if st.kind == "conv":
             z, conv_cache = ops.conv(x, W, b, st.stride, st.padding)
         else:
@@ -383,14 +388,20 @@ class ConvWorkspace(Workspace):
         f = self.local(k)
         if r:
             xb.copyto(f[:, :r], a)
-        br = self.bias_rows[k]
-        if br is not None:
-            f[:, br] = 0.0
-            if f.ndim == 4:
-                f[:, br, 0, 0] = 1.0
-            else:
-                f[:, br] = 1.0
+        self._bias_channel(f, self.bias_rows[k])
         return f
+
+    @staticmethod
+    def _bias_channel(f: Any, br: int | None) -> None:
+        """The bias channel's output: 1 at its first position, 0 elsewhere (module docstring of
+        :mod:`dask_rpm.nn.cnn`), so ``V[:, -1, 0]`` is the output bias."""
+        if br is None:
+            return
+        f[:, br] = 0.0
+        if f.ndim == 4:
+            f[:, br, 0, 0] = 1.0
+        else:
+            f[:, br] = 1.0
 
     def output_partial(self, params: Sequence[Any]) -> Any:  # type: ignore[override]
         """The partial product of my last-stage channels with my columns of ``V``."""
