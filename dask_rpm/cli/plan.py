@@ -13,6 +13,9 @@ import os
 import re
 from typing import Any
 
+import yaml
+
+from ..nn.cnn import ConvLayers, NetworkSpecError, conv_layers, is_conv
 from ..nn.layers import layers_of
 from ..plan.partition import round_cuts
 from ..plan.real_partition import count_noun
@@ -26,7 +29,9 @@ __all__ = [
     "read_abilities_file",
     "plan_json",
     "format_plan",
+    "format_layers",
     "draw_plan",
+    "read_network_spec",
 ]
 
 _PLAN_EPILOG = f"""\
@@ -45,6 +50,11 @@ examples:
   # second) DRPM's choice leaves the CPUs idle when their messages cost more than they save
   {PROG} plan --abilities 1,0.01,0.01,0.01 --rates 2.6e7,2.6e5,2.6e5,2.6e5 \
       --shape 33-64-4 --samples 512 --idle
+
+  # a CNN (layer records, or a YAML/JSON file of them; images of 1 channel, 8x8): each
+  # worker's channels of every stage, 4 workers in 2 columns
+  {PROG} plan --abilities 1,1,2,2 --samples 512 --dp 2 --image 1,8,8 \
+      --network '[{{"conv": 4, "kernel": 3}}, "relu", {{"maxpool": 2}}, "flatten", {{"linear": 10}}]'
 
   # the same through dask's command line
   dask rpm plan --abilities 1,2,3 --shape 10-8-2 --samples 100
@@ -76,11 +86,25 @@ def add_parser(subparsers: Any) -> None:
     src.add_argument(
         "--abilities-file", metavar="PATH", help="file with one ability per line, or a JSON list"
     )
-    p.add_argument(
+    net = p.add_mutually_exclusive_group(required=True)
+    net.add_argument(
         "--shape",
-        required=True,
         metavar="N-M-L",
         help="network inputs-hidden-outputs, e.g. 203-80-26; several hidden layers: 784-512-256-10",
+    )
+    net.add_argument(
+        "--network",
+        metavar="LAYERS",
+        help="a CNN instead: a JSON/YAML list of layer records, e.g. "
+        '\'[{"conv": 6, "kernel": 5}, "relu", {"maxpool": 2}, "flatten", '
+        "{\"linear\": 10}]', or a YAML/JSON file holding one (a job file's network: too); "
+        "needs --image",
+    )
+    p.add_argument(
+        "--image",
+        metavar="C,H,W",
+        default=None,
+        help="with --network: channels, height and width of one input image, e.g. 1,28,28",
     )
     p.add_argument("--samples", required=True, metavar="S", help="number of training samples")
     p.add_argument(
@@ -173,15 +197,89 @@ def read_abilities_file(path: str) -> list[float]:
     return parse_abilities("\n".join(ln for ln in lines if ln), f"abilities file {path!r}")
 
 
+def read_network_spec(text: str) -> list[Any]:
+    """``--network``'s layer records: a JSON/YAML list, or the path of a YAML/JSON file holding
+    one (or holding a mapping with a ``network:`` list, as a job file does)."""
+    where = "--network"
+    if os.path.isfile(text):
+        where = f"--network file {text!r}"
+        try:
+            with open(text) as f:
+                text = f.read()
+        except OSError as e:
+            raise CLIError(f"cannot read {where}: {e.strerror}") from None
+    elif re.search(r"\.(ya?ml|json)$", text.strip(), re.IGNORECASE):
+        raise CLIError(
+            f"--network file {text!r} not found: give an existing YAML/JSON file, or the layer "
+            f"records themselves"
+        )
+    try:
+        spec = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise CLIError(
+            f"{where} is not valid JSON or YAML ({getattr(e, 'problem', None) or e}); give a list "
+            f'of layer records, e.g. \'[{{"conv": 6, "kernel": 5}}, "relu", "flatten", '
+            f'{{"linear": 10}}]\''
+        ) from None
+    if isinstance(spec, dict) and "network" in spec:  # a job file
+        spec = spec["network"]
+    if not isinstance(spec, list) or not spec:
+        raise CLIError(
+            f"{where} holds {type(spec).__name__} {spec!r:.80}; it must be a non-empty list of "
+            f'layer records, e.g. \'[{{"conv": 6, "kernel": 5}}, "relu", "flatten", '
+            f'{{"linear": 10}}]\''
+        )
+    return spec
+
+
+def _image(text: str | None) -> tuple[int, int, int]:
+    """``--image C,H,W`` (``CxHxW`` too) as three whole numbers >= 1."""
+    if text is None:
+        raise CLIError(
+            "--network needs --image C,H,W: the channels, height and width of one input image "
+            "(e.g. --image 1,28,28)"
+        )
+    parts = [t for t in re.split(r"[,x\s]+", text.strip()) if t]
+    try:
+        dims = [int(t) for t in parts]
+    except ValueError:
+        dims = []
+    if len(dims) != 3 or min(dims) < 1:
+        raise CLIError(
+            f"--image={text!r}; give three whole numbers >= 1: channels, height, width, e.g. "
+            f"1,28,28"
+        )
+    return dims[0], dims[1], dims[2]
+
+
+def _layers(args: argparse.Namespace) -> Any:
+    """The network's geometry: an MLP's :class:`~dask_rpm.nn.layers.Layers` (``--shape``) or a
+    CNN's :class:`~dask_rpm.nn.cnn.ConvLayers` (``--network`` and ``--image``)."""
+    if args.network is None:
+        if args.image is not None:
+            raise CLIError(
+                "--image describes a CNN's input; give it with --network (an MLP's --shape "
+                "names its inputs)"
+            )
+        # several hidden layers: the planners cut the narrowest; every layer follows the same rows
+        return layers_of(parse_network_shape(args.shape))
+    spec = read_network_spec(args.network)
+    image = _image(args.image)
+    try:
+        return conv_layers(spec, image)
+    except NetworkSpecError as e:
+        raise CLIError(f"--network: {e}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     """Runner of ``dask-rpm plan``."""
     if args.abilities_file is not None:
         abilities = read_abilities_file(args.abilities_file)
     else:
         abilities = parse_abilities(args.abilities, "--abilities")
-    # several hidden layers: the planners cut the narrowest; every layer follows the same rows
-    layers = layers_of(parse_network_shape(args.shape))
-    shape = layers.plan_shape
+    layers = _layers(args)
+    # a CNN is planned as its geometry: make_plan takes its shape and communication counts
+    shape = layers if is_conv(layers) else layers.plan_shape
     samples = int_option("--samples", args.samples)
     dp = int_option("--dp", args.dp)
     small_group = float_option("--small-group", args.small_group)
@@ -213,13 +311,16 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(plan_json(plan, layers)))
     else:
         print(format_plan(plan, draw=not args.no_draw, width=args.width))
-        if layers.depth > 1:
+        if layers.depth > 1 or is_conv(layers):
             print(format_layers(plan, layers))
     return 0
 
 
 def format_layers(plan: Any, layers: Any) -> str:
-    """Each worker's rows of every hidden layer (a network of several hidden layers)."""
+    """Each worker's rows of every hidden layer (a network of several hidden layers), or of every
+    stage of a CNN (its output channels)."""
+    if is_conv(layers):
+        return _format_stages(plan, layers)
     out = [f"rows of each hidden layer ({'-'.join(map(str, layers.shape))}):"]
     for col in plan.columns:
         for w in col:
@@ -228,13 +329,37 @@ def format_layers(plan: Any, layers: Any) -> str:
     return "\n".join(out)
 
 
+def _format_stages(plan: Any, layers: ConvLayers) -> str:
+    """A CNN's stages, then each worker's channels of every stage."""
+    c, h, w = layers.image
+    out = [f"network on {c}x{h}x{w} images:"]
+    out.extend(f"  {line}" for line in layers.describe())
+    bias = (
+        f" (stage {layers.depth}'s last row, {layers.hidden[-1] - 1}, is the output bias channel)"
+        if layers.out_bias
+        else ""
+    )
+    out.append(f"channels of each stage{bias}:")
+    out.append(
+        f"  {'worker':<7}" + "  ".join(f"{f'stage {k + 1}':<10}" for k in range(layers.depth))
+    )
+    for col in plan.columns:
+        for wk in col:
+            rows = layers.layer_rows(plan.rectangle(wk).hidden)
+            out.append(f"  P{wk + 1:<6}" + "  ".join(f"{f'[{a}, {b})':<10}" for a, b in rows))
+    return "\n".join(line.rstrip() for line in out)
+
+
 def _finite_or_none(v: float) -> float | None:
     return float(v) if math.isfinite(v) else None
 
 
 def plan_json(plan: Any, layers: Any = None) -> dict[str, Any]:
     """The ``--json`` object of a plan (strict JSON: infeasible values become null); with
-    ``layers`` each rectangle's rows of every hidden layer too."""
+    ``layers`` each rectangle's rows of every hidden layer too (``layers``), or with a CNN's
+    :class:`~dask_rpm.nn.cnn.ConvLayers` its channels of every stage (``channels``) and the
+    network (``network``: the layer records, ``image``, ``stages``, ``cost_shape``)."""
+    conv = layers is not None and is_conv(layers)
     d: dict[str, Any] = {
         "method": plan.method,
         "abilities": list(plan.abilities),
@@ -255,13 +380,20 @@ def plan_json(plan: Any, layers: Any = None) -> dict[str, Any]:
             "hidden": list(r.hidden),
             "work": r.area,
             **(
-                {"layers": [list(v) for v in layers.layer_rows(r.hidden)]}
-                if layers is not None and layers.depth > 1
+                {"channels" if conv else "layers": [list(v) for v in layers.layer_rows(r.hidden)]}
+                if layers is not None and (conv or layers.depth > 1)
                 else {}
             ),
         }
         for r in (plan.rectangle(w) for col in plan.columns for w in col)
     ]
+    if conv:
+        d["network"] = {
+            "layers": layers.spec(),
+            "image": list(layers.image),
+            "stages": list(layers.hidden),
+            "cost_shape": list(layers.cost_shape),
+        }
     d["imbalance"] = plan.imbalance()
     d["excluded"] = list(plan.excluded)
     d["notes"] = list(plan.notes)

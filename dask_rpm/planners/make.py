@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,6 +23,9 @@ from .inputs import (
 )
 from .registry import Planner, PlannerResult, get_planner
 from .settings import PlannerSettings
+
+if TYPE_CHECKING:  # the pure layer reaches no torch, not even through nn.cnn's helpers
+    from ..nn.cnn import ConvLayers
 
 __all__ = ["fastest_grid", "make_plan"]
 
@@ -51,7 +54,14 @@ def make_plan(
         One positive, finite number per worker (relative speed, any scale).
         Worker ``i`` of the plan is ``abilities[i]``.
     shape
-        Network ``(n, m, l)`` or a string ``"n-m-l"``.
+        Network ``(n, m, l)``, a string ``"n-m-l"``, or a CNN's geometry: the
+        :class:`~dask_rpm.nn.cnn.ConvLayers` that :func:`~dask_rpm.nn.cnn.conv_layers`
+        builds from a ``torch.nn.Sequential`` or layer records and the image shape. A CNN is
+        planned for its :attr:`~dask_rpm.nn.cnn.ConvLayers.plan_shape` (the planners cut the
+        narrowest stage's channels; every stage follows the same rows) and counted with its
+        :attr:`~dask_rpm.nn.cnn.ConvLayers.cost_shape`. With ``dp`` columns that cannot each
+        hold a worker per channel (more than ``dp x m`` workers), the slowest workers beyond
+        that stay idle (in ``excluded``, the reason in ``notes``) instead of an error.
     samples
         Number of training samples ``s``.
     method
@@ -86,7 +96,8 @@ def make_plan(
         ``(n, m, l)`` the communication model counts with instead of ``shape`` (a network of
         several hidden layers exchanges each layer's activations in a column and every
         layer's rows across columns: :attr:`Layers.cost_shape
-        <dask_rpm.nn.layers.Layers.cost_shape>`); the plan records it for its remaps.
+        <dask_rpm.nn.layers.Layers.cost_shape>`); the plan records it for its remaps. Leave
+        it out with a :class:`~dask_rpm.nn.cnn.ConvLayers` ``shape``, which gives its own.
     idle
         Leave workers idle (in ``excluded``, holding no rows, the reason in ``notes``) when a
         plan on the fastest few is predicted faster than on every worker
@@ -115,6 +126,14 @@ def make_plan(
         For invalid input; the message names the value and how to fix it.
     """
     ab = validate_abilities(abilities)
+    conv = _conv_layers(shape)
+    if conv is not None:
+        if cost_shape is not None:
+            raise PlanError(
+                f"cost_shape={cost_shape!r} given with a CNN's ConvLayers, which has its own "
+                f"({'-'.join(map(str, conv.cost_shape))}); leave cost_shape out"
+            )
+        shape, cost_shape = conv.plan_shape, conv.cost_shape
     shape = parse_shape(shape)
     cost = shape if cost_shape is None else parse_shape(cost_shape)
     samples = check_count("samples", samples, "give the number of training samples, e.g. 1024")
@@ -142,10 +161,50 @@ def make_plan(
         dp = check_count(
             "dp", dp, "give the number of columns (data-parallel degree) or leave it out"
         )
+    if conv is not None and dp is not None:
+        carried = _fewer_members(ab, dp, conv)
     plan, _, _ = _make(ab, shape, cost, samples, method, dp, carried, **kw)
     if workers is not None:
         plan = plan.with_workers(list(workers))
     return plan
+
+
+def _conv_layers(shape: Any) -> ConvLayers | None:
+    """``shape`` when it is a CNN's :class:`~dask_rpm.nn.cnn.ConvLayers`, else ``None``.
+
+    Recognised by what it has rather than by its class: importing :mod:`dask_rpm.nn.cnn` here
+    would give the planners a path to torch (its ``torch.nn`` readers), which this pure layer
+    must not import.
+    """
+    if all(hasattr(shape, a) for a in ("image", "stages", "plan_shape", "cost_shape")):
+        return shape
+    return None
+
+
+def _fewer_members(ab: np.ndarray, dp: int, conv: ConvLayers) -> tuple[list[int], str] | None:
+    """The workers a CNN's ``dp`` columns leave idle, and the note saying why (``None``: all fit).
+
+    A worker needs at least one channel of every stage, so a column holds at most ``m`` workers
+    (the narrowest stage's channels): the slowest beyond ``dp x m`` stay idle, which keeps every
+    column feasible for every planner (a grid's ``N_DP`` then divides the ``dp x m`` kept).
+    """
+    room = dp * conv.m
+    if len(ab) <= room:
+        return None
+    # slowest first; among equal abilities the later worker (the order the user gave)
+    order = sorted(range(len(ab)), key=lambda w: (ab[w], -w))
+    idle = sorted(order[: len(ab) - room])
+    narrow = min(range(conv.depth), key=lambda k: (conv.hidden[k], k))
+    bias = (
+        ", its output bias channel included" if narrow == conv.depth - 1 and conv.out_bias else ""
+    )
+    note = (
+        f"left {worker_names(idle)} idle (the slowest): dp={dp} columns hold at most "
+        f"{conv.m} workers each, one per row of the network's narrowest stage (stage "
+        f"{narrow + 1}: {conv.m} rows{bias}), so {room} of the {len(ab)} workers; give a larger "
+        f"dp or a network with more channels to use them"
+    )
+    return idle, note
 
 
 def _min_gain(min_gain: float | None) -> float:
