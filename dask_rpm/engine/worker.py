@@ -35,7 +35,8 @@ from .._distributed import to_serialize
 from ..comm.mailbox import Mailbox, unpack
 from ..nn import backend as xb
 from ..nn.backend import NUMPY, Backend
-from ..nn.kernels import Workspace, all_finite, workspace
+from ..nn.kernels import Workspace, all_finite
+from ..nn.workspaces import workspace
 from ..nn.layers import Layers
 from ..nn.optim import Optimizer, step
 from ..runtime.hooks import worker_hooks

@@ -185,6 +185,13 @@ def _library(name: str) -> Any:
         ) from None
 
 
+def torch() -> Any:
+    """torch, imported only where a user's torch objects (a CNN given as a ``torch.nn`` module)
+    or torch's kernels are asked for; a :class:`BackendError` saying how to install it where it
+    is missing."""
+    return _library("torch")
+
+
 def _gpus(name: str) -> int:
     """GPUs ``name`` sees here (0 where it is not installed)."""
     try:

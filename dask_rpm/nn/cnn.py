@@ -41,6 +41,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from . import backend as xb
 from .errors import DataError
 from .layers import Layers, Param
 
@@ -55,6 +56,7 @@ __all__ = [
     "to_torch",
     "init_conv_params",
     "is_conv",
+    "cnn_work",
 ]
 
 #: The layer kinds a network may use, as records name them.
@@ -393,7 +395,7 @@ def _record(item: Any, i: int) -> dict[str, Any]:
 
 def _torch_records(module: Any) -> list[dict[str, Any]]:
     """Layer records of a ``torch.nn.Sequential`` (refusing what the kernels do not compute)."""
-    import torch.nn as tnn
+    tnn = xb.torch().nn
 
     out: list[dict[str, Any]] = []
     for i, layer in enumerate(module):
@@ -468,7 +470,7 @@ def layer_records(network: Any) -> list[dict[str, Any]]:
     """The network as normalised layer records (each a dict with its ``kind``): from a
     ``torch.nn.Sequential`` or from a list of records."""
     if type(network).__module__.startswith("torch"):
-        import torch.nn as tnn
+        tnn = xb.torch().nn
 
         if not isinstance(network, tnn.Sequential):
             raise NetworkSpecError(
@@ -662,7 +664,7 @@ def _zero_bias_channel(layers: ConvLayers, params: list[np.ndarray]) -> None:
 
 def params_from_torch(module: Any, layers: ConvLayers, dtype: Any = "float64") -> list[np.ndarray]:
     """The parameters of ``module`` (its weights now) in :class:`ConvLayers`' layout."""
-    import torch.nn as tnn
+    tnn = xb.torch().nn
 
     dense = [m for m in module if isinstance(m, (tnn.Conv2d, tnn.Linear))]
     out: list[np.ndarray] = []
@@ -711,8 +713,8 @@ def user_params(layers: ConvLayers, params: Sequence[np.ndarray]) -> list[tuple[
 
 def to_torch(layers: ConvLayers, params: Sequence[np.ndarray]) -> Any:
     """A ``torch.nn.Sequential`` of the network holding ``params`` (float64 for float64 ones)."""
-    import torch
-    import torch.nn as tnn
+    torch = xb.torch()
+    tnn = torch.nn
 
     mods: list[Any] = []
     shape: tuple[int, ...] = layers.image
@@ -747,3 +749,19 @@ def to_torch(layers: ConvLayers, params: Sequence[np.ndarray]) -> Any:
             if b is not None:
                 m.bias.copy_(torch.from_numpy(np.ascontiguousarray(b)).to(m.bias.dtype))
     return seq
+
+
+def cnn_work(kind: str, k: int, s: int, units: Sequence[int], layers: ConvLayers) -> float:
+    """Flop equivalents of stage ``k``'s kernels for ``units[k]`` channels on ``s`` samples
+    (the output layer's with the last stage): the work EMULATED workers are paced by and the
+    planner's speeds are measured in, proportional to ``s`` times the channels held."""
+    st, u = layers.stages[k], float(units[k])
+    per = st.flop() + 4.0 * st.conv_hw[0] * st.conv_hw[1]  # the layer, its activation and pooling
+    if k == layers.depth - 1:
+        per += 2.0 * layers.l * st.positions
+    if kind == "forward":
+        return float(s) * u * per
+    if kind == "backward":
+        # the weight gradient, and the input gradient on every stage but the first
+        return float(s) * u * per * (2.0 if k else 1.0)
+    raise ValueError(f"kind={kind!r}; expected 'forward' or 'backward'")

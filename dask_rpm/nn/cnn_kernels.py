@@ -33,7 +33,7 @@ from .cnn import ConvLayers
 from .kernels import Workspace
 from .network import Network
 
-__all__ = ["ConvWorkspace", "cnn_work", "resolve_kernels", "KERNELS"]
+__all__ = ["ConvWorkspace", "resolve_kernels", "KERNELS"]
 
 #: The kernel sets (``rpm.engine.cnn-kernels``).
 KERNELS = ("auto", "torch", "numpy")
@@ -53,22 +53,6 @@ def resolve_kernels(name: str, backend: Backend) -> str:
     if name == "auto":
         return "torch" if importlib.util.find_spec("torch") is not None else "numpy"
     return name
-
-
-def cnn_work(kind: str, k: int, s: int, units: Sequence[int], layers: ConvLayers) -> float:
-    """Flop equivalents of stage ``k``'s kernels for ``units[k]`` channels on ``s`` samples
-    (the output layer's with the last stage): the work EMULATED workers are paced by and the
-    planner's speeds are measured in, proportional to ``s`` times the channels held."""
-    st, u = layers.stages[k], float(units[k])
-    per = st.flop() + 4.0 * st.conv_hw[0] * st.conv_hw[1]  # the layer, its activation and pooling
-    if k == layers.depth - 1:
-        per += 2.0 * layers.l * st.positions
-    if kind == "forward":
-        return float(s) * u * per
-    if kind == "backward":
-        # the weight gradient, and the input gradient on every stage but the first
-        return float(s) * u * per * (2.0 if k else 1.0)
-    raise ValueError(f"kind={kind!r}; expected 'forward' or 'backward'")
 
 
 # ---------------------------------------------------------------------- kernel sets
@@ -155,10 +139,8 @@ class _TorchOps:
     """torch's kernels; numpy arrays in and out through zero-copy views (``wrap``)."""
 
     def __init__(self, wrap: bool) -> None:
-        import torch
-        import torch.nn.functional as F
-
-        self.torch, self.F, self.wrap = torch, F, wrap
+        torch = xb.torch()
+        self.torch, self.F, self.wrap = torch, torch.nn.functional, wrap
 
     def _t(self, a: Any) -> Any:
         return self.torch.from_numpy(np.ascontiguousarray(a)) if self.wrap else a

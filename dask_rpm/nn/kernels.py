@@ -23,7 +23,7 @@ import numpy as np
 
 from . import backend as xb
 from .backend import NUMPY, Backend
-from .cnn import is_conv
+from .cnn import cnn_work, is_conv
 from .layers import Layers, layers_of_params
 from .network import Network
 
@@ -34,8 +34,6 @@ __all__ = [
     "layer_work",
     "rectangle_work",
     "Workspace",
-    "workspace",
-    "whole_workspace",
     "kernel_pass",
     "all_finite",
     "binary_log_loss",
@@ -64,9 +62,7 @@ def layer_work(kind: str, k: int, s: int, units: Sequence[int], layers: Layers) 
     rows of each layer; the output layer's work goes with the last hidden layer. The work of all
     layers is their sum (:func:`rectangle_work`). A CNN's: :func:`~dask_rpm.nn.cnn_kernels.cnn_work`."""
     if is_conv(layers):
-        from .cnn_kernels import cnn_work
-
-        return cnn_work(kind, k, s, units, layers)  # type: ignore[arg-type]
+        return cnn_work(kind, k, s, units, layers)
     u, inp, l, last = (
         float(units[k]),
         float(layers.inputs(k)),
@@ -415,33 +411,6 @@ class Workspace:
         for k in range(self.layers.depth - 1, -1, -1):
             self.layer_backward(k, self.full(k - 1) if k else x, params)
         return self.grads
-
-
-def workspace(s: int, **kw: Any) -> Workspace:
-    """The workspace of a rectangle of ``layers=`` (an MLP's :class:`Workspace`, or a CNN's
-    :class:`~dask_rpm.nn.cnn_kernels.ConvWorkspace`); the keywords are :class:`Workspace`'s."""
-    if is_conv(kw.get("layers")):
-        from .cnn_kernels import ConvWorkspace
-
-        return ConvWorkspace(s, **kw)
-    return Workspace(s, **kw)
-
-
-def whole_workspace(
-    s: int,
-    params: Sequence[np.ndarray],
-    net: Network | None = None,
-    loss_scale: float = 1.0,
-    backend: Backend | None = None,
-    layers: Any = None,
-) -> Workspace:
-    """:meth:`Workspace.whole` for an MLP (``layers`` None: read from ``params``) or a CNN
-    (``layers`` its :class:`~dask_rpm.nn.cnn.ConvLayers`)."""
-    if is_conv(layers):
-        from .cnn_kernels import ConvWorkspace
-
-        return ConvWorkspace.whole(s, params, net, loss_scale, backend, layers=layers)
-    return Workspace.whole(s, params, net, loss_scale, backend)
 
 
 def binary_log_loss(h: np.ndarray, d: np.ndarray, scratch: np.ndarray | None = None) -> float:

@@ -19,7 +19,7 @@ import numpy as np
 from ..records import Validation
 from .batches import BatchSchedule, schedule
 from .errors import DataError
-from .kernels import whole_workspace
+from .workspaces import whole_workspace
 from .network import Network, network
 from .optim import Optimizer, optimizer
 from .options import TrainingOptions

@@ -17,7 +17,8 @@ from . import backend as xbk
 from .backend import Backend
 from .convergence import epoch_error
 from .data import DataError
-from .kernels import all_finite, whole_workspace
+from .kernels import all_finite
+from .workspaces import whole_workspace
 from .layers import layers_of_params
 from .optim import mean_gradient, penalty, step
 from .options import TRAINING_FIELDS, TrainingOptions
@@ -285,8 +286,16 @@ class SerialResult:
         return float(self.errors[-1]) if self.errors.size else float("nan")
 
     def outputs(self, x: Any) -> np.ndarray:
-        """The network's outputs for inputs ``x``."""
-        return forward(np.asarray(x), self.params, self.recipe.net, self.recipe.layers)
+        """The network's outputs for inputs ``x`` (a CNN's: images ``(samples, channels, height,
+        width)``)."""
+        xa, layers = np.asarray(x), self.recipe.layers
+        if layers is not None and (xa.ndim != 4 or xa.shape[1:] != tuple(layers.image)):
+            c, h, w = layers.image
+            raise DataError(
+                f"x has shape {xa.shape}; this CNN takes images (samples, {c}, {h}, {w}), as "
+                f"it was trained on"
+            )
+        return forward(xa, self.params, self.recipe.net, layers)
 
     def predict(self, x: Any) -> np.ndarray:
         """Class labels (a classifier: labels given, or softmax outputs), else the outputs."""
