@@ -87,7 +87,9 @@ def _perturbed(net: tnn.Sequential) -> tnn.Sequential:
     return other
 
 
-KW = dict(loss="cross-entropy", learning_rate=0.05, iterations=12, optimizer="adam", reduction="mean")
+KW = dict(
+    loss="cross-entropy", learning_rate=0.05, iterations=12, optimizer="adam", reduction="mean"
+)
 
 
 def serial(x, y, net, kw, check=True):
@@ -97,7 +99,9 @@ def serial(x, y, net, kw, check=True):
     if check:
         other = fit_serial(x, y, network=_perturbed(net), **kw)
         change = _rel(other.params, ref.params)
-        assert change < 1e-12, f"ill-conditioned problem ({change:.2e}): the comparison means nothing"
+        assert change < 1e-12, (
+            f"ill-conditioned problem ({change:.2e}): the comparison means nothing"
+        )
         start = params_from_torch(net, ref.recipe.layers)
         moved = _rel(ref.params, start)
         assert moved > 1e-3, f"the weights barely moved ({moved:.2e})"
@@ -154,7 +158,9 @@ def test_max_pooling_breaks_ties_as_pytorch_does(kernels):
     from input channel 0 (top left), then from channel 1 (top right). PyTorch sends the gradient
     to the first maximum in row-major order, so only channel 0's weights get one; so must we."""
     net = tnn.Sequential(
-        tnn.Conv2d(2, 3, 1, bias=False), tnn.MaxPool2d(2), tnn.Flatten(),
+        tnn.Conv2d(2, 3, 1, bias=False),
+        tnn.MaxPool2d(2),
+        tnn.Flatten(),
         tnn.Linear(3 * 4 * 4, CLASSES),
     ).double()
     with torch.no_grad():
@@ -193,9 +199,13 @@ def test_fit_serial_equals_pytorch_training(make, opt, reduction, batch):
     steps = 10
     lr = 0.01 if reduction == "sum" else 0.05
     kw = dict(
-        loss="cross-entropy", learning_rate=lr, iterations=steps, reduction=reduction,
+        loss="cross-entropy",
+        learning_rate=lr,
+        iterations=steps,
+        reduction=reduction,
         optimizer={"name": opt, **({"momentum": 0.9} if opt == "momentum" else {})},
-        batch_size=batch, shuffle=False,
+        batch_size=batch,
+        shuffle=False,
     )
     ref = serial(x, y, net, kw)
     model = copy.deepcopy(net)
@@ -210,8 +220,12 @@ def test_fit_serial_equals_pytorch_training(make, opt, reduction, batch):
     for k in range(steps):
         lo = (k * b) % len(x)
         torch_opt.zero_grad()
-        loss = tnn.functional.cross_entropy(model(xt[lo : lo + b]), yt[lo : lo + b], reduction=reduction)
-        assert loss.item() * (b if reduction == "mean" else 1) == pytest.approx(ref.errors[k], rel=1e-9)
+        loss = tnn.functional.cross_entropy(
+            model(xt[lo : lo + b]), yt[lo : lo + b], reduction=reduction
+        )
+        assert loss.item() * (b if reduction == "mean" else 1) == pytest.approx(
+            ref.errors[k], rel=1e-9
+        )
         loss.backward()
         torch_opt.step()
     want = params_from_torch(model, ref.recipe.layers)
@@ -227,9 +241,7 @@ def test_fit_serial_equals_pytorch_training(make, opt, reduction, batch):
 def _plans(layers):
     m = layers.m  # plan rows: the narrowest stage (4 channels, or 5 and the bias channel)
     return {
-        "one-column": Plan.from_columns(
-            [[0, 1, 2]], [S], [[1, 2, m - 3]], shape=layers.plan_shape
-        ),
+        "one-column": Plan.from_columns([[0, 1, 2]], [S], [[1, 2, m - 3]], shape=layers.plan_shape),
         "data-parallel": Plan.from_columns(
             [[0], [1], [2], [3]], [6, 8, 5, 5], [[m]] * 4, shape=layers.plan_shape
         ),
@@ -259,8 +271,15 @@ def test_fit_on_emulated_workers_with_drpm_remaps_equals_serial():
     ref = serial(x, y, net, kw)
     with Client(dask_rpm.local_cluster([1.0, 0.5, 0.25], processes=False)) as client:
         r = fit(
-            x, y, network=net, mapping="drpm", interval=5, client=client, progress="none",
-            abilities=[1.0, 1.0, 1.0], **kw,
+            x,
+            y,
+            network=net,
+            mapping="drpm",
+            interval=5,
+            client=client,
+            progress="none",
+            abilities=[1.0, 1.0, 1.0],
+            **kw,
         )
     assert r.remaps, "DRPM did not remap: the test shows nothing"
     assert_equal(r, ref)
@@ -277,10 +296,18 @@ def test_checkpoint_store_and_resume_equal_one_uninterrupted_run(client4, tmp_pa
     plans = _plans(layers)
     seen: list[int] = []
     first = fit(
-        x, y, network=net, mapping=plans["one-column"], client=client4, progress="none",
-        interval=4, checkpoint_every=8, checkpoint_dir=tmp_path / "ck",
+        x,
+        y,
+        network=net,
+        mapping=plans["one-column"],
+        client=client4,
+        progress="none",
+        interval=4,
+        checkpoint_every=8,
+        checkpoint_dir=tmp_path / "ck",
         callback=lambda info: seen.append(info["iteration"]),
-        should_stop=lambda: bool(seen) and seen[-1] >= 8, **kw,
+        should_stop=lambda: bool(seen) and seen[-1] >= 8,
+        **kw,
     )
     assert first.history.sizes["iteration"] == 8
     man = store.read_manifest(tmp_path / "ck")
@@ -288,8 +315,14 @@ def test_checkpoint_store_and_resume_equal_one_uninterrupted_run(client4, tmp_pa
     loaded = store.load(tmp_path / "ck")
     assert [p.shape for p in loaded["params"]] == [p.shape for p in ref.params]
     r = fit(
-        x, y, network=net, mapping=plans["mixed"], client=client4, progress="none",
-        resume=tmp_path / "ck", **kw,
+        x,
+        y,
+        network=net,
+        mapping=plans["mixed"],
+        client=client4,
+        progress="none",
+        resume=tmp_path / "ck",
+        **kw,
     )
     assert r.stats["start"]["iteration"] == 8
     assert list(r.history["iteration"].values) == list(range(8, 16))
@@ -306,14 +339,23 @@ def test_fit_through_a_sigkilled_worker_equals_serial(sigkill_after):
     ref = serial(x, y, net, kw)
     plan = _plans(ref.recipe.layers)["mixed"]
     with (
-        LocalCluster(n_workers=4, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster,
+        LocalCluster(
+            n_workers=4, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
         Client(cluster) as client,
     ):
         victim = ordered_workers(client.scheduler_info())[1]
         killer = sigkill_after(client, victim, at=10)
         r = fit(
-            x, y, network=net, mapping=plan, client=client, interval=5, callback=killer,
-            progress="none", **kw,
+            x,
+            y,
+            network=net,
+            mapping=plan,
+            client=client,
+            interval=5,
+            callback=killer,
+            progress="none",
+            **kw,
         )
     assert killer.fired == [10]
     (rec,) = [rec for rec in r.remaps if rec.get("lost")]
@@ -327,13 +369,28 @@ def test_fit_through_a_sigkilled_worker_equals_serial(sigkill_after):
 @pytest.mark.parametrize(
     "layers,match",
     [
-        ([tnn.Conv2d(2, 4, 3), tnn.BatchNorm2d(4), tnn.Flatten(), tnn.Linear(144, 3)], "layer 1 \\(BatchNorm2d\\) is not supported"),
-        ([tnn.Conv2d(2, 4, 3), tnn.Dropout(), tnn.Flatten(), tnn.Linear(144, 3)], "layer 1 \\(Dropout\\)"),
+        (
+            [tnn.Conv2d(2, 4, 3), tnn.BatchNorm2d(4), tnn.Flatten(), tnn.Linear(144, 3)],
+            "layer 1 \\(BatchNorm2d\\) is not supported",
+        ),
+        (
+            [tnn.Conv2d(2, 4, 3), tnn.Dropout(), tnn.Flatten(), tnn.Linear(144, 3)],
+            "layer 1 \\(Dropout\\)",
+        ),
         ([tnn.Conv2d(2, 4, 3, groups=2), tnn.Flatten(), tnn.Linear(144, 3)], "groups=2"),
-        ([tnn.Conv2d(2, 4, 11), tnn.Flatten(), tnn.Linear(144, 3)], "kernel 11 .* does not fit maps of 8x8"),
+        (
+            [tnn.Conv2d(2, 4, 11), tnn.Flatten(), tnn.Linear(144, 3)],
+            "kernel 11 .* does not fit maps of 8x8",
+        ),
         ([tnn.Conv2d(2, 4, 3), tnn.Linear(144, 3)], "put a Flatten"),
-        ([tnn.Conv2d(2, 4, 3), tnn.Flatten(), tnn.Linear(100, 3)], "takes 100 input features; the layer before gives 144"),
-        ([tnn.Conv2d(2, 4, 3), tnn.Flatten(), tnn.Linear(144, 5)], "5 outputs but the targets have 3"),
+        (
+            [tnn.Conv2d(2, 4, 3), tnn.Flatten(), tnn.Linear(100, 3)],
+            "takes 100 input features; the layer before gives 144",
+        ),
+        (
+            [tnn.Conv2d(2, 4, 3), tnn.Flatten(), tnn.Linear(144, 5)],
+            "5 outputs but the targets have 3",
+        ),
     ],
 )
 def test_bad_networks_get_one_clear_error(layers, match):
@@ -353,9 +410,16 @@ def test_images_that_do_not_fit_the_network_are_refused():
 def test_layer_records_train_the_network_a_module_describes():
     """A network given as records (no torch needed) is the module's architecture, seeded."""
     records = [
-        {"conv": 4, "kernel": 3, "padding": 1}, "relu", {"maxpool": 2},
-        {"conv": 6, "kernel": 3, "padding": 1}, "tanh", {"avgpool": 2}, "flatten",
-        {"linear": 8}, "sigmoid", {"linear": CLASSES},
+        {"conv": 4, "kernel": 3, "padding": 1},
+        "relu",
+        {"maxpool": 2},
+        {"conv": 6, "kernel": 3, "padding": 1},
+        "tanh",
+        {"avgpool": 2},
+        "flatten",
+        {"linear": 8},
+        "sigmoid",
+        {"linear": CLASSES},
     ]
     x, y = problem(10)
     a = conv_layers(records, IMAGE, CLASSES)

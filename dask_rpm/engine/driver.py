@@ -20,6 +20,7 @@ import numpy as np
 
 from .._distributed import FIRST_COMPLETED, wait_async
 from ..drpm.remap import migration, sample_changes, stage_pieces
+from ..nn.cnn import ConvLayers
 from ..nn.data import DataError
 from ..nn.layers import Layers
 from ..ordering import ordered_workers
@@ -99,7 +100,7 @@ class Driver:
         arrays: tuple[np.ndarray, np.ndarray] | None,
         rows: Any = None,
         threads: int = 0,
-        layers: Layers | None = None,
+        layers: Layers | ConvLayers | None = None,
         engine: EngineSettings | None = None,
     ) -> None:
         self.client = client

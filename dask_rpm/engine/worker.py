@@ -35,10 +35,11 @@ from .._distributed import to_serialize
 from ..comm.mailbox import Mailbox, unpack
 from ..nn import backend as xb
 from ..nn.backend import NUMPY, Backend
+from ..nn.cnn import ConvLayers
 from ..nn.kernels import Workspace, all_finite
-from ..nn.workspaces import workspace
 from ..nn.layers import Layers
 from ..nn.optim import Optimizer, step
+from ..nn.workspaces import workspace
 from ..runtime.hooks import worker_hooks
 from .records import Layout, RunSpec
 from .samples import ColumnData
@@ -85,7 +86,7 @@ class Shard:
 
     def __init__(
         self,
-        layers: Layers,
+        layers: Layers | ConvLayers,
         origin: int,
         params: Sequence[np.ndarray],
         state: dict[str, Any] | None = None,
@@ -106,7 +107,7 @@ class Shard:
     @classmethod
     def fresh(
         cls,
-        layers: Layers,
+        layers: Layers | ConvLayers,
         origin: int,
         params: Sequence[np.ndarray],
         opt: Optimizer,
@@ -194,7 +195,7 @@ class Shard:
 
 
 def rows_of(
-    layers: Layers,
+    layers: Layers | ConvLayers,
     params: Sequence[np.ndarray],
     state: dict[str, Any] | None,
     a: int,

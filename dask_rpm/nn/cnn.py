@@ -37,7 +37,7 @@ name (``"relu"``, ``"tanh"``, ``"sigmoid"``, ``"flatten"``).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard, cast
 
 import numpy as np
 
@@ -219,17 +219,37 @@ class ConvLayers(NamedTuple):
         return self.shapes([(0, st.units) for st in self.stages])
 
     def shapes(self, layer_rows: Sequence[tuple[int, int]]) -> list[tuple[int, ...]]:
-        return [self._shape(p, layer_rows[p.layer][1] - layer_rows[p.layer][0]) for p in self.params]
+        return [
+            self._shape(p, layer_rows[p.layer][1] - layer_rows[p.layer][0]) for p in self.params
+        ]
 
-    # the row arithmetic is the MLP's, over these stages and parameters
-    boundary = Layers.boundary
-    layer_rows = Layers.layer_rows
-    units = Layers.units
-    views = Layers.views
-    take = Layers.take
-    put = Layers.put
-    _cut = Layers._cut
-    join = Layers.join
+    # the row arithmetic is the MLP's (Layers' methods read only m, hidden, depth and params)
+    def boundary(self, k: int, x: int) -> int:
+        """Stage ``k``'s row at plan row boundary ``x`` (:meth:`Layers.boundary`)."""
+        return Layers.boundary(cast(Any, self), k, x)
+
+    def layer_rows(self, rows: tuple[int, int]) -> tuple[tuple[int, int], ...]:
+        return Layers.layer_rows(cast(Any, self), rows)
+
+    def units(self, rows: tuple[int, int]) -> tuple[int, ...]:
+        return Layers.units(cast(Any, self), rows)
+
+    def views(self, arrays: Sequence[Any], rows: tuple[int, int], origin: int = 0) -> list[Any]:
+        return Layers.views(cast(Any, self), arrays, rows, origin)
+
+    def take(self, arrays: Sequence[Any], rows: tuple[int, int], origin: int = 0) -> list[Any]:
+        return Layers.take(cast(Any, self), arrays, rows, origin)
+
+    def put(
+        self, dst: Sequence[Any], src: Sequence[Any], rows: tuple[int, int], origin: int = 0
+    ) -> None:
+        Layers.put(cast(Any, self), dst, src, rows, origin)
+
+    def join(self, shards: Sequence[Sequence[Any]]) -> list[Any]:
+        return Layers.join(cast(Any, self), shards)
+
+    def _cut(self, arrays: Sequence[Any], rows: tuple[int, int], origin: int) -> list[Any]:
+        return Layers._cut(cast(Any, self), arrays, rows, origin)
 
     def zeros(self, rows: tuple[int, int], dtype: Any) -> list[np.ndarray]:
         return [np.zeros(s, dtype) for s in self.shapes(self.layer_rows(rows))]
@@ -268,8 +288,14 @@ class ConvLayers(NamedTuple):
         for st in self.stages:
             if st.kind == "conv":
                 out.append(
-                    dict(kind="conv", out=st.channels, kernel=st.kernel, stride=st.stride,
-                         padding=st.padding, bias=st.bias)
+                    dict(
+                        kind="conv",
+                        out=st.channels,
+                        kernel=st.kernel,
+                        stride=st.stride,
+                        padding=st.padding,
+                        bias=st.bias,
+                    )
                 )
             else:
                 out.append(dict(kind="linear", out=st.channels, bias=st.bias))
@@ -311,7 +337,9 @@ class ConvLayers(NamedTuple):
                 if st.kind == "conv"
                 else f"linear {st.inputs}->{st.channels}"
             )
-            lines.append(f"stage {k + 1}: {what} {post} -> {st.channels} x {st.out_hw[0]}x{st.out_hw[1]}")
+            lines.append(
+                f"stage {k + 1}: {what} {post} -> {st.channels} x {st.out_hw[0]}x{st.out_hw[1]}"
+            )
         lines.append(f"output: linear {self._v_in()}->{self.l}")
         return lines
 
@@ -324,7 +352,7 @@ class ConvLayers(NamedTuple):
         return [st.flop() * st.channels for st in self.stages]
 
 
-def is_conv(layers: Any) -> bool:
+def is_conv(layers: Any) -> TypeGuard[ConvLayers]:
     """Whether ``layers`` is a CNN's geometry (else an MLP's)."""
     return isinstance(layers, ConvLayers)
 
@@ -400,6 +428,7 @@ def _torch_records(module: Any) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for i, layer in enumerate(module):
         name = type(layer).__name__
+        rec: Any
         where = f"layer {i} ({name})"
         if isinstance(layer, tnn.Conv2d):
             bad = []
@@ -437,9 +466,7 @@ def _torch_records(module: Any) -> list[dict[str, Any]]:
             if kind == "maxpool" and layer.return_indices:
                 extra.append("return_indices=True")
             if extra:
-                raise NetworkSpecError(
-                    f"{where} has {', '.join(extra)}; supported: {_SUPPORTED}"
-                )
+                raise NetworkSpecError(f"{where} has {', '.join(extra)}; supported: {_SUPPORTED}")
             stride = layer.stride if layer.stride is not None else layer.kernel_size
             rec = {kind: layer.kernel_size, "stride": stride}
         elif isinstance(layer, tnn.Flatten):
@@ -505,7 +532,6 @@ def conv_layers(network: Any, image: Sequence[int], outputs: int | None = None) 
     shape: tuple[int, ...] = (c, h, w)  # the current activation per sample
     cur: dict[str, Any] | None = None  # the stage being built
     post: list[tuple] = []
-    conv_hw = (1, 1)
 
     def close(out_hw: tuple[int, int]) -> None:
         nonlocal cur, post
@@ -548,7 +574,7 @@ def conv_layers(network: Any, image: Sequence[int], outputs: int | None = None) 
                     f"{where} follows a flattened or dense layer; a conv layer needs maps of "
                     f"(channels, height, width): put conv layers before Flatten"
                 )
-            close(shape[1:])  # type: ignore[arg-type]
+            close((shape[1], shape[2]))
             k, s, p = rec["kernel"], rec["stride"], rec["padding"]
             ho, wo = (shape[1] + 2 * p - k) // s + 1, (shape[2] + 2 * p - k) // s + 1
             if ho < 1 or wo < 1:
@@ -558,8 +584,15 @@ def conv_layers(network: Any, image: Sequence[int], outputs: int | None = None) 
                     f"more padding or larger images"
                 )
             cur = dict(
-                kind="conv", out=rec["out"], inputs=shape[0], in_hw=shape[1:], kernel=k,
-                stride=s, padding=p, bias=rec["bias"], conv_hw=(ho, wo),
+                kind="conv",
+                out=rec["out"],
+                inputs=shape[0],
+                in_hw=shape[1:],
+                kernel=k,
+                stride=s,
+                padding=p,
+                bias=rec["bias"],
+                conv_hw=(ho, wo),
             )
             shape = (rec["out"], ho, wo)
         elif kind == "linear":
@@ -569,20 +602,23 @@ def conv_layers(network: Any, image: Sequence[int], outputs: int | None = None) 
                 )
             close((1, 1))
             cur = dict(
-                kind="linear", out=rec["out"], inputs=shape[0], in_hw=(1, 1), bias=rec["bias"],
+                kind="linear",
+                out=rec["out"],
+                inputs=shape[0],
+                in_hw=(1, 1),
+                bias=rec["bias"],
                 conv_hw=(1, 1),
             )
             shape = (rec["out"],)
         elif kind == "flatten":
             if len(shape) == 3:
                 if cur is not None:
-                    close(shape[1:])  # type: ignore[arg-type]
-                elif stages or True:
-                    if not stages:
-                        raise NetworkSpecError(
-                            f"{where}: the images are flattened before any conv layer; this is "
-                            f"an MLP: train it with hidden=... (or put a conv layer first)"
-                        )
+                    close((shape[1], shape[2]))
+                elif not stages:
+                    raise NetworkSpecError(
+                        f"{where}: the images are flattened before any conv layer; this is "
+                        f"an MLP: train it with hidden=... (or put a conv layer first)"
+                    )
                 shape = (int(np.prod(shape)),)
         else:  # activation or pooling: on the channels of the stage before
             if cur is None:
@@ -690,7 +726,9 @@ def params_from_torch(module: Any, layers: ConvLayers, dtype: Any = "float64") -
     return out
 
 
-def user_params(layers: ConvLayers, params: Sequence[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray | None]]:
+def user_params(
+    layers: ConvLayers, params: Sequence[np.ndarray]
+) -> list[tuple[np.ndarray, np.ndarray | None]]:
     """``(weight, bias)`` of every layer, output layer last, as ``torch.nn`` holds them."""
     out: list[tuple[np.ndarray, np.ndarray | None]] = []
     it = iter(zip(layers.params, params))
@@ -722,8 +760,14 @@ def to_torch(layers: ConvLayers, params: Sequence[np.ndarray]) -> Any:
         kind = rec["kind"]
         if kind == "conv":
             mods.append(
-                tnn.Conv2d(shape[0], rec["out"], rec["kernel"], rec["stride"], rec["padding"],
-                           bias=rec["bias"])
+                tnn.Conv2d(
+                    shape[0],
+                    rec["out"],
+                    rec["kernel"],
+                    rec["stride"],
+                    rec["padding"],
+                    bias=rec["bias"],
+                )
             )
             shape = (rec["out"],)
         elif kind == "linear":

@@ -158,8 +158,17 @@ class _TorchOps:
     ) -> tuple[Any, Any, Any]:
         Wt = self._t(W)
         gi, gw, gb = self.torch.ops.aten.convolution_backward(
-            self._t(dz), xt, Wt, [Wt.shape[0]] if bias else None, [stride, stride], [pad, pad],
-            [1, 1], False, [0, 0], 1, [need_dx, True, bias],
+            self._t(dz),
+            xt,
+            Wt,
+            [Wt.shape[0]] if bias else None,
+            [stride, stride],
+            [pad, pad],
+            [1, 1],
+            False,
+            [0, 0],
+            1,
+            [need_dx, True, bias],
         )
         return self._n(gw), (self._n(gb) if bias else None), (self._n(gi) if need_dx else None)
 
@@ -199,6 +208,8 @@ def _ops(kernels: str, backend: Backend) -> Any:
 
 
 class ConvWorkspace(Workspace):
+    layers: ConvLayers
+
     """Buffers and kernels of one CNN rectangle: ``units[k]`` channels of every stage ``k``.
 
     The engine's interface of :class:`~dask_rpm.nn.kernels.Workspace`: :meth:`forward` /
@@ -282,7 +293,7 @@ class ConvWorkspace(Workspace):
         return (u, *st.out_hw) if st.kind == "conv" else (u,)
 
     @classmethod
-    def whole(  # type: ignore[override]
+    def whole(  # type: ignore[override]  # a CNN's geometry is not in its parameters
         cls,
         s: int,
         params: Sequence[np.ndarray],
@@ -325,7 +336,7 @@ class ConvWorkspace(Workspace):
         """Channels of stage ``k`` this rectangle computes (its rows but the bias channel)."""
         return self.units[k] - (1 if self.bias_rows[k] is not None else 0)
 
-    def layer_forward(self, k: int, inp: Any, params: Sequence[Any]) -> Any:  # type: ignore[override]
+    def layer_forward(self, k: int, inp: Any, params: Sequence[Any]) -> Any:
         """Stage ``k``'s outputs of my channels from its whole input ``inp``."""
         if k == 0:
             self.use(inp.shape[0])
@@ -385,7 +396,7 @@ class ConvWorkspace(Workspace):
         else:
             f[:, br] = 1.0
 
-    def output_partial(self, params: Sequence[Any]) -> Any:  # type: ignore[override]
+    def output_partial(self, params: Sequence[Any]) -> Any:
         """The partial product of my last-stage channels with my columns of ``V``."""
         partial = self.partial
         f = self.local(self.layers.depth - 1)
@@ -400,7 +411,7 @@ class ConvWorkspace(Workspace):
         return self.output_partial(params)
 
     # ------------------------------------------------------------ backward
-    def output_backward(self, params: Sequence[Any], delta2: Any) -> Any:  # type: ignore[override]
+    def output_backward(self, params: Sequence[Any], delta2: Any) -> Any:
         L = self.layers.depth
         f, d, V, xp = self.local(L - 1), self.delta(L - 1), params[-1], self.xp
         xp.matmul(delta2, V.reshape(V.shape[0], -1), out=d.reshape(d.shape[0], -1))
@@ -408,7 +419,7 @@ class ConvWorkspace(Workspace):
         xp.matmul(delta2.T, f.reshape(f.shape[0], -1), out=g.reshape(g.shape[0], -1))
         return g
 
-    def layer_backward(self, k: int, inp: Any, params: Sequence[Any]) -> Any:  # type: ignore[override]
+    def layer_backward(self, k: int, inp: Any, params: Sequence[Any]) -> Any:
         """Stage ``k``'s update sums from its deltas; for ``k >= 1`` my part of the gradient
         for its whole input (``self.grad_input(k)``)."""
         st, ops = self.layers.stages[k], self.ops
@@ -482,6 +493,17 @@ def _conv_key(
     unused: the geometry has them)."""
     units = tuple(int(u) for u in (layers.hidden if units is None else units))
     if bias_rows is None:
-        bias_rows = layers.bias_rows((0, layers.m)) if units == layers.hidden else (None,) * layers.depth
+        bias_rows = (
+            layers.bias_rows((0, layers.m)) if units == layers.hidden else (None,) * layers.depth
+        )
     net = Network(activation="relu", loss="cross-entropy", output="softmax") if net is None else net
-    return (layers, units, np.dtype(dtype), net, bias_rows, float(loss_scale), backend or NUMPY, kernels)
+    return (
+        layers,
+        units,
+        np.dtype(dtype),
+        net,
+        bias_rows,
+        float(loss_scale),
+        backend or NUMPY,
+        kernels,
+    )

@@ -19,10 +19,10 @@ import numpy as np
 from ..records import Validation
 from .batches import BatchSchedule, schedule
 from .errors import DataError
-from .workspaces import whole_workspace
 from .network import Network, network
 from .optim import Optimizer, optimizer
 from .options import TrainingOptions
+from .workspaces import whole_workspace
 
 __all__ = [
     "Recipe",

@@ -18,12 +18,12 @@ from .backend import Backend
 from .convergence import epoch_error
 from .data import DataError
 from .kernels import all_finite
-from .workspaces import whole_workspace
 from .layers import layers_of_params
 from .optim import mean_gradient, penalty, step
 from .options import TRAINING_FIELDS, TrainingOptions
 from .prepare import prepare
 from .recipe import Recipe, Validator, forward
+from .workspaces import whole_workspace
 
 __all__ = ["fit_serial", "train_arrays", "SerialResult"]
 
@@ -206,7 +206,9 @@ def fit_serial(
         one GPU. The results are numpy arrays on every backend.
     network : torch.nn.Sequential or list of layer records, optional
         A convolutional network, as in :func:`dask_rpm.fit` (``x`` then holds images
-        ``(samples, channels, height, width)``).
+        ``(samples, channels, height, width)``, or is the path of a netCDF file with
+        ``x(sample, channel, height, width)`` and ``d(sample, output)``:
+        :func:`dask_rpm.nn.data.write_dataset` writes one).
 
     Returns
     -------
