@@ -263,6 +263,27 @@ def test_fit_equals_serial_for_every_plan_shape(client4, layout, make, batch):
     assert_equal(r, ref)
 
 
+@pytest.mark.parametrize(
+    "backend,dtype", [("torch", "float64"), ("torch", "float32"), ("numpy", "float32")]
+)
+def test_every_backend_and_dtype_trains_the_same_network(client4, backend, dtype):
+    """torch tensors as the workers' arrays, and float32 end to end: fit equals fit_serial on the
+    same backend (float64 to 1e-10; float32 to its rounding), and the backends agree."""
+    x, y = problem(11)
+    net = lenet_like(11).to(getattr(torch, dtype))
+    kw = dict(KW, dtype=dtype)
+    ref = fit_serial(x, y, network=net, backend=backend, **kw)
+    plan = _plans(ref.recipe.layers)["mixed"]
+    r = fit(x, y, network=net, backend=backend, mapping=plan, client=client4, progress="none", **kw)
+    assert r.params[0].dtype == np.dtype(dtype)
+    if dtype == "float64":
+        assert_equal(r, ref)
+        assert _rel(ref.params, fit_serial(x, y, network=net, **kw).params) < 1e-12
+    else:
+        assert _rel(r.params, ref.params) < 1e-4
+        assert _rel(ref.params, fit_serial(x, y, network=net, **kw).params) < 1e-4
+
+
 def test_fit_on_emulated_workers_with_drpm_remaps_equals_serial():
     """Heterogeneous EMULATED workers: DRPM re-plans the channels while training, exactly."""
     x, y = problem(5, s=48)
