@@ -50,6 +50,25 @@ What is trained (each optional; default ``rpm.train.*``; docs/training.md)::
     alpha: 1.0e-4               # L2 penalty 0.5 alpha sum W^2 on the weights (not the biases)
     reduction: mean             # sum (the paper's) | mean: step on the batch-mean gradient
 
+A convolutional network (CNN) instead of an MLP: ``network:`` in place of ``hidden:``
+(``activation:`` and ``bias:`` are then the layers' own); the data file's ``x`` holds images::
+
+    data: images.nc             # netCDF with x(sample, channel, height, width), d(sample, output)
+    network:                    # the layers in order, each cut along its output channels
+      - {conv: 6, kernel: 5, padding: 2}  # output channels; kernel, stride (1), padding (0), bias (true)
+      - relu                    # relu | tanh | sigmoid: after a conv or linear layer
+      - {maxpool: 2}            # maxpool | avgpool: the window; stride (default: the window)
+      - flatten                 # before the first linear layer
+      - {linear: 10}            # the output layer: as many units as d has outputs
+
+A CNN's images are read whole where the job runs and sent to the workers
+(:func:`dask_rpm.nn.data.write_dataset` writes 4-D ``x``). Its output holds each
+stage's parameters ``W1, b1, ..., V`` (dimensions ``stage1, stage1_input, ...``;
+the last stage's last row is the output bias channel) and the attributes
+``network`` (the layers, JSON) and ``image_shape``; no model file is written
+for it (``model:`` must be left out or false). ``dask-rpm plan --network
+job.yaml --image C,H,W`` shows which channels of every stage each worker holds.
+
 ``mapping``, ``seed``, ``dtype``, ``min-workers`` and ``on-worker-loss``
 that the file leaves out are not fixed by the job: ``fit`` reads
 ``rpm.train.*`` at call time, so the job's ``config:`` section,

@@ -21,7 +21,8 @@ import yaml
 from .. import config as rpm_config
 from .._files import TargetError, check_target, unwritable_reason
 from ..engine.options import RunOptions
-from ..nn.data import DataError, data_shape
+from ..nn.cnn import NetworkSpecError, conv_layers
+from ..nn.data import DataError, data_shape, image_shape
 from ..nn.options import TrainingOptions
 from ..nn.recipe import RecipeError, recipe
 from ..planners import describe_names, mapping_names
@@ -45,7 +46,8 @@ __all__ = ["load_job", "check_paths", "check_config", "workers_spec"]
 #: What each required key looks like, for the message when it is missing.
 _REQUIRED = {
     "data": "data: digits.nc (netCDF with x(sample, input) and d(sample, output))",
-    "hidden": "hidden: 32 (hidden units; a list for several hidden layers: [512, 256])",
+    "hidden": "hidden: 32 (hidden units; a list for several hidden layers: [512, 256]), or "
+    "network: [...] (a CNN's layers)",
     "output": "output: result.nc (where weights, history and plans go)",
 }
 
@@ -114,7 +116,7 @@ def _read(path: str) -> tuple[str, dict[str, Any]]:
         )
     unknown(raw, KEYS, "the job")
     for key, example in _REQUIRED.items():
-        if key not in raw:
+        if key not in raw and not (key == "hidden" and "network" in raw):
             raise JobError(f"job file {path!r} has no {key!r}; add e.g. {example}")
     return text, raw
 
@@ -144,11 +146,62 @@ def _data(raw: Mapping[str, Any], data: str) -> tuple[int, int, int]:
         ) from None
 
 
+def _images(raw: Mapping[str, Any], data: str) -> tuple[int, tuple[int, int, int], int]:
+    """``(samples, (channels, height, width), outputs)`` of a CNN's data file."""
+    try:
+        return image_shape(data)
+    except DataError as e:
+        raise JobError(f"job file: data: {e}") from None
+    except (OSError, ValueError) as e:
+        raise JobError(
+            f"job file: data={raw['data']!r} cannot be read as netCDF ({e}); give a netCDF file "
+            f"with x(sample, channel, height, width) and d(sample, output)"
+        ) from None
+
+
+#: Keys that describe an MLP's layers; a CNN's ``network:`` says them per layer.
+_MLP_KEYS = ("hidden", "activation", "bias")
+
+
+def _network(
+    raw: Mapping[str, Any], data: str
+) -> tuple[tuple[int, int, int], Any, list[Any] | None]:
+    """``(shape of the data, a CNN's ConvLayers or None, its layer records or None)``: a job
+    with ``network:`` trains a CNN on the images of its data file, one with ``hidden:`` an MLP."""
+    if "network" not in raw:
+        return _data(raw, data), None, None
+    given = [k for k in _MLP_KEYS if k in raw]
+    if given:
+        both = ", ".join(f"{k}={raw[k]!r}" for k in given)
+        raise JobError(
+            f"job file: network: (a CNN's layers) given with {both}; the layers give a CNN's "
+            f"sizes, activations and biases: remove {', '.join(repr(k + ':') for k in given)}, or "
+            f"remove network: to train an MLP"
+        )
+    spec = raw["network"]
+    if not isinstance(spec, list) or not spec:
+        raise bad(
+            "network",
+            spec,
+            "expected a list of layers",
+            "Write e.g. network: [{conv: 6, kernel: 5}, relu, {maxpool: 2}, flatten, "
+            "{linear: 10}].",
+        )
+    s, image, l = _images(raw, data)
+    try:
+        layers = conv_layers(spec, image, l)
+    except NetworkSpecError as e:
+        raise JobError(f"job file: network: {e}") from None
+    c, h, w = image
+    return (s, c * h * w, l), layers, spec
+
+
 def _training(
     raw: Mapping[str, Any],
     shape: tuple[int, int, int],
-    hidden: int | tuple[int, ...],
+    hidden: int | tuple[int, ...] | None,
     settings: Mapping[str, Any],
+    network: list[Any] | None = None,
 ) -> TrainingOptions:
     """The job's training options, checked as ``fit`` will check them; ``iterations`` is always
     set (``epochs`` become the iterations they make: a resume counts from them)."""
@@ -180,6 +233,7 @@ def _training(
         )
     options = TrainingOptions.of(
         hidden=hidden,
+        network=network,
         iterations=iterations,
         learning_rate=_learning_rate(raw),
         target_error=target,
@@ -206,14 +260,25 @@ def _learning_rate(raw: Mapping[str, Any]) -> float:
 
 
 def _outputs(
-    raw: Mapping[str, Any], rel: Callable[[Any, str], str], data: str
+    raw: Mapping[str, Any], rel: Callable[[Any, str], str], data: str, cnn: bool = False
 ) -> tuple[str, str | None, bool]:
-    """``(output, model or None, overwrite)``."""
+    """``(output, model or None, overwrite)``; a CNN (``cnn``) has no model file (yet): its
+    trained parameters and layers are in the output."""
     output = rel(raw["output"], "output")
     if os.path.abspath(output) == os.path.abspath(data):
         raise bad("output", raw["output"], "it is the data file", "Write the result to a new file.")
     model = raw.get("model")
-    if model is None or model is True:
+    if cnn and model not in (None, False):
+        raise bad(
+            "model",
+            model,
+            "a CNN (network:) has no model file yet; the output holds its trained parameters "
+            "and its layers",
+            "Remove model: (or write model: false).",
+        )
+    if cnn:
+        model = None
+    elif model is None or model is True:
         model = os.path.splitext(output)[0] + ".model.nc"
     elif model is False:
         model = None
@@ -486,23 +551,27 @@ def load_job(path: str | os.PathLike[str], *, overwrite: bool = False) -> Job:
     ------
     JobError
         Missing or unreadable file, bad YAML, unknown keys, invalid values, a data file that is
-        missing or lacks ``x``/``d``, worker groups that are invalid.
+        missing or lacks ``x``/``d`` (a CNN's: images ``x(sample, channel, height, width)``), a
+        ``network:`` that does not fit its images or is given with ``hidden:``, worker groups
+        that are invalid.
     """
     path = os.fspath(path)
     text, raw = _read(path)
     rel = _relative_to(path)
     data = rel(raw["data"], "data")
-    shape = _data(raw, data)
+    shape, conv, network = _network(raw, data)
     settings = _train_settings(raw)
     run_settings = {k: settings.pop(k) for k in ("mapping", "min_workers", "on_worker_loss")}
-    output, model, over = _outputs(raw, rel, data)
+    output, model, over = _outputs(raw, rel, data, cnn=conv is not None)
     every, ck_path = _checkpoint(raw, rel, output)
     time_limit = number(raw, "time-limit", positive=True, example="3600 (seconds)")
     job = Job(
         path=os.path.abspath(path),
         text=text,
         data=data,
-        training=_training(raw, shape, _hidden(raw), settings),
+        training=_training(
+            raw, shape, None if conv is not None else _hidden(raw), settings, network
+        ),
         run=RunOptions(**run_settings, **placement(raw)),
         output=output,
         checkpoint_path=ck_path,
@@ -513,6 +582,7 @@ def load_job(path: str | os.PathLike[str], *, overwrite: bool = False) -> Job:
         shape=shape,
         overwrite=over or bool(overwrite),
         model=model,
+        conv=conv,
     )
     _check_effective(job)
     return job

@@ -23,6 +23,7 @@ from .._files import TargetError, atomic_write, atomic_write_text, json_default
 from ..engine import FitResult, TrainingError, store
 from ..model.files import dimension_names
 from ..model.mlp import MLPModel, ModelError
+from ..nn.cnn import ConvLayers
 from ..nn.layers import layers_of_params
 from ..slurm import group_from_name
 from .spec import Job, JobError
@@ -38,6 +39,8 @@ __all__ = [
     "save_model",
     "rescue_paths",
     "json_default",
+    "weight_variables",
+    "conv_dimension_names",
 ]
 
 
@@ -58,22 +61,62 @@ def _parameters(state: Any) -> list[np.ndarray]:
     return [np.asarray(p) for p in params]
 
 
-def weight_variables(params: list[np.ndarray], what: str, prefix: str = "") -> dict[str, Any]:
+def weight_variables(
+    params: list[np.ndarray], what: str, prefix: str = "", conv: ConvLayers | None = None
+) -> dict[str, Any]:
     """One variable per parameter, named and dimensioned as in a model file (``W``, ``V`` for one
-    hidden layer; ``W1 .. WL``, ``V`` deeper: :func:`~dask_rpm.model.files.dimension_names`)."""
-    layers = layers_of_params(params)
+    hidden layer; ``W1 .. WL``, ``V`` deeper: :func:`~dask_rpm.model.files.dimension_names`);
+    a CNN's (``conv``, its geometry) as :func:`conv_dimension_names` names them."""
+    if conv is not None:
+        names, dims = list(conv.names), conv_dimension_names(conv)
+    else:
+        layers = layers_of_params(params)
+        names, dims = list(layers.names), list(dimension_names(layers))
     return {
-        f"{prefix}{name}": (dims, p, {"description": f"{what} of {name}"})
-        for name, dims, p in zip(layers.names, dimension_names(layers), params)
+        f"{prefix}{name}": (d, p, {"description": f"{what} of {name}"})
+        for name, d, p in zip(names, dims, params)
     }
 
 
-def _optimizer_variables(state: dict[str, Any]) -> dict[str, Any]:
+def conv_dimension_names(conv: ConvLayers) -> list[tuple[str, ...]]:
+    """The dimension names of each parameter of a CNN, in :attr:`ConvLayers.params
+    <dask_rpm.nn.cnn.ConvLayers.params>` order: ``W{k}`` is ``(stage{k}, stage{k}_input,
+    stage{k}_kernel_y, stage{k}_kernel_x)`` for a conv stage and ``(stage{k}, stage{k}_input)``
+    for a dense one, ``b{k}`` is ``(stage{k},)`` and ``V`` is ``(output, stage{L},
+    stage{L}_position)``. ``stage{k}`` counts the rows as planned: the last stage's last row is
+    the output bias channel (:mod:`dask_rpm.nn.cnn`)."""
+    out: list[tuple[str, ...]] = []
+    for p in conv.params:
+        st, k = conv.stages[p.layer], f"stage{p.layer + 1}"
+        if p.name.startswith("b"):
+            out.append((k,))
+        elif p.axis == 1:
+            out.append(("output", k, f"{k}_position"))
+        elif st.kind == "conv":
+            out.append((k, f"{k}_input", f"{k}_kernel_y", f"{k}_kernel_x"))
+        else:
+            out.append((k, f"{k}_input"))
+    return out
+
+
+def _network_attrs(conv: ConvLayers | None) -> dict[str, Any]:
+    """A CNN's layers (``network``: JSON, as a job file's ``network:`` writes them) and
+    ``image_shape`` (channels, height, width), as a result file's attributes, named as a model
+    file names them (nothing for an MLP)."""
+    if conv is None:
+        return {}
+    return {
+        "network": json.dumps(conv.spec()),
+        "image_shape": np.asarray(conv.image, dtype=np.int64),
+    }
+
+
+def _optimizer_variables(state: dict[str, Any], conv: ConvLayers | None = None) -> dict[str, Any]:
     """``optimizer_<slot>_<parameter>`` variables of a checkpoint."""
     out: dict[str, Any] = {}
     for slot, arrays in (state.get("optimizer_state") or {}).items():
         out.update(
-            weight_variables(list(arrays), f"optimizer state {slot!r}", f"optimizer_{slot}_")
+            weight_variables(list(arrays), f"optimizer state {slot!r}", f"optimizer_{slot}_", conv)
         )
     return out
 
@@ -167,7 +210,9 @@ def write_checkpoint(job: Job, state: dict[str, Any]) -> str:
         return _store_checkpoint(job, state)
     ds = xr.Dataset(
         {
-            **weight_variables(_parameters(state), "weights after `iteration` updates"),
+            **weight_variables(
+                _parameters(state), "weights after `iteration` updates", "", job.conv
+            ),
             "error": (
                 ("iteration",),
                 np.asarray(state["errors"], dtype=float),
@@ -175,7 +220,7 @@ def write_checkpoint(job: Job, state: dict[str, Any]) -> str:
                     "description": "0.5 * sum over samples of ||h - d||^2, before each iteration's update"
                 },
             ),
-            **_optimizer_variables(state),
+            **_optimizer_variables(state, job.conv),
         },
         attrs={
             "title": "dask_rpm training checkpoint",
@@ -192,10 +237,12 @@ def write_checkpoint(job: Job, state: dict[str, Any]) -> str:
     return _write(ds, job.checkpoint_path)
 
 
-def _names(ds: xr.Dataset) -> list[str]:
-    """The parameter variables of a checkpoint or result file: ``W``, ``V``, or ``W1 .. WL``, ``V``
-    (KeyError naming the first one missing)."""
-    if "W" in ds:
+def _names(ds: xr.Dataset, conv: ConvLayers | None = None) -> list[str]:
+    """The parameter variables of a checkpoint or result file: ``W``, ``V``, or ``W1 .. WL``, ``V``;
+    a CNN's (``conv``) ``W1, b1, .., V`` (KeyError naming the first one missing)."""
+    if conv is not None:
+        names = list(conv.names)
+    elif "W" in ds:
         names = ["W", "V"]
     else:
         k = 1
@@ -232,7 +279,13 @@ def read_checkpoint(job: Job) -> dict[str, Any]:
     if job.checkpoint_store:
         return _read_store(job)
     ds = _open_checkpoint(path)
-    names = _names(ds)
+    try:
+        names = _names(ds, job.conv)
+    except KeyError as e:
+        raise JobError(
+            f"--resume: checkpoint {path!r} has no parameter {e}; it is not this job's network: "
+            f"run without --resume, or restore the job file it was written with"
+        ) from None
     params = [ds[name].values for name in names]
     network = ds.attrs.get("network") or "-".join(map(str, layers_of_params(params).shape))
     if network != job.network:
@@ -296,7 +349,7 @@ def write_output(
     ``job.output``), atomically."""
     ds = _history(job, result, start, errors_before)
     total = start + result.history.sizes.get("iteration", 0)
-    ds.update(weight_variables(_parameters(result), "final weights"))
+    ds.update(weight_variables(_parameters(result), "final weights", "", job.conv))
     ds["plan_json"] = (
         ("plan",),
         np.array([p.to_json() for p in (result.plans or [result.plan])], dtype=str),
@@ -316,6 +369,7 @@ def write_output(
         resumed_from_iteration=int(start),
         emulation=result.emulation or "",
         written=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **_network_attrs(job.conv),
     )
     for k, v in list(ds.attrs.items()):
         if v is None:

@@ -72,6 +72,7 @@ TRAIN_SETTINGS = {
 KEYS = (
     "data",
     "hidden",
+    "network",
     "iterations",
     "target-error",
     "learning-rate",
@@ -131,9 +132,12 @@ class Job:
     time_limit: float | None = None
     workers: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
-    shape: tuple[int, int, int] = (0, 0, 0)  # (s, n, l) of the data
+    shape: tuple[int, int, int] = (0, 0, 0)  # (s, n, l) of the data (n: an image's values)
     overwrite: bool = False
     model: str | None = None  # where the trained model goes (None: not written)
+    #: a CNN's geometry (``network:``; :class:`~dask_rpm.nn.cnn.ConvLayers` on the data's
+    #: images), None for an MLP (``hidden:``)
+    conv: Any = None
 
     def settings(self) -> dict[str, Any]:
         """The job's ``config:`` section as dotted ``rpm.*`` keys for ``dask.config.set``.
@@ -169,6 +173,7 @@ class Job:
                 os.path.abspath(self.data),
                 list(self.shape),
                 t.hidden,
+                *([self.conv.spec(), list(self.conv.image)] if self.conv is not None else []),
                 t.learning_rate,
                 self.effective("seed"),
                 self.effective("dtype"),
@@ -185,7 +190,11 @@ class Job:
 
     @property
     def network(self) -> str:
-        """``n-m-l`` of the network this job trains (``n-m_1-...-m_L-l`` for several hidden layers)."""
+        """``n-m-l`` of the network this job trains (``n-m_1-...-m_L-l`` for several hidden layers);
+        a CNN's image and each stage's channels (units), e.g. ``1x8x8-conv4-linear16-10``."""
+        if self.conv is not None:
+            stages = (f"{st.kind}{st.channels}" for st in self.conv.stages)
+            return "-".join(["x".join(map(str, self.conv.image)), *stages, str(self.conv.l)])
         hidden = self.training.hidden
         widths = hidden if isinstance(hidden, tuple) else (hidden,)
         return "-".join(str(v) for v in (self.shape[1], *widths, self.shape[2]))

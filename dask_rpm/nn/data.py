@@ -7,7 +7,8 @@ column's sample range; and one file can be replaced atomically with
 ``os.replace``, which the result and checkpoint writers rely on. (zarr would
 also slice well, but a directory store cannot be swapped in atomically.)
 
-A dataset holds ``x(sample, input)`` and ``d(sample, output)``.
+A dataset holds ``x(sample, input)`` and ``d(sample, output)``; a CNN's holds images,
+``x(sample, channel, height, width)`` (:func:`image_shape`, :func:`load_images`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ __all__ = [
     "hidden_sizes",
     "as_arrays",
     "data_shape",
+    "image_shape",
+    "load_images",
     "check_training_args",
     "load_slice",
     "load_rows",
@@ -63,22 +66,37 @@ def _open(path: str | os.PathLike) -> Any:
         ) from None
 
 
-def _check_dataset(ds: Any, where: str) -> None:
+def _check_dataset(ds: Any, where: str, images: bool = False) -> None:
+    """``x`` and ``d`` are there, numeric, on one sample dimension; ``x`` is 2-D, or 4-D
+    ``(sample, channel, height, width)`` with ``images``."""
+    x_form = "x(sample, channel, height, width)" if images else "x(sample, input)"
     missing = [v for v in ("x", "d") if v not in ds.variables]
     if missing:
         raise DataError(
-            f"{where} has variables {sorted(map(str, ds.data_vars))}; it needs x(sample, input) and "
+            f"{where} has variables {sorted(map(str, ds.data_vars))}; it needs {x_form} and "
             f"d(sample, output) (missing: {', '.join(missing)})"
         )
-    if ds["x"].ndim != 2 or ds["d"].ndim != 2:
+    if images and (ds["x"].ndim != 4 or ds["d"].ndim != 2):
         raise DataError(
-            f"{where}: x and d must be 2-D (sample, feature); got x{ds['x'].dims}, d{ds['d'].dims}"
+            f"{where}: a CNN trains on images: x must be 4-D (sample, channel, height, width) and "
+            f"d 2-D (sample, output); got x{ds['x'].dims}, d{ds['d'].dims}"
         )
-    (xs, xn), (ds_, dl) = ds["x"].dims, ds["d"].dims
+    if not images and (ds["x"].ndim != 2 or ds["d"].ndim != 2):
+        hint = (
+            "; images (sample, channel, height, width) train a CNN (a network of layers)"
+            if ds["x"].ndim == 4
+            else ""
+        )
+        raise DataError(
+            f"{where}: x and d must be 2-D (sample, feature); got x{ds['x'].dims}, "
+            f"d{ds['d'].dims}{hint}"
+        )
+    xs, ds_ = ds["x"].dims[0], ds["d"].dims[0]
     if xs != ds_:
         raise DataError(
-            f"{where}: x is indexed by ({xs}, {xn}) and d by ({ds_}, {dl}); their first dimension must be the "
-            f"same sample dimension (e.g. x(sample, input), d(sample, output))"
+            f"{where}: x is indexed by ({', '.join(ds['x'].dims)}) and d by "
+            f"({', '.join(ds['d'].dims)}); their first "
+            f"dimension must be the same sample dimension (e.g. {x_form}, d(sample, output))"
         )
     if (
         ds["x"].shape[0] != ds["d"].shape[0]
@@ -115,6 +133,23 @@ def data_shape(x: Any, d: Any = None) -> tuple[int, int, int]:
             return int(s), int(n), int(ds["d"].shape[1])
     xa, da = as_arrays(x, d)
     return xa.shape[0], xa.shape[1], da.shape[1]
+
+
+def image_shape(path: str | os.PathLike) -> tuple[int, tuple[int, int, int], int]:
+    """``(samples, (channels, height, width), outputs)`` of an image dataset file (a CNN's
+    ``x(sample, channel, height, width)``, ``d(sample, output)``) without loading it."""
+    with _open(path) as ds:
+        _check_dataset(ds, f"data file {os.fspath(path)!r}", images=True)
+        s, c, h, w = (int(v) for v in ds["x"].shape)
+        return s, (c, h, w), int(ds["d"].shape[1])
+
+
+def load_images(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
+    """``x(sample, channel, height, width)`` and ``d(sample, output)`` of an image dataset file,
+    loaded whole: a CNN's samples are read where training starts and sent to the workers."""
+    with _open(path) as ds:
+        _check_dataset(ds, f"data file {os.fspath(path)!r}", images=True)
+        return np.asarray(ds["x"].values), np.asarray(ds["d"].values)
 
 
 def as_arrays(x: Any, d: Any = None) -> tuple[np.ndarray, np.ndarray]:
@@ -301,8 +336,10 @@ def write_dataset(path: str | os.PathLike, x: Any, d: Any, **attrs: Any) -> str:
     Parameters
     ----------
     path : str or path
-    x : array_like or pandas.DataFrame, (samples, inputs)
-        Numeric (training refuses NaN and infinite values, naming the first).
+    x : array_like or pandas.DataFrame, (samples, inputs) or (samples, channels, height, width)
+        Numeric (training refuses NaN and infinite values, naming the first). Images (4-D) are
+        written as ``x(sample, channel, height, width)``: a CNN's data (``network:`` in a job
+        file, ``fit(path, network=...)``).
     d : array_like, (samples, outputs) or (samples,)
         Targets; 1-D class labels (numbers or strings) are written one-hot,
         with the labels as the ``output`` coordinate, so a classifier trained
@@ -318,10 +355,11 @@ def write_dataset(path: str | os.PathLike, x: Any, d: Any, **attrs: Any) -> str:
     if da.ndim == 1:
         labels = np.unique(da)
         da = (da[:, None] == labels[None, :]).astype(np.float64)
-    if xa.ndim != 2 or da.ndim != 2 or len(xa) != len(da):
+    if xa.ndim not in (2, 4) or da.ndim != 2 or len(xa) != len(da):
         raise DataError(
-            f"x{xa.shape} and d{np.asarray(d).shape}: give x as (samples, inputs) and d as "
-            f"(samples, outputs) or 1-D labels, with one row per sample in both"
+            f"x{xa.shape} and d{np.asarray(d).shape}: give x as (samples, inputs) or images "
+            f"(samples, channels, height, width), and d as (samples, outputs) or 1-D labels, with "
+            f"one row per sample in both"
         )
     for name, arr in (("x", xa), ("d", da)):
         if not np.issubdtype(arr.dtype, np.number):
@@ -333,7 +371,11 @@ def write_dataset(path: str | os.PathLike, x: Any, d: Any, **attrs: Any) -> str:
         coords["output"] = ("output", kind, {"description": "class labels (d is one-hot)"})
     ds = xr.Dataset(
         {
-            "x": (("sample", "input"), xa, {"description": "network inputs"}),
+            "x": (
+                ("sample", "input") if xa.ndim == 2 else ("sample", "channel", "height", "width"),
+                xa,
+                {"description": "network inputs" if xa.ndim == 2 else "input images"},
+            ),
             "d": (("sample", "output"), da, {"description": "teacher signals"}),
         },
         coords=coords,

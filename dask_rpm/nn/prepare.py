@@ -14,15 +14,16 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from .cnn import ConvLayers, conv_layers, init_conv_params, params_from_torch
 from .data import (
     DataError,
     as_arrays,
     check_training_args,
     data_shape,
     dataset_classes,
+    load_images,
     load_rows,
 )
-from .cnn import ConvLayers, conv_layers, init_conv_params, params_from_torch
 from .layers import Layers, layers_of_params
 from .options import TrainingOptions
 from .recipe import Recipe, Validator, holdout, one_hot, recipe
@@ -146,7 +147,16 @@ def prepare(
     """
     o: Any = (options or TrainingOptions()).resolved()  # the rpm.train.* defaults, read once
     image = None
+    file_classes = None  # the labels an image file was written with (write_dataset)
     if o.network is not None:  # a CNN: images travel as rows; the layers hold the biases
+        if isinstance(x, (str, os.PathLike)):  # read here, whole: the workers get arrays
+            if d is not None:
+                raise DataError(
+                    "d given with a dataset path; the file's d(sample, output) are the targets: "
+                    "leave d out, or pass the images as an array"
+                )
+            file_classes = dataset_classes(x)
+            x, d = load_images(x)
         x, o, image = _images(x, o)
     dtype, seed, init, loss = str(o.dtype), int(o.seed), o.init, o.loss
     target_error = o.target_error
@@ -154,6 +164,8 @@ def prepare(
         raise DataError(f"target_error={target_error!r}; it must be a finite number >= 0, or None")
     start = _split_init(init)[0]
     src = _source(x, d, loss, classes, load)
+    if src.classes is None and file_classes is not None:
+        src = src._replace(classes=file_classes)
     classes = src.classes
     # the validation split decides how many samples train, which the schedule needs
     src, rows, val = _split_validation(src, o.validation, loss, seed, dtype)
@@ -220,11 +232,6 @@ def _images(x: Any, o: Any) -> tuple[Any, Any, tuple[int, int, int]]:
         raise DataError(
             f"{' and '.join(given)} given with network=; a network's layers give its sizes and "
             f"its initial weights (a torch module's own, or seeded for layer records)"
-        )
-    if isinstance(x, (str, os.PathLike)):
-        raise DataError(
-            "network= takes images as an array (samples, channels, height, width); a dataset "
-            "path trains an MLP"
         )
     xa = np.asarray(x)
     if xa.ndim != 4:
