@@ -48,12 +48,12 @@ examples:
 
   # a GPU beside three one-thread CPU workers (1 : 100): with measured rates (work units per
   # second) DRPM's choice leaves the CPUs idle when their messages cost more than they save
-  {PROG} plan --abilities 1,0.01,0.01,0.01 --rates 2.6e7,2.6e5,2.6e5,2.6e5 \
+  {PROG} plan --abilities 1,0.01,0.01,0.01 --rates 2.6e7,2.6e5,2.6e5,2.6e5 \\
       --shape 33-64-4 --samples 512 --idle
 
   # a CNN (layer records, or a YAML/JSON file of them; images of 1 channel, 8x8): each
   # worker's channels of every stage, 4 workers in 2 columns
-  {PROG} plan --abilities 1,1,2,2 --samples 512 --dp 2 --image 1,8,8 \
+  {PROG} plan --abilities 1,1,2,2 --samples 512 --dp 2 --image 1,8,8 \\
       --network '[{{"conv": 4, "kernel": 3}}, "relu", {{"maxpool": 2}}, "flatten", {{"linear": 10}}]'
 
   # the same through dask's command line
