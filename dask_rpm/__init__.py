@@ -5,8 +5,8 @@ Public API
 fit, fit_serial       train on a Dask cluster / the serial reference
 TrainingOptions       what they train, as one record (their keywords, one to one)
 make_plan, Plan       plan rectangles (SRPM and the paper's baselines)
-MLPModel              a trained network: predict, score, save/load, to_torch
-MLPClassifier, MLPRegressor  scikit-learn estimators (need scikit-learn)
+MLPModel, CNNModel    a trained network (an MLP, a CNN): predict, score, save/load, to_torch
+MLPClassifier, MLPRegressor, CNNClassifier  scikit-learn estimators (need scikit-learn)
 local_cluster         a local cluster with EMULATED heterogeneous worker speeds
 RPMSchedulerPlugin    the scheduler plugin that records rpm-* task timings
 
@@ -33,6 +33,7 @@ _LAZY = {
     "fit": "engine",
     "ordered_workers": "ordering",
     "MLPModel": "model.mlp",
+    "CNNModel": "model.cnn",
     "Plan": "plan.partition",
     "PlanError": "plan.partition",
     "Rectangle": "plan.partition",
@@ -45,6 +46,7 @@ _LAZY = {
     "TrainingOptions": "nn.options",
     "MLPClassifier": "estimators",
     "MLPRegressor": "estimators",
+    "CNNClassifier": "estimators",
 }
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports these
@@ -52,7 +54,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from .emulation import local_cluster
     from .engine import FitResult, TrainingError, WorkerLostError
     from .engine.fit import fit
-    from .estimators import MLPClassifier, MLPRegressor
+    from .estimators import CNNClassifier, MLPClassifier, MLPRegressor
+    from .model.cnn import CNNModel
     from .model.mlp import MLPModel
     from .nn.options import TrainingOptions
     from .nn.serial import fit_serial
@@ -64,6 +67,8 @@ else:  # at run time: the names above and every submodule, imported on first use
     __getattr__, __dir__ = lazy_attributes(__name__, __path__, _LAZY)
 
 __all__ = [  # the lazy names above, spelled out for linters and `from dask_rpm import *`
+    "CNNClassifier",
+    "CNNModel",
     "FitResult",
     "MLPClassifier",
     "MLPModel",

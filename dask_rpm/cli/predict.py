@@ -1,9 +1,11 @@
 """``dask-rpm predict``: apply a saved model to a data file.
 
-Reads a model (:meth:`dask_rpm.MLPModel.load`: written by ``dask-rpm train``
-or ``MLPModel.save``) and inputs ``x(sample, input)`` from a netCDF file (a
-training dataset works: its ``d`` is ignored for prediction, used for the
-score line) or a 2-D ``.npy`` array, and writes the predictions as one netCDF
+Reads a model (:func:`dask_rpm.model.cnn.load_model`: an MLP written by ``dask-rpm train``
+or ``MLPModel.save``, or a CNN written by ``CNNModel.save``) and inputs ``x(sample, input)``
+from a netCDF file (a training dataset works: its ``d`` is ignored for prediction, used for the
+score line) or a 2-D ``.npy`` array - for a CNN also a 4-D ``.npy`` array of images
+``(samples, channels, height, width)``; a CNN reads rows of ``channels x height x width``
+inputs as its images, channel-major (``images.reshape(samples, -1)``) - and writes the predictions as one netCDF
 file, atomically. Every bad input is refused before anything is written, with
 exit code 2.
 """
@@ -20,7 +22,8 @@ import numpy as np
 
 from .._files import TargetError, check_target
 from .._version import __version__
-from ..model.mlp import MLPModel, ModelError
+from ..model.cnn import CNNModel, load_model
+from ..model.mlp import ModelError
 from ..nn.data import atomic_to_netcdf
 from ._common import CLIError
 
@@ -37,6 +40,9 @@ examples:
   # inputs as a numpy array (samples, inputs)
   dask-rpm predict --model result.model.nc --data x.npy --output predictions.nc --overwrite
 
+  # a CNN (CNNModel.save): images (samples, channels, height, width) as a .npy array
+  dask-rpm predict --model cnn.model.nc --data images.npy --output predictions.nc
+
 The output holds prediction(sample) class labels and probability(sample, class)
 for classifiers, prediction(sample, output) for regression models. With a
 netCDF input that also has d(sample, output), the accuracy (classifiers) or R^2
@@ -49,8 +55,8 @@ def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "predict",
         help="apply a saved model to a data file and write the predictions",
-        description="Apply a model saved by 'dask-rpm train' (or MLPModel.save) to inputs x(sample, input) "
-        "from a netCDF or .npy file; write predictions (and class probabilities) to a netCDF file, "
+        description="Apply a model saved by 'dask-rpm train' (or MLPModel.save, CNNModel.save) to inputs "
+        "x(sample, input) from a netCDF or .npy file (a CNN: also images as a 4-D .npy array); write predictions (and class probabilities) to a netCDF file, "
         "atomically.",
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -62,7 +68,7 @@ def add_parser(subparsers: Any) -> None:
         "--data",
         required=True,
         metavar="FILE",
-        help="inputs: netCDF with x(sample, input), or a 2-D .npy array",
+        help="inputs: netCDF with x(sample, input), or a 2-D .npy array (a CNN: or 4-D images)",
     )
     p.add_argument(
         "--output", required=True, metavar="FILE", help="where the predictions go (netCDF)"
@@ -151,10 +157,12 @@ def run(args: argparse.Namespace) -> int:
     except TargetError as e:
         raise CLIError(str(e)) from None
     try:
-        model = MLPModel.load(model_path)
+        model = load_model(model_path)
     except ModelError as e:
         raise CLIError(f"--model: {e}") from None
     x, d = read_inputs(data_path)
+    if isinstance(model, CNNModel) and x.ndim == 2 and x.shape[1] == model.n_inputs:
+        x = x.reshape(-1, *model.image_shape)  # rows of flattened images, as training carries them
     try:
         ds = predictions_dataset(model, x)
         score = None
@@ -186,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _truth(model: MLPModel, d: np.ndarray) -> np.ndarray | None:
+def _truth(model: Any, d: np.ndarray) -> np.ndarray | None:
     """The targets ``d`` as :meth:`MLPModel.score` takes them (class labels for a classifier);
     None when their width does not fit the model."""
     classes = model.classes

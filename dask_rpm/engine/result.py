@@ -7,7 +7,9 @@ from typing import Any
 
 import numpy as np
 
+from ..model.cnn import CNNModel
 from ..model.mlp import MLPModel
+from ..nn.cnn import is_conv
 from ..plan.partition import Plan
 from ..records import RemapRecord, Validation
 from ..results import plans_dataset, plot_result
@@ -98,11 +100,15 @@ class FitResult:
 
     @property
     def model(self) -> Any:
-        """The trained network as a :class:`dask_rpm.MLPModel`: predict, score, save, to_torch."""
+        """The trained network: a :class:`dask_rpm.MLPModel`, or a :class:`dask_rpm.CNNModel` for
+        ``fit(network=...)``; predict, score, save, to_torch."""
+        if is_conv(getattr(self.recipe, "layers", None)):
+            return CNNModel.from_result(self)
         return MLPModel.from_result(self)
 
     def predict(self, x: Any) -> np.ndarray:
-        """Predictions of the trained network for inputs ``x`` (:meth:`dask_rpm.MLPModel.predict`)."""
+        """Predictions of the trained network for inputs ``x``, images ``(samples, channels,
+        height, width)`` for a CNN (:meth:`dask_rpm.MLPModel.predict`, :meth:`dask_rpm.CNNModel.predict`)."""
         return self.model.predict(x)
 
     def score(self, x: Any, y: Any) -> float:

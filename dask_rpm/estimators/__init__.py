@@ -40,6 +40,9 @@ same message. Not supported: ``solver="lbfgs"``, ``activation="identity"``,
 ``sample_weight`` and ``loss="poisson"``; each is refused with a message saying
 why.
 
+:class:`CNNClassifier` (:mod:`dask_rpm.estimators.cnn`) is a convolutional network with the
+same conventions, solvers and training rules.
+
 Needs scikit-learn (the optional extra ``sklearn``).
 """
 
@@ -60,13 +63,15 @@ try:
     from sklearn.utils.validation import column_or_1d, validate_data
 except ImportError as exc:  # pragma: no cover - exercised only without scikit-learn
     raise ImportError(
-        "dask_rpm.MLPClassifier and MLPRegressor need scikit-learn: pip install 'dask-rpm[sklearn]'"
+        "dask_rpm.MLPClassifier, MLPRegressor and CNNClassifier need scikit-learn: pip install "
+        "'dask-rpm[sklearn]'"
     ) from exc
 
 from ..nn.recipe import forward
 from ._base import EstimatorError, MLPBase
+from .cnn import CNNClassifier
 
-__all__ = ["MLPClassifier", "MLPRegressor", "EstimatorError"]
+__all__ = ["MLPClassifier", "MLPRegressor", "CNNClassifier", "EstimatorError"]
 
 
 _COMMON_DOC = """

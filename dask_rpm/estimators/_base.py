@@ -4,7 +4,8 @@
 by ``_validate_params`` when ``fit`` starts, as scikit-learn's own estimators do), draws the
 initial weights and the early-stopping split from scikit-learn's generator in scikit-learn's
 order, and trains with :func:`dask_rpm.fit` (a client) or the serial loop (none), both ending
-each epoch with a :class:`dask_rpm.nn.convergence.ConvergenceRule`.
+each epoch with a :class:`dask_rpm.nn.convergence.ConvergenceRule`. :class:`ClusterEstimator`
+is what every dask_rpm estimator (:class:`dask_rpm.CNNClassifier` too) does with its client.
 :mod:`dask_rpm.estimators` holds the public classes and says what makes their model
 scikit-learn's.
 """
@@ -43,7 +44,7 @@ from ..nn.serial import train_arrays
 from ..plan.partition import Plan
 from ..progress import MODES
 
-__all__ = ["EstimatorError", "MLPBase"]
+__all__ = ["EstimatorError", "MLPBase", "ClusterEstimator", "CLUSTER_CONSTRAINTS"]
 
 
 class EstimatorError(ValueError):
@@ -55,7 +56,74 @@ class EstimatorError(ValueError):
 _ACTIVATIONS = {"logistic": "sigmoid", "tanh": "tanh", "relu": "relu"}
 
 
-class MLPBase(BaseEstimator):
+#: dask_rpm's own estimator parameters: where it trains (:func:`dask_rpm.fit`'s keywords of the
+#: same names), as every estimator declares them
+CLUSTER_CONSTRAINTS: dict[str, list[Any]] = {
+    "client": [None, HasMethods(["submit", "gather"])],
+    "mapping": [None, str, Plan],
+    "abilities": [None, StrOptions({"probe"}), "array-like"],
+    "progress": [None, "boolean", StrOptions(set(MODES))],
+    "backend": [None, str],
+    "device": [None, str],
+}
+
+
+class ClusterEstimator(BaseEstimator):
+    """What every dask_rpm estimator shares: its ``client`` (the default client when None, else
+    serial training), clones and pickles that share or drop the client, and scikit-learn's
+    parameter check after refusing the values of :attr:`_unsupported` with why."""
+
+    #: scikit-learn's values that dask_rpm does not train, and why: refused by
+    #: :meth:`_validate_params` with the reason
+    _unsupported: ClassVar[dict[str, dict[str, str]]] = {}
+
+    client: Any
+
+    def _validate_params(self) -> None:
+        """scikit-learn's check of :attr:`_parameter_constraints`, after refusing the values of
+        :attr:`_unsupported` with why (the same ``InvalidParameterError``)."""
+        for name, why in self._unsupported.items():
+            value = getattr(self, name)
+            if isinstance(value, str) and value in why:
+                valid = " or ".join(str(c) for c in self._parameter_constraints[name])
+                raise InvalidParameterError(
+                    f"The {name!r} parameter of {type(self).__name__} must be {valid}. Got "
+                    f"{value!r} instead: {why[value]}."
+                )
+        super()._validate_params()
+
+    def _client(self) -> Any:
+        if self.client is not None:
+            return self.client
+        try:
+            from distributed import default_client
+        except ImportError:  # pragma: no cover - distributed is a dependency
+            return None
+        try:
+            return default_client()
+        except ValueError:  # no client in this process: train with the serial reference
+            return None
+
+    def __sklearn_clone__(self) -> Any:
+        # a client is shared by the clones (GridSearchCV's), not deep-copied: it holds sockets
+        client = self.client
+        self.client = None
+        try:
+            twin = super().__sklearn_clone__()
+        finally:
+            self.client = client
+        twin.client = client
+        return twin
+
+    def __getstate__(self) -> dict[str, Any]:
+        # a client holds sockets and tasks; the unpickled estimator finds the default client again
+        state = dict(super().__getstate__())
+        state["client"] = None
+        state.pop("result_", None)
+        return state
+
+
+class MLPBase(ClusterEstimator):
     """Training shared by both estimators (scikit-learn's ``BaseMultilayerPerceptron``'s loop)."""
 
     #: scikit-learn's ``BaseMultilayerPerceptron._parameter_constraints`` less what dask_rpm does
@@ -84,13 +152,7 @@ class MLPBase(BaseEstimator):
         "epsilon": [Interval(Real, 0, None, closed="neither")],
         "n_iter_no_change": [Interval(Integral, 1, None, closed="left"), Options(Real, {np.inf})],
         "max_fun": [Interval(Integral, 1, None, closed="left")],
-        # dask_rpm's: where it trains (dask_rpm.fit's keywords of the same names)
-        "client": [None, HasMethods(["submit", "gather"])],
-        "mapping": [None, str, Plan],
-        "abilities": [None, StrOptions({"probe"}), "array-like"],
-        "progress": [None, "boolean", StrOptions(set(MODES))],
-        "backend": [None, str],
-        "device": [None, str],
+        **CLUSTER_CONSTRAINTS,
     }
 
     #: scikit-learn's values that dask_rpm does not train, and why: refused by
@@ -109,19 +171,6 @@ class MLPBase(BaseEstimator):
     }
 
     # ------------------------------------------------------------- settings
-    def _validate_params(self) -> None:
-        """scikit-learn's check of :attr:`_parameter_constraints`, after refusing the values of
-        :attr:`_unsupported` with why (the same ``InvalidParameterError``)."""
-        for name, why in self._unsupported.items():
-            value = getattr(self, name)
-            if isinstance(value, str) and value in why:
-                valid = " or ".join(str(c) for c in self._parameter_constraints[name])
-                raise InvalidParameterError(
-                    f"The {name!r} parameter of {type(self).__name__} must be {valid}. Got "
-                    f"{value!r} instead: {why[value]}."
-                )
-        super()._validate_params()
-
     def _hidden_sizes(self) -> tuple[int, ...]:
         """``hidden_layer_sizes`` as a tuple of positive integers (an int is one layer)."""
         hidden = self.hidden_layer_sizes
@@ -386,38 +435,6 @@ class MLPBase(BaseEstimator):
                 "validation": [],
             },
         )
-
-    def _client(self) -> Any:
-        if self.client is not None:
-            return self.client
-        try:
-            from distributed import default_client
-        except ImportError:  # pragma: no cover - distributed is a dependency
-            return None
-        try:
-            return default_client()
-        except ValueError:  # no client in this process: train with the serial reference
-            return None
-
-    client: Any
-
-    def __sklearn_clone__(self) -> Any:
-        # a client is shared by the clones (GridSearchCV's), not deep-copied: it holds sockets
-        client = self.client
-        self.client = None
-        try:
-            twin = super().__sklearn_clone__()
-        finally:
-            self.client = client
-        twin.client = client
-        return twin
-
-    def __getstate__(self) -> dict[str, Any]:
-        # a client holds sockets and tasks; the unpickled estimator finds the default client again
-        state = dict(super().__getstate__())
-        state["client"] = None
-        state.pop("result_", None)
-        return state
 
     # ------------------------------------------------------------- fitted
     def _forward(self, X: np.ndarray) -> np.ndarray:

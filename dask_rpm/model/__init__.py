@@ -1,4 +1,4 @@
-"""A trained network (``MLPModel``) and its model file."""
+"""A trained network (``MLPModel``, ``CNNModel``) and its model file."""
 
 from __future__ import annotations
 

@@ -25,6 +25,10 @@ counted), ``outputs``, ``dask_rpm_version``, the network (``activation``,
 ``loss``, ``output``, ``bias``) and ``meta`` (JSON: hyperparameters, loss
 curve, validation rows, plan history, emulation label).
 
+The attribute ``architecture`` tells an MLP's file (``"mlp"``) from a CNN's (``"cnn"``,
+:class:`dask_rpm.CNNModel`: its layout is :mod:`dask_rpm.model.cnn`'s); each class refuses the
+other's file and names the class that reads it (:func:`architecture`).
+
 Format 1 (development builds before deep networks) is refused: such a model is
 trained and saved again.
 """
@@ -51,6 +55,10 @@ __all__ = [
     "save_dataset",
     "read_model_file",
     "model_parts",
+    "check_version",
+    "architecture",
+    "classes_variable",
+    "read_classes",
 ]
 
 #: Version of the model file layout; :func:`model_parts` reads this one only.
@@ -96,6 +104,7 @@ def model_dataset(model: Any) -> Any:
     attrs: dict[str, Any] = {
         "title": "dask_rpm model",
         "dask_rpm_model": FORMAT_VERSION,
+        "architecture": "mlp",
         "dask_rpm_version": str(__version__),
         "activation": net.activation,
         "loss": net.loss,
@@ -110,13 +119,7 @@ def model_dataset(model: Any) -> Any:
         "meta": json.dumps(model.meta, default=json_default),
     }
     ds = xr.Dataset(variables, attrs=attrs)
-    if model.classes is not None:
-        cls = model.classes
-        ds["classes"] = (
-            ("class",),
-            cls.astype(str) if cls.dtype.kind in "OUS" else cls,
-            {"description": "class label of each output", "dtype": cls.dtype.str},
-        )
+    classes_variable(ds, model.classes)
     if model.target_scale is not None:
         ds["target_shift"] = (
             ("output",),
@@ -125,6 +128,33 @@ def model_dataset(model: Any) -> Any:
         )
         ds["target_scale"] = (("output",), model.target_scale, {"description": "see target_shift"})
     return ds
+
+
+def classes_variable(ds: Any, classes: np.ndarray | None) -> None:
+    """Add a classifier's labels to a model's dataset as ``classes(class)`` (strings as text, their
+    dtype in an attribute; nothing for a regressor)."""
+    if classes is None:
+        return
+    ds["classes"] = (
+        ("class",),
+        classes.astype(str) if classes.dtype.kind in "OUS" else classes,
+        {"description": "class label of each output", "dtype": classes.dtype.str},
+    )
+
+
+def read_classes(ds: Any) -> np.ndarray | None:
+    """The labels :func:`classes_variable` stored, in their dtype; None for a regressor."""
+    if "classes" not in ds.variables:
+        return None
+    raw = ds["classes"].values
+    dt = np.dtype(ds["classes"].attrs.get("dtype", raw.dtype.str))
+    return np.asarray(raw.tolist(), dtype=dt) if dt.kind in "OUS" else raw.astype(dt)
+
+
+def architecture(ds: Any) -> str:
+    """``"mlp"`` or ``"cnn"``: which model a model file holds (files without the attribute are
+    MLPs')."""
+    return str(ds.attrs.get("architecture", "mlp"))
 
 
 def save_dataset(ds: Any, path: str | os.PathLike, *, overwrite: bool = False) -> str:
@@ -176,7 +206,7 @@ def read_model_file(path: str | os.PathLike) -> Any:
     return ds
 
 
-def _check_version(ds: Any, where: str) -> None:
+def check_version(ds: Any, where: str) -> None:
     """Refuse what is no model file, or one of another format than :data:`FORMAT_VERSION`."""
     version = ds.attrs.get("dask_rpm_model")
     if version is None:
@@ -193,7 +223,7 @@ def _check_version(ds: Any, where: str) -> None:
         )
         raise ModelError(
             f"{where} is not a dask_rpm model file: {what}{hint}. Give a file written by "
-            f"MLPModel.save or dask-rpm train"
+            f"MLPModel.save, CNNModel.save or dask-rpm train"
         )
     if int(version) > FORMAT_VERSION:
         raise ModelError(
@@ -248,7 +278,12 @@ def model_parts(ds: Any, *, where: str = "the dataset") -> dict[str, Any]:
         (a newer dask_rpm's, or a development build's), or is damaged; the message names
         ``where`` and what it found.
     """
-    _check_version(ds, where)
+    check_version(ds, where)
+    if architecture(ds) != "mlp":
+        raise ModelError(
+            f"{where} holds a {architecture(ds).upper()}, not an MLP (attribute architecture="
+            f"{architecture(ds)!r}): read it with dask_rpm.CNNModel.load"
+        )
     try:
         net = Network(
             str(ds.attrs["activation"]),
@@ -262,15 +297,10 @@ def model_parts(ds: Any, *, where: str = "the dataset") -> dict[str, Any]:
             f"{where} is a damaged dask_rpm model file: its network attributes are invalid ({exc})"
         ) from None
     params = _read_params(ds, where, net.bias)
-    classes = None
-    if "classes" in ds.variables:
-        raw = ds["classes"].values
-        dt = np.dtype(ds["classes"].attrs.get("dtype", raw.dtype.str))
-        classes = np.asarray(raw.tolist(), dtype=dt) if dt.kind in "OUS" else raw.astype(dt)
     return {
         "params": params,
         "net": net,
-        "classes": classes,
+        "classes": read_classes(ds),
         "meta": json.loads(ds.attrs.get("meta", "{}")),
         "target_shift": ds["target_shift"].values if "target_shift" in ds.variables else None,
         "target_scale": ds["target_scale"].values if "target_scale" in ds.variables else None,

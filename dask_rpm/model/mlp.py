@@ -40,7 +40,38 @@ from .files import (
     save_dataset,
 )
 
-__all__ = ["MLPModel", "ModelError", "FORMAT_VERSION"]
+__all__ = ["MLPModel", "ModelError", "FORMAT_VERSION", "score_predictions"]
+
+
+def score_predictions(p: np.ndarray, y: Any, classifier: bool) -> float:
+    """Accuracy of labels ``p`` against ``y`` (``classifier``), else R^2 of outputs ``p``
+    ``(samples, outputs)`` against ``y``, averaged uniformly over outputs as scikit-learn's
+    ``r2_score``: what every model's ``score`` computes.
+
+    Raises
+    ------
+    ModelError
+        ``y`` does not have the predictions' shape.
+    """
+    y = np.asarray(y)
+    if classifier:
+        if y.shape != p.shape:
+            raise ModelError(f"y has shape {y.shape}; give one label per sample, shape {p.shape}")
+        return float(np.mean(p == y))
+    if y.ndim == 1 and p.shape[1] == 1:
+        y = y[:, None]
+    if y.shape != p.shape:
+        raise ModelError(f"y has shape {y.shape}; give targets of shape {p.shape}")
+    y = y.astype(np.float64)
+    ss_res = ((y - p) ** 2).sum(axis=0)
+    ss_tot = ((y - y.mean(axis=0)) ** 2).sum(axis=0)
+    # a constant target: 1 if predicted exactly, else 0 (scikit-learn's convention)
+    r2 = np.where(
+        ss_tot > 0,
+        1.0 - ss_res / np.where(ss_tot > 0, ss_tot, 1.0),
+        (ss_res == 0).astype(float),
+    )
+    return float(np.mean(r2))
 
 
 class MLPModel:
@@ -402,28 +433,7 @@ class MLPModel:
     def score(self, x: Any, y: Any) -> float:
         """Accuracy (classifiers: fraction of ``y`` labels predicted), or R^2 (regression: the coefficient
         of determination averaged uniformly over outputs, as scikit-learn's ``r2_score``)."""
-        p = self.predict(x)
-        y = np.asarray(y)
-        if self.is_classifier:
-            if y.shape != p.shape:
-                raise ModelError(
-                    f"y has shape {y.shape}; give one label per sample, shape {p.shape}"
-                )
-            return float(np.mean(p == y))
-        if y.ndim == 1 and p.shape[1] == 1:
-            y = y[:, None]
-        if y.shape != p.shape:
-            raise ModelError(f"y has shape {y.shape}; give targets of shape {p.shape}")
-        y = y.astype(np.float64)
-        ss_res = ((y - p) ** 2).sum(axis=0)
-        ss_tot = ((y - y.mean(axis=0)) ** 2).sum(axis=0)
-        # a constant target: 1 if predicted exactly, else 0 (scikit-learn's convention)
-        r2 = np.where(
-            ss_tot > 0,
-            1.0 - ss_res / np.where(ss_tot > 0, ss_tot, 1.0),
-            (ss_res == 0).astype(float),
-        )
-        return float(np.mean(r2))
+        return score_predictions(self.predict(x), y, self.is_classifier)
 
     def weights(self) -> dict[str, np.ndarray | None]:
         """The user's weights and biases of every layer (copies; the biases None without bias).
