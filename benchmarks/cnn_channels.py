@@ -68,9 +68,14 @@ def main(argv: list[str] | None = None) -> int:
         for c_out in sizes:
             g = measure(torch, c_in, c_out, args.device, args.batch, args.hw)
             rows.append({"in": c_in, "out": c_out, "product": c_in * c_out, "gflops": g})
-            print(f"in {c_in:5d} out {c_out:5d} product {c_in * c_out:9d}: {g:10.2f} GFLOP/s", flush=True)
+            print(
+                f"in {c_in:5d} out {c_out:5d} product {c_in * c_out:9d}: {g:10.2f} GFLOP/s",
+                flush=True,
+            )
     peak = max(r["gflops"] for r in rows)
-    print(f"\nREAL, {args.device}, {args.hw}x{args.hw} maps, batch {args.batch}: peak {peak:.1f} GFLOP/s")
+    print(
+        f"\nREAL, {args.device}, {args.hw}x{args.hw} maps, batch {args.batch}: peak {peak:.1f} GFLOP/s"
+    )
     by_product: dict[int, list[float]] = {}
     for r in rows:
         by_product.setdefault(r["product"], []).append(r["gflops"])

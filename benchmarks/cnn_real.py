@@ -67,7 +67,9 @@ def torch_loop(iterations: int, dtype: str) -> float:
     t0 = time.perf_counter()
     for k in range(iterations):
         opt.zero_grad(set_to_none=True)
-        loss = torch.nn.functional.cross_entropy(model(X[k * B : (k + 1) * B]), Y[k * B : (k + 1) * B])
+        loss = torch.nn.functional.cross_entropy(
+            model(X[k * B : (k + 1) * B]), Y[k * B : (k + 1) * B]
+        )
         loss.backward()
         opt.step()
     return (time.perf_counter() - t0) / iterations
@@ -157,15 +159,18 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for dtype in args.dtypes.split(","):
         best: dict[str, float] = {}
-        with real_cluster([1]) as c1, Client(c1) as client1, real_cluster([1, 1]) as c2, Client(
-            c2
-        ) as client2:
+        with (
+            real_cluster([1]) as c1,
+            Client(c1) as client1,
+            real_cluster([1, 1]) as c2,
+            Client(c2) as client2,
+        ):
             for rep in range(args.repeats):
                 runs = {
-                    "torch-1": lambda: torch_loop(args.iterations, dtype),
-                    "rpm-1": lambda: rpm(client1, args.iterations, dtype),
-                    "ddp-2": lambda: ddp(args.iterations, dtype),
-                    "rpm-2": lambda: rpm(client2, args.iterations, dtype),
+                    "torch-1": lambda dtype=dtype: torch_loop(args.iterations, dtype),
+                    "rpm-1": lambda dtype=dtype: rpm(client1, args.iterations, dtype),
+                    "ddp-2": lambda dtype=dtype: ddp(args.iterations, dtype),
+                    "rpm-2": lambda dtype=dtype: rpm(client2, args.iterations, dtype),
                 }
                 for name, run in runs.items():
                     got = run()
