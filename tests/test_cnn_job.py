@@ -2,8 +2,9 @@
 
 * a job with ``network:`` (a list of layers) trains on the images of its data file,
   ``x(sample, channel, height, width)``, on its own local workers, and its output holds the
-  parameters of every stage (``W1, b1, ..., V``, dimensioned per stage) and the network; they
-  equal :func:`~dask_rpm.nn.serial.fit_serial`'s on the same file to 1e-10 relative;
+  parameters of every stage (``W1, b1, ..., V``, dimensioned per stage) and the network, and its
+  model file a :class:`~dask_rpm.CNNModel`; they equal :func:`~dask_rpm.nn.serial.fit_serial`'s
+  on the same file to 1e-10 relative;
 * stopped with a checkpoint in one netCDF file, ``--resume`` ends where one run ends;
 * a bad ``network:``, ``hidden:`` beside it, images for an MLP or rows for a CNN are refused
   before any worker starts, with one line and exit code 2.
@@ -25,6 +26,7 @@ from distributed import Client, LocalCluster
 
 from dask_rpm.cli import main
 from dask_rpm.job import JobError, load_job, run_job
+from dask_rpm.model.cnn import CNNModel
 from dask_rpm.nn.data import write_dataset
 from dask_rpm.nn.serial import fit_serial
 
@@ -102,7 +104,7 @@ def test_a_network_job_trains_on_the_images_of_its_file_equal_to_serial(tmp_path
     path = write_job(tmp_path, images, batch_size=8)
     job = load_job(path)
     assert job.network == "2x8x8-conv3-linear5-3" and job.shape == (24, 128, 3)
-    assert job.model is None and job.training.network == NETWORK
+    assert job.model == str(tmp_path / "result.model.nc") and job.training.network == NETWORK
     out = io.StringIO()
     summary = run_job(path, out=out)
     assert summary["iterations"] == 8, out.getvalue()
@@ -117,7 +119,13 @@ def test_a_network_job_trains_on_the_images_of_its_file_equal_to_serial(tmp_path
     assert ds.sizes["stage2"] == 6
     assert json.loads(ds.attrs["network"]) == ref.recipe.layers.spec()
     assert list(ds.attrs["image_shape"]) == [2, 8, 8]
-    assert not (tmp_path / "result.model.nc").exists()
+    # the model file: the same network and weights, classifying with the file's labels
+    model = CNNModel.load(tmp_path / "result.model.nc")
+    assert model.records == ref.recipe.layers.spec() and model.image_shape == (2, 8, 8)
+    for got, want in zip(model.params, ref.params):
+        np.testing.assert_allclose(got, want, rtol=RTOL, atol=1e-14 * np.abs(want).max())
+    x = _open(images)["x"].values
+    assert list(model.classes) == [0, 1, 2] and model.predict(x).shape == (24,)
 
 
 def test_a_network_job_stopped_into_a_netcdf_checkpoint_resumes_to_the_serial_result(
@@ -165,7 +173,6 @@ BAD = [
         "the network's last Linear has 4 outputs but the targets have 3 columns",
     ),
     (dict(network=[{"conv": 3}, "softmax", {"linear": 3}]), "layer 1 is 'softmax'"),
-    (dict(model="cnn.model.nc"), "a CNN (network:) has no model file yet"),
     (dict(network=None), "has no 'hidden'; add e.g. hidden: 32"),
 ]
 

@@ -65,9 +65,10 @@ A CNN's images are read whole where the job runs and sent to the workers
 (:func:`dask_rpm.nn.data.write_dataset` writes 4-D ``x``). Its output holds each
 stage's parameters ``W1, b1, ..., V`` (dimensions ``stage1, stage1_input, ...``;
 the last stage's last row is the output bias channel) and the attributes
-``network`` (the layers, JSON) and ``image_shape``; no model file is written
-for it (``model:`` must be left out or false). ``dask-rpm plan --network
-job.yaml --image C,H,W`` shows which channels of every stage each worker holds.
+``network`` (the layers, JSON) and ``image_shape``; its model file is a
+:class:`dask_rpm.CNNModel`'s (``dask-rpm predict`` reads it). ``dask-rpm plan
+--network job.yaml --image C,H,W`` shows which channels of every stage each
+worker holds.
 
 ``mapping``, ``seed``, ``dtype``, ``min-workers`` and ``on-worker-loss``
 that the file leaves out are not fixed by the job: ``fit`` reads

@@ -260,25 +260,14 @@ def _learning_rate(raw: Mapping[str, Any]) -> float:
 
 
 def _outputs(
-    raw: Mapping[str, Any], rel: Callable[[Any, str], str], data: str, cnn: bool = False
+    raw: Mapping[str, Any], rel: Callable[[Any, str], str], data: str
 ) -> tuple[str, str | None, bool]:
-    """``(output, model or None, overwrite)``; a CNN (``cnn``) has no model file (yet): its
-    trained parameters and layers are in the output."""
+    """``(output, model or None, overwrite)``."""
     output = rel(raw["output"], "output")
     if os.path.abspath(output) == os.path.abspath(data):
         raise bad("output", raw["output"], "it is the data file", "Write the result to a new file.")
     model = raw.get("model")
-    if cnn and model not in (None, False):
-        raise bad(
-            "model",
-            model,
-            "a CNN (network:) has no model file yet; the output holds its trained parameters "
-            "and its layers",
-            "Remove model: (or write model: false).",
-        )
-    if cnn:
-        model = None
-    elif model is None or model is True:
+    if model is None or model is True:
         model = os.path.splitext(output)[0] + ".model.nc"
     elif model is False:
         model = None
@@ -562,7 +551,7 @@ def load_job(path: str | os.PathLike[str], *, overwrite: bool = False) -> Job:
     shape, conv, network = _network(raw, data)
     settings = _train_settings(raw)
     run_settings = {k: settings.pop(k) for k in ("mapping", "min_workers", "on_worker_loss")}
-    output, model, over = _outputs(raw, rel, data, cnn=conv is not None)
+    output, model, over = _outputs(raw, rel, data)
     every, ck_path = _checkpoint(raw, rel, output)
     time_limit = number(raw, "time-limit", positive=True, example="3600 (seconds)")
     job = Job(

@@ -21,6 +21,7 @@ import xarray as xr
 
 from .._files import TargetError, atomic_write, atomic_write_text, json_default
 from ..engine import FitResult, TrainingError, store
+from ..model.cnn import CNNModel
 from ..model.files import dimension_names
 from ..model.mlp import MLPModel, ModelError
 from ..nn.cnn import ConvLayers
@@ -398,10 +399,12 @@ def _say(msg: str, out: TextIO) -> None:
 
 
 def save_model(job: Job, result: FitResult, *, start: int, written: str, out: TextIO) -> str:
-    """Write the trained model (:class:`dask_rpm.MLPModel`) to ``job.model``, atomically; when that fails,
-    next to the result file that was written (as the result itself is rescued)."""
+    """Write the trained model (:class:`dask_rpm.MLPModel`, a CNN's :class:`dask_rpm.CNNModel`) to
+    ``job.model``, atomically; when that fails, next to the result file that was written (as the
+    result itself is rescued)."""
     assert job.model is not None
-    model = MLPModel.from_result(result, meta={"job": job.text, "resumed_from_iteration": start})
+    kind = CNNModel if job.conv is not None else MLPModel
+    model = kind.from_result(result, meta={"job": job.text, "resumed_from_iteration": start})
     try:  # check_paths decided whether the job may replace it
         return model.save(job.model, overwrite=True)
     except (OSError, TargetError, ModelError) as e:  # e.g. its directory went away meanwhile
