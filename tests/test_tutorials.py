@@ -20,6 +20,7 @@ COVERED = {
     "05_sbatch_job.py",
     "06_classifier.py",
     "07_deep_classifier.py",
+    "08_cnn.py",
 }
 
 
@@ -44,8 +45,13 @@ def _run(
     )
     _assert_clean_stderr(name, p.stderr)
     if tmp is not None:
-        # Dask's own scratch root (dask-scratch-space) may stay; nothing of the tutorial's
-        left = sorted(f for f in os.listdir(tmp) if f != "dask-scratch-space")
+        # Dask's own scratch root (dask-scratch-space) may stay, and torch's cache root
+        # (torchinductor_<user>: torch.optim's optimizers create it, empty); nothing of the tutorial's
+        left = sorted(
+            f
+            for f in os.listdir(tmp)
+            if f != "dask-scratch-space" and not f.startswith("torchinductor_")
+        )
         assert left == [], f"{name} left {left} in its temporary directory"
     return p
 
@@ -285,3 +291,59 @@ def test_06_without_scikit_learn_says_what_to_install(tmp_path):
     )
     out = _run("06_classifier.py", env=env, timeout=120).stdout
     assert out.strip() == "SKIPPED: this tutorial needs scikit-learn: pip install '.[sklearn]'"
+
+
+@pytest.mark.slow
+def test_08_cnn(tmp_path):
+    pytest.importorskip("torch")
+    out = _run("08_cnn.py", tmp=tmp_path / "tmp").stdout
+    assert "digits: 1347 training and 450 held-out images of 1x8x8" in out
+    assert "EMULATED heterogeneity on one machine: speeds 1.0, 0.5, 0.25" in out
+    assert "  stage 1: conv 1->8 k3 s1 p1 relu maxpool2 -> 8 x 4x4" in out
+    assert "  stage 2: conv 8->16 k3 s1 p1 relu maxpool2 -> 16 x 2x2" in out
+    # SRPM for mini-batches of 64: P2 and P3 split every stage's channels, P1 is a column alone
+    assert "3 workers in 2 columns {P3,P2} | {P1}" in out
+    rows = {
+        ln.split()[0]: ln.split() for ln in out.splitlines() if re.match(r"  P\d \(\d\.\d+\) ", ln)
+    }
+    assert set(rows) == {"P1", "P2", "P3"}
+    ranges = {w: re.findall(r"\[(\d+), (\d+)\)", " ".join(r)) for w, r in rows.items()}
+    # samples, then stages 1-3; the column's members tile every stage's channels
+    assert ranges["P3"][0] == ranges["P2"][0] and ranges["P1"][0][1] == "1347"
+    for k, full in zip((1, 2, 3), (8, 16, 65)):
+        assert ranges["P1"][k] == ("0", str(full))
+        assert ranges["P3"][k][0] == "0" and ranges["P3"][k][1] == ranges["P2"][k][0]
+        assert ranges["P2"][k][1] == str(full)
+    # memory follows the rectangle: the column's members hold the network once between them
+    kib = {w: float(r[-2]) for w, r in rows.items()}
+    assert kib["P1"] > kib["P2"] > kib["P3"] > 0
+    assert abs(kib["P2"] + kib["P3"] - kib["P1"]) < 0.11  # each printed to 0.1 KiB
+    assert "row 64 is the output bias channel" in out
+    assert "128 + 64 = 192 values per sample" in out
+    acc = float(out.split("held-out accuracy ")[1].split()[0].rstrip(";"))
+    assert acc >= 0.95
+    torch_line = next(ln for ln in out.splitlines() if ln.startswith("PyTorch's own loop"))
+    diff = float(torch_line.split("weights ")[1].split()[0])
+    assert diff <= 1e-12 and "(<= 1e-12: True)" in torch_line
+    assert float(torch_line.split("held-out accuracy ")[1]) == acc  # the same network
+    serial_line = next(ln for ln in out.splitlines() if ln.startswith("fit_serial"))
+    assert float(serial_line.split("difference ")[1].split()[0]) <= 1e-12
+    # the layer records: the same stages, another plan (one column, channels split three ways)
+    assert "the same stages as the torch module: True" in out
+    assert "3 workers in 1 column {P3,P2,P1}" in out
+    records = out.split("equals fit_serial of the records")[1]
+    assert float(records.split("difference ")[1].split()[0]) <= 1e-12
+    assert float(records.split("held-out accuracy ")[1].split()[0]) >= 0.9
+
+
+def test_08_without_torch_says_what_to_install(tmp_path):
+    hidden = tmp_path / "hide"
+    (hidden / "torch").mkdir(parents=True)
+    (hidden / "torch" / "__init__.py").write_text("raise ImportError('not installed')\n")
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(hidden), os.environ.get("PYTHONPATH", "")])
+    )
+    out = _run("08_cnn.py", env=env, timeout=120).stdout
+    assert out.strip() == (
+        "SKIPPED: this tutorial needs scikit-learn and torch: pip install '.[sklearn,torch]'"
+    )
