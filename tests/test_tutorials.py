@@ -322,6 +322,7 @@ def test_08_cnn(tmp_path):
     assert "128 + 64 = 192 values per sample" in out
     acc = float(out.split("held-out accuracy ")[1].split()[0].rstrip(";"))
     assert acc >= 0.95
+    assert "to_torch(layers, result.params) predicts the same labels: True" in out
     torch_line = next(ln for ln in out.splitlines() if ln.startswith("PyTorch's own loop"))
     diff = float(torch_line.split("weights ")[1].split()[0])
     assert diff <= 1e-12 and "(<= 1e-12: True)" in torch_line

@@ -15,8 +15,9 @@ Dask workers (in this process) whose kernels run at EMULATED relative speeds
    of P2 and P3 that split every stage's output channels, beside P1 alone in a
    data-parallel column; which channels of each stage each worker holds, and
    the bytes of weights and Adam state it keeps (its share, not a replica);
-4. score the trained network on the held-out digits, as the ``torch`` module
-   ``dask_rpm.nn.cnn.to_torch`` returns;
+4. score the trained network on the held-out digits (``result.score``), and
+   check the ``torch`` module ``dask_rpm.nn.cnn.to_torch`` builds from the
+   trained parameters predicts the same labels;
 5. train the same module in PyTorch from the same initial weights on the same
    batches (``torch.optim.Adam``) and compare the weights; and
    ``dask_rpm.fit_serial`` (one process, no cluster);
@@ -221,15 +222,21 @@ def main() -> None:
             **options,
         )
 
-    # 4. The trained network, as a torch module, on the held-out digits.
+    # 4. The trained network on the held-out digits: result.score (its CNNModel), and the torch
+    # module to_torch builds from the trained parameters predicts the same labels.
     trained = to_torch(layers, result.params)
+    with torch.no_grad():
+        labels = trained(torch.from_numpy(X_test)).argmax(1).numpy()
+    same = bool(np.array_equal(labels, result.predict(X_test)))
     # the mean cross-entropy over each epoch's samples (the history holds each batch's sum)
     batch_loss = result.history["error"].values.reshape(args.epochs, -1)
     per_epoch = batch_loss.sum(axis=1) / len(X_train)
     print(
-        f"trained {args.epochs} epochs of {batch_loss.shape[1]} mini-batches: mean training loss {per_epoch[0]:.3f} (epoch 1) -> {per_epoch[-1]:.4f} "
-        f"(epoch {args.epochs}); held-out accuracy {accuracy(trained, X_test, y_test):.3f}"
+        f"trained {args.epochs} epochs of {batch_loss.shape[1]} mini-batches: mean training loss "
+        f"{per_epoch[0]:.3f} (epoch 1) -> {per_epoch[-1]:.4f} (epoch {args.epochs}); held-out "
+        f"accuracy {result.score(X_test, y_test):.3f}"
     )
+    print(f"  the torch module to_torch(layers, result.params) predicts the same labels: {same}")
 
     # 5. PyTorch, from the same weights on the same batches; and the serial reference.
     theirs = train_in_pytorch(module, X_train, y_train, args.epochs)
@@ -260,7 +267,7 @@ def main() -> None:
     print(
         f"  equals fit_serial of the records (weights seeded by dask_rpm, seed 0): largest "
         f"relative difference {worst:.1e} (<= 1e-12: {worst <= 1e-12}); held-out accuracy "
-        f"{accuracy(to_torch(layers, records.params), X_test, y_test):.3f}"
+        f"{records.score(X_test, y_test):.3f}"
     )
 
 

@@ -240,8 +240,9 @@ def fit(
     network : torch.nn.Sequential or list of layer records, optional
         A convolutional network (:mod:`dask_rpm.nn.cnn`): ``Conv2d``, ``MaxPool2d`` /
         ``AvgPool2d``, ``Flatten``, ``Linear`` and ReLU / tanh / sigmoid, ending with the output
-        ``Linear``. ``x`` then holds images ``(samples, channels, height, width)``; the
-        architecture and the initial weights are the module's (records: seeded with ``seed``).
+        ``Linear``. ``x`` then holds images ``(samples, channels, height, width)``, or is the
+        path of a netCDF file whose ``x`` has those dimensions (read whole where ``fit`` runs);
+        the architecture and the initial weights are the module's (records: seeded with ``seed``).
         Every stage's output channels are cut by the plan's hidden rows, as an MLP's hidden
         units are (docs/training.md, "Convolutional networks"). ``hidden``, ``init``,
         ``activation`` and ``bias`` do not apply.

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from ..drpm.settings import DRPMSettings
+from ..nn.cnn import ConvLayers, is_conv
 from ..nn.prepare import Prepared
 from ..plan.partition import Plan, PlanError
 from ..planners import make_plan
@@ -27,7 +28,7 @@ def resolve_plan(
     abilities: Any,
     *,
     addresses: list[str],
-    shape: tuple[int, int, int],
+    shape: tuple[int, int, int] | ConvLayers,
     samples: int,
     batch: int | None = None,
     rates: list[float] | None = None,
@@ -41,7 +42,9 @@ def resolve_plan(
     ``rates`` (work units per second) and ``network``: measured by the probe, for the planners
     that minimise predicted seconds (``srpm-time``), and for any planner with ``idle=True``
     (DRPM's first plan: workers whose messages cost more than their share saves stay idle);
-    the others ignore them; ``min_gain`` is the idle choice's (None: ``rpm.drpm.min-gain``)."""
+    the others ignore them; ``min_gain`` is the idle choice's (None: ``rpm.drpm.min-gain``).
+    ``shape``: ``(n, m, l)``, or a CNN's :class:`~dask_rpm.nn.cnn.ConvLayers` (planned on its
+    ``plan_shape``, priced with its ``cost_shape`` and its flop: :func:`make_plan`)."""
     if not isinstance(mapping, Plan):
         abilities = [1.0] * len(addresses) if abilities is None else list(abilities)
         if len(abilities) != len(addresses):
@@ -78,6 +81,8 @@ def resolve_plan(
         )
     else:
         plan = plan.with_workers(addresses[: len(plan.abilities)])
+    if is_conv(shape):
+        shape = shape.plan_shape
     if plan.shape != shape or plan.samples != samples:
         raise PlanError(
             f"the plan is for n-m-l {'-'.join(map(str, plan.shape))} and {plan.samples} samples; "
@@ -174,6 +179,8 @@ async def first_plan(
             dtype=data.dtype,
             workers=addresses,
             placement=opts.placement,
+            layers=data.layers if is_conv(data.layers) else None,
+            batch=data.recipe.schedule.batch,
         )
         abilities = [float(v) for v in probe_result["throughput"].values]
         # absolute speeds (work units per second) and the measured links: what lets srpm-time
@@ -187,12 +194,17 @@ async def first_plan(
         first,
         abilities,
         addresses=addresses,
-        shape=data.shape,
+        # a CNN goes as its geometry, even with one conv stage: its exchanges (activations
+        # gathered, every parameter summed: its cost_shape) and its rows' flop are never an
+        # MLP's of its plan shape; an MLP's cost_shape differs only with several hidden layers
+        shape=data.layers if is_conv(data.layers) else data.shape,
         samples=data.samples,
         batch=data.recipe.schedule.batch,
         rates=rates,
         network=network,
-        cost_shape=data.layers.cost_shape if data.layers.depth > 1 else None,
+        cost_shape=(
+            data.layers.cost_shape if not is_conv(data.layers) and data.layers.depth > 1 else None
+        ),
         idle=opts.mapping == "drpm" and opts.drpm is not None and opts.drpm.idle,
         min_gain=None if opts.drpm is None else opts.drpm.min_gain,
     )

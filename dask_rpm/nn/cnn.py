@@ -57,6 +57,7 @@ __all__ = [
     "init_conv_params",
     "is_conv",
     "cnn_work",
+    "LayerCost",
 ]
 
 #: The layer kinds a network may use, as records name them.
@@ -350,6 +351,65 @@ class ConvLayers(NamedTuple):
     def flop(self) -> list[float]:
         """Each stage's forward flop per sample, whole (the seed's Table 1)."""
         return [st.flop() * st.channels for st in self.stages]
+
+    def layer_costs(self, itemsize: int = 8) -> list[LayerCost]:
+        """The seed's Table 1 of this network: per stage, then the output layer, its forward flop,
+        parameter bytes and input and output activation bytes per sample.
+
+        Counted as the user's layers hold them (the planner's bias channel left out): a stage's
+        input is the map it reads, its output the map after its activation and pooling (what
+        the column gathers). Dense stages and the output layer are ``"fc"``, so the list is what
+        :mod:`dask_rpm.cost.cnn_model` takes as a ``network`` (its ``Layer`` has these fields
+        in this order).
+
+        Parameters
+        ----------
+        itemsize : int
+            Bytes per element (8: float64, 4: float32).
+
+        Returns
+        -------
+        list of LayerCost
+            ``stage 1`` .. ``stage L``, then ``output``.
+        """
+        out: list[LayerCost] = []
+        for k, st in enumerate(self.stages):
+            params = st.channels * st.fan_in + (st.channels if st.bias else 0)
+            out.append(
+                LayerCost(
+                    f"stage {k + 1}",
+                    "conv" if st.kind == "conv" else "fc",
+                    st.flop() * st.channels,
+                    params * itemsize,
+                    st.inputs * st.in_hw[0] * st.in_hw[1] * itemsize,
+                    st.channels * st.positions * itemsize,
+                )
+            )
+        features = self._v_in()
+        out.append(
+            LayerCost(
+                "output",
+                "fc",
+                2.0 * self.l * features,
+                (self.l * features + (self.l if self.out_bias else 0)) * itemsize,
+                features * itemsize,
+                self.l * itemsize,
+            )
+        )
+        return out
+
+    def unit_work(self) -> float:
+        """Flop equivalents of one work unit, one plan row x one sample, forward and backward
+        (:func:`cnn_work`, what EMULATED workers are paced by, over every stage's rows at the
+        plan's ``m``): what turns a rate in flop equivalents per second into the planner's work
+        units per second."""
+        units = self.hidden
+        work = sum(
+            cnn_work(kind, k, 1, units, self)
+            for k in range(self.depth)
+            for kind in ("forward", "backward")
+        )
+        return work / self.m
 
 
 def is_conv(layers: Any) -> TypeGuard[ConvLayers]:
@@ -809,3 +869,28 @@ def cnn_work(kind: str, k: int, s: int, units: Sequence[int], layers: ConvLayers
         # the weight gradient, and the input gradient on every stage but the first
         return float(s) * u * per * (2.0 if k else 1.0)
     raise ValueError(f"kind={kind!r}; expected 'forward' or 'backward'")
+
+
+class LayerCost(NamedTuple):
+    """One layer of a network as the seed's Table 1 counts it (:meth:`ConvLayers.layer_costs`).
+
+    Attributes
+    ----------
+    name : str
+        ``stage k`` or ``output``.
+    kind : {"conv", "fc"}
+        A conv stage (compute-bound in the seed's model) or a dense one (memory-bound).
+    flop : float
+        Forward flop per sample (2 x multiply-adds).
+    param_bytes : int
+        Weights and biases.
+    input_bytes, output_bytes : int
+        The layer's input and output activations per sample (the output after pooling).
+    """
+
+    name: str
+    kind: str
+    flop: float
+    param_bytes: int
+    input_bytes: int
+    output_bytes: int

@@ -144,6 +144,8 @@ def make_plan(
             )
     gain = _min_gain(min_gain)
     settings = PlannerSettings.from_config()  # rpm.planner.*, once for the whole call
+    if conv is not None:  # srpm-time's rate without rates: a CNN's rows are heavier
+        settings = settings.for_network(conv.unit_work())
     planner, _ = _resolve_method(method, settings)
     model = None  # the cost model (rpm.cost.*, rpm.engine.*), read once where plans are timed
     if getattr(planner, "time_objective", False) or (idle and rates is not None):

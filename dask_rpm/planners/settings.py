@@ -9,12 +9,18 @@ Pure module.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .. import config
 
-__all__ = ["PlannerSettings"]
+__all__ = ["PlannerSettings", "RATE_UNIT_WORK"]
+
+#: Flop equivalents of the work unit ``rpm.planner.rate`` counts: one hidden unit x sample of the
+#: n-l = 203-26 MLP it was measured on (``dask_rpm.nn.kernels.block_work``, forward and backward;
+#: docs/benchmarks.md: ~25 GFLOP/s of one core). A CNN's work unit is far heavier
+#: (:meth:`PlannerSettings.for_network`).
+RATE_UNIT_WORK = 991.0
 
 
 @dataclass(frozen=True)
@@ -50,3 +56,11 @@ class PlannerSettings:
             small_group=c["small_group"],
             min_units=float(c["min_units"]),
         )
+
+    def for_network(self, unit_work: float) -> PlannerSettings:
+        """These settings for a network whose work unit costs ``unit_work`` flop equivalents (a
+        CNN's :meth:`~dask_rpm.nn.cnn.ConvLayers.unit_work`): ``rate`` scaled so that an average
+        worker still does ``rpm.planner.rate`` x :data:`RATE_UNIT_WORK` flop equivalents per
+        second. Without it ``srpm-time`` would take a CNN's row x sample for an MLP's and, its
+        compute underestimated by orders of magnitude, leave all but one worker idle."""
+        return replace(self, rate=self.rate * RATE_UNIT_WORK / float(unit_work))

@@ -20,6 +20,13 @@ pass ``loops`` times inside one :func:`dask_rpm.emulation.pace` block, so
 tiny jobs still give repetitions long enough to time, and a worker many
 times slower than the client still finishes a pass within a repetition.
 
+A CNN (``layers=``, what ``fit(network=..., abilities="probe")`` passes) is timed on its own
+kernels at the share of channels a worker will train, not on whole layers (a GPU slows on
+thin channel slices): the rows of an average worker in SRPM's plan for equal workers on one
+iteration's samples (:func:`~dask_rpm.probe.driver.conv_share`), the same share of every
+stage's channels; only the samples shrink to fit the pass time. A work unit is then one
+plan row x sample, as the planner and DRPM count a CNN's area.
+
 Every worker first runs one warm-up repetition (discarded). Its time sets
 each worker's ``loops`` so that one timed repetition takes about
 ``target-seconds`` on *every* worker: all workers are then busy for the same

@@ -17,9 +17,21 @@ import xarray as xr
 
 from .. import config
 from ..nn.backend import Placement
+from ..nn.cnn import ConvLayers
 from ..ordering import ordered_workers
+from ..plan.partition import PlanError
+from ..planners import make_plan
 from ..runtime.labels import run_label
-from .kernel import MAX_LOOPS, PASSES_PER_TARGET, TRIM, calibrate, robust_mean, t_probe
+from .kernel import (
+    MAX_LOOPS,
+    PASSES_PER_TARGET,
+    TRIM,
+    calibrate,
+    calibrate_conv,
+    conv_units,
+    robust_mean,
+    t_probe,
+)
 from .links import link_class_pairs, measure_links, t_round_trip
 
 __all__ = [
@@ -134,16 +146,47 @@ async def _addresses(client: Any, workers: Sequence[str] | None) -> list[str]:
 
 
 def _block(
-    args: ProbeArgs, n_workers: int, dtype: str
+    args: ProbeArgs,
+    n_workers: int,
+    dtype: str,
+    layers: ConvLayers | None = None,
+    batch: int | None = None,
 ) -> tuple[tuple[int, int, int, int], float, float]:
     """``(probe block, repetition target seconds, seconds per pass here)``."""
     (n, m, l), s = args.shape, args.samples
     # Each worker's share of the budget: warm-up plus `repeats` repetitions.
     target = min(args.target, args.max_seconds / (args.repeats + 1))
+    if layers is not None:
+        rows, s_col = conv_share(layers, n_workers, s if batch is None else min(batch, s))
+        s_p, t_pass = calibrate_conv(layers, rows, s_col, dtype, target / PASSES_PER_TARGET)
+        return (n, rows, l, s_p), target, t_pass
     m_p, s_p, t_pass = calibrate(
         n, -(-m // n_workers), l, -(-s // n_workers), dtype, target / PASSES_PER_TARGET
     )
     return (n, m_p, l, s_p), target, t_pass
+
+
+def conv_share(layers: ConvLayers, n_workers: int, samples: int) -> tuple[int, int]:
+    """``(plan rows, samples)`` of the rectangle a worker of average speed trains of a CNN.
+
+    The plan is not made yet (it needs the probe), so the share is SRPM's plan for equal
+    abilities on one iteration's ``samples`` (a mini-batch's): the column count ``C`` it
+    chooses for this network (:attr:`~dask_rpm.nn.cnn.ConvLayers.cost_shape`: few samples and
+    heavy weights give tall columns, many samples data parallelism) gives an average worker
+    ``ceil(m C / N)`` of the narrowest stage's rows - the matching share of every stage's
+    channels - and ``ceil(samples / C)`` samples. A GPU slows on thin channel slices (the
+    seed's §5.1), so timing it on its share rather than on whole layers keeps a fast device
+    from being given more than it computes at that size. A network SRPM cannot plan for
+    ``N`` equal workers falls back on a fair share of one column, ``ceil(m / N)`` rows.
+    """
+    m, active = layers.m, n_workers
+    try:
+        plan = make_plan([1.0] * n_workers, layers, samples, method="srpm")
+        columns, active = plan.n_columns, len(plan.planned_workers)
+    except PlanError:
+        columns, active = 1, min(n_workers, m)
+    rows = min(m, -(-m * columns // active))
+    return rows, max(1, -(-samples // columns))
 
 
 async def _kernel_probe(
@@ -152,10 +195,12 @@ async def _kernel_probe(
     args: ProbeArgs,
     dtype: str,
     placement: Placement,
+    layers: ConvLayers | None = None,
+    batch: int | None = None,
 ) -> KernelTimes:
     """Warm-up, then timed repetitions of the probe block on every worker at once."""
     n_workers = len(addresses)
-    block, target, t_pass = _block(args, n_workers, dtype)
+    block, target, t_pass = _block(args, n_workers, dtype, layers, batch)
     loops0 = int(min(MAX_LOOPS, max(1, round(target / t_pass))))
     token = uuid.uuid4().hex[:10]
     name = f"rpm-probe-{token}"
@@ -169,6 +214,7 @@ async def _kernel_probe(
             rep,
             t_pass,
             placement,
+            layers,
             key=(name, rep, i),
             workers=[addresses[i]],
             allow_other_workers=False,
@@ -315,7 +361,8 @@ def _variables(k: KernelTimes) -> dict[str, Any]:
                 "(1/8 cut at each end; EMULATED repetitions that overran left out when at "
                 "least half did not); one work unit "
                 "is one (hidden unit x sample) pair of forward, output delta and "
-                "backward - the unit of rectangle area",
+                "backward - the unit of rectangle area (a CNN: one plan row x sample, the "
+                "row's channels of every stage)",
             },
         ),
         "ability": (
@@ -433,12 +480,17 @@ async def probe_async(
     max_seconds: float | None = None,
     groups: Sequence[Any] | None = None,
     placement: Placement | None = None,
+    layers: ConvLayers | None = None,
+    batch: int | None = None,
 ) -> xr.Dataset:
     """Asynchronous :func:`dask_rpm.probe.probe` (same parameters, an asynchronous client).
 
     ``fit(..., abilities="probe")`` awaits it, with the run's ``placement`` (backend and device
     names, :class:`dask_rpm.nn.backend.Placement`; None: ``rpm.engine.backend`` / ``device``, as
-    ``fit`` would): each worker is measured where it will train.
+    ``fit`` would): each worker is measured where it will train. A run training a CNN passes its
+    ``layers`` (``shape`` is then their ``plan_shape``) and ``batch`` (its mini-batch, None: all
+    samples): each worker runs that network's kernels on the rectangle an average worker will
+    train (:func:`conv_share`).
     """
     started = time.perf_counter()
     settings = ProbeSettings.from_config(repeats=repeats, max_seconds=max_seconds)
@@ -449,10 +501,20 @@ async def probe_async(
     addresses = await _addresses(client, workers)
     if groups is not None:  # one label per worker: refused before anything runs
         link_class_pairs(addresses, list(groups), settings.link_pairs)
-    k = await _kernel_probe(client, addresses, args, dtype, placement or Placement.of())
+    if layers is not None and tuple(args.shape) != layers.plan_shape:
+        raise ValueError(
+            f"shape={tuple(args.shape)} but the network's plan shape is {layers.plan_shape}; "
+            f"give shape=layers.plan_shape"
+        )
+    k = await _kernel_probe(
+        client, addresses, args, dtype, placement or Placement.of(), layers, batch
+    )
     link_start = time.perf_counter()
     links = await _link_probe(client, addresses, k.token, groups, settings)
     ds = _dataset(k, args, addresses, dtype, links, time.perf_counter() - link_start)
+    if layers is not None:  # the channels each worker was timed on, stage by stage
+        ds.attrs["network"] = "cnn"
+        ds.attrs["block_channels"] = ",".join(map(str, conv_units(layers, k.block[1])))
     emulation = await run_label(client)
     if emulation:
         ds.attrs["emulation"] = emulation

@@ -18,12 +18,20 @@ import numpy as np
 from distributed import get_worker
 
 from ..emulation import PLUGIN_NAME, pace
+from ..nn import backend as xb
 from ..nn.backend import NUMPY, Backend, Placement, resolve, synchronize
+from ..nn.cnn import ConvLayers, cnn_work
 from ..nn.kernels import Workspace, block_work, init_weights, kernel_pass
+from ..nn.workspaces import workspace
 from ..runtime.threads import blas_threads, kernel_threads, limit_blas, threads_setting
 
 __all__ = [
     "block_data",
+    "conv_block_data",
+    "conv_pass",
+    "conv_pass_work",
+    "conv_units",
+    "calibrate_conv",
     "t_probe",
     "robust_mean",
     "calibrate",
@@ -64,6 +72,77 @@ def block_data(
     return (ws, *(backend.asarray(a) for a in (x, d, W, V)))
 
 
+def conv_units(layers: ConvLayers, rows: int) -> tuple[int, ...]:
+    """Each stage's channels of a rectangle of ``rows`` plan rows (the top ones, so the bias
+    channel only with all of them): what a worker with that share of a column computes."""
+    return layers.units((0, rows))
+
+
+def conv_pass_work(layers: ConvLayers, s: int, units: tuple[int, ...]) -> float:
+    """Flop equivalents of one :func:`conv_pass` on ``s`` samples and ``units`` channels of every
+    stage (:func:`~dask_rpm.nn.cnn.cnn_work`): what an EMULATED worker paces it by, as the
+    engine paces the same kernels in training."""
+    return sum(
+        cnn_work(kind, k, s, units, layers)
+        for k in range(layers.depth)
+        for kind in ("forward", "backward")
+    )
+
+
+def conv_block_data(
+    layers: ConvLayers, rows: int, s: int, dtype: str, seed: int, backend: Backend = NUMPY
+) -> tuple[Any, ...]:
+    """:func:`block_data` of a CNN rectangle: ``rows`` plan rows (:func:`conv_units` channels
+    of every stage) by ``s`` samples, its workspace, inputs, teachers and its rows of every
+    parameter, on ``backend``: the arguments of :func:`conv_pass`."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((s, layers.n)).astype(dtype)
+    d = rng.uniform(0.1, 0.9, size=(s, layers.l)).astype(dtype)
+    params = [
+        (rng.uniform(-1.0, 1.0, size=shape) * 0.1).astype(dtype)
+        for shape in layers.shapes(layers.layer_rows((0, rows)))
+    ]
+    ws = workspace(
+        s,
+        dtype=dtype,
+        layers=layers,
+        units=conv_units(layers, rows),
+        bias_rows=layers.bias_rows((0, rows)),
+        backend=backend,
+    )
+    # The column's gathered stage outputs (the other members' channels, which the engine's
+    # all-gather fills): any finite values time the same; garbage could hold slow denormals.
+    for k in range(layers.depth - 1):
+        ws.full(k)[...] = 0.5
+    return (ws, *(backend.asarray(a) for a in (x, d, *params)))
+
+
+def conv_pass(ws: Workspace, x: Any, d: Any, *params: Any) -> float:
+    """:func:`~dask_rpm.nn.kernels.kernel_pass` of a CNN rectangle, which may hold only part of
+    its column's channels: stage by stage, each stage reading the whole of the stage before it
+    (``ws.full``), its own part of the gradient for that input kept (the engine's column
+    all-gathers and reduce-scatters these; what they cost the link probe measures). With every
+    channel it is :func:`~dask_rpm.nn.kernels.kernel_pass` itself; returns the loss."""
+    layers = ws.layers
+    assert isinstance(layers, ConvLayers)
+    if ws.units == layers.hidden:
+        return kernel_pass(ws, x, d, *params)
+    depth = layers.depth
+    inp = x
+    for k in range(depth):
+        out = ws.layer_forward(k, inp, params)
+        if k < depth - 1:
+            inp = ws.full(k)
+            xb.copyto(inp[:, : ws.units[k]], out)  # my part of the gathered outputs
+    delta2, err = ws.output_delta(ws.output_partial(params), d)
+    ws.output_backward(params, delta2)
+    for k in range(depth - 1, -1, -1):
+        g = ws.layer_backward(k, ws.full(k - 1) if k else x, params)
+        if g is not None:  # my channels' part of the summed input gradient
+            xb.copyto(ws.delta(k - 1), g[:, : ws.units[k - 1]])
+    return err
+
+
 def t_probe(
     block: tuple[int, int, int, int],
     loops: int,
@@ -71,6 +150,7 @@ def t_probe(
     seed: int,
     pass_seconds: float = 0.0,
     placement: tuple[str, str] = Placement(),
+    layers: ConvLayers | None = None,
 ) -> tuple[float, int, float]:
     """One repetition on a worker: ``loops`` kernel passes in one paced block.
 
@@ -81,10 +161,18 @@ def t_probe(
     time) and the block's CPU time. Repetitions on one worker process run one
     at a time (a lock), even on a worker with several threads, as one
     rectangle task would. The kernels run on the backend the worker trains with (``placement``:
-    a worker with a GPU is measured on it).
+    a worker with a GPU is measured on it). With ``layers`` (a CNN) the block is that network's
+    rectangle of ``m`` plan rows (:func:`conv_block_data`, :func:`conv_pass`).
     """
     n, m, l, s = block
-    data = block_data(n, m, l, s, dtype, seed, resolve(*placement))
+    if layers is not None:
+        data = conv_block_data(layers, m, s, dtype, seed, resolve(*placement))
+        one_pass, units = conv_pass, conv_units(layers, m)
+        pass_work = conv_pass_work(layers, s, units)
+    else:
+        data = block_data(n, m, l, s, dtype, seed, resolve(*placement))
+        one_pass = kernel_pass
+        pass_work = block_work("forward", s, m, n, l) + block_work("backward", s, m, n, l)
     worker = get_worker()
     # timed on the threads the worker trains with (dask_rpm.runtime.threads)
     with _REPETITION_LOCK, worker_threads(worker, threads_setting() or worker.state.nthreads):
@@ -94,13 +182,13 @@ def t_probe(
         # for the slower workers, whose timed blocks are shorter, without
         # this; ~0 with it.
         c_start = time.thread_time()
-        kernel_pass(*data)
+        one_pass(*data)
         while time.thread_time() - c_start < WARM_CPU_SECONDS:
-            kernel_pass(*data)
+            one_pass(*data)
         plugin = worker_plugin(PLUGIN_NAME)
         overruns0 = getattr(plugin, "overruns", 0)
         t0, c0 = time.perf_counter(), time.thread_time()
-        work = loops * (block_work("forward", s, m, n, l) + block_work("backward", s, m, n, l))
+        work = loops * pass_work
         if plugin is not None and pass_seconds > 0:
             work = max(work, _pass_work(plugin, loops * pass_seconds, dtype))
         # Paced like a training block: by its work, and for a tiny job's block
@@ -111,7 +199,7 @@ def t_probe(
         # on 2 cores) that moved a slow worker's measured ratio by 10-40 %.
         with pace(key=("probe", block, loops, dtype), work=work, dtype=dtype):
             for _ in range(loops):
-                kernel_pass(*data)
+                one_pass(*data)
             synchronize(data[1])  # a GPU's last kernels, queued
         seconds = time.perf_counter() - t0
         cpu = time.thread_time() - c0
@@ -210,6 +298,37 @@ def calibrate(n: int, m: int, l: int, s: int, dtype: str, target: float) -> tupl
             # 0.8: aim a little under the target, passes do not scale exactly
             m, s = shrink(m, s, 0.8 * target / t)
         return m, s, max(t, 1e-7)
+    finally:
+        limiter.restore_original_limits()
+
+
+def calibrate_conv(
+    layers: ConvLayers, rows: int, s: int, dtype: str, target: float
+) -> tuple[int, float]:
+    """:func:`calibrate` for a CNN rectangle of ``rows`` plan rows: only its samples shrink.
+
+    The channels are what the probe is sized to measure (a GPU's, or a CPU's cache behaviour,
+    changes with the share of each stage it computes), so the block keeps them and runs fewer
+    samples until a pass takes at most ``target`` seconds here (one sample at least). Returns
+    ``(s_p, seconds_per_pass)``.
+    """
+    limiter = limit_blas(1)
+    try:
+        units = conv_units(layers, rows)
+        per_sample = conv_pass_work(layers, 1, units)
+        s = max(1, min(s, int(CALIBRATION_FLOPS / max(per_sample, 1.0))))
+        for _ in range(4):
+            data = conv_block_data(layers, rows, s, dtype, 0)
+            conv_pass(*data)  # warm
+            t = math.inf
+            for _ in range(3):
+                t0 = time.perf_counter()
+                conv_pass(*data)
+                t = min(t, time.perf_counter() - t0)
+            if t <= target or s == 1:
+                break
+            s = max(1, int(s * 0.8 * target / t))
+        return s, max(t, 1e-7)
     finally:
         limiter.restore_original_limits()
 

@@ -26,6 +26,8 @@ def probe(
     repeats: int | None = None,
     max_seconds: float | None = None,
     groups: Sequence[Any] | None = None,
+    layers: Any = None,
+    batch: int | None = None,
 ) -> Any:
     """Measure every worker's BP throughput and the worker-to-worker links.
 
@@ -58,6 +60,14 @@ def probe(
         (:func:`link_class_pairs`), into attributes ``latency_<class>`` and
         ``bandwidth_<class>``; :func:`probe_network` turns them into a
         :class:`dask_rpm.comm.Interconnect` for the model and ``srpm-time``.
+    layers : ConvLayers, optional
+        A CNN's geometry (:func:`dask_rpm.nn.cnn.conv_layers`; ``shape`` is then its
+        ``plan_shape``): every worker is timed on that network's kernels, on the share of every
+        stage's channels and the samples an average worker will train
+        (:func:`dask_rpm.probe.driver.conv_share`); throughput stays in work units (plan rows x
+        samples) per second.
+    batch : int, optional
+        The run's mini-batch (with ``layers``): the samples of one iteration.
 
     Returns
     -------
@@ -107,6 +117,8 @@ def probe(
         repeats=repeats,
         max_seconds=max_seconds,
         groups=groups,
+        layers=layers,
+        batch=batch,
     )
 
 
