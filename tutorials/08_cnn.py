@@ -32,7 +32,7 @@ Run::
 
     python tutorials/08_cnn.py
 
-Takes about 20 seconds on 2 cores (17 and 23 s measured).
+Takes 12-23 seconds on 2 cores (measured; longer on a busy machine).
 """
 
 from __future__ import annotations
