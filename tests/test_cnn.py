@@ -426,6 +426,11 @@ def test_images_that_do_not_fit_the_network_are_refused():
         fit_serial(x.reshape(S, -1), y, network=lenet_like(), loss="cross-entropy", iterations=1)
     with pytest.raises(DataError, match="hidden given with network="):
         fit_serial(x, y, network=lenet_like(), hidden=4, loss="cross-entropy", iterations=1)
+    with pytest.raises(DataError, match="activation and bias given with network="):
+        fit_serial(
+            x, y, network=lenet_like(), activation="tanh", bias=True, loss="cross-entropy",
+            iterations=1,
+        )
 
 
 def test_layer_records_train_the_network_a_module_describes():

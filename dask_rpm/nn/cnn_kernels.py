@@ -35,7 +35,7 @@ from .network import Network
 
 __all__ = ["ConvWorkspace", "resolve_kernels", "KERNELS"]
 
-#: The kernel sets (``rpm.engine.cnn-kernels``).
+#: The kernel sets a :class:`ConvWorkspace` takes (``kernels=``; training uses ``auto``).
 KERNELS = ("auto", "torch", "numpy")
 
 

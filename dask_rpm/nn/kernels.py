@@ -60,7 +60,7 @@ def block_work(kind: str, s: int, m: int, n: int, l: int) -> float:
 def layer_work(kind: str, k: int, s: int, units: Sequence[int], layers: Layers) -> float:
     """:func:`block_work` of hidden layer ``k``'s kernels alone, for a rectangle holding ``units``
     rows of each layer; the output layer's work goes with the last hidden layer. The work of all
-    layers is their sum (:func:`rectangle_work`). A CNN's: :func:`~dask_rpm.nn.cnn_kernels.cnn_work`."""
+    layers is their sum (:func:`rectangle_work`). A CNN's: :func:`~dask_rpm.nn.cnn.cnn_work`."""
     if is_conv(layers):
         return cnn_work(kind, k, s, units, layers)
     u, inp, l, last = (

@@ -145,7 +145,8 @@ def prepare(
     samples); ``options.validation`` may be None, a fraction to hold out
     (seeded), or ``(x_val, d_val)``. Every bad option raises :class:`DataError`.
     """
-    o: Any = (options or TrainingOptions()).resolved()  # the rpm.train.* defaults, read once
+    given = options or TrainingOptions()
+    o: Any = given.resolved()  # the rpm.train.* defaults, read once
     image = None
     file_classes = None  # the labels an image file was written with (write_dataset)
     if o.network is not None:  # a CNN: images travel as rows; the layers hold the biases
@@ -157,7 +158,7 @@ def prepare(
                 )
             file_classes = dataset_classes(x)
             x, d = load_images(x)
-        x, o, image = _images(x, o)
+        x, o, image = _images(x, o, given)
     dtype, seed, init, loss = str(o.dtype), int(o.seed), o.init, o.loss
     target_error = o.target_error
     if target_error is not None and not (np.isfinite(target_error) and target_error >= 0):
@@ -224,14 +225,16 @@ def prepare(
     )
 
 
-def _images(x: Any, o: Any) -> tuple[Any, Any, tuple[int, int, int]]:
+def _images(x: Any, o: Any, given: Any) -> tuple[Any, Any, tuple[int, int, int]]:
     """A CNN's images ``(samples, channels, height, width)`` as rows, the options without what
-    the network itself says (its weights, sizes and biases), and the image shape."""
-    given = [f for f in ("hidden", "init") if getattr(o, f) is not None]
-    if given:
+    the network itself says (its weights, sizes, activations and biases), and the image shape.
+    ``given`` are the options as the user gave them (before the ``rpm.train.*`` defaults)."""
+    clash = [f for f in ("hidden", "init", "activation", "bias") if getattr(given, f) is not None]
+    if clash:
         raise DataError(
-            f"{' and '.join(given)} given with network=; a network's layers give its sizes and "
-            f"its initial weights (a torch module's own, or seeded for layer records)"
+            f"{' and '.join(clash)} given with network=; a network's layers give its sizes, "
+            f"activations, biases and initial weights (a torch module's own, or seeded for layer "
+            f"records): leave {' and '.join(clash)} out"
         )
     xa = np.asarray(x)
     if xa.ndim != 4:
