@@ -27,8 +27,10 @@ from distributed import Client, LocalCluster  # noqa: E402
 import dask_rpm  # noqa: E402
 from dask_rpm.engine import fit, ordered_workers, store  # noqa: E402
 from dask_rpm.nn import backend as xb  # noqa: E402
-from dask_rpm.nn.cnn import NetworkSpecError, conv_layers, params_from_torch, to_torch  # noqa: E402
+from dask_rpm.nn.cnn import NetworkSpecError  # noqa: E402
 from dask_rpm.nn.cnn_kernels import ConvWorkspace  # noqa: E402
+from dask_rpm.nn.cnn_records import conv_layers  # noqa: E402
+from dask_rpm.nn.cnn_torch import params_from_torch, to_torch  # noqa: E402
 from dask_rpm.nn.errors import DataError  # noqa: E402
 from dask_rpm.nn.serial import fit_serial  # noqa: E402
 from dask_rpm.plan.partition import Plan  # noqa: E402
@@ -428,7 +430,12 @@ def test_images_that_do_not_fit_the_network_are_refused():
         fit_serial(x, y, network=lenet_like(), hidden=4, loss="cross-entropy", iterations=1)
     with pytest.raises(DataError, match="activation and bias given with network="):
         fit_serial(
-            x, y, network=lenet_like(), activation="tanh", bias=True, loss="cross-entropy",
+            x,
+            y,
+            network=lenet_like(),
+            activation="tanh",
+            bias=True,
+            loss="cross-entropy",
             iterations=1,
         )
 

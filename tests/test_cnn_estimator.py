@@ -25,7 +25,8 @@ from dask_rpm import CNNClassifier, CNNModel, MLPModel  # noqa: E402
 from dask_rpm.cli import main  # noqa: E402
 from dask_rpm.estimators import EstimatorError  # noqa: E402
 from dask_rpm.model.files import ModelError  # noqa: E402
-from dask_rpm.nn.cnn import NetworkSpecError, conv_layers  # noqa: E402
+from dask_rpm.nn.cnn import NetworkSpecError  # noqa: E402
+from dask_rpm.nn.cnn_records import conv_layers  # noqa: E402
 
 RECORDS = [{"conv": 3, "kernel": 3, "padding": 1}, "relu", {"maxpool": 2}, "flatten", {"linear": 3}]
 

@@ -18,7 +18,7 @@ import json
 import pytest
 
 from dask_rpm.cli import main
-from dask_rpm.nn.cnn import conv_layers
+from dask_rpm.nn.cnn_records import conv_layers
 from dask_rpm.plan.partition import PlanError
 from dask_rpm.planners import make_plan
 

@@ -26,7 +26,8 @@ from distributed import Client
 
 import dask_rpm
 from dask_rpm.cost import cnn_model
-from dask_rpm.nn.cnn import LayerCost, cnn_work, conv_layers
+from dask_rpm.nn.cnn import LayerCost, cnn_work
+from dask_rpm.nn.cnn_records import conv_layers
 from dask_rpm.nn.kernels import block_work, kernel_pass
 from dask_rpm.planners import make_plan
 from dask_rpm.planners.settings import RATE_UNIT_WORK

@@ -16,7 +16,7 @@ Dask workers (in this process) whose kernels run at EMULATED relative speeds
    data-parallel column; which channels of each stage each worker holds, and
    the bytes of weights and Adam state it keeps (its share, not a replica);
 4. score the trained network on the held-out digits (``result.score``), and
-   check the ``torch`` module ``dask_rpm.nn.cnn.to_torch`` builds from the
+   check the ``torch`` module ``dask_rpm.nn.cnn_torch.to_torch`` builds from the
    trained parameters predicts the same labels;
 5. train the same module in PyTorch from the same initial weights on the same
    batches (``torch.optim.Adam``) and compare the weights; and
@@ -55,7 +55,8 @@ except ImportError:
     sys.exit(0)
 
 import dask_rpm
-from dask_rpm.nn.cnn import conv_layers, params_from_torch, to_torch
+from dask_rpm.nn.cnn_records import conv_layers
+from dask_rpm.nn.cnn_torch import params_from_torch, to_torch
 from dask_rpm.planners import make_plan
 
 SPEEDS = [1.0, 0.5, 0.25]  # EMULATED relative speeds

@@ -15,7 +15,8 @@ from typing import Any
 
 import yaml
 
-from ..nn.cnn import ConvLayers, NetworkSpecError, conv_layers, is_conv
+from ..nn.cnn import ConvLayers, NetworkSpecError, is_conv
+from ..nn.cnn_records import conv_layers
 from ..nn.layers import layers_of
 from ..plan.partition import round_cuts
 from ..plan.real_partition import count_noun

@@ -48,7 +48,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .._files import atomic_write, atomic_write_text, json_default, unwritable_reason
-from ..nn.cnn import conv_layers, is_conv
+from ..nn.cnn import is_conv
+from ..nn.cnn_records import conv_layers
 from ..nn.data import DataError
 from ..nn.layers import layers_of, layers_of_params
 from ..plan.partition import Plan

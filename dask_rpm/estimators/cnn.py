@@ -49,7 +49,7 @@ from sklearn.utils.validation import check_array, check_is_fitted, column_or_1d
 
 from .._version import __version__
 from ..model.cnn import CNNModel
-from ..nn.cnn import conv_layers
+from ..nn.cnn_records import conv_layers
 from ..nn.convergence import LEARNING_RATE_SCHEDULES, ConvergenceRule
 from ..nn.options import TrainingOptions
 from ._base import CLUSTER_CONSTRAINTS, ClusterEstimator, EstimatorError, MLPBase
@@ -318,18 +318,10 @@ class CNNClassifier(ClassifierMixin, ClusterEstimator):
         # drawn first, for every kind of network: the shuffles are the same for a module and records
         seed = int(rs.randint(np.iinfo(np.int32).max))
         n = X.shape[0]
-        if self.batch_size == "auto":
-            batch = min(200, n)
-        else:
-            if self.batch_size > n:
-                warnings.warn(
-                    "Got `batch_size` less than 1 or larger than sample size. It is going to be "
-                    "clipped",
-                    stacklevel=2,
-                )
-            batch = int(np.clip(self.batch_size, 1, n))
+        batch = self._batch(n)
         if first:
-            self.n_iter_, self._rule_state = 0, None
+            self.n_iter_ = 0
+            self._rule_state: dict[str, Any] | None = None
         patience = sys.maxsize if self.n_iter_no_change == np.inf else int(self.n_iter_no_change)
         rule = ConvergenceRule(
             n,
@@ -342,11 +334,6 @@ class CNNClassifier(ClassifierMixin, ClusterEstimator):
             state=self._rule_state,
             verbose=bool(self.verbose),
         )
-        opt: dict[str, Any] = {"name": self.solver, "convention": "scikit-learn"}
-        if self.solver == "adam":
-            opt.update(beta1=self.beta_1, beta2=self.beta_2, eps=self.epsilon)
-        else:
-            opt.update(momentum=self.momentum, nesterov=bool(self.nesterovs_momentum))
         options = TrainingOptions(
             network=network,
             seed=seed,
@@ -356,7 +343,7 @@ class CNNClassifier(ClassifierMixin, ClusterEstimator):
             batch_size=batch,
             shuffle=rs if self.shuffle else False,
             loss="cross-entropy",
-            optimizer=opt,
+            optimizer=self._optimizer(),
             alpha=self.alpha,
             reduction="mean",
         )
@@ -367,6 +354,39 @@ class CNNClassifier(ClassifierMixin, ClusterEstimator):
                 f"values and need to be preprocessed ({result.stopped}; or lower "
                 f"learning_rate_init, now {self.learning_rate_init!r})"
             )
+        self._fitted(result, rule)
+        if rule.epochs == self.max_iter and not result.stopped:
+            warnings.warn(
+                f"Stochastic Optimizer: Maximum iterations ({self.max_iter}) reached and the "
+                f"optimization hasn't converged yet.",
+                ConvergenceWarning,
+                stacklevel=2,
+            )
+        return self
+
+    def _batch(self, n: int) -> int:
+        """scikit-learn's batch: ``min(200, n)`` for "auto", else clipped to ``[1, n]`` (warned)."""
+        if self.batch_size == "auto":
+            return min(200, n)
+        if self.batch_size > n:
+            warnings.warn(
+                "Got `batch_size` less than 1 or larger than sample size. It is going to be "
+                "clipped",
+                stacklevel=2,
+            )
+        return int(np.clip(self.batch_size, 1, n))
+
+    def _optimizer(self) -> dict[str, Any]:
+        """The solver as :func:`dask_rpm.fit`'s ``optimizer`` (scikit-learn's arithmetic)."""
+        opt: dict[str, Any] = {"name": self.solver, "convention": "scikit-learn"}
+        if self.solver == "adam":
+            opt.update(beta1=self.beta_1, beta2=self.beta_2, eps=self.epsilon)
+        else:
+            opt.update(momentum=self.momentum, nesterov=bool(self.nesterovs_momentum))
+        return opt
+
+    def _fitted(self, result: Any, rule: ConvergenceRule) -> None:
+        """The fitted attributes from a training result and its epoch rule."""
         self.result_: Any = result
         self.stopped_: str | None = result.stopped
         self.n_iter_ += rule.epochs
@@ -390,14 +410,6 @@ class CNNClassifier(ClassifierMixin, ClusterEstimator):
                 "dask_rpm_version": __version__,
             },
         )
-        if rule.epochs == self.max_iter and not result.stopped:
-            warnings.warn(
-                f"Stochastic Optimizer: Maximum iterations ({self.max_iter}) reached and the "
-                f"optimization hasn't converged yet.",
-                ConvergenceWarning,
-                stacklevel=2,
-            )
-        return self
 
     def _network(self) -> Any:
         """The network ``fit`` trains: a copy of ``network`` (checked against the images and
@@ -426,7 +438,7 @@ class CNNClassifier(ClassifierMixin, ClusterEstimator):
         """:func:`dask_rpm.fit` on the client's workers, or :func:`dask_rpm.fit_serial` without one."""
         client = self._client()
         if client is None:
-            from ..nn.serial import fit_serial
+            from ..nn.serial import fit_serial  # here, beside the engine's import below
 
             return fit_serial(
                 X, Y, options=options, callbacks=[rule], backend=self.backend, device=self.device

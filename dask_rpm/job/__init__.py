@@ -117,10 +117,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .._lazy import lazy_attributes
-from .load import check_config, check_paths, load_job, workers_spec
+from .load import check_config, check_paths, load_job
 from .output import read_checkpoint, write_checkpoint, write_output
 from .run import run_job
 from .spec import TRAIN_SETTINGS, TRAINING_KEYS, Job, JobError
+from .workers import workers_spec
 
 if not TYPE_CHECKING:  # type checkers resolve submodules themselves; a catch-all hides typos
     __getattr__, __dir__ = lazy_attributes(__name__, __path__)  # submodules on first use

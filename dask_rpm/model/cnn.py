@@ -39,8 +39,9 @@ import numpy as np
 
 from .._files import json_default
 from .._version import __version__
-from ..nn.cnn import ConvLayers, NetworkSpecError, conv_layers, is_conv
-from ..nn.cnn import to_torch as _layers_to_torch
+from ..nn.cnn import ConvLayers, NetworkSpecError, is_conv
+from ..nn.cnn_records import conv_layers
+from ..nn.cnn_torch import to_torch as _layers_to_torch
 from ..nn.network import Network, NetworkError, network
 from ..nn.recipe import forward, recipe_summary
 from ..nn.workspaces import whole_workspace
@@ -69,7 +70,7 @@ class CNNModel:
     Parameters
     ----------
     layers : ConvLayers
-        The network's geometry (:func:`dask_rpm.nn.cnn.conv_layers`): its layers, image shape
+        The network's geometry (:func:`dask_rpm.nn.cnn_records.conv_layers`): its layers, image shape
         and outputs.
     params : sequence of numpy.ndarray
         ``W1, b1, ..., V`` in ``layers``' layout (``layers.full_shapes()``), one float dtype:
@@ -111,7 +112,7 @@ class CNNModel:
         if not is_conv(layers):
             raise ModelError(
                 f"layers is a {type(layers).__name__}; give a CNN's dask_rpm.nn.cnn.ConvLayers "
-                f"(result.recipe.layers, or dask_rpm.nn.cnn.conv_layers(network, image_shape, "
+                f"(result.recipe.layers, or dask_rpm.nn.cnn_records.conv_layers(network, image_shape, "
                 f"outputs)); an MLP's weights make a dask_rpm.MLPModel"
             )
         net = _CLASSIFIER_NET if net is None else net
@@ -436,7 +437,7 @@ class CNNModel:
     def to_torch(self, *, output_layer: bool = True) -> Any:
         """A ``torch.nn.Sequential`` with the trained weights (needs the optional extra ``torch``).
 
-        The network as trained (:func:`dask_rpm.nn.cnn.to_torch`: float64 for float64 weights),
+        The network as trained (:func:`dask_rpm.nn.cnn_torch.to_torch`: float64 for float64 weights),
         then ``Softmax(dim=1)`` (``Sigmoid`` for sigmoid outputs) with ``output_layer=True``:
         its outputs equal :meth:`outputs` (:meth:`predict_proba` for softmax classifiers), or
         :meth:`decision_function` with ``output_layer=False`` - the module to train on in

@@ -14,7 +14,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .cnn import ConvLayers, conv_layers, init_conv_params, params_from_torch
+from .cnn import ConvLayers
+from .cnn_records import conv_layers, init_conv_params
+from .cnn_torch import params_from_torch
 from .data import (
     DataError,
     as_arrays,

@@ -55,7 +55,7 @@ def make_plan(
         Worker ``i`` of the plan is ``abilities[i]``.
     shape
         Network ``(n, m, l)``, a string ``"n-m-l"``, or a CNN's geometry: the
-        :class:`~dask_rpm.nn.cnn.ConvLayers` that :func:`~dask_rpm.nn.cnn.conv_layers`
+        :class:`~dask_rpm.nn.cnn.ConvLayers` that :func:`~dask_rpm.nn.cnn_records.conv_layers`
         builds from a ``torch.nn.Sequential`` or layer records and the image shape. A CNN is
         planned for its :attr:`~dask_rpm.nn.cnn.ConvLayers.plan_shape` (the planners cut the
         narrowest stage's channels; every stage follows the same rows) and counted with its

@@ -61,7 +61,7 @@ def probe(
         ``bandwidth_<class>``; :func:`probe_network` turns them into a
         :class:`dask_rpm.comm.Interconnect` for the model and ``srpm-time``.
     layers : ConvLayers, optional
-        A CNN's geometry (:func:`dask_rpm.nn.cnn.conv_layers`; ``shape`` is then its
+        A CNN's geometry (:func:`dask_rpm.nn.cnn_records.conv_layers`; ``shape`` is then its
         ``plan_shape``): every worker is timed on that network's kernels, on the share of every
         stage's channels and the samples an average worker will train
         (:func:`dask_rpm.probe.driver.conv_share`); throughput stays in work units (plan rows x
