@@ -19,6 +19,7 @@ from .. import config
 from ..nn import backend as xb
 from ..nn.data import DataError
 from ..nn.recipe import Recipe
+from ..runtime.allocator import kernel_buffers
 from ..runtime.hooks import worker_hooks
 from ..runtime.threads import kernel_threads
 from .block import run_block
@@ -142,8 +143,9 @@ async def t_block(run: str, spec: BlockSpec) -> BlockResult:
     else:
         inline_work = on_cpu
     async with state.busy:
-        # the worker's cores, not the one thread its nanny leaves BLAS (dask_rpm.runtime.threads)
-        with kernel_threads(spec.threads or worker.state.nthreads) as threads:
+        # the worker's cores, not the one thread its nanny leaves BLAS (dask_rpm.runtime.threads),
+        # and the kernels' buffers reused, not remapped (dask_rpm.runtime.allocator)
+        with kernel_threads(spec.threads or worker.state.nthreads) as threads, kernel_buffers():
             res = await run_block(
                 state,
                 spec,

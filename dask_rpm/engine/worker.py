@@ -40,6 +40,7 @@ from ..nn.kernels import Workspace, all_finite
 from ..nn.layers import Layers
 from ..nn.optim import Optimizer, step
 from ..nn.workspaces import workspace
+from ..runtime import threads
 from ..runtime.hooks import worker_hooks
 from .records import Layout, RunSpec
 from .samples import ColumnData
@@ -266,7 +267,9 @@ class RunState:
                 initargs=(self.shard.backend,),
             )
         ctx = contextvars.copy_context()  # get_worker() (EMULATED pacing) works in the thread too
-        return await asyncio.get_running_loop().run_in_executor(self._executor, ctx.run, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(
+            self._executor, ctx.run, threads.here, fn, *args
+        )
 
     def close(self) -> None:
         if self._executor is not None:

@@ -23,6 +23,7 @@ from ..nn.backend import NUMPY, Backend, Placement, resolve, synchronize
 from ..nn.cnn import ConvLayers, cnn_work
 from ..nn.kernels import Workspace, block_work, init_weights, kernel_pass
 from ..nn.workspaces import workspace
+from ..runtime.allocator import kernel_buffers
 from ..runtime.threads import blas_threads, kernel_threads, limit_blas, threads_setting
 
 __all__ = [
@@ -175,7 +176,12 @@ def t_probe(
         pass_work = block_work("forward", s, m, n, l) + block_work("backward", s, m, n, l)
     worker = get_worker()
     # timed on the threads the worker trains with (dask_rpm.runtime.threads)
-    with _REPETITION_LOCK, worker_threads(worker, threads_setting() or worker.state.nthreads):
+    # and with the allocator training has (dask_rpm.runtime.allocator)
+    with (
+        _REPETITION_LOCK,
+        worker_threads(worker, threads_setting() or worker.state.nthreads),
+        kernel_buffers(),
+    ):
         # Unpaced, untimed passes first: a thread that idled (a slow worker
         # sleeps most of the time) spends more CPU on its next millisecond or
         # so of work (cold caches). Measured here: 10-30 % more CPU per pass

@@ -127,6 +127,20 @@ def _restore() -> None:
         torch.set_num_threads(before)
 
 
+def here(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` with torch's pool at the count of the blocks running, set in the calling
+    thread first: OpenMP keeps its thread count per thread, so in a compute thread that
+    :func:`kernel_threads` (entered on the event loop) never touched, torch's kernels would
+    otherwise run on every core, whatever the worker was given."""
+    torch = _torch()
+    if torch is not None:
+        with _lock:
+            n = max(_active, default=0)
+        if n:
+            torch.set_num_threads(n)
+    return fn(*args)
+
+
 @contextmanager
 def kernel_threads(threads: int) -> Iterator[int]:
     """Within the block: BLAS, OpenMP (and torch) pools at ``threads``; yields the BLAS threads in
