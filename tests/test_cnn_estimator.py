@@ -183,7 +183,7 @@ def test_clone_and_get_params():
 @pytest.mark.parametrize(
     "params,match",
     [
-        (dict(solver="lbfgs"), "full-batch quasi-Newton"),
+        (dict(solver="lbfgs"), "CNNClassifier does not support 'lbfgs'"),
         (dict(solver="newton"), "'solver' parameter"),
         (dict(max_iter=0), "'max_iter' parameter"),
         (dict(batch_size=0), "'batch_size' parameter"),

@@ -308,11 +308,6 @@ def test_bad_input_is_refused_with_what_is_valid():
     must = "The '{}' parameter of MLPClassifier must be {}. Got {} instead"
     cases = [
         (
-            dict(solver="lbfgs"),
-            must.format("solver", "a str among .*", "'lbfgs'")
-            + ": dask_rpm does not support 'lbfgs', a full-batch quasi-Newton method",
-        ),
-        (
             dict(activation="identity"),
             must.format("activation", "a str among .*", "'identity'")
             + ": dask_rpm does not support 'identity' hidden units",

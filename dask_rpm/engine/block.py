@@ -287,7 +287,10 @@ async def run_block(
                 break
             errors[it] = total
             t_m0 = time.monotonic()
-            await state.compute(inline, k.modify, it, summed)
+            if spec.step:
+                await state.compute(inline, k.modify, it, summed)
+            else:  # an evaluation (engine.objective): the summed gradient is the result
+                state.gradient = summed
             t_m1 = time.monotonic()
             state.iteration = it + 1
             rec = TimingRecord(it, lay.worker, t_f0, t_f1, t_b0, t_b1, t_m0, t_m1)

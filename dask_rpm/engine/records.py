@@ -129,6 +129,9 @@ class BlockSpec(NamedTuple):
     threads: int = (
         0  # BLAS/OpenMP threads of the kernels; 0: each worker's nthreads (rpm.engine.threads)
     )
+    #: False: an evaluation (:mod:`dask_rpm.engine.objective`): no optimizer step; the summed
+    #: gradient is left in the worker's ``RunState.gradient``
+    step: bool = True
 
 
 class BlockResult(NamedTuple):

@@ -230,6 +230,8 @@ class RunState:
         self.iteration = 0
         self.staged: dict[int, tuple[Layout, Shard, ColumnData]] = {}
         self.workspace: Workspace | None = None
+        # the summed gradient of the last evaluation (BlockSpec.step False: engine.objective)
+        self.gradient: list[Any] | None = None
         # the messages of this run; the worker index of a run does not change
         self.mailbox = Mailbox(layout.run, layout.worker, layout.address, self._post)
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None

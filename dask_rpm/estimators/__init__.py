@@ -1,8 +1,8 @@
 """scikit-learn estimators: :class:`MLPClassifier` and :class:`MLPRegressor`, drop-ins for scikit-learn's.
 
 Same parameters, defaults and meaning as ``sklearn.neural_network``'s
-``MLPClassifier`` / ``MLPRegressor`` (stochastic solvers ``adam`` and
-``sgd``), the same fitted attributes, and **the same model**: with the same
+``MLPClassifier`` / ``MLPRegressor`` (solvers ``lbfgs``, ``sgd`` and ``adam``),
+the same fitted attributes, and **the same model**: with the same
 parameters and ``random_state`` the fitted ``coefs_`` and ``intercepts_``
 equal scikit-learn's to rounding (float64), trained serially or on any Dask
 cluster and plan. What makes them equal:
@@ -13,6 +13,9 @@ cluster and plan. What makes them equal:
 * the early-stopping split by ``train_test_split`` from the same generator
   (stratified for single-output classifiers), then scikit-learn's cumulative
   per-epoch shuffles from what is left of it (:mod:`dask_rpm.nn.batches`);
+* ``solver="lbfgs"`` is scipy's L-BFGS-B on the client with scikit-learn's options and
+  packing, minimising the mean loss plus ``0.5 alpha sum W^2 / samples``, evaluated on the
+  cluster by rectangles (:mod:`dask_rpm.estimators.lbfgs`);
 * each iteration's gradient is the batch mean plus ``alpha W / batch``
   (``reduction="mean"``, :mod:`dask_rpm.nn.optim`), stepped by scikit-learn's
   Adam or SGD arithmetic (``convention="scikit-learn"``);
@@ -36,7 +39,7 @@ The parameters are scikit-learn's and dask_rpm's own (``client``, ``mapping``,
 ``abilities``, ``progress``, ``backend``, ``device``), declared as scikit-learn
 declares them (``_parameter_constraints``) and checked when ``fit`` starts: a bad
 value is scikit-learn's ``InvalidParameterError`` (a ``ValueError``), with the
-same message. Not supported: ``solver="lbfgs"``, ``activation="identity"``,
+same message. Not supported: ``activation="identity"``,
 ``sample_weight`` and ``loss="poisson"``; each is refused with a message saying
 why.
 
@@ -59,6 +62,7 @@ try:
     from sklearn.metrics import accuracy_score, r2_score
     from sklearn.preprocessing import LabelBinarizer
     from sklearn.utils._param_validation import StrOptions
+    from sklearn.utils.metaestimators import available_if
     from sklearn.utils.multiclass import check_classification_targets, type_of_target
     from sklearn.utils.validation import column_or_1d, validate_data
 except ImportError as exc:  # pragma: no cover - exercised only without scikit-learn
@@ -82,7 +86,7 @@ _COMMON_DOC = """
     nesterovs_momentum, early_stopping, validation_fraction, beta_1, beta_2, epsilon,
     n_iter_no_change, max_fun
         scikit-learn's, with its defaults and meaning (any number of hidden layers; solvers
-        adam and sgd; ``max_fun`` is lbfgs's and unused).
+        lbfgs, sgd and adam; ``partial_fit`` with sgd and adam only, as scikit-learn's).
     client : distributed.Client, optional
         Train on this cluster; None: the default client if any, else serially.
     mapping, abilities, progress
@@ -96,14 +100,16 @@ _COMMON_DOC = """
     coefs_, intercepts_, loss_, loss_curve_, best_loss_, validation_scores_,
     best_validation_score_, n_iter_, t_, n_layers_, n_outputs_, out_activation_,
     n_features_in_, feature_names_in_
-        scikit-learn's, with its meaning (``n_iter_`` counts epochs; the
-        losses are per-sample means with the L2 penalty).
+        scikit-learn's, with its meaning (``n_iter_`` counts epochs, or lbfgs's iterations; the
+        losses are per-sample means with the L2 penalty; lbfgs, as scikit-learn's, sets no
+        ``loss_curve_``, ``best_loss_`` or validation scores).
     model_ : MLPModel or None
         The trained network (save, load, to_torch); None for several hidden layers, which
         :class:`~dask_rpm.MLPModel` does not hold.
-    result_ : FitResult or SerialResult
+    result_ : FitResult, SerialResult or LbfgsResult
         What :func:`dask_rpm.fit` (or the serial loop, :class:`dask_rpm.nn.serial.SerialResult`)
-        returned for the last fit.
+        returned for the last fit; with lbfgs scipy's result and the count of evaluations
+        (:class:`dask_rpm.estimators.lbfgs.LbfgsResult`).
 """
 
 
@@ -210,6 +216,7 @@ class MLPClassifier(ClassifierMixin, MLPBase):
         """Fit the model to ``X (s, n)`` and labels ``y``; returns self."""
         return self._fit(X, y, incremental=False)
 
+    @available_if(MLPBase._check_solver)
     @_fit_context(prefer_skip_nested_validation=True)
     def partial_fit(self, X: Any, y: Any, classes: Any = None) -> MLPClassifier:
         """One epoch over ``X, y`` (``classes``: every label, needed on the first call)."""
@@ -342,6 +349,7 @@ class MLPRegressor(RegressorMixin, MLPBase):
         """Fit the model to ``X (s, n)`` and targets ``y (s,)`` or ``(s, outputs)``; returns self."""
         return self._fit(X, y, incremental=False)
 
+    @available_if(MLPBase._check_solver)
     @_fit_context(prefer_skip_nested_validation=True)
     def partial_fit(self, X: Any, y: Any) -> MLPRegressor:
         """One epoch over ``X, y``."""

@@ -43,6 +43,7 @@ from ..nn.recipe import forward
 from ..nn.serial import train_arrays
 from ..plan.partition import Plan
 from ..progress import MODES
+from . import lbfgs
 
 __all__ = ["EstimatorError", "MLPBase", "ClusterEstimator", "CLUSTER_CONSTRAINTS"]
 
@@ -131,7 +132,7 @@ class MLPBase(ClusterEstimator):
     _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
         "hidden_layer_sizes": ["array-like", Interval(Integral, 1, None, closed="left")],
         "activation": [StrOptions(set(_ACTIVATIONS))],
-        "solver": [StrOptions({"adam", "sgd"})],
+        "solver": [StrOptions({"lbfgs", "sgd", "adam"})],
         "alpha": [Interval(Real, 0, None, closed="left")],
         "batch_size": [StrOptions({"auto"}), Interval(Integral, 1, None, closed="left")],
         "learning_rate": [StrOptions(set(LEARNING_RATE_SCHEDULES))],
@@ -158,12 +159,6 @@ class MLPBase(ClusterEstimator):
     #: scikit-learn's values that dask_rpm does not train, and why: refused by
     #: :meth:`_validate_params` with the reason
     _unsupported: ClassVar[dict[str, dict[str, str]]] = {
-        "solver": {
-            "lbfgs": "dask_rpm does not support 'lbfgs', a full-batch quasi-Newton method whose "
-            "line search needs the whole data set's loss and gradient at every step; dask_rpm "
-            "trains with the mini-batch solvers 'adam' and 'sgd', whose steps split across "
-            "workers",
-        },
         "activation": {
             "identity": "dask_rpm does not support 'identity' hidden units: its kernels have "
             "sigmoid ('logistic'), tanh and relu units (dask_rpm.nn.network.ACTIVATIONS)",
@@ -171,6 +166,15 @@ class MLPBase(ClusterEstimator):
     }
 
     # ------------------------------------------------------------- settings
+    def _check_solver(self) -> bool:
+        """scikit-learn's condition for ``partial_fit``: a stochastic solver."""
+        if self.solver not in ("sgd", "adam"):
+            raise AttributeError(
+                f"partial_fit is only available for stochastic optimizers. {self.solver} is not "
+                f"stochastic."
+            )
+        return True
+
     def _hidden_sizes(self) -> tuple[int, ...]:
         """``hidden_layer_sizes`` as a tuple of positive integers (an int is one layer)."""
         hidden = self.hidden_layer_sizes
@@ -205,6 +209,8 @@ class MLPBase(ClusterEstimator):
         rs = check_random_state(self.random_state)
         if first_pass:
             self._initialize(X.shape[1], hidden, Y, rs)
+        if self.solver == "lbfgs":  # full batch: no validation split, no batches
+            return self._fit_lbfgs(X, Y)
         Xt, Yt, val = self._split(X, Y, rs)
         n = Xt.shape[0]
         if self.batch_size == "auto":
@@ -392,6 +398,42 @@ class MLPBase(ClusterEstimator):
         self.result_ = result
         return list(result.params), result.stopped, result.optimizer_state
 
+    def _fit_lbfgs(self, X: np.ndarray, Y: np.ndarray) -> Any:
+        """scikit-learn's ``_fit_lbfgs`` from the current weights (:mod:`dask_rpm.estimators.lbfgs`):
+        scipy's L-BFGS-B here, the objective on the cluster or serially."""
+        out = lbfgs.fit(
+            X,
+            Y,
+            self.coefs_,
+            self.intercepts_,
+            self._net(),
+            self.alpha,
+            client=self._client(),
+            cluster={
+                "mapping": self.mapping,
+                "abilities": self.abilities,
+                "backend": self.backend,
+                "device": self.device,
+            },
+            max_iter=self.max_iter,
+            max_fun=self.max_fun,
+            tol=self.tol,
+            verbose=self.verbose,
+        )
+        if not all(np.isfinite(a).all() for a in (*out.coefs, *out.intercepts)):
+            raise EstimatorError(
+                "Solver produced non-finite parameter weights. The input data may contain large "
+                "values and need to be preprocessed."
+            )
+        # scikit-learn's lbfgs sets these (no loss_curve_, best_loss_ or validation scores)
+        self.coefs_, self.intercepts_ = out.coefs, out.intercepts
+        self.n_iter_, self.loss_ = out.n_iter, out.loss
+        self.result_ = out
+        self._stopped = str(out.optimize_result.message)  # scipy's reason
+        self.stopped_: str | None = self._stopped
+        self._set_model(self._params())
+        return self
+
     def _store(self, params: list[np.ndarray], rule: ConvergenceRule) -> None:
         """scikit-learn's fitted attributes from the augmented parameters ``W_1 .. W_L, V`` and the
         rule's bookkeeping."""
@@ -413,6 +455,10 @@ class MLPBase(ClusterEstimator):
         self.best_validation_score_: float | None = rule.best_score if early else None
         self.best_loss_: float | None = None if early else rule.best_loss
         self.stopped_ = self._stopped
+        self._set_model(params)
+
+    def _set_model(self, params: list[np.ndarray]) -> None:
+        """``model_`` of the augmented parameters ``params``."""
         # MLPModel (save, load, to_torch) holds one hidden layer's W and V; deeper: no model yet
         self.model_: MLPModel | None = None
         if len(params) != 2:
@@ -420,7 +466,7 @@ class MLPBase(ClusterEstimator):
         self.model_ = MLPModel(
             params[0],
             params[1],
-            net,
+            self._net(),
             classes=getattr(self, "classes_", None) if self._output_name != "linear" else None,
             meta={
                 "estimator": type(self).__name__,
@@ -431,7 +477,7 @@ class MLPBase(ClusterEstimator):
                     for k, v in self.get_params(deep=False).items()
                     if v is None or isinstance(v, (bool, int, float, str, tuple))
                 },
-                "loss_curve": self.loss_curve_,
+                "loss_curve": list(getattr(self, "loss_curve_", [])),  # lbfgs has none
                 "validation": [],
             },
         )

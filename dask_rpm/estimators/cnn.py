@@ -52,7 +52,7 @@ from ..model.cnn import CNNModel
 from ..nn.cnn_records import conv_layers
 from ..nn.convergence import LEARNING_RATE_SCHEDULES, ConvergenceRule
 from ..nn.options import TrainingOptions
-from ._base import CLUSTER_CONSTRAINTS, ClusterEstimator, EstimatorError, MLPBase
+from ._base import CLUSTER_CONSTRAINTS, ClusterEstimator, EstimatorError
 
 __all__ = ["CNNClassifier"]
 
@@ -168,7 +168,12 @@ class CNNClassifier(ClassifierMixin, ClusterEstimator):
         "n_iter_no_change": [Interval(Integral, 1, None, closed="left"), Options(Real, {np.inf})],
         **CLUSTER_CONSTRAINTS,
     }
-    _unsupported: ClassVar[dict[str, dict[str, str]]] = {"solver": MLPBase._unsupported["solver"]}
+    _unsupported: ClassVar[dict[str, dict[str, str]]] = {
+        "solver": {
+            "lbfgs": "CNNClassifier does not support 'lbfgs' (MLPClassifier and MLPRegressor do): "
+            "it trains with the mini-batch solvers 'adam' and 'sgd'",
+        },
+    }
 
     def __init__(
         self,
