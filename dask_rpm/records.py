@@ -74,7 +74,8 @@ class RemapRecord(_RemapDone, total=False):
     lost: list[str]  # addresses of the workers lost (recovery)
     joined: list[str]  # addresses of the workers that joined (elastic)
     retired: list[str]  # addresses of the workers retired before their lifetime ended
-    recovered_from: str | None  # where a lost worker's rows came from
+    recovered_from: str | None  # where a lost worker's rows came from: buddy, columns, checkpoint
+    rows_from: dict[str, str]  # each lost worker's rows: buddy, other column, disk, driver, initial
     replayed: int  # iterations computed again after a loss
     store_bytes: int  # row files the workers read from a checkpoint store (a recovery from it)
 

@@ -36,6 +36,16 @@ def _assert_serial(r, x, d, m, lr, iterations=None):
 
 
 @pytest.fixture
+def no_buddies():
+    """Buddy copies off (rpm.resilience.buddies): the tests of the checkpoint path a loss takes
+    without them (tests/test_buddies.py has the same losses with them)."""
+    import dask.config
+
+    with dask.config.set({"rpm.resilience.buddies": False}):
+        yield
+
+
+@pytest.fixture
 def cluster4():
     with LocalCluster(
         n_workers=4, threads_per_worker=1, processes=True, dashboard_address=":0"
@@ -74,7 +84,7 @@ def test_lost_worker_rows_come_from_another_column(cluster4, sigkill_after):
     _assert_serial(r, x, d, 9, 0.05)
 
 
-def test_single_column_recovers_from_the_last_checkpoint(cluster4, sigkill_after):
+def test_single_column_recovers_from_the_last_checkpoint(cluster4, sigkill_after, no_buddies):
     cluster, client = cluster4
     x, d = _problem()
     addrs = ordered_workers(client.scheduler_info())
@@ -257,7 +267,7 @@ def test_drpm_goes_on_after_a_loss_without_planning_the_lost_worker(cluster4, si
     _assert_serial(r, x, d, 9, 0.05)
 
 
-def test_worker_lost_after_the_last_block_is_recovered_too(cluster4, sigkill_after):
+def test_worker_lost_after_the_last_block_is_recovered_too(cluster4, sigkill_after, no_buddies):
     cluster, client = cluster4
     x, d = _problem()
     addrs = ordered_workers(client.scheduler_info())

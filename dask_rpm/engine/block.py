@@ -256,11 +256,17 @@ async def run_block(
     records: list[TimingRecord] = []
     errors: dict[int, float] = {}
     status, message = "ok", ""
+    copies, buddy = state.copies, _buddy(spec, lay.worker)
+    if copies is not None:
+        copies.keep_from(spec.keep_from)
     try:
         for it in range(spec.first, spec.first + spec.count):
             mailbox.check_abort(spec.epoch)
             # last iteration's messages are out: buffers are free
             await mailbox.flush(spec.receive_timeout, spec.epoch)
+            if copies is not None and copies.due(it, spec.copy_every, lay.version):
+                # every worker at the same boundary: the copies of `it` fit together
+                copies.take(it, lay.version, lay.rows, shard, buddy)
             if not data.ready(it):  # a new epoch of mini-batches: this column's rows of it
                 await state.compute(False, data.load, it)  # (off the event loop)
             x, d = data.batch(it)
@@ -305,4 +311,18 @@ async def run_block(
     except PeerError as exc:
         status, message = "failed", str(exc)
     reporter.flush()
-    return BlockResult(lay.worker, status, state.iteration, errors, records, shard.finite, message)
+    return BlockResult(
+        lay.worker,
+        status,
+        state.iteration,
+        errors,
+        records,
+        shard.finite,
+        message,
+        copies=copies.report() if copies is not None else None,
+    )
+
+
+def _buddy(spec: BlockSpec, worker: int) -> str | None:
+    """Who keeps this worker's buddy copies in this block (None: no one)."""
+    return spec.buddies[worker] if worker < len(spec.buddies) else None

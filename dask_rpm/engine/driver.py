@@ -27,6 +27,7 @@ from ..ordering import ordered_workers
 from ..plan.partition import Plan
 from ..records import RemapRecord, remap_record
 from . import store
+from .buddies import BuddyBook
 from .calls import run_each
 from .checkpoint import StoredCheckpoint
 from .errors import TrainingError, WorkerLostError
@@ -54,9 +55,8 @@ logger = logging.getLogger("dask_rpm")
 
 
 def _users(error: DataError) -> DataError:
-    """A worker's :class:`~dask_rpm.nn.data.DataError` (bad samples it read, a damaged checkpoint
-    store: the user's to fix) raised anew on the driver: its own class and message, without the
-    remote traceback."""
+    """A worker's :class:`~dask_rpm.nn.data.DataError` (the user's to fix) raised anew on the
+    driver: its own class and message, without the remote traceback."""
     return type(error)(str(error))
 
 
@@ -106,8 +106,7 @@ class Driver:
         self.client = client
         self.spec = spec  # what every worker is told at setup (recipe, dtype, placement, settings)
         self.engine = engine or EngineSettings()
-        # the network's sizes (default: one hidden layer of the plan's m)
-        self.layers = layers or Layers(plan.shape[0], (plan.shape[1],), plan.shape[2])
+        self.layers = layers or Layers(plan.shape[0], (plan.shape[1],), plan.shape[2])  # 1 layer
         self.threads = threads  # the kernels' threads (rpm.engine.threads; 0: each nthreads)
         self.kernel_threads: dict[str, int] = {}  # what each worker's kernels last ran with
         self.kernel_backends: dict[str, str] = {}  # ... and where (Backend.label)
@@ -134,6 +133,9 @@ class Driver:
         self.seq = 0  # last batch pulled from the scheduler plugin
         self.tasks_submitted = 0
         self.on_progress: Callable[[Driver], None] | None = None
+        self.book: BuddyBook | None = None  # buddy copies (engine.buddies); None: none
+        self.floor = 0  # a recovery goes back no further (engine.recovery; the loop sets it)
+        self.reached = 0  # the furthest iteration done in the block a loss aborted
 
     # ------------------------------------------------------------ placing
     def _submit(self, fn: Any, *args: Any, key: tuple, worker: int) -> Any:
@@ -270,6 +272,8 @@ class Driver:
             report_seconds=self.engine.report_seconds,
             threads=self.threads,
         )
+        if self.book is not None:
+            spec = spec._replace(**await self._copy_fields(self.book))
         self.epoch += 1
         futures = {
             w: self._submit(
@@ -279,6 +283,16 @@ class Driver:
         }
         results = await self._watch_block(futures, spec)
         return await self._conclude(spec, results)
+
+    async def _copy_fields(self, book: BuddyBook) -> dict[str, Any]:
+        """The block's buddy-copy fields: ``R``, each worker's buddy, what the workers may drop."""
+        if book.version != self.version:
+            info = await self.client.scheduler.identity(n_workers=-1)
+            hosts = {a: w.get("host", a) for a, w in info["workers"].items()}
+            book.assign(self._planned_addresses(), hosts, self.version)
+        t = self.log.median_iteration_time(max(self.iteration - 20, 0), self.iteration)
+        every, buddies, keep = book.block(self.addresses, t)  # (t: NaN before the first block)
+        return {"copy_every": every, "buddies": buddies, "keep_from": keep}
 
     async def _watch_block(
         self, futures: dict[int, Any], spec: BlockSpec
@@ -337,6 +351,8 @@ class Driver:
         except Exception:  # a task that errs or a worker dying meanwhile: nothing left to wait for
             pass
         await self.client.cancel(list(futures.values()))
+        await self.pull_progress()  # how far the block got: a recovery computes again from there
+        self.reached = max([spec.first, *(it + 1 for it in self.log.errors)])
         await self.run_on(run_rollback, self.run, spec.first, workers=targets)
         self.iteration = spec.first
         self.log.forget_from(spec.first)
@@ -355,6 +371,8 @@ class Driver:
             self.log.add_errors(r.errors)
             self.kernel_threads[self.addresses[r.worker]] = r.threads
             self.kernel_backends[self.addresses[r.worker]] = r.backend
+            if self.book is not None:
+                self.book.observe(self.addresses[r.worker], r.copies)
         self.iteration = stop
         finite = all(r.finite for r in results.values())
         keep = None

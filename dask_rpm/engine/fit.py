@@ -24,6 +24,7 @@ from ..records import RemapRecord
 from ..results import describe_history
 from ..runtime.labels import run_label
 from . import callbacks as cb
+from .buddies import BuddyBook
 from .checkpoint import StoredCheckpoint, check_readable, check_shared
 from .driver import Driver, Placed
 from .drpm import DRPMState
@@ -434,7 +435,7 @@ def _driver(client: Any, opts: RunOptions, data: Prepared, plan: Any) -> Driver:
         placement=opts.placement,
         inline_work=(engine.inline_work, engine.inline_work_gpu, engine.inline_work_emulated),
     )
-    return Driver(
+    driver = Driver(
         client,
         spec=spec,
         plan=plan,
@@ -445,6 +446,9 @@ def _driver(client: Any, opts: RunOptions, data: Prepared, plan: Any) -> Driver:
         layers=data.layers,
         engine=engine,
     )
+    if opts.resilience.buddies:
+        driver.book = BuddyBook(opts.resilience)
+    return driver
 
 
 def _stats(
@@ -461,6 +465,12 @@ def _stats(
         "checkpoints": list(ckpt.times),  # (iteration, seconds) of each checkpoint
         "start": _start_stats(start, loop),
         "memory": _memory(driver, driver.recipe.optimizer.slots),
+        # buddy copies (dask_rpm.engine.buddies): R, who kept whose copies, the bytes they took
+        "buddies": driver.book.stats() if driver.book is not None else {"on": False},
+        # iterations losses cost: where each was seen less where training went on from
+        "recomputed_iterations": int(
+            sum(r.get("replayed", 0) for r in loop.remaps if r.get("lost"))
+        ),
     }
 
 
@@ -481,7 +491,8 @@ def _start_stats(start: Checkpoint | StoredCheckpoint, loop: TrainingLoop) -> di
 def _memory(driver: Driver, slots: Sequence[str]) -> dict[str, int]:
     """Bytes of weights and optimizer state each worker of the final plan holds (its rows of every
     layer: ``FitResult.stats["memory"]``). The shard keeps two spare copies of both for rollback
-    and divergence (:class:`~dask_rpm.engine.worker.Shard`)."""
+    and divergence (:class:`~dask_rpm.engine.worker.Shard`); the buddy copies each worker held
+    are ``FitResult.stats["buddies"]["memory"]``."""
     itemsize = np.dtype(driver.dtype).itemsize
     plan = driver.plan
     return {

@@ -94,6 +94,7 @@ class TrainingLoop:
         for _ in range(len(d.addresses)):
             try:
                 self.placed = await d.install(d.plan, start)
+                self._no_buddy(start)
                 return
             except WorkerLostError as exc:
                 if self.opts.on_worker_loss == "raise":
@@ -119,6 +120,24 @@ class TrainingLoop:
         raise TrainingError(
             "could not place the first shards: workers kept leaving"
         )  # pragma: no cover
+
+    def _no_buddy(self, start: Checkpoint | StoredCheckpoint) -> None:
+        """Say it when a run with buddy copies on has no worker to keep them (one worker)."""
+        d = self.driver
+        if d.book is None or len(d.plan.planned_workers) != 1:
+            return
+        where = (
+            f"the checkpoint store {self.opts.checkpoint_dir} (every {self.opts.checkpoint_every} "
+            f"iterations)"
+            if self.opts.checkpoint_dir
+            else "the last checkpoint"
+            if self.opts.checkpoint_every
+            else f"iteration {start.iteration} (no checkpoint configured)"
+        )
+        logger.info(
+            f"one worker trains: no buddy to keep copies of its rows (rpm.resilience); if it is "
+            f"lost, training starts again from {where}"
+        )
 
     async def _retire_due(self) -> bool:
         """Retire the planned workers whose lifetime ends before the next block is over."""
@@ -169,6 +188,7 @@ class TrainingLoop:
             info = cb.BlockInfo(
                 driver, first, driver.iteration, total, status, self.remaps[n_remaps:]
             )
+            eps = driver.eps
             for h in self.hooks:
                 try:
                     reason = await cb.call(h.after_block(info))
@@ -178,6 +198,8 @@ class TrainingLoop:
                 if reason:
                     logger.info(reason)
                     return str(reason)
+            if driver.eps != eps:  # the iterations before ran at another rate: never go back there
+                driver.floor = driver.iteration
         return None
 
     async def _recover(self, exc: WorkerLostError) -> None:

@@ -21,6 +21,7 @@ from ..nn.prepare import Prepared
 from ..plan.partition import Plan, PlanError
 from ..planners import describe_names, mapping_names
 from ..runtime.threads import threads_setting
+from .buddies import ResilienceSettings
 from .checkpoint import StoredCheckpoint
 from .records import Checkpoint
 from .store import open_resume
@@ -114,6 +115,8 @@ class RunOptions:
     #: set by :meth:`resolved`: ``rpm.drpm.*``, read once for the run (interval, DRPM's checks,
     #: the idle choice of the first plan)
     drpm: DRPMSettings | None = None
+    #: set by :meth:`resolved`: ``rpm.resilience.*`` (buddy copies)
+    resilience: ResilienceSettings = ResilienceSettings()
 
     def resolved(self) -> RunOptions:
         """These options with the ``rpm.*`` defaults read once and every value checked.
@@ -172,6 +175,7 @@ class RunOptions:
             placement=Placement.of(self.backend, self.device, engine),
             engine=EngineSettings.of(engine, train, config.section("slurm")),
             drpm=drpm,
+            resilience=ResilienceSettings.of(config.section("resilience")),
         )
 
 

@@ -19,6 +19,7 @@ __all__ = [
     "BlockResult",
     "BlockSpec",
     "Checkpoint",
+    "CopyReport",
     "Layout",
     "Peer",
     "TimingRecord",
@@ -129,9 +130,27 @@ class BlockSpec(NamedTuple):
     threads: int = (
         0  # BLAS/OpenMP threads of the kernels; 0: each worker's nthreads (rpm.engine.threads)
     )
+    #: buddy copies (dask_rpm.engine.buddies): a copy before every iteration k with k % R == 0
+    #: (and before the first iteration of a new plan); 0: none
+    copy_every: int = 0
+    #: each worker's buddy (by worker index; None: none), who keeps its copies
+    buddies: tuple[str | None, ...] = ()
+    #: own copies of iterations before this one may be dropped (no buddy holds them any more)
+    keep_from: int = 0
     #: False: an evaluation (:mod:`dask_rpm.engine.objective`): no optimizer step; the summed
     #: gradient is left in the worker's ``RunState.gradient``
     step: bool = True
+
+
+class CopyReport(NamedTuple):
+    """What a worker's buddy copies stand at, at the end of a block (:mod:`dask_rpm.engine.copies`)."""
+
+    acked: int  # the latest iteration whose copy its buddy has (-1: none yet)
+    nbytes: int  # bytes of copies it holds: its own and those it keeps for others
+    taken: int  # copies of its rows taken so far
+    sent: int  # ... of them that reached its buddy
+    skipped: int  # ... not sent because the one before was still on its way
+    copy_seconds: float  # the latest copy's time on the training path (the snapshot)
 
 
 class BlockResult(NamedTuple):
@@ -158,6 +177,7 @@ class BlockResult(NamedTuple):
     message: str = ""
     threads: int = 1
     backend: str = "numpy"
+    copies: CopyReport | None = None
 
 
 class Checkpoint(NamedTuple):

@@ -10,17 +10,19 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..drpm.remap import MigrationError
+from ..drpm.remap import MigrationError, sample_changes
 from ..plan.partition import Plan
 from ..planners import make_plan
 from ..progress import weight_bytes
 from ..records import RemapRecord, remap_record
+from .buddies import Holding, Restore, pieces_for, restore_point, rows_source
 from .checkpoint import StoredCheckpoint
 from .driver import Driver, ordered_workers
 from .errors import TrainingError, WorkerLostError
 from .records import Checkpoint
+from .tasks import run_commit, run_holdings, t_restore
 
-__all__ = ["whole_plan", "rebalance", "recover", "Checkpoint"]
+__all__ = ["whole_plan", "rebalance", "recover", "restore", "Checkpoint"]
 
 logger = logging.getLogger("dask_rpm")
 
@@ -96,35 +98,146 @@ async def rebalance(
     joined = [a for a in alive if a not in set(driver.addresses)]
     driver.addresses.extend(joined)
     new = whole_plan(driver, note=reason)
-    source, at = "columns", driver.iteration
+    old, at = driver.plan, driver.iteration
+    point = await _restore_point(driver) if lost and driver.book is not None else None
     rec: RemapRecord
     try:
-        rec = await driver.remap(new, "whole", lost=lost)
+        if (
+            point is not None
+            and point.kinds != {"current"}
+            and point.iteration >= fallback.iteration
+        ):
+            rec, source = await restore(driver, new, point), "buddy"
+        else:  # every lost row has a live holder now, or no copy is newer than the checkpoint
+            rec, source, point = await driver.remap(new, "whole", lost=lost), "columns", None
     except MigrationError:
-        k = fallback.iteration
-        driver.log.forget_from(k)
-        await driver.client.scheduler.rpm_update(run=driver.run, info={"forget_from": k})
-        placed = await driver.install(
-            new.with_workers(driver.addresses) if new.workers is None else new, fallback
-        )
-        source = "checkpoint"
-        n, _, l = new.shape
-        rec = remap_record(
-            k,
-            "whole",
-            bytes=placed.client_bytes,  # shards cut on the client (a checkpoint it holds)
-            store_bytes=placed.store_bytes,  # or row files the workers read from the store
-            transfers=len(new.planned_workers),
-            samples_reloaded=len(new.planned_workers),
-            sample_bytes=int(new.samples * (n + l) * np.dtype(driver.dtype).itemsize),
-        )
+        rec, source = await _from_checkpoint(driver, new, fallback), "checkpoint"
     rec["seconds"] = time.perf_counter() - t0
     rec["reason"] = reason
     rec["lost"] = lost
     rec["joined"] = joined
     rec["recovered_from"] = source if lost else None
+    if lost:
+        rec["rows_from"] = {a: _rows_from(old, a, source, point, fallback) for a in lost}
     rec["replayed"] = at - driver.iteration
     return rec
+
+
+async def _from_checkpoint(
+    driver: Driver, new: Plan, fallback: Checkpoint | StoredCheckpoint
+) -> RemapRecord:
+    """Start again from ``fallback``, the last checkpoint: on the client, in the store the workers
+    read, or the initial weights."""
+    k = fallback.iteration
+    driver.log.forget_from(k)
+    await driver.client.scheduler.rpm_update(run=driver.run, info={"forget_from": k})
+    placed = await driver.install(
+        new.with_workers(driver.addresses) if new.workers is None else new, fallback
+    )
+    if driver.book is not None:
+        driver.book.rolled_back(k)
+    n, _, l = new.shape
+    return remap_record(
+        k,
+        "whole",
+        bytes=placed.client_bytes,  # shards cut on the client (a checkpoint it holds)
+        store_bytes=placed.store_bytes,  # or row files the workers read from the store
+        transfers=len(new.planned_workers),
+        samples_reloaded=len(new.planned_workers),
+        sample_bytes=int(new.samples * (n + l) * np.dtype(driver.dtype).itemsize),
+    )
+
+
+def _rows_from(
+    old: Plan,
+    address: str,
+    source: str,
+    point: Restore | None,
+    fallback: Checkpoint | StoredCheckpoint,
+) -> str:
+    """Where lost worker ``address``'s rows came from: ``buddy``, ``other column``, ``disk`` (a
+    checkpoint store), ``driver`` (a checkpoint held on the client) or ``initial`` (weights)."""
+    if source == "checkpoint":
+        if isinstance(fallback, StoredCheckpoint):
+            return "disk"
+        return "driver" if fallback.iteration else "initial"
+    index = list(old.workers or ()).index(address) if address in (old.workers or ()) else None
+    if point is None or index is None or index not in old.planned_workers:
+        return "other column"
+    return rows_source(point, old.rectangle(index).hidden)
+
+
+async def _restore_point(driver: Driver) -> Restore | None:
+    """The latest iteration whose rows the live workers hold between them (live shards, own and
+    buddy copies: :func:`~dask_rpm.engine.buddies.restore_point`), not before ``driver.floor``."""
+    alive = [a for i, a in enumerate(driver.addresses) if i not in driver.gone]
+    got = await driver.run_on(run_holdings, driver.run, workers=alive)
+    held = [
+        Holding(int(k), (int(rows[0]), int(rows[1])), a, kind)
+        for a, r in got.items()
+        if not isinstance(r, BaseException)
+        for k, rows, kind in r
+    ]
+    return restore_point(held, driver.plan.shape[1], driver.floor)
+
+
+async def restore(driver: Driver, new: Plan, point: Restore) -> RemapRecord:
+    """Switch to plan ``new`` at iteration ``point.iteration``: every worker of ``new`` builds its
+    shard of that iteration from the copies and live shards that hold it
+    (:func:`~dask_rpm.engine.tasks.t_restore`), then all switch together and training goes on
+    from there.
+    """
+    old, k = driver.plan, point.iteration
+    if new.workers is None:
+        new = new.with_workers(driver.addresses)
+    index = {a: i for i, a in enumerate(driver.addresses)}
+    changed = {
+        index[c.worker] if isinstance(c.worker, str) else int(c.worker)
+        for c in sample_changes(old, new)
+    }
+    driver.version += 1
+    futures, remote = [], 0
+    for w, lay in driver._layouts(new).items():
+        pieces = pieces_for(point, lay.rows, driver.addresses[w])
+        remote += sum(1 for p in pieces if p[2] != driver.addresses[w])
+        samples, data = await driver._samples(new, w) if w in changed else (None, None)
+        futures.append(
+            driver._submit(
+                t_restore,
+                driver.spec,
+                lay,
+                pieces,
+                samples,
+                data,
+                k,
+                key=driver._key("restore", driver.version, w),
+                worker=w,
+            )
+        )
+    holders = {h.holder for s in point.segments for h in s.holders[:1]}
+    driver._watch = {driver.addresses[w] for w in new.planned_workers} | holders
+    try:
+        fetched = await driver._wait_all(futures)
+    finally:
+        driver._watch = None
+    alive = [a for i, a in enumerate(driver.addresses) if i not in driver.gone]
+    # errors ignored: a worker that left meanwhile is found lost by the next block
+    await driver.run_on(run_commit, driver.run, driver.version, k, workers=alive)
+    driver.plan, driver.iteration = new, k
+    driver.log.forget_from(k)
+    await driver.client.scheduler.rpm_update(run=driver.run, info={"forget_from": k})
+    if driver.book is not None:
+        driver.book.rolled_back(k)
+    n, _, l = new.shape
+    itemsize = np.dtype(driver.dtype).itemsize
+    return remap_record(
+        k,
+        "whole",
+        bytes=int(sum(fetched)),
+        transfers=remote,
+        samples_reloaded=len(changed),
+        sample_bytes=int(sum(new.rectangle(w).n_samples for w in changed) * (n + l) * itemsize),
+    )
 
 
 async def recover(
@@ -146,10 +259,30 @@ async def recover(
             exc = WorkerLostError([*exc.workers, *again.workers], again.iteration)
     else:  # pragma: no cover - every attempt lost a worker
         raise exc
-    rec["replayed"] = max(failed_at - driver.iteration, 0)
+    # the loss was seen where the furthest worker got (the aborted block's iterations are lost too)
+    seen = max(failed_at, driver.reached)
+    driver.reached = 0
+    rec["replayed"] = max(seen - driver.iteration, 0)
     logger.warning(
-        f"iteration {failed_at}: {exc}; recovered from the {rec['recovered_from']} -> whole remap onto "
+        f"iteration {seen}: {exc}; recovered from the {rec['recovered_from']} -> whole remap onto "
         f"{len(driver.plan.planned_workers)} worker(s), {weight_bytes(rec)} in {rec['seconds']:.3f} s, "
-        f"continuing from iteration {driver.iteration}"
+        f"continuing from iteration {driver.iteration}{_fallback_note(driver, rec)}"
     )
     return rec
+
+
+def _fallback_note(driver: Driver, rec: RemapRecord) -> str:
+    """Why a run with buddy copies went back to a checkpoint (or to the start), and what to set."""
+    if driver.book is None or rec.get("recovered_from") != "checkpoint":
+        return ""
+    sources = set((rec.get("rows_from") or {}).values())
+    why = (
+        "; no buddy copy of the lost rows survived (a worker and the buddy that kept its copies "
+        "were lost together)"
+    )
+    if "initial" in sources and rec.get("replayed"):
+        return (
+            why + ", and no checkpoint was configured: the run restarted from iteration 0 "
+            "(checkpoint_every with checkpoint_dir, or rpm.checkpoint.*, keeps a disk copy)"
+        )
+    return why

@@ -27,14 +27,16 @@ from .layout import layout_layers
 from .records import BlockResult, BlockSpec, Layout, RunSpec
 from .samples import ColumnData, SampleSource
 from .store import StoreRows, file_digest, read_rows, write_mark, write_rows
-from .worker import PLUGIN_NAME, RunState, Shard, get_state
+from .worker import PLUGIN_NAME, RunState, Shard, get_state, held_rows
 
 __all__ = [
     "t_setup",
     "t_block",
     "t_stage",
     "t_gather",
+    "t_restore",
     "run_commit",
+    "run_holdings",
     "run_rollback",
     "run_revert",
     "run_abort",
@@ -120,8 +122,11 @@ def t_setup(
         # the user's data, not a failure of the task: returned, so the worker logs no "Compute
         # Failed" traceback, and the driver raises it as one line
         return exc
-    state = RunState(worker, layout, _shard(weights, layout, spec.recipe, be), column, spec)
+    shard = _shard(weights, layout, spec.recipe, be)
+    state = RunState(worker, layout, shard, column, spec)
     state.iteration = iteration
+    state.copies = plugin.keeper(layout.run, shard.layers)
+    state.copies.drop_after(iteration)  # copies of later iterations are of a past run over
     old = plugin.runs.get(layout.run)
     if old is not None:  # a recovery from a checkpoint: keep the epoch floor
         state.mailbox.epoch = old.mailbox.epoch
@@ -171,39 +176,112 @@ def t_stage(
     stage task is done and the new shards are committed). Optimizer state
     travels with its rows. ``samples`` is None when the sample range is unchanged.
     """
-    from .._distributed import sync  # here, as get_worker above: only tasks on a worker use it
-
     worker = _worker()
-    plugin = worker.plugins[PLUGIN_NAME]
-    run, dtype = spec.run, spec.dtype
-    state = plugin.runs.get(run)
-    layers, rows = _layers(layout, spec.recipe), layout.rows
-    params = layers.zeros(rows, dtype)
-    opt_state = {slot: layers.zeros(rows, dtype) for slot in spec.recipe.optimizer.slots}
+    state = worker.plugins[PLUGIN_NAME].runs.get(spec.run)
 
     async def fetch(a: int, b: int, src: str) -> dict[str, Any]:
-        return await worker.rpc(src).rpm_rows(run=run, a=a, b=b)
+        return await worker.rpc(src).rpm_rows(run=spec.run, a=a, b=b)
 
-    def unwrap(v: Any) -> np.ndarray:
-        return getattr(v, "data", v)  # inproc transport: still wrapped
+    def get(a: int, b: int, src: str | None) -> Any:
+        return state.shard.rows(a, b) if src is None else _sync(worker, fetch, a, b, src)
 
-    for a, b, src in pieces:
-        got = state.shard.rows(a, b) if src is None else sync(worker.loop, fetch, a, b, src)
-        layers.put(params, [unwrap(p) for p in got["params"]], (a, b), rows[0])
+    shard = _assemble(worker, spec, layout, [(a, b, (a, b, src)) for a, b, src in pieces], get)
+    _stage(worker, spec, layout, shard, samples, data, iteration)
+    return layout.worker
+
+
+def t_restore(
+    spec: RunSpec,
+    layout: Layout,
+    pieces: list[tuple[int, int, str, str]],
+    samples: SampleSource | None,
+    data: Any,
+    iteration: int,
+) -> int:
+    """Build this worker's shard of a new plan at iteration ``iteration`` from what the live
+    workers hold of it: buddy copies, own copies, live shards (a recovery,
+    :func:`dask_rpm.engine.recovery.rebalance`); returns the bytes fetched from other workers.
+
+    ``pieces`` are ``(a, b, holder, kind)`` covering the new rows in order
+    (:func:`dask_rpm.engine.buddies.pieces_for`); a piece this worker holds is read here, the
+    others through ``rpm_copy`` on their holder. Staged like :func:`t_stage`'s shard, switched
+    to by :func:`run_commit`.
+    """
+    worker = _worker()
+    plugin = worker.plugins[PLUGIN_NAME]
+    fetched = 0
+
+    async def fetch(a: int, b: int, holder: str, kind: str) -> dict[str, Any]:
+        return await worker.rpc(holder).rpm_copy(
+            run=spec.run, iteration=iteration, a=a, b=b, kind=kind
+        )
+
+    def get(a: int, b: int, holder: str, kind: str) -> Any:
+        nonlocal fetched
+        if holder == worker.address:
+            return held_rows(plugin, spec.run, iteration, a, b, kind)
+        got = _sync(worker, fetch, a, b, holder, kind)
+        fetched += sum(np.asarray(_unwrap(p)).nbytes for p in got["params"])
+        fetched += sum(np.asarray(_unwrap(p)).nbytes for v in got["state"].values() for p in v)
+        return got
+
+    shard = _assemble(worker, spec, layout, [(a, b, (a, b, h, k)) for a, b, h, k in pieces], get)
+    _stage(worker, spec, layout, shard, samples, data, iteration)
+    return int(fetched)
+
+
+def _sync(worker: Any, fn: Any, *args: Any) -> Any:
+    from .._distributed import sync  # here, as get_worker above: only tasks on a worker use it
+
+    return sync(worker.loop, fn, *args)
+
+
+def _unwrap(v: Any) -> Any:
+    return getattr(v, "data", v)  # inproc transport: still wrapped
+
+
+def _assemble(
+    worker: Any, spec: RunSpec, layout: Layout, pieces: list[tuple[int, int, tuple]], get: Any
+) -> Shard:
+    """The shard of ``layout``'s rows from ``pieces`` (``(a, b, args)``: ``get(*args)`` gives
+    rows ``[a, b)`` as :func:`~dask_rpm.engine.worker.rows_of` does)."""
+    plugin = worker.plugins[PLUGIN_NAME]
+    layers, rows = _layers(layout, spec.recipe), layout.rows
+    params = layers.zeros(rows, spec.dtype)
+    opt_state = {slot: layers.zeros(rows, spec.dtype) for slot in spec.recipe.optimizer.slots}
+    for a, b, args in pieces:
+        got = get(*args)
+        layers.put(params, [_unwrap(p) for p in got["params"]], (a, b), rows[0])
         for slot, arrays in got["state"].items():
-            layers.put(opt_state[slot], [unwrap(p) for p in arrays], (a, b), rows[0])
-    be = _backend(spec.placement)
+            layers.put(opt_state[slot], [_unwrap(p) for p in arrays], (a, b), rows[0])
+    plugin.keeper(spec.run, layers)
+    return Shard(layers, rows[0], params, opt_state, _backend(spec.placement))
+
+
+def _stage(
+    worker: Any,
+    spec: RunSpec,
+    layout: Layout,
+    shard: Shard,
+    samples: SampleSource | None,
+    data: Any,
+    iteration: int,
+) -> None:
+    """Stage ``shard`` with the column's samples (the current ones when ``samples`` is None)
+    under the plan's version; a worker new to the run gets its state."""
+    plugin = worker.plugins[PLUGIN_NAME]
+    run = spec.run
+    state = plugin.runs.get(run)
     if samples is None:
         column = state.data
     else:
-        column = _column(samples, data, layout, spec, be)
+        column = _column(samples, data, layout, spec, shard.backend)
         column.load(iteration)
-    shard = Shard(layers, rows[0], params, opt_state, be)
     if state is None:  # a worker new to the run: nothing reads its state before the commit
         state = plugin.runs[run] = RunState(worker, layout, shard, column, spec)
         state.iteration = iteration
+        state.copies = plugin.keeper(run)
     state.staged[layout.version] = (layout, shard, column)
-    return layout.worker
 
 
 def t_gather(run: str) -> tuple[list[np.ndarray], int, dict[str, list[np.ndarray]]]:
@@ -226,17 +304,34 @@ def _plugin(dask_worker: Any) -> Any:
 def run_commit(run: str, version: int, iteration: int, dask_worker: Any = None) -> bool:
     """Switch to the staged shard of plan ``version`` (or drop the run if this worker has none)."""
     plugin = _plugin(dask_worker)
+    keeper = plugin.copies.get(run)
+    if keeper is not None:  # a recovery went back to `iteration`: later copies are of the past
+        keeper.drop_after(iteration)
     state: RunState | None = plugin.runs.get(run)
     if state is None:
         return False
     staged = state.staged.pop(version, None)
     state.staged.clear()
     if staged is None:
-        plugin.runs.pop(run).close()  # not in the new plan
+        plugin.runs.pop(
+            run
+        ).close()  # not in the new plan (its copies stay: a recovery may need them)
         return False
     state.layout, state.shard, state.data = staged
     state.iteration = iteration
     return True
+
+
+def run_holdings(run: str, dask_worker: Any = None) -> list[tuple[int, tuple[int, int], str]]:
+    """What this worker holds of ``run`` for a recovery: ``(iteration, rows, kind)`` of its live
+    shard (``current``) and of its buddy copies (``own``, ``buddy``)."""
+    plugin = _plugin(dask_worker)
+    keeper = plugin.copies.get(run)
+    out = keeper.holdings() if keeper is not None else []
+    state = plugin.runs.get(run)
+    if state is not None and state.shard.finite:
+        out.append((state.iteration, tuple(state.layout.rows), "current"))
+    return out
 
 
 def run_rollback(run: str, first: int, dask_worker: Any = None) -> int | None:
@@ -278,6 +373,9 @@ def run_abort(run: str, epoch: int, reason: str, dask_worker: Any = None) -> boo
 def run_clear(run: str, dask_worker: Any = None) -> int:
     """Forget ``run`` on this worker."""
     plugin = _plugin(dask_worker)
+    keeper = plugin.copies.pop(run, None)
+    if keeper is not None:
+        keeper.close()
     state = plugin.runs.pop(run, None)
     if state is None:
         return 0

@@ -42,6 +42,7 @@ from ..nn.optim import Optimizer, step
 from ..nn.workspaces import workspace
 from ..runtime import threads
 from ..runtime.hooks import worker_hooks
+from .copies import CopyKeeper
 from .records import Layout, RunSpec
 from .samples import ColumnData
 
@@ -236,6 +237,8 @@ class RunState:
         self.mailbox = Mailbox(layout.run, layout.worker, layout.address, self._post)
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self.busy = asyncio.Lock()  # one block at a time
+        # the run's buddy copies on this worker (the plugin's: they outlive this state)
+        self.copies: CopyKeeper | None = None
 
     # ----------------------------------------------------------- compute
     def kernels(self) -> Workspace:
@@ -305,20 +308,48 @@ class RPMEnginePlugin(WorkerPlugin):
 
     def __init__(self) -> None:
         self.runs: dict[str, RunState] = {}
+        # each run's buddy copies (dask_rpm.engine.copies): kept while the worker holds no rows too
+        self.copies: dict[str, CopyKeeper] = {}
         self.worker: Any = None
         self.deadline: float | None = None  # when the worker's Dask lifetime ends (time.time())
 
     def setup(self, worker: Any) -> None:
         self.worker = worker
         self.runs = {}
+        self.copies = {}
         self.deadline = lifetime_deadline(worker)
         worker.handlers["rpm_put"] = self.put
         worker.handlers["rpm_rows"] = self.rows
+        worker.handlers["rpm_keep"] = self.keep
+        worker.handlers["rpm_copy"] = self.copy
 
     def teardown(self, worker: Any) -> None:
         for state in self.runs.values():
             state.close()
         self.runs.clear()
+        for keeper in self.copies.values():
+            keeper.close()
+        self.copies.clear()
+
+    def keeper(self, run: str, layers: Any = None) -> CopyKeeper:
+        """``run``'s :class:`~dask_rpm.engine.copies.CopyKeeper` here (made on first use), its
+        transport Dask's worker-to-worker RPC."""
+        keeper = self.copies.get(run)
+        if keeper is None:
+            worker = self.worker
+
+            async def send(address: str, message: dict[str, Any]) -> None:
+                wrapped = {
+                    **message,
+                    "params": [to_serialize(p) for p in message["params"]],
+                    "state": {k: [to_serialize(a) for a in v] for k, v in message["state"].items()},
+                }
+                await worker.rpc(address).rpm_keep(run=run, **wrapped)
+
+            keeper = self.copies[run] = CopyKeeper(worker.address, send)
+        if layers is not None:
+            keeper.layers = layers
+        return keeper
 
     # ----------------------------------------------------------- handlers
     def put(
@@ -329,6 +360,28 @@ class RPMEnginePlugin(WorkerPlugin):
             state.mailbox.deliver(
                 epoch, iteration, phase, sender, tuple(unpack(p) for p in payload)
             )
+
+    def keep(
+        self, run: str, sender: str, iteration: int, rows: Any, params: Any, state: Any
+    ) -> bool:
+        """A buddy copy from ``sender`` (:meth:`CopyKeeper.receive <dask_rpm.engine.copies.CopyKeeper.receive>`)."""
+        self.keeper(run).receive(
+            sender,
+            iteration,
+            rows,
+            [_unwrap(p) for p in params],
+            {k: [_unwrap(a) for a in v] for k, v in state.items()},
+        )
+        return True
+
+    def copy(self, run: str, iteration: int, a: int, b: int, kind: str) -> dict[str, Any]:
+        """Rows ``[a, b)`` of iteration ``iteration`` for a recovery: of this worker's live shard
+        (``current``), of its own copy (``own``) or of a copy it keeps for a buddy (``buddy``)."""
+        out = held_rows(self, run, iteration, a, b, kind)
+        return {
+            "params": [to_serialize(p) for p in out["params"]],
+            "state": {k: [to_serialize(p) for p in v] for k, v in out["state"].items()},
+        }
 
     def rows(self, run: str, a: int, b: int) -> dict[str, Any]:
         """Hidden rows ``[a, b)`` (global numbering) of this worker's current shard, for a remap."""
@@ -343,6 +396,28 @@ class RPMEnginePlugin(WorkerPlugin):
             "params": [to_serialize(p) for p in out["params"]],
             "state": {k: [to_serialize(p) for p in v] for k, v in out["state"].items()},
         }
+
+
+def _unwrap(v: Any) -> np.ndarray:
+    """An array as received: the inproc transport leaves it wrapped for serialisation."""
+    return v if isinstance(v, np.ndarray) else np.asarray(getattr(v, "data", v))
+
+
+def held_rows(
+    plugin: RPMEnginePlugin, run: str, iteration: int, a: int, b: int, kind: str
+) -> dict[str, Any]:
+    """Rows ``[a, b)`` of iteration ``iteration`` this worker holds as ``kind`` (``current``: its
+    live shard, at that iteration; ``own`` / ``buddy``: a copy), as :func:`rows_of` gives them."""
+    if kind != "current":
+        return plugin.keeper(run).rows(iteration, a, b, kind)
+    state = plugin.runs.get(run)
+    if state is None or state.iteration != iteration:
+        at = None if state is None else state.iteration
+        raise KeyError(f"run {run!r} is at iteration {at} on this worker, not {iteration}")
+    m0, m1 = state.layout.rows
+    if not (m0 <= a < b <= m1):
+        raise ValueError(f"rows [{a}, {b}) are not within this worker's rows [{m0}, {m1})")
+    return state.shard.rows(a, b)
 
 
 def lifetime_deadline(worker: Any) -> float | None:
