@@ -256,17 +256,13 @@ async def run_block(
     records: list[TimingRecord] = []
     errors: dict[int, float] = {}
     status, message = "ok", ""
-    copies, buddy = state.copies, _buddy(spec, lay.worker)
-    if copies is not None:
-        copies.keep_from(spec.keep_from)
+    copy = _copier(state, spec)
     try:
         for it in range(spec.first, spec.first + spec.count):
             mailbox.check_abort(spec.epoch)
             # last iteration's messages are out: buffers are free
             await mailbox.flush(spec.receive_timeout, spec.epoch)
-            if copies is not None and copies.due(it, spec.copy_every, lay.version):
-                # every worker at the same boundary: the copies of `it` fit together
-                copies.take(it, lay.version, lay.rows, shard, buddy)
+            copy(it)
             if not data.ready(it):  # a new epoch of mini-batches: this column's rows of it
                 await state.compute(False, data.load, it)  # (off the event loop)
             x, d = data.batch(it)
@@ -311,18 +307,24 @@ async def run_block(
     except PeerError as exc:
         status, message = "failed", str(exc)
     reporter.flush()
+    report = state.copies.report() if state.copies is not None else None
     return BlockResult(
-        lay.worker,
-        status,
-        state.iteration,
-        errors,
-        records,
-        shard.finite,
-        message,
-        copies=copies.report() if copies is not None else None,
+        lay.worker, status, state.iteration, errors, records, shard.finite, message, copies=report
     )
 
 
-def _buddy(spec: BlockSpec, worker: int) -> str | None:
-    """Who keeps this worker's buddy copies in this block (None: no one)."""
-    return spec.buddies[worker] if worker < len(spec.buddies) else None
+def _copier(state: Any, spec: BlockSpec) -> Any:
+    """``copy(it)``: this worker's buddy copy before iteration ``it`` where one is due
+    (:mod:`dask_rpm.engine.copies`); every worker copies at the same iterations, so the copies
+    of an iteration fit together."""
+    copies, lay = state.copies, state.layout
+    if copies is None or not spec.copy_every:
+        return lambda it: None
+    copies.keep_from(spec.keep_from)
+    buddy = spec.buddies[lay.worker] if lay.worker < len(spec.buddies) else None
+
+    def copy(it: int) -> None:
+        if copies.due(it, spec.copy_every, lay.version):
+            copies.take(it, lay.version, lay.rows, state.shard, buddy)
+
+    return copy
