@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 
+import dask.config
 import numpy as np
 import pytest
 from distributed import Client, LocalCluster
@@ -245,17 +246,19 @@ def test_optimizer_state_survives_a_worker_loss(layout, sigkill_after):
     ):
         victim = ordered_workers(client.scheduler_info())[1]
         killer = sigkill_after(client, victim, at=15)
-        r = fit(
-            x,
-            d,
-            mapping=plan,
-            client=client,
-            interval=5,
-            checkpoint_every=10,
-            callback=killer,
-            progress="none",
-            **kw,
-        )
+        # one column: the checkpoint path a run without buddy copies takes (tests/test_buddies.py has them)
+        with dask.config.set({"rpm.resilience.buddies": layout == "two-columns"}):
+            r = fit(
+                x,
+                d,
+                mapping=plan,
+                client=client,
+                interval=5,
+                checkpoint_every=10,
+                callback=killer,
+                progress="none",
+                **kw,
+            )
     assert killer.fired
     (rec,) = [rec for rec in r.remaps if rec.get("lost")]
     assert rec["recovered_from"] == ("columns" if layout == "two-columns" else "checkpoint")
