@@ -372,6 +372,8 @@ def _public_members(cls: type) -> list[tuple[str, Any]]:
             continue
         if isinstance(member, (staticmethod, classmethod)):
             member = member.__func__
+        if type(member).__name__ == "_AvailableIfDescriptor":  # scikit-learn's available_if
+            member = member.fn
         if (
             isinstance(member, property)
             or callable(member)

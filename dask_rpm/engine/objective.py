@@ -198,7 +198,6 @@ class ClusterObjective:
             mapping=mapping, abilities=abilities, progress=False, backend=backend, device=device
         )
         self.driver: _EvaluationDriver | None = None
-        self.samples = int(x.shape[0])
         self.evaluations = 0
 
     async def _setup(self) -> None:
@@ -226,6 +225,7 @@ class ClusterObjective:
             engine=engine,
         )
         self.alpha, self.net = data.recipe.alpha, data.recipe.net
+        self.divisor = float(data.recipe.divisor(0))  # the full batch's: the samples
         await self.driver.install(plan, Checkpoint(0, data.params0))
 
     def __enter__(self) -> ClusterObjective:
@@ -258,4 +258,4 @@ class ClusterObjective:
     def __call__(self, params: Sequence[np.ndarray]) -> tuple[float, list[np.ndarray]]:
         """The mean loss with the penalty at ``params`` and its gradient (:func:`mean_objective`)."""
         error, sums = self.sums(params)
-        return mean_objective(params, error, sums, self.samples, self.alpha, self.net)
+        return mean_objective(params, error, sums, self.divisor, self.alpha, self.net)

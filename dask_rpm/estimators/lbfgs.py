@@ -171,7 +171,8 @@ def fit(
             job.params0,
             rec.net,
             rec.alpha,
-            rec.loss_scale(d.shape[1]),
+            rec.loss_scale(job.layers.l),
+            rec.divisor(0),  # the full batch's: the samples
             backend=resolve(cluster.get("backend"), cluster.get("device")),
         )
     else:

@@ -31,20 +31,22 @@ def mean_objective(
     params: Sequence[np.ndarray],
     error: float,
     sums: list[np.ndarray],
-    samples: int,
+    divisor: Any,
     alpha: float,
     net: Network,
 ) -> tuple[float, list[np.ndarray]]:
     """scikit-learn's lbfgs objective and gradient from one full-batch iteration's ``error``
     (the summed loss plus ``0.5 alpha sum W^2``) and summed gradient ``sums`` (overwritten):
-    ``error / samples`` and ``(sums + alpha W) / samples``, ``alpha W`` on the weights only.
+    ``error / divisor`` and ``(sums + alpha W) / divisor``, ``alpha W`` on the weights only.
 
-    ``params`` are the augmented parameters ``W_1 .. W_L, V`` the iteration ran on.
+    ``params`` are the augmented parameters ``W_1 .. W_L, V`` the iteration ran on;
+    ``divisor`` is what scikit-learn divides by, the samples
+    (:meth:`Recipe.divisor <dask_rpm.nn.recipe.Recipe.divisor>` of the full batch).
     """
     layers = layers_of_params(params)
     biases = layers.bias_columns((0, layers.m), net.bias)
-    mean_gradient(params, sums, samples, alpha, biases)
-    return error / samples, sums
+    mean_gradient(params, sums, divisor, alpha, biases)
+    return error / divisor, sums
 
 
 class SerialObjective:
@@ -66,6 +68,8 @@ class SerialObjective:
     loss_scale : float
         Factor on the squared loss (:meth:`dask_rpm.nn.recipe.Recipe.loss_scale`: ``1 / l`` is
         scikit-learn's mean over the outputs).
+    divisor : float, optional
+        What the objective is divided by (:func:`mean_objective`; default the samples).
     backend : Backend, optional
         Where the data, the weights and the kernels' buffers live (default numpy).
     """
@@ -78,15 +82,16 @@ class SerialObjective:
         net: Network,
         alpha: float = 0.0,
         loss_scale: float = 1.0,
+        divisor: float | None = None,
         backend: Backend | None = None,
     ) -> None:
         self.backend = backend or NUMPY
         be = self.backend
         self.x, self.d = be.asarray(x), be.asarray(d)
-        self.samples = int(x.shape[0])
+        self.divisor = float(x.shape[0] if divisor is None else divisor)
         self.net, self.alpha = net, float(alpha)
         self.params = [be.copy_of(p) for p in params]  # the weights of each evaluation, copied in
-        self.ws = whole_workspace(self.samples, self.params, net, loss_scale, backend=be)
+        self.ws = whole_workspace(int(x.shape[0]), self.params, net, loss_scale, backend=be)
         layers = layers_of_params(self.params)
         self.biases = layers.bias_columns((0, layers.m), net.bias)
 
@@ -105,7 +110,7 @@ class SerialObjective:
     def __call__(self, params: Sequence[np.ndarray]) -> tuple[float, list[np.ndarray]]:
         """The mean loss with the penalty at ``params`` and its gradient (:func:`mean_objective`)."""
         error, sums = self.sums(params)
-        return mean_objective(params, error, sums, self.samples, self.alpha, self.net)
+        return mean_objective(params, error, sums, self.divisor, self.alpha, self.net)
 
     def close(self) -> None:
         """Nothing to release in this process (:class:`dask_rpm.engine.objective.ClusterObjective`
