@@ -349,3 +349,30 @@ def test_a_worker_and_its_buddy_lost_together_fall_back_with_a_clear_message(clu
     assert "restarted from iteration 0" in caplog.text and "buddy" in caplog.text
     assert r.stats["recomputed_iterations"] >= 12
     _assert_serial(r, x, d, 9, 0.05, 30)
+
+
+@pytest.mark.slow
+def test_a_cnn_s_channels_come_back_from_the_buddy(cluster3, sigkill_after):
+    """A CNN whose every stage's channels are cut by one column of three (Adam): a killed worker's
+    channels and their moments come from its buddy's copy; the result equals fit_serial's."""
+    pytest.importorskip("torch")
+    from test_cnn import KW, S, _plans, assert_equal, lenet_like, problem, serial
+
+    _, client = cluster3
+    x, y = problem(7)
+    net = lenet_like(7)
+    kw = dict(KW, iterations=24)
+    ref = serial(x, y, net, kw)
+    plan = _plans(ref.recipe.layers)["one-column"]
+    assert plan.n_columns == 1 and plan.samples == S
+    victim = ordered_workers(client.scheduler_info())[2]
+    killer = sigkill_after(client, victim, at=10)
+    with dask.config.set({"rpm.resilience.every": 3}):
+        r = fit(
+            x, y, network=net, mapping=plan, client=client, interval=5, callback=killer,
+            progress="none", **kw,
+        )  # fmt: skip
+    (rec,) = [rec for rec in r.remaps if rec.get("lost")]
+    assert rec["recovered_from"] == "buddy" and rec["rows_from"] == {victim: "buddy"}
+    assert rec["replayed"] <= 6 and r.stats["buddies"]["every"] == 3
+    assert_equal(r, ref)
