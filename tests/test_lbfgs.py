@@ -248,3 +248,30 @@ def test_max_iter_max_fun_and_tol_stop_where_scikit_learns_do(params):
         assert ours.n_iter_ <= params["max_fun"]
     if "tol" in params:
         assert ours.n_iter_ < params["max_iter"]
+
+
+def test_a_worker_lost_between_evaluations_costs_a_remap_and_the_same_value():
+    # its own cluster: the module's keeps its three workers
+    rng = np.random.default_rng(0)
+    X, Y = rng.standard_normal((150, 4)), np.eye(3)[rng.integers(0, 3, 150)]
+    net = Network("tanh", "cross-entropy", "softmax", True)
+    weights = [rng.uniform(-0.5, 0.5, (40, 4)), rng.uniform(-0.5, 0.5, (3, 40))]
+    biases = [rng.uniform(-0.5, 0.5, 40), rng.uniform(-0.5, 0.5, 3)]
+    params = net.join_params(weights, biases)
+    serial = SerialObjective(net.augment(X), Y, params, net, 0.1)
+    with (
+        dask_rpm.local_cluster(SPEEDS, processes=False) as cluster,
+        Client(cluster, set_as_default=False) as c,
+        ClusterObjective(
+            c, X, Y, _objective_options(net, params, 0.1), mapping="srpm", abilities=SPEEDS
+        ) as objective,
+    ):
+        assert sorted(len(col) for col in objective.plan.columns) == [1, 2]
+        victim = objective.driver.addresses[objective.plan.columns[0][0]]
+        c.retire_workers([victim])
+        loss, grads = objective(params)  # on the two workers left
+        assert len(objective.plan.planned_workers) == 2
+    want_loss, want_grads = serial(params)
+    assert loss == pytest.approx(want_loss, rel=1e-12)
+    for g, w in zip(grads, want_grads):
+        np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12 * np.abs(w).max())
