@@ -298,7 +298,9 @@ class EpochRuleCallback(TrainingCallback):
         if info.status not in ("ok", "target") or done % self.per_epoch or done <= self.last:
             return None
         self.last = done
-        total = epoch_error(info.driver.log.error(it) for it in range(done - self.per_epoch, done))
+        # (each iteration's error times the recipe's scale: 1, or a weighted batch's size / weight sum)
+        scale, error = info.driver.recipe.error_scale, info.driver.log.error
+        total = epoch_error(error(it) * scale(it) for it in range(done - self.per_epoch, done))
         if self.rule.needs_weights:
             decision = self.rule.end_epoch(total, await info.driver.gather())
         else:

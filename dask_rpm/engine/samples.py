@@ -19,6 +19,12 @@ How samples reach the workers
 
 Either way the rows of one iteration are a contiguous slice of an array the
 worker already holds, so an iteration copies no samples.
+
+Sparse inputs (scipy CSR, :mod:`dask_rpm.nn.sparse`) stay sparse on the way: the driver's
+column slices and the copies of the training set are CSR rows, and a numpy worker keeps its
+rows as CSR, its first layer multiplying them as they are; a torch or cupy worker densifies
+its rows once per load, since its products take dense operands. Sample weights ride in the
+targets' last column (:mod:`dask_rpm.nn.network`): they reach a column with its samples.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ..nn import sparse
 from ..nn.backend import NUMPY, Backend
 from ..nn.batches import BatchSchedule
 from ..nn.data import load_rows, load_slice
@@ -101,12 +108,15 @@ class ColumnData:
 
     @property
     def nbytes(self) -> int:
-        return 0 if self._x is None else int(self._x.nbytes + self._d.nbytes)  # type: ignore[union-attr]
+        if self._x is None or self._d is None:
+            return 0
+        return sparse.nbytes(self._x) + int(self._d.nbytes)
 
     def _take(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         src = self.source
         if src.kind == "arrays":
-            return np.asarray(src.x)[idx], np.asarray(src.d)[idx]
+            x = sparse.take(src.x, idx) if sparse.issparse(src.x) else np.asarray(src.x)[idx]
+            return x, np.asarray(src.d)[idx]
         if src.kind == "file":
             rows = idx if src.rows is None else np.asarray(src.rows)[idx]
             return load_rows(src.path, rows, self.dtype)  # type: ignore[arg-type]
@@ -115,10 +125,11 @@ class ColumnData:
     def _load_full(self) -> None:
         src = self.source
         a, b = self.cut
+        xs = src.x if sparse.issparse(src.x) else np.asarray(src.x)
         if src.kind == "slice":
-            x, d = np.asarray(src.x), np.asarray(src.d)
+            x, d = xs, np.asarray(src.d)
         elif src.kind == "arrays":
-            x, d = np.asarray(src.x)[a:b], np.asarray(src.d)[a:b]
+            x, d = xs[a:b], np.asarray(src.d)[a:b]
         elif src.rows is None:
             x, d = load_slice(src.path, a, b, self.dtype)  # type: ignore[arg-type]
         else:
@@ -129,7 +140,10 @@ class ColumnData:
     def _set(self, x: np.ndarray, d: np.ndarray) -> None:
         # on the worker's backend once per load: every iteration's batch is a view of these
         be = self.backend
-        self._x = be.asarray(self.net.augment(np.ascontiguousarray(x, dtype=self.dtype)))
+        if sparse.issparse(x):
+            self._x = sparse.placed(be, self.net.augment(sparse.as_csr(x, self.dtype)))
+        else:
+            self._x = be.asarray(self.net.augment(np.ascontiguousarray(x, dtype=self.dtype)))
         self._d = be.asarray(np.ascontiguousarray(d, dtype=self.dtype))
 
     def ready(self, iteration: int) -> bool:

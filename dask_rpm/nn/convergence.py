@@ -148,13 +148,21 @@ class ConvergenceRule:
         what = "Validation score" if self.score is not None else "Training loss"
         msg = (
             f"{what} did not improve more than tol={self.tol:f} for "
-            f"{self.n_iter_no_change} consecutive epochs"
+            f"{self.n_iter_no_change} consecutive epochs."
         )
-        if self.solver == "sgd" and self.schedule == "adaptive" and self.lr > 1e-6:
+        adaptive = self.solver == "sgd" and self.schedule == "adaptive"
+        if adaptive and self.lr > 1e-6:
             self.lr /= 5.0
             self.no_improvement = 0
+            self._say(f"{msg} Setting learning rate to {self.lr:f}")
             return EpochDecision(None, self.lr)
+        self._say(f"{msg} Learning rate too small. Stopping." if adaptive else f"{msg} Stopping.")
         return EpochDecision(msg, self.lr)
+
+    def _say(self, line: str) -> None:
+        """One of scikit-learn's lines on stdout, with ``verbose``."""
+        if self.verbose:
+            print(line)
 
     def state(self) -> dict[str, Any]:
         """The bookkeeping a warm-started ``fit`` continues from."""

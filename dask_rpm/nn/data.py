@@ -21,6 +21,7 @@ import numpy as np
 
 from .. import config
 from .._files import atomic_write
+from . import sparse
 from .errors import DataError
 from .kernels import init_params
 from .layers import Layers
@@ -113,6 +114,10 @@ def first_non_finite(name: str, arr: np.ndarray, offset: int = 0) -> str | None:
     ``offset`` is the index of ``arr``'s first row in the whole data set, so a
     worker holding a slice reports the sample index the user knows.
     """
+    if sparse.issparse(arr):  # its stored values; the implicit zeros are finite
+        if sparse.all_finite(arr):
+            return None
+        arr = sparse.dense_on(arr, arr.dtype)  # (only to say where the first bad value is)
     finite = np.isfinite(arr)
     if finite.all():
         return None

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from . import backend as xb
+from . import sparse
 from .backend import NUMPY, Backend
 from .cnn import cnn_work, is_conv
 from .layers import Layers, layers_of_params
@@ -213,6 +214,9 @@ class Workspace:
         self._h = empty((s, l), dt)
         self._diff = empty((s, l), dt)
         self._delta2 = empty((s, l), dt)
+        if self.net.weighted:  # the targets and the weights, apart (Network: the last column)
+            self._target = empty((s, l), dt)
+            self._weight = empty((s, 1), dt)
         self.grads = [empty(shape, dt) for shape in layers.shapes([(0, u) for u in units])]
         self.rows = s
 
@@ -291,7 +295,7 @@ class Workspace:
             self._sigmoid(a)
         elif act == "tanh":
             self.xp.tanh(a, out=a)
-        else:  # relu
+        elif act == "relu":
             xb.relu_(a)
         if bias_row is not None:
             a[:, bias_row] = 1.0
@@ -302,7 +306,10 @@ class Workspace:
         if k == 0:
             self.use(inp.shape[0])
         f = self.local(k)
-        self.xp.matmul(inp, params[k].T, out=f)
+        if sparse.issparse(inp):  # the first layer's input, CSR (dask_rpm.nn.sparse)
+            f[...] = inp @ params[k].T
+        else:
+            self.xp.matmul(inp, params[k].T, out=f)
         self._activate(f, self.bias_rows[k])
         return f
 
@@ -331,11 +338,26 @@ class Workspace:
             h -= xb.row_max(h)
             xb.namespace(h).exp(h, out=h)
             h /= xb.row_sum(h)
+        elif out == "exp":
+            with xb.errstate(h):
+                xb.namespace(h).exp(h, out=h)
         return h
 
+    def _split_targets(self, d: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """The targets and, for a weighted network, the ``(s, 1)`` column of sample weights
+        (copied apart from the targets' last column: :mod:`~dask_rpm.nn.network`)."""
+        if not self.net.weighted:
+            return d, None
+        target, weight = self._target[: self.rows], self._weight[: self.rows]
+        xb.copyto(target, d[:, :-1])
+        xb.copyto(weight, d[:, -1:])
+        return target, weight
+
     def output_delta(self, u: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, float]:
-        """Output deltas (``self.delta2``) and the loss of the summed pre-activation ``u``."""
+        """Output deltas (``self.delta2``) and the loss of the summed pre-activation ``u``; with
+        sample weights each sample's delta and loss times its weight (scikit-learn's)."""
         h, diff, delta2, xp = self.h, self.diff, self.delta2, self.xp
+        d, w = self._split_targets(d)
         out = self.net.output
         xb.copyto(h, u)
         if out == "softmax":
@@ -345,26 +367,56 @@ class Workspace:
             z = xb.row_sum(diff)
             xp.log(z, out=z)
             h -= z  # log softmax(u)
-            err = -xb.vdot(d, h)
+            if w is not None:
+                xp.multiply(h, w, out=diff)
+            err = -xb.vdot(d, h if w is None else diff)
             xp.exp(h, out=h)
             xp.subtract(h, d, out=delta2)
-            return delta2, err
+            return _weigh(delta2, w), err
+        if out == "exp":
+            return self._poisson(h, d, w)
         if out == "sigmoid":
             self._sigmoid(h)
             if self.net.loss == "cross-entropy":
                 xp.subtract(h, d, out=delta2)  # the log loss's delta through a sigmoid
-                return delta2, binary_log_loss(h, d, diff)
+                return _weigh(delta2, w), binary_log_loss(h, d, diff, w)
         xp.subtract(h, d, out=diff)
-        err = 0.5 * xb.vdot(diff, diff)
-        if self.loss_scale != 1.0:
-            err *= self.loss_scale
         if out == "linear":
             xb.copyto(delta2, diff)
-            return delta2, err
-        xp.multiply(diff, h, out=delta2)
-        xp.subtract(1.0, h, out=h)
-        delta2 *= h
-        return delta2, err
+        else:
+            xp.multiply(diff, h, out=delta2)
+            xp.subtract(1.0, h, out=h)
+            delta2 *= h
+        if w is None:
+            err = 0.5 * xb.vdot(diff, diff)
+        else:  # h is free now: the weighted differences
+            xp.multiply(diff, w, out=h)
+            err = 0.5 * xb.vdot(h, diff)
+        if self.loss_scale != 1.0:
+            err *= self.loss_scale
+        return _weigh(delta2, w), err
+
+    def _poisson(
+        self, h: np.ndarray, d: np.ndarray, w: np.ndarray | None
+    ) -> tuple[np.ndarray, float]:
+        """The Poisson loss's deltas ``h - d`` (``h = exp(u)``, the canonical link) and its
+        half deviance ``sum [d log(d / h) - d + h]`` (0 log 0 = 0), as scikit-learn's
+        ``poisson_loss`` sums it."""
+        xp, diff, delta2 = self.xp, self.diff, self.delta2
+        with xb.errstate(h):
+            xp.exp(h, out=h)
+            xp.divide(d, h, out=diff)
+        # log(d / h) where d > 0; 1 (log 1 = 0) where d = 0, whose term d log(d / h) is 0
+        diff[...] = xp.where(d > 0, diff, 1.0)
+        xp.log(diff, out=diff)
+        diff *= d
+        diff -= d
+        diff += h
+        if w is not None:
+            diff *= w
+        err = float(diff.sum())
+        xp.subtract(h, d, out=delta2)
+        return _weigh(delta2, w), err
 
     def output_backward(self, params: Sequence[np.ndarray], delta2: np.ndarray) -> np.ndarray:
         """``V``'s update sum (into ``self.grads[-1]``); the last layer's deltas before the
@@ -390,12 +442,16 @@ class Workspace:
         elif act == "tanh":
             xp.multiply(f, f, out=f)
             xp.subtract(1.0, f, out=f)
-        else:  # relu: 1 where the unit is active
+        elif act == "relu":  # 1 where the unit is active
             xb.positive_(f)
-        d *= f
+        if act != "identity":  # (identity: the derivative is 1)
+            d *= f
         if self.bias_rows[k] is not None:
             d[:, self.bias_rows[k]] = 0.0
-        xp.matmul(d.T, inp, out=self.grads[k])
+        if sparse.issparse(inp):  # (inp^T d)^T: scipy's sparse-times-dense product
+            self.grads[k][...] = (inp.T @ d).T
+        else:
+            xp.matmul(d.T, inp, out=self.grads[k])
         if k == 0:
             return None
         g = self.grad_input(k)
@@ -413,17 +469,31 @@ class Workspace:
         return self.grads
 
 
-def binary_log_loss(h: np.ndarray, d: np.ndarray, scratch: np.ndarray | None = None) -> float:
+def _weigh(delta2: np.ndarray, w: np.ndarray | None) -> np.ndarray:
+    """Each sample's output delta times its weight (``w``: a column; None: unweighted)."""
+    if w is not None:
+        delta2 *= w
+    return delta2
+
+
+def binary_log_loss(
+    h: np.ndarray, d: np.ndarray, scratch: np.ndarray | None = None, w: np.ndarray | None = None
+) -> float:
     """``-sum [d log h + (1 - d) log(1 - h)]`` with ``h`` clipped to ``[eps, 1 - eps]`` (machine
-    epsilon of its dtype), as scikit-learn's ``binary_log_loss`` sums it."""
+    epsilon of its dtype), as scikit-learn's ``binary_log_loss`` sums it (each sample's terms
+    times its weight, a column ``w``, when given)."""
     xp, eps = xb.namespace(h), xb.eps_of(h)
     p = xp.empty_like(h) if scratch is None else scratch
     xp.clip(h, eps, 1.0 - eps, out=p)
     xp.log(p, out=p)
+    if w is not None:
+        p *= w
     total = xb.vdot(d, p)
     xp.clip(h, eps, 1.0 - eps, out=p)
     xp.subtract(1.0, p, out=p)
     xp.log(p, out=p)
+    if w is not None:
+        p *= w
     total += xb.vdot(1.0 - d, p)
     return -total
 

@@ -16,6 +16,15 @@ its input weights at 0 (its delta is 0). A network with ``m`` hidden units
 and ``bias=True`` is therefore planned as ``n + 1`` inputs and ``m + 1``
 hidden units; :meth:`Network.split` and :meth:`Network.join` convert between
 those augmented matrices and the user's ``W, b, V, c``.
+
+Sample weights without a second code path
+-----------------------------------------
+With ``weighted=True`` every target row carries its sample's weight as one more, last column
+(as every input row carries the bias input): the weights travel with their samples to every
+column and batch, and the kernels (:meth:`dask_rpm.nn.kernels.Workspace.output_delta`) weigh
+each sample's loss and output delta by it, so the gradients the exchanges sum are weighted
+sums. The batch's weight sum, what scikit-learn divides the gradient by, is the recipe's
+(:meth:`dask_rpm.nn.recipe.Recipe.divisor`).
 """
 
 from __future__ import annotations
@@ -25,21 +34,27 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from . import sparse
 from .errors import DataError
 
 __all__ = ["Network", "ACTIVATIONS", "OUTPUTS", "LOSSES", "network", "NetworkError"]
 
-#: Hidden-layer activations.
-ACTIVATIONS = ("sigmoid", "tanh", "relu")
+#: Hidden-layer activations (``identity``: none, scikit-learn's linear units).
+ACTIVATIONS = ("sigmoid", "tanh", "relu", "identity")
 #: Output layers; ``softmax`` goes with the ``cross-entropy`` loss only (``sigmoid`` with
-#: ``cross-entropy`` is the binary / multi-label log loss: one independent probability per output).
-OUTPUTS = ("sigmoid", "linear", "softmax")
+#: ``cross-entropy`` is the binary / multi-label log loss: one independent probability per output);
+#: ``exp`` with the ``poisson`` loss only.
+OUTPUTS = ("sigmoid", "linear", "softmax", "exp")
 #: Losses, summed over samples (the paper sums; so does ``reduction="sum"`` in PyTorch).
-LOSSES = ("squared", "cross-entropy")
+LOSSES = ("squared", "cross-entropy", "poisson")
 
 #: The output layer a loss uses unless told otherwise.
-_DEFAULT_OUTPUT = {"squared": "sigmoid", "cross-entropy": "softmax"}
-_VALID_OUTPUTS = {"squared": ("sigmoid", "linear"), "cross-entropy": ("softmax", "sigmoid")}
+_DEFAULT_OUTPUT = {"squared": "sigmoid", "cross-entropy": "softmax", "poisson": "exp"}
+_VALID_OUTPUTS = {
+    "squared": ("sigmoid", "linear"),
+    "cross-entropy": ("softmax", "sigmoid"),
+    "poisson": ("exp",),
+}
 
 
 class NetworkError(DataError):
@@ -51,21 +66,25 @@ class Network(NamedTuple):
 
     Attributes
     ----------
-    activation : {"sigmoid", "tanh", "relu"}
+    activation : {"sigmoid", "tanh", "relu", "identity"}
         Hidden-layer activation.
-    loss : {"squared", "cross-entropy"}
+    loss : {"squared", "cross-entropy", "poisson"}
         ``0.5 sum (h - d)^2``; or ``-sum d log softmax(u)`` (softmax outputs), and
-        ``-sum [d log h + (1 - d) log(1 - h)]`` (sigmoid outputs).
-    output : {"sigmoid", "linear", "softmax"}
+        ``-sum [d log h + (1 - d) log(1 - h)]`` (sigmoid outputs); or the half Poisson deviance
+        ``sum [d log(d / h) - d + h]`` with ``h = exp(u)`` (scikit-learn's ``poisson_loss``).
+    output : {"sigmoid", "linear", "softmax", "exp"}
         Output layer (``h`` as a function of the pre-activation ``u``).
     bias : bool
         Hidden and output bias terms (module docstring).
+    weighted : bool
+        The targets' last column is each sample's weight (module docstring).
     """
 
     activation: str = "sigmoid"
     loss: str = "squared"
     output: str = "sigmoid"
     bias: bool = False
+    weighted: bool = False
 
     @property
     def is_paper(self) -> bool:
@@ -85,9 +104,12 @@ class Network(NamedTuple):
         return m_planned - 1 if self.bias else None
 
     def augment(self, x: np.ndarray) -> np.ndarray:
-        """``x`` with the constant-1 input appended when ``bias`` (a new C-contiguous array), else ``x``."""
+        """``x`` with the constant-1 input appended when ``bias`` (a new C-contiguous array, or
+        CSR matrix for sparse ``x``: :mod:`dask_rpm.nn.sparse`), else ``x``."""
         if not self.bias:
             return x
+        if sparse.issparse(x):
+            return sparse.augment(x)
         out = np.empty((x.shape[0], x.shape[1] + 1), dtype=x.dtype)
         out[:, :-1] = x
         out[:, -1] = 1.0
@@ -146,9 +168,11 @@ def network(
     loss: str = "squared",
     output: str | None = "auto",
     bias: bool = False,
+    weighted: bool = False,
 ) -> Network:
     """A validated :class:`Network` (``output="auto"`` or None follows the loss); the defaults
-    are the paper's network, those of ``rpm.train.*`` as shipped."""
+    are the paper's network, those of ``rpm.train.*`` as shipped (``weighted``: the targets
+    carry sample weights, set by :func:`dask_rpm.nn.recipe.recipe` when there are some)."""
     if activation not in ACTIVATIONS:
         raise NetworkError(f"activation={activation!r}; valid: {', '.join(ACTIVATIONS)}")
     if loss not in LOSSES:
@@ -161,4 +185,4 @@ def network(
         )
     if not isinstance(bias, (bool, np.bool_)):
         raise NetworkError(f"bias={bias!r}; give true or false")
-    return Network(activation, loss, output, bool(bias))
+    return Network(activation, loss, output, bool(bias), bool(weighted))

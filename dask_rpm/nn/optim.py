@@ -173,12 +173,13 @@ def _weights(p: np.ndarray, skip: int | None) -> list[np.ndarray]:
 def mean_gradient(
     params: Sequence[np.ndarray],
     grads: Sequence[np.ndarray],
-    batch: int,
+    batch: Any,
     alpha: float = 0.0,
     biases: Sequence[int | None] = (),
 ) -> None:
     """``g <- (g + alpha p) / batch`` in place, ``alpha p`` on the weights only (scikit-learn's
-    gradient of the mean loss plus ``0.5 alpha sum W^2 / batch``)."""
+    gradient of the mean loss plus ``0.5 alpha sum W^2 / batch``; ``batch`` the batch size, or
+    a weighted batch's weight sum)."""
     skips = list(biases) or [None] * len(params)
     for p, g, skip in zip(params, grads, skips):
         if alpha:

@@ -53,6 +53,7 @@ class TrainingOptions:
     tol: float | None = None
     target_error: float | None = None
     network: Any = None
+    sample_weight: Any = None
 
     @classmethod
     def of(cls, options: TrainingOptions | None = None, **keywords: Any) -> TrainingOptions:
@@ -125,5 +126,5 @@ TRAINING_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Trai
 _FROM_CONFIG = tuple(
     f
     for f in TRAINING_FIELDS
-    if f not in ("hidden", "init", "validation", "target_error", "network")
+    if f not in ("hidden", "init", "validation", "target_error", "network", "sample_weight")
 )

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from . import sparse
 from .cnn import ConvLayers
 from .cnn_records import conv_layers, init_conv_params
 from .cnn_torch import params_from_torch
@@ -170,11 +171,13 @@ def prepare(
     if src.classes is None and file_classes is not None:
         src = src._replace(classes=file_classes)
     classes = src.classes
+    # the weights ride in the targets' last column (dask_rpm.nn.network): they split with them
+    src = _with_weights(src, o.sample_weight, image is not None)
     # the validation split decides how many samples train, which the schedule needs
     src, rows, val = _split_validation(src, o.validation, loss, seed, dtype)
     s, n, l = src.shape
     try:
-        rec = recipe(s, o, validation=val is not None)
+        rec = recipe(s, o, validation=val is not None, weights=_weights_of(src, dtype))
     except DataError:
         raise  # with its own class: RecipeError, NetworkError, OptimizerError or BatchError
     except ValueError as exc:
@@ -185,19 +188,8 @@ def prepare(
         iterations=rec.iterations,
         learning_rate=rec.learning_rate,
     )
-    arrays = None
-    if src.x is None or src.d is None:
-        weights = check_training_args(
-            None, None, **checks, init=start, seed=seed, dtype=dtype, shape=(s, n, l)
-        )
-    else:
-        weights = check_training_args(src.x, src.d, **checks, init=start, seed=seed, dtype=dtype)
-        arrays = (
-            np.ascontiguousarray(src.x, dtype=dtype),
-            np.ascontiguousarray(src.d, dtype=dtype),
-        )
-        if rec.net.loss == "cross-entropy":
-            _check_distribution(arrays[1], "d", rec.net.output)
+    checks.update(init=start, seed=seed, dtype=dtype)
+    weights, arrays = _checked_arrays(src, rec, checks)
     if val is not None:
         val = _checked_validation(val, dtype, rec)
     if image is not None:
@@ -225,6 +217,69 @@ def prepare(
         target_error,
         dtype,
     )
+
+
+def _checked_arrays(
+    src: _Source, rec: Recipe, checks: dict[str, Any]
+) -> tuple[list[np.ndarray], tuple[Any, np.ndarray] | None]:
+    """The initial weights (:func:`~dask_rpm.nn.data.check_training_args`) and the training
+    arrays in the run's dtype (None for a dataset the workers read), the targets checked for
+    the loss."""
+    dtype, (s, n, l) = checks["dtype"], src.shape
+    if src.x is None or src.d is None:
+        return check_training_args(None, None, **checks, shape=(s, n, l)), None
+    weights = check_training_args(src.x, src.d[:, :l], **checks)
+    x = (
+        sparse.as_csr(src.x, dtype)
+        if sparse.issparse(src.x)
+        else np.ascontiguousarray(src.x, dtype)
+    )
+    arrays = (x, np.ascontiguousarray(src.d, dtype=dtype))
+    _check_targets(arrays[1][:, :l], "d", rec)
+    return weights, arrays
+
+
+def _check_targets(d: np.ndarray, where: str, rec: Recipe) -> None:
+    """Targets the loss can take: distributions for cross-entropy, counts (>= 0) for Poisson."""
+    if rec.net.loss == "cross-entropy":
+        _check_distribution(d, where, rec.net.output)
+    elif rec.net.loss == "poisson" and d.size and np.min(d) < 0:
+        raise DataError(
+            f"{where}: the Poisson loss needs targets >= 0 (counts or rates); the smallest is "
+            f"{np.min(d)!r}"
+        )
+
+
+def _with_weights(src: _Source, sample_weight: Any, cnn: bool) -> _Source:
+    """``src`` with one weight per sample appended to its targets (:mod:`~dask_rpm.nn.network`),
+    checked: 1-D, one per sample, finite, >= 0 and not all 0. None: ``src`` as it is."""
+    if sample_weight is None:
+        return src
+    if src.x is None or src.d is None or cnn:
+        raise DataError(
+            "sample_weight needs an MLP trained on arrays; with a dataset path or network= "
+            "give every sample weight 1 (leave sample_weight out)"
+        )
+    w = np.asarray(sample_weight)
+    if w.ndim != 1 or w.shape[0] != src.shape[0] or not np.issubdtype(w.dtype, np.number):
+        raise DataError(
+            f"sample_weight has shape {w.shape} ({w.dtype}); give one number per sample: "
+            f"({src.shape[0]},)"
+        )
+    w = w.astype(np.float64)
+    if not np.isfinite(w).all() or (w < 0).any():
+        raise DataError("sample_weight must be finite and >= 0")
+    if not w.any():
+        raise DataError("sample_weight is zero for every sample; at least one weight must be > 0")
+    return src._replace(d=np.hstack([np.asarray(src.d, dtype=np.float64), w[:, None]]))
+
+
+def _weights_of(src: _Source, dtype: str) -> np.ndarray | None:
+    """The training samples' weights (the targets' last column) in ``dtype``, or None."""
+    s, _, l = src.shape
+    if src.d is None or src.d.shape[1] == l:
+        return None
+    return np.ascontiguousarray(src.d[:, -1], dtype=dtype)
 
 
 def _images(x: Any, o: Any, given: Any) -> tuple[Any, Any, tuple[int, int, int]]:
@@ -275,7 +330,17 @@ def _source(x: Any, d: Any, loss: str | None, classes: Any, load: bool) -> _Sour
         if classes is None:  # labels written with the file (dask_rpm.nn.data.write_dataset)
             classes = dataset_classes(path)
         return _Source(path, None, None, classes, shape)
-    xa, da = as_arrays(x, d) if d is None or np.ndim(d) != 1 else (np.asarray(x), np.asarray(d))
+    if sparse.issparse(x):  # CSR rows from here on (dask_rpm.nn.sparse)
+        if d is None:
+            raise DataError("d is required when x is a sparse matrix")
+        xa = sparse.as_csr(x, x.dtype if np.issubdtype(x.dtype, np.floating) else np.float64)
+        da = np.asarray(d)
+        if da.ndim not in (1, 2):
+            raise DataError(f"d must be (samples, outputs) or 1-D labels; got shape {da.shape}")
+    elif d is None or np.ndim(d) != 1:
+        xa, da = as_arrays(x, d)
+    else:
+        xa, da = np.asarray(x), np.asarray(d)
     if xa.ndim != 2:
         raise DataError(f"x must be (samples, inputs); got shape {xa.shape}")
     da, classes = _targets(da, loss, classes)
@@ -311,23 +376,34 @@ def _split_validation(
         return src._replace(shape=shape), train_idx, val
     if len(validation) != 2:
         raise DataError("validation must be a fraction or a pair (x_val, d_val)")
-    xv, dv = np.asarray(validation[0]), np.asarray(validation[1])
-    dv, _ = _targets(dv, loss, src.classes)
-    if xv.ndim != 2 or xv.shape[1] != n or dv.ndim != 2 or dv.shape[1] != l or len(xv) != len(dv):
+    xv = validation[0] if sparse.issparse(validation[0]) else np.asarray(validation[0])
+    dv, _ = _targets(np.asarray(validation[1]), loss, src.classes)
+    if (
+        xv.ndim != 2
+        or xv.shape[1] != n
+        or dv.ndim != 2
+        or dv.shape[1] != l
+        or xv.shape[0] != dv.shape[0]
+    ):
         raise DataError(
             f"validation data x{xv.shape}, d{dv.shape}; they must be (k, {n}) and (k, {l})"
         )
+    if src.d is not None and src.d.shape[1] > l:  # weighted targets: the given samples weigh 1
+        dv = np.hstack([dv, np.ones((dv.shape[0], 1))])
     return src, None, (xv, dv)
 
 
 def _checked_validation(
     val: tuple[np.ndarray, np.ndarray], dtype: str, rec: Recipe
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The validation pair in the training dtype, finite, and distributions for cross-entropy."""
-    out = (np.ascontiguousarray(val[0], dtype=dtype), np.ascontiguousarray(val[1], dtype=dtype))
+    """The validation pair in the training dtype, finite, and the targets the loss takes."""
+    x = val[0]
+    xv = sparse.as_csr(x, dtype) if sparse.issparse(x) else np.ascontiguousarray(x, dtype=dtype)
+    out = (xv, np.ascontiguousarray(val[1], dtype=dtype))
     for name, arr in zip(("x_val", "d_val"), out):
-        if not np.all(np.isfinite(arr)):
+        finite = sparse.all_finite(arr) if sparse.issparse(arr) else np.all(np.isfinite(arr))
+        if not finite:
             raise DataError(f"validation {name} contains NaN or infinite values")
-    if rec.net.loss == "cross-entropy":
-        _check_distribution(out[1], "validation d", rec.net.output)
+    d = out[1][:, :-1] if rec.net.weighted else out[1]
+    _check_targets(d, "validation d", rec)
     return out

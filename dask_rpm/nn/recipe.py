@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..records import Validation
+from . import sparse
 from .batches import BatchSchedule, schedule
 from .errors import DataError
 from .network import Network, network
@@ -27,6 +28,7 @@ from .workspaces import whole_workspace
 __all__ = [
     "Recipe",
     "recipe",
+    "SampleWeights",
     "RecipeError",
     "Validator",
     "holdout",
@@ -40,6 +42,42 @@ __all__ = [
 
 class RecipeError(DataError):
     """Invalid training options; the message says what is valid."""
+
+
+class SampleWeights:
+    """The training samples' weights, and each mini-batch's weight sum (what scikit-learn divides
+    a weighted batch's gradient and loss by), computed once per epoch wherever it is asked.
+
+    Every process sums the same weights of the same batch in the same order (numpy's sum of the
+    batch's weights in batch order, scikit-learn's ``sample_weight.sum()``), so every worker and
+    the serial loop divide by identical bits.
+
+    Parameters
+    ----------
+    weights : numpy.ndarray
+        One weight per training sample, in the run's dtype.
+    """
+
+    def __init__(self, weights: np.ndarray) -> None:
+        self.weights = weights
+        self._epoch: tuple[int, list[Any]] | None = None  # (epoch, its batches' sums)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"weights": self.weights, "_epoch": None}  # each process sums its own
+
+    def batch_sum(self, schedule: BatchSchedule, iteration: int) -> Any:
+        """The weight sum of ``iteration``'s batch (a numpy scalar of the weights' dtype)."""
+        e = schedule.epoch(iteration)
+        cached = self._epoch
+        if cached is None or cached[0] != e:
+            order = schedule.order(e)
+            first = e * schedule.per_epoch
+            sums = []
+            for it in range(first, first + schedule.per_epoch):
+                lo, hi = schedule.positions(it)
+                sums.append(self.weights[order[lo:hi]].sum())
+            cached = self._epoch = (e, sums)
+        return cached[1][iteration % schedule.per_epoch]
 
 
 class Recipe(NamedTuple):
@@ -61,6 +99,9 @@ class Recipe(NamedTuple):
     #: a CNN's geometry (:class:`~dask_rpm.nn.cnn.ConvLayers`), the layers it computes; None: an
     #: MLP, whose sizes its parameters give
     layers: Any = None
+    #: the training samples' weights (the network is then ``weighted``: its targets carry them);
+    #: None: every sample weighs 1
+    weights: SampleWeights | None = None
 
     def loss_scale(self, outputs: int) -> float:
         """Factor on the squared loss reported: with "mean", scikit-learn's per-sample mean over the
@@ -69,12 +110,24 @@ class Recipe(NamedTuple):
             return 1.0 / outputs
         return 1.0
 
-    def divisor(self, iteration: int) -> int:
-        """What the gradient of ``iteration`` is divided by: its batch size ("mean"), else 1."""
+    def divisor(self, iteration: int) -> Any:
+        """What the gradient of ``iteration`` is divided by: its batch size ("mean"; with sample
+        weights the batch's weight sum, scikit-learn's), else 1."""
         if self.reduction != "mean":
             return 1
+        if self.weights is not None:
+            return self.weights.batch_sum(self.schedule, iteration)
         lo, hi = self.schedule.positions(iteration)
         return hi - lo
+
+    def error_scale(self, iteration: int) -> float:
+        """What ``iteration``'s error is multiplied by in its epoch's loss: with sample weights and
+        "mean", its batch size over its weight sum (scikit-learn adds each batch's weighted mean
+        loss times the batch size); else 1."""
+        if self.weights is None or self.reduction != "mean":
+            return 1.0
+        lo, hi = self.schedule.positions(iteration)
+        return (hi - lo) / float(self.weights.batch_sum(self.schedule, iteration))
 
     def validation_points(self) -> list[int]:
         """Iteration counts after which the validation set is evaluated."""
@@ -90,13 +143,18 @@ def _positive_int(name: str, value: Any) -> int:
 
 
 def recipe(
-    samples: int, options: TrainingOptions | None = None, *, validation: bool = False
+    samples: int,
+    options: TrainingOptions | None = None,
+    *,
+    validation: bool = False,
+    weights: np.ndarray | None = None,
 ) -> Recipe:
     """Validate and complete the training options (``None`` fields: ``rpm.train.*``, read by
     :meth:`~dask_rpm.nn.options.TrainingOptions.resolved`).
 
     ``samples`` is the number of training samples (after a validation split);
-    ``validation`` says whether there is a validation set. ``epochs`` and
+    ``validation`` says whether there is a validation set; ``weights`` are the training samples'
+    weights (checked by :func:`dask_rpm.nn.prepare.prepare`), or None. ``epochs`` and
     ``iterations`` are alternatives; with ``epochs`` the run has
     ``epochs * ceil(samples / batch_size)`` iterations.
     """
@@ -105,7 +163,7 @@ def recipe(
     every, patience, tol = o.validate_every, o.early_stopping, float(o.tol)
     alpha, reduction = o.alpha, o.reduction
     sched = schedule(samples, o.batch_size, shuffle=o.shuffle, seed=seed)
-    net = network(o.activation, o.loss, o.output, o.bias)
+    net = network(o.activation, o.loss, o.output, o.bias, weights is not None)
     opt = optimizer(o.optimizer)
     if epochs is not None and iterations is not None:
         raise RecipeError(
@@ -150,7 +208,19 @@ def recipe(
             f"reduction={reduction!r}; valid: 'sum' (step on the summed gradient, the paper's) or "
             f"'mean' (on the batch mean, scikit-learn's)"
         )
-    return Recipe(net, opt, sched, iterations, lr, every, patience, tol, alpha, str(reduction))
+    return Recipe(
+        net,
+        opt,
+        sched,
+        iterations,
+        lr,
+        every,
+        patience,
+        tol,
+        alpha,
+        str(reduction),
+        weights=None if weights is None else SampleWeights(weights),
+    )
 
 
 def holdout(samples: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -188,7 +258,10 @@ def one_hot(
 
 
 def _rows(x: Any, params: Sequence[np.ndarray], net: Network, layers: Any) -> np.ndarray:
-    """Samples as the kernels take them: rows, images flattened, the bias input appended."""
+    """Samples as the kernels take them: rows, images flattened, the bias input appended (sparse
+    ``x`` as CSR: :mod:`~dask_rpm.nn.sparse`)."""
+    if sparse.issparse(x):
+        return net.augment(sparse.as_csr(x, params[0].dtype))
     xa = np.ascontiguousarray(x, dtype=params[0].dtype)
     if layers is not None:
         return xa.reshape(xa.shape[0], -1)
@@ -250,7 +323,9 @@ class Validator:
     def evaluate(self, done: int, params: Sequence[np.ndarray]) -> str | None:
         """Record the validation loss after ``done`` iterations; a reason to stop, or None."""
         h, val = evaluate(self.x, self.d, params, self.recipe.net, self.recipe.layers)
-        acc = accuracy(h, self.d) if self.recipe.net.output != "linear" else float("nan")
+        # (a weighted network's targets carry the weights as their last column)
+        d = self.d[:, :-1] if self.recipe.net.weighted else self.d
+        acc = accuracy(h, d) if self.recipe.net.output in ("sigmoid", "softmax") else float("nan")
         self.rows.append(Validation(done, val, acc))
         if val < self.best * (1.0 - self.recipe.tol) or not math.isfinite(self.best):
             self.best, self.bad = val, 0

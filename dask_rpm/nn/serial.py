@@ -14,6 +14,7 @@ import numpy as np
 
 from ..records import Validation
 from . import backend as xbk
+from . import sparse
 from .backend import Backend
 from .convergence import epoch_error
 from .data import DataError
@@ -65,11 +66,11 @@ def train_arrays(
         min(sched.batch, x.shape[0]),
         params,
         net,
-        rec.loss_scale(d.shape[1]),
+        rec.loss_scale(layers.l),  # (d's width: the outputs, and a weight column when weighted)
         backend=be,
         layers=rec.layers,
     )
-    x, d = be.asarray(x), be.asarray(d)
+    x, d = sparse.placed(be, x), be.asarray(d)
 
     def host() -> list[np.ndarray]:  # what validation and the epoch rules read
         return [xbk.to_host(p) for p in params]
@@ -109,7 +110,9 @@ def train_arrays(
                 stopped = reason
                 break
         if rules and done % sched.per_epoch == 0:
-            lr, stopped = _end_epoch(rules, errors[done - sched.per_epoch : done], host(), lr)
+            first = done - sched.per_epoch
+            scaled = [errors[k] * rec.error_scale(k) for k in range(first, done)]
+            lr, stopped = _end_epoch(rules, scaled, host(), lr)
             if stopped:
                 break
     if be.name != "numpy":  # host copies: what the caller gets whatever trained
@@ -127,7 +130,7 @@ def train_arrays(
 
 
 def _end_epoch(
-    rules: Sequence[Any], errors: np.ndarray, params: Sequence[np.ndarray], lr: float
+    rules: Sequence[Any], errors: Sequence[float], params: Sequence[np.ndarray], lr: float
 ) -> tuple[float, str | None]:
     """Every rule's decision at an epoch's end: the next learning rate, and a reason to stop."""
     total = epoch_error(errors)
@@ -169,6 +172,7 @@ def fit_serial(
     backend: str | None = None,
     device: str | None = None,
     network: Any = None,
+    sample_weight: Any = None,
 ) -> SerialResult:
     """Serial BP: the reference every distributed run must equal.
 
@@ -192,7 +196,7 @@ def fit_serial(
         ``(W0, V0, b0, c0)`` or ``(weights, biases)``); default
         :func:`dask_rpm.nn.kernels.init_params` with ``seed``.
     seed, dtype, batch_size, shuffle, activation, loss, output, bias, optimizer, validation,
-    validate_every, early_stopping, tol, target_error, alpha, reduction
+    validate_every, early_stopping, tol, target_error, alpha, reduction, sample_weight
         As in :func:`dask_rpm.fit`.
     callbacks : sequence, optional
         Epoch rules such as :class:`dask_rpm.nn.convergence.ConvergenceRule`: the same objects
