@@ -99,3 +99,43 @@ def test_fit_on_a_gpu_beside_cpu_workers_equals_serial():
             **kw,
         )
         _close(ref.params, r.params)
+
+
+def _cnn():
+    tnn = torch.nn
+    torch.manual_seed(3)
+    net = tnn.Sequential(
+        tnn.Conv2d(2, 4, 3, padding=1), tnn.ReLU(), tnn.MaxPool2d(2),
+        tnn.Conv2d(4, 6, 3, padding=1), tnn.Tanh(), tnn.Flatten(),
+        tnn.Linear(6 * 4 * 4, 3),
+    ).double()  # fmt: skip
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((48, 2, 8, 8))
+    y = rng.integers(0, 3, 48)
+    kw = dict(
+        network=net, iterations=12, learning_rate=0.02, optimizer="adam", loss="cross-entropy",
+        reduction="mean", batch_size=16,
+    )  # fmt: skip
+    return x, y, kw
+
+
+def test_cnn_on_the_gpu_equals_numpy_serially_and_beside_cpu_workers():
+    """A CNN (issue 32): torch's conv2d on the GPU, serially and as one worker of a column that
+    splits every stage's channels with CPU workers, equals numpy's serial result (tests/test_cnn.py
+    shows the problem well conditioned on the CPU)."""
+    from distributed import Client
+
+    import dask_rpm
+    from dask_rpm import fit, fit_serial
+    from dask_rpm.plan.partition import Plan
+
+    x, y, kw = _cnn()
+    ref = fit_serial(x, y, **kw)
+    got = fit_serial(x, y, backend="torch", device="cuda", **kw)
+    _close(ref.params, got.params)
+    layers = ref.recipe.layers
+    plan = Plan.from_columns([[0, 1, 2]], [48], [[1, 2, layers.m - 3]], shape=layers.plan_shape)
+    with dask_rpm.local_cluster([1.0, 1.0, 1.0], gpus=1) as cluster, Client(cluster) as client:
+        r = fit(x, y, mapping=plan, backend="auto", client=client, progress="none", **kw)
+    assert "torch-cuda" in set(r.stats["backend"].values())
+    _close(ref.params, r.params)
