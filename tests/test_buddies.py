@@ -292,7 +292,6 @@ class _KillAfter(TrainingCallback):
                 os.kill(self.pids[victim], signal.SIGKILL)
 
 
-@pytest.mark.slow
 def test_an_estimator_survives_a_kill_with_buddies_exactly(cluster3, monkeypatch):
     """MLPClassifier (Adam, mini-batches, constant learning rate: no checkpoint) on a single column
     of three workers, one SIGKILLed mid-run: the model equals scikit-learn's."""
@@ -329,7 +328,6 @@ def test_an_estimator_survives_a_kill_with_buddies_exactly(cluster3, monkeypatch
         np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
 
 
-@pytest.mark.slow
 def test_a_worker_and_its_buddy_lost_together_fall_back_with_a_clear_message(cluster3, caplog):
     """Two workers of a single column of three killed at once, one the other's buddy: no copy of
     their rows survives; with no checkpoint the run restarts from iteration 0 and says so."""
