@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from . import backend as xb
+from . import sparse
 from .backend import NUMPY, Backend
 from .layers import layers_of_params
 from .network import Network
@@ -54,9 +55,9 @@ class SerialObjective:
 
     Parameters
     ----------
-    x : numpy.ndarray
+    x : numpy.ndarray or scipy.sparse matrix
         Inputs ``(s, n)`` with the bias input appended when ``net`` has bias
-        (:meth:`~dask_rpm.nn.network.Network.augment`).
+        (:meth:`~dask_rpm.nn.network.Network.augment`); sparse: :mod:`dask_rpm.nn.sparse`.
     d : numpy.ndarray
         Targets ``(s, l)``.
     params : sequence of numpy.ndarray
@@ -87,7 +88,7 @@ class SerialObjective:
     ) -> None:
         self.backend = backend or NUMPY
         be = self.backend
-        self.x, self.d = be.asarray(x), be.asarray(d)
+        self.x, self.d = sparse.placed(be, x), be.asarray(d)  # CSR stays CSR on numpy
         self.divisor = float(x.shape[0] if divisor is None else divisor)
         self.net, self.alpha = net, float(alpha)
         self.params = [be.copy_of(p) for p in params]  # the weights of each evaluation, copied in
