@@ -22,7 +22,6 @@ from problems import regression_problem
 
 from dask_rpm.engine import fit, ordered_workers
 from dask_rpm.engine.buddies import (
-    SEND_FACTOR,
     BuddyBook,
     Holding,
     ResilienceSettings,
@@ -72,12 +71,12 @@ def test_every_is_chosen_from_measured_costs_and_bounded():
     s = ResilienceSettings()
     assert auto_every(None, None, s) == 50  # nothing measured yet: the most allowed
     assert auto_every(float("nan"), 1e-3, s) == 50
-    # a copy of 1 ms costs (1 + SEND_FACTOR) ms; at 10 ms per iteration and 3 %: every 10
-    assert auto_every(0.010, 1e-3, s) == int(np.ceil((1 + SEND_FACTOR) * 1e-3 / (0.03 * 0.010)))
+    # a copy and its send of 3 ms in all; at 10 ms per iteration and 3 %: every 10
+    assert auto_every(0.010, 3e-3, s) == 10
     assert auto_every(1.0, 1e-4, s) == 1  # a cheap copy beside a long iteration: every iteration
     assert auto_every(1e-4, 1e-2, s) == 50  # never further apart than max-every
     assert auto_every(0.01, 1e-3, ResilienceSettings(every=7)) == 7  # set: taken as it is
-    assert auto_every(0.010, 1e-3, ResilienceSettings(max_every=5)) == 5
+    assert auto_every(0.010, 3e-3, ResilienceSettings(max_every=5)) == 5
 
 
 def test_settings_refuse_bad_values():
@@ -100,10 +99,10 @@ def test_the_book_chooses_buddies_per_plan_and_reports():
     book.assign(["w0", "w1"], {"w0": "A", "w1": "B"}, version=1)
     every, buddies, keep = book.block(["w0", "w1", "gone"], None)
     assert every == 50 and buddies == ("w1", "w0", None) and keep == 0
-    book.observe("w0", CopyReport(40, 1000, 3, 3, 0, 1e-3))
-    book.observe("w1", CopyReport(20, 800, 3, 2, 1, 2e-3))
+    book.observe("w0", CopyReport(40, 1000, 3, 3, 0, 1e-3, 1e-3))
+    book.observe("w1", CopyReport(20, 800, 3, 2, 1, 2e-3, 1e-3))
     every, _, keep = book.block(["w0", "w1"], 0.010)
-    assert keep == 20 and every == auto_every(0.010, 2e-3, book.settings)  # the slowest copy
+    assert keep == 20 and every == auto_every(0.010, 3e-3, book.settings)  # the slowest copy
     book.rolled_back(10)
     assert book.acked == {"w0": 10, "w1": 10}
     stats = book.stats()

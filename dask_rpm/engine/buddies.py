@@ -34,12 +34,7 @@ __all__ = [
     "rows_source",
     "keep_from",
     "BuddyBook",
-    "SEND_FACTOR",
 ]
-
-#: A send costs about this many memory copies of the shard on top of the snapshot's own (the
-#: sender serialises it, the buddy receives it): what :func:`auto_every` charges per copy.
-SEND_FACTOR = 2.0
 
 #: Preference among the holders of the same rows of the same iteration: the live shard, a
 #: worker's own copy, a copy kept for a buddy (all hold the same bits; the live shard and the
@@ -121,17 +116,17 @@ def auto_every(
     """``R``: the iterations between copies.
 
     ``rpm.resilience.every`` when set; else the smallest ``R`` whose copies cost at most
-    ``target_overhead`` of the iterations between them, a copy costing ``(1 + SEND_FACTOR)``
-    times the measured snapshot time (the snapshot on the training path, the send's
-    serialisation and the buddy's receipt beside it), at most ``max_every``; ``max_every``
-    while nothing is measured yet.
+    ``target_overhead`` of the iterations between them, at most ``max_every``; ``max_every``
+    while nothing is measured yet. ``copy_seconds`` is what one copy costs: the snapshot on the
+    training path plus the send's wall time (serialised, sent and kept by the buddy; the send
+    runs beside training, but on a host whose cores are all busy training it takes their time,
+    so all of it is charged).
     """
     if settings.every is not None:
         return settings.every
     if not iteration_seconds or not copy_seconds or not math.isfinite(iteration_seconds):
         return settings.max_every
-    cost = (1.0 + SEND_FACTOR) * copy_seconds
-    need = math.ceil(cost / (settings.target_overhead * iteration_seconds))
+    need = math.ceil(copy_seconds / (settings.target_overhead * iteration_seconds) - 1e-9)
     return int(min(settings.max_every, max(1, need)))
 
 
@@ -281,8 +276,8 @@ class BuddyBook:
             return
         if report.acked >= 0:
             self.acked[address] = max(self.acked.get(address, -1), report.acked)
-        if report.copy_seconds > 0:
-            self.copy_seconds[address] = report.copy_seconds
+        if report.copy_seconds > 0 and report.send_seconds > 0:
+            self.copy_seconds[address] = report.copy_seconds + report.send_seconds
         self.memory[address] = max(self.memory.get(address, 0), report.nbytes)
         self.counts[address] = (report.taken, report.sent, report.skipped)
 

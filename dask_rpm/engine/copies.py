@@ -84,7 +84,7 @@ class CopyKeeper:
         self.sending: asyncio.Task[None] | None = None
         self.acked = -1
         self.taken = self.sent = self.skipped = 0
-        self.copy_seconds = 0.0
+        self.copy_seconds = self.send_seconds = 0.0
 
     # ------------------------------------------------------------- the sender
     def due(self, iteration: int, every: int, version: int) -> bool:
@@ -125,11 +125,13 @@ class CopyKeeper:
             "params": copy.params,
             "state": copy.state,
         }
+        t0 = time.perf_counter()
         try:
             await self.send(buddy, message)
         except Exception as exc:  # the buddy left: the next copy goes to the next plan's buddy
             logger.debug(f"buddy copy of iteration {copy.iteration} to {buddy} failed: {exc!r}")
             return
+        self.send_seconds = time.perf_counter() - t0
         self.acked = max(self.acked, copy.iteration)
         self.sent += 1
 
@@ -193,7 +195,13 @@ class CopyKeeper:
 
     def report(self) -> CopyReport:
         return CopyReport(
-            self.acked, self.nbytes(), self.taken, self.sent, self.skipped, self.copy_seconds
+            self.acked,
+            self.nbytes(),
+            self.taken,
+            self.sent,
+            self.skipped,
+            self.copy_seconds,
+            self.send_seconds,
         )
 
     def close(self) -> None:

@@ -151,6 +151,7 @@ class CopyReport(NamedTuple):
     sent: int  # ... of them that reached its buddy
     skipped: int  # ... not sent because the one before was still on its way
     copy_seconds: float  # the latest copy's time on the training path (the snapshot)
+    send_seconds: float = 0.0  # the latest completed send's wall time (serialised, sent, kept)
 
 
 class BlockResult(NamedTuple):
