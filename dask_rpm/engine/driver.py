@@ -96,7 +96,7 @@ class Driver:
         *,
         spec: RunSpec,
         plan: Plan,
-        source: str | None,
+        source: Any,
         arrays: tuple[np.ndarray, np.ndarray] | None,
         rows: Any = None,
         threads: int = 0,
@@ -115,7 +115,7 @@ class Driver:
         # While a remap or an install is under way: the workers it depends on (None: the current plan's).
         # Workers of the old plan already declared lost must not count as lost again.
         self._watch: set[str] | None = None
-        self.source = source  # a netCDF path the workers read, or None (arrays on the client)
+        self.source = source  # a netCDF path the workers read, Dask chunks, or None (arrays)
         self.rows = rows  # file rows of the training samples (a validation split), or None: all
         self.arrays = arrays
         self.recipe = spec.recipe
@@ -160,11 +160,12 @@ class Driver:
         return lays
 
     async def _samples(self, plan: Plan, w: int) -> tuple[SampleSource, Any]:
-        """Where worker ``w`` gets its samples (:class:`~dask_rpm.engine.samples.SampleSource`),
-        and what is scattered to it for them: nothing for a dataset file (it reads its rows), the
-        column's rows (full batch), or the whole training set, sent once to each worker (mini-batches)."""
-        if self.source is not None:
+        """Worker ``w``'s :class:`~.samples.SampleSource` and what is sent for it: nothing (a file), its
+        column's rows (full batch) or every row (mini-batches); Dask chunks: :mod:`.dask_data`."""
+        if isinstance(self.source, str):
             return SampleSource("file", path=self.source, rows=self.rows), None
+        if self.source is not None:  # chunks on the cluster: a task on w cuts its rows from them
+            return await self.source.samples(self, plan, w)
         x, d = self.arrays  # type: ignore[misc]
         if not self.recipe.schedule.full_batch:
             # One key per worker, not one broadcast key: the scheduler's active memory manager

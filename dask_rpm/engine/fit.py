@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ..nn.chunked import is_chunked
 from ..nn.options import TrainingOptions
 from ..nn.prepare import Prepared, prepare
 from ..progress import Progress
@@ -26,6 +27,7 @@ from ..runtime.labels import run_label
 from . import callbacks as cb
 from .buddies import BuddyBook
 from .checkpoint import StoredCheckpoint, check_readable, check_shared
+from .dask_data import ChunkedRows, on_cluster
 from .driver import Driver, Placed
 from .drpm import DRPMState
 from .errors import TrainingError
@@ -100,12 +102,16 @@ def fit(
 
     Parameters
     ----------
-    x : numpy.ndarray, xarray.Dataset or path
+    x : numpy.ndarray, dask.array.Array, xarray.Dataset or path
         Inputs ``(s, n)``; or a Dataset with ``x(sample, input)`` and
         ``d(sample, output)``; or the path of such a dataset as a netCDF file
-        the workers can read (each worker then reads only its samples).
-    d : numpy.ndarray, optional
-        Teacher signals ``(s, l)`` when ``x`` is an array.
+        the workers can read (each worker then reads only its samples). Dask's data (a dask
+        array chunked along samples, xarray backed by dask, a zarr store path) stay on the
+        cluster: each worker gets its rows from the chunks, worker to worker
+        (:mod:`dask_rpm.engine.dask_data`; moved bytes in ``FitResult.stats["dask"]``).
+    d : numpy.ndarray or dask.array.Array, optional
+        Teacher signals ``(s, l)`` when ``x`` is an array (1-D class labels with
+        ``loss="cross-entropy"``, one-hot encoded on the workers for dask labels).
     hidden : int or sequence of int
         Hidden units ``m``, or of each hidden layer (``(512, 256)``: two hidden layers,
         every one cut by the same rectangles: :mod:`dask_rpm.nn.layers`); taken from
@@ -313,6 +319,9 @@ def _callbacks(
     opts: RunOptions,
     data: Prepared,
     reporter: Progress,
+    if is_chunked(x, d):  # Dask's data: persisted and checked where the chunks live
+        x, training = on_cluster(client, x, d, training)
+        d = None
     remaps: list[RemapRecord],
     emulation: str | None,
     start: Checkpoint | StoredCheckpoint,
@@ -439,7 +448,7 @@ def _driver(client: Any, opts: RunOptions, data: Prepared, plan: Any) -> Driver:
         client,
         spec=spec,
         plan=plan,
-        source=data.source,
+        source=data.source if data.lazy is None else data.lazy.holder,
         arrays=data.arrays,
         rows=data.rows,
         threads=opts.threads,
@@ -478,6 +487,8 @@ def _start_stats(start: Checkpoint | StoredCheckpoint, loop: TrainingLoop) -> di
     """Where the run started and what placing its first shards moved (``FitResult.stats["start"]``)."""
     placed = loop.placed or Placed(0, 0, 0.0)
     return {
+        # Dask's data (engine.dask_data): the chunks, which moved to which worker, their bytes
+        **({"dask": driver.source.stats()} if isinstance(driver.source, ChunkedRows) else {}),
         "iteration": start.iteration,
         "from": "checkpoint store"
         if isinstance(start, StoredCheckpoint)

@@ -7,11 +7,13 @@ import logging
 import time
 from typing import Any
 
+from .. import config
 from ..drpm.settings import DRPMSettings
 from ..nn.cnn import ConvLayers, is_conv
 from ..nn.prepare import Prepared
 from ..plan.partition import Plan, PlanError
 from ..planners import make_plan
+from ..planners.chunks import snap_to_chunks
 from ..probe import probe_async, probe_network
 from .driver import ordered_workers
 from .errors import TrainingError
@@ -208,4 +210,9 @@ async def first_plan(
         idle=opts.mapping == "drpm" and opts.drpm is not None and opts.drpm.idle,
         min_gain=None if opts.drpm is None else opts.drpm.min_gain,
     )
+    chunks = data.lazy.chunks if data.lazy is not None else None
+    if chunks is not None and data.recipe.schedule.full_batch and not isinstance(first, Plan):
+        # Dask's data: a column on whole chunks reads them where they are (engine.dask_data);
+        # mini-batches draw every column's rows from every chunk, so they gain nothing by it
+        plan = snap_to_chunks(plan, chunks, float(config.get("planner.chunk-imbalance")))
     return plan, info, probe_result, given, False

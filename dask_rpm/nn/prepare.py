@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from . import sparse
+from .chunked import LazySamples
 from .cnn import ConvLayers
 from .cnn_records import conv_layers, init_conv_params
 from .cnn_torch import params_from_torch
@@ -39,7 +40,8 @@ class Prepared(NamedTuple):
 
     ``arrays`` are the training samples (data inputs, no bias column) when
     loaded; otherwise ``source`` is the dataset path and ``rows`` the file rows
-    of the training samples (None: all rows in order).
+    of the training samples (None: all rows in order), or ``lazy`` the samples left on the
+    cluster as Dask chunks (:class:`~dask_rpm.nn.chunked.LazySamples`).
     """
 
     recipe: Recipe
@@ -54,6 +56,7 @@ class Prepared(NamedTuple):
     classes: np.ndarray | None
     target_error: float | None
     dtype: str
+    lazy: LazySamples | None = None
 
     def validator(self) -> Validator | None:
         if self.validation is None:
@@ -216,6 +219,7 @@ def prepare(
         classes,
         target_error,
         dtype,
+        x if isinstance(x, LazySamples) else None,
     )
 
 
@@ -324,6 +328,8 @@ class _Source(NamedTuple):
 
 def _source(x: Any, d: Any, loss: str | None, classes: Any, load: bool) -> _Source:
     """Arrays with 2-D targets, or the path and shape of a dataset left for the workers."""
+    if isinstance(x, LazySamples):  # on the cluster: checked there (dask_rpm.engine.dask_data)
+        return _Source(None, None, None, x.classes, x.shape)
     if isinstance(x, (str, os.PathLike)) and not load:
         path = os.path.abspath(os.fspath(x))
         shape = data_shape(path)

@@ -16,6 +16,7 @@ from ..records import Validation
 from . import backend as xbk
 from . import sparse
 from .backend import Backend
+from .chunked import computed, is_chunked
 from .convergence import epoch_error
 from .data import DataError
 from .kernels import all_finite
@@ -224,6 +225,8 @@ def fit_serial(
     # the keywords map one to one onto the fields of the options record
     given = {k: v for k, v in locals().items() if k in TRAINING_FIELDS}
     be = xbk.resolve(backend, device)
+    if is_chunked(x, d):  # Dask's data (dask_rpm.nn.chunked): the reference trains on them computed
+        x, d = computed(x, d)
     job = prepare(x, d, TrainingOptions.of(options, **given), load=True)
     assert job.arrays is not None
     for rule in callbacks or ():

@@ -1,0 +1,198 @@
+"""Training data as Dask arrays chunked along samples: ``dask.array``, xarray and zarr.
+
+Pure (dask.array and xarray; no ``distributed``): what :func:`dask_rpm.fit` and
+:func:`dask_rpm.fit_serial` do alike with a Dask user's data before any work. Every form
+becomes one :class:`ChunkedPair`, ``x (samples, inputs)`` and ``d (samples, outputs)`` (or
+1-D class labels) chunked along samples only, with ``d``'s row chunks those of ``x``:
+
+* a ``dask.array`` (``d`` a dask array, or numpy, cut like ``x``);
+* an ``xarray.DataArray`` with a ``sample`` dimension, or a ``Dataset`` holding
+  ``x(sample, input)`` and ``d(sample, output)`` as a training dataset file does;
+* a zarr store path or URL (``*.zarr``, or a directory with zarr metadata), opened with
+  ``xarray.open_zarr`` (the ``zarr`` package).
+
+``fit_serial`` computes the pair (:func:`computed`); ``fit`` keeps it on the cluster
+(:mod:`dask_rpm.engine.dask_data`). :class:`LazySamples` is what :func:`~dask_rpm.nn.prepare.prepare`
+is given for data left on the cluster: their shape and classes, without the rows.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from .data import DataError
+
+__all__ = ["ChunkedPair", "LazySamples", "as_chunked", "computed", "is_chunked", "zarr_path"]
+
+logger = logging.getLogger("dask_rpm")
+
+SAMPLE = "sample"  # the sample dimension of xarray data, as in a training dataset file
+_ZARR_META = (".zgroup", ".zarray", "zarr.json")
+
+
+class ChunkedPair(NamedTuple):
+    """``x`` and ``d`` as dask arrays with the same row chunks; ``notes``: what was changed."""
+
+    x: Any
+    d: Any
+    notes: tuple[str, ...] = ()
+
+
+class LazySamples(NamedTuple):
+    """Training samples that stay on the cluster, as :func:`~dask_rpm.nn.prepare.prepare` sees them.
+
+    ``shape`` is ``(samples, inputs, outputs)`` of the training samples, ``classes`` the labels
+    one-hot encoded (or None), ``chunks`` the rows of each chunk when training sample ``i`` is
+    data row ``i`` (None after a validation split picked rows), and ``holder`` the engine's
+    object that gives each worker its rows.
+    """
+
+    shape: tuple[int, int, int]
+    classes: np.ndarray | None
+    chunks: tuple[int, ...] | None
+    holder: Any
+
+
+def zarr_path(x: Any) -> bool:
+    """Whether ``x`` names a zarr store: a path or URL ending in ``.zarr``, or a directory
+    holding zarr metadata."""
+    if not isinstance(x, (str, os.PathLike)):
+        return False
+    s = os.fspath(x).rstrip("/")
+    if s.endswith(".zarr"):
+        return True
+    return os.path.isdir(s) and any(os.path.exists(os.path.join(s, m)) for m in _ZARR_META)
+
+
+def _is_dask(a: Any) -> bool:
+    return type(a).__module__.startswith("dask.array")
+
+
+def _xarray_dask(a: Any) -> bool:
+    """An xarray object with at least one dask-backed variable."""
+    if not type(a).__module__.startswith("xarray"):
+        return False
+    arrays = [a.data] if hasattr(a, "dims") and not hasattr(a, "data_vars") else []
+    if hasattr(a, "data_vars"):
+        arrays = [v.data for v in a.data_vars.values()]
+    return any(_is_dask(v) for v in arrays)
+
+
+def is_chunked(x: Any, d: Any = None) -> bool:
+    """Whether the data are Dask's: a dask array, dask-backed xarray, or a zarr store."""
+    return any(_is_dask(v) or _xarray_dask(v) for v in (x, d)) or zarr_path(x)
+
+
+def as_chunked(x: Any, d: Any = None) -> ChunkedPair:
+    """``x`` and ``d`` in any of the module's forms as one :class:`ChunkedPair`.
+
+    Raises
+    ------
+    DataError
+        A form it does not take, unknown chunk sizes, arrays of other lengths or
+        dimensions; chunks along features and ``d`` chunked unlike ``x`` are fixed with a note
+        (logged on ``dask_rpm``).
+    """
+    import dask.array as da  # a dask array module: imported when dask data are given
+
+    if zarr_path(x):
+        x = _open_zarr(x)
+    if hasattr(x, "data_vars"):  # a Dataset: x(sample, input), d(sample, output)
+        if d is not None:
+            raise DataError(
+                "d given with an xarray Dataset; its d(sample, output) are the targets: leave d "
+                "out, or pass x and d as DataArrays"
+            )
+        missing = [v for v in ("x", "d") if v not in x.data_vars]
+        if missing:
+            raise DataError(
+                f"the Dataset has variables {sorted(x.data_vars)}; it needs x(sample, input) and "
+                f"d(sample, output) (missing: {missing}), as dask_rpm.nn.data.write_dataset writes"
+            )
+        x, d = x["x"], x["d"]
+    if d is None:
+        raise DataError("d is required with dask x: pass the targets (or 1-D class labels)")
+    xa = _array(x, "x", da, None)
+    da_ = _array(d, "d", da, xa.chunks[0] if xa.ndim else None)
+    if xa.ndim != 2:
+        raise DataError(
+            f"x has shape {xa.shape}; dask x must be (samples, inputs) (images for a CNN: not yet "
+            f"from dask arrays, compute them first)"
+        )
+    if da_.ndim not in (1, 2):
+        raise DataError(f"d must be (samples, outputs) or 1-D labels; got shape {da_.shape}")
+    for name, a in (("x", xa), ("d", da_)):
+        if any(np.isnan(c) for dim in a.chunks for c in dim):
+            raise DataError(
+                f"{name} has unknown chunk sizes (shape {a.shape}), e.g. after boolean indexing; "
+                f"call {name} = {name}.compute_chunk_sizes() first"
+            )
+    if xa.shape[0] != da_.shape[0]:
+        raise DataError(
+            f"x has {xa.shape[0]} samples and d {da_.shape[0]}; they must have the same samples"
+        )
+    notes: list[str] = []
+    if len(xa.chunks[1]) > 1:  # a column's rows are whole samples: one chunk across features
+        xa = xa.rechunk({1: -1})
+        notes.append(f"x was chunked along its {xa.shape[1]} inputs; rechunked to whole rows")
+    if da_.ndim == 2 and len(da_.chunks[1]) > 1:
+        da_ = da_.rechunk({1: -1})
+        notes.append("d was chunked along its outputs; rechunked to whole rows")
+    if da_.chunks[0] != xa.chunks[0]:
+        da_ = da_.rechunk({0: xa.chunks[0]})
+        notes.append("d was chunked unlike x along samples; rechunked to x's chunks")
+    for note in notes:
+        logger.warning(f"dask data: {note}")
+    return ChunkedPair(xa, da_, tuple(notes))
+
+
+def _array(a: Any, name: str, da: Any, rows: Any) -> Any:
+    """One dask array of ``a``: xarray with ``sample`` first, a dask array as it is, numpy cut
+    into ``rows`` along samples (x's row chunks; None: one chunk)."""
+    if type(a).__module__.startswith("xarray"):
+        if SAMPLE not in a.dims:
+            raise DataError(
+                f"{name} has dimensions {a.dims}; xarray data need a {SAMPLE!r} dimension "
+                f"(rename yours: {name}.rename({{'time': 'sample'}}))"
+            )
+        a = a.transpose(SAMPLE, ...).data
+    if _is_dask(a):
+        return a
+    arr = np.asarray(a)
+    if rows is None or arr.ndim == 0 or arr.shape[0] != sum(rows):
+        return da.from_array(arr, chunks=(-1,) * arr.ndim)  # the length check then says why
+    return da.from_array(arr, chunks=(rows, *((-1,) * (arr.ndim - 1))))
+
+
+def _open_zarr(path: Any) -> Any:
+    """The zarr store at ``path`` as a dask-backed Dataset."""
+    import xarray as xr  # xarray's zarr backend needs the zarr package: imported when asked
+
+    try:
+        import zarr  # noqa: F401 - only to say what is missing
+    except ImportError:
+        raise DataError(
+            f"{os.fspath(path)!r} is a zarr store; reading it needs the zarr package: "
+            f"pip install 'dask-rpm[zarr]'"
+        ) from None
+    try:
+        return xr.open_zarr(os.fspath(path))
+    except (FileNotFoundError, KeyError, ValueError) as exc:
+        raise DataError(
+            f"cannot open the zarr store {os.fspath(path)!r}: {exc}; give a store written by "
+            f"xarray (Dataset.to_zarr) with x(sample, input) and d(sample, output)"
+        ) from None
+
+
+def computed(x: Any, d: Any = None) -> tuple[np.ndarray, np.ndarray]:
+    """``x`` and ``d`` (any form :func:`as_chunked` takes) computed into numpy arrays: what
+    :func:`~dask_rpm.nn.serial.fit_serial`, the reference, trains on."""
+    import dask  # computed with the current scheduler (a default distributed client, if any)
+
+    pair = as_chunked(x, d)
+    xv, dv = dask.compute(pair.x, pair.d)
+    return np.asarray(xv), np.asarray(dv)

@@ -1,0 +1,259 @@
+"""Training on Dask's own data: dask.array, xarray and zarr, rows cut where the chunks live.
+
+fit on dask data equals fit_serial on the computed arrays (float64, 1e-10); chunks on the
+workers of their column move nothing; bad input is one clear error or a fix with a note.
+"""
+
+from __future__ import annotations
+
+import time
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+import xarray as xr
+from distributed import Client, LocalCluster, Worker
+
+import dask_rpm
+from dask_rpm.nn.chunked import as_chunked, computed, is_chunked
+from dask_rpm.nn.data import DataError
+from dask_rpm.nn.serial import fit_serial
+from dask_rpm.plan.partition import PlanError
+from dask_rpm.planners import make_plan
+from dask_rpm.planners.chunks import snap_to_chunks
+
+S, N, M, L = 120, 5, 6, 2
+
+
+def _data(s=S, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(s, N)), rng.uniform(0.1, 0.9, size=(s, L))
+
+
+def _close(a, b):
+    return max(float(np.abs(p - q).max()) for p, q in zip(a.params, b.params))
+
+
+@pytest.fixture(scope="module")
+def client():
+    with (
+        LocalCluster(
+            n_workers=3, threads_per_worker=1, processes=False, dashboard_address=None
+        ) as cluster,
+        Client(cluster, set_as_default=False) as c,
+    ):
+        yield c
+
+
+# ------------------------------------------------------------------ the pure parts
+
+
+def test_snap_moves_cuts_onto_chunk_boundaries_within_the_tolerance():
+    plan = make_plan([1.0, 0.5, 0.25], (10, 12, 3), 100)
+    snapped = snap_to_chunks(plan, [25, 25, 25, 25], tolerance=0.5)
+    cuts = {snapped.column_samples(c)[0] for c in range(snapped.n_columns)}
+    assert cuts <= {0, 25, 50, 75}
+    assert snapped.imbalance() <= plan.imbalance() * 1.5
+    assert "chunk boundaries" in snapped.notes[-1]
+    assert [r.hidden for r in snapped.rectangles] == [r.hidden for r in plan.rectangles]
+    # too costly a move: the plan as it was
+    assert snap_to_chunks(plan, [25, 25, 25, 25], tolerance=0.0) is plan
+
+
+def test_snap_refuses_chunks_of_other_samples_and_a_bad_tolerance():
+    plan = make_plan([1.0, 1.0], (10, 12, 3), 100)
+    with pytest.raises(PlanError, match="chunks of 90 rows for a plan of 100"):
+        snap_to_chunks(plan, [45, 45], 0.05)
+    with pytest.raises(PlanError, match="chunk-imbalance=-1"):
+        snap_to_chunks(plan, [50, 50], -1)
+
+
+def test_forms_and_their_errors():
+    x, d = _data()
+    xd = da.from_array(x, chunks=(40, 2))  # chunked along inputs: rechunked, with a note
+    pair = as_chunked(xd, da.from_array(d, chunks=(30, 2)))
+    assert pair.x.chunks == ((40, 40, 40), (N,)) and pair.d.chunks[0] == pair.x.chunks[0]
+    assert any("inputs" in n for n in pair.notes) and any("unlike x" in n for n in pair.notes)
+    assert as_chunked(xd, d).d.chunks[0] == (40, 40, 40) and is_chunked(x, xd[:, :2])
+    unknown = xd[da.from_array(x[:, 0] > 0, chunks=40)]
+    with pytest.raises(DataError, match="compute_chunk_sizes"):
+        as_chunked(unknown, d)
+    with pytest.raises(DataError, match="x has 120 samples and d 100"):
+        as_chunked(xd, d[:100])
+    with pytest.raises(DataError, match="'sample' dimension"):
+        as_chunked(xr.DataArray(xd, dims=("time", "input")), d)
+    with pytest.raises(DataError, match="missing: \\['d'\\]"):
+        as_chunked(xr.Dataset({"x": (("sample", "input"), xd)}))
+    xc, dc = computed(xr.Dataset({"x": (("sample", "input"), xd), "d": (("sample", "o"), d)}))
+    assert np.array_equal(xc, x) and np.array_equal(dc, d)
+
+
+# ------------------------------------------------------------------ exactness
+
+
+@pytest.mark.parametrize(
+    "mapping, abilities", [("srpm", [1.0, 0.5, 0.25]), ("uniform", None), ("split-1d", None)]
+)
+def test_full_batch_equals_fit_serial(client, mapping, abilities):
+    x, d = _data()
+    kw = dict(hidden=M, iterations=6, learning_rate=1e-2, seed=1)
+    r = dask_rpm.fit(
+        da.from_array(x, chunks=(50, N)),
+        da.from_array(d, chunks=(50, L)),
+        mapping=mapping,
+        abilities=abilities,
+        client=client,
+        progress="none",
+        **kw,
+    )
+    assert _close(r, fit_serial(x, d, **kw)) < 1e-10
+    assert r.stats["dask"]["chunk_rows"] == [50, 50, 20]
+
+
+def test_mini_batches_labels_and_a_validation_fraction_equal_fit_serial(client):
+    x, _ = _data()
+    y = np.array(["a", "b", "c"])[np.random.default_rng(2).integers(0, 3, S)]
+    kw = dict(hidden=M, epochs=2, batch_size=32, learning_rate=1e-2, loss="cross-entropy", seed=3)
+    kw.update(validation=0.25)
+    r = dask_rpm.fit(
+        da.from_array(x, chunks=(40, N)),
+        da.from_array(y, chunks=40),
+        mapping="srpm",
+        abilities=[1.0, 0.6, 0.3],
+        client=client,
+        progress="none",
+        **kw,
+    )
+    s = fit_serial(x, y, **kw)
+    assert _close(r, s) < 1e-10 and list(r.classes) == ["a", "b", "c"]
+
+
+def test_xarray_dataset_and_zarr_store_equal_fit_serial(client, tmp_path):
+    x, d = _data()
+    ds = xr.Dataset({"x": (("sample", "input"), x), "d": (("sample", "output"), d)})
+    kw = dict(hidden=M, iterations=4, learning_rate=1e-2, mapping="srpm")
+    ref = fit_serial(x, d, hidden=M, iterations=4, learning_rate=1e-2)
+    r = dask_rpm.fit(ds.chunk({"sample": 40}), client=client, progress="none", **kw)
+    assert _close(r, ref) < 1e-10
+    pytest.importorskip("zarr")
+    store = tmp_path / "train.zarr"
+    ds.chunk({"sample": 40}).to_zarr(store)
+    r = dask_rpm.fit(str(store), client=client, progress="none", **kw)
+    assert _close(r, ref) < 1e-10 and r.stats["dask"]["chunks"] == 3
+    assert _close(fit_serial(str(store), hidden=M, iterations=4, learning_rate=1e-2), ref) == 0
+
+
+# ------------------------------------------------------------------ locality
+
+
+def test_chunks_on_their_columns_workers_move_nothing(client):
+    x, d = _data()
+    addresses = dask_rpm.ordered_workers(client.scheduler_info(n_workers=-1))
+    plan = make_plan([1.0, 0.5, 0.25], (N, M, L), S, method="split-1d", workers=addresses)
+    rows = [plan.column_samples(c) for c in range(plan.n_columns)]
+    chunks = tuple(b - a for a, b in rows)
+    owner = {c: [addresses[plan.columns[c][0]]] for c in range(plan.n_columns)}
+    with dask.annotate(workers=lambda key: owner[key[1]], allow_other_workers=False):
+        xd = da.from_array(x, chunks=(chunks, N)) + 0
+        dd = da.from_array(d, chunks=(chunks, L)) + 0
+    xd, dd = client.persist([xd, dd], optimize_graph=False)
+    kw = dict(hidden=M, iterations=4, learning_rate=1e-2)
+    r = dask_rpm.fit(xd, dd, mapping=plan, client=client, progress="none", **kw)
+    assert r.stats["dask"]["bytes_moved"] == 0 and r.stats["dask"]["moved"] == []
+    assert _close(r, fit_serial(x, d, **kw)) < 1e-10
+    # the same chunks on the wrong workers: each column's chunk moves, and only it
+    turned = plan.with_workers(addresses[1:] + addresses[:1])
+    r = dask_rpm.fit(xd, dd, mapping=turned, client=client, progress="none", **kw)
+    moved = r.stats["dask"]["moved"]
+    assert sorted(m["chunk"] for m in moved) == [0, 1, 2]
+    assert r.stats["dask"]["bytes_moved"] == S * (N + L) * 8
+
+
+# ------------------------------------------------------------------ errors
+
+
+def test_a_failing_chunk_names_its_key_and_cause(client):
+    x, d = _data()
+
+    def broken(block):
+        raise ZeroDivisionError("no data here")
+
+    bad = da.from_array(x, chunks=(40, N)).map_blocks(broken, dtype=float)
+    with pytest.raises(DataError, match=r"chunk \('broken-.*ZeroDivisionError: no data here"):
+        dask_rpm.fit(bad, d, hidden=M, iterations=2, client=client, progress="none")
+
+
+def test_unsupported_options_say_so(client):
+    x, d = _data()
+    xd = da.from_array(x, chunks=(40, N))
+    with pytest.raises(DataError, match="sample_weight= with dask data"):
+        dask_rpm.fit(xd, d, hidden=M, iterations=2, sample_weight=np.ones(S), client=client)
+    with pytest.raises(DataError, match="class labels need loss='cross-entropy'"):
+        dask_rpm.fit(xd, da.zeros(S, chunks=40), hidden=M, iterations=2, client=client)
+    with pytest.raises(DataError, match="x contains NaN"):
+        dask_rpm.fit(xd * np.nan, d, hidden=M, iterations=2, client=client, progress="none")
+
+
+# ------------------------------------------------------------------ remaps and processes
+
+
+@pytest.mark.slow
+def test_a_remap_that_changes_the_columns_samples_fetches_their_rows():
+    """A worker at the end of its Dask lifetime is retired: a whole remap onto the others,
+    whose new sample ranges come from the chunks (wherever Dask keeps them)."""
+    x, d = _data(s=600)
+    kw = dict(hidden=M, iterations=3000, learning_rate=1e-4, seed=0)
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None
+        ) as cluster,
+        Client(cluster, set_as_default=False) as c,
+        dask.config.set({"rpm.train.retire-margin": 1.5}),
+    ):
+
+        async def mortal() -> Worker:
+            return await Worker(cluster.scheduler_address, nthreads=1, lifetime="3s")
+
+        w = c.sync(mortal)
+        t0 = time.monotonic()
+        try:
+            r = dask_rpm.fit(
+                da.from_array(x, chunks=(200, N)),
+                da.from_array(d, chunks=(200, L)),
+                mapping="srpm",
+                abilities=[1.0, 1.0, 1.0],
+                interval=50,
+                client=c,
+                progress="none",
+                **kw,
+            )
+        finally:
+            c.sync(w.close)
+    assert time.monotonic() - t0 > 3.0, "the run must outlast the lifetime"
+    (rec,) = [rec for rec in r.remaps if rec.get("retired")]
+    assert rec["samples_reloaded"] > 0
+    assert max(m["version"] for m in r.stats["dask"]["moved"]) > 1  # rows fetched at the remap
+    assert _close(r, fit_serial(x, d, **kw)) < 1e-10
+
+
+def test_chunks_move_worker_to_worker_between_processes():
+    x, d = _data()
+    kw = dict(hidden=M, iterations=3, learning_rate=1e-2)
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+        ) as cluster,
+        Client(cluster, set_as_default=False) as c,
+    ):
+        a, b = dask_rpm.ordered_workers(c.scheduler_info(n_workers=-1))
+        with dask.annotate(workers=[b], allow_other_workers=False):  # every chunk on b
+            xd = da.from_array(x, chunks=(60, N)) + 0
+            dd = da.from_array(d, chunks=(60, L)) + 0
+        xd, dd = c.persist([xd, dd], optimize_graph=False)
+        plan = make_plan([1.0, 1.0], (N, M, L), S, method="split-1d", workers=[a, b])
+        r = dask_rpm.fit(xd, dd, mapping=plan, client=c, progress="none", **kw)
+    moved = r.stats["dask"]["moved"]
+    assert [(m["worker"], m["chunk"]) for m in moved] == [(a, 0)]  # a's column, from b
+    assert r.stats["dask"]["bytes_moved"] == 60 * (N + L) * 8
+    assert _close(r, fit_serial(x, d, **kw)) < 1e-10
