@@ -312,6 +312,9 @@ def fit(
         backend=backend,
         device=device,
     )
+    if is_chunked(x, d):  # Dask's data: persisted and checked where the chunks live
+        x, training = on_cluster(client, x, d, training)
+        d = None
     return client.sync(_fit_async, client, x, d, training, run)
 
 
@@ -319,9 +322,6 @@ def _callbacks(
     opts: RunOptions,
     data: Prepared,
     reporter: Progress,
-    if is_chunked(x, d):  # Dask's data: persisted and checked where the chunks live
-        x, training = on_cluster(client, x, d, training)
-        d = None
     remaps: list[RemapRecord],
     emulation: str | None,
     start: Checkpoint | StoredCheckpoint,
@@ -480,6 +480,8 @@ def _stats(
         "recomputed_iterations": int(
             sum(r.get("replayed", 0) for r in loop.remaps if r.get("lost"))
         ),
+        # Dask's data (engine.dask_data): the chunks, which moved to which worker, their bytes
+        **({"dask": driver.source.stats()} if isinstance(driver.source, ChunkedRows) else {}),
     }
 
 
@@ -487,8 +489,6 @@ def _start_stats(start: Checkpoint | StoredCheckpoint, loop: TrainingLoop) -> di
     """Where the run started and what placing its first shards moved (``FitResult.stats["start"]``)."""
     placed = loop.placed or Placed(0, 0, 0.0)
     return {
-        # Dask's data (engine.dask_data): the chunks, which moved to which worker, their bytes
-        **({"dask": driver.source.stats()} if isinstance(driver.source, ChunkedRows) else {}),
         "iteration": start.iteration,
         "from": "checkpoint store"
         if isinstance(start, StoredCheckpoint)
