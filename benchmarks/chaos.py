@@ -57,11 +57,17 @@ moved and sample bytes re-read in those remaps, time lost per fault (remap
 seconds + recomputed iterations x median s/iteration, over the faults), bytes
 lost (weights that differ from serial: must be 0), the final relative
 difference and wall time; on SLURM also the jobs the trainer resubmitted.
+Buddy copies (issue 36, ``rpm.resilience``) are on, as by default
+(``--no-buddies`` turns them off): the report counts the losses by where their
+rows came from (buddy, columns, checkpoint, initial weights), the iterations
+each loss cost and their mean, and the copies' ``R``. ``--kinds kill`` draws
+kills only.
 
 Usage::
 
     python benchmarks/chaos.py                         # ~3 min, seed 0
     python benchmarks/chaos.py --seconds 60 --seed 7 --json chaos.json
+    python benchmarks/chaos.py --kinds kill --every 2 4 --seconds 200   # SIGKILLs only, with buddy copies
     SLURM_CONF=/tmp/dask-rpm-slurm/slurm.conf python benchmarks/chaos.py --slurm --seconds 180
 """
 
@@ -110,10 +116,12 @@ class Fault(NamedTuple):
     job: str | None = None  # SLURM: the job cancelled or submitted, "slow-3 (1234)"
 
 
-def draw_kind(rng: random.Random, n: int, min_workers: int, max_workers: int) -> str:
-    """The next fault's kind among those that keep ``min_workers <= workers <= max_workers``."""
+def draw_kind(
+    rng: random.Random, n: int, min_workers: int, max_workers: int, kinds: tuple[str, ...] = KINDS
+) -> str:
+    """The next fault's kind among ``kinds`` that keep ``min_workers <= workers <= max_workers``."""
     allowed = [
-        k for k in KINDS if (k == "add" and n < max_workers) or (k != "add" and n > min_workers)
+        k for k in kinds if (k == "add" and n < max_workers) or (k != "add" and n > min_workers)
     ]
     return rng.choice(allowed)
 
@@ -125,12 +133,13 @@ def planned_kinds(
     min_workers: int = 2,
     max_workers: int = 5,
     interval: tuple[float, float] = LOCAL_EVERY,
+    kinds: tuple[str, ...] = KINDS,
 ) -> list[str]:
     """The kinds of the first ``count`` faults the injector draws for ``seed`` (no cluster needed)."""
     rng, n, out = random.Random(seed), workers, []
     for _ in range(count):
         rng.uniform(*interval)  # the wait, drawn first as the injector does
-        out.append(draw_kind(rng, n, min_workers, max_workers))
+        out.append(draw_kind(rng, n, min_workers, max_workers, kinds))
         n += {"kill": 0, "retire": -1, "add": 1}[out[-1]]
     return out
 
@@ -158,8 +167,10 @@ class Injector(threading.Thread):
         interval: tuple[float, float] = LOCAL_EVERY,
         min_workers: int = 2,
         max_workers: int = 5,
+        kinds: tuple[str, ...] = KINDS,
     ) -> None:
         super().__init__(name="chaos-injector", daemon=True)
+        self.kinds = kinds
         self.cluster, self.client = cluster, client
         # two generators: the kinds and the waits depend on the seed only; the victims also on which
         # workers are up at the time (drawn from their own generator so they never shift the kinds)
@@ -202,7 +213,7 @@ class Injector(threading.Thread):
         # The intended size (not the live count) decides which kinds are allowed: a killed worker is
         # being restarted or resubmitted and still counts, so the kinds drawn depend on the seed only.
         n = self.size()
-        kind = draw_kind(self.rng, n, self.min_workers, self.max_workers)
+        kind = draw_kind(self.rng, n, self.min_workers, self.max_workers, self.kinds)
         if kind != "add":
             self.ready()
         alive = self.alive()
@@ -655,7 +666,17 @@ def _fault_figures(run: Training, faults: list[Fault]) -> dict[str, Any]:
         outcomes=[_outcome(f, r.remaps, members) for f in faults],
         recovered_from={
             src: sum(1 for rec in r.remaps if rec.get("lost") and rec.get("recovered_from") == src)
-            for src in ("columns", "checkpoint", "initial weights")
+            for src in ("buddy", "columns", "checkpoint", "initial weights")
+        },
+        recomputed_per_loss=[
+            int(rec.get("replayed", 0) or 0) for rec in r.remaps if rec.get("lost")
+        ],
+        mean_recomputed_per_loss=float(
+            np.mean([rec.get("replayed", 0) or 0 for rec in r.remaps if rec.get("lost")] or [0.0])
+        ),
+        buddies={
+            k: r.stats.get("buddies", {}).get(k)
+            for k in ("on", "every", "every_chosen", "copies_taken", "copies_sent", "sends_skipped")
         },
         remaps={
             "fault": len(fault_remaps),
@@ -702,6 +723,8 @@ def soak(
     mapping: str = "drpm",
     max_iterations: int = 10_000_000,
     checkpoint_store: bool = False,
+    buddies: bool = True,
+    kinds: tuple[str, ...] = KINDS,
 ) -> dict[str, Any]:
     """Run the soak, on a LocalCluster or (``slurm=True``) on SLURM; returns the report (module docstring).
 
@@ -722,6 +745,7 @@ def soak(
     with (
         tempfile.TemporaryDirectory(prefix="rpm-chaos-") as tmp,
         dask.config.set(SLURM_CONFIG if slurm else {}),
+        dask.config.set({"rpm.resilience.buddies": buddies}),
         (slurm_setup if slurm else local_setup)(workers) as (cluster, client, label),
         log_lines(("to replace it", "not resubmitting")) as replacements,
     ):
@@ -734,6 +758,7 @@ def soak(
             interval=interval,
             min_workers=min_workers,
             max_workers=max_workers,
+            kinds=kinds,
         )
         run = train_under_faults(
             client,
@@ -762,6 +787,8 @@ def soak(
             "block": block,
             "checkpoint_every": checkpoint_every,
             "checkpoints": "store (workers write and read)" if checkpoint_store else "driver",
+            "buddies": buddies,
+            "kinds": list(kinds),
             "seed": seed,
             "seconds": seconds,
             "fault_interval_s": list(interval),
@@ -824,7 +851,9 @@ def summary(rep: dict[str, Any]) -> str:
         f"  faults survived: {rep['faults_survived']} of {rep['faults_injected']}; remaps {rep['remaps']}; "
         f"recovered from {rep['recovered_from']}",
         f"  iterations: {rep['iterations']} ({rep['median_seconds_per_iteration'] * 1e3:.2f} ms median); "
-        f"recomputed {rep['iterations_recomputed']}",
+        f"recomputed {rep['iterations_recomputed']}, {rep['mean_recomputed_per_loss']:.2f} per loss on "
+        f"average (each: {rep['recomputed_per_loss']})",
+        f"  buddy copies: {rep['buddies']}",
         f"  weight bytes moved {rep['weight_bytes_moved']}, sample bytes re-read {rep['sample_bytes_reread']}",
         f"  time lost: {rep['time_lost_seconds']:.2f} s in all, {rep['time_lost_per_fault_seconds']:.3f} s per fault "
         f"(remaps {rep['remap_seconds']:.2f} s + recomputed iterations)",
@@ -877,6 +906,17 @@ def main(argv: list[str] | None = None) -> int:
         help="checkpoints into a store the workers write and read (fit(checkpoint_dir=...)), "
         "not the driver's memory",
     )
+    ap.add_argument(
+        "--no-buddies",
+        action="store_true",
+        help="buddy copies off (rpm.resilience.buddies: false): losses take rows from another "
+        "column or a checkpoint",
+    )
+    ap.add_argument(
+        "--kinds",
+        default=",".join(KINDS),
+        help=f"the faults to draw from, comma-separated (default {','.join(KINDS)}; kill: SIGKILL only)",
+    )
     ap.add_argument("--json", metavar="PATH", help="write the report as JSON here")
     a = ap.parse_args(argv)
     if not a.min_workers >= 1 or a.workers < a.min_workers or a.max_workers < a.workers:
@@ -898,6 +938,8 @@ def main(argv: list[str] | None = None) -> int:
         block=a.block,
         checkpoint_every=a.checkpoint_every,
         checkpoint_store=a.checkpoint_store,
+        buddies=not a.no_buddies,
+        kinds=tuple(k.strip() for k in a.kinds.split(",") if k.strip()),
     )
     print(summary(rep))
     if a.json:

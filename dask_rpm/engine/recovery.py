@@ -247,9 +247,7 @@ async def recover(
     failed_at = exc.iteration
     for attempt in range(len(driver.addresses) + 1):
         await asyncio.sleep(0.5 if attempt else 0.0)
-        alive = ordered_workers(await driver.client.scheduler.identity(n_workers=-1))
-        # A worker named lost is gone even if its address is still listed (closing).
-        alive = [a for a in alive if a not in exc.workers]
+        alive = await _alive(driver, exc.workers)
         try:
             rec = await rebalance(
                 driver, alive, fallback, f"worker(s) {', '.join(exc.workers)} lost"
@@ -269,6 +267,19 @@ async def recover(
         f"continuing from iteration {driver.iteration}{_fallback_note(driver, rec)}"
     )
     return rec
+
+
+async def _alive(driver: Driver, lost: Sequence[str]) -> list[str]:
+    """The workers up now but ``lost`` (a worker named lost is gone even if still listed, closing);
+    when there are none (every worker killed while the others restart), the first to come up,
+    waiting at most ``rpm.train.wait-workers`` seconds."""
+    deadline = time.monotonic() + driver.engine.wait_workers
+    while True:
+        info = await driver.client.scheduler.identity(n_workers=-1)
+        alive = [a for a in ordered_workers(info) if a not in lost]
+        if alive or time.monotonic() >= deadline:
+            return alive
+        await asyncio.sleep(0.5)
 
 
 def _fallback_note(driver: Driver, rec: RemapRecord) -> str:
