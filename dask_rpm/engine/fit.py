@@ -97,6 +97,7 @@ def fit(
     backend: str | None = None,
     device: str | None = None,
     network: Any = None,
+    sample_weight: Any = None,
 ) -> FitResult:
     """Train a 3-layer perceptron by back-propagation on the workers of a Dask cluster.
 
@@ -192,12 +193,13 @@ def fit(
         column taking its share of every batch (docs/training.md).
     shuffle : bool, default ``rpm.train.shuffle``
         Mini-batches: a new seeded sample order every epoch.
-    activation : {"sigmoid", "tanh", "relu"}, default ``rpm.train.activation``
-    loss : {"squared", "cross-entropy"}, default ``rpm.train.loss``
+    activation : {"sigmoid", "tanh", "relu", "identity"}, default ``rpm.train.activation``
+    loss : {"squared", "cross-entropy", "poisson"}, default ``rpm.train.loss``
         With ``"cross-entropy"`` the outputs are a softmax and ``d`` may be
-        1-D class labels (one-hot encoded; ``FitResult.classes`` keeps them).
-    output : {"auto", "sigmoid", "linear", "softmax"}, default ``rpm.train.output``
-        Output layer; ``auto`` follows the loss (sigmoid for squared error).
+        1-D class labels (one-hot encoded; ``FitResult.classes`` keeps them);
+        ``"poisson"`` is the half Poisson deviance of exponential outputs (targets >= 0).
+    output : {"auto", "sigmoid", "linear", "softmax", "exp"}, default ``rpm.train.output``
+        Output layer; ``auto`` follows the loss (sigmoid for squared error, exp for Poisson).
     bias : bool, default ``rpm.train.bias``
         Bias terms for both layers (:mod:`dask_rpm.nn.network`: ``W`` and ``V``
         then have one more column, ``W`` one more row).
@@ -253,6 +255,12 @@ def fit(
         Every stage's output channels are cut by the plan's hidden rows, as an MLP's hidden
         units are (docs/training.md, "Convolutional networks"). ``hidden``, ``init``,
         ``activation`` and ``bias`` do not apply.
+    sample_weight : array_like, optional
+        One weight ``>= 0`` per sample (``x`` as numpy arrays or a scipy CSR / CSC matrix, whose
+        rows stay sparse on numpy workers: :mod:`dask_rpm.nn.sparse`): each sample's loss and
+        gradient count that many times. With ``reduction="mean"`` the gradient and the loss of
+        a batch are divided by its weight sum, as scikit-learn's (docs/training.md); a fraction
+        held out for ``validation`` takes its samples' weights along.
 
     Returns
     -------
@@ -293,6 +301,7 @@ def fit(
         tol=tol,
         target_error=target_error,
         network=network,
+        sample_weight=sample_weight,
     )
     run = RunOptions(
         mapping=mapping,

@@ -39,9 +39,10 @@ The parameters are scikit-learn's and dask_rpm's own (``client``, ``mapping``,
 ``abilities``, ``progress``, ``backend``, ``device``), declared as scikit-learn
 declares them (``_parameter_constraints``) and checked when ``fit`` starts: a bad
 value is scikit-learn's ``InvalidParameterError`` (a ``ValueError``), with the
-same message. Not supported: ``activation="identity"``,
-``sample_weight`` and ``loss="poisson"``; each is refused with a message saying
-why.
+same message. ``fit`` and ``partial_fit`` take ``sample_weight``, carried through the loss, the
+gradients the workers exchange and the validation split as scikit-learn's; ``X`` may be a
+CSR / CSC matrix (its rows reach the workers sparse, :mod:`dask_rpm.nn.sparse`), and float32
+``X`` trains in float32 end to end (kernels, exchanges, ``coefs_``).
 
 :class:`CNNClassifier` (:mod:`dask_rpm.estimators.cnn`) is a convolutional network with the
 same conventions, solvers and training rules.
@@ -63,7 +64,12 @@ try:
     from sklearn.preprocessing import LabelBinarizer
     from sklearn.utils._param_validation import StrOptions
     from sklearn.utils.metaestimators import available_if
-    from sklearn.utils.multiclass import check_classification_targets, type_of_target
+    from sklearn.utils.multiclass import (
+        _check_partial_fit_first_call,
+        check_classification_targets,
+        type_of_target,
+        unique_labels,
+    )
     from sklearn.utils.validation import column_or_1d, validate_data
 except ImportError as exc:  # pragma: no cover - exercised only without scikit-learn
     raise ImportError(
@@ -165,44 +171,59 @@ class MLPClassifier(ClassifierMixin, MLPBase):
     def _output_name(self) -> str:
         return "softmax" if self.out_activation_ == "softmax" else "sigmoid"
 
+    def __sklearn_tags__(self) -> Any:
+        tags = super().__sklearn_tags__()
+        tags.classifier_tags.multi_label = True  # indicator y: one logistic output per label
+        return tags
+
     def _validate_input(
-        self, X: Any, y: Any, incremental: bool, reset: bool, classes: Any
-    ) -> tuple[np.ndarray, np.ndarray]:
+        self, X: Any, y: Any, incremental: bool, reset: bool
+    ) -> tuple[Any, np.ndarray]:
+        """scikit-learn's checks of ``X`` and the labels, the classes a warm start or a
+        ``partial_fit`` may see, and the binarized targets in ``X``'s dtype."""
         X, y = validate_data(
-            self, X, y, reset=reset, dtype=(np.float64, np.float32), multi_output=True
+            self,
+            X,
+            y,
+            reset=reset,
+            accept_sparse=["csr", "csc"],
+            dtype=(np.float64, np.float32),
+            multi_output=True,
         )
-        X = np.asarray(X, dtype=np.float64)
         if y.ndim == 2 and y.shape[1] == 1:
             y = column_or_1d(y, warn=True)
         check_classification_targets(y)
-        if reset or not hasattr(self, "classes_"):
+        if not hasattr(self, "classes_") or (not self.warm_start and not incremental):
             self._label_binarizer = LabelBinarizer()
-            self._label_binarizer.fit(y if classes is None else classes)
+            self._label_binarizer.fit(y)
             self.classes_ = self._label_binarizer.classes_
+        else:
+            classes = unique_labels(y)
+            if self.warm_start:
+                if set(classes) != set(self.classes_):
+                    raise EstimatorError(
+                        "warm_start can only be used where `y` has the same classes as in the "
+                        f"previous call to fit. Previously got {self.classes_}, `y` has {classes}"
+                    )
+            elif len(np.setdiff1d(classes, self.classes_, assume_unique=True)):
+                raise EstimatorError(
+                    f"`y` has classes not in `self.classes_`. `self.classes_` has "
+                    f"{self.classes_}. 'y' has {classes}."
+                )
+        if reset:
             kind = self._label_binarizer.y_type_
             self.out_activation_ = "softmax" if kind == "multiclass" else "logistic"
-        else:
-            seen: Any = np.setdiff1d(np.unique(y), self.classes_) if y.ndim == 1 else []
-            if len(seen):
-                raise EstimatorError(
-                    f"y has labels {list(seen)} that are not in classes_ {list(self.classes_)}; "
-                    f"pass every class to the first partial_fit with classes="
-                )
-        if len(self.classes_) < 2 and type_of_target(y) != "multilabel-indicator":
-            raise EstimatorError(
-                f"y has only one class ({self.classes_[0]!r}); a classifier needs at least 2"
-            )
-        Y = self._label_binarizer.transform(y).astype(np.float64)
-        return X, Y
+        return X, self._label_binarizer.transform(y).astype(X.dtype)
 
     def _validation_targets(self, Yv: np.ndarray) -> Any:
         return self._label_binarizer.inverse_transform(Yv)
 
-    def _scorer(self, Xv: np.ndarray, yv: Any) -> Any:
+    def _scorer(self, Xv: Any, yv: Any, sw: Any = None) -> Any:
         net = self._net()
 
         def score(params: Sequence[np.ndarray]) -> float:
-            return float(accuracy_score(yv, self._labels(forward(Xv, params, net))))
+            pred = self._labels(forward(Xv, params, net))
+            return float(accuracy_score(yv, pred, sample_weight=sw))
 
         return score
 
@@ -212,20 +233,25 @@ class MLPClassifier(ClassifierMixin, MLPBase):
         return self._label_binarizer.inverse_transform(out)
 
     @_fit_context(prefer_skip_nested_validation=True)
-    def fit(self, X: Any, y: Any) -> MLPClassifier:
-        """Fit the model to ``X (s, n)`` and labels ``y``; returns self."""
-        return self._fit(X, y, incremental=False)
+    def fit(self, X: Any, y: Any, sample_weight: Any = None) -> MLPClassifier:
+        """Fit the model to ``X (s, n)`` (an array, or a CSR / CSC matrix) and labels ``y``
+        (one weight per sample in ``sample_weight``, or None: 1 each); returns self."""
+        return self._fit(X, y, incremental=False, sample_weight=sample_weight)
 
     @available_if(MLPBase._check_solver)
     @_fit_context(prefer_skip_nested_validation=True)
-    def partial_fit(self, X: Any, y: Any, classes: Any = None) -> MLPClassifier:
-        """One epoch over ``X, y`` (``classes``: every label, needed on the first call)."""
-        if not hasattr(self, "classes_") and classes is None:
-            raise EstimatorError(
-                "classes must be passed on the first call to partial_fit (every label, e.g. "
-                "np.unique(y_all))"
-            )
-        return self._fit(X, y, incremental=True, classes=classes)
+    def partial_fit(
+        self, X: Any, y: Any, sample_weight: Any = None, classes: Any = None
+    ) -> MLPClassifier:
+        """One epoch over ``X, y`` (``classes``: every label, needed on the first call, the
+        same on every later one; multi-label ``y`` gives its own)."""
+        if _check_partial_fit_first_call(self, classes):
+            self._label_binarizer = LabelBinarizer()
+            if type_of_target(y).startswith("multilabel"):
+                self._label_binarizer.fit(y)
+            else:
+                self._label_binarizer.fit(classes)
+        return self._fit(X, y, incremental=True, sample_weight=sample_weight)
 
     def predict(self, X: Any) -> np.ndarray:
         """Class labels."""
@@ -249,27 +275,26 @@ class MLPClassifier(ClassifierMixin, MLPBase):
 class MLPRegressor(RegressorMixin, MLPBase):
     __doc__ = (
         "A multi-layer perceptron regressor: scikit-learn's ``MLPRegressor``, trained by "
-        "dask_rpm (squared error, identity outputs).\n"
+        "dask_rpm (squared error and identity outputs, or the Poisson deviance and "
+        "exponential outputs).\n"
         + _COMMON_DOC.replace(
             "    hidden_layer_sizes, activation,",
-            "    loss : {'squared_error'}\n    hidden_layer_sizes, activation,",
+            "    loss : {'squared_error', 'poisson'}\n    hidden_layer_sizes, activation,",
         )
     )
 
-    _loss_name = "squared"
-    _output_name = "linear"
-
     _parameter_constraints = {
         **MLPBase._parameter_constraints,
-        "loss": [StrOptions({"squared_error"})],
+        "loss": [StrOptions({"squared_error", "poisson"})],
     }
-    _unsupported = {
-        **MLPBase._unsupported,
-        "loss": {
-            "poisson": "dask_rpm's MLPRegressor trains the squared error; its kernels have no "
-            "Poisson deviance (exponential outputs)",
-        },
-    }
+
+    @property
+    def _loss_name(self) -> str:
+        return "poisson" if self.loss == "poisson" else "squared"
+
+    @property
+    def _output_name(self) -> str:
+        return "exp" if self.loss == "poisson" else "linear"
 
     def __init__(
         self,
@@ -313,26 +338,28 @@ class MLPRegressor(RegressorMixin, MLPBase):
         return tags
 
     def _validate_input(
-        self, X: Any, y: Any, incremental: bool, reset: bool, classes: Any
-    ) -> tuple[np.ndarray, np.ndarray]:
+        self, X: Any, y: Any, incremental: bool, reset: bool
+    ) -> tuple[Any, np.ndarray]:
+        """scikit-learn's checks of ``X`` and ``y``; the targets as columns in ``X``'s dtype."""
         X, y = validate_data(
             self,
             X,
             y,
             reset=reset,
+            accept_sparse=["csr", "csc"],
             dtype=(np.float64, np.float32),
             multi_output=True,
             y_numeric=True,
         )
-        X = np.asarray(X, dtype=np.float64)
-        y = np.asarray(y, dtype=np.float64)
-        self.out_activation_ = "identity"
+        y = np.asarray(y, dtype=X.dtype)
+        if reset:
+            self.out_activation_ = "exp" if self.loss == "poisson" else "identity"
         return X, (y.reshape(-1, 1) if y.ndim == 1 else y)
 
     def _validation_targets(self, Yv: np.ndarray) -> Any:
         return Yv.ravel() if Yv.shape[1] == 1 else Yv
 
-    def _scorer(self, Xv: np.ndarray, yv: Any) -> Any:
+    def _scorer(self, Xv: Any, yv: Any, sw: Any = None) -> Any:
         net = self._net()
 
         def score(params: Sequence[np.ndarray]) -> float:
@@ -340,20 +367,22 @@ class MLPRegressor(RegressorMixin, MLPBase):
             pred = out.ravel() if out.shape[1] == 1 else out
             if not np.isfinite(pred).all():
                 return math.nan
-            return float(r2_score(yv, pred))
+            return float(r2_score(yv, pred, sample_weight=sw))
 
         return score
 
     @_fit_context(prefer_skip_nested_validation=True)
-    def fit(self, X: Any, y: Any) -> MLPRegressor:
-        """Fit the model to ``X (s, n)`` and targets ``y (s,)`` or ``(s, outputs)``; returns self."""
-        return self._fit(X, y, incremental=False)
+    def fit(self, X: Any, y: Any, sample_weight: Any = None) -> MLPRegressor:
+        """Fit the model to ``X (s, n)`` (an array, or a CSR / CSC matrix) and targets ``y (s,)``
+        or ``(s, outputs)`` (one weight per sample in ``sample_weight``, or None: 1 each);
+        returns self."""
+        return self._fit(X, y, incremental=False, sample_weight=sample_weight)
 
     @available_if(MLPBase._check_solver)
     @_fit_context(prefer_skip_nested_validation=True)
-    def partial_fit(self, X: Any, y: Any) -> MLPRegressor:
+    def partial_fit(self, X: Any, y: Any, sample_weight: Any = None) -> MLPRegressor:
         """One epoch over ``X, y``."""
-        return self._fit(X, y, incremental=True)
+        return self._fit(X, y, incremental=True, sample_weight=sample_weight)
 
     def predict(self, X: Any) -> np.ndarray:
         """Predicted targets, ``(samples,)`` for one output."""

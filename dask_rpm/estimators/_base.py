@@ -30,7 +30,7 @@ from sklearn.utils._param_validation import (
     Options,
     StrOptions,
 )
-from sklearn.utils.validation import check_is_fitted, validate_data
+from sklearn.utils.validation import _check_sample_weight, check_is_fitted, validate_data
 
 from .._version import __version__
 from ..model.mlp import MLPModel
@@ -54,7 +54,7 @@ class EstimatorError(ValueError):
 
 
 #: scikit-learn's activation names, as dask_rpm's kernels call them
-_ACTIVATIONS = {"logistic": "sigmoid", "tanh": "tanh", "relu": "relu"}
+_ACTIVATIONS = {"logistic": "sigmoid", "tanh": "tanh", "relu": "relu", "identity": "identity"}
 
 
 #: dask_rpm's own estimator parameters: where it trains (:func:`dask_rpm.fit`'s keywords of the
@@ -127,8 +127,8 @@ class ClusterEstimator(BaseEstimator):
 class MLPBase(ClusterEstimator):
     """Training shared by both estimators (scikit-learn's ``BaseMultilayerPerceptron``'s loop)."""
 
-    #: scikit-learn's ``BaseMultilayerPerceptron._parameter_constraints`` less what dask_rpm does
-    #: not train (:attr:`_unsupported`), and dask_rpm's own parameters
+    #: scikit-learn's ``BaseMultilayerPerceptron._parameter_constraints``, and dask_rpm's own
+    #: parameters
     _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
         "hidden_layer_sizes": ["array-like", Interval(Integral, 1, None, closed="left")],
         "activation": [StrOptions(set(_ACTIVATIONS))],
@@ -156,15 +156,6 @@ class MLPBase(ClusterEstimator):
         **CLUSTER_CONSTRAINTS,
     }
 
-    #: scikit-learn's values that dask_rpm does not train, and why: refused by
-    #: :meth:`_validate_params` with the reason
-    _unsupported: ClassVar[dict[str, dict[str, str]]] = {
-        "activation": {
-            "identity": "dask_rpm does not support 'identity' hidden units: its kernels have "
-            "sigmoid ('logistic'), tanh and relu units (dask_rpm.nn.network.ACTIVATIONS)",
-        },
-    }
-
     # ------------------------------------------------------------- settings
     def _check_solver(self) -> bool:
         """scikit-learn's condition for ``partial_fit``: a stochastic solver."""
@@ -188,14 +179,23 @@ class MLPBase(ClusterEstimator):
             )
         return tuple(int(h) for h in sizes)
 
+    def _progress(self) -> Any:
+        """``progress`` for :func:`dask_rpm.fit`: silent unless ``verbose`` or given, as
+        scikit-learn's estimators print nothing unless ``verbose``."""
+        if self.progress is not None:
+            return self.progress
+        return None if self.verbose else False
+
+    def __sklearn_tags__(self) -> Any:
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = True  # CSR / CSC X: the first layer multiplies it as it is
+        return tags
+
     # ------------------------------------------------------------- training
-    def _fit(self, X: Any, y: Any, incremental: bool, classes: Any = None) -> Any:
+    def _fit(self, X: Any, y: Any, incremental: bool, sample_weight: Any = None) -> Any:
         hidden = self._hidden_sizes()
         if self.early_stopping and incremental:
-            raise EstimatorError(
-                "partial_fit does not support early_stopping=True: set early_stopping=False, or "
-                "use fit"
-            )
+            raise EstimatorError("partial_fit does not support early_stopping=True")
         first_pass = not hasattr(self, "coefs_") or (not self.warm_start and not incremental)
         fitted = () if first_pass else tuple(c.shape[1] for c in self.coefs_[:-1])
         if fitted and fitted != hidden:
@@ -204,14 +204,30 @@ class MLPBase(ClusterEstimator):
                 f"goes on with the fitted network's hidden layers {fitted!r}: fit it anew "
                 f"(warm_start=False) to train other sizes"
             )
-        X, Y = self._validate_input(X, y, incremental, first_pass, classes)
+        X, Y = self._validate_input(X, y, incremental, first_pass)
+        sw = None
+        if sample_weight is not None:  # scikit-learn's check, in X's dtype (float32 stays float32)
+            sw = _check_sample_weight(sample_weight, X, dtype=X.dtype, ensure_non_negative=True)
         self.n_outputs_ = Y.shape[1]
         rs = check_random_state(self.random_state)
         if first_pass:
-            self._initialize(X.shape[1], hidden, Y, rs)
+            self._initialize(X.shape[1], hidden, Y, rs, X.dtype)
         if self.solver == "lbfgs":  # full batch: no validation split, no batches
-            return self._fit_lbfgs(X, Y)
-        Xt, Yt, val = self._split(X, Y, rs)
+            return self._fit_lbfgs(X, Y, sw)
+        return self._fit_stochastic(X, Y, sw, hidden, incremental, rs)
+
+    def _fit_stochastic(
+        self,
+        X: Any,
+        Y: np.ndarray,
+        sw: np.ndarray | None,
+        hidden: tuple[int, ...],
+        incremental: bool,
+        rs: Any,
+    ) -> Any:
+        """scikit-learn's ``_fit_stochastic``: the early-stopping split, then epochs of adam or
+        sgd (serially or on the cluster) until the :class:`ConvergenceRule` stops them."""
+        Xt, Yt, swt, val = self._split(X, Y, sw, rs)
         n = Xt.shape[0]
         if self.batch_size == "auto":
             batch = min(200, n)
@@ -220,15 +236,32 @@ class MLPBase(ClusterEstimator):
                 warnings.warn(
                     "Got `batch_size` less than 1 or larger than sample size. It is going to be "
                     "clipped",
-                    stacklevel=3,
+                    stacklevel=4,
                 )
             batch = int(np.clip(self.batch_size, 1, n))
         if not incremental or not hasattr(self, "_optimizer_state"):
             self._optimizer_state, self._steps = None, 0  # a new optimizer, as scikit-learn's
             self._lr = float(self.learning_rate_init)
-        score = None
-        if val is not None:
-            score = self._scorer(*val)
+        rule = self._rule(n, val)
+        start = self._params()  # scikit-learn's best weights until a validation score beats them
+        epochs = 1 if incremental else self.max_iter
+        params = self._train(Xt, Yt, swt, hidden, batch, epochs, rs, rule)
+        if self._stopped and "diverged" in self._stopped:
+            params = self._diverged(params, rule, epochs, start)
+        elif rule.best is not None:  # early stopping: the weights of the best validation score
+            params = rule.best
+        self._store(params, rule)
+        if not incremental and rule.epochs == self.max_iter and not self._stopped:
+            warnings.warn(
+                f"Stochastic Optimizer: Maximum iterations ({self.max_iter}) reached and the "
+                f"optimization hasn't converged yet.",
+                ConvergenceWarning,
+                stacklevel=4,
+            )
+        return self
+
+    def _rule(self, n: int, val: tuple[Any, Any, Any] | None) -> ConvergenceRule:
+        """The end-of-epoch rule of this fit, going on from the last one's bookkeeping."""
         # n_iter_no_change=np.inf (scikit-learn's "never"): more epochs than can ever run
         patience = sys.maxsize if self.n_iter_no_change == np.inf else int(self.n_iter_no_change)
         rule = ConvergenceRule(
@@ -239,35 +272,48 @@ class MLPBase(ClusterEstimator):
             power_t=self.power_t,
             tol=self.tol,
             n_iter_no_change=patience,
-            score=score,
+            score=None if val is None else self._scorer(*val),
             state=self._rule_state,
             verbose=bool(self.verbose),
         )
         # the rate the optimizer reached (sgd's invscaling and adaptive change it; partial_fit goes on)
         rule.lr = self._lr
-        params = self._train(Xt, Yt, hidden, batch, 1 if incremental else self.max_iter, rs, rule)
-        if rule.best is not None:  # early stopping: the weights of the best validation score
-            params = rule.best
-        self._store(params, rule)
-        if not incremental and rule.epochs == self.max_iter and not self._stopped:
-            warnings.warn(
-                f"Stochastic Optimizer: Maximum iterations ({self.max_iter}) reached and the "
-                f"optimization hasn't converged yet.",
-                ConvergenceWarning,
-                stacklevel=3,
-            )
-        return self
+        return rule
 
-    def _initialize(self, n_features: int, hidden: tuple[int, ...], Y: np.ndarray, rs: Any) -> None:
+    def _diverged(
+        self, params: list[np.ndarray], rule: ConvergenceRule, epochs: int, start: list[np.ndarray]
+    ) -> list[np.ndarray]:
+        """Weights gone non-finite, as scikit-learn goes on (its issue 29504): with early stopping
+        the epochs left end with NaN weights (NaN loss, a validation score of NaN weights) and
+        the best weights come back - those training started from when no score beat them;
+        without it, or when the best are NaN, scikit-learn's ValueError."""
+        if self.early_stopping:
+            lost = [np.full_like(p, np.nan) for p in params]
+            self._stopped = None
+            while rule.epochs < epochs and self._stopped is None:
+                self._stopped = rule.end_epoch(math.nan, lost).stop
+            params = rule.best if rule.best is not None else start
+        if self.early_stopping and all(np.isfinite(p).all() for p in params):
+            return params
+        raise EstimatorError(
+            "Solver produced non-finite parameter weights. The input data may contain large "
+            f"values and need to be preprocessed (training diverged; lower learning_rate_init, "
+            f"now {self.learning_rate_init!r}, or scale the inputs)"
+        )
+
+    def _initialize(
+        self, n_features: int, hidden: tuple[int, ...], Y: np.ndarray, rs: Any, dtype: Any
+    ) -> None:
         """scikit-learn's ``_initialize``: Glorot-uniform weights drawn from ``rs`` in its order
-        (each layer's coefficients, then its intercepts, first layer to output layer)."""
+        (each layer's coefficients, then its intercepts, first layer to output layer), in the
+        data's ``dtype``."""
         factor = 2.0 if self.activation == "logistic" else 6.0
         units = [n_features, *hidden, Y.shape[1]]
         self.coefs_, self.intercepts_ = [], []
         for fan_in, fan_out in zip(units[:-1], units[1:]):
             bound = np.sqrt(factor / (fan_in + fan_out))
-            self.coefs_.append(rs.uniform(-bound, bound, (fan_in, fan_out)))
-            self.intercepts_.append(rs.uniform(-bound, bound, fan_out))
+            self.coefs_.append(rs.uniform(-bound, bound, (fan_in, fan_out)).astype(dtype))
+            self.intercepts_.append(rs.uniform(-bound, bound, fan_out).astype(dtype))
         self.n_iter_, self.t_ = 0, 0
         self.n_layers_ = len(units)
         self._rule_state: dict[str, Any] | None = None
@@ -275,35 +321,44 @@ class MLPBase(ClusterEstimator):
             del self._optimizer_state
 
     def _split(
-        self, X: np.ndarray, Y: np.ndarray, rs: Any
-    ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, Any] | None]:
+        self, X: Any, Y: np.ndarray, sw: np.ndarray | None, rs: Any
+    ) -> tuple[Any, np.ndarray, np.ndarray | None, tuple[Any, Any, Any] | None]:
+        """scikit-learn's early-stopping split: training samples, targets and weights, and the
+        validation ``(X, labels or targets, weights)`` (None without early stopping)."""
         if not self.early_stopping:
-            return X, Y, None
-        stratify = Y if is_classifier(self) and Y.shape[1] == 1 else None
-        Xt, Xv, Yt, Yv = train_test_split(
-            X, Y, random_state=rs, test_size=self.validation_fraction, stratify=stratify
+            return X, Y, sw, None
+        # scikit-learn stratifies on its boolean targets (their names are in its messages)
+        stratify = Y.astype(bool) if is_classifier(self) and Y.shape[1] == 1 else None
+        parts = train_test_split(
+            *((X, Y) if sw is None else (X, Y, sw)),
+            random_state=rs,
+            test_size=self.validation_fraction,
+            stratify=stratify,
         )
+        Xt, Xv, Yt, Yv = parts[:4]
+        swt, swv = (None, None) if sw is None else (parts[4], parts[5])
         if Xv.shape[0] < 2:
             raise EstimatorError(
-                f"validation_fraction={self.validation_fraction} of {X.shape[0]} samples holds "
-                f"out {Xv.shape[0]}; the validation set needs at least 2: increase "
-                f"validation_fraction or give more samples"
+                "The validation set is too small. Increase 'validation_fraction' or the size of "
+                "your dataset."
             )
-        return Xt, Yt, (Xv, self._validation_targets(Yv))
+        return Xt, Yt, swt, (Xv, self._validation_targets(Yv), swv)
 
     def _net(self) -> Network:
         return Network(_ACTIVATIONS[self.activation], self._loss_name, self._output_name, True)
 
     def _train(
         self,
-        X: np.ndarray,
+        X: Any,
         Y: np.ndarray,
+        sw: np.ndarray | None,
         hidden: tuple[int, ...],
         batch: int,
         epochs: int,
         rs: Any,
         rule: ConvergenceRule,
     ) -> list[np.ndarray]:
+        dtype = np.dtype(Y.dtype)  # X's (the targets were cast to it): float32 end to end
         net = self._net()
         opt: dict[str, Any] = {"name": self.solver, "convention": "scikit-learn"}
         if self.solver == "adam":
@@ -312,13 +367,16 @@ class MLPBase(ClusterEstimator):
             opt.update(momentum=self.momentum, nesterov=bool(self.nesterovs_momentum))
         opt["steps"] = self._steps
         # (weights, biases): every layer's, in the kernels' (fan_out, fan_in) orientation
-        init = ([c.T for c in self.coefs_], list(self.intercepts_))
+        init = (
+            [np.asarray(c.T, dtype=dtype) for c in self.coefs_],
+            [np.asarray(b, dtype=dtype) for b in self.intercepts_],
+        )
         options = TrainingOptions(
             hidden=hidden,
             epochs=epochs,
             learning_rate=self._lr,
             init=init,
-            dtype="float64",
+            dtype=dtype.name,
             batch_size=batch,
             shuffle=rs if self.shuffle else False,
             activation=net.activation,
@@ -328,6 +386,7 @@ class MLPBase(ClusterEstimator):
             optimizer=opt,
             alpha=self.alpha,
             reduction="mean",
+            sample_weight=sw,
         )
         client = self._client()
         if client is None:
@@ -346,12 +405,6 @@ class MLPBase(ClusterEstimator):
             self.result_: Any = out
         else:
             params, stopped, state = self._train_on_cluster(client, X, Y, batch, options, rule)
-        if stopped and "diverged" in stopped:
-            raise EstimatorError(
-                "Solver produced non-finite parameter weights. The input data may contain large "
-                f"values and need to be preprocessed ({stopped}; or lower learning_rate_init, now "
-                f"{self.learning_rate_init!r})"
-            )
         self._stopped = stopped
         self._optimizer_state = state
         # the rule stops training on epoch ends only: so many steps were taken
@@ -386,7 +439,7 @@ class MLPBase(ClusterEstimator):
             client=client,
             mapping=self.mapping,
             abilities=self.abilities,
-            progress=self.progress,
+            progress=self._progress(),
             backend=self.backend,
             device=self.device,
             callbacks=[rule],
@@ -398,7 +451,7 @@ class MLPBase(ClusterEstimator):
         self.result_ = result
         return list(result.params), result.stopped, result.optimizer_state
 
-    def _fit_lbfgs(self, X: np.ndarray, Y: np.ndarray) -> Any:
+    def _fit_lbfgs(self, X: Any, Y: np.ndarray, sw: np.ndarray | None = None) -> Any:
         """scikit-learn's ``_fit_lbfgs`` from the current weights (:mod:`dask_rpm.estimators.lbfgs`):
         scipy's L-BFGS-B here, the objective on the cluster or serially."""
         out = lbfgs.fit(
@@ -419,6 +472,7 @@ class MLPBase(ClusterEstimator):
             max_fun=self.max_fun,
             tol=self.tol,
             verbose=self.verbose,
+            sample_weight=sw,
         )
         if not all(np.isfinite(a).all() for a in (*out.coefs, *out.intercepts)):
             raise EstimatorError(
@@ -495,7 +549,9 @@ class MLPBase(ClusterEstimator):
 
     def _check_predict_X(self, X: Any) -> np.ndarray:
         check_is_fitted(self, "coefs_")
-        return validate_data(self, X, reset=False, dtype=(np.float64, np.float32))
+        return validate_data(
+            self, X, reset=False, accept_sparse=["csr", "csc"], dtype=(np.float64, np.float32)
+        )
 
     def save(self, path: Any, *, overwrite: bool = False) -> str:
         """Write the fitted model (:meth:`dask_rpm.MLPModel.save`: an existing file only with

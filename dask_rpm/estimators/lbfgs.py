@@ -134,10 +134,12 @@ def fit(
     max_fun: int,
     tol: float,
     verbose: Any,
+    sample_weight: np.ndarray | None = None,
 ) -> LbfgsResult:
     """scikit-learn's lbfgs from ``coefs`` / ``intercepts`` on ``X, Y`` (targets ``(s, l)``):
     the objective of ``net`` with the L2 penalty ``alpha`` on ``client``'s workers, or serially
-    (``client`` None).
+    (``client`` None); ``sample_weight`` weighs each sample's loss and gradient, the objective
+    then divided by their sum, as scikit-learn's.
 
     ``cluster`` holds :class:`~dask_rpm.engine.objective.ClusterObjective`'s ``mapping``,
     ``abilities``, ``backend`` and ``device`` (serially, ``backend`` and ``device`` place the
@@ -158,6 +160,7 @@ def fit(
         optimizer="sgd",  # never stepped: an optimizer without state
         alpha=alpha,
         reduction="mean",  # scikit-learn's squared loss: a mean over the outputs too
+        sample_weight=sample_weight,
     )
     objective: Any
     if client is None:
