@@ -346,3 +346,17 @@ def test_verbose_prints_scikit_learns_lines_and_nothing_else(client, capsys):
     _quiet(est.set_params(verbose=True), x, y)
     out, _ = capsys.readouterr()
     assert "for 1 consecutive epochs. Stopping." in out
+
+
+def test_identity_and_poisson_models_save_and_export(tmp_path):
+    torch = pytest.importorskip("torch")
+    x, y = make_regression(60, 4, random_state=0)
+    for params, target in [
+        (dict(activation="identity"), y),
+        (dict(loss="poisson"), np.abs(y) / 50),
+    ]:
+        est = _quiet(MLPRegressor(hidden_layer_sizes=(5,), max_iter=3, **params), x, target)
+        back = dask_rpm.MLPModel.load(est.save(tmp_path / "m.nc", overwrite=True))
+        np.testing.assert_allclose(back.predict(x).ravel(), est.predict(x), rtol=1e-12)
+        out = est.model_.to_torch()(torch.from_numpy(x)).detach().numpy().ravel()
+        np.testing.assert_allclose(out, est.predict(x), rtol=1e-12)

@@ -494,7 +494,7 @@ class MLPModel:
         """A ``torch.nn.Sequential`` with the trained weights (needs the optional extra ``torch``).
 
         ``Linear(n, m_1) -> activation -> ... -> Linear(m_(L-1), m_L) -> activation ->
-        Linear(m_L, l) [-> Sigmoid | Softmax(dim=1)]`` in the weights' dtype; its
+        Linear(m_L, l) [-> Sigmoid | Softmax(dim=1) | exp]`` in the weights' dtype; its
         outputs equal :meth:`outputs` (with the output layer; :meth:`predict_proba`
         for softmax classifiers) or :meth:`decision_function` (``output_layer=False``)
         up to rounding. Target un-standardization (regressors) is not part of it.
@@ -513,7 +513,12 @@ class MLPModel:
             raise ModelError(
                 f"to_torch supports float32 and float64 weights; these are {self.params[0].dtype}"
             )
-        activation = {"sigmoid": nn.Sigmoid, "tanh": nn.Tanh, "relu": nn.ReLU}[self.net.activation]
+        activation = {
+            "sigmoid": nn.Sigmoid,
+            "tanh": nn.Tanh,
+            "relu": nn.ReLU,
+            "identity": nn.Identity,
+        }[self.net.activation]
         weights, biases = self.net.split_params(self.params)
         layers: list[Any] = []
         for k, (w, b) in enumerate(zip(weights, biases)):
@@ -529,4 +534,11 @@ class MLPModel:
             layers.append(nn.Sigmoid())
         elif output_layer and self.net.output == "softmax":
             layers.append(nn.Softmax(dim=1))
+        elif output_layer and self.net.output == "exp":
+
+            class Exp(nn.Module):  # torch has no exponential layer (the Poisson loss's outputs)
+                def forward(self, u: Any) -> Any:
+                    return torch.exp(u)
+
+            layers.append(Exp())
         return nn.Sequential(*layers)
