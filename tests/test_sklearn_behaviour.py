@@ -152,6 +152,32 @@ def test_new_options_equal_fit_serial_through_a_whole_remap_two_layers(client, c
         np.testing.assert_allclose(ours, theirs, rtol=RTOL, atol=RTOL * np.abs(theirs).max())
 
 
+def test_weighted_sparse_run_resumes_from_a_checkpoint_as_if_uninterrupted(client):
+    """Stop at a checkpoint, resume on another plan: the weights of fit_serial's run (the
+    batches' weight sums come from the recipe, the same after a resume)."""
+    x, d = _data("sparse")
+    w = np.random.default_rng(5).integers(0, 4, size=S).astype(float)
+    kw = dict(_kw("sparse", 16), sample_weight=w, reduction="mean", alpha=0.01, iterations=16)
+    saved: list = []
+    first = fit(
+        x,
+        d,
+        mapping=_plan("1col", True),
+        client=client,
+        interval=4,
+        checkpoint_every=8,
+        on_checkpoint=saved.append,
+        should_stop=lambda: len(saved) >= 1,
+        progress="none",
+        **kw,
+    )
+    assert first.stopped and saved[-1]["iteration"] == 8
+    r = fit(x, d, mapping=_plan("2col", True), client=client, resume=saved[-1], **kw)
+    ref = fit_serial(x, d, **kw)
+    for ours, theirs in zip(r.params, ref.params):
+        np.testing.assert_allclose(ours, theirs, rtol=RTOL, atol=RTOL * np.abs(theirs).max())
+
+
 def test_sample_weight_is_refused_with_what_is_valid():
     x, d = _data("identity")
     kw = dict(hidden=3, iterations=1, loss="cross-entropy")
