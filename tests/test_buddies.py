@@ -141,6 +141,10 @@ def test_restore_point_is_the_latest_complete_iteration():
     assert pieces_for(point, (5, 9), "w1") == [(5, 6, "w1", "own"), (6, 9, "w0", "buddy")]
     # a floor above 16 (a learning rate changed at 18): nothing to go back to
     assert restore_point(held, m, floor=18) is None
+    # nothing after the ceiling (iterations whose errors are not recorded)
+    held.append(_h(20, 6, 9, "w0", "buddy"))
+    assert restore_point(held, m).iteration == 20
+    assert restore_point(held, m, ceiling=19).iteration == 16
 
 
 def test_live_shards_are_preferred_and_a_lost_pair_leaves_nothing():
@@ -346,6 +350,40 @@ def test_a_worker_and_its_buddy_lost_together_fall_back_with_a_clear_message(clu
     assert "restarted from iteration 0" in caplog.text and "buddy" in caplog.text
     assert r.stats["recomputed_iterations"] >= 12
     _assert_serial(r, x, d, 9, 0.05, 30)
+
+
+class _KillInBlock(TrainingCallback):
+    """SIGKILL ``victim`` while a block runs, once the streamed progress passed iteration ``at``."""
+
+    def __init__(self, client, victim, at):
+        self.pid, self.at, self.fired = client.run(os.getpid)[victim], at, []
+
+    def on_progress(self, driver):
+        last = driver.log.last_iteration()
+        if not self.fired and last is not None and last >= self.at:
+            self.fired.append(last)
+            os.kill(self.pid, signal.SIGKILL)
+
+
+def test_a_kill_inside_a_block_goes_back_to_a_copy_after_the_block_start(cluster3):
+    """A loss in the middle of a long block: the copies of an iteration after the block's start
+    are newer than anything the rollback to that start holds; training goes on from there, and
+    the iterations between the block's start and the copy stay in the history."""
+    _, client = cluster3
+    x, d = _problem()
+    plan = Plan.from_columns([[0, 1, 2]], [48], [[3, 3, 3]], shape=(6, 9, 3))
+    kill = _KillInBlock(client, ordered_workers(client.scheduler_info())[0], at=300)
+    with dask.config.set({"rpm.resilience.every": 25, "rpm.engine.report-seconds": 0.01}):
+        r = fit(
+            x, d, hidden=9, iterations=900, learning_rate=0.05, mapping=plan, client=client,
+            interval=450, callbacks=[kill], progress="none",
+        )  # fmt: skip
+    assert kill.fired
+    (rec,) = [rec for rec in r.remaps if rec.get("lost")]
+    assert rec["recovered_from"] == "buddy" and rec["iteration"] > 0  # not the block start
+    assert rec["iteration"] % 25 == 0 and rec["replayed"] <= 2 * 25 + 50  # (progress lags)
+    assert r.history.sizes["iteration"] == 900
+    _assert_serial(r, x, d, 9, 0.05, 900)
 
 
 @pytest.mark.slow

@@ -176,17 +176,22 @@ def _cover(held: Sequence[Holding], m: int) -> tuple[Segment, ...] | None:
     return tuple(out)
 
 
-def restore_point(holdings: Iterable[Holding], m: int, floor: int = 0) -> Restore | None:
-    """The latest iteration ``>= floor`` of which the live workers hold every one of the ``m`` rows.
+def restore_point(
+    holdings: Iterable[Holding], m: int, floor: int = 0, ceiling: int | None = None
+) -> Restore | None:
+    """The latest iteration in ``[floor, ceiling]`` of which the live workers hold every one of
+    the ``m`` rows.
 
     ``floor`` is the earliest iteration training may go back to (a learning rate changed by an
-    end-of-epoch rule after it: :attr:`dask_rpm.engine.driver.Driver.floor`). None when no
-    iteration is complete (a worker and its buddy lost together): the caller falls back to a
-    checkpoint.
+    end-of-epoch rule after it: :attr:`dask_rpm.engine.driver.Driver.floor`); ``ceiling`` the
+    latest it may go forward to (the iterations before it are recorded: their errors are in the
+    history). None when no iteration is complete (a worker and its buddy lost together): the
+    caller falls back to a checkpoint.
     """
+    top = math.inf if ceiling is None else ceiling
     by_iteration: dict[int, list[Holding]] = {}
     for h in holdings:
-        if h.iteration >= floor and h.rows[0] < h.rows[1]:
+        if floor <= h.iteration <= top and h.rows[0] < h.rows[1]:
             by_iteration.setdefault(int(h.iteration), []).append(h)
     for k in sorted(by_iteration, reverse=True):
         segments = _cover(by_iteration[k], m)

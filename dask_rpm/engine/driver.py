@@ -112,8 +112,8 @@ class Driver:
         self.kernel_backends: dict[str, str] = {}  # ... and where (Backend.label)
         self.run = spec.run
         self.plan = plan
-        # While a remap or an install is under way: the workers it depends on (None: the current plan's).
-        # Workers of the old plan already declared lost must not count as lost again.
+        # While a remap or an install is under way: the workers it depends on (None: the current
+        # plan's); workers of the old plan already declared lost must not count as lost again.
         self._watch: set[str] | None = None
         self.source = source  # a netCDF path the workers read, Dask chunks, or None (arrays)
         self.rows = rows  # file rows of the training samples (a validation split), or None: all
@@ -135,7 +135,8 @@ class Driver:
         self.on_progress: Callable[[Driver], None] | None = None
         self.book: BuddyBook | None = None  # buddy copies (engine.buddies); None: none
         self.floor = 0  # a recovery goes back no further (engine.recovery; the loop sets it)
-        self.reached = 0  # the furthest iteration done in the block a loss aborted
+        # the block a loss aborted: how far it got, and its records and errors (recovery.restore)
+        self.reached, self.aborted = 0, self.log.forget_from(0)
 
     # ------------------------------------------------------------ placing
     def _submit(self, fn: Any, *args: Any, key: tuple, worker: int) -> Any:
@@ -356,7 +357,7 @@ class Driver:
         self.reached = max([spec.first, *(it + 1 for it in self.log.errors)])
         await self.run_on(run_rollback, self.run, spec.first, workers=targets)
         self.iteration = spec.first
-        self.log.forget_from(spec.first)
+        self.aborted = self.log.forget_from(spec.first)  # a recovery may keep some (restore)
         await self.client.scheduler.rpm_update(run=self.run, info={"forget_from": spec.first})
 
     async def _conclude(self, spec: BlockSpec, results: dict[int, BlockResult]) -> BlockOutcome:
@@ -502,8 +503,7 @@ class Driver:
         full, identical copy); with ``with_state`` ``(params, state)``, the optimizer state
         ``{slot: [one array per parameter]}``."""
         col = sorted(self.plan.columns[0], key=lambda w: self.plan.rectangle(w).hidden[0])
-        # The key carries the plan version: a gather repeated at the same iteration after a recovery
-        # (a worker lost during the first) must not be handed the first one's results, shards of the old plan.
+        # The key carries the plan version: a gather repeated after a recovery must not get the first's
         what = f"gather-v{self.version}"
         futures = [
             self._submit(t_gather, self.run, key=self._key(what, self.iteration, w), worker=w)

@@ -178,7 +178,10 @@ async def _restore_point(driver: Driver) -> Restore | None:
         if not isinstance(r, BaseException)
         for k, rows, kind in r
     ]
-    return restore_point(held, driver.plan.shape[1], driver.floor)
+    top, errors = driver.iteration, driver.aborted[1]
+    while top in errors:  # forward only as far as the aborted block's errors are known
+        top += 1
+    return restore_point(held, driver.plan.shape[1], driver.floor, top)
 
 
 async def restore(driver: Driver, new: Plan, point: Restore) -> RemapRecord:
@@ -223,6 +226,11 @@ async def restore(driver: Driver, new: Plan, point: Restore) -> RemapRecord:
     alive = [a for i, a in enumerate(driver.addresses) if i not in driver.gone]
     # errors ignored: a worker that left meanwhile is found lost by the next block
     await driver.run_on(run_commit, driver.run, driver.version, k, workers=alive)
+    # going back to k may mean forward from the aborted block's start: its iterations before k
+    # were done (every worker finished them) and stay in the history
+    records, errors = driver.aborted
+    driver.log.add(r for r in records if driver.iteration <= r.iteration < k)
+    driver.log.add_errors({it: e for it, e in errors.items() if driver.iteration <= it < k})
     driver.plan, driver.iteration = new, k
     driver.log.forget_from(k)
     await driver.client.scheduler.rpm_update(run=driver.run, info={"forget_from": k})

@@ -70,14 +70,17 @@ class TimingLog:
         for it, err in items:
             self.errors[int(it)] = float(err)
 
-    def forget_from(self, first: int) -> None:
-        """Drop everything of iterations ``>= first`` (they will be computed again)."""
+    def forget_from(self, first: int) -> tuple[list[TimingRecord], dict[int, float]]:
+        """Drop everything of iterations ``>= first`` (they will be computed again); returns what
+        was dropped, the records and the errors (a recovery from buddy copies may go back to a
+        later iteration than ``first``, and keep those before it)."""
+        records = []
         for it in [k for k in self._by_iteration if k >= first]:
             for w in self._by_iteration.pop(it):
-                self._records.pop((it, w), None)
+                records.append(self._records.pop((it, w)))
         self._order = deque(k for k in self._order if k[0] < first)
-        for it in [k for k in self.errors if k >= first]:
-            del self.errors[it]
+        errors = {it: self.errors.pop(it) for it in [k for k in self.errors if k >= first]}
+        return records, errors
 
     # -------------------------------------------------------------- reading
     def __len__(self) -> int:
