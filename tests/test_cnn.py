@@ -461,3 +461,12 @@ def test_layer_records_train_the_network_a_module_describes():
     r2 = fit_serial(x, y, network=records, seed=3, **dict(KW, iterations=3))
     assert _rel(r1.params, r2.params) == 0.0 and np.all(np.isfinite(r1.errors))
     assert xb.to_host(r1.params[0]).shape == (4, 2, 3, 3)
+
+
+def test_a_backend_without_cnn_kernels_is_refused_before_any_work(client4):
+    x, y = problem(12)
+    with pytest.raises(xb.BackendError, match="backend='cupy' has no CNN kernels"):
+        fit(
+            x, y, network=lenet_like(), backend="cupy", loss="cross-entropy", iterations=1,
+            client=client4, progress="none",
+        )  # fmt: skip

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..nn.chunked import is_chunked
+from ..nn.cnn_kernels import check_backend
 from ..nn.options import TrainingOptions
 from ..nn.prepare import Prepared, prepare
 from ..progress import Progress
@@ -379,6 +380,8 @@ async def _fit_async(
     reporter = Progress(given.progress)  # validates progress= before any work
     data = prepare(x, d, training)
     opts = given.resolved()
+    if data.recipe.layers is not None:  # a CNN: torch's or numpy's kernels only
+        check_backend(opts.placement.backend)
     # a bad checkpoint is refused before waiting for workers
     resume = resume_state(opts.resume, data)
     start = start_checkpoint(resume, data, stored=isinstance(opts.resume, (str, os.PathLike)))

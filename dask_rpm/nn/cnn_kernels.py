@@ -33,10 +33,20 @@ from .cnn import ConvLayers
 from .kernels import Workspace
 from .network import Network
 
-__all__ = ["ConvWorkspace", "resolve_kernels", "KERNELS"]
+__all__ = ["ConvWorkspace", "resolve_kernels", "check_backend", "KERNELS"]
 
 #: The kernel sets a :class:`ConvWorkspace` takes (``kernels=``; training uses ``auto``).
 KERNELS = ("auto", "torch", "numpy")
+
+
+def check_backend(backend_name: str) -> None:
+    """Refuse a backend that has no CNN kernels before any work starts (a
+    :class:`~dask_rpm.nn.backend.BackendError` saying which do)."""
+    if backend_name == "cupy":
+        raise xb.BackendError(
+            "backend='cupy' has no CNN kernels; a CNN trains with backend='torch' (its CPU or "
+            "GPU kernels), 'numpy' or 'auto' (torch on a worker's GPU)"
+        )
 
 
 def resolve_kernels(name: str, backend: Backend) -> str:

@@ -17,6 +17,7 @@ from . import backend as xbk
 from . import sparse
 from .backend import Backend
 from .chunked import computed, is_chunked
+from .cnn_kernels import check_backend
 from .convergence import epoch_error
 from .data import DataError
 from .kernels import all_finite
@@ -228,6 +229,8 @@ def fit_serial(
     if is_chunked(x, d):  # Dask's data (dask_rpm.nn.chunked): the reference trains on them computed
         x, d = computed(x, d)
     job = prepare(x, d, TrainingOptions.of(options, **given), load=True)
+    if job.recipe.layers is not None:  # a CNN: torch's or numpy's kernels only
+        check_backend(be.name)
     assert job.arrays is not None
     for rule in callbacks or ():
         if not hasattr(rule, "end_epoch"):
