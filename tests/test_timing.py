@@ -81,6 +81,7 @@ class _OneWorkerState:
             "float64",
         )
         self.iteration = 0
+        self.copies = None  # no buddy copies: one worker has no buddy
         self.ws = Workspace(x.shape[0], W.shape[0], x.shape[1], d.shape[1])
         from dask_rpm.comm.mailbox import Mailbox
 
