@@ -28,6 +28,9 @@ from .tasks import run_deadline
 
 logger = logging.getLogger("dask_rpm")
 
+#: Seconds between checks for ended batch jobs after a worker was lost (until its job is found).
+SUSPECT_CHECK = 1.0
+
 
 __all__ = ["TrainingLoop"]
 
@@ -54,7 +57,9 @@ class TrainingLoop:
         )
         self.interval = opts.interval
         self.target = next((h.target_error for h in hooks if h.target_error is not None), None)
-        self.jobs_suspect = False  # a worker was lost: look for ended jobs at the next boundary
+        # when a worker was lost (None: none since the last ended job was found): look for ended
+        # jobs at every boundary (at most every SUSPECT_CHECK s) until its job shows as ended
+        self.suspect_since: float | None = None
         self._jobs_checked = time.monotonic()
         self.deadlines: dict[str, float] = {}
         self._deadlines_for = -1
@@ -207,7 +212,8 @@ class TrainingLoop:
         if self.opts.on_worker_loss == "raise":
             raise exc
         self.remaps.append(await recover(self.driver, exc, self.ckpt.latest))
-        self.jobs_suspect = True  # look for ended batch jobs at the next boundary
+        if self.suspect_since is None:  # look for ended batch jobs from the next boundary on
+            self.suspect_since = time.monotonic()
 
     async def _replace_lost_jobs(self) -> None:
         """On a batch-system cluster that can (``replace_lost``, e.g. SLURM groups), resubmit ended jobs;
@@ -217,15 +223,21 @@ class TrainingLoop:
         if not hasattr(cluster, "replace_lost") or not engine.replace_lost:
             return
         now = time.monotonic()
-        if not self.jobs_suspect and now - self._jobs_checked < engine.replace_check:
+        since = self.suspect_since
+        wait = SUSPECT_CHECK if since is not None else engine.replace_check
+        if now - self._jobs_checked < wait:
             return
-        self._jobs_checked, self.jobs_suspect = now, False
+        self._jobs_checked = now
         assert cluster is not None  # hasattr(cluster, "replace_lost") above
         try:
             replaced = await cluster.replace_lost()
         except Exception as exc:  # sbatch failing must not stop training
             logger.warning(f"could not resubmit ended jobs: {exc}")
             return
+        # a cancelled job shows as ended a little after its worker is gone (and a recovery from a
+        # buddy's copy may be done before): keep looking for up to replace-check seconds
+        if replaced or (since is not None and now - since >= engine.replace_check):
+            self.suspect_since = None
         for old, new in replaced.items():
             logger.warning(
                 f"iteration {self.driver.iteration}: job {old} ended; submitted {new} to replace it"
