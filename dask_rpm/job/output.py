@@ -22,6 +22,7 @@ import xarray as xr
 from .._files import TargetError, atomic_write, atomic_write_text, json_default
 from ..engine import FitResult, TrainingError, store
 from ..model.cnn import CNNModel
+from ..model.cnn import dimension_names as conv_dimension_names
 from ..model.files import dimension_names
 from ..model.mlp import MLPModel, ModelError
 from ..nn.cnn import ConvLayers
@@ -41,7 +42,6 @@ __all__ = [
     "rescue_paths",
     "json_default",
     "weight_variables",
-    "conv_dimension_names",
 ]
 
 
@@ -67,7 +67,7 @@ def weight_variables(
 ) -> dict[str, Any]:
     """One variable per parameter, named and dimensioned as in a model file (``W``, ``V`` for one
     hidden layer; ``W1 .. WL``, ``V`` deeper: :func:`~dask_rpm.model.files.dimension_names`);
-    a CNN's (``conv``, its geometry) as :func:`conv_dimension_names` names them."""
+    a CNN's (``conv``, its geometry) as :func:`~dask_rpm.model.cnn.dimension_names` names them."""
     if conv is not None:
         names, dims = list(conv.names), conv_dimension_names(conv)
     else:
@@ -77,27 +77,6 @@ def weight_variables(
         f"{prefix}{name}": (d, p, {"description": f"{what} of {name}"})
         for name, d, p in zip(names, dims, params)
     }
-
-
-def conv_dimension_names(conv: ConvLayers) -> list[tuple[str, ...]]:
-    """The dimension names of each parameter of a CNN, in :attr:`ConvLayers.params
-    <dask_rpm.nn.cnn.ConvLayers.params>` order: ``W{k}`` is ``(stage{k}, stage{k}_input,
-    stage{k}_kernel_y, stage{k}_kernel_x)`` for a conv stage and ``(stage{k}, stage{k}_input)``
-    for a dense one, ``b{k}`` is ``(stage{k},)`` and ``V`` is ``(output, stage{L},
-    stage{L}_position)``. ``stage{k}`` counts the rows as planned: the last stage's last row is
-    the output bias channel (:mod:`dask_rpm.nn.cnn`)."""
-    out: list[tuple[str, ...]] = []
-    for p in conv.params:
-        st, k = conv.stages[p.layer], f"stage{p.layer + 1}"
-        if p.name.startswith("b"):
-            out.append((k,))
-        elif p.axis == 1:
-            out.append(("output", k, f"{k}_position"))
-        elif st.kind == "conv":
-            out.append((k, f"{k}_input", f"{k}_kernel_y", f"{k}_kernel_x"))
-        else:
-            out.append((k, f"{k}_input"))
-    return out
 
 
 def _network_attrs(conv: ConvLayers | None) -> dict[str, Any]:
