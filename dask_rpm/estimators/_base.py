@@ -57,6 +57,28 @@ class EstimatorError(ValueError):
 _ACTIVATIONS = {"logistic": "sigmoid", "tanh": "tanh", "relu": "relu", "identity": "identity"}
 
 
+#: scikit-learn's constraints on the stochastic solvers' parameters (its
+#: ``BaseMultilayerPerceptron._parameter_constraints``), as every estimator declares them
+SOLVER_CONSTRAINTS: dict[str, list[Any]] = {
+    "alpha": [Interval(Real, 0, None, closed="left")],
+    "batch_size": [StrOptions({"auto"}), Interval(Integral, 1, None, closed="left")],
+    "learning_rate": [StrOptions(set(LEARNING_RATE_SCHEDULES))],
+    "learning_rate_init": [Interval(Real, 0, None, closed="neither")],
+    "power_t": [Interval(Real, 0, None, closed="left")],
+    "max_iter": [Interval(Integral, 1, None, closed="left")],
+    "shuffle": ["boolean"],
+    "random_state": ["random_state"],
+    "tol": [Interval(Real, 0, None, closed="left")],
+    "verbose": ["verbose"],
+    "warm_start": ["boolean"],
+    "momentum": [Interval(Real, 0, 1, closed="both")],
+    "nesterovs_momentum": ["boolean"],
+    "beta_1": [Interval(Real, 0, 1, closed="left")],
+    "beta_2": [Interval(Real, 0, 1, closed="left")],
+    "epsilon": [Interval(Real, 0, None, closed="neither")],
+    "n_iter_no_change": [Interval(Integral, 1, None, closed="left"), Options(Real, {np.inf})],
+}
+
 #: dask_rpm's own estimator parameters: where it trains (:func:`dask_rpm.fit`'s keywords of the
 #: same names), as every estimator declares them
 CLUSTER_CONSTRAINTS: dict[str, list[Any]] = {
@@ -133,26 +155,10 @@ class MLPBase(ClusterEstimator):
         "hidden_layer_sizes": ["array-like", Interval(Integral, 1, None, closed="left")],
         "activation": [StrOptions(set(_ACTIVATIONS))],
         "solver": [StrOptions({"lbfgs", "sgd", "adam"})],
-        "alpha": [Interval(Real, 0, None, closed="left")],
-        "batch_size": [StrOptions({"auto"}), Interval(Integral, 1, None, closed="left")],
-        "learning_rate": [StrOptions(set(LEARNING_RATE_SCHEDULES))],
-        "learning_rate_init": [Interval(Real, 0, None, closed="neither")],
-        "power_t": [Interval(Real, 0, None, closed="left")],
-        "max_iter": [Interval(Integral, 1, None, closed="left")],
-        "shuffle": ["boolean"],
-        "random_state": ["random_state"],
-        "tol": [Interval(Real, 0, None, closed="left")],
-        "verbose": ["verbose"],
-        "warm_start": ["boolean"],
-        "momentum": [Interval(Real, 0, 1, closed="both")],
-        "nesterovs_momentum": ["boolean"],
         "early_stopping": ["boolean"],
         "validation_fraction": [Interval(Real, 0, 1, closed="left")],
-        "beta_1": [Interval(Real, 0, 1, closed="left")],
-        "beta_2": [Interval(Real, 0, 1, closed="left")],
-        "epsilon": [Interval(Real, 0, None, closed="neither")],
-        "n_iter_no_change": [Interval(Integral, 1, None, closed="left"), Options(Real, {np.inf})],
         "max_fun": [Interval(Integral, 1, None, closed="left")],
+        **SOLVER_CONSTRAINTS,
         **CLUSTER_CONSTRAINTS,
     }
 

@@ -30,7 +30,7 @@ import copy
 import math
 import sys
 import warnings
-from numbers import Integral, Real
+from numbers import Integral
 from typing import Any, ClassVar
 
 import numpy as np
@@ -39,9 +39,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import (
     HasMethods,
-    Interval,
     InvalidParameterError,
-    Options,
     StrOptions,
 )
 from sklearn.utils.multiclass import check_classification_targets
@@ -50,9 +48,9 @@ from sklearn.utils.validation import check_array, check_is_fitted, column_or_1d
 from .._version import __version__
 from ..model.cnn import CNNModel
 from ..nn.cnn_records import conv_layers
-from ..nn.convergence import LEARNING_RATE_SCHEDULES, ConvergenceRule
+from ..nn.convergence import ConvergenceRule
 from ..nn.options import TrainingOptions
-from ._base import CLUSTER_CONSTRAINTS, ClusterEstimator, EstimatorError
+from ._base import CLUSTER_CONSTRAINTS, SOLVER_CONSTRAINTS, ClusterEstimator, EstimatorError
 
 __all__ = ["CNNClassifier"]
 
@@ -149,23 +147,7 @@ class CNNClassifier(ClassifierMixin, ClusterEstimator):
         "network": [list, tuple, HasMethods(["forward", "parameters"])],
         "image_shape": [None, "array-like"],
         "solver": [StrOptions({"adam", "sgd"})],
-        "alpha": [Interval(Real, 0, None, closed="left")],
-        "batch_size": [StrOptions({"auto"}), Interval(Integral, 1, None, closed="left")],
-        "learning_rate": [StrOptions(set(LEARNING_RATE_SCHEDULES))],
-        "learning_rate_init": [Interval(Real, 0, None, closed="neither")],
-        "power_t": [Interval(Real, 0, None, closed="left")],
-        "max_iter": [Interval(Integral, 1, None, closed="left")],
-        "shuffle": ["boolean"],
-        "random_state": ["random_state"],
-        "tol": [Interval(Real, 0, None, closed="left")],
-        "verbose": ["verbose"],
-        "warm_start": ["boolean"],
-        "momentum": [Interval(Real, 0, 1, closed="both")],
-        "nesterovs_momentum": ["boolean"],
-        "beta_1": [Interval(Real, 0, 1, closed="left")],
-        "beta_2": [Interval(Real, 0, 1, closed="left")],
-        "epsilon": [Interval(Real, 0, None, closed="neither")],
-        "n_iter_no_change": [Interval(Integral, 1, None, closed="left"), Options(Real, {np.inf})],
+        **SOLVER_CONSTRAINTS,
         **CLUSTER_CONSTRAINTS,
     }
     _unsupported: ClassVar[dict[str, dict[str, str]]] = {
