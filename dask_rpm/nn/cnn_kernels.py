@@ -282,11 +282,7 @@ class ConvWorkspace(Workspace):
             else empty((s, *self._out_shape(k - 1, layers.hidden[k - 1])), dt)
             for k in range(1, L)
         ]
-        self._partial = empty((s, l), dt)
-        self._u = empty((s, l), dt)
-        self._h = empty((s, l), dt)
-        self._diff = empty((s, l), dt)
-        self._delta2 = empty((s, l), dt)
+        self._output_buffers(s, l, dt)
         self.grads = [empty(shape, dt) for shape in layers.shapes([(0, u) for u in units])]
         # each stage's parameter indices (W, and b or None)
         self._pidx: list[tuple[int, int | None]] = []

@@ -209,6 +209,13 @@ class Workspace:
             else empty((s, layers.hidden[k - 1]), dt)
             for k in range(1, L)
         ]
+        self._output_buffers(s, l, dt)
+        self.grads = [empty(shape, dt) for shape in layers.shapes([(0, u) for u in units])]
+        self.rows = s
+
+    def _output_buffers(self, s: int, l: int, dt: Any) -> None:  # noqa: E741
+        """The output layer's buffers for ``s`` samples and ``l`` outputs (every network's)."""
+        empty = self.backend.empty
         self._partial = empty((s, l), dt)  # f_L V^T
         self._u = empty((s, l), dt)  # summed pre-activation of the column
         self._h = empty((s, l), dt)
@@ -217,8 +224,6 @@ class Workspace:
         if self.net.weighted:  # the targets and the weights, apart (Network: the last column)
             self._target = empty((s, l), dt)
             self._weight = empty((s, 1), dt)
-        self.grads = [empty(shape, dt) for shape in layers.shapes([(0, u) for u in units])]
-        self.rows = s
 
     @classmethod
     def whole(
