@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..nn import backend as xb
+from ..nn.chunked import is_chunked
 from ..nn.kernels import all_finite
 from ..nn.objective import mean_objective
 from ..nn.options import TrainingOptions
@@ -36,6 +37,7 @@ from ..nn.prepare import prepare
 from ..runtime.hooks import worker_hooks
 from ..runtime.threads import kernel_threads
 from .block import run_block
+from .dask_data import on_cluster
 from .driver import Driver
 from .errors import TrainingError, WorkerLostError
 from .fit import ensure_plugins
@@ -217,7 +219,8 @@ class ClusterObjective:
             self.client,
             spec=spec,
             plan=plan,
-            source=data.source,
+            # Dask's data: the chunks on the cluster give each worker its rows (engine.dask_data)
+            source=data.source if data.lazy is None else data.lazy.holder,
             arrays=data.arrays,
             rows=data.rows,
             threads=opts.threads,
@@ -229,6 +232,9 @@ class ClusterObjective:
         await self.driver.install(plan, Checkpoint(0, data.params0))
 
     def __enter__(self) -> ClusterObjective:
+        if is_chunked(self.x, self.d):  # Dask's data: persisted and checked where the chunks live
+            self.x, self.options = on_cluster(self.client, self.x, self.d, self.options)
+            self.d = None
         self.client.sync(self._setup)
         return self
 
