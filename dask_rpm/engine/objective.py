@@ -195,7 +195,8 @@ class ClusterObjective:
         self.options = dataclasses.replace(
             options, batch_size=int(x.shape[0]), iterations=1, epochs=None
         )
-        self.x, self.d = x, d
+        self.x: Any = x  # numpy, or Dask's data until __enter__ puts them on the cluster
+        self.d: Any = d
         self.run_options = RunOptions(
             mapping=mapping, abilities=abilities, progress=False, backend=backend, device=device
         )
