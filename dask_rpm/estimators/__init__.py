@@ -77,7 +77,9 @@ except ImportError as exc:  # pragma: no cover - exercised only without scikit-l
         "'dask-rpm[sklearn]'"
     ) from exc
 
+from ..nn.chunked import is_chunked
 from ..nn.recipe import forward
+from . import _dask
 from ._base import EstimatorError, MLPBase
 from .cnn import CNNClassifier
 
@@ -215,6 +217,39 @@ class MLPClassifier(ClassifierMixin, MLPBase):
             self.out_activation_ = "softmax" if kind == "multiclass" else "logistic"
         return X, self._label_binarizer.transform(y).astype(X.dtype)
 
+    def _validate_dask(self, X: Any, y: Any, incremental: bool, reset: bool) -> tuple[Any, Any]:
+        """:meth:`_validate_input` of dask ``X`` and labels: the classes found on the workers,
+        the labels binarized there (only the classes reach the client)."""
+        X = _dask.features(self, X, reset)
+        if y.ndim == 2 and y.shape[1] == 1:
+            y = y[:, 0]
+        if y.ndim != 1:
+            raise EstimatorError(
+                f"y is a dask array of shape {y.shape}; on a cluster the classifier takes 1-D "
+                f"class labels from dask (multi-label y: compute it, y.compute(), and pass numpy)"
+            )
+        found = _dask.unique(self._client(), y)
+        check_classification_targets(found)  # the type of the labels is the type of their values
+        if not hasattr(self, "classes_") or (not self.warm_start and not incremental):
+            self._label_binarizer = LabelBinarizer()
+            self._label_binarizer.fit(found)
+            self.classes_ = self._label_binarizer.classes_
+        elif self.warm_start:
+            if set(found) != set(self.classes_):
+                raise EstimatorError(
+                    "warm_start can only be used where `y` has the same classes as in the "
+                    f"previous call to fit. Previously got {self.classes_}, `y` has {found}"
+                )
+        elif len(np.setdiff1d(found, self.classes_, assume_unique=True)):
+            raise EstimatorError(
+                f"`y` has classes not in `self.classes_`. `self.classes_` has "
+                f"{self.classes_}. 'y' has {found}."
+            )
+        if reset:
+            kind = self._label_binarizer.y_type_
+            self.out_activation_ = "softmax" if kind == "multiclass" else "logistic"
+        return X, _dask.labels(self, y, self._label_binarizer, X.dtype)
+
     def _validation_targets(self, Yv: np.ndarray) -> Any:
         return self._label_binarizer.inverse_transform(Yv)
 
@@ -233,9 +268,15 @@ class MLPClassifier(ClassifierMixin, MLPBase):
         return self._label_binarizer.inverse_transform(out)
 
     @_fit_context(prefer_skip_nested_validation=True)
-    def fit(self, X: Any, y: Any, sample_weight: Any = None) -> MLPClassifier:
+    def fit(self, X: Any, y: Any = None, sample_weight: Any = None) -> MLPClassifier:
         """Fit the model to ``X (s, n)`` (an array, or a CSR / CSC matrix) and labels ``y``
-        (one weight per sample in ``sample_weight``, or None: 1 each); returns self."""
+        (one weight per sample in ``sample_weight``, or None: 1 each); returns self.
+
+        ``X`` and ``y`` may be Dask's (:mod:`dask_rpm.nn.chunked`: dask arrays, xarray with a
+        ``sample`` dimension, or ``y`` left out for a ``Dataset`` / zarr store holding ``x`` and
+        ``d``): on a cluster they stay there, the classes found and the labels binarized on the
+        workers; without one they are computed first."""
+        X, y = _dask.inputs(self._client(), X, y)
         return self._fit(X, y, incremental=False, sample_weight=sample_weight)
 
     @available_if(MLPBase._check_solver)
@@ -245,31 +286,46 @@ class MLPClassifier(ClassifierMixin, MLPBase):
     ) -> MLPClassifier:
         """One epoch over ``X, y`` (``classes``: every label, needed on the first call, the
         same on every later one; multi-label ``y`` gives its own)."""
+        X, y = _dask.inputs(self._client(), X, y)
         if _check_partial_fit_first_call(self, classes):
             self._label_binarizer = LabelBinarizer()
-            if type_of_target(y).startswith("multilabel"):
+            if not _dask.is_lazy(y) and type_of_target(y).startswith("multilabel"):
                 self._label_binarizer.fit(y)
             else:
                 self._label_binarizer.fit(classes)
         return self._fit(X, y, incremental=True, sample_weight=sample_weight)
 
-    def predict(self, X: Any) -> np.ndarray:
-        """Class labels."""
+    def predict(self, X: Any) -> Any:
+        """Class labels (a dask array computed on the workers for Dask's ``X``)."""
+        if is_chunked(X):
+            return self._lazy("predict", X)
         X = self._check_predict_X(X)
         return self._labels(self._forward(X))
 
-    def predict_proba(self, X: Any) -> np.ndarray:
-        """Class probabilities ``(samples, classes)``, columns in the order of ``classes_``."""
+    def predict_proba(self, X: Any) -> Any:
+        """Class probabilities ``(samples, classes)``, columns in the order of ``classes_`` (a
+        dask array computed on the workers for Dask's ``X``)."""
+        if is_chunked(X):
+            return self._lazy("predict_proba", X)
         X = self._check_predict_X(X)
         out = self._forward(X)
         if out.shape[1] == 1 and len(self.classes_) == 2:
             return np.hstack([1.0 - out, out])
         return out
 
-    def predict_log_proba(self, X: Any) -> np.ndarray:
+    def predict_log_proba(self, X: Any) -> Any:
         """Logarithms of :meth:`predict_proba`."""
+        if is_chunked(X):
+            return self._lazy("predict_log_proba", X)
         with np.errstate(divide="ignore"):
             return np.log(self.predict_proba(X))
+
+    def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:
+        """scikit-learn's mean accuracy of :meth:`predict` on ``X`` against ``y``; for Dask's
+        data computed by reductions on the workers."""
+        if is_chunked(X, y) or _dask.is_lazy(sample_weight):
+            return _dask.score(self, X, y, sample_weight, "accuracy")
+        return float(super().score(X, y, sample_weight=sample_weight))
 
 
 class MLPRegressor(RegressorMixin, MLPBase):
@@ -356,6 +412,19 @@ class MLPRegressor(RegressorMixin, MLPBase):
             self.out_activation_ = "exp" if self.loss == "poisson" else "identity"
         return X, (y.reshape(-1, 1) if y.ndim == 1 else y)
 
+    def _validate_dask(self, X: Any, y: Any, incremental: bool, reset: bool) -> tuple[Any, Any]:
+        """:meth:`_validate_input` of dask ``X`` and ``y`` (numbers; columns in ``X``'s dtype)."""
+        X = _dask.features(self, X, reset)
+        if y.dtype.kind not in "biuf":
+            raise EstimatorError(
+                f"y has dtype {y.dtype}; a regressor's targets must be numbers: convert them "
+                f"(y.astype('float64'))"
+            )
+        y = y.astype(X.dtype)
+        if reset:
+            self.out_activation_ = "exp" if self.loss == "poisson" else "identity"
+        return X, (y[:, None] if y.ndim == 1 else y)
+
     def _validation_targets(self, Yv: np.ndarray) -> Any:
         return Yv.ravel() if Yv.shape[1] == 1 else Yv
 
@@ -372,20 +441,32 @@ class MLPRegressor(RegressorMixin, MLPBase):
         return score
 
     @_fit_context(prefer_skip_nested_validation=True)
-    def fit(self, X: Any, y: Any, sample_weight: Any = None) -> MLPRegressor:
+    def fit(self, X: Any, y: Any = None, sample_weight: Any = None) -> MLPRegressor:
         """Fit the model to ``X (s, n)`` (an array, or a CSR / CSC matrix) and targets ``y (s,)``
         or ``(s, outputs)`` (one weight per sample in ``sample_weight``, or None: 1 each);
-        returns self."""
+        returns self. ``X`` and ``y`` may be Dask's, as :meth:`MLPClassifier.fit` says."""
+        X, y = _dask.inputs(self._client(), X, y)
         return self._fit(X, y, incremental=False, sample_weight=sample_weight)
 
     @available_if(MLPBase._check_solver)
     @_fit_context(prefer_skip_nested_validation=True)
     def partial_fit(self, X: Any, y: Any, sample_weight: Any = None) -> MLPRegressor:
         """One epoch over ``X, y``."""
+        X, y = _dask.inputs(self._client(), X, y)
         return self._fit(X, y, incremental=True, sample_weight=sample_weight)
 
-    def predict(self, X: Any) -> np.ndarray:
-        """Predicted targets, ``(samples,)`` for one output."""
+    def predict(self, X: Any) -> Any:
+        """Predicted targets, ``(samples,)`` for one output (a dask array computed on the
+        workers for Dask's ``X``)."""
+        if is_chunked(X):
+            return self._lazy("predict", X)
         X = self._check_predict_X(X)
         out = self._forward(X)
         return out.ravel() if out.shape[1] == 1 else out
+
+    def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:
+        """scikit-learn's coefficient of determination R^2 of :meth:`predict` on ``X`` against
+        ``y``; for Dask's data computed by reductions on the workers."""
+        if is_chunked(X, y) or _dask.is_lazy(sample_weight):
+            return _dask.score(self, X, y, sample_weight, "r2")
+        return float(super().score(X, y, sample_weight=sample_weight))

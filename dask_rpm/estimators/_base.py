@@ -43,7 +43,7 @@ from ..nn.recipe import forward
 from ..nn.serial import train_arrays
 from ..plan.partition import Plan
 from ..progress import MODES
-from . import lbfgs
+from . import _dask, lbfgs
 
 __all__ = ["EstimatorError", "MLPBase", "ClusterEstimator", "CLUSTER_CONSTRAINTS"]
 
@@ -126,6 +126,13 @@ class ClusterEstimator(BaseEstimator):
             return default_client()
         except ValueError:  # no client in this process: train with the serial reference
             return None
+
+    def _lazy(self, method: str, X: Any) -> Any:
+        """``method`` (``predict``, ``predict_proba``, ...) of Dask's ``X`` (a dask array, xarray
+        with a ``sample`` dimension, a zarr store's ``x``) as a dask array computed on the
+        workers, one task per chunk (:func:`dask_rpm.estimators._dask.lazy`)."""
+        check_is_fitted(self)
+        return _dask.lazy(self, method, X)
 
     def __sklearn_clone__(self) -> Any:
         # a client is shared by the clones (GridSearchCV's), not deep-copied: it holds sockets
@@ -210,7 +217,15 @@ class MLPBase(ClusterEstimator):
                 f"goes on with the fitted network's hidden layers {fitted!r}: fit it anew "
                 f"(warm_start=False) to train other sizes"
             )
-        X, Y = self._validate_input(X, y, incremental, first_pass)
+        if _dask.is_lazy(X):  # Dask's data on a cluster (the public methods computed them without)
+            if sample_weight is not None:
+                raise EstimatorError(
+                    "sample_weight with dask X on a cluster is not supported yet; compute X, y and "
+                    "the weights (X.compute(), ...) and pass numpy arrays, or fit without weights"
+                )
+            X, Y = self._validate_dask(X, y, incremental, first_pass)
+        else:
+            X, Y = self._validate_input(X, y, incremental, first_pass)
         sw = None
         if sample_weight is not None:  # scikit-learn's check, in X's dtype (float32 stays float32)
             sw = _check_sample_weight(sample_weight, X, dtype=X.dtype, ensure_non_negative=True)
@@ -333,8 +348,19 @@ class MLPBase(ClusterEstimator):
         validation ``(X, labels or targets, weights)`` (None without early stopping)."""
         if not self.early_stopping:
             return X, Y, sw, None
+        single = is_classifier(self) and Y.shape[1] == 1
+        if _dask.is_lazy(X):  # the same rows by index: the training rows stay on the cluster
+            Xt, Yt, Xv, Yv = _dask.split(
+                self._client(), X, Y, rs, self.validation_fraction, stratify=single
+            )
+            if Xv.shape[0] < 2:
+                raise EstimatorError(
+                    "The validation set is too small. Increase 'validation_fraction' or the size "
+                    "of your dataset."
+                )
+            return Xt, Yt, None, (Xv, self._validation_targets(Yv), None)
         # scikit-learn stratifies on its boolean targets (their names are in its messages)
-        stratify = Y.astype(bool) if is_classifier(self) and Y.shape[1] == 1 else None
+        stratify = Y.astype(bool) if single else None
         parts = train_test_split(
             *((X, Y) if sw is None else (X, Y, sw)),
             random_state=rs,

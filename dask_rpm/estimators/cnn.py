@@ -47,9 +47,11 @@ from sklearn.utils.validation import check_array, check_is_fitted, column_or_1d
 
 from .._version import __version__
 from ..model.cnn import CNNModel
+from ..nn.chunked import is_chunked
 from ..nn.cnn_records import conv_layers
 from ..nn.convergence import ConvergenceRule
 from ..nn.options import TrainingOptions
+from . import _dask
 from ._base import CLUSTER_CONSTRAINTS, SOLVER_CONSTRAINTS, ClusterEstimator, EstimatorError
 
 __all__ = ["CNNClassifier"]
@@ -296,7 +298,11 @@ class CNNClassifier(ClassifierMixin, ClusterEstimator):
     @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, X: Any, y: Any) -> CNNClassifier:
         """Fit the network to images ``X`` ``(samples, channels, height, width)`` and labels ``y``
-        ``(samples,)``; returns self."""
+        ``(samples,)``; returns self. Dask's ``X`` and ``y`` (dask arrays chunked along samples,
+        xarray with a ``sample`` dimension) are computed first: a CNN's images are sent to the
+        workers from the client."""
+        if is_chunked(X, y):
+            X, y = _dask.images(self._client(), X, y)
         first = not (self.warm_start and hasattr(self, "model_"))
         X = self._images(X, reset=first)
         Y = self._targets(y, X.shape[0], reset=first)
@@ -450,20 +456,35 @@ class CNNClassifier(ClassifierMixin, ClusterEstimator):
         )
 
     # ------------------------------------------------------------- fitted
-    def predict(self, X: Any) -> np.ndarray:
-        """Class labels of images ``X``, ``(samples,)``."""
+    def predict(self, X: Any) -> Any:
+        """Class labels of images ``X``, ``(samples,)`` (a dask array computed on the workers for
+        Dask's ``X``, chunked along samples)."""
+        if is_chunked(X):
+            return self._lazy("predict", X)
         check_is_fitted(self, "model_")
         return self.model_.predict(self._images(X, reset=False))
 
-    def predict_proba(self, X: Any) -> np.ndarray:
-        """Class probabilities ``(samples, classes)``, columns in the order of ``classes_``."""
+    def predict_proba(self, X: Any) -> Any:
+        """Class probabilities ``(samples, classes)``, columns in the order of ``classes_`` (a
+        dask array computed on the workers for Dask's ``X``)."""
+        if is_chunked(X):
+            return self._lazy("predict_proba", X)
         check_is_fitted(self, "model_")
         return self.model_.predict_proba(self._images(X, reset=False))
 
-    def predict_log_proba(self, X: Any) -> np.ndarray:
+    def predict_log_proba(self, X: Any) -> Any:
         """Logarithms of :meth:`predict_proba`."""
+        if is_chunked(X):
+            return self._lazy("predict_log_proba", X)
         with np.errstate(divide="ignore"):
             return np.log(self.predict_proba(X))
+
+    def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:
+        """scikit-learn's mean accuracy of :meth:`predict`; for Dask's images computed by
+        reductions on the workers."""
+        if is_chunked(X, y) or _dask.is_lazy(sample_weight):
+            return _dask.score(self, X, y, sample_weight, "accuracy")
+        return float(super().score(X, y, sample_weight=sample_weight))
 
     def to_torch(self, *, output_layer: bool = True) -> Any:
         """The trained network as a ``torch.nn.Sequential`` (float64), :meth:`dask_rpm.CNNModel.to_torch`:

@@ -26,7 +26,16 @@ import numpy as np
 
 from .data import DataError
 
-__all__ = ["ChunkedPair", "LazySamples", "as_chunked", "computed", "is_chunked", "zarr_path"]
+__all__ = [
+    "ChunkedPair",
+    "LazySamples",
+    "as_chunked",
+    "chunked_inputs",
+    "computed",
+    "is_chunked",
+    "zarr_path",
+    "zarr_variables",
+]
 
 logger = logging.getLogger("dask_rpm")
 
@@ -196,3 +205,77 @@ def computed(x: Any, d: Any = None) -> tuple[np.ndarray, np.ndarray]:
     pair = as_chunked(x, d)
     xv, dv = dask.compute(pair.x, pair.d)
     return np.asarray(xv), np.asarray(dv)
+
+
+def chunked_inputs(x: Any) -> Any:
+    """``x`` alone, what a trained model predicts from, as one dask array chunked along samples
+    only: a dask array, an xarray ``DataArray`` with a ``sample`` dimension, or the ``x`` of a
+    ``Dataset`` or zarr store. Chunks across the other dimensions are joined (a model's input
+    is a whole row or image), with a note logged on ``dask_rpm``.
+
+    Raises
+    ------
+    DataError
+        A form it does not take, a Dataset or store without ``x``, fewer than 2 dimensions,
+        unknown chunk sizes.
+    """
+    import dask.array as da  # a dask array module: imported when dask data are given
+
+    if zarr_path(x):
+        x = _open_zarr(x)
+    if hasattr(x, "data_vars"):
+        if "x" not in x.data_vars:
+            raise DataError(
+                f"the Dataset has variables {sorted(map(str, x.data_vars))}; the inputs are its "
+                f"x(sample, input): name them x, or pass the DataArray itself"
+            )
+        x = x["x"]
+    xa = _array(x, "x", da, None)
+    if xa.ndim < 2:
+        raise DataError(
+            f"x has shape {xa.shape}; inputs are (samples, inputs), or a CNN's images "
+            f"(samples, channels, height, width): reshape 1-D x to x[:, None]"
+        )
+    if any(np.isnan(c) for dim in xa.chunks for c in dim):
+        raise DataError(
+            f"x has unknown chunk sizes (shape {xa.shape}), e.g. after boolean indexing; call "
+            f"x = x.compute_chunk_sizes() first"
+        )
+    if any(len(c) > 1 for c in xa.chunks[1:]):
+        xa = xa.rechunk({i: -1 for i in range(1, xa.ndim)})
+        logger.warning("dask data: x was chunked along its inputs; rechunked to whole rows")
+    return xa
+
+
+def zarr_variables(path: Any, x: str = "x", d: str = "d") -> tuple[Any, Any]:
+    """The variables ``x`` and ``d`` of the zarr store at ``path`` as dask-backed
+    ``DataArray`` objects with a ``sample`` dimension (what a job file's ``data: {zarr: PATH,
+    x: VAR, d: VAR}`` trains on); nothing is read but the store's metadata.
+
+    Raises
+    ------
+    DataError
+        No store at ``path``, the zarr package missing, a variable missing (the message lists
+        the store's variables), a variable without a ``sample`` dimension.
+    """
+    where = os.fspath(path)
+    if not os.path.exists(where) and "://" not in where:
+        raise DataError(
+            f"the zarr store {where!r} does not exist; give the directory a Dataset.to_zarr "
+            f"wrote (e.g. data: {{zarr: train.zarr, x: x, d: d}})"
+        )
+    ds = _open_zarr(path)
+    have = sorted(map(str, ds.data_vars))
+    for role, name in (("x", x), ("d", d)):
+        if name not in ds.data_vars:
+            raise DataError(
+                f"the zarr store {where!r} has no variable {name!r} for {role} (its variables: "
+                f"{have}); name the {'inputs' if role == 'x' else 'targets'} with {role}: VAR"
+            )
+        if SAMPLE not in ds[name].dims:
+            raise DataError(
+                f"variable {name!r} of the zarr store {where!r} has dimensions {ds[name].dims}; "
+                f"it needs a {SAMPLE!r} dimension (rename yours when writing the store: "
+                f"ds.rename({{'time': 'sample'}}).to_zarr(...))"
+            )
+    return ds[x], ds[d]
