@@ -66,6 +66,28 @@ def test_one_host_gives_the_next_worker_and_one_worker_none():
     assert choose_buddies([], {}) == {}
 
 
+def test_idle_workers_keep_copies():
+    """A plan of one worker takes an idle worker as its buddy (else its loss restarts the run); a
+    ring on one host takes an idle worker on another host; spares are taken in turn."""
+    hosts = {"w0": "A", "s1": "A", "s2": "B"}
+    assert choose_buddies(["w0"], hosts, spare=["s1", "s2"]) == {"w0": "s2"}  # another host
+    assert choose_buddies(["w0"], {"w0": "A", "s1": "A"}, spare=["s1"]) == {"w0": "s1"}
+    one_host = {"a1": "A", "a2": "A", "b1": "B", "b2": "B"}
+    got = choose_buddies(["a1", "a2"], one_host, spare=["b1", "b2"])
+    assert got == {"a1": "b1", "a2": "b2"}  # across hosts, one spare each
+    # planned workers on two hosts keep each other's copies; the spare is not needed
+    got = choose_buddies(["a1", "b1"], one_host, spare=["a2"])
+    assert got == {"a1": "b1", "b1": "a1"}
+    # a planned worker is never a spare of itself
+    assert choose_buddies(["w0"], {"w0": "A"}, spare=["w0"]) == {}
+    book = BuddyBook(ResilienceSettings())
+    book.assign(["w0"], hosts, version=3, spare=["s2"])
+    every, buddies, _ = book.block(["w0", "s2"], None)
+    assert every == 50 and buddies == ("s2", None)  # the spare keeps, it does not send
+    book.held({"s2": 700, "w0": 0})
+    assert book.stats()["memory"] == {"s2": 700, "w0": 0}
+
+
 # ------------------------------------------------------------------------------ how often
 def test_every_is_chosen_from_measured_costs_and_bounded():
     s = ResilienceSettings()
@@ -384,6 +406,33 @@ def test_a_kill_inside_a_block_goes_back_to_a_copy_after_the_block_start(cluster
     assert rec["iteration"] % 25 == 0 and rec["replayed"] <= 2 * 25 + 50  # (progress lags)
     assert r.history.sizes["iteration"] == 900
     _assert_serial(r, x, d, 9, 0.05, 900)
+
+
+def test_a_lone_planned_worker_comes_back_from_an_idle_buddy(cluster3, sigkill_after):
+    """A plan that leaves two of three workers idle: the one that trains sends its copies to an
+    idle worker, so its loss costs at most R iterations (plus a copy in flight), not the run;
+    the copies' bytes are in ``stats["memory"]``, the idle buddy's included."""
+    _, client = cluster3
+    x, d = _problem()
+    workers = ordered_workers(client.scheduler_info())
+    plan = Plan.from_columns([[1]], [48], [[9]], shape=(6, 9, 3), abilities=[1, 1, 1])
+    cb = sigkill_after(client, workers[1], at=17)
+    every = 5
+    with dask.config.set({"rpm.resilience.every": every}):
+        r = fit(
+            x, d, hidden=9, iterations=40, learning_rate=0.05, mapping=plan, client=client,
+            interval=4, callback=cb, progress="none",
+        )  # fmt: skip
+    (rec,) = [rec for rec in r.remaps if rec.get("lost")]
+    assert rec["recovered_from"] == "buddy" and rec["rows_from"] == {workers[1]: "buddy"}
+    assert (
+        0 <= rec["replayed"] <= 2 * every
+    )  # (the survivors trained nothing: the copy was a spare's)
+    # the idle buddy's copy of 9 rows of weights (6 + 3 + bias) is in both memory figures
+    copies = r.stats["buddies"]["memory"]
+    assert len([a for a, v in copies.items() if v > 0]) >= 2  # the buddy and the sender
+    assert all(r.stats["memory"][a] >= v for a, v in copies.items())
+    _assert_serial(r, x, d, 9, 0.05, 40)
 
 
 @pytest.mark.slow

@@ -83,16 +83,21 @@ class ResilienceSettings:
         )
 
 
-def choose_buddies(workers: Sequence[str], hosts: Mapping[str, str]) -> dict[str, str]:
+def choose_buddies(
+    workers: Sequence[str], hosts: Mapping[str, str], spare: Sequence[str] = ()
+) -> dict[str, str]:
     """Each worker's buddy: the next worker of a ring that alternates hosts, on another host where
-    there is one (else the next worker of the ring).
+    there is one.
 
-    ``hosts`` maps an address to its host (an address without one is a host of its own). One
-    worker has no buddy (an empty dict). The ring takes the hosts' workers in turn (``a1 b1
-    a2 b2 a3``), so the copies spread over the hosts instead of piling on one.
+    ``hosts`` maps an address to its host (an address without one is a host of its own).
+    ``spare`` are live workers the plan leaves idle: they train nothing, so they keep copies
+    too. A worker whose ring has no other host takes a spare on another host; a plan of one
+    worker takes a spare (on another host where there is one), so that a lone worker's loss
+    costs a few iterations as well. No other worker at all: no buddy (an empty dict). The
+    ring takes the hosts' workers in turn (``a1 b1 a2 b2 a3``), so the copies spread over the
+    hosts instead of piling on one; the spares are taken in turn as well.
     """
-    if len(workers) < 2:
-        return {}
+    spare = [s for s in spare if s not in set(workers)]
     by_host: dict[str, list[str]] = {}
     for w in workers:
         by_host.setdefault(hosts.get(w, w), []).append(w)
@@ -102,11 +107,18 @@ def choose_buddies(workers: Sequence[str], hosts: Mapping[str, str]) -> dict[str
         for q in queues:
             if q:
                 ring.append(q.pop(0))
-    n, out = len(ring), {}
+    n, out, turn = len(ring), {}, 0
     for i, w in enumerate(ring):
-        after = [ring[(i + j) % n] for j in range(1, n)]
         host = hosts.get(w, w)
-        out[w] = next((v for v in after if hosts.get(v, v) != host), after[0])
+        after = [ring[(i + j) % n] for j in range(1, n)]
+        spares = spare[turn:] + spare[:turn]  # each worker starts at the next spare
+        elsewhere = [v for v in (*after, *spares) if hosts.get(v, v) != host]
+        pick = elsewhere[0] if elsewhere else (after or spares or [None])[0]
+        if pick is None:
+            continue
+        if pick in spare:
+            turn = (spare.index(pick) + 1) % len(spare)
+        out[w] = pick
     return out
 
 
@@ -253,9 +265,16 @@ class BuddyBook:
     counts: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # taken, sent, skipped
     chosen: list[int] = field(default_factory=list)  # every R used, in order
 
-    def assign(self, workers: Sequence[str], hosts: Mapping[str, str], version: int) -> None:
-        """Buddies for the plan ``version`` of ``workers`` (planned, in plan order)."""
-        self.buddies = choose_buddies(list(workers), hosts)
+    def assign(
+        self,
+        workers: Sequence[str],
+        hosts: Mapping[str, str],
+        version: int,
+        spare: Sequence[str] = (),
+    ) -> None:
+        """Buddies for the plan ``version`` of ``workers`` (planned, in plan order); ``spare``: the
+        live workers it leaves idle (:func:`choose_buddies`)."""
+        self.buddies = choose_buddies(list(workers), hosts, spare)
         self.version = version
         # workers that left the plan report no more: their copies no longer bound keep_from
         self.acked = {w: k for w, k in self.acked.items() if w in self.buddies}
@@ -285,6 +304,12 @@ class BuddyBook:
             self.copy_seconds[address] = report.copy_seconds + report.send_seconds
         self.memory[address] = max(self.memory.get(address, 0), report.nbytes)
         self.counts[address] = (report.taken, report.sent, report.skipped)
+
+    def held(self, peaks: Mapping[str, int]) -> None:
+        """The most copy bytes each worker held at any time (idle buddies included: they report
+        at the end of the run, not with a block's results)."""
+        for address, nbytes in peaks.items():
+            self.memory[address] = max(self.memory.get(address, 0), int(nbytes))
 
     def rolled_back(self, iteration: int) -> None:
         """Training went back to ``iteration``: the workers dropped their later copies."""

@@ -85,6 +85,7 @@ class CopyKeeper:
         self.acked = -1
         self.taken = self.sent = self.skipped = 0
         self.copy_seconds = self.send_seconds = 0.0
+        self.peak = 0  # the most bytes of copies held at once
 
     # ------------------------------------------------------------- the sender
     def due(self, iteration: int, every: int, version: int) -> bool:
@@ -110,6 +111,7 @@ class CopyKeeper:
         self.taken += 1
         self.copy_seconds = time.perf_counter() - t0
         self._trim()
+        self.peak = max(self.peak, self.nbytes())
         if buddy is None:
             return
         if self.sending is not None and not self.sending.done():
@@ -124,6 +126,9 @@ class CopyKeeper:
             "rows": list(copy.rows),
             "params": copy.params,
             "state": copy.state,
+            # the geometry, to cut rows out of the copy: a buddy the plan leaves idle has no
+            # shard of the run to take it from
+            "layers": self.layers,
         }
         t0 = time.perf_counter()
         try:
@@ -150,14 +155,26 @@ class CopyKeeper:
         self._trim(iteration)
 
     # ------------------------------------------------------------- the buddy
-    def receive(self, sender: str, iteration: int, rows: Any, params: Any, state: Any) -> None:
-        """Keep ``sender``'s copy of ``iteration``, replacing an older one (it arrived whole)."""
+    def receive(
+        self,
+        sender: str,
+        iteration: int,
+        rows: Any,
+        params: Any,
+        state: Any,
+        layers: Any = None,
+    ) -> None:
+        """Keep ``sender``'s copy of ``iteration``, replacing an older one (it arrived whole);
+        ``layers``: the network's geometry, for a keeper that has none yet."""
         old = self.held.get(sender)
         if old is not None and old.iteration > iteration:
             return
+        if self.layers is None:
+            self.layers = layers
         self.held[sender] = Copy(
             int(iteration), (int(rows[0]), int(rows[1])), list(params), dict(state)
         )
+        self.peak = max(self.peak, self.nbytes())
 
     # ------------------------------------------------------------- a recovery
     def holdings(self) -> list[tuple[int, tuple[int, int], str]]:

@@ -39,6 +39,7 @@ from .tasks import (
     run_abort,
     run_clear,
     run_commit,
+    run_copy_peak,
     run_revert,
     run_rollback,
     t_block,
@@ -291,7 +292,13 @@ class Driver:
         if book.version != self.version:
             info = await self.client.scheduler.identity(n_workers=-1)
             hosts = {a: w.get("host", a) for a, w in info["workers"].items()}
-            book.assign(self._planned_addresses(), hosts, self.version)
+            planned = self._planned_addresses()
+            spare = [
+                a
+                for i, a in enumerate(self.addresses)
+                if i not in self.gone and a not in planned and a in hosts
+            ]
+            book.assign(planned, hosts, self.version, spare)
         t = self.log.median_iteration_time(max(self.iteration - 20, 0), self.iteration)
         every, buddies, keep = book.block(self.addresses, t)  # (t: NaN before the first block)
         return {"copy_every": every, "buddies": buddies, "keep_from": keep}
@@ -594,6 +601,12 @@ class Driver:
         )
 
     async def close(self) -> None:
+        if self.book is not None:  # what the buddy copies took, idle buddies' included
+            try:
+                peaks = await self.client.run(run_copy_peak, self.run, on_error="return")
+                self.book.held({a: v for a, v in peaks.items() if isinstance(v, int) and v})
+            except Exception:  # pragma: no cover - best effort on shutdown
+                logger.debug("could not ask the workers for their copies' bytes", exc_info=True)
         try:
             await self.client.run(run_clear, self.run, on_error="ignore")
         except Exception:  # pragma: no cover - best effort on shutdown

@@ -512,17 +512,22 @@ def _start_stats(start: Checkpoint | StoredCheckpoint, loop: TrainingLoop) -> di
 
 
 def _memory(driver: Driver, slots: Sequence[str]) -> dict[str, int]:
-    """Bytes of weights and optimizer state each worker of the final plan holds (its rows of every
-    layer: ``FitResult.stats["memory"]``). The shard keeps two spare copies of both for rollback
-    and divergence (:class:`~dask_rpm.engine.worker.Shard`); the buddy copies each worker held
-    are ``FitResult.stats["buddies"]["memory"]``."""
+    """Bytes each worker holds for the run (``FitResult.stats["memory"]``): the weights and
+    optimizer state of its rows of every layer in the final plan, and the most bytes of buddy
+    copies it held at once (its own and those it kept for its buddy; a worker the plan leaves
+    idle may hold copies only). The shard's two spare copies for rollback and divergence
+    (:class:`~dask_rpm.engine.worker.Shard`) are not counted; the copies alone are
+    ``FitResult.stats["buddies"]["memory"]``."""
     itemsize = np.dtype(driver.dtype).itemsize
     plan = driver.plan
-    return {
+    out = {
         driver.addresses[w]: driver.layers.nbytes(plan.rectangle(w).hidden, itemsize)
         * (1 + len(slots))
         for w in plan.planned_workers
     }
+    for address, nbytes in (driver.book.memory if driver.book is not None else {}).items():
+        out[address] = out.get(address, 0) + nbytes
+    return out
 
 
 def _drpm_state(

@@ -41,6 +41,7 @@ __all__ = [
     "run_revert",
     "run_abort",
     "run_clear",
+    "run_copy_peak",
     "run_deadline",
     "run_write_rows",
 ]
@@ -332,6 +333,12 @@ def run_holdings(run: str, dask_worker: Any = None) -> list[tuple[int, tuple[int
     if state is not None and state.shard.finite:
         out.append((state.iteration, tuple(state.layout.rows), "current"))
     return out
+
+
+def run_copy_peak(run: str, dask_worker: Any = None) -> int:
+    """The most bytes of ``run``'s buddy copies this worker held at once (0: none)."""
+    keeper = _plugin(dask_worker).copies.get(run)
+    return keeper.peak if keeper is not None else 0
 
 
 def run_rollback(run: str, first: int, dask_worker: Any = None) -> int | None:

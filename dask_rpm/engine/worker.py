@@ -343,7 +343,16 @@ class RPMEnginePlugin(WorkerPlugin):
                     **message,
                     "params": [to_serialize(p) for p in message["params"]],
                     "state": {k: [to_serialize(a) for a in v] for k, v in message["state"].items()},
+                    "layers": to_serialize(message["layers"]),
                 }
+                # EMULATED links hold a copy back by its link's added delay, as they do the
+                # engine's messages (one queue per peer: the copy shares the link)
+                before_send = worker_hooks(worker).before_send
+                if before_send is not None:
+                    nbytes = sum(np.asarray(p).nbytes for p in message["params"]) + sum(
+                        np.asarray(a).nbytes for v in message["state"].values() for a in v
+                    )
+                    await before_send(address, nbytes)
                 await worker.rpc(address).rpm_keep(run=run, **wrapped)
 
             keeper = self.copies[run] = CopyKeeper(worker.address, send)
@@ -362,7 +371,14 @@ class RPMEnginePlugin(WorkerPlugin):
             )
 
     def keep(
-        self, run: str, sender: str, iteration: int, rows: Any, params: Any, state: Any
+        self,
+        run: str,
+        sender: str,
+        iteration: int,
+        rows: Any,
+        params: Any,
+        state: Any,
+        layers: Any = None,
     ) -> bool:
         """A buddy copy from ``sender`` (:meth:`CopyKeeper.receive <dask_rpm.engine.copies.CopyKeeper.receive>`)."""
         self.keeper(run).receive(
@@ -371,6 +387,7 @@ class RPMEnginePlugin(WorkerPlugin):
             rows,
             [_unwrap(p) for p in params],
             {k: [_unwrap(a) for a in v] for k, v in state.items()},
+            getattr(layers, "data", layers),  # inproc transport: still wrapped
         )
         return True
 
