@@ -460,3 +460,29 @@ def test_a_cnn_s_channels_come_back_from_the_buddy(cluster3, sigkill_after):
     assert rec["recovered_from"] == "buddy" and rec["rows_from"] == {victim: "buddy"}
     assert rec["replayed"] <= 6 and r.stats["buddies"]["every"] == 3
     assert_equal(r, ref)
+
+
+@pytest.mark.slow
+def test_emulated_links_hold_buddy_copies_back():
+    """Between EMULATED nodes a buddy copy waits its link's added delay, as the engine's messages
+    do (a sleep never ends early, so the bound holds however busy the machine is)."""
+    from dask_rpm.emulation import local_cluster
+
+    x, d = _problem()
+    latency = 0.05
+    with (
+        local_cluster(
+            [1.0, 1.0], nodes=["a", "b"], links={"across": (latency, 1e9)}, dashboard_address=None
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        plan = Plan.from_columns([[0, 1]], [48], [[5, 4]], shape=(6, 9, 3))
+        with dask.config.set({"rpm.resilience.every": 2}):
+            r = fit(
+                x, d, hidden=9, iterations=16, learning_rate=0.05, client=client, interval=4,
+                mapping=plan.with_workers(ordered_workers(client.scheduler_info())),
+                progress="none",
+            )  # fmt: skip
+    seconds = r.stats["buddies"]["copy_seconds"]
+    assert len(seconds) == 2 and min(seconds.values()) >= latency * 0.99
+    _assert_serial(r, x, d, 9, 0.05, 16)
