@@ -20,6 +20,7 @@ import numpy as np
 
 from .._distributed import FIRST_COMPLETED, wait_async
 from ..drpm.remap import migration, sample_changes, stage_pieces
+from ..nn import sparse
 from ..nn.cnn import ConvLayers
 from ..nn.data import DataError
 from ..nn.layers import Layers
@@ -35,6 +36,7 @@ from .layout import exchanges_summary, layouts
 from .options import EngineSettings
 from .records import BlockResult, BlockSpec, Checkpoint, RunSpec
 from .samples import SampleSource
+from .sent import content_key, sent_samples
 from .tasks import (
     run_abort,
     run_clear,
@@ -122,8 +124,12 @@ class Driver:
         self.recipe = spec.recipe
         self.eps = spec.recipe.learning_rate
         self.dtype = spec.dtype
-        # the whole training set, one copy per worker (mini-batches from arrays), by address
-        self._copies: dict[str, Any] = {}
+        # what this client already sent each worker (engine.sent): a next fit of the same arrays
+        # reuses it; the content key of ``arrays`` is computed at the first send
+        self.sent = sent_samples(client)
+        self._content: str | None = None
+        self.sample_bytes = 0  # samples scattered to workers in this run
+        self.samples_reused = 0  # sample copies a worker already held from an earlier fit
         self.addresses: list[str] = list(plan.workers or ())
         self.gone: set[int] = set()
         self.log = TimingLog()
@@ -169,18 +175,27 @@ class Driver:
         if self.source is not None:  # chunks on the cluster: a task on w cuts its rows from them
             return await self.source.samples(self, plan, w)
         x, d = self.arrays  # type: ignore[misc]
+        if self._content is None:  # hashed off the event loop: SHA-1 releases the GIL
+            self._content = await asyncio.to_thread(content_key, x, d)
+        # One key per worker, not one broadcast key: the scheduler's active memory manager
+        # (ReduceReplicas, on by default) drops the extra replicas of a broadcast key within
+        # seconds, and losing the worker left holding it would lose the training set for
+        # every recovery.
         if not self.recipe.schedule.full_batch:
-            # One key per worker, not one broadcast key: the scheduler's active memory manager
-            # (ReduceReplicas, on by default) drops the extra replicas of a broadcast key within
-            # seconds, and losing the worker left holding it would lose the training set for
-            # every recovery.
-            addr = self.addresses[w]
-            copy = self._copies.get(addr)
-            if copy is None or copy.status != "finished":
-                copy = self._copies[addr] = await self._scatter_to((x, d), w)
-            return SampleSource("arrays"), copy
-        s0, s1 = plan.rectangle(w).samples
-        return SampleSource("slice"), await self._scatter_to((x[s0:s1], d[s0:s1]), w)
+            part: Any = "all"
+            kind, rows, obj = "arrays", int(x.shape[0]), (x, d)
+        else:
+            part = s0, s1 = plan.rectangle(w).samples
+            kind, rows, obj = "slice", s1 - s0, (x[s0:s1], d[s0:s1])
+        addr = self.addresses[w]
+        copy = self.sent.get(addr, self._content, part)
+        if copy is not None:
+            self.samples_reused += 1
+            return SampleSource(kind), copy
+        copy = await self._scatter_to(obj, w)
+        self.sent.put(addr, self._content, part, copy, rows, limit=int(x.shape[0]))
+        self.sample_bytes += sparse.nbytes(obj[0]) + int(obj[1].nbytes)
+        return SampleSource(kind), copy
 
     async def _scatter_to(self, obj: Any, w: int) -> Any:
         """Scatter ``obj`` to worker ``w``; a worker that left meanwhile raises :class:`WorkerLostError`.
