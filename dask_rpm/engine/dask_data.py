@@ -19,6 +19,7 @@ which is why the first plan's column cuts snap to chunk boundaries
 from __future__ import annotations
 
 import dataclasses
+from concurrent.futures import CancelledError
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -93,7 +94,13 @@ class ChunkedRows:
         need = np.unique(np.searchsorted(self.bounds, idx, side="right") - 1)
         xs = [self.x_futures[j] for j in need]
         ds = [self.d_futures[j] for j in need]
-        holders = await driver.client.who_has(xs)
+        try:
+            holders = await driver.client.who_has([*xs, *ds])
+        except CancelledError:  # a chunk lost for good (checked below)
+            holders = {}
+        gone = [(int(j), f) for j, f in zip([*need, *need], [*xs, *ds]) if not holders.get(f.key)]
+        if gone:  # lost with a worker: Dask recomputes it, if it can (else a clear error now)
+            await _recomputable(driver.client, gone)
         for j, f in zip(need.tolist(), xs):
             if address not in holders.get(f.key, ()):
                 self.moved.append(Moved(address, j, self.chunk_bytes[j], driver.version))
@@ -119,6 +126,38 @@ class ChunkedRows:
             "moved": [m._asdict() for m in self.moved],
             "notes": list(self.notes),
         }
+
+
+async def _recomputable(client: Any, gone: list[tuple[int, Any]]) -> None:
+    """Chunks no worker holds (lost with the worker that held them) must be ones Dask can compute
+    again: a :class:`DataError` for the first that it cannot, instead of a task that waits for it
+    forever. ``gone`` pairs each chunk's index with its future."""
+    states = await client.run_on_scheduler(_task_states, [f.key for _, f in gone])
+    for j, f in gone:
+        state = states.get(f.key)
+        if f.status == "cancelled" or state in (None, "forgotten"):
+            raise DataError(
+                f"chunk {j} of the training data (key {f.key!r}) was lost with the worker that "
+                f"held it, and Dask cannot compute it again: no task makes it (data scattered "
+                f"with client.scatter, or futures). Build x and d from tasks Dask can rerun "
+                f"(da.from_array, da.from_zarr, xarray.open_zarr or open_mfdataset) or keep a "
+                f"second copy (client.replicate), and call fit again"
+            )
+        if state == "no-worker":
+            raise DataError(
+                f"chunk {j} of the training data (key {f.key!r}) was lost with the worker that "
+                f"held it, and no worker in the cluster may compute it again: its task may run "
+                f"only on workers that have left (dask.annotate(workers=..., "
+                f"allow_other_workers=False)). Persist x and d with allow_other_workers=True "
+                f"(the chunks still start where you put them) and call fit again"
+            )
+
+
+def _task_states(keys: list[Any], dask_scheduler: Any = None) -> dict[Any, str | None]:
+    """Each key's state on the scheduler (``client.run_on_scheduler``; ``Scheduler.tasks`` and
+    ``TaskState.state`` are documented in distributed's "Scheduling State"); None: unknown."""
+    tasks = dask_scheduler.tasks
+    return {k: (tasks[k].state if k in tasks else None) for k in keys}
 
 
 def take_rows(
