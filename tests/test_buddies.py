@@ -486,3 +486,50 @@ def test_emulated_links_hold_buddy_copies_back():
     seconds = r.stats["buddies"]["copy_seconds"]
     assert len(seconds) == 2 and min(seconds.values()) >= latency * 0.99
     _assert_serial(r, x, d, 9, 0.05, 16)
+
+
+@pytest.fixture
+def cluster4():
+    with LocalCluster(
+        n_workers=4, threads_per_worker=1, processes=True, dashboard_address=":0"
+    ) as cluster:
+        with Client(cluster) as client:
+            yield client
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("second", ["another worker", "the buddy"])
+def test_a_worker_killed_during_a_recovery_from_copies(cluster4, second, caplog):
+    """One column of four on one host (buddies: the ring w0 -> w1 -> w2 -> w3 -> w0). w1 is killed
+    in a block; while the survivors restore from the copies a second worker dies the moment its
+    restore task starts. ``another worker`` (w3, whose copy w0 keeps): the recovery starts again
+    and still comes from the buddies' copies. ``the buddy`` (w2, which kept w1's copy): w1's rows
+    are nowhere, so the run restarts from iteration 0 (no checkpoint configured) and says why.
+    Either way the result equals fit_serial's."""
+    from test_failure_points import _KillOnTask
+
+    client = cluster4
+    x, d = _problem()
+    w = ordered_workers(client.scheduler_info())
+    victim = w[3] if second == "another worker" else w[2]
+    client.register_plugin(_KillOnTask([w[1]], "rpm-block", from_index=4), name="kill-first")
+    client.register_plugin(_KillOnTask([victim], "rpm-restore"), name="kill-second")
+    plan = Plan.from_columns([[0, 1, 2, 3]], [48], [[3, 2, 2, 2]], shape=(6, 9, 3))
+    every = 3
+    with dask.config.set({"rpm.resilience.every": every}), caplog.at_level("WARNING", "dask_rpm"):
+        r = fit(
+            x, d, hidden=9, iterations=36, learning_rate=0.05, mapping=plan, client=client,
+            interval=4, progress="none",
+        )  # fmt: skip
+    lost = [rec for rec in r.remaps if rec.get("lost")]
+    assert {a for rec in lost for a in rec["lost"]} == {w[1], victim}, r.remaps
+    assert not {w[1], victim} & {r.plan.workers[i] for i in r.plan.planned_workers}
+    last = lost[-1]
+    if second == "another worker":
+        assert last["recovered_from"] == "buddy" and last["iteration"] >= 12 - 2 * every
+        assert r.stats["recomputed_iterations"] <= 4 + 2 * every  # the block, R, a copy in flight
+    else:
+        assert last["recovered_from"] == "checkpoint" and last["iteration"] == 0
+        assert "restarted from iteration 0" in caplog.text
+    assert r.history.sizes["iteration"] == 36
+    _assert_serial(r, x, d, 9, 0.05, 36)
