@@ -14,26 +14,43 @@ that does, never through the client; the bytes of every chunk that moves are cou
 (``FitResult.stats["dask"]``). A column whose chunks its workers already hold moves nothing,
 which is why the first plan's column cuts snap to chunk boundaries
 (:func:`dask_rpm.planners.chunks.snap_to_chunks`).
+
+With mini-batches a worker holds no more than a window of its column's rows: its
+:class:`ChunkReader` (:class:`~dask_rpm.engine.samples.SampleSource` ``"chunks"``) fetches,
+window after window of iterations, only the training samples its column uses in them
+(:meth:`~dask_rpm.nn.batches.BatchSchedule.epoch_plan`), each straight from a worker that holds
+its chunk (the ``rpm_chunk_rows`` handler there cuts the rows out; the client never sees them).
+The shuffle is drawn on global sample indices, so the batches do not depend on the chunks;
+the chunk-local shuffle (``shuffle="chunks"``) keeps a column's samples in its own range, whose
+chunks it holds when they match the plan. Every worker counts the rows and bytes it fetched
+from others; :meth:`ChunkedRows.collect` adds them to the stats at the end of the run.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import threading
+import time
 from concurrent.futures import CancelledError
 from typing import Any, NamedTuple
 
 import numpy as np
 from distributed import futures_of
 
-from .._distributed import wait_async
-from ..nn.chunked import LazySamples, as_chunked
+from .. import config
+from .._distributed import sync, to_serialize, wait_async
+from ..nn.chunked import LazySamples, as_chunked, chunk_order
 from ..nn.data import DataError
 from ..nn.options import TrainingOptions
 from ..nn.recipe import holdout, one_hot
 from ..planners.chunks import chunk_bounds
 from .samples import SampleSource
 
-__all__ = ["ChunkedRows", "Moved", "on_cluster", "take_rows"]
+__all__ = ["ChunkReader", "ChunkedRows", "Moved", "on_cluster", "take_rows"]
+
+#: how long a worker keeps asking for a chunk no live worker holds (Dask recomputes a lost one)
+_HOLDER_WAIT = 120.0
 
 
 class Moved(NamedTuple):
@@ -67,8 +84,12 @@ class ChunkedRows:
         self.d_futures = [by_key[k[0]] for k in d.__dask_keys__()]
         row_bytes = x.shape[1] * x.dtype.itemsize + d.shape[1] * d.dtype.itemsize
         self.chunk_bytes = [int(c) * int(row_bytes) for c in x.chunks[0]]
+        self.row_bytes = int(row_bytes)
         self.moved: list[Moved] = []
-        self._whole: dict[str, Any] = {}  # mini-batches: every training row, one task per worker
+        #: mini-batches: what each worker fetched from others (rows, bytes, loads), from collect
+        self.fetched: dict[str, list[int]] = {}
+        self._served: int | None = None  # the plan version the row handler was installed for
+        self._reader: ChunkReader | None = None
 
     def _indices(self, a: int, b: int) -> np.ndarray:
         """Data rows of training samples ``[a, b)``."""
@@ -76,15 +97,23 @@ class ChunkedRows:
 
     async def samples(self, driver: Any, plan: Any, w: int) -> tuple[SampleSource, Any]:
         """Worker ``w``'s :class:`~dask_rpm.engine.samples.SampleSource` and the future of its
-        rows: its column's range (full batch) or every training row (mini-batches, once per
-        worker), cut on the worker from the chunks that hold them."""
-        address = driver.addresses[w]
+        rows: its column's range (full batch), cut on the worker from the chunks that hold them,
+        or (mini-batches) a :class:`ChunkReader` that fetches each window's rows itself."""
         if not driver.recipe.schedule.full_batch:
-            have = self._whole.get(address)
-            if have is None or have.status != "finished":
-                n = plan.samples
-                have = self._whole[address] = await self._rows(driver, w, self._indices(0, n))
-            return SampleSource("arrays"), have
+            if self._served != driver.version:  # every worker serves the chunks it holds
+                await driver.client.run(_serve, wait=True)
+                self._served = driver.version
+            if self._reader is None:
+                self._reader = ChunkReader(
+                    driver.run,
+                    tuple(f.key for f in self.x_futures),
+                    tuple(f.key for f in self.d_futures),
+                    self.bounds,
+                    self.rows,
+                    _window_rows(self.row_bytes),
+                    self.row_bytes,
+                )
+            return SampleSource("chunks", reader=self._reader), None
         s0, s1 = plan.rectangle(w).samples
         return SampleSource("slice"), await self._rows(driver, w, self._indices(s0, s1))
 
@@ -117,15 +146,230 @@ class ChunkedRows:
             pure=False,
         )
 
+    async def collect(self, driver: Any) -> None:
+        """Add what each live worker fetched from others for its mini-batches to :attr:`fetched`
+        (a worker lost on the way took its counts with it)."""
+        if self._reader is None:
+            return
+        got = await driver.client.run(_fetched, driver.run)
+        for address, (rows, nbytes, loads) in got.items():
+            mine = self.fetched.setdefault(address, [0, 0, 0])
+            mine[0], mine[1], mine[2] = mine[0] + rows, mine[1] + nbytes, mine[2] + loads
+
     def stats(self) -> dict[str, Any]:
-        """``FitResult.stats["dask"]``: the chunks, what moved to whom, the notes."""
+        """``FitResult.stats["dask"]``: the chunks, what moved to whom, the notes.
+
+        ``bytes_moved`` counts both ways rows reach a worker from another: whole chunks for a
+        full-batch column (``moved``) and the mini-batch rows fetched window by window
+        (``fetched``: per worker ``rows``, ``bytes``, ``loads``; ``rows_moved`` their sum).
+        """
+        fetched = {
+            a: {"rows": r, "bytes": b, "loads": n} for a, (r, b, n) in sorted(self.fetched.items())
+        }
         return {
             "chunks": len(self.x_futures),
             "chunk_rows": [int(c) for c in self.x.chunks[0]],
-            "bytes_moved": int(sum(m.nbytes for m in self.moved)),
+            "bytes_moved": int(sum(m.nbytes for m in self.moved))
+            + int(sum(f["bytes"] for f in fetched.values())),
+            "rows_moved": int(sum(f["rows"] for f in fetched.values())),
             "moved": [m._asdict() for m in self.moved],
+            "fetched": fetched,
+            "window_rows": None if self._reader is None else int(self._reader.window),
             "notes": list(self.notes),
         }
+
+
+def _window_rows(row_bytes: int) -> int:
+    """Rows per mini-batch load: ``rpm.engine.sample-window`` bytes of them (at least one)."""
+    from dask.utils import parse_bytes
+
+    value = config.get("engine.sample-window")
+    try:
+        limit = parse_bytes(value) if isinstance(value, str) else int(value)
+    except (TypeError, ValueError):
+        limit = -1
+    if limit < 1:
+        raise DataError(
+            f"rpm.engine.sample-window={value!r}; give the bytes of rows a worker loads at once "
+            f"for its mini-batches of Dask data (a number or a size such as '64 MiB')"
+        )
+    return max(1, limit // max(int(row_bytes), 1))
+
+
+class ChunkReader:
+    """A worker's fetcher of its mini-batches' training samples, from the chunks on the cluster.
+
+    Sent to every worker with its :class:`~dask_rpm.engine.samples.SampleSource` (small: the
+    chunk keys, not their rows). :meth:`take` runs on the worker, off its event loop.
+
+    Parameters
+    ----------
+    run : str
+        The run, for the counts of what was fetched.
+    x_keys, d_keys : tuple
+        The Dask keys of the row chunks of ``x`` and ``d``, in order.
+    bounds : numpy.ndarray
+        The data row where each chunk starts, and the number of rows.
+    rows : numpy.ndarray or None
+        Training sample ``i`` is data row ``rows[i]``; None: row ``i``.
+    window : int
+        Most rows one load takes (``rpm.engine.sample-window``).
+    row_bytes : int
+        Bytes of one row of ``x`` and ``d``.
+    """
+
+    def __init__(
+        self,
+        run: str,
+        x_keys: tuple,
+        d_keys: tuple,
+        bounds: np.ndarray,
+        rows: np.ndarray | None,
+        window: int,
+        row_bytes: int,
+    ) -> None:
+        self.run, self.x_keys, self.d_keys = run, x_keys, d_keys
+        self.bounds, self.rows, self.window, self.row_bytes = bounds, rows, window, row_bytes
+
+    def take(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Training samples ``idx`` as ``(x, d)`` rows, in that order (on a worker)."""
+        from distributed import get_worker
+
+        worker = get_worker()
+        data = np.asarray(idx, dtype=np.int64)
+        data = data if self.rows is None else np.asarray(self.rows)[data]
+        chunk = np.searchsorted(self.bounds, data, side="right") - 1
+        by = np.argsort(chunk, kind="stable")
+        need, first = np.unique(chunk[by], return_index=True)
+        places = np.split(by, first[1:])  # where each needed chunk's rows go, in idx order
+        cuts = [data[p] - self.bounds[j] for j, p in zip(need.tolist(), places)]
+        keys = [self.x_keys[j] for j in need.tolist()] + [self.d_keys[j] for j in need.tolist()]
+        blocks, moved = sync(worker.loop, _fetch, worker, keys, cuts + cuts)
+        k = len(cuts)
+        if not k:
+            return np.empty((0, 0)), np.empty((0, 0))
+        x = np.empty((data.size, blocks[0].shape[1]), dtype=blocks[0].dtype)
+        d = np.empty((data.size, blocks[k].shape[1]), dtype=blocks[k].dtype)
+        for i, p in enumerate(places):
+            x[p], d[p] = blocks[i], blocks[k + i]
+        with _LOCK:
+            count = _FETCHED.setdefault((self.run, worker.address), [0, 0, 0])
+            count[0] += moved[0]  # rows of x from others (d's mostly come with them)
+            count[1] += moved[1]
+            count[2] += 1
+        return x, d
+
+
+async def _fetch(worker: Any, keys: list[Any], cuts: list[np.ndarray]) -> tuple[list[Any], tuple]:
+    """Rows ``cuts[i]`` of the chunk with key ``keys[i]``, each from this worker if it holds the
+    chunk, else from a worker that does; and the rows (of ``x``'s keys, the first half) and
+    bytes that came from others."""
+    out: list[Any] = [None] * len(keys)
+    todo = list(range(len(keys)))
+    moved = nbytes = 0
+    deadline = time.monotonic() + _HOLDER_WAIT
+    while todo:
+        who = await worker.scheduler.who_has(keys=[keys[i] for i in todo])
+        who = {_key(k): list(v) for k, v in who.items()}
+        by_holder: dict[str, list[int]] = {}
+        for i in todo:
+            holders = who.get(keys[i], [])
+            # its own chunk where it holds one (none yet: asked below, then again)
+            holder = worker.address if worker.address in holders or not holders else min(holders)
+            by_holder.setdefault(holder, []).append(i)
+
+        async def ask(holder: str, items: list[int]) -> tuple[str, list[int], Any]:
+            pick = [keys[i] for i in items]
+            sel = [cuts[i] for i in items]
+            if holder == worker.address:
+                return holder, items, _cut(worker, pick, sel)
+            try:
+                got = await worker.rpc(holder).rpm_chunk_rows(
+                    keys=pick, rows=[to_serialize(c) for c in sel]
+                )
+            except OSError:  # the holder left: ask the scheduler again
+                return holder, items, None
+            return holder, items, got
+
+        missing: list[int] = []
+        for holder, items, got in await asyncio.gather(
+            *(ask(h, its) for h, its in by_holder.items())
+        ):
+            if got is None:
+                missing += items
+                continue
+            lost = set(got["missing"])
+            for pos, i in enumerate(items):
+                if pos in lost:
+                    missing.append(i)
+                    continue
+                out[i] = _unwrap(got["rows"][pos])
+                if holder != worker.address:
+                    nbytes += int(out[i].nbytes)
+                    moved += int(cuts[i].size) if i < len(keys) // 2 else 0
+        if missing and time.monotonic() > deadline:
+            raise RuntimeError(
+                f"no worker holds the training data's chunk {keys[missing[0]]!r} after "
+                f"{_HOLDER_WAIT:.0f} s"
+            )
+        if missing:
+            await asyncio.sleep(0.2)  # a lost chunk is recomputed by Dask meanwhile
+        todo = missing
+    return out, (moved, nbytes)
+
+
+#: what each worker fetched from others for its mini-batches: (run, address) -> rows, bytes, loads
+_FETCHED: dict[tuple[str, str], list[int]] = {}
+_LOCK = threading.Lock()
+
+
+def _key(k: Any) -> Any:
+    """A Dask key as sent over a comm (tuples may arrive as lists)."""
+    return tuple(_key(v) for v in k) if isinstance(k, (list, tuple)) else k
+
+
+def _unwrap(v: Any) -> np.ndarray:
+    """An array as received: the inproc transport leaves it wrapped for serialisation."""
+    return np.asarray(getattr(v, "data", v))
+
+
+def _cut(worker: Any, keys: list[Any], rows: list[Any]) -> dict[str, Any]:
+    """Rows ``rows[i]`` of the chunks ``keys[i]`` this worker holds; ``missing``: the positions
+    of those it does not hold."""
+    out: list[Any] = []
+    missing: list[int] = []
+    for pos, (key, sel) in enumerate(zip(keys, rows)):
+        try:
+            block = worker.data[_key(key)]
+        except KeyError:
+            missing.append(pos)
+            out.append(None)
+            continue
+        out.append(np.ascontiguousarray(np.asarray(block)[_unwrap(sel)]))
+    return {"rows": out, "missing": missing}
+
+
+def _serve_rows(worker: Any, keys: list[Any], rows: list[Any]) -> dict[str, Any]:
+    """The ``rpm_chunk_rows`` handler: :func:`_cut` for a peer, its arrays sent as they are."""
+    got = _cut(worker, keys, rows)
+    got["rows"] = [None if a is None else to_serialize(a) for a in got["rows"]]
+    return got
+
+
+def _serve(dask_worker: Any) -> None:
+    """Install the ``rpm_chunk_rows`` handler on a worker (``client.run``; idempotent)."""
+
+    def rpm_chunk_rows(keys: list[Any], rows: list[Any]) -> dict[str, Any]:
+        return _serve_rows(dask_worker, keys, rows)  # a named function: Dask logs handler names
+
+    dask_worker.handlers["rpm_chunk_rows"] = rpm_chunk_rows
+
+
+def _fetched(run: str, dask_worker: Any = None) -> tuple[int, int, int]:
+    """What this worker fetched from others for ``run`` (``client.run``), forgotten once told."""
+    with _LOCK:
+        rows, nbytes, loads = _FETCHED.pop((run, dask_worker.address), (0, 0, 0))
+    return rows, nbytes, loads
 
 
 async def _recomputable(client: Any, gone: list[tuple[int, Any]]) -> None:
@@ -246,6 +490,8 @@ def on_cluster(
         xv, dv = client.compute([xd[held], dd[held]], sync=True)
         training = dataclasses.replace(training, validation=(np.asarray(xv), np.asarray(dv)))
         s = len(rows)
+    if isinstance(o.shuffle, str) and o.shuffle == "chunks":  # the chunk-local shuffle's chunks
+        training = dataclasses.replace(training, shuffle=chunk_order(xd.chunks[0], rows))
     holder = ChunkedRows(xd, dd, rows, pair.notes)
     chunks = tuple(int(c) for c in xd.chunks[0]) if rows is None else None
     return LazySamples((s, n, l), classes, chunks, holder), training

@@ -211,8 +211,10 @@ async def first_plan(
         min_gain=None if opts.drpm is None else opts.drpm.min_gain,
     )
     chunks = data.lazy.chunks if data.lazy is not None else None
-    if chunks is not None and data.recipe.schedule.full_batch and not isinstance(first, Plan):
+    sched = data.recipe.schedule
+    if chunks is not None and (sched.full_batch or sched.local) and not isinstance(first, Plan):
         # Dask's data: a column on whole chunks reads them where they are (engine.dask_data);
-        # mini-batches draw every column's rows from every chunk, so they gain nothing by it
+        # mini-batches draw every column's rows from every chunk, so they gain nothing by it,
+        # unless the chunk-local shuffle keeps each column's rows within its range
         plan = snap_to_chunks(plan, chunks, float(config.get("planner.chunk-imbalance")))
     return plan, info, probe_result, given, False

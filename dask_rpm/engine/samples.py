@@ -15,7 +15,12 @@ How samples reach the workers
   reads, at the start of each epoch, only the rows its column will use in
   that epoch, about ``(b - a) / s`` of the file — so a training set larger
   than one worker's memory trains from a file, each worker holding its
-  share, never the whole.
+  share, never the whole. From Dask chunks on the cluster
+  (:mod:`dask_rpm.engine.dask_data`) each worker likewise fetches only the rows
+  its column uses, from the workers that hold them, in windows of iterations of
+  at most ``rpm.engine.sample-window`` bytes (a window, not the epoch: a
+  column's share of an epoch may be more than the worker's memory); with the
+  chunk-local shuffle (``shuffle="chunks"``) those rows are its own chunks'.
 
 Either way the rows of one iteration are a contiguous slice of an array the
 worker already holds, so an iteration copies no samples.
@@ -46,9 +51,11 @@ class SampleSource(NamedTuple):
     """Where a worker gets samples from.
 
     ``kind`` is ``"slice"`` (``x``, ``d`` are the column's full-batch range),
-    ``"arrays"`` (``x``, ``d`` are the whole training set) or ``"file"``
+    ``"arrays"`` (``x``, ``d`` are the whole training set), ``"file"``
     (``path``; ``rows`` maps training sample ``i`` to file row ``rows[i]``,
-    None: the identity).
+    None: the identity) or ``"chunks"`` (mini-batches: ``reader.take(idx)``
+    gives training samples ``idx`` as ``(x, d)``, at most ``reader.window``
+    rows a load).
     """
 
     kind: str
@@ -56,6 +63,7 @@ class SampleSource(NamedTuple):
     d: Any = None
     path: str | None = None
     rows: Any = None
+    reader: Any = None
 
 
 class ColumnData:
@@ -94,17 +102,18 @@ class ColumnData:
         self._x: np.ndarray | None = None
         self._d: np.ndarray | None = None
         self._first = 0  # iteration whose rows start at offset 0
+        self._stop = 0  # the first iteration past the rows loaded
         self._offsets: list[int] = []
         self._epoch: int | None = None
+        # an in-memory training set's rows are gathered into these from one load to the next:
+        # a fresh epoch-sized array at every epoch is page faults on every page (a worker maps
+        # large arrays anew: dask_rpm.runtime.allocator), more than the copy itself
+        self._rows: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
     def capacity(self) -> int:
         """Most rows one iteration can have (kernel buffers are sized for it)."""
-        a, b = self.cut
-        if self.schedule.full_batch:
-            return b - a
-        size = self.schedule.batch
-        return -(-size * (b - a) // self.schedule.samples) + 1
+        return self.schedule.capacity(self.cut)  # type: ignore[arg-type]
 
     @property
     def nbytes(self) -> int:
@@ -120,7 +129,40 @@ class ColumnData:
         if src.kind == "file":
             rows = idx if src.rows is None else np.asarray(src.rows)[idx]
             return load_rows(src.path, rows, self.dtype)  # type: ignore[arg-type]
+        if src.kind == "chunks":
+            return src.reader.take(idx)
         raise ValueError(f"a {src.kind!r} sample source cannot serve mini-batches")
+
+    def _gather(self, idx: np.ndarray) -> bool:
+        """Rows ``idx`` of an in-memory dense training set into the buffers of the last load (made
+        or grown when too small), the bias input appended; False where this does not apply (sparse
+        rows, another source or backend, a cast, images), and :meth:`_take` serves them."""
+        src = self.source
+        if src.kind != "arrays" or self.backend.name != "numpy" or sparse.issparse(src.x):
+            return False
+        x, d = np.asarray(src.x), np.asarray(src.d)
+        if x.ndim != 2 or d.ndim != 2 or x.dtype != self.dtype or d.dtype != self.dtype:
+            return False
+        k, n = len(idx), x.shape[1]
+        width = n + 1 if self.net.bias else n
+        rows = self._rows
+        if rows is None or rows[0].shape[0] < k or rows[0].shape[1] != width:
+            rows = (np.empty((k, width), x.dtype), np.empty((k, d.shape[1]), d.dtype))
+            if self.net.bias:
+                rows[0][:, n] = 1.0
+            self._rows = rows
+        bx, bd = rows[0][:k], rows[1][:k]
+        # through a small contiguous buffer: numpy's take into the strided columns [:, :n]
+        # would buffer the whole result
+        step = max(1, 2**17 // max(n, 1))
+        part = np.empty((min(step, k), n), x.dtype)
+        for a in range(0, k, step):
+            i = idx[a : a + step]
+            np.take(x, i, axis=0, out=part[: len(i)], mode="clip")  # (valid indices: no check)
+            bx[a : a + len(i), :n] = part[: len(i)]
+        np.take(d, idx, axis=0, out=bd, mode="clip")
+        self._x, self._d = bx, bd
+        return True
 
     def _load_full(self) -> None:
         src = self.source
@@ -150,17 +192,27 @@ class ColumnData:
         """Whether :meth:`batch` of ``iteration`` needs no loading."""
         if self.schedule.full_batch:
             return self._x is not None
-        return self._epoch == self.schedule.epoch(iteration) and iteration >= self._first
+        return (
+            self._epoch == self.schedule.epoch(iteration) and self._first <= iteration < self._stop
+        )
 
     def load(self, iteration: int) -> None:
-        """Load what ``iteration`` (and the rest of its epoch) needs."""
+        """Load what ``iteration`` (and the rest of its epoch, or of its window) needs."""
         if self.schedule.full_batch:
             self._load_full()
             return
-        e = self.schedule.epoch(iteration)
-        idx, self._offsets = self.schedule.epoch_plan(e, self.cut, start=iteration)  # type: ignore[arg-type]
-        self._set(*self._take(idx))
-        self._epoch, self._first = e, iteration
+        sched = self.schedule
+        e = sched.epoch(iteration)
+        end = (e + 1) * sched.per_epoch
+        stop = end
+        if self.source.kind == "chunks":  # a window of iterations of at most reader.window rows
+            per = max(sched.capacity(self.cut), 1)  # type: ignore[arg-type]
+            stop = min(end, iteration + max(1, int(self.source.reader.window) // per))
+        idx, self._offsets = sched.epoch_plan(e, self.cut, start=iteration, stop=stop)  # type: ignore[arg-type]
+        self._x = self._d = None  # the last window's rows are not needed: free them first
+        if not self._gather(idx):
+            self._set(*self._take(idx))
+        self._epoch, self._first, self._stop = e, iteration, stop
 
     def batch(self, iteration: int) -> tuple[np.ndarray, np.ndarray]:
         """The column's rows of ``iteration`` (views; bias input appended)."""

@@ -20,6 +20,19 @@ with ``p_e`` that generator's ``shuffle`` of ``0 .. s-1``, as
 ``sklearn.utils.shuffle`` does in ``MLPClassifier``'s loop; the generator's
 state at the start is all the schedule keeps, and each process replays it.
 
+Chunk-local shuffle (``shuffle="chunks"``, for data cut into chunks of rows:
+:class:`ChunkOrder`): a different sampling, made for data that stay where they
+are. Epoch ``e`` permutes the rows within each chunk and interleaves the chunks
+in an order drawn from ``default_rng((seed, e))`` (slot ``i`` of chunk ``j``
+of ``n_j`` rows sits at key ``(i + u_j) / n_j``, ``u_j`` uniform in ``[0, 1)``,
+and the epoch visits the keys in ascending order), so every mini-batch draws
+from every chunk in proportion to its rows. A column then takes, of each
+batch, the samples in its own range ``[a, b)`` (not a share of positions):
+a column whose range is whole chunks uses only those chunks' rows, which is
+why it moves none when its workers hold them. The batches depend on the
+chunk sizes (not on the plan): :func:`dask_rpm.fit_serial` given the same
+chunks trains on the same batches.
+
 Full-batch training (``batch_size=None``, the paper's) is the special case
 of one batch per epoch in sample order: a column's share is then exactly its
 sample range, as before mini-batches existed.
@@ -27,6 +40,7 @@ sample range, as before mini-batches existed.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import warnings
@@ -38,6 +52,7 @@ from ..plan.partition import Plan
 from .errors import DataError
 
 __all__ = [
+    "ChunkOrder",
     "batch_plan",
     "column_share",
     "BatchSchedule",
@@ -51,6 +66,13 @@ class BatchError(DataError):
     """An invalid batch size, epoch count or shuffle setting."""
 
 
+class ChunkOrder(NamedTuple):
+    """``shuffle=`` this: the chunk-local shuffle over chunks of ``chunks`` rows each, in order
+    (module docstring); ``shuffle="chunks"`` with Dask data becomes one with the data's chunks."""
+
+    chunks: tuple[int, ...]
+
+
 class BatchSchedule(NamedTuple):
     """The mini-batch sequence of a run."""
 
@@ -61,6 +83,14 @@ class BatchSchedule(NamedTuple):
     #: the state of a ``numpy.random.RandomState`` whose shuffles order the epochs as
     #: scikit-learn's do (module docstring); None: seeded permutations of ``seed``
     rng: tuple | None = None
+    #: the rows of each chunk, in order, for the chunk-local shuffle (module docstring); None:
+    #: the sample order ``order(e)`` and position shares
+    chunks: tuple[int, ...] | None = None
+
+    @property
+    def local(self) -> bool:
+        """Whether the epochs follow the chunk-local shuffle (columns take their own samples)."""
+        return self.chunks is not None and not self.full_batch
 
     @property
     def full_batch(self) -> bool:
@@ -83,6 +113,8 @@ class BatchSchedule(NamedTuple):
         """The sample order of ``epoch`` (int64 indices)."""
         if self.full_batch or not self.shuffle:
             return np.arange(self.samples, dtype=np.int64)
+        if self.chunks is not None:
+            return _chunk_order(self.chunks, self.seed, epoch).copy()
         if self.rng is not None:
             return _replayed_order(self.rng, self.samples, epoch)
         return np.random.default_rng((self.seed, epoch)).permutation(self.samples).astype(np.int64)
@@ -100,29 +132,62 @@ class BatchSchedule(NamedTuple):
 
     def indices(self, iteration: int, cut: tuple[int, int] | None = None) -> np.ndarray:
         """Sample indices of ``iteration`` (of the column with samples ``cut``, if given)."""
+        if cut is not None and self.local:
+            idx, _ = self.epoch_plan(self.epoch(iteration), cut, iteration, iteration + 1)
+            return idx
         p0, p1 = self.positions(iteration) if cut is None else self.share(iteration, cut)
         return self.order(self.epoch(iteration))[p0:p1]
 
     def epoch_plan(
-        self, epoch: int, cut: tuple[int, int], start: int | None = None
+        self,
+        epoch: int,
+        cut: tuple[int, int],
+        start: int | None = None,
+        stop: int | None = None,
     ) -> tuple[np.ndarray, list[int]]:
-        """What a column needs for the rest of an epoch: its sample indices, batch after batch, and
-        the offsets of each batch in them.
+        """What a column needs for iterations ``[start, stop)`` of an epoch: its sample indices,
+        batch after batch, and the offsets of each batch in them.
 
-        ``start`` is the first iteration wanted (default: the epoch's first).
-        Returns ``(indices, offsets)`` with ``offsets[j]`` .. ``offsets[j + 1]``
-        the rows of iteration ``start + j``.
+        ``start`` is the first iteration wanted (default: the epoch's first), ``stop`` the one
+        after the last (default: the epoch's end). Returns ``(indices, offsets)`` with
+        ``offsets[j]`` .. ``offsets[j + 1]`` the rows of iteration ``start + j``.
         """
         first = epoch * self.per_epoch
         start = first if start is None else start
+        stop = first + self.per_epoch if stop is None else min(stop, first + self.per_epoch)
         order = self.order(epoch)
+        if stop <= start:
+            return np.empty(0, np.int64), [0]
+        if self.local:  # the batches' samples within the column's range, in batch order
+            a, b = cut
+            lo, hi = self.positions(start)[0], self.positions(stop - 1)[1]
+            part = order[lo:hi]
+            keep = (part >= a) & (part < b)
+            edges = [self.positions(it)[0] - lo for it in range(start, stop)] + [hi - lo]
+            counts = np.concatenate([[0], np.cumsum(keep)])
+            return part[keep], [int(counts[e]) for e in edges]
         parts, offsets = [], [0]
-        for it in range(start, first + self.per_epoch):
+        for it in range(start, stop):
             p0, p1 = self.share(it, cut)
             parts.append(order[p0:p1])
             offsets.append(offsets[-1] + (p1 - p0))
         idx = np.concatenate(parts) if parts else np.empty(0, np.int64)
         return idx, offsets
+
+    def capacity(self, cut: tuple[int, int]) -> int:
+        """Most samples the column with samples ``cut`` takes of one iteration."""
+        a, b = cut
+        if self.full_batch:
+            return b - a
+        if not self.local:
+            return -(-self.batch * (b - a) // self.samples) + 1
+        # A window of B consecutive keys spans at most (B + J) / s of the key range, which holds
+        # at most floor((B + J) n_j / s) + 1 slots of chunk j (its keys are 1 / n_j apart).
+        sizes = np.asarray(self.chunks, dtype=np.int64)
+        bounds = np.concatenate([[0], np.cumsum(sizes)])
+        inside = np.clip(np.minimum(bounds[1:], b) - np.maximum(bounds[:-1], a), 0, None)
+        most = (self.batch + len(sizes)) * sizes // self.samples + 1
+        return int(min(np.minimum(inside, most).sum(), self.batch, b - a))
 
 
 #: replayed scikit-learn orders: (state, samples) -> (epoch, order, generator after it)
@@ -156,6 +221,23 @@ def _replayed_order(rng: tuple, samples: int, epoch: int) -> np.ndarray:
         return order.copy()
 
 
+@functools.lru_cache(maxsize=4)
+def _chunk_order(chunks: tuple[int, ...], seed: int, epoch: int) -> np.ndarray:
+    """Epoch ``epoch``'s order of the chunk-local shuffle (module docstring); read-only, cached:
+    each column asks for it at every load of the epoch."""
+    rng = np.random.default_rng((seed, epoch))
+    sizes = np.asarray(chunks, dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    offset = rng.random(sizes.size)  # where each chunk's first slot falls: the interleave
+    chunk = np.repeat(np.arange(sizes.size), sizes)
+    slot = np.arange(int(sizes.sum()), dtype=np.int64) - np.repeat(starts, sizes)
+    keys = (slot + offset[chunk]) / sizes[chunk]
+    rows = np.concatenate([starts[j] + rng.permutation(n) for j, n in enumerate(sizes.tolist())])
+    order = rows[np.lexsort((chunk, keys))].astype(np.int64)
+    order.flags.writeable = False
+    return order
+
+
 def rng_state(gen: np.random.RandomState) -> tuple:
     """A ``RandomState``'s state as a hashable tuple (what :class:`BatchSchedule` keeps)."""
     name, keys, pos, has_gauss, cached = gen.get_state()
@@ -168,11 +250,28 @@ def schedule(
     """A validated :class:`BatchSchedule`: ``batch_size`` None (or ``"full"``) is full-batch BP.
 
     ``shuffle`` may be a ``numpy.random.RandomState``: shuffled epochs in
-    scikit-learn's order, drawn from (a copy of) that generator's state.
+    scikit-learn's order, drawn from (a copy of) that generator's state; or a
+    :class:`ChunkOrder`: the chunk-local shuffle over its chunks.
     """
     rng = None
+    chunks = None
     if isinstance(shuffle, np.random.RandomState):
         rng, shuffle = rng_state(shuffle), True
+    if isinstance(shuffle, str) and shuffle == "chunks":
+        raise BatchError(
+            "shuffle='chunks' (the chunk-local shuffle) needs the data's chunks: give x as a dask "
+            "array, xarray backed by dask or a zarr store (dask.array.from_array(x, chunks=...) "
+            "for numpy data), or shuffle=True / False"
+        )
+    if isinstance(shuffle, ChunkOrder):
+        chunks = tuple(int(c) for c in shuffle.chunks)
+        if any(c < 1 for c in chunks) or sum(chunks) != samples:
+            raise BatchError(
+                f"shuffle=ChunkOrder with chunks of {sum(chunks)} rows ({len(chunks)} chunks) for "
+                f"{samples} training samples; give every chunk's rows (each >= 1), summing to "
+                f"the samples"
+            )
+        shuffle = True
     if batch_size is not None and batch_size != "full":
         if (
             isinstance(batch_size, bool)
@@ -194,10 +293,10 @@ def schedule(
         batch_size = None
     if not isinstance(shuffle, (bool, np.bool_)):
         raise BatchError(
-            f"shuffle={shuffle!r}; give true or false (or a numpy.random.RandomState for "
-            f"scikit-learn's order)"
+            f"shuffle={shuffle!r}; give true or false, 'chunks' with Dask data (the chunk-local "
+            f"shuffle), or a numpy.random.RandomState for scikit-learn's order"
         )
-    return BatchSchedule(int(samples), batch_size, bool(shuffle), int(seed), rng)
+    return BatchSchedule(int(samples), batch_size, bool(shuffle), int(seed), rng, chunks)
 
 
 def column_share(size: int, cut: tuple[int, int], samples: int) -> tuple[int, int]:

@@ -279,3 +279,41 @@ def zarr_variables(path: Any, x: str = "x", d: str = "d") -> tuple[Any, Any]:
                 f"ds.rename({{'time': 'sample'}}).to_zarr(...))"
             )
     return ds[x], ds[d]
+
+
+def chunk_order(chunks: Any, rows: np.ndarray | None = None) -> Any:
+    """The chunk-local shuffle (``shuffle="chunks"``) over data chunks of ``chunks`` rows:
+    a :class:`~dask_rpm.nn.batches.ChunkOrder` of the training samples each chunk holds.
+
+    ``rows`` are the data rows trained on (sorted: a validation split's), None: every row. A
+    chunk's training samples are then consecutive, so the training chunks are their counts
+    (a chunk left without any is dropped).
+    """
+    from .batches import ChunkOrder
+
+    sizes = np.asarray([int(c) for c in chunks], dtype=np.int64)
+    if rows is not None:
+        bounds = np.concatenate([[0], np.cumsum(sizes)])
+        sizes = np.diff(np.searchsorted(np.asarray(rows), bounds))
+    return ChunkOrder(tuple(int(c) for c in sizes if c > 0))
+
+
+def serial_inputs(x: Any, d: Any, options: Any) -> tuple[np.ndarray, np.ndarray, Any]:
+    """What :func:`~dask_rpm.nn.serial.fit_serial` trains on for Dask's data: ``x`` and ``d``
+    computed, and ``options`` (:class:`~dask_rpm.nn.options.TrainingOptions`) with
+    ``shuffle="chunks"`` made the chunk-local shuffle over the data's chunks, as ``fit`` on
+    the cluster does."""
+    import dataclasses
+
+    from .recipe import holdout
+
+    pair = as_chunked(x, d)
+    xv, dv = computed(pair.x, pair.d)
+    o = options.resolved()
+    if isinstance(o.shuffle, str) and o.shuffle == "chunks":
+        rows = None
+        val = o.validation
+        if val is not None and not isinstance(val, (tuple, list, bool)):
+            rows = holdout(xv.shape[0], float(val), int(o.seed))[0]
+        options = dataclasses.replace(options, shuffle=chunk_order(pair.x.chunks[0], rows))
+    return xv, dv, options

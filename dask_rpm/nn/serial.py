@@ -16,7 +16,7 @@ from ..records import Validation
 from . import backend as xbk
 from . import sparse
 from .backend import Backend
-from .chunked import computed, is_chunked
+from .chunked import is_chunked, serial_inputs
 from .cnn_kernels import check_backend
 from .convergence import epoch_error
 from .data import DataError
@@ -156,7 +156,7 @@ def fit_serial(
     dtype: str | None = None,
     epochs: int | None = None,
     batch_size: int | None = None,
-    shuffle: bool | None = None,
+    shuffle: bool | str | None = None,
     activation: str | None = None,
     loss: str | None = None,
     output: str | None = None,
@@ -226,9 +226,10 @@ def fit_serial(
     # the keywords map one to one onto the fields of the options record
     given = {k: v for k, v in locals().items() if k in TRAINING_FIELDS}
     be = xbk.resolve(backend, device)
+    opts = TrainingOptions.of(options, **given)
     if is_chunked(x, d):  # Dask's data (dask_rpm.nn.chunked): the reference trains on them computed
-        x, d = computed(x, d)
-    job = prepare(x, d, TrainingOptions.of(options, **given), load=True)
+        x, d, opts = serial_inputs(x, d, opts)  # shuffle="chunks": over their chunks
+    job = prepare(x, d, opts, load=True)
     if job.recipe.layers is not None:  # a CNN: torch's or numpy's kernels only
         check_backend(be.name)
     assert job.arrays is not None
