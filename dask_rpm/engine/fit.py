@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -374,9 +375,29 @@ def _callbacks(
     return out, ckpt
 
 
+class _Clock:
+    """Seconds each part of one ``fit`` call took (``FitResult.stats["call"]``): where a call's
+    fixed costs go, beside the iterations' own time (the history's)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._t0 = self._last = time.perf_counter()
+
+    def lap(self, part: str) -> None:
+        """End ``part`` now: the seconds since the previous lap are its own (added up)."""
+        now = time.perf_counter()
+        self.seconds[part] = self.seconds.get(part, 0.0) + now - self._last
+        self._last = now
+
+    def stats(self) -> dict[str, float]:
+        """Each part's seconds and ``total``, the call's up to now."""
+        return {**self.seconds, "total": time.perf_counter() - self._t0}
+
+
 async def _fit_async(
     client: Any, x: Any, d: Any, training: TrainingOptions, given: RunOptions
 ) -> FitResult:
+    clock = _Clock()
     reporter = Progress(given.progress)  # validates progress= before any work
     data = prepare(x, d, training)
     opts = given.resolved()
@@ -391,7 +412,9 @@ async def _fit_async(
         )
     saved = resume.get("drpm") if isinstance(resume, dict) else None
     errors_before = resume.get("errors") if isinstance(resume, dict) else None
+    clock.lap("prepare")
     plan, info, probe_result, abilities_given, resumed = await first_plan(client, opts, data, saved)
+    clock.lap("plan")
     await ensure_plugins(client)
     driver = _driver(client, opts, data, plan)
     drpm = _drpm_state(opts, abilities_given, saved if resumed else None, len(plan.abilities))
@@ -414,32 +437,42 @@ async def _fit_async(
             await check_shared(driver, opts.checkpoint_dir)
         if isinstance(start, StoredCheckpoint) and start.directory != opts.checkpoint_dir:
             await check_readable(driver, start.directory)
+        clock.lap("setup")
         await loop.install(start)
+        clock.lap("place")
         for h in hooks:
             await cb.call(h.before_training(driver, data.recipe.iterations))
         driver.on_progress = loop.progress
         await loop.refresh_deadlines()
+        clock.lap("setup")
         stopped = await loop.run(plans, names)
+        clock.lap("blocks")
         params, opt_state = await loop.final_weights(stopped)
         if isinstance(driver.source, ChunkedRows):  # the rows workers fetched for mini-batches
             await driver.source.collect(driver)
+        if isinstance(driver.source, ChunkedRows):  # the rows workers fetched for mini-batches
+            await driver.source.collect(driver)
+        clock.lap("gather")
     finally:
         for h in hooks:
             await cb.call(h.after_training(driver, stopped))
         await driver.close()
+    clock.lap("close")
     validation: list[Any] = next(
         (h.validator.rows for h in hooks if isinstance(h, cb.ValidationCallback)), []
     )
+    history = _history(driver, drpm, names, emulation, validation)
+    clock.lap("history")
     return FitResult(
         params=params,
-        history=_history(driver, drpm, names, emulation, validation),
+        history=history,
         plan=driver.plan,
         plans=plans,
         stopped=stopped,
         emulation=emulation,
         remaps=remaps,
         probe=probe_result,
-        stats=_stats(driver, ckpt, start, loop),
+        stats={**_stats(driver, ckpt, start, loop), "call": clock.stats()},
         recipe=data.recipe,
         classes=data.classes,
         validation=validation,
@@ -487,6 +520,9 @@ def _stats(
         ),  # where each worker's kernels ran (torch-cuda, ...)
         "checkpoints": list(ckpt.times),  # (iteration, seconds) of each checkpoint
         "start": _start_stats(start, loop),
+        # in-memory samples scattered in this run, and the copies reused from an earlier fit of
+        # the same arrays on this client (engine.sent)
+        "samples": {"sent_bytes": driver.sample_bytes, "reused": driver.samples_reused},
         "memory": _memory(driver, driver.recipe.optimizer.slots),
         # buddy copies (dask_rpm.engine.buddies): R, who kept whose copies, the bytes they took
         "buddies": driver.book.stats() if driver.book is not None else {"on": False},
