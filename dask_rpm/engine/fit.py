@@ -450,8 +450,6 @@ async def _fit_async(
         params, opt_state = await loop.final_weights(stopped)
         if isinstance(driver.source, ChunkedRows):  # the rows workers fetched for mini-batches
             await driver.source.collect(driver)
-        if isinstance(driver.source, ChunkedRows):  # the rows workers fetched for mini-batches
-            await driver.source.collect(driver)
         clock.lap("gather")
     finally:
         for h in hooks:
