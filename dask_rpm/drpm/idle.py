@@ -5,6 +5,8 @@ worker's rectangle can cost more in messages than its share of the work saves. D
 leaves it idle - it stays in the cluster, holds no rows (``Plan.excluded``, the reason in
 ``Plan.notes``) - and takes it back when a remap says it pays:
 
+* :func:`iteration_rates` puts the estimator's rates in the work of one iteration (a
+  mini-batch's), the unit the cost model predicts in;
 * :func:`worker_rates` gives every worker of a plan an SRPM ability and an absolute rate
   (work units per second of forward + backward compute, what the cost model's
   ``area / speed`` means): measured (the estimator's ``t2`` and ``tc`` fits, for workers
@@ -50,6 +52,7 @@ __all__ = [
     "comm_scale",
     "idle_decision",
     "idle_remap",
+    "iteration_rates",
     "scaled_network",
     "worker_rates",
 ]
@@ -106,6 +109,41 @@ def worker_rates(
     if low:
         r[low], a[low] = min(rates[w] for w in planned), min(abilities[w] for w in planned)
     return a, r
+
+
+def iteration_rates(
+    rates: Mapping[int, float], samples: int, batch: int | None
+) -> dict[int, float]:
+    """Measured rates in the work of one iteration: what the cost model's ``area / speed`` takes.
+
+    DRPM's estimator counts a worker's work as its plan rectangle's area, hidden units times
+    its column's samples of the whole training set (:meth:`dask_rpm.plan.partition.Plan.rectangle`),
+    and its rate as that over the seconds of one iteration's compute. A mini-batch iteration
+    computes ``batch / samples`` of that area, and the idle choices predict one mini-batch's
+    iteration (:func:`batch_plan`), so they take the rates times ``batch / samples``; the probe's
+    throughput is already per unit computed. Without this a mini-batch's compute is predicted
+    ``samples / batch`` times too fast, every measured second lands in communication
+    (:func:`comm_excess`), and workers whose share pays are left idle (two equal one-thread
+    workers at 784-256-128-10 with batches of 512 of 20,000: one was left idle).
+
+    Parameters
+    ----------
+    rates
+        Work units (plan area) per second of compute, by worker index (the ``tc`` estimates).
+    samples
+        Training samples (the plan's).
+    batch
+        Samples per iteration; ``None`` (full batch) or at least ``samples``: the rates as given.
+
+    Returns
+    -------
+    dict
+        The rates per unit of one iteration's work, by worker index.
+    """
+    if batch is None or batch >= samples:
+        return dict(rates)
+    fraction = batch / samples
+    return {w: v * fraction for w, v in rates.items()}
 
 
 def idle_remap(

@@ -16,6 +16,7 @@ from ..drpm.idle import (
     comm_scale,
     idle_decision,
     idle_remap,
+    iteration_rates,
     scaled_network,
     worker_rates,
 )
@@ -41,6 +42,17 @@ def jsonable(rec: Mapping[str, Any]) -> dict[str, Any]:
     """A remap record with numpy scalars as plain values (:func:`dask_rpm._files.json_default`),
     for the scheduler's messages and checkpoints."""
     return {k: (json_default(v) if isinstance(v, np.generic) else v) for k, v in rec.items()}
+
+
+def _modify_seconds(driver: Driver, first: int, stop: int) -> float:
+    """The median over iterations ``[first, stop)`` (the first left out: it carries the boundary)
+    of the slowest worker's optimizer step (``modify``); 0 when none was recorded."""
+    its = list(range(first + 1 if stop - first > 1 else first, stop))
+    table = driver.log.phase_table(its, len(driver.addresses))["modify"]
+    with np.errstate(all="ignore"):
+        worst = np.nanmax(np.where(np.isfinite(table), table, -np.inf), axis=1, initial=-np.inf)
+    worst = worst[np.isfinite(worst)]
+    return float(np.median(worst)) if worst.size else 0.0
 
 
 class DRPMState:
@@ -100,12 +112,18 @@ class DRPMState:
                     ab.update(self.estimator.estimate("t2", workers=[w]))
             except AbilityEstimateError:
                 continue
+        # the estimator's work is the plan area; one mini-batch iteration computes a part of it
+        tc = iteration_rates(tc, driver.plan.samples, driver.recipe.schedule.batch)
         try:
             rates = worker_rates(driver.plan, tc, ab, self.remembered)
         except PlanError as exc:
             logger.info(f"idle check skipped: {exc}")
             return None
-        seconds = driver.log.median_iteration_time(first, stop)  # what its messages cost
+        # what its messages cost: the iteration less the optimizer step, which the cost model
+        # does not price (it would count as communication and make every message look dearer)
+        seconds = driver.log.median_iteration_time(first, stop) - _modify_seconds(
+            driver, first, stop
+        )
         batch = driver.recipe.schedule.batch
         point = comm_excess(driver.plan, rates[1], seconds, network=self.network, batch=batch)
         if point is not None:
