@@ -61,7 +61,13 @@ Buddy copies (issue 36, ``rpm.resilience``) are on, as by default
 (``--no-buddies`` turns them off): the report counts the losses by where their
 rows came from (buddy, columns, checkpoint, initial weights), the iterations
 each loss cost and their mean, and the copies' ``R``. ``--kinds kill`` draws
-kills only.
+kills only. Locally two more kinds time a kill to the worst moment
+(``--kinds kill,kill-recovery,kill-remap``): ``kill-recovery`` SIGKILLs a worker and arms
+another to die the moment its task of the recovery starts (the survivors restoring from the
+copies; when the second is the first one's buddy, no copy of the first one's rows is left), and
+``kill-remap`` arms a worker to die the moment its next remap or recovery task starts. A worker
+plugin on every worker (restarted ones too) springs the trap; one not sprung within 15 s is taken
+back and reported as such.
 
 Usage::
 
@@ -91,8 +97,16 @@ from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import numpy as np
+from distributed.diagnostics.plugin import WorkerPlugin
 
 KINDS = ("kill", "retire", "add")
+#: Local only: SIGKILL a worker, and arm another to SIGKILL itself the moment its next recovery
+#: task starts (``kill-recovery``: the survivors restoring from buddy copies; the second victim
+#: may be the first one's buddy), or arm a worker to die at its next remap task, a join's or a
+#: recovery's (``kill-remap``). A trap not sprung within ``TRAP_SECONDS`` is taken back.
+TRAP_KINDS = ("kill-recovery", "kill-remap")
+TRAP_PREFIXES = {"kill-recovery": ("rpm-restore",), "kill-remap": ("rpm-remap", "rpm-restore")}
+TRAP_SECONDS = 15.0
 LOCAL_EVERY = (3.0, 8.0)  # seconds between faults, local mode
 SLURM_EVERY = (6.0, 12.0)  # on SLURM: a resubmitted or added job takes seconds to start
 SLURM_SPEEDS = {"fast": 1.0, "slow": 0.5}  # EMULATED relative speeds of the two groups
@@ -114,6 +128,35 @@ class Fault(NamedTuple):
     workers_before: int  # workers (SLURM: jobs) the cluster intended to have before the fault
     iteration: int  # last block boundary the run had reported
     job: str | None = None  # SLURM: the job cancelled or submitted, "slow-3 (1234)"
+    trap: bool = False  # the worker was armed to die at its next recovery / remap task
+
+
+class ChaosTrap(WorkerPlugin):
+    """A worker plugin that SIGKILLs its worker's process the moment a task whose key starts with
+    an armed prefix starts executing there (armed by :func:`arm_trap`, for ``TRAP_SECONDS``)."""
+
+    name = "rpm-chaos-trap"
+    idempotent = True
+
+    def setup(self, worker: Any) -> None:
+        self.prefixes: tuple[str, ...] = ()
+        self.until = 0.0
+
+    def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
+        if finish != "executing" or not self.prefixes or time.monotonic() > self.until:
+            return
+        name = key[0] if isinstance(key, tuple) else key
+        if str(name).startswith(self.prefixes):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def arm_trap(prefixes: tuple[str, ...], seconds: float, dask_worker: Any = None) -> bool:
+    """Arm this worker's :class:`ChaosTrap` (``client.run``)."""
+    trap = dask_worker.plugins.get(ChaosTrap.name)
+    if trap is None:
+        return False
+    trap.prefixes, trap.until = tuple(prefixes), time.monotonic() + seconds
+    return True
 
 
 def draw_kind(
@@ -121,7 +164,11 @@ def draw_kind(
 ) -> str:
     """The next fault's kind among ``kinds`` that keep ``min_workers <= workers <= max_workers``."""
     allowed = [
-        k for k in kinds if (k == "add" and n < max_workers) or (k != "add" and n > min_workers)
+        k
+        for k in kinds
+        if (k == "add" and n < max_workers)
+        or (k in TRAP_KINDS and n > min_workers + 1)  # it may take two workers at once
+        or (k in ("kill", "retire") and n > min_workers)
     ]
     return rng.choice(allowed)
 
@@ -140,7 +187,7 @@ def planned_kinds(
     for _ in range(count):
         rng.uniform(*interval)  # the wait, drawn first as the injector does
         out.append(draw_kind(rng, n, min_workers, max_workers, kinds))
-        n += {"kill": 0, "retire": -1, "add": 1}[out[-1]]
+        n += {"retire": -1, "add": 1}.get(out[-1], 0)  # a killed worker is restarted
     return out
 
 
@@ -223,8 +270,23 @@ class Injector(threading.Thread):
             self.faults.append(Fault(at, kind, None, n, iteration, job))
             self.wait_for_new(set(alive), at)
             return
+        if kind in TRAP_KINDS:
+            self.trap(kind, alive, n, at, iteration)
+            return
         worker, job = self.kill(alive) if kind == "kill" else self.retire(alive)
         self.faults.append(Fault(at, kind, worker, n, iteration, job))
+
+    def trap(self, kind: str, alive: dict[str, Any], n: int, at: float, iteration: int) -> None:
+        """``kill-recovery``: a kill, and another worker armed to die at its recovery task;
+        ``kill-remap``: a worker armed to die at its next remap or recovery task."""
+        first = None
+        if kind == "kill-recovery":
+            first, job = self.kill(alive)
+            self.faults.append(Fault(at, "kill", first, n, iteration, job))
+        pool = [a for a in alive if a != first]
+        armed = self.choose(pool, kind)
+        self.client.run(arm_trap, TRAP_PREFIXES[kind], TRAP_SECONDS, workers=[armed])
+        self.faults.append(Fault(at, kind, armed, n, iteration, None, trap=True))
 
     def wait_for_new(self, before: set[str], at: float) -> None:
         """Wait until a worker not in ``before`` is up, so "at least min_workers" holds for the next fault too."""
@@ -386,6 +448,15 @@ class SlurmInjector(Injector):
 # -- the clusters ----------------------------------------------------------------
 
 
+def _by_value() -> None:
+    """Pickle this module's plugin by value: the workers cannot import the benchmark's module."""
+    import cloudpickle
+
+    module = sys.modules.get(__name__)
+    if module is not None and __name__ != "__main__":
+        cloudpickle.register_pickle_by_value(module)
+
+
 @contextmanager
 def local_setup(workers: int) -> Iterator[tuple[Any, Any, str]]:
     """A LocalCluster of ``workers`` processes x 1 thread and its client, and a description."""
@@ -402,6 +473,8 @@ def local_setup(workers: int) -> Iterator[tuple[Any, Any, str]]:
         Client(cluster) as client,
     ):
         client.wait_for_workers(workers)
+        _by_value()
+        client.register_plugin(ChaosTrap())  # unarmed until a trap kind arms it
         yield (
             cluster,
             client,
@@ -583,6 +656,8 @@ def _outcome(f: Fault, remaps: list[dict[str, Any]], members: set[str]) -> str:
             return f"recovered from the {rec.get('recovered_from')}"
         if f.worker in (rec.get("retired") or []):
             return "retired by the run"
+    if f.trap:
+        return "trap not sprung (its task did not come within the time armed)"
     if f.worker not in members:
         return "left before the run took it in (held no rows)"
     return "UNACCOUNTED"
@@ -797,7 +872,7 @@ def soak(
             **({"config": SLURM_CONFIG} if slurm else {}),
         },
         "faults": [f._asdict() for f in faults],
-        "faults_by_kind": {k: sum(f.kind == k for f in faults) for k in KINDS},
+        "faults_by_kind": {k: sum(f.kind == k for f in faults) for k in (*KINDS, *TRAP_KINDS)},
         "injector_errors": injector.errors,
         "error": run.error,
         "jobs_resubmitted": sum("to replace it" in m for m in replacements),
@@ -812,6 +887,13 @@ def soak(
     report.update(_serial_check(run.result, x, d, (W0, V0), hidden, learning_rate))
     report.update(_fault_figures(run, faults))
     survived = sum(1 for o in report["outcomes"] if o != "UNACCOUNTED")
+    report["traps"] = {
+        "armed": sum(f.trap for f in faults),
+        "sprung": sum(
+            f.trap and not o.startswith("trap not sprung")
+            for f, o in zip(faults, report["outcomes"])
+        ),
+    }
     report.update(
         faults_survived=survived if report["equal_to_serial"] else 0,
         train_seconds=round(run.seconds, 2),
@@ -854,6 +936,7 @@ def summary(rep: dict[str, Any]) -> str:
         f"recomputed {rep['iterations_recomputed']}, {rep['mean_recomputed_per_loss']:.2f} per loss on "
         f"average (each: {rep['recomputed_per_loss']})",
         f"  buddy copies: {rep['buddies']}",
+        f"  traps (a worker armed to die at its next recovery / remap task): {rep['traps']}",
         f"  weight bytes moved {rep['weight_bytes_moved']}, sample bytes re-read {rep['sample_bytes_reread']}",
         f"  time lost: {rep['time_lost_seconds']:.2f} s in all, {rep['time_lost_per_fault_seconds']:.3f} s per fault "
         f"(remaps {rep['remap_seconds']:.2f} s + recomputed iterations)",

@@ -24,6 +24,7 @@ from ..runtime.hooks import worker_hooks
 from ..runtime.threads import kernel_threads
 from .block import run_block
 from .layout import layout_layers
+from .peers import call_peer
 from .records import BlockResult, BlockSpec, Layout, RunSpec
 from .samples import ColumnData, SampleSource
 from .store import StoreRows, file_digest, read_rows, write_mark, write_rows
@@ -181,7 +182,7 @@ def t_stage(
     state = worker.plugins[PLUGIN_NAME].runs.get(spec.run)
 
     async def fetch(a: int, b: int, src: str) -> dict[str, Any]:
-        return await worker.rpc(src).rpm_rows(run=spec.run, a=a, b=b)
+        return await call_peer(worker, src, "rpm_rows", run=spec.run, a=a, b=b)
 
     def get(a: int, b: int, src: str | None) -> Any:
         return state.shard.rows(a, b) if src is None else _sync(worker, fetch, a, b, src)
@@ -213,8 +214,8 @@ def t_restore(
     fetched = 0
 
     async def fetch(a: int, b: int, holder: str, kind: str) -> dict[str, Any]:
-        return await worker.rpc(holder).rpm_copy(
-            run=spec.run, iteration=iteration, a=a, b=b, kind=kind
+        return await call_peer(
+            worker, holder, "rpm_copy", run=spec.run, iteration=iteration, a=a, b=b, kind=kind
         )
 
     def get(a: int, b: int, holder: str, kind: str) -> Any:
