@@ -2,8 +2,8 @@
 
 Reads a model (:func:`dask_rpm.model.cnn.load_model`: an MLP written by ``dask-rpm train``
 or ``MLPModel.save``, or a CNN written by ``CNNModel.save``) and inputs ``x(sample, input)``
-from a netCDF file (a training dataset works: its ``d`` is ignored for prediction, used for the
-score line) or a 2-D ``.npy`` array - for a CNN also a 4-D ``.npy`` array of images
+from a netCDF file or a zarr store (a training dataset works: its ``d`` is ignored for
+prediction, used for the score line) or a 2-D ``.npy`` array - for a CNN also a 4-D ``.npy`` array of images
 ``(samples, channels, height, width)``; a CNN reads rows of ``channels x height x width``
 inputs as its images, channel-major (``images.reshape(samples, -1)``) - and writes the predictions as one netCDF
 file, atomically. Every bad input is refused before anything is written, with
@@ -24,6 +24,7 @@ from .._files import TargetError, check_target
 from .._version import __version__
 from ..model.cnn import CNNModel, load_model
 from ..model.mlp import ModelError
+from ..nn.chunked import zarr_path
 from ..nn.data import atomic_to_netcdf
 from ._common import CLIError
 
@@ -37,6 +38,9 @@ examples:
   # after 'dask-rpm train --config job.yaml' (the job's model: <output stem>.model.nc)
   dask-rpm predict --model result.model.nc --data test.nc --output predictions.nc
 
+  # inputs from a zarr store (Dataset.to_zarr) holding x(sample, input)
+  dask-rpm predict --model result.model.nc --data test.zarr --output predictions.nc
+
   # inputs as a numpy array (samples, inputs)
   dask-rpm predict --model result.model.nc --data x.npy --output predictions.nc --overwrite
 
@@ -45,7 +49,7 @@ examples:
 
 The output holds prediction(sample) class labels and probability(sample, class)
 for classifiers, prediction(sample, output) for regression models. With a
-netCDF input that also has d(sample, output), the accuracy (classifiers) or R^2
+netCDF or zarr input that also has d(sample, output), the accuracy (classifiers) or R^2
 on it is printed.
 """
 
@@ -56,7 +60,7 @@ def add_parser(subparsers: Any) -> None:
         "predict",
         help="apply a saved model to a data file and write the predictions",
         description="Apply a model saved by 'dask-rpm train' (or MLPModel.save, CNNModel.save) to inputs "
-        "x(sample, input) from a netCDF or .npy file (a CNN: also images as a 4-D .npy array); write predictions (and class probabilities) to a netCDF file, "
+        "x(sample, input) from a netCDF file, a zarr store or a .npy file (a CNN: also images as a 4-D .npy array); write predictions (and class probabilities) to a netCDF file, "
         "atomically.",
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -68,7 +72,8 @@ def add_parser(subparsers: Any) -> None:
         "--data",
         required=True,
         metavar="FILE",
-        help="inputs: netCDF with x(sample, input), or a 2-D .npy array (a CNN: or 4-D images)",
+        help="inputs: netCDF or a zarr store with x(sample, input), or a 2-D .npy array (a CNN: "
+        "or 4-D images)",
     )
     p.add_argument(
         "--output", required=True, metavar="FILE", help="where the predictions go (netCDF)"
@@ -78,9 +83,12 @@ def add_parser(subparsers: Any) -> None:
 
 
 def read_inputs(path: str) -> tuple[np.ndarray, np.ndarray | None]:
-    """``(x, d)`` from a netCDF file (``d`` None when absent) or ``(x, None)`` from a ``.npy`` file."""
+    """``(x, d)`` from a netCDF file or a zarr store (``d`` None when absent) or ``(x, None)``
+    from a ``.npy`` file."""
     import xarray as xr  # see TYPE_CHECKING above
 
+    if zarr_path(path):
+        return _read_zarr(path)
     if not os.path.exists(path):
         raise CLIError(
             f"--data {path!r} does not exist; give a netCDF file with x(sample, input) or a .npy array"
@@ -112,6 +120,43 @@ def read_inputs(path: str) -> tuple[np.ndarray, np.ndarray | None]:
             f"with x(sample, input) or a .npy array"
         ) from None
     return x, d
+
+
+def _read_zarr(path: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """``(x, d)`` of a zarr store (``d`` None when absent), ``sample`` first, read whole as a
+    netCDF file's are."""
+    import xarray as xr  # see TYPE_CHECKING above
+
+    if not os.path.exists(path) and "://" not in path:
+        raise CLIError(
+            f"--data {path!r} does not exist; give a zarr store (or netCDF file) with "
+            f"x(sample, input), or a .npy array"
+        )
+    try:
+        import zarr  # noqa: F401 - only to say what is missing
+    except ImportError:
+        raise CLIError(
+            f"--data {path!r} is a zarr store; reading it needs the zarr package: pip install "
+            f"'dask-rpm[zarr]'"
+        ) from None
+    try:
+        ds = xr.open_zarr(path)
+    except Exception as e:  # zarr raises many types for a directory that is not a store
+        raise CLIError(
+            f"--data {path!r} cannot be read as a zarr store ({type(e).__name__}: {e}); give a "
+            f"store written by Dataset.to_zarr with x(sample, input)"
+        ) from None
+    if "x" not in ds.data_vars:
+        raise CLIError(
+            f"--data {path!r} has variables {sorted(map(str, ds.data_vars))}; it needs "
+            f"x(sample, input)"
+        )
+
+    def values(name: str) -> np.ndarray:
+        v = ds[name]
+        return np.asarray((v.transpose("sample", ...) if "sample" in v.dims else v).values)
+
+    return values("x"), (values("d") if "d" in ds.data_vars else None)
 
 
 def predictions_dataset(model: Any, x: np.ndarray) -> xr.Dataset:

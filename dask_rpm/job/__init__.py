@@ -3,7 +3,7 @@
 A job file names the data, the network, how long to train, where the workers
 come from and where the result goes::
 
-    data: digits.nc             # netCDF with x(sample, input), d(sample, output)
+    data: digits.nc             # netCDF with x(sample, input), d(sample, output); or a zarr store (below)
     hidden: 32                  # hidden units m (n and l come from the data)
     iterations: 500             # at most this many BP iterations ...
     target-error: 40.0          # ... or stop once the error is at most this (optional)
@@ -49,6 +49,17 @@ What is trained (each optional; default ``rpm.train.*``; docs/training.md)::
     tol: 1.0e-4                 # an improvement must lower the best validation loss by this fraction
     alpha: 1.0e-4               # L2 penalty 0.5 alpha sum W^2 on the weights (not the biases)
     reduction: mean             # sum (the paper's) | mean: step on the batch-mean gradient
+
+Data in a zarr store (``Dataset.to_zarr``; needs the ``zarr`` package) train where its chunks
+are: ``fit`` reads them on the workers (docs/training.md, "How the samples reach the
+workers")::
+
+    data: {zarr: train.zarr, x: x, d: d}   # the inputs' and targets' variables (default x, d),
+                                           # each with a sample dimension; d may be 1-D class labels
+    data: train.zarr                       # the same, variables x and d
+
+A missing store, a missing variable (the message lists the store's) or one without a
+``sample`` dimension is refused before any worker starts.
 
 A convolutional network (CNN) instead of an MLP: ``network:`` in place of ``hidden:``
 (``activation:`` and ``bias:`` are then the layers' own); the data file's ``x`` holds images::

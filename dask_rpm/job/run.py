@@ -17,6 +17,7 @@ from distributed import Client
 
 from ..emulation import local_cluster
 from ..engine import FitResult, fit, store
+from ..nn.chunked import zarr_variables
 from ..progress import weight_bytes
 from ..records import RemapRecord
 from ..slurm import HeterogeneousSLURMCluster, slurm_unavailable
@@ -311,8 +312,13 @@ def _fit(
     out: TextIO,
 ) -> FitResult:
     """``fit`` with the job's settings (``None`` where the file sets none)."""
+    x: Any = job.data
+    d: Any = None
+    if job.data_vars is not None:  # a zarr store: its chunks stay on the workers
+        x, d = zarr_variables(job.data, *job.data_vars)
     return fit(
-        job.data,
+        x,
+        d,
         options=job.training,
         mapping=job.run.mapping,
         backend=job.run.backend,

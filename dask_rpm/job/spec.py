@@ -138,6 +138,9 @@ class Job:
     #: a CNN's geometry (``network:``; :class:`~dask_rpm.nn.cnn.ConvLayers` on the data's
     #: images), None for an MLP (``hidden:``)
     conv: Any = None
+    #: ``data`` is a zarr store: the names of its inputs and targets variables (``data: {zarr:
+    #: PATH, x: VAR, d: VAR}``); None: a netCDF file with ``x`` and ``d``
+    data_vars: tuple[str, str] | None = None
 
     def settings(self) -> dict[str, Any]:
         """The job's ``config:`` section as dotted ``rpm.*`` keys for ``dask.config.set``.
@@ -178,6 +181,7 @@ class Job:
                 self.effective("seed"),
                 self.effective("dtype"),
                 *([sorted(given.items())] if given else []),
+                *([list(self.data_vars)] if self.data_vars is not None else []),
             ],
         )
         return hashlib.sha256(key.encode()).hexdigest()[:16]

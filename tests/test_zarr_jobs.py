@@ -1,0 +1,155 @@
+"""Zarr stores in job files (``data: {zarr: PATH, x: VAR, d: VAR}``) and in ``dask-rpm predict``.
+
+A store written by xarray trains through ``dask-rpm train --config JOB`` on EMULATED local
+workers and equals :func:`dask_rpm.fit_serial` on the same arrays (float64, 1e-10): the
+problem is small and well conditioned at its learning rate (a 1e-12 change of the rate moves
+the serial result by less than 1e-9, shown in the test). ``dask-rpm predict`` reads a store's
+``x`` and writes the predictions as it does for netCDF.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import xarray as xr
+import yaml
+
+pytest.importorskip("zarr")
+
+from dask_rpm.cli import main  # noqa: E402
+from dask_rpm.job import JobError, load_job  # noqa: E402
+from dask_rpm.model.mlp import MLPModel  # noqa: E402
+from dask_rpm.nn.network import Network  # noqa: E402
+from dask_rpm.nn.serial import fit_serial  # noqa: E402
+
+S, N, L, M = 240, 6, 3, 8
+KW = dict(hidden=M, iterations=25, learning_rate=2e-3, seed=0)
+
+
+def _problem():
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(S, N))
+    x[:, -1] = 1.0  # a bias input
+    return x, rng.uniform(0.1, 0.9, size=(S, L))
+
+
+@pytest.fixture
+def store(tmp_path):
+    """A zarr store written by xarray from two datasets joined along samples (as from
+    ``open_mfdataset``), its variables named as a user's might be, in chunks of 80 samples."""
+    x, d = _problem()
+    parts = [
+        xr.Dataset(
+            {"pixels": (("sample", "input"), x[a:b]), "target": (("sample", "output"), d[a:b])}
+        )
+        for a, b in ((0, 120), (120, S))
+    ]
+    path = tmp_path / "train.zarr"
+    xr.concat(parts, dim="sample").chunk({"sample": 80}).to_zarr(path)
+    return str(path), x, d
+
+
+def _job(tmp_path, data, **over):
+    job = {
+        "data": data,
+        "hidden": M,
+        "iterations": KW["iterations"],
+        "learning-rate": KW["learning_rate"],
+        "seed": 0,
+        "mapping": "srpm",
+        "output": "result.nc",
+        "workers": {"local": {"speeds": [1.0, 0.5]}},
+        **over,
+    }
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    return path
+
+
+def test_a_zarr_job_trains_through_the_cli_equal_to_fit_serial(tmp_path, store, capsys):
+    path, x, d = store
+    ref = fit_serial(x, d, **KW)
+    bent = fit_serial(x, d, **{**KW, "learning_rate": KW["learning_rate"] * (1 + 1e-12)})
+    assert max(float(np.abs(a - b).max()) for a, b in zip(ref.params, bent.params)) < 1e-9
+    job = _job(tmp_path, {"zarr": path, "x": "pixels", "d": "target"})
+    assert load_job(job).shape == (S, N, L)
+    assert main(["train", "--config", str(job)]) == 0
+    assert f"from {path}" in capsys.readouterr().out
+    with xr.open_dataset(tmp_path / "result.nc", engine="h5netcdf") as ds:
+        W, V = ds["W"].values, ds["V"].values
+        assert ds.attrs["iterations"] == KW["iterations"]
+    np.testing.assert_allclose(W, ref.params[0], rtol=1e-10, atol=0)
+    np.testing.assert_allclose(V, ref.params[1], rtol=1e-10, atol=0)
+    # the trained model predicts from the store's inputs, read by dask-rpm predict
+    model = tmp_path / "result.model.nc"
+    out = tmp_path / "pred.nc"
+    xs = tmp_path / "inputs.zarr"
+    xr.Dataset({"x": (("sample", "input"), x)}).chunk({"sample": 100}).to_zarr(xs)
+    assert main(["predict", "--model", str(model), "--data", str(xs), "--output", str(out)]) == 0
+    assert f"predicted {S} sample(s)" in capsys.readouterr().out
+    with xr.open_dataset(out, engine="h5netcdf") as ds:
+        pred = ds["prediction"].values
+    np.testing.assert_allclose(pred, MLPModel.load(model).predict(x), rtol=1e-12)
+
+
+def test_a_store_path_alone_reads_x_and_d(tmp_path):
+    x, d = _problem()
+    path = tmp_path / "plain.zarr"
+    xr.Dataset({"x": (("sample", "input"), x), "d": (("sample", "output"), d)}).to_zarr(path)
+    job = load_job(_job(tmp_path, str(path)))
+    assert job.data_vars == ("x", "d") and job.shape == (S, N, L)
+    labels = tmp_path / "labels.zarr"
+    y = np.arange(S) % 4
+    xr.Dataset({"x": (("sample", "input"), x), "y": (("sample",), y)}).to_zarr(labels)
+    job = load_job(_job(tmp_path, {"zarr": str(labels), "d": "y"}, loss="cross-entropy"))
+    assert job.shape == (S, N, 4)  # 1-D labels: their classes
+
+
+def test_predict_scores_a_store_holding_d(tmp_path, store, capsys):
+    path, x, d = store
+    model = MLPModel(*fit_serial(x, d, **KW).params, Network())  # sigmoid units, linear outputs
+    mpath = tmp_path / "m.nc"
+    model.save(mpath)
+    plain = tmp_path / "xd.zarr"
+    xr.Dataset({"x": (("sample", "input"), x), "d": (("sample", "output"), d)}).to_zarr(plain)
+    out = tmp_path / "p.nc"
+    assert main(["predict", "--model", str(mpath), "--data", str(plain), "--output", str(out)]) == 0
+    assert "R^2 against d" in capsys.readouterr().out
+    with xr.open_dataset(out, engine="h5netcdf") as ds:
+        assert ds.attrs["r2"] == pytest.approx(model.score(x, d), rel=1e-12)
+    # a store without x
+    other = str(tmp_path / "q.nc")
+    assert main(["predict", "--model", str(mpath), "--data", path, "--output", other]) == 2
+    err = capsys.readouterr().err
+    assert "['pixels', 'target']" in err and "x(sample, input)" in err
+
+
+@pytest.mark.parametrize(
+    "data, needle",
+    [
+        ({"zarr": "missing.zarr"}, "does not exist"),
+        ({"zarr": "STORE", "x": "pixel"}, "no variable 'pixel' for x (its variables: ['pixels', "),
+        ({"zarr": "STORE", "x": "pixels"}, "no variable 'd' for d"),
+        ({"zarr": "STORE", "x": "pixels", "d": ""}, "data.d=''"),
+        ({"zarr": "STORE", "y": "target"}, "unknown key 'y' in data"),
+        ({"x": "pixels"}, "a mapping names a zarr store"),
+    ],
+)
+def test_bad_zarr_data_exits_2_with_one_line(tmp_path, store, capsys, data, needle):
+    data = {k: (store[0] if v == "STORE" else v) for k, v in data.items()}
+    job = _job(tmp_path, data)
+    with pytest.raises(JobError):
+        load_job(job)
+    assert main(["train", "--config", str(job)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1
+
+
+def test_a_cnn_job_refuses_a_zarr_store(tmp_path, store):
+    job = _job(tmp_path, {"zarr": store[0], "x": "pixels", "d": "target"}, hidden=None)
+    text = yaml.safe_load(job.read_text())
+    text.pop("hidden")
+    text["network"] = [{"conv": 2, "kernel": 3}, "flatten", {"linear": 3}]
+    job.write_text(yaml.safe_dump(text))
+    with pytest.raises(JobError, match="a CNN's images are read from a netCDF file"):
+        load_job(job)
