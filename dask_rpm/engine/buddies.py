@@ -113,9 +113,10 @@ def choose_buddies(
         after = [ring[(i + j) % n] for j in range(1, n)]
         spares = spare[turn:] + spare[:turn]  # each worker starts at the next spare
         elsewhere = [v for v in (*after, *spares) if hosts.get(v, v) != host]
-        pick = elsewhere[0] if elsewhere else (after or spares or [None])[0]
-        if pick is None:
+        anywhere = elsewhere or after or spares
+        if not anywhere:
             continue
+        pick = anywhere[0]
         if pick in spare:
             turn = (spare.index(pick) + 1) % len(spare)
         out[w] = pick
