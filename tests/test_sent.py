@@ -4,7 +4,9 @@ changed array (even changed in place) is sent again, and each worker keeps one g
 
 The cluster tests train on a real LocalCluster (2 worker processes) and compare every run with
 fit_serial (float64, rel 1e-10); the problem (tests/problems.py, 400 samples, learning rate
-1e-3 per sample) moves its error by several percent over the run, far beyond rounding.
+1e-3 per sample, 12 steps) takes its error from 32.57 to 32.46 (full batch) and from 5.22 to
+5.09 (mini-batches of 64): steps far above the rel 1e-10 allowed, and the changed array's run
+ends elsewhere (checked).
 """
 
 from __future__ import annotations

@@ -261,6 +261,7 @@ class Driver:
         if others:  # workers of an earlier plan that have no rectangle now
             await self.run_on(run_clear, self.run, workers=others)  # errors ignored: best effort
         self.plan, self.iteration = plan, start.iteration
+        await self._hold()
         return Placed(sent, int(sum(read)), time.perf_counter() - t0)
 
     # ------------------------------------------------------------ blocks
@@ -602,6 +603,7 @@ class Driver:
         # errors ignored: a worker that left meanwhile is found lost by the next block
         await self.run_on(run_commit, self.run, self.version, self.iteration, workers=involved)
         self.plan = new
+        await self._hold()
         n, _, l = new.shape
         # each worker of `changed` reads its column's samples (x and d rows) again
         reloaded = sum(new.rectangle(w).n_samples for w in changed) * (n + l) * itemsize
@@ -615,7 +617,23 @@ class Driver:
             sample_bytes=int(reloaded),
         )
 
+    async def _hold(self) -> None:
+        """Tell the scheduler plugin which workers hold this run's rows now: a graceful retirement
+        of one (``client.retire_workers``) then waits up to ``rpm.train.retire-margin`` seconds
+        for them to move (:meth:`retiring`, the loop's next boundary) instead of losing them."""
+        await self.client.scheduler.rpm_hold(
+            run=self.run, workers=self._planned_addresses(), seconds=self.engine.retire_margin
+        )
+
+    async def retiring(self) -> list[str]:
+        """Planned workers asked to retire gracefully that wait for their rows to move."""
+        return sorted(await self.client.scheduler.rpm_retiring(workers=self._planned_addresses()))
+
     async def close(self) -> None:
+        try:  # the run holds no rows any more: a retirement waiting for them goes on
+            await self.client.scheduler.rpm_hold(run=self.run, workers=[], seconds=0.0)
+        except Exception:  # pragma: no cover - best effort on shutdown
+            logger.debug("could not release the run's workers", exc_info=True)
         if self.book is not None:  # what the buddy copies took, idle buddies' included
             try:
                 peaks = await self.client.run(run_copy_peak, self.run, on_error="return")

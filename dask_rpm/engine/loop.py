@@ -247,6 +247,10 @@ class TrainingLoop:
         """Retire workers whose lifetime ends, resubmit ended jobs, take in workers that joined (elastic),
         else let DRPM check."""
         driver = self.driver
+        handed = await retirement.hand_over(driver)  # workers asked to retire (retire_workers)
+        if handed is not None:
+            self.remaps.append(handed)
+            return
         if await self._retire_due():
             return
         await self._replace_lost_jobs()

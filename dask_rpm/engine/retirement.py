@@ -13,6 +13,12 @@ whose rows still come from the retiring worker, which is alive — and only
 then retires it (:func:`retire`). No iteration is computed twice and no byte
 is read from a checkpoint.
 
+A graceful retirement someone else asks for (``client.retire_workers``, an adaptive
+scale-down) goes the same way: the scheduler plugin holds it while the worker holds a run's
+rows (at most ``rpm.train.retire-margin`` seconds), the driver sees it at its next block
+boundary (:meth:`~dask_rpm.engine.driver.Driver.retiring`) and moves the rows with the same
+whole remap, and the retirement then goes on.
+
 ``due`` and ``iterations_before`` are pure decisions; ``retire`` is the action.
 """
 
@@ -27,7 +33,7 @@ from typing import Any
 from ..records import RemapRecord
 from .recovery import whole_plan
 
-__all__ = ["due", "iterations_before", "retire"]
+__all__ = ["due", "hand_over", "iterations_before", "retire"]
 
 logger = logging.getLogger("dask_rpm")
 
@@ -58,8 +64,15 @@ def iterations_before(
     return max(int((min(ends) - margin - now) / seconds_per_iteration), 1)
 
 
-async def retire(driver: Any, addresses: Sequence[str], reason: str) -> RemapRecord:
+async def retire(
+    driver: Any, addresses: Sequence[str], reason: str, *, ask: bool = True
+) -> RemapRecord:
     """Whole remap onto the other workers (rows fetched from the retiring ones), then retire them.
+
+    ``ask=False``: someone else asked Dask to retire them (``client.retire_workers``, an adaptive
+    scale-down), and that retirement waits in the scheduler plugin until the remap has moved
+    their rows (:meth:`~dask_rpm.engine.scheduler_plugin.RPMSchedulerPlugin.retire_workers`);
+    it goes on by itself once the driver says they hold none.
 
     Returns the remap record (``retired``: the addresses; ``replayed`` 0).
     """
@@ -69,10 +82,11 @@ async def retire(driver: Any, addresses: Sequence[str], reason: str) -> RemapRec
     rec = await driver.remap(
         new, "whole"
     )  # they are alive: no lost workers, every row has a source
-    try:
-        await driver.client.retire_workers(workers=list(addresses), close_workers=True)
-    except Exception:  # pragma: no cover - they leave by their own lifetime anyway
-        logger.debug("retire_workers(%s) failed", addresses, exc_info=True)
+    if ask:
+        try:
+            await driver.client.retire_workers(workers=list(addresses), close_workers=True)
+        except Exception:  # pragma: no cover - they leave by their own lifetime anyway
+            logger.debug("retire_workers(%s) failed", addresses, exc_info=True)
     rec.update(
         seconds=time.perf_counter() - t0,
         reason=reason,
@@ -81,5 +95,32 @@ async def retire(driver: Any, addresses: Sequence[str], reason: str) -> RemapRec
         joined=[],
         recovered_from=None,
         replayed=0,
+    )
+    return rec
+
+
+async def hand_over(driver: Any) -> RemapRecord | None:
+    """Move the rows of the planned workers someone asked Dask to retire (``client.retire_workers``)
+    to the others, as at the end of a lifetime (:func:`retire` with ``ask=False``): the
+    retirement waits for it in the scheduler plugin and goes on once they hold no rows.
+
+    Returns the remap record, or None when no planned worker was asked to retire, or when no
+    other worker is there to take the rows (training then goes on until they leave).
+    """
+    asked = await driver.retiring()
+    if not asked:
+        return None
+    left = [a for i, a in enumerate(driver.addresses) if i not in driver.gone and a not in asked]
+    if not left:
+        logger.warning(
+            f"iteration {driver.iteration}: worker(s) {', '.join(asked)} asked to retire, and no "
+            f"other worker is there to take their rows; training goes on until they leave"
+        )
+        return None
+    reason = f"worker(s) {', '.join(asked)} retiring (retire_workers)"
+    rec = await retire(driver, asked, reason, ask=False)
+    logger.info(
+        f"iteration {driver.iteration}: {reason} -> whole remap, {rec['bytes']} weight bytes in "
+        f"{rec['seconds']:.3f} s, no iteration recomputed"
     )
     return rec

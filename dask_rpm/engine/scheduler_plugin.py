@@ -25,6 +25,8 @@ dashboard), e.g. in dask-jobqueue's
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import pickle
 import time
 from collections import OrderedDict, deque
@@ -39,6 +41,8 @@ from .worker import RPMEnginePlugin
 
 __all__ = ["RPMSchedulerPlugin", "PLUGIN_NAME", "TOPIC"]
 
+logger = logging.getLogger("dask_rpm")
+
 PLUGIN_NAME = "rpm"
 TOPIC = "rpm"
 #: worker statuses the driver counts as lost (distributed.core.Status names)
@@ -48,10 +52,14 @@ _LEAVING = frozenset({"closing_gracefully", "closing", "closed", "stopping", "st
 class _Run:
     """What is recorded for one training run (bounded)."""
 
-    __slots__ = ("log", "pulls", "info", "seq", "started", "updated")
+    __slots__ = ("log", "pulls", "info", "seq", "started", "updated", "holders", "hold")
 
     def __init__(self, maxlen: int) -> None:
         self.log = TimingLog(max_records=maxlen)
+        # workers holding the run's rows, and how long a retirement of one may wait for them to
+        # move (the driver's rpm_hold; empty once the run ends)
+        self.holders: frozenset[str] = frozenset()
+        self.hold = 0.0
         # (seq, records, errors) batches for the driver's incremental pulls
         self.pulls: deque[tuple[int, list, list]] = deque(maxlen=max(maxlen // 16, 64))
         self.info: dict[str, Any] = {}
@@ -81,6 +89,10 @@ class RPMSchedulerPlugin(SchedulerPlugin):
         self.max_runs = int(max_runs)
         self.runs: OrderedDict[str, _Run] = OrderedDict()
         self.scheduler: Any = None
+        self.asked: dict[
+            str, float
+        ] = {}  # workers asked to retire while they hold rows: since when
+        self._retire: Any = None  # the scheduler's own retire_workers handler
 
     # ------------------------------------------------------------- lifecycle
     async def start(self, scheduler: Any) -> None:
@@ -91,8 +103,16 @@ class RPMSchedulerPlugin(SchedulerPlugin):
                 "rpm_update": self.update,
                 "rpm_state": self.state,
                 "rpm_leaving": self.leaving,
+                "rpm_hold": self.hold,
+                "rpm_retiring": self.retiring,
             }
         )
+        # A graceful retirement (client.retire_workers, an adaptive scale-down) of a worker that
+        # holds a run's rows waits until the run has moved them, as at the end of a worker's
+        # lifetime (engine.retirement): no rows are lost, nothing is computed again.
+        if self._retire is None:
+            self._retire = scheduler.handlers["retire_workers"]
+            scheduler.handlers["retire_workers"] = self.retire_workers
         # What every run needs, installed once with this recorder (a later fit registers the
         # recorder again, idempotent, and finds all of it here): the /rpm dashboard that shows
         # what it records, and the worker plugin that holds each run's state on every worker,
@@ -167,6 +187,56 @@ class RPMSchedulerPlugin(SchedulerPlugin):
             if ws is None or ws.status.name in _LEAVING:
                 out.append(addr)
         return out
+
+    def hold(self, run: str, workers: Sequence[str] = (), seconds: float = 0.0) -> None:
+        """The driver of ``run``: ``workers`` hold its rows now; a retirement of one waits up to
+        ``seconds`` for the run to move them (none and 0 when the run ends)."""
+        rec = self._run(run)
+        rec.holders, rec.hold = frozenset(workers), float(seconds)
+
+    def retiring(self, workers: Sequence[str] = ()) -> list[str]:
+        """Of ``workers``, those asked to retire that wait for their rows to move (the driver
+        moves them at its next block boundary)."""
+        return sorted(a for a in workers if a in self.asked)
+
+    def _holding(self, address: str) -> float:
+        """How long a retirement of ``address`` may wait for its rows to move: the longest of
+        the runs whose rows it holds (0: none)."""
+        return max((r.hold for r in self.runs.values() if address in r.holders), default=0.0)
+
+    async def retire_workers(
+        self, workers: Sequence[str] | None = None, *, names: Sequence[Any] | None = None, **kw: Any
+    ) -> Any:
+        """The scheduler's ``retire_workers``, once the training runs holding rows on those workers
+        have moved them to others (at most the longest ``hold`` seconds a run gave); workers of
+        no run leave at once, as Dask retires them."""
+        sched = self.scheduler
+        if names is not None:
+            wanted = {str(n) for n in names}
+            targets = [a for a, ws in sched.workers.items() if str(ws.name) in wanted]
+        elif workers is not None:
+            targets = [a for a in workers if a in sched.workers]
+        else:  # Dask chooses (an adaptive scale-down): hand over from the workers it chooses
+            opts = {
+                k: v for k, v in kw.items() if k not in ("close_workers", "remove", "stimulus_id")
+            }
+            targets = list(sched.workers_to_close(**opts))
+            kw = {k: v for k, v in kw.items() if k not in opts}
+            workers = targets
+        wait = max((self._holding(a) for a in targets), default=0.0)
+        if wait > 0:
+            held = [a for a in targets if self._holding(a) > 0]
+            logger.info(f"retire_workers: {', '.join(held)} hold training rows; moving them first")
+            now = time.time()
+            self.asked.update({a: now for a in held})
+            deadline = time.monotonic() + wait
+            try:
+                while any(self._holding(a) > 0 for a in held) and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+            finally:
+                for a in held:
+                    self.asked.pop(a, None)
+        return await self._retire(workers=workers, names=names, **kw)
 
     def state(self, run: str | None = None) -> dict[str, Any]:
         """JSON-able state of one run (default: the most recently updated)."""
