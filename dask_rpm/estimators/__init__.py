@@ -80,8 +80,9 @@ except ImportError as exc:  # pragma: no cover - exercised only without scikit-l
 from ..nn.chunked import is_chunked
 from ..nn.recipe import forward
 from . import _dask
-from ._base import EstimatorError, MLPBase
+from ._base import MLPBase
 from .cnn import CNNClassifier
+from .errors import EstimatorError
 
 __all__ = ["MLPClassifier", "MLPRegressor", "CNNClassifier", "EstimatorError"]
 

@@ -44,13 +44,9 @@ from ..nn.serial import train_arrays
 from ..plan.partition import Plan
 from ..progress import MODES
 from . import _dask, lbfgs
+from .errors import EstimatorError
 
-__all__ = ["EstimatorError", "MLPBase", "ClusterEstimator", "CLUSTER_CONSTRAINTS"]
-
-
-class EstimatorError(ValueError):
-    """Data the estimator cannot train on, or a fitted network it cannot go on with; the message
-    says what is valid. (A bad hyperparameter is scikit-learn's ``InvalidParameterError``.)"""
+__all__ = ["MLPBase", "ClusterEstimator", "CLUSTER_CONSTRAINTS"]
 
 
 #: scikit-learn's activation names, as dask_rpm's kernels call them

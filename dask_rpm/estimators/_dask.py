@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..nn.chunked import as_chunked, chunked_inputs, is_chunked
+from .errors import EstimatorError
 
 __all__ = ["is_lazy", "inputs", "images", "features", "labels", "split", "lazy", "score", "compute"]
 
@@ -71,8 +72,6 @@ def features(est: Any, X: Any, reset: bool) -> Any:
     """scikit-learn's checks of dask ``X`` that ``validate_data`` does on arrays: float64
     (float32 kept), ``n_features_in_`` set or compared; finite values are checked on the
     workers when training starts (:func:`dask_rpm.engine.dask_data.on_cluster`)."""
-    from ._base import EstimatorError
-
     if X.dtype.kind not in "biuf":
         raise EstimatorError(
             f"X has dtype {X.dtype}; the inputs must be numbers: convert them (X.astype('float64'))"
@@ -142,8 +141,6 @@ def _aligned(y: Any, x: Any) -> Any:
     """``y`` (dask, xarray with a ``sample`` dimension, or numpy) as a dask array with the row
     chunks of ``x``."""
     import dask.array as da
-
-    from ._base import EstimatorError
 
     if type(y).__module__.startswith("xarray"):
         y = y.transpose("sample", ...).data

@@ -52,7 +52,8 @@ from ..nn.cnn_records import conv_layers
 from ..nn.convergence import ConvergenceRule
 from ..nn.options import TrainingOptions
 from . import _dask
-from ._base import CLUSTER_CONSTRAINTS, SOLVER_CONSTRAINTS, ClusterEstimator, EstimatorError
+from ._base import CLUSTER_CONSTRAINTS, SOLVER_CONSTRAINTS, ClusterEstimator
+from .errors import EstimatorError
 
 __all__ = ["CNNClassifier"]
 
