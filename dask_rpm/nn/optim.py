@@ -31,6 +31,16 @@ With ``convention="scikit-learn"`` the arithmetic is that of scikit-learn's
 The gradient a step receives is the summed one; :func:`step` can first turn
 it into scikit-learn's ``(sum + alpha W) / batch`` (``alpha``: L2 penalty on
 the weights, never on the biases; ``batch``: the mini-batch's samples).
+
+One step is one pass over each parameter: a numpy parameter is stepped in blocks of rows that
+stay in the core's cache while every operation of the update runs on them (the mean gradient,
+the moments, the new weights), instead of a dozen passes over arrays larger than the cache, and
+no operation allocates a temporary the size of a parameter. The update can write the new
+weights and state into other arrays (``out=``), so that a worker keeps the ones before the
+step without copying them (:class:`dask_rpm.engine.worker.Shard`). The operations are the
+same, in the same order, whatever the blocks: a block of rows steps to the bits a whole
+parameter would. While the new weights are in the cache the step also tells whether they are
+finite, and their sum of squares for the next iteration's penalty (:class:`Stepped`).
 """
 
 from __future__ import annotations
@@ -43,6 +53,7 @@ import numpy as np
 
 from . import backend as xb
 from .errors import DataError
+from .kernels import all_finite
 
 __all__ = [
     "Optimizer",
@@ -51,9 +62,15 @@ __all__ = [
     "optimizer",
     "OptimizerError",
     "step",
+    "Stepped",
     "mean_gradient",
     "penalty",
+    "squares",
 ]
+
+#: Elements of a parameter's block of rows that one pass of the update works on (numpy): five
+#: arrays of it (weights, gradient, two moments, scratch) stay in a core's level-2 cache.
+BLOCK = 16384
 
 #: Names of the optimizers and the state arrays each keeps per weight matrix.
 OPTIMIZERS: dict[str, tuple[str, ...]] = {"sgd": (), "momentum": ("buf",), "adam": ("m", "v")}
@@ -155,9 +172,19 @@ def penalty(params: Sequence[np.ndarray], biases: Sequence[int | None]) -> float
     """
     total = 0.0
     for p, skip in zip(params, biases):
-        for part in _weights(p, skip):
-            total += xb.vdot(part, part)
+        total += squares(p, skip)
     return total
+
+
+def squares(p: Any, skip: int | None) -> float:
+    """``sum p^2`` over ``p`` without its column ``skip`` (a 1-D ``p`` with a ``skip``: all bias,
+    0.0), with no temporary the size of ``p``: the whole array's sum less the column's."""
+    if skip is None:
+        return xb.vdot(p, p)
+    if p.ndim == 1:
+        return 0.0
+    col = p[:, skip]
+    return xb.vdot(p, p) - xb.vdot(col, col)
 
 
 def _weights(p: np.ndarray, skip: int | None) -> list[np.ndarray]:
@@ -182,10 +209,30 @@ def mean_gradient(
     a weighted batch's weight sum)."""
     skips = list(biases) or [None] * len(params)
     for p, g, skip in zip(params, grads, skips):
-        if alpha:
-            for gp, pp in zip(_weights(g, skip), _weights(p, skip)):
+        _mean(p, g, batch, alpha, skip, None)
+
+
+def _mean(p: Any, g: Any, batch: Any, alpha: float, skip: int | None, tmp: Any) -> None:
+    """:func:`mean_gradient` of one parameter (or block of rows); ``tmp`` scratch of ``p``'s size
+    at least (flat), or None (one is made where ``alpha`` needs it)."""
+    if alpha:
+        for gp, pp in zip(_weights(g, skip), _weights(p, skip)):
+            if tmp is None:
                 gp += alpha * pp
-        g /= batch
+            else:
+                t = tmp[: gp.size].reshape(gp.shape)
+                xb.namespace(pp).multiply(pp, alpha, out=t)
+                gp += t
+    g /= batch
+
+
+class Stepped(NamedTuple):
+    """What :func:`step` found while the new weights were in the cache."""
+
+    #: every new parameter is finite
+    finite: bool
+    #: ``sum W^2`` of the new weights, biases left out (:func:`penalty`'s); NaN unless asked
+    squares: float
 
 
 def step(
@@ -195,77 +242,154 @@ def step(
     params: Sequence[np.ndarray],
     grads: Sequence[np.ndarray],
     state: Mapping[str, Sequence[np.ndarray]],
-) -> None:
-    """One update of ``params`` in place, from the ``grads`` (used as scratch: overwritten).
+    *,
+    out: tuple[Sequence[np.ndarray], Mapping[str, Sequence[np.ndarray]]] | None = None,
+    batch: Any = None,
+    alpha: float = 0.0,
+    biases: Sequence[int | None] = (),
+    sum_squares: bool = False,
+) -> Stepped:
+    """One update of ``params`` from the ``grads`` (used as scratch: overwritten).
 
     ``t`` is the 1-based step number (Adam's bias correction); ``state[slot][i]``
-    belongs to ``params[i]`` and is updated in place.
+    belongs to ``params[i]``. The new parameters and state go to ``out = (params, state)``
+    (arrays of the same shapes; ``params`` and ``state`` are then left as they were), or by
+    default in place. With ``batch`` the gradient is first :func:`mean_gradient`'s
+    ``(g + alpha W) / batch`` (``biases``: each parameter's bias column, as there). With
+    ``sum_squares`` the result carries :func:`penalty` of the new parameters.
     """
     t += opt.steps
+    new_params, new_state = (params, state) if out is None else out
+    skips = list(biases) or [None] * len(params)
+    slots = list(opt.slots)
+    update = _updater(opt, lr, t)
+    finite, total, tmp = True, 0.0, None
+    for i, (p, g, skip) in enumerate(zip(params, grads, skips)):
+        arrays = [p, g, new_params[i]]
+        arrays += [state[k][i] for k in slots] + [new_state[k][i] for k in slots]
+        for block in _blocks(arrays):
+            bp, bg, bo = block[:3]
+            if tmp is None or tmp.size < bg.size or type(tmp) is not type(bg):
+                tmp = _scratch(bg)
+            if batch is not None:
+                _mean(bp, bg, batch, alpha, skip, tmp)
+            update(block, tmp)
+            if sum_squares:
+                total += squares(bo, skip)
+            if finite and not _finite_sum(bo):
+                finite = False
+    if not finite:  # a sum may overflow for finite numbers: the exact check decides
+        finite = all(all_finite(p) for p in new_params)
+    return Stepped(finite, total if sum_squares else math.nan)
+
+
+def _finite_sum(a: Any) -> bool:
+    total = float(np.add.reduce(a, axis=None)) if isinstance(a, np.ndarray) else float(a.sum())
+    return math.isfinite(total)
+
+
+def _scratch(g: Any) -> Any:
+    """Flat scratch of ``g``'s size on its backend."""
+    if isinstance(g, np.ndarray):
+        return np.empty(g.size, dtype=g.dtype)
+    return xb.namespace(g).empty_like(g).reshape(-1)
+
+
+def _blocks(arrays: list[Any]) -> Any:
+    """The same rows of every array of ``arrays`` (C-contiguous numpy matrices of one shape),
+    :data:`BLOCK` elements or so at a time (whole rows: a bias column stays a column); anything
+    else whole."""
+    first = arrays[0]
+    if not (
+        isinstance(first, np.ndarray)
+        and first.ndim == 2
+        and first.size > BLOCK
+        and all(isinstance(a, np.ndarray) and a.flags.c_contiguous for a in arrays)
+    ):
+        yield arrays
+        return
+    rows = max(1, BLOCK // first.shape[1])
+    for a in range(0, first.shape[0], rows):
+        yield [x[a : a + rows] for x in arrays]
+
+
+def _updater(opt: Optimizer, lr: float, t: int) -> Any:
+    """``update(block, tmp)``: the optimizer's arithmetic on one block ``[p, g, p_out, *state,
+    *state_out]`` (``g`` scratch; ``tmp`` flat scratch of at least the block's size)."""
     if opt.name == "adam":
-        _adam(opt, lr, t, params, grads, state)
-    elif opt.convention == "scikit-learn":
-        _sgd_sklearn(opt, lr, params, grads, state)
-    elif opt.name == "sgd":
-        for p, g in zip(params, grads):
+        return _adam(opt, lr, t)
+    if opt.convention == "scikit-learn":
+        return _sgd_sklearn(opt, lr)
+    if opt.name == "sgd":
+
+        def sgd(block: list[Any], tmp: Any) -> None:
+            p, g, po = block
             g *= lr
-            p -= g
-    elif opt.name == "momentum":
-        for p, g, buf in zip(params, grads, state["buf"]):
-            buf *= opt.momentum
-            buf += g
-            xb.namespace(g).multiply(buf, lr, out=g)
-            p -= g
-    else:  # pragma: no cover - validated by optimizer()
-        raise OptimizerError(f"optimizer {opt.name!r} is not known")
+            xb.namespace(p).subtract(p, g, out=po)
+
+        return sgd
+    if opt.name == "momentum":
+
+        def momentum(block: list[Any], tmp: Any) -> None:
+            p, g, po, buf, bo = block
+            xp = xb.namespace(p)
+            xp.multiply(buf, opt.momentum, out=bo)
+            bo += g
+            xp.multiply(bo, lr, out=g)
+            xp.subtract(p, g, out=po)
+
+        return momentum
+    raise OptimizerError(f"optimizer {opt.name!r} is not known")  # pragma: no cover
 
 
-def _adam(
-    opt: Optimizer,
-    lr: float,
-    t: int,
-    params: Sequence[np.ndarray],
-    grads: Sequence[np.ndarray],
-    state: Mapping[str, Sequence[np.ndarray]],
-) -> None:
+def _adam(opt: Optimizer, lr: float, t: int) -> Any:
     """Adam in either convention: PyTorch adds ``eps`` to ``sqrt(v)`` after its bias correction,
     scikit-learn before it (and folds the correction into the step size)."""
-    bc1 = 1.0 - opt.beta1**t
-    root_bc2 = math.sqrt(1.0 - opt.beta2**t)
+    b1, b2, eps = opt.beta1, opt.beta2, opt.eps
+    bc1 = 1.0 - b1**t
+    root_bc2 = math.sqrt(1.0 - b2**t)
     sklearn = opt.convention == "scikit-learn"
     size = lr * root_bc2 / bc1 if sklearn else lr / bc1
-    for p, g, m, v in zip(params, grads, state["m"], state["v"]):
-        xp = xb.namespace(g)
-        m *= opt.beta1
-        m += (1.0 - opt.beta1) * g
-        v *= opt.beta2
-        g *= g
-        g *= 1.0 - opt.beta2
-        v += g
-        xp.sqrt(v, out=g)  # g is scratch from here: the denominator
+
+    def adam(block: list[Any], tmp: Any) -> None:
+        p, g, po, m, v, mo, vo = block
+        xp = xb.namespace(p)
+        sq = tmp[: g.size].reshape(g.shape)
+        # v' = b2 v + (1 - b2) g^2 and m' = b1 m + (1 - b1) g, each product rounded as before
+        xp.multiply(g, g, out=sq)
+        sq *= 1.0 - b2
+        xp.multiply(v, b2, out=vo)
+        vo += sq
+        g *= 1.0 - b1
+        xp.multiply(m, b1, out=mo)
+        mo += g
+        xp.sqrt(vo, out=sq)  # the denominator
         if not sklearn:
-            g /= root_bc2
-        g += opt.eps
-        xp.divide(m, g, out=g)
-        g *= size
-        p -= g
+            sq /= root_bc2
+        sq += eps
+        xp.divide(mo, sq, out=sq)
+        sq *= size
+        xp.subtract(p, sq, out=po)
+
+    return adam
 
 
-def _sgd_sklearn(
-    opt: Optimizer,
-    lr: float,
-    params: Sequence[np.ndarray],
-    grads: Sequence[np.ndarray],
-    state: Mapping[str, Sequence[np.ndarray]],
-) -> None:
+def _sgd_sklearn(opt: Optimizer, lr: float) -> Any:
     """scikit-learn's ``SGDOptimizer`` update, operation for operation."""
-    for p, g, vel in zip(params, grads, state["buf"]):
+    mu = opt.momentum
+
+    def sgd(block: list[Any], tmp: Any) -> None:
+        p, g, po, vel, vo = block
+        xp = xb.namespace(p)
         g *= lr
-        vel *= opt.momentum
-        vel -= g
+        xp.multiply(vel, mu, out=vo)
+        vo -= g
         if opt.nesterov:
-            ahead = vel * opt.momentum
+            ahead = tmp[: g.size].reshape(g.shape)
+            xp.multiply(vo, mu, out=ahead)
             ahead -= g
-            p += ahead
+            xp.add(p, ahead, out=po)
         else:
-            p += vel
+            xp.add(p, vo, out=po)
+
+    return sgd
