@@ -109,10 +109,6 @@ class ColumnData:
         # a fresh epoch-sized array at every epoch is page faults on every page (a worker maps
         # large arrays anew: dask_rpm.runtime.allocator), more than the copy itself
         self._rows: tuple[np.ndarray, np.ndarray] | None = None
-        # an in-memory training set's rows are gathered into these from one load to the next:
-        # a fresh epoch-sized array at every epoch is page faults on every page (a worker maps
-        # large arrays anew: dask_rpm.runtime.allocator), more than the copy itself
-        self._rows: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
     def capacity(self) -> int:
@@ -136,37 +132,6 @@ class ColumnData:
         if src.kind == "chunks":
             return src.reader.take(idx)
         raise ValueError(f"a {src.kind!r} sample source cannot serve mini-batches")
-
-    def _gather(self, idx: np.ndarray) -> bool:
-        """Rows ``idx`` of an in-memory dense training set into the buffers of the last load (made
-        or grown when too small), the bias input appended; False where this does not apply (sparse
-        rows, another source or backend, a cast, images), and :meth:`_take` serves them."""
-        src = self.source
-        if src.kind != "arrays" or self.backend.name != "numpy" or sparse.issparse(src.x):
-            return False
-        x, d = np.asarray(src.x), np.asarray(src.d)
-        if x.ndim != 2 or d.ndim != 2 or x.dtype != self.dtype or d.dtype != self.dtype:
-            return False
-        k, n = len(idx), x.shape[1]
-        width = n + 1 if self.net.bias else n
-        rows = self._rows
-        if rows is None or rows[0].shape[0] < k or rows[0].shape[1] != width:
-            rows = (np.empty((k, width), x.dtype), np.empty((k, d.shape[1]), d.dtype))
-            if self.net.bias:
-                rows[0][:, n] = 1.0
-            self._rows = rows
-        bx, bd = rows[0][:k], rows[1][:k]
-        # through a small contiguous buffer: numpy's take into the strided columns [:, :n]
-        # would buffer the whole result
-        step = max(1, 2**17 // max(n, 1))
-        part = np.empty((min(step, k), n), x.dtype)
-        for a in range(0, k, step):
-            i = idx[a : a + step]
-            np.take(x, i, axis=0, out=part[: len(i)], mode="clip")  # (valid indices: no check)
-            bx[a : a + len(i), :n] = part[: len(i)]
-        np.take(d, idx, axis=0, out=bd, mode="clip")
-        self._x, self._d = bx, bd
-        return True
 
     def _gather(self, idx: np.ndarray) -> bool:
         """Rows ``idx`` of an in-memory dense training set into the buffers of the last load (made
@@ -246,7 +211,6 @@ class ColumnData:
         idx, self._offsets = sched.epoch_plan(e, self.cut, start=iteration, stop=stop)  # type: ignore[arg-type]
         self._x = self._d = None  # the last window's rows are not needed: free them first
         if not self._gather(idx):
-            if not self._gather(idx):
             self._set(*self._take(idx))
         self._epoch, self._first, self._stop = e, iteration, stop
 
