@@ -47,8 +47,7 @@ __all__ = ["load_job", "check_paths", "check_config"]
 
 #: What each required key looks like, for the message when it is missing.
 _REQUIRED = {
-    "data": "data: digits.nc (netCDF with x(sample, input) and d(sample, output)), or "
-    "data: {zarr: train.zarr, x: x, d: d} (a zarr store)",
+    "data": "data: digits.nc (netCDF with x(sample, input) and d(sample, output))",
     "hidden": "hidden: 32 (hidden units; a list for several hidden layers: [512, 256]), or "
     "network: [...] (a CNN's layers)",
     "output": "output: result.nc (where weights, history and plans go)",
