@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import uuid
+import warnings
 from typing import Any
 
 import numpy as np
@@ -144,6 +145,10 @@ def _aligned(y: Any, x: Any) -> Any:
 
     if type(y).__module__.startswith("xarray"):
         y = y.transpose("sample", ...).data
+    if type(y).__module__.startswith("dask.dataframe"):  # a Series or DataFrame of targets
+        with warnings.catch_warnings():  # a Series of strings becomes object labels, as intended
+            warnings.filterwarnings("ignore", message=".*converting pandas extension dtypes.*")
+            y = y.to_dask_array(lengths=True)
     if not is_lazy(y):
         y = np.asarray(y)
         y = da.from_array(y, chunks=(-1,) * y.ndim)

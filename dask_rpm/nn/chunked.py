@@ -91,9 +91,45 @@ def _xarray_dask(a: Any) -> bool:
     return any(_is_dask(v) for v in arrays)
 
 
+def _is_frame(a: Any) -> bool:
+    """A dask DataFrame or Series."""
+    return type(a).__module__.startswith("dask.dataframe") and hasattr(a, "to_dask_array")
+
+
 def is_chunked(x: Any, d: Any = None) -> bool:
-    """Whether the data are Dask's: a dask array, dask-backed xarray, or a zarr store."""
-    return any(_is_dask(v) or _xarray_dask(v) for v in (x, d)) or zarr_path(x)
+    """Whether the data are Dask's: a dask array, dask-backed xarray, a dask DataFrame or Series,
+    or a zarr store."""
+    return any(_is_dask(v) or _xarray_dask(v) or _is_frame(v) for v in (x, d)) or zarr_path(x)
+
+
+def _frame_array(a: Any, name: str, labels: bool) -> tuple[Any, str]:
+    """A dask DataFrame's numeric columns (or a Series) as a dask array with known chunk sizes,
+    and the note saying so. Its partitions' lengths are computed (one pass over the data, with
+    Dask's current scheduler), since a column's rows are cut by sample index. A Series of
+    ``labels`` may hold any values (class labels)."""
+    import warnings
+
+    if a.ndim == 2:
+        bad = [str(c) for c, t in a.dtypes.items() if getattr(t, "kind", "O") not in "biuf"]
+        if bad:
+            raise DataError(
+                f"{name} is a dask DataFrame whose columns {bad} are not numbers; every column "
+                f"must be numeric: drop them ({name}.drop(columns={bad})) or encode them "
+                f"(e.g. dask_ml.preprocessing.Categorizer and DummyEncoder)"
+            )
+    elif not labels and getattr(a.dtype, "kind", "O") not in "biuf":
+        raise DataError(
+            f"{name} is a dask Series of {a.dtype}; it must hold numbers: convert it "
+            f"({name}.astype('float64'))"
+        )
+    with warnings.catch_warnings():  # a Series of strings becomes object labels, as intended
+        warnings.filterwarnings("ignore", message=".*converting pandas extension dtypes.*")
+        arr = a.to_dask_array(lengths=True)
+    kind = "DataFrame" if a.ndim == 2 else "Series"
+    return arr, (
+        f"{name} was a dask {kind}; converted with to_dask_array(lengths=True), its partitions "
+        f"the row chunks"
+    )
 
 
 def as_chunked(x: Any, d: Any = None) -> ChunkedPair:
@@ -125,6 +161,13 @@ def as_chunked(x: Any, d: Any = None) -> ChunkedPair:
         x, d = x["x"], x["d"]
     if d is None:
         raise DataError("d is required with dask x: pass the targets (or 1-D class labels)")
+    notes: list[str] = []
+    if _is_frame(x):
+        x, note = _frame_array(x, "x", labels=False)
+        notes.append(note)
+    if _is_frame(d):
+        d, note = _frame_array(d, "d", labels=True)
+        notes.append(note)
     xa = _array(x, "x", da, None)
     da_ = _array(d, "d", da, xa.chunks[0] if xa.ndim else None)
     if xa.ndim != 2:
@@ -144,7 +187,6 @@ def as_chunked(x: Any, d: Any = None) -> ChunkedPair:
         raise DataError(
             f"x has {xa.shape[0]} samples and d {da_.shape[0]}; they must have the same samples"
         )
-    notes: list[str] = []
     if len(xa.chunks[1]) > 1:  # a column's rows are whole samples: one chunk across features
         xa = xa.rechunk({1: -1})
         notes.append(f"x was chunked along its {xa.shape[1]} inputs; rechunked to whole rows")
@@ -223,6 +265,9 @@ def chunked_inputs(x: Any) -> Any:
 
     if zarr_path(x):
         x = _open_zarr(x)
+    if _is_frame(x):
+        x, note = _frame_array(x, "x", labels=False)
+        logger.warning(f"dask data: {note}")
     if hasattr(x, "data_vars"):
         if "x" not in x.data_vars:
             raise DataError(
