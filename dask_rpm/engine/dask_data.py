@@ -36,7 +36,7 @@ from concurrent.futures import CancelledError
 from typing import Any, NamedTuple
 
 import numpy as np
-from distributed import futures_of
+from distributed import WorkerPlugin, futures_of
 
 from .. import config
 from .._distributed import sync, to_serialize, wait_async
@@ -47,7 +47,7 @@ from ..nn.recipe import holdout, one_hot
 from ..planners.chunks import chunk_bounds
 from .samples import SampleSource
 
-__all__ = ["ChunkReader", "ChunkedRows", "Moved", "on_cluster", "take_rows"]
+__all__ = ["ChunkReader", "ChunkedRows", "Moved", "RowServer", "on_cluster", "take_rows"]
 
 #: how long a worker keeps asking for a chunk no live worker holds (Dask recomputes a lost one)
 _HOLDER_WAIT = 120.0
@@ -88,7 +88,7 @@ class ChunkedRows:
         self.moved: list[Moved] = []
         #: mini-batches: what each worker fetched from others (rows, bytes, loads), from collect
         self.fetched: dict[str, list[int]] = {}
-        self._served: int | None = None  # the plan version the row handler was installed for
+        self._served = False  # whether the workers serve rows of chunks (RowServer)
         self._reader: ChunkReader | None = None
 
     def _indices(self, a: int, b: int) -> np.ndarray:
@@ -100,9 +100,9 @@ class ChunkedRows:
         rows: its column's range (full batch), cut on the worker from the chunks that hold them,
         or (mini-batches) a :class:`ChunkReader` that fetches each window's rows itself."""
         if not driver.recipe.schedule.full_batch:
-            if self._served != driver.version:  # every worker serves the chunks it holds
-                await driver.client.run(_serve, wait=True)
-                self._served = driver.version
+            if not self._served:  # every worker serves the chunks it holds, new ones too
+                await driver.client.register_plugin(RowServer())
+                self._served = True
             if self._reader is None:
                 self._reader = ChunkReader(
                     driver.run,
@@ -112,6 +112,7 @@ class ChunkedRows:
                     self.rows,
                     _window_rows(self.row_bytes),
                     self.row_bytes,
+                    int(driver.recipe.iterations),
                 )
             return SampleSource("chunks", reader=self._reader), None
         s0, s1 = plan.rectangle(w).samples
@@ -216,6 +217,8 @@ class ChunkReader:
         Most rows one load takes (``rpm.engine.sample-window``).
     row_bytes : int
         Bytes of one row of ``x`` and ``d``.
+    last : int
+        The run's iterations: no rows are fetched ahead for iterations from here on.
     """
 
     def __init__(
@@ -227,9 +230,11 @@ class ChunkReader:
         rows: np.ndarray | None,
         window: int,
         row_bytes: int,
+        last: int,
     ) -> None:
         self.run, self.x_keys, self.d_keys = run, x_keys, d_keys
         self.bounds, self.rows, self.window, self.row_bytes = bounds, rows, window, row_bytes
+        self.last = last
 
     def take(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Training samples ``idx`` as ``(x, d)`` rows, in that order (on a worker)."""
@@ -356,8 +361,19 @@ def _serve_rows(worker: Any, keys: list[Any], rows: list[Any]) -> dict[str, Any]
     return got
 
 
+class RowServer(WorkerPlugin):
+    """Installs the ``rpm_chunk_rows`` handler on every worker, those that join later (or are
+    restarted by their nanny) included; idempotent."""
+
+    name = "rpm-chunk-rows"
+    idempotent = True
+
+    def setup(self, worker: Any) -> None:
+        _serve(worker)
+
+
 def _serve(dask_worker: Any) -> None:
-    """Install the ``rpm_chunk_rows`` handler on a worker (``client.run``; idempotent)."""
+    """Install the ``rpm_chunk_rows`` handler on a worker."""
 
     def rpm_chunk_rows(keys: list[Any], rows: list[Any]) -> dict[str, Any]:
         return _serve_rows(dask_worker, keys, rows)  # a named function: Dask logs handler names

@@ -19,7 +19,8 @@ How samples reach the workers
   (:mod:`dask_rpm.engine.dask_data`) each worker likewise fetches only the rows
   its column uses, from the workers that hold them, in windows of iterations of
   at most ``rpm.engine.sample-window`` bytes (a window, not the epoch: a
-  column's share of an epoch may be more than the worker's memory); with the
+  column's share of an epoch may be more than the worker's memory), the next
+  window fetched while the current one trains (so a worker holds two); with the
   chunk-local shuffle (``shuffle="chunks"``) those rows are its own chunks'.
 
 Either way the rows of one iteration are a contiguous slice of an array the
@@ -34,6 +35,8 @@ targets' last column (:mod:`dask_rpm.nn.network`): they reach a column with its 
 
 from __future__ import annotations
 
+import contextvars
+import threading
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -55,7 +58,7 @@ class SampleSource(NamedTuple):
     (``path``; ``rows`` maps training sample ``i`` to file row ``rows[i]``,
     None: the identity) or ``"chunks"`` (mini-batches: ``reader.take(idx)``
     gives training samples ``idx`` as ``(x, d)``, at most ``reader.window``
-    rows a load).
+    rows a load, none for iterations from ``reader.last`` on).
     """
 
     kind: str
@@ -105,6 +108,7 @@ class ColumnData:
         self._stop = 0  # the first iteration past the rows loaded
         self._offsets: list[int] = []
         self._epoch: int | None = None
+        self._ahead: _Ahead | None = None  # the next window's rows, being fetched meanwhile
         # an in-memory training set's rows are gathered into these from one load to the next:
         # a fresh epoch-sized array at every epoch is page faults on every page (a worker maps
         # large arrays anew: dask_rpm.runtime.allocator), more than the copy itself
@@ -203,16 +207,35 @@ class ColumnData:
             return
         sched = self.schedule
         e = sched.epoch(iteration)
-        end = (e + 1) * sched.per_epoch
-        stop = end
-        if self.source.kind == "chunks":  # a window of iterations of at most reader.window rows
-            per = max(sched.capacity(self.cut), 1)  # type: ignore[arg-type]
-            stop = min(end, iteration + max(1, int(self.source.reader.window) // per))
+        stop = self._window_end(iteration)
         idx, self._offsets = sched.epoch_plan(e, self.cut, start=iteration, stop=stop)  # type: ignore[arg-type]
         self._x = self._d = None  # the last window's rows are not needed: free them first
-        if not self._gather(idx):
+        ahead, self._ahead = self._ahead, None
+        rows = ahead.result() if ahead is not None and ahead.start == iteration else None
+        if rows is not None:
+            self._set(*rows)
+        elif not self._gather(idx):
             self._set(*self._take(idx))
         self._epoch, self._first, self._stop = e, iteration, stop
+        if self.source.kind == "chunks" and stop < self.source.reader.last:
+            # the next window's rows come while this one trains (none past the run's end)
+            following, _ = sched.epoch_plan(
+                sched.epoch(stop),
+                self.cut,  # type: ignore[arg-type]
+                start=stop,
+                stop=self._window_end(stop),
+            )
+            self._ahead = _Ahead(stop, self._take, following)
+
+    def _window_end(self, iteration: int) -> int:
+        """The first iteration past the window that starts at ``iteration``: its epoch's end, or
+        (rows fetched from Dask chunks) as many iterations as ``reader.window`` rows hold."""
+        sched = self.schedule
+        end = (sched.epoch(iteration) + 1) * sched.per_epoch
+        if self.source.kind != "chunks":
+            return end
+        per = max(sched.capacity(self.cut), 1)  # type: ignore[arg-type]
+        return min(end, iteration + max(1, int(self.source.reader.window) // per))
 
     def batch(self, iteration: int) -> tuple[np.ndarray, np.ndarray]:
         """The column's rows of ``iteration`` (views; bias input appended)."""
@@ -224,3 +247,29 @@ class ColumnData:
         j = iteration - self._first
         lo, hi = self._offsets[j], self._offsets[j + 1]
         return self._x[lo:hi], self._d[lo:hi]
+
+
+class _Ahead:
+    """The rows of the window that starts at iteration ``start``, fetched in a thread meanwhile
+    (in the loading thread's context: the worker it runs on). A fetch that failed gives None:
+    the load that wanted the rows fetches them itself, and raises what fails."""
+
+    def __init__(self, start: int, take: Any, idx: np.ndarray) -> None:
+        self.start = start
+        self._rows: tuple[np.ndarray, np.ndarray] | None = None
+        ctx = contextvars.copy_context()
+        self._thread = threading.Thread(
+            target=ctx.run, args=(self._run, take, idx), name="rpm-rows-ahead", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, take: Any, idx: np.ndarray) -> None:
+        try:
+            self._rows = take(idx)
+        except Exception:  # fetched again by the load that wants them, which raises it
+            self._rows = None
+
+    def result(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The rows, once fetched (waits for the thread)."""
+        self._thread.join()
+        return self._rows
