@@ -76,7 +76,7 @@ def content_key(*arrays: Any) -> str:
                 )
             part = np.ascontiguousarray(part)
             h.update(repr((name, part.shape, part.dtype.str)).encode())
-            for digest in _digests(memoryview(part).cast("B")):
+            for digest in _digests(part.reshape(-1).view(np.uint8).data):
                 h.update(digest)
     return h.hexdigest()
 
