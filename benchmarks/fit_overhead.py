@@ -26,6 +26,8 @@ Usage::
     git worktree add /tmp/wt-before 7166cd3
     python benchmarks/fit_overhead.py --before /tmp/wt-before           # about 6 min on 2 cores
     python benchmarks/fit_overhead.py --before /tmp/wt-before --rounds 3 --json out.json
+    git worktree add /tmp/wt-after HEAD                                 # after: a clean tree too
+    python benchmarks/fit_overhead.py --before /tmp/wt-before --after /tmp/wt-after
 """
 
 from __future__ import annotations
@@ -280,6 +282,7 @@ def _ms(v: float) -> str:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--before", help="a tree of the package before (git worktree add ...)")
+    ap.add_argument("--after", default=TREE, help="the tree after (default: this one)")
     ap.add_argument("--rounds", type=int, default=4, help="interleaved rounds (default 4)")
     ap.add_argument("--reps", type=int, default=2, help="timed calls per child (default 2)")
     ap.add_argument("--workloads", default="deep,paper")
@@ -291,7 +294,7 @@ def main(argv: list[str] | None = None) -> None:
         run = _dask_child if arm == "dask" else _ddp_child
         print(json.dumps(run(workload, int(reps))))
         return
-    arms = [("after", "dask", TREE), ("ddp", "ddp", TREE)]
+    arms = [("after", "dask", os.path.abspath(args.after)), ("ddp", "ddp", TREE)]
     if args.before:
         arms.insert(0, ("before", "dask", os.path.abspath(args.before)))
     results: dict[str, dict[str, list[Any]]] = {}
