@@ -113,9 +113,9 @@ class _Parts:
 
 def _dask_child(workload: str, reps: int) -> dict[str, Any]:
     """One arm: a 2-worker cluster, a warm-up call, ``reps`` timed calls of ``fit``."""
-    from distributed import Client, LocalCluster
-
     import importlib
+
+    from distributed import Client, LocalCluster
 
     import dask_rpm
     from dask_rpm.engine.loop import TrainingLoop
