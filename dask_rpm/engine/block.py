@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -55,7 +55,7 @@ from ..comm.collectives import (
 from ..comm.mailbox import BlockAborted, PeerError
 from ..nn import backend as xb
 from ..nn.kernels import layer_work, rectangle_work
-from ..nn.optim import mean_gradient, penalty
+from ..nn.optim import penalty
 from ..runtime.hooks import worker_hooks
 from .records import BlockResult, BlockSpec, TimingRecord
 
@@ -106,12 +106,29 @@ def _column_total(col_errors: list[float]) -> float:
     return total
 
 
+class _Local(NamedTuple):
+    """What :meth:`_Kernels.local` did: the clock readings of the timing record, the column's
+    error, whether its weights are finite, the update sums, and whether (and when) it stepped."""
+
+    forward_start: float
+    forward_end: float
+    backward_start: float
+    backward_end: float
+    error: float
+    finite: bool
+    grads: list[Any]
+    stepped: bool
+    modify_start: float
+    modify_end: float
+
+
 class _Kernels:
     """One block's kernels on this worker's shard, each padded to its EMULATED speed (a no-op
     on a worker that emulates none)."""
 
     def __init__(self, state: Any, spec: BlockSpec) -> None:
         self.ws, self.shard, self.spec = state.kernels(), state.shard, spec
+        self.layout = state.layout
         self.recipe = state.recipe
         self.opt = state.recipe.optimizer
         self.layers = state.shard.layers
@@ -132,11 +149,15 @@ class _Kernels:
         self.spent = 0.0
 
     def penalty(self) -> float:
-        """My rows' share of the L2 penalty ``0.5 alpha sum W^2`` (0.0 without one)."""
+        """My rows' share of the L2 penalty ``0.5 alpha sum W^2`` (0.0 without one): the sum the
+        last step left (:meth:`Shard.update <dask_rpm.engine.worker.Shard.update>`, while the
+        new weights were in the cache), else summed here (a block's first iteration)."""
         alpha = self.recipe.alpha
         if not alpha:
             return 0.0
-        return 0.5 * alpha * penalty(self.shard.params, self.biases)
+        if math.isnan(self.shard.squares):
+            self.shard.squares = penalty(self.shard.params, self.biases)
+        return 0.5 * alpha * self.shard.squares
 
     def _work(self, kind: str, s: int, k: int | None = None) -> float:
         if k is None:
@@ -187,15 +208,41 @@ class _Kernels:
         self.spent += time.monotonic() - t0
         return out
 
+    def local(self, it: int, x: np.ndarray, d: np.ndarray, step: bool) -> _Local:
+        """A column of one's iteration up to the update sums, in one call: forward, the output
+        deltas and the error (with my penalty: I hold every row), backward; with ``step`` (a
+        plan of one column, whose sums are the total) the update too where the error and the
+        weights are finite - one hand-off to the compute thread per iteration, not three."""
+        t_f0 = time.monotonic()
+        partial = self.forward(it, x)
+        t_f1 = time.monotonic()
+        delta2, err = self.ws.output_delta(partial, d)
+        err = _with_penalty(self.layout, err, self.penalty())
+        ok = self.shard.finite
+        t_b0 = time.monotonic()
+        grads = self.backward(it, x, delta2)
+        t_b1 = time.monotonic()
+        stepped = step and ok and math.isfinite(err)
+        if stepped:
+            self.modify(it, grads)
+        return _Local(t_f0, t_f1, t_b0, t_b1, err, ok, grads, stepped, t_b1, time.monotonic())
+
     def modify(self, it: int, sums: list[np.ndarray]) -> None:
         # run where forward and backward run (the compute thread for large work), so that an
         # EMULATED worker's padding of the update does not hold its event loop either; no
         # handler touches the shard during a block (rpm_rows serves remaps, between blocks)
         with self.pace(it, ("modify", self.shard.params[0].shape)):
             rec = self.recipe
-            if rec.alpha or rec.reduction == "mean":
-                mean_gradient(self.shard.params, sums, rec.divisor(it), rec.alpha, self.biases)
-            self.shard.update(sums, self.spec.learning_rate, self.opt, it + 1)
+            mean = rec.alpha or rec.reduction == "mean"
+            self.shard.update(
+                sums,
+                self.spec.learning_rate,
+                self.opt,
+                it + 1,
+                batch=rec.divisor(it) if mean else None,
+                alpha=rec.alpha,
+                biases=self.biases,
+            )
             self._done(None)
 
 
@@ -257,6 +304,10 @@ async def run_block(
     errors: dict[int, float] = {}
     status, message = "ok", ""
     copy = _copier(state, spec)
+    # a column of one has no vertical exchange: its partial product is the column's sum; in a
+    # plan of one column too (solo), its update sums are the total and it steps at once
+    lone = len(lay.members) == 1
+    solo = lone and lay.n_columns == 1
     try:
         for it in range(spec.first, spec.first + spec.count):
             mailbox.check_abort(spec.epoch)
@@ -266,20 +317,25 @@ async def run_block(
             if not data.ready(it):  # a new epoch of mini-batches: this column's rows of it
                 await state.compute(False, data.load, it)  # (off the event loop)
             x, d = data.batch(it)
-            t_f0, k.spent = time.monotonic(), 0.0
-            partial = await _forward(ch, state, k, it, x, inline)
-            t_f1 = t_f0 + k.spent if k.layered else time.monotonic()
+            loc = None
+            if lone:  # forward to update sums (and the step) in one call: no exchange waits
+                loc = await state.compute(inline, k.local, it, x, d, solo and spec.step)
+                t_f0, t_f1, t_b0, t_b1, err, ok, grads = loc[:7]
+            else:
+                t_f0, k.spent = time.monotonic(), 0.0
+                partial = await _forward(ch, state, k, it, x, inline)
+                t_f1 = t_f0 + k.spent if k.layered else time.monotonic()
 
-            def finish(u: Any, pen: float, d: np.ndarray = d) -> tuple[Any, float]:
-                delta2, err = k.ws.output_delta(u, d)
-                return delta2, _with_penalty(lay, err, pen)
+                def finish(u: Any, pen: float, d: np.ndarray = d) -> tuple[Any, float]:
+                    delta2, err = k.ws.output_delta(u, d)
+                    return delta2, _with_penalty(lay, err, pen)
 
-            delta2, err, ok = await column_reduce(
-                ch, it, partial, k.ws.u, shard.finite, k.penalty(), finish, ch.deadline()
-            )
-            t_b0, k.spent = time.monotonic(), 0.0
-            grads = await _backward(ch, state, k, it, x, delta2, inline)
-            t_b1 = t_b0 + k.spent if k.layered else time.monotonic()
+                delta2, err, ok = await column_reduce(
+                    ch, it, partial, k.ws.u, shard.finite, k.penalty(), finish, ch.deadline()
+                )
+                t_b0, k.spent = time.monotonic(), 0.0
+                grads = await _backward(ch, state, k, it, x, delta2, inline)
+                t_b1 = t_b0 + k.spent if k.layered else time.monotonic()
             summed, col_errors, ok = await row_allreduce(
                 ch, it, grads, sums, err, ok, ch.deadline()
             )
@@ -288,12 +344,15 @@ async def run_block(
                 status = "diverged"
                 break
             errors[it] = total
-            t_m0 = time.monotonic()
-            if spec.step:
-                await state.compute(inline, k.modify, it, summed)
-            else:  # an evaluation (engine.objective): the summed gradient is the result
-                state.gradient = summed
-            t_m1 = time.monotonic()
+            if loc is not None and loc.stepped:  # (the step ran with the kernels)
+                t_m0, t_m1 = loc.modify_start, loc.modify_end
+            else:
+                t_m0 = time.monotonic()
+                if spec.step:
+                    await state.compute(inline, k.modify, it, summed)
+                else:  # an evaluation (engine.objective): the summed gradient is the result
+                    state.gradient = summed
+                t_m1 = time.monotonic()
             state.iteration = it + 1
             rec = TimingRecord(it, lay.worker, t_f0, t_f1, t_b0, t_b1, t_m0, t_m1)
             records.append(rec)

@@ -24,6 +24,7 @@ import asyncio
 import concurrent.futures
 import contextvars
 import logging
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -83,6 +84,7 @@ class Shard:
         "state_snap",
         "snap_iteration",
         "finite",
+        "squares",
         "backend",
     )
 
@@ -105,6 +107,8 @@ class Shard:
         self.state_snap = {k: [empty_like(a) for a in v] for k, v in self.state.items()}
         self.snap_iteration: int | None = None
         self.finite = self._all_finite()
+        # sum W^2 of the weights held (the L2 penalty's), from the last step; NaN: not known
+        self.squares = math.nan
 
     @classmethod
     def fresh(
@@ -139,29 +143,42 @@ class Shard:
         self.snap_iteration = iteration
 
     def update(
-        self, sums: list[np.ndarray], eps: float, opt: Optimizer | None = None, t: int = 1
+        self,
+        sums: list[np.ndarray],
+        eps: float,
+        opt: Optimizer | None = None,
+        t: int = 1,
+        *,
+        batch: Any = None,
+        alpha: float = 0.0,
+        biases: Sequence[int | None] = (),
     ) -> bool:
         """One optimizer step from the summed updates (scratch: overwritten); returns finiteness.
 
-        The weights before the step stay in the spare buffers, so on
-        divergence the last finite weights (and optimizer state) are still
-        there. Plain gradient descent writes ``p - eps * sum`` straight into
-        the spare buffer and swaps (one pass, the paper's update); the other
-        optimizers copy first and step in place (:func:`dask_rpm.nn.optim.step`).
+        The step writes the new weights and optimizer state into the spare buffers, which are
+        then swapped in (:func:`dask_rpm.nn.optim.step`: one pass over each parameter, no
+        copy), so on divergence the last finite weights and state are still there
+        (:meth:`revert`). ``batch``, ``alpha`` and ``biases`` make the summed update the mean
+        gradient first (scikit-learn's); with ``alpha`` the step also leaves ``squares``, the
+        new weights' ``sum W^2``, for the next iteration's penalty.
         """
-        if opt is None or (opt.name == "sgd" and opt.convention == "pytorch"):
-            for g in sums:
-                g *= eps
-            xp = self.backend.ns
-            for p, g, spare in zip(self.params, sums, self.prev):
-                xp.subtract(p, g, out=spare)
-            self.params, self.prev = self.prev, self.params
-        else:
-            self._copy_all(self.prev, self.params)
-            self._copy_state(self.state_prev, self.state)
-            step(opt, eps, t, self.params, sums, self.state)
+        got = step(
+            opt or Optimizer(),
+            eps,
+            t,
+            self.params,
+            sums,
+            self.state,
+            out=(self.prev, self.state_prev),
+            batch=batch,
+            alpha=alpha,
+            biases=biases,
+            sum_squares=bool(alpha),
+        )
+        self.params, self.prev = self.prev, self.params
+        self.state, self.state_prev = self.state_prev, self.state
         self.prev_valid = True
-        self.finite = self._all_finite()
+        self.finite, self.squares = got.finite, got.squares
         return self.finite
 
     def rollback(self) -> int:
@@ -172,6 +189,7 @@ class Shard:
         self._copy_state(self.state, self.state_snap)
         self.prev_valid = False
         self.finite = True
+        self.squares = math.nan
         return self.snap_iteration
 
     def revert(self) -> None:
@@ -182,6 +200,7 @@ class Shard:
         self.state, self.state_prev = self.state_prev, self.state
         self.prev_valid = False
         self.finite = self._all_finite()
+        self.squares = math.nan
 
     def rows(self, a: int, b: int) -> dict[str, Any]:
         """Plan rows ``[a, b)`` (global numbering): weights and optimizer state, in host memory."""

@@ -6,6 +6,7 @@ Every distributed run must equal :func:`fit_serial` (float64, relative
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -22,7 +23,7 @@ from .convergence import epoch_error
 from .data import DataError
 from .kernels import all_finite
 from .layers import layers_of_params
-from .optim import mean_gradient, penalty, step
+from .optim import penalty, step
 from .options import TRAINING_FIELDS, TrainingOptions
 from .prepare import prepare
 from .recipe import Recipe, Validator, forward
@@ -80,7 +81,12 @@ def train_arrays(
     errors = np.empty(rec.iterations)
     stopped = None
     order_epoch = -1  # the first mini-batch gathers epoch 0
+    x_e: Any = None  # the epoch's samples in its order (mini-batches)
+    d_e: Any = None
     done = 0
+    # whether the weights are finite, and their sum W^2 (NaN: not known): each step tells both
+    finite, squares = all(all_finite(p) for p in params), math.nan
+    mean = bool(rec.alpha) or rec.reduction == "mean"
     for k in range(rec.iterations):
         if sched.full_batch:
             xb, db = x, d
@@ -88,20 +94,31 @@ def train_arrays(
             e = sched.epoch(k)
             if e != order_epoch:  # the epoch's samples in its order, gathered once
                 order_epoch, order = e, sched.order(e)
-                x_e, d_e = x[be.asarray(order)], d[be.asarray(order)]
+                x_e, d_e = _ordered(be, x, order, x_e), _ordered(be, d, order, d_e)
             lo, hi = sched.positions(k)
             xb, db = x_e[lo:hi], d_e[lo:hi]
         u = ws.forward(xb, params)
         delta2, errors[k] = ws.output_delta(u, db)
         if rec.alpha:
-            errors[k] += 0.5 * rec.alpha * penalty(params, biases)
-        if not (np.isfinite(errors[k]) and all(all_finite(p) for p in params)):
+            if math.isnan(squares):
+                squares = penalty(params, biases)
+            errors[k] += 0.5 * rec.alpha * squares
+        if not (np.isfinite(errors[k]) and finite):
             stopped = f"training diverged at iteration {k}"
             break
         grads = ws.backward(xb, params, delta2)
-        if rec.alpha or rec.reduction == "mean":
-            mean_gradient(params, grads, rec.divisor(k), rec.alpha, biases)
-        step(opt, lr, k + 1, params, grads, state)
+        finite, squares = step(
+            opt,
+            lr,
+            k + 1,
+            params,
+            grads,
+            state,
+            batch=rec.divisor(k) if mean else None,
+            alpha=rec.alpha,
+            biases=biases,
+            sum_squares=bool(rec.alpha),
+        )
         done = k + 1
         if target_error is not None and errors[k] <= target_error:
             stopped = f"target error reached at iteration {k}"
@@ -129,6 +146,15 @@ def train_arrays(
         iterations=done,
         recipe=rec,
     )
+
+
+def _ordered(be: Backend, a: Any, order: np.ndarray, into: Any) -> Any:
+    """``a[order]`` (an epoch's samples in its order), into ``into``, the last epoch's, where
+    both are dense numpy arrays of one shape: a fresh epoch-sized array every epoch costs a page
+    fault on each of its pages, more than the copy."""
+    if isinstance(a, np.ndarray) and isinstance(into, np.ndarray) and into.shape == a.shape:
+        return np.take(a, order, axis=0, out=into, mode="clip")  # (a permutation: no check)
+    return a[be.asarray(order)]
 
 
 def _end_epoch(
