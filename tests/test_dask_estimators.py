@@ -141,6 +141,9 @@ def test_without_a_cluster_dask_data_are_computed_and_train_serially():
     ours = _quiet(MLPClassifier(**params), "fit", xd, yd)  # no client, no default client
     theirs = _quiet(SKClassifier(**params), "fit", x, y)
     assert _relative(ours, theirs) < 1e-9 and not hasattr(ours.result_, "stats")
+    w = np.random.default_rng(1).uniform(0.5, 2.0, len(x))
+    weighted = _quiet(MLPClassifier(**params), "fit", xd, yd, sample_weight=da.from_array(w, 50))
+    assert _relative(weighted, _quiet(SKClassifier(**params), "fit", x, y, sample_weight=w)) < 1e-9
     proba = ours.predict_proba(xd)
     assert isinstance(proba, da.Array)
     np.testing.assert_allclose(proba.compute(), theirs.predict_proba(x), rtol=1e-9, atol=1e-15)

@@ -213,6 +213,8 @@ class MLPBase(ClusterEstimator):
                 f"goes on with the fitted network's hidden layers {fitted!r}: fit it anew "
                 f"(warm_start=False) to train other sizes"
             )
+        if _dask.is_lazy(sample_weight) and not _dask.is_lazy(X):  # serial: computed with X
+            (sample_weight,) = _dask.compute(None, sample_weight)
         if _dask.is_lazy(X):  # Dask's data on a cluster (the public methods computed them without)
             if sample_weight is not None:
                 raise EstimatorError(
