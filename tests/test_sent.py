@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import scipy.sparse
 
-from dask_rpm.engine.sent import content_key
+from dask_rpm.engine.sent import content_key, sent_samples
 
 # ------------------------------------------------------------------------------ content keys
 
@@ -127,6 +127,17 @@ def test_a_second_fit_of_the_same_arrays_sends_nothing_and_a_changed_one_is_rese
         while set(_held(client).values()) != {1} and time.monotonic() < deadline:
             time.sleep(0.1)
         assert set(_held(client).values()) == {1}, client.has_what()
+
+        # a worker that leaves: Dask moves its copy to the other, and the next fit frees it there
+        gone = sorted(_held(client))[1]
+        client.retire_workers(workers=[gone], close_workers=True)
+        last = fit(other, d, **kw, **run)
+        _exact(last, other, d, kw)
+        assert sent_samples(client).holds(gone) == 0
+        deadline = time.monotonic() + 10
+        while list(_held(client).values()) != [1] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert list(_held(client).values()) == [1], client.has_what()
 
 
 @pytest.mark.slow

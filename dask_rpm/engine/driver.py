@@ -127,6 +127,8 @@ class Driver:
         # what this client already sent each worker (engine.sent): a next fit of the same arrays
         # reuses it; the content key of ``arrays`` is computed at the first send
         self.sent = sent_samples(client)
+        if plan.workers is not None:  # the cluster's workers now: copies of those gone are freed
+            self.sent.keep_only(plan.workers)
         self._content: str | None = None
         self.sample_bytes = 0  # samples scattered to workers in this run
         self.samples_reused = 0  # sample copies a worker already held from an earlier fit

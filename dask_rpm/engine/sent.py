@@ -116,6 +116,12 @@ class SentSamples:
         while len(parts) > 1 and sum(r for _, r in parts.values()) > limit:
             parts.popitem(last=False)
 
+    def keep_only(self, addresses: Any) -> None:
+        """Release the copies of workers not in ``addresses`` (those that left the cluster: a
+        retired worker's copy moved to another worker would stay there for good)."""
+        for gone in set(self._held) - set(addresses):
+            del self._held[gone]
+
     def holds(self, address: str) -> int:
         """How many copies ``address`` is kept for (tests, memory checks)."""
         held = self._held.get(address)
