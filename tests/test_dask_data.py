@@ -333,6 +333,24 @@ def test_chunk_local_order_is_a_stratified_permutation():
         assert np.array_equal(np.concatenate([a, c]), whole) and b == offsets[:4]
 
 
+def test_chunk_stream_visits_the_chunks_one_after_another():
+    chunks = (30, 50, 17, 23)
+    sched = schedule(120, 16, shuffle=ChunkOrder(chunks, stream=True), seed=4)
+    bounds = np.cumsum((0,) + chunks)
+    assert not sched.local  # columns take position shares, as with shuffle=True
+    seen = []
+    for e in range(3):
+        order = sched.order(e)
+        assert sorted(order.tolist()) == list(range(120))
+        which = np.searchsorted(bounds, order, side="right") - 1
+        runs = [int(which[0])] + [int(b) for a, b in zip(which, which[1:]) if a != b]
+        assert sorted(runs) == [0, 1, 2, 3]  # each chunk in one run, rows permuted within it
+        seen.append(tuple(runs))
+        for j, n in enumerate(chunks):
+            assert not np.array_equal(order[which == j], np.arange(bounds[j], bounds[j] + n))
+    assert len(set(seen)) > 1  # the chunks' order changes from epoch to epoch
+
+
 def test_chunk_local_shuffle_needs_chunks():
     with pytest.raises(BatchError, match="shuffle='chunks'.*needs the data's chunks"):
         schedule(120, 16, shuffle="chunks")
@@ -341,13 +359,15 @@ def test_chunk_local_shuffle_needs_chunks():
     x, d = _data()
     with pytest.raises(BatchError, match="dask.array.from_array"):
         fit_serial(x, d, hidden=M, epochs=1, batch_size=16, shuffle="chunks")
+    with pytest.raises(BatchError, match="shuffle='stream' needs the data's chunks"):
+        fit_serial(x, d, hidden=M, epochs=1, batch_size=16, shuffle="stream")
     # a validation split's rows: each chunk's training samples, empty chunks dropped
     rows = np.array([0, 3, 4, 9, 10, 11])
     assert chunk_order((5, 3, 4), rows) == ChunkOrder((3, 3))
     assert chunk_order((5, 3, 4), np.array([0, 1, 9])) == ChunkOrder((2, 1))
 
 
-@pytest.mark.parametrize("shuffle", [True, False, "chunks"])
+@pytest.mark.parametrize("shuffle", [True, False, "chunks", "stream"])
 def test_mini_batches_fetch_their_rows_window_by_window_and_equal_fit_serial(client, shuffle):
     """A window of 24 rows: each worker loads several windows an epoch, each fetching only the
     rows its column uses in them; global and chunk-local shuffles equal fit_serial."""
@@ -370,7 +390,7 @@ def test_mini_batches_fetch_their_rows_window_by_window_and_equal_fit_serial(cli
     # a worker fetches its column's share of an epoch, never the training set
     per_worker = max(f["rows"] for f in st["fetched"].values())
     assert per_worker < 3 * S
-    if shuffle == "chunks":  # different sampling from the global shuffle
+    if shuffle in ("chunks", "stream"):  # different sampling from the global shuffle
         other = fit_serial(xd, dd, **{**kw, "shuffle": True})
         assert _close(s, other) > 1e-6
 

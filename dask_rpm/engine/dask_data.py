@@ -506,8 +506,9 @@ def on_cluster(
         xv, dv = client.compute([xd[held], dd[held]], sync=True)
         training = dataclasses.replace(training, validation=(np.asarray(xv), np.asarray(dv)))
         s = len(rows)
-    if isinstance(o.shuffle, str) and o.shuffle == "chunks":  # the chunk-local shuffle's chunks
-        training = dataclasses.replace(training, shuffle=chunk_order(xd.chunks[0], rows))
+    if isinstance(o.shuffle, str) and o.shuffle in ("chunks", "stream"):  # over the chunks
+        order = chunk_order(xd.chunks[0], rows, o.shuffle == "stream")
+        training = dataclasses.replace(training, shuffle=order)
     holder = ChunkedRows(xd, dd, rows, pair.notes)
     chunks = tuple(int(c) for c in xd.chunks[0]) if rows is None else None
     return LazySamples((s, n, l), classes, chunks, holder), training

@@ -33,6 +33,14 @@ why it moves none when its workers hold them. The batches depend on the
 chunk sizes (not on the plan): :func:`dask_rpm.fit_serial` given the same
 chunks trains on the same batches.
 
+Chunk stream (``shuffle="stream"``, :class:`ChunkOrder` with ``stream=True``): another
+sampling, made for data larger than the workers' memory. Epoch ``e`` visits the chunks one
+after another in a seeded random order, the rows of each permuted within it, and the columns
+take their position shares of every batch as with ``shuffle=True``. A batch then comes from
+one or two chunks, and a window of iterations from the few chunks it visits: each chunk is
+read about once an epoch, where under the other shuffles every window reads every chunk.
+Rows move (a column's share of a batch is wherever that chunk lives).
+
 Full-batch training (``batch_size=None``, the paper's) is the special case
 of one batch per epoch in sample order: a column's share is then exactly its
 sample range, as before mini-batches existed.
@@ -67,10 +75,12 @@ class BatchError(DataError):
 
 
 class ChunkOrder(NamedTuple):
-    """``shuffle=`` this: the chunk-local shuffle over chunks of ``chunks`` rows each, in order
-    (module docstring); ``shuffle="chunks"`` with Dask data becomes one with the data's chunks."""
+    """``shuffle=`` this: the chunk-local shuffle over chunks of ``chunks`` rows each, in order,
+    or with ``stream`` the chunk stream (module docstring); ``shuffle="chunks"`` /
+    ``"stream"`` with Dask data become one with the data's chunks."""
 
     chunks: tuple[int, ...]
+    stream: bool = False
 
 
 class BatchSchedule(NamedTuple):
@@ -86,11 +96,14 @@ class BatchSchedule(NamedTuple):
     #: the rows of each chunk, in order, for the chunk-local shuffle (module docstring); None:
     #: the sample order ``order(e)`` and position shares
     chunks: tuple[int, ...] | None = None
+    #: with ``chunks``: the chunk stream (chunks one after another) instead of the chunk-local
+    #: shuffle
+    stream: bool = False
 
     @property
     def local(self) -> bool:
         """Whether the epochs follow the chunk-local shuffle (columns take their own samples)."""
-        return self.chunks is not None and not self.full_batch
+        return self.chunks is not None and not self.stream and not self.full_batch
 
     @property
     def full_batch(self) -> bool:
@@ -114,7 +127,7 @@ class BatchSchedule(NamedTuple):
         if self.full_batch or not self.shuffle:
             return np.arange(self.samples, dtype=np.int64)
         if self.chunks is not None:
-            return _chunk_order(self.chunks, self.seed, epoch).copy()
+            return _chunk_order(self.chunks, self.seed, epoch, self.stream).copy()
         if self.rng is not None:
             return _replayed_order(self.rng, self.samples, epoch)
         return np.random.default_rng((self.seed, epoch)).permutation(self.samples).astype(np.int64)
@@ -222,12 +235,18 @@ def _replayed_order(rng: tuple, samples: int, epoch: int) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=4)
-def _chunk_order(chunks: tuple[int, ...], seed: int, epoch: int) -> np.ndarray:
-    """Epoch ``epoch``'s order of the chunk-local shuffle (module docstring); read-only, cached:
-    each column asks for it at every load of the epoch."""
+def _chunk_order(chunks: tuple[int, ...], seed: int, epoch: int, stream: bool) -> np.ndarray:
+    """Epoch ``epoch``'s order of the chunk-local shuffle or the chunk stream (module
+    docstring); read-only, cached: each column asks for it at every load of the epoch."""
     rng = np.random.default_rng((seed, epoch))
     sizes = np.asarray(chunks, dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    if stream:
+        visit = rng.permutation(sizes.size)
+        parts = [starts[j] + rng.permutation(int(sizes[j])) for j in visit.tolist()]
+        order = np.concatenate(parts).astype(np.int64)
+        order.flags.writeable = False
+        return order
     offset = rng.random(sizes.size)  # where each chunk's first slot falls: the interleave
     chunk = np.repeat(np.arange(sizes.size), sizes)
     slot = np.arange(int(sizes.sum()), dtype=np.int64) - np.repeat(starts, sizes)
@@ -251,20 +270,21 @@ def schedule(
 
     ``shuffle`` may be a ``numpy.random.RandomState``: shuffled epochs in
     scikit-learn's order, drawn from (a copy of) that generator's state; or a
-    :class:`ChunkOrder`: the chunk-local shuffle over its chunks.
+    :class:`ChunkOrder`: the chunk-local shuffle (or the chunk stream) over its chunks.
     """
     rng = None
     chunks = None
     if isinstance(shuffle, np.random.RandomState):
         rng, shuffle = rng_state(shuffle), True
-    if isinstance(shuffle, str) and shuffle == "chunks":
+    if isinstance(shuffle, str) and shuffle in ("chunks", "stream"):
         raise BatchError(
-            "shuffle='chunks' (the chunk-local shuffle) needs the data's chunks: give x as a dask "
+            f"shuffle={shuffle!r} needs the data's chunks: give x as a dask "
             "array, xarray backed by dask or a zarr store (dask.array.from_array(x, chunks=...) "
             "for numpy data), or shuffle=True / False"
         )
+    stream = False
     if isinstance(shuffle, ChunkOrder):
-        chunks = tuple(int(c) for c in shuffle.chunks)
+        chunks, stream = tuple(int(c) for c in shuffle.chunks), bool(shuffle.stream)
         if any(c < 1 for c in chunks) or sum(chunks) != samples:
             raise BatchError(
                 f"shuffle=ChunkOrder with chunks of {sum(chunks)} rows ({len(chunks)} chunks) for "
@@ -293,10 +313,11 @@ def schedule(
         batch_size = None
     if not isinstance(shuffle, (bool, np.bool_)):
         raise BatchError(
-            f"shuffle={shuffle!r}; give true or false, 'chunks' with Dask data (the chunk-local "
-            f"shuffle), or a numpy.random.RandomState for scikit-learn's order"
+            f"shuffle={shuffle!r}; give true or false, 'chunks' or 'stream' with Dask data (the "
+            f"chunk-local shuffle, the chunk stream), or a numpy.random.RandomState for "
+            f"scikit-learn's order"
         )
-    return BatchSchedule(int(samples), batch_size, bool(shuffle), int(seed), rng, chunks)
+    return BatchSchedule(int(samples), batch_size, bool(shuffle), int(seed), rng, chunks, stream)
 
 
 def column_share(size: int, cut: tuple[int, int], samples: int) -> tuple[int, int]:

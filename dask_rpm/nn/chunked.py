@@ -326,9 +326,10 @@ def zarr_variables(path: Any, x: str = "x", d: str = "d") -> tuple[Any, Any]:
     return ds[x], ds[d]
 
 
-def chunk_order(chunks: Any, rows: np.ndarray | None = None) -> Any:
-    """The chunk-local shuffle (``shuffle="chunks"``) over data chunks of ``chunks`` rows:
-    a :class:`~dask_rpm.nn.batches.ChunkOrder` of the training samples each chunk holds.
+def chunk_order(chunks: Any, rows: np.ndarray | None = None, stream: bool = False) -> Any:
+    """The chunk-local shuffle (``shuffle="chunks"``), or with ``stream`` the chunk stream
+    (``"stream"``), over data chunks of ``chunks`` rows: a
+    :class:`~dask_rpm.nn.batches.ChunkOrder` of the training samples each chunk holds.
 
     ``rows`` are the data rows trained on (sorted: a validation split's), None: every row. A
     chunk's training samples are then consecutive, so the training chunks are their counts
@@ -340,13 +341,14 @@ def chunk_order(chunks: Any, rows: np.ndarray | None = None) -> Any:
     if rows is not None:
         bounds = np.concatenate([[0], np.cumsum(sizes)])
         sizes = np.diff(np.searchsorted(np.asarray(rows), bounds))
-    return ChunkOrder(tuple(int(c) for c in sizes if c > 0))
+    return ChunkOrder(tuple(int(c) for c in sizes if c > 0), stream)
 
 
 def serial_inputs(x: Any, d: Any, options: Any) -> tuple[np.ndarray, np.ndarray, Any]:
     """What :func:`~dask_rpm.nn.serial.fit_serial` trains on for Dask's data: ``x`` and ``d``
     computed, and ``options`` (:class:`~dask_rpm.nn.options.TrainingOptions`) with
-    ``shuffle="chunks"`` made the chunk-local shuffle over the data's chunks, as ``fit`` on
+    ``shuffle="chunks"`` / ``"stream"`` made the chunk-local shuffle / chunk stream over the
+    data's chunks, as ``fit`` on
     the cluster does."""
     import dataclasses
 
@@ -355,10 +357,11 @@ def serial_inputs(x: Any, d: Any, options: Any) -> tuple[np.ndarray, np.ndarray,
     pair = as_chunked(x, d)
     xv, dv = computed(pair.x, pair.d)
     o = options.resolved()
-    if isinstance(o.shuffle, str) and o.shuffle == "chunks":
+    if isinstance(o.shuffle, str) and o.shuffle in ("chunks", "stream"):
         rows = None
         val = o.validation
         if val is not None and not isinstance(val, (tuple, list, bool)):
             rows = holdout(xv.shape[0], float(val), int(o.seed))[0]
-        options = dataclasses.replace(options, shuffle=chunk_order(pair.x.chunks[0], rows))
+        order = chunk_order(pair.x.chunks[0], rows, o.shuffle == "stream")
+        options = dataclasses.replace(options, shuffle=order)
     return xv, dv, options
