@@ -84,6 +84,7 @@ def test_fit_on_dask_frames_equals_fit_serial(client):
         X, D, mapping="srpm", abilities=[1.0, 0.5], client=client, progress="none", **kw
     )
     assert _close(r, ref) < 1e-10 and r.stats["dask"]["chunks"] == 3
+    assert _close(fit_serial(X, D, **kw), ref) == 0  # the reference computes the frames
     kw = dict(hidden=M, epochs=2, batch_size=32, learning_rate=1e-2, loss="cross-entropy", seed=3)
     r = dask_rpm.fit(X, Y, client=client, progress="none", **kw)
     assert _close(r, fit_serial(x, labels, **kw)) < 1e-10
