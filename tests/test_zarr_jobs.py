@@ -3,21 +3,26 @@
 A store written by xarray trains through ``dask-rpm train --config JOB`` on EMULATED local
 workers and equals :func:`dask_rpm.fit_serial` on the same arrays (float64, 1e-10): the
 problem is small and well conditioned at its learning rate (a 1e-12 change of the rate moves
-the serial result by less than 1e-9, shown in the test). ``dask-rpm predict`` reads a store's
+the serial result by less than 1e-9, shown in the test), also when stopped after a checkpoint
+and resumed. ``dask-rpm predict`` reads a store's
 ``x`` and writes the predictions as it does for netCDF.
 """
 
 from __future__ import annotations
 
+import io
+import threading
+
 import numpy as np
 import pytest
 import xarray as xr
 import yaml
+from distributed import Client, LocalCluster
 
 pytest.importorskip("zarr")
 
 from dask_rpm.cli import main  # noqa: E402
-from dask_rpm.job import JobError, load_job  # noqa: E402
+from dask_rpm.job import JobError, load_job, run_job  # noqa: E402
 from dask_rpm.model.mlp import MLPModel  # noqa: E402
 from dask_rpm.nn.network import Network  # noqa: E402
 from dask_rpm.nn.serial import fit_serial  # noqa: E402
@@ -153,3 +158,47 @@ def test_a_cnn_job_refuses_a_zarr_store(tmp_path, store):
     job.write_text(yaml.safe_dump(text))
     with pytest.raises(JobError, match="a CNN's images are read from a netCDF file"):
         load_job(job)
+
+
+class _StopAfterCheckpoint(io.StringIO):
+    """The job's progress lines; sets ``stop`` once a checkpoint is written into the store."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        super().__init__()
+        self.stop = stop
+
+    def write(self, s: str) -> int:
+        if s.startswith("checkpoint at iteration"):
+            self.stop.set()
+        return super().write(s)
+
+
+def test_a_stopped_zarr_job_resumes_equal_to_fit_serial(tmp_path, store):
+    """Stopped after its first checkpoint (what SIGTERM does), then --resume: the store's chunks
+    are read again and the result equals the uninterrupted serial run."""
+    path, x, d = store
+    kw = {**KW, "iterations": 60}
+    job = _job(
+        tmp_path,
+        {"zarr": path, "x": "pixels", "d": "target"},
+        iterations=60,
+        checkpoint={"every": 10},
+        config={"drpm": {"interval": 10}},
+    )
+    stop = threading.Event()
+    out = _StopAfterCheckpoint(stop)
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None
+        ) as cluster,
+        Client(cluster, set_as_default=False) as client,
+    ):
+        first = run_job(job, client=client, out=out, stop=stop)
+        assert first["stopped"].startswith("stop requested") and first["iterations"] < 60
+        done = run_job(job, client=client, out=io.StringIO(), resume=True)
+    assert done["iterations"] == 60
+    ref = fit_serial(x, d, **kw)
+    with xr.open_dataset(tmp_path / "result.nc", engine="h5netcdf") as ds:
+        np.testing.assert_allclose(ds["W"].values, ref.params[0], rtol=1e-10, atol=0)
+        np.testing.assert_allclose(ds["V"].values, ref.params[1], rtol=1e-10, atol=0)
+        np.testing.assert_allclose(ds["error"].values, ref.errors, rtol=1e-10, atol=0)
