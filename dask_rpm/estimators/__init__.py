@@ -44,6 +44,17 @@ gradients the workers exchange and the validation split as scikit-learn's; ``X``
 CSR / CSC matrix (its rows reach the workers sparse, :mod:`dask_rpm.nn.sparse`), and float32
 ``X`` trains in float32 end to end (kernels, exchanges, ``coefs_``).
 
+Dask's own data, as dask-ml's wrappers take it (:mod:`dask_rpm.estimators._dask`): ``X`` and
+``y`` may be dask arrays chunked along samples, dask DataFrames / Series, xarray objects backed
+by dask with a ``sample`` dimension, or a zarr store (``fit(store)``: its ``x`` and ``d``). On a
+cluster they stay there - the classes are found and the labels binarized on the workers, the
+early-stopping split is taken by index, lbfgs evaluates its objective on the chunks - and the
+model equals the one trained on the computed arrays; without one they are computed first.
+``predict`` / ``predict_proba`` of Dask's ``X`` return a dask array (one task per chunk, the
+fitted model held once in the graph) and ``score`` is reductions on the workers. Not yet on a
+cluster: a dask ``sample_weight`` (computed and trained serially without one) and multi-label
+dask ``y``.
+
 :class:`CNNClassifier` (:mod:`dask_rpm.estimators.cnn`) is a convolutional network with the
 same conventions, solvers and training rules.
 
