@@ -414,10 +414,26 @@ async def _recomputable(client: Any, gone: list[tuple[int, Any]]) -> None:
 
 
 def _task_states(keys: list[Any], dask_scheduler: Any = None) -> dict[Any, str | None]:
-    """Each key's state on the scheduler (``client.run_on_scheduler``; ``Scheduler.tasks`` and
-    ``TaskState.state`` are documented in distributed's "Scheduling State"); None: unknown."""
+    """Each key's state on the scheduler (``client.run_on_scheduler``; ``Scheduler.tasks``,
+    ``TaskState.state`` and ``waiting_on`` are documented in distributed's "Scheduling State");
+    None: unknown. ``"no-worker"`` also for a key waiting, directly or not, on a task in that
+    state: a lost chunk is computed again from tasks (the reads it was made from) that may be
+    the ones no worker may run."""
     tasks = dask_scheduler.tasks
-    return {k: (tasks[k].state if k in tasks else None) for k in keys}
+
+    def state(ts: Any) -> str:
+        todo, seen = [ts], {ts.key}
+        while todo:
+            t = todo.pop()
+            if t.state == "no-worker":
+                return "no-worker"
+            for dep in t.waiting_on or ():
+                if dep.key not in seen:
+                    seen.add(dep.key)
+                    todo.append(dep)
+        return str(ts.state)
+
+    return {k: (state(tasks[k]) if k in tasks else None) for k in keys}
 
 
 def take_rows(
