@@ -287,7 +287,7 @@ async def _fetch(worker: Any, keys: list[Any], cuts: list[np.ndarray]) -> tuple[
             pick = [keys[i] for i in items]
             sel = [cuts[i] for i in items]
             if holder == worker.address:
-                return holder, items, _cut(worker, pick, sel)
+                return holder, items, await _cut(worker, pick, sel)
             try:
                 got = await worker.rpc(holder).rpm_chunk_rows(
                     keys=pick, rows=[to_serialize(c) for c in sel]
@@ -338,25 +338,36 @@ def _unwrap(v: Any) -> np.ndarray:
     return np.asarray(getattr(v, "data", v))
 
 
-def _cut(worker: Any, keys: list[Any], rows: list[Any]) -> dict[str, Any]:
+async def _cut(worker: Any, keys: list[Any], rows: list[Any]) -> dict[str, Any]:
     """Rows ``rows[i]`` of the chunks ``keys[i]`` this worker holds; ``missing``: the positions
-    of those it does not hold."""
+    of those it does not hold.
+
+    A chunk Dask spilled to disk is read from there without being moved back into memory
+    (``worker.data`` is a ``zict.Buffer``: its ``slow`` mapping): a window that draws from
+    many spilled chunks would otherwise bring them all in, one evicting the next, faster
+    than the worker's memory monitor runs. The event loop gets a turn after each chunk.
+    """
+    data = worker.data
+    fast, slow = getattr(data, "fast", {}), getattr(data, "slow", {})
     out: list[Any] = []
     missing: list[int] = []
     for pos, (key, sel) in enumerate(zip(keys, rows)):
+        k = _key(key)
         try:
-            block = worker.data[_key(key)]
+            block = fast[k] if k in fast else slow[k] if k in slow else data[k]
         except KeyError:
             missing.append(pos)
             out.append(None)
             continue
         out.append(np.ascontiguousarray(np.asarray(block)[_unwrap(sel)]))
+        del block
+        await asyncio.sleep(0)
     return {"rows": out, "missing": missing}
 
 
-def _serve_rows(worker: Any, keys: list[Any], rows: list[Any]) -> dict[str, Any]:
+async def _serve_rows(worker: Any, keys: list[Any], rows: list[Any]) -> dict[str, Any]:
     """The ``rpm_chunk_rows`` handler: :func:`_cut` for a peer, its arrays sent as they are."""
-    got = _cut(worker, keys, rows)
+    got = await _cut(worker, keys, rows)
     got["rows"] = [None if a is None else to_serialize(a) for a in got["rows"]]
     return got
 
@@ -375,8 +386,8 @@ class RowServer(WorkerPlugin):
 def _serve(dask_worker: Any) -> None:
     """Install the ``rpm_chunk_rows`` handler on a worker."""
 
-    def rpm_chunk_rows(keys: list[Any], rows: list[Any]) -> dict[str, Any]:
-        return _serve_rows(dask_worker, keys, rows)  # a named function: Dask logs handler names
+    async def rpm_chunk_rows(keys: list[Any], rows: list[Any]) -> dict[str, Any]:
+        return await _serve_rows(dask_worker, keys, rows)  # named: Dask logs handler names
 
     dask_worker.handlers["rpm_chunk_rows"] = rpm_chunk_rows
 
