@@ -193,12 +193,13 @@ def fit(
         full-batch BP, the paper's; an integer trains on mini-batches drawn
         from a seeded per-epoch order that does not depend on the plan, each
         column taking its share of every batch (docs/training.md).
-    shuffle : bool or "chunks", default ``rpm.train.shuffle``
+    shuffle : bool, "chunks" or "stream", default ``rpm.train.shuffle``
         Mini-batches: a new seeded sample order every epoch. ``"chunks"`` (Dask data): the
         chunk-local shuffle, rows permuted within their chunks and every batch drawn from
         every chunk in proportion, a different sampling under which a column on whole chunks
-        its workers hold moves no rows; ``fit_serial`` on the same data trains on the same
-        batches (docs/training.md).
+        its workers hold moves no rows. ``"stream"`` (Dask data): the chunk stream, chunks
+        visited one after another, for data larger than the workers' memory. ``fit_serial``
+        on the same data trains on the same batches (docs/training.md).
     activation : {"sigmoid", "tanh", "relu", "identity"}, default ``rpm.train.activation``
     loss : {"squared", "cross-entropy", "poisson"}, default ``rpm.train.loss``
         With ``"cross-entropy"`` the outputs are a softmax and ``d`` may be
