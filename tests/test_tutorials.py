@@ -21,6 +21,7 @@ COVERED = {
     "06_classifier.py",
     "07_deep_classifier.py",
     "08_cnn.py",
+    "09_dask_data.py",
 }
 
 
@@ -348,3 +349,45 @@ def test_08_without_torch_says_what_to_install(tmp_path):
     assert out.strip() == (
         "SKIPPED: this tutorial needs scikit-learn and torch: pip install '.[sklearn,torch]'"
     )
+
+
+@pytest.mark.slow
+def test_09_dask_data(tmp_path):
+    pytest.importorskip("zarr")
+    out = _run("09_dask_data.py", tmp=tmp_path / "tmp").stdout
+    assert "part-0.nc, part-1.nc, part-2.nc, part-3.nc" in out
+    assert "chunked along samples (150, 150, 150, 150) - one chunk per file" in out
+    assert "wrote the zarr store train.zarr: 4 chunks of 150 samples (13200 bytes" in out
+    assert "  P1: samples [0, 300), chunks 0, 1" in out
+    assert (
+        "  P2: samples [300, 450), chunks 2" in out and "  P3: samples [450, 600), chunks 3" in out
+    )
+    runs = {part[:1]: part for part in out.split("\n\n")[-3:]}
+    assert set(runs) == {"a", "b", "c"}
+    for part in runs.values():  # every run: fit_serial's weights
+        assert "equal to fit_serial on the same store: True" in part
+        assert float(part.split("largest difference ")[1].split()[0]) <= 1e-10
+    # a: wherever Dask put the chunks; the bytes are those of the chunks listed as moved in
+    lines = [ln for ln in runs["a"].splitlines() if " reads chunks " in ln]
+    came = sum(len(re.findall(r"\d+", ln.split("another worker: ")[1])) for ln in lines)
+    assert f"bytes moved: {came * 13200};" in runs["a"]
+    # b: chunks on their columns' workers move nothing
+    assert "  P1 reads chunks 0, 1  held there: 0, 1  moved in from another worker: -" in runs["b"]
+    assert "bytes moved: 0;" in runs["b"]
+    # c: the plan turned: each column's chunks move in, and only they
+    assert (
+        "  P2 reads chunks 0, 1  held there: -     moved in from another worker: 0, 1" in runs["c"]
+    )
+    assert "  P1 reads chunks 3     held there: -     moved in from another worker: 3" in runs["c"]
+    assert "bytes moved: 52800;" in runs["c"] and "every chunk moved once: True" in runs["c"]
+
+
+def test_09_without_zarr_says_what_to_install(tmp_path):
+    hidden = tmp_path / "hide"
+    (hidden / "zarr").mkdir(parents=True)
+    (hidden / "zarr" / "__init__.py").write_text("raise ImportError('not installed')\n")
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(hidden), os.environ.get("PYTHONPATH", "")])
+    )
+    out = _run("09_dask_data.py", env=env, timeout=120).stdout
+    assert out.strip() == "SKIPPED: this tutorial needs zarr: pip install '.[zarr]'"
