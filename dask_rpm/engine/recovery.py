@@ -278,13 +278,19 @@ async def recover(
 
 
 async def _alive(driver: Driver, lost: Sequence[str]) -> list[str]:
-    """The workers up now but ``lost`` (a worker named lost is gone even if still listed, closing);
-    when there are none (every worker killed while the others restart), the first to come up,
-    waiting at most ``rpm.train.wait-workers`` seconds."""
+    """The workers up now that the run can train on: not ``lost`` (a worker named lost is gone
+    even if still listed, closing), not leaving, and not one the run counted as gone before.
+
+    When there are none (every worker killed while the others restart; the last ones listed
+    still closing), the first to come up, waiting at most ``rpm.train.wait-workers`` seconds:
+    a recovery that took the listed ones would find every worker of its plan gone."""
     deadline = time.monotonic() + driver.engine.wait_workers
+    gone = {driver.addresses[i] for i in driver.gone}
     while True:
         info = await driver.client.scheduler.identity(n_workers=-1)
-        alive = [a for a in ordered_workers(info) if a not in lost]
+        listed = [a for a in ordered_workers(info) if a not in lost and a not in gone]
+        leaving = set(await driver.leaving(listed)) if listed else set()
+        alive = [a for a in listed if a not in leaving]
         if alive or time.monotonic() >= deadline:
             return alive
         await asyncio.sleep(0.5)
