@@ -221,7 +221,7 @@ def _mean(p: Any, g: Any, batch: Any, alpha: float, skip: int | None, tmp: Any) 
             if tmp is None:
                 gp += alpha * pp
             else:
-                t = tmp[: gp.size].reshape(gp.shape)
+                t = _part(tmp, gp)
                 xb.namespace(pp).multiply(pp, alpha, out=t)
                 gp += t
     g /= batch
@@ -270,7 +270,7 @@ def step(
         arrays += [state[k][i] for k in slots] + [new_state[k][i] for k in slots]
         for block in _blocks(arrays):
             bp, bg, bo = block[:3]
-            if tmp is None or tmp.size < bg.size or type(tmp) is not type(bg):
+            if tmp is None or _count(tmp) < _count(bg) or type(tmp) is not type(bg):
                 tmp = _scratch(bg)
             if batch is not None:
                 _mean(bp, bg, batch, alpha, skip, tmp)
@@ -287,6 +287,16 @@ def step(
 def _finite_sum(a: Any) -> bool:
     total = float(np.add.reduce(a, axis=None)) if isinstance(a, np.ndarray) else float(a.sum())
     return math.isfinite(total)
+
+
+def _count(a: Any) -> int:
+    """Elements of ``a`` (``size`` is a method on torch tensors)."""
+    return math.prod(a.shape)
+
+
+def _part(tmp: Any, like: Any) -> Any:
+    """The leading elements of flat scratch ``tmp`` in the shape of ``like``."""
+    return tmp[: _count(like)].reshape(tuple(like.shape))
 
 
 def _scratch(g: Any) -> Any:
@@ -355,7 +365,7 @@ def _adam(opt: Optimizer, lr: float, t: int) -> Any:
     def adam(block: list[Any], tmp: Any) -> None:
         p, g, po, m, v, mo, vo = block
         xp = xb.namespace(p)
-        sq = tmp[: g.size].reshape(g.shape)
+        sq = _part(tmp, g)
         # v' = b2 v + (1 - b2) g^2 and m' = b1 m + (1 - b1) g, each product rounded as before
         xp.multiply(g, g, out=sq)
         sq *= 1.0 - b2
@@ -386,7 +396,7 @@ def _sgd_sklearn(opt: Optimizer, lr: float) -> Any:
         xp.multiply(vel, mu, out=vo)
         vo -= g
         if opt.nesterov:
-            ahead = tmp[: g.size].reshape(g.shape)
+            ahead = _part(tmp, g)
             xp.multiply(vo, mu, out=ahead)
             ahead -= g
             xp.add(p, ahead, out=po)

@@ -83,6 +83,12 @@ def train_arrays(
     order_epoch = -1  # the first mini-batch gathers epoch 0
     x_e: Any = None  # the epoch's samples in its order (mini-batches)
     d_e: Any = None
+    # dense numpy samples: each batch's rows gathered into these (no epoch-sized copy, whose
+    # every page faults, and the batch is in the cache for its products, as scikit-learn's)
+    rows = isinstance(x, np.ndarray) and isinstance(d, np.ndarray) and not sched.full_batch
+    if rows:
+        size = min(sched.batch, x.shape[0])
+        x_b, d_b = np.empty((size, *x.shape[1:]), x.dtype), np.empty((size, *d.shape[1:]), d.dtype)
     done = 0
     # whether the weights are finite, and their sum W^2 (NaN: not known): each step tells both
     finite, squares = all(all_finite(p) for p in params), math.nan
@@ -92,11 +98,16 @@ def train_arrays(
             xb, db = x, d
         else:
             e = sched.epoch(k)
-            if e != order_epoch:  # the epoch's samples in its order, gathered once
+            if e != order_epoch:  # the epoch's order (and elsewhere its samples, gathered once)
                 order_epoch, order = e, sched.order(e)
-                x_e, d_e = _ordered(be, x, order, x_e), _ordered(be, d, order, d_e)
+                if not rows:
+                    x_e, d_e = x[be.asarray(order)], d[be.asarray(order)]
             lo, hi = sched.positions(k)
-            xb, db = x_e[lo:hi], d_e[lo:hi]
+            if rows:  # (a permutation's positions: valid indices, no check)
+                xb = np.take(x, order[lo:hi], axis=0, out=x_b[: hi - lo], mode="clip")
+                db = np.take(d, order[lo:hi], axis=0, out=d_b[: hi - lo], mode="clip")
+            else:
+                xb, db = x_e[lo:hi], d_e[lo:hi]
         u = ws.forward(xb, params)
         delta2, errors[k] = ws.output_delta(u, db)
         if rec.alpha:
@@ -146,15 +157,6 @@ def train_arrays(
         iterations=done,
         recipe=rec,
     )
-
-
-def _ordered(be: Backend, a: Any, order: np.ndarray, into: Any) -> Any:
-    """``a[order]`` (an epoch's samples in its order), into ``into``, the last epoch's, where
-    both are dense numpy arrays of one shape: a fresh epoch-sized array every epoch costs a page
-    fault on each of its pages, more than the copy."""
-    if isinstance(a, np.ndarray) and isinstance(into, np.ndarray) and into.shape == a.shape:
-        return np.take(a, order, axis=0, out=into, mode="clip")  # (a permutation: no check)
-    return a[be.asarray(order)]
 
 
 def _end_epoch(
