@@ -284,8 +284,9 @@ def test_drpm_remaps_on_emulated_heterogeneous_workers_equal_fit_serial():
         )
     assert "EMULATED" in r.history.attrs["emulation"]
     assert len(r.remaps) == 4 and r.remaps[0]["kind"] == "whole"
+    # the remaps changed the columns' samples: their workers cut them from the chunks again
+    # (which chunks move depends on where Dask keeps replicas, so it is not asserted)
     assert sum(rec["samples_reloaded"] for rec in r.remaps) > 0
-    assert max(m["version"] for m in r.stats["dask"]["moved"]) > 1  # rows fetched at remaps
     _assert_equal(r, ref)
 
 
