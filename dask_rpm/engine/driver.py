@@ -36,7 +36,7 @@ from .layout import exchanges_summary, layouts
 from .options import EngineSettings
 from .records import BlockResult, BlockSpec, Checkpoint, RunSpec
 from .samples import SampleSource
-from .sent import content_key, sent_samples
+from .sent import aligned, content_key, sent_samples
 from .tasks import (
     run_abort,
     run_clear,
@@ -194,7 +194,11 @@ class Driver:
         if copy is not None:
             self.samples_reused += 1
             return SampleSource(kind), copy
-        copy = await self._scatter_to(obj, w)
+        sent = await self._scatter_to(obj, w)
+        # the worker's copy, aligned (engine.sent.aligned): the scattered one is freed with `sent`
+        copy = self.client.submit(
+            aligned, sent, key=self._key("samples", self.version, w), workers=[addr], pure=False
+        )
         self.sent.put(addr, self._content, part, copy, rows, limit=int(x.shape[0]))
         self.sample_bytes += sparse.nbytes(obj[0]) + int(obj[1].nbytes)
         return SampleSource(kind), copy

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["content_key", "SentSamples", "sent_samples"]
+__all__ = ["aligned", "content_key", "SentSamples", "sent_samples"]
 
 #: Bytes one hashing thread takes at a time: SHA-1 releases the GIL on large buffers, so the
 #: pieces of a large array are hashed on every core while the workers wait for their data.
@@ -81,6 +81,20 @@ def content_key(*arrays: Any) -> str:
     return h.hexdigest()
 
 
+def aligned(arrays: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``arrays`` with every numpy array aligned to its item size (a copy where one is not).
+
+    Runs on the worker that received them. An array Dask deserialises from a message can sit at
+    any byte offset of the received buffer: numpy then reads it through its unaligned paths, and
+    gathering an epoch's rows from it (``numpy.take``) took 15 to 30 times as long as from an
+    aligned copy (0.6 to 1.3 s against 0.04 s at 10,000 of 20,000 x 784 float64 rows). The
+    copy is made once per send, not at every epoch's load.
+    """
+    return tuple(
+        np.require(a, requirements="A") if isinstance(a, np.ndarray) else a for a in arrays
+    )
+
+
 class SentSamples:
     """The samples one client sent to each worker, by content key (one generation per worker).
 
@@ -98,7 +112,7 @@ class SentSamples:
         if held is None or held[0] != key or part not in held[1]:
             return None
         future, _ = held[1][part]
-        if future.status != "finished":  # its worker left, or it was released: send it again
+        if future.status not in ("finished", "pending"):  # its worker left, or it was released
             del held[1][part]
             return None
         held[1].move_to_end(part)
