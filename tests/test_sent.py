@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import scipy.sparse
 
-from dask_rpm.engine.sent import content_key, sent_samples
+from dask_rpm.engine.sent import aligned, content_key, sent_samples
 
 # ------------------------------------------------------------------------------ content keys
 
@@ -52,6 +52,20 @@ def test_sparse_inputs_are_keyed_by_their_buffers():
     b.data[0] += 1.0
     assert content_key(b) != content_key(a)
     assert content_key(a) != content_key(a.toarray())
+
+
+def test_aligned_copies_only_an_unaligned_array():
+    """What Dask can hand a worker: an array at an odd offset of a received buffer."""
+    raw = bytearray(8 * 60 + 1)
+    x = np.frombuffer(raw, dtype=np.float64, offset=1).reshape(20, 3)
+    x[...] = np.arange(60.0).reshape(20, 3)
+    d = np.ones((20, 2))
+    assert not x.flags.aligned
+    ax, ad = aligned((x, d))
+    assert ax.flags.aligned and ax.flags.c_contiguous and np.array_equal(ax, x)
+    assert ad is d  # aligned already: not copied
+    csr = scipy.sparse.csr_matrix(d)
+    assert aligned((csr, d))[0] is csr
 
 
 def test_object_arrays_are_refused_with_what_to_do():
