@@ -180,7 +180,11 @@ def larger_than_memory(args: argparse.Namespace, store: str, chunks: tuple[int, 
     ):
         workers0 = set(zc.scheduler_info(n_workers=-1)["workers"])
         for shuffle in [True if v == "true" else v for v in args.shuffles]:
-            mem_shuffle = ChunkOrder(chunks) if shuffle == "chunks" else shuffle
+            mem_shuffle = (
+                ChunkOrder(chunks, stream=shuffle == "stream")
+                if shuffle in ("chunks", "stream")
+                else shuffle
+            )
             for rep in range(args.repeats):
                 order = ("zarr", "memory") if rep % 2 == 0 else ("memory", "zarr")
                 got: dict[str, Any] = {}
@@ -254,9 +258,9 @@ def placement(args: argparse.Namespace) -> dict:
         fast, slow = dask_rpm.ordered_workers(c.scheduler_info(n_workers=-1))
         plan = make_plan(speeds, shape, s, "split-1d", workers=[fast, slow])
         cut = plan.column_samples(1)[0]  # the fast worker's column first: [0, cut)
-        layouts = {
+        layouts = {  # chunk rows and the worker holding each chunk
             "matched": ((cut, s - cut), [fast, slow]),
-            "against": ((s - cut, cut), [slow, fast]),  # 2 : 1 the wrong way
+            "against": ((cut, s - cut), [slow, fast]),  # the slow worker holds 2/3: 2 : 1 wrong
         }
         arms = {"full batch": dict(iterations=args.placement_iterations)}
         arms["mini-batches (chunks)"] = dict(epochs=args.placement_epochs, batch_size=s // 8)
@@ -265,6 +269,7 @@ def placement(args: argparse.Namespace) -> dict:
             kw = dict(hidden=shape[1], learning_rate=1e-6, progress="none", elastic=False)
             kw.update(extra, shuffle=shuffle)
             per: dict[str, list[float]] = {k: [] for k in layouts}
+            parts: dict[str, list[dict[str, float]]] = {k: [] for k in layouts}
             moved: dict[str, int] = {}
             for rep in range(args.repeats + 1):  # the first: warm-up
                 names = list(layouts) if rep % 2 == 0 else list(layouts)[::-1]
@@ -273,14 +278,17 @@ def placement(args: argparse.Namespace) -> dict:
                     with dask.annotate(
                         workers=lambda key, o=owners: [o[key[1]]], allow_other_workers=False
                     ):
-                        xd = da.from_array(x, chunks=(sizes, N_IN)) + 0
-                        dd = da.from_array(d, chunks=(sizes, N_OUT)) + 0
+                        # names of their own: the same names would find the last layout's chunks
+                        tag = f"{name}-{arm}-{rep}".replace(" ", "")
+                        xd = da.from_array(x, chunks=(sizes, N_IN), name=f"x-{tag}") + 0
+                        dd = da.from_array(d, chunks=(sizes, N_OUT), name=f"d-{tag}") + 0
                     xd, dd = c.persist([xd, dd], optimize_graph=False)
                     r = dask_rpm.fit(xd, dd, mapping=plan, client=c, **kw)
                     its = r.history.sizes["iteration"]
                     e = _epoch(r)
                     if rep:
                         per[name].append((e["place"] + e["blocks"]) / its)
+                        parts[name].append(e)
                     moved[name] = int(r.stats["dask"]["bytes_moved"])
                     del xd, dd
             med = {k: float(np.median(v)) for k, v in per.items()}
@@ -292,11 +300,17 @@ def placement(args: argparse.Namespace) -> dict:
                     "gamma": g,
                     "bytes_moved": moved,
                     "per_repeat": per,
+                    "parts": parts,
                 }
             )
             print(
                 f"  [EMULATED] {arm}: matched {med['matched'] * 1e3:.2f} ms/it, against "
-                f"{med['against'] * 1e3:.2f} ms/it, gamma {g:.3f}; moved {moved}",
+                f"{med['against'] * 1e3:.2f} ms/it, gamma {g:.3f}; moved {moved}; place / "
+                + ", ".join(
+                    f"{k} {np.median([p['place'] for p in v]):.2f} s / "
+                    f"{np.median([p['blocks'] for p in v]):.2f} s"
+                    for k, v in parts.items()
+                ),
                 file=sys.stderr,
             )
     return {"label": label, "speeds": speeds, "samples": s, "shape": shape, "arms": out}
@@ -312,7 +326,7 @@ def main() -> None:
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--batch", type=int, default=4096)
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--shuffles", nargs="+", default=["chunks", "true"], help="REAL arms' shuffles")
+    p.add_argument("--shuffles", nargs="+", default=["stream"], help="REAL arms' shuffles")
     p.add_argument("--placement-samples", type=int, default=24000)
     p.add_argument("--placement-hidden", type=int, default=128)
     p.add_argument("--placement-iterations", type=int, default=30)
