@@ -9,10 +9,11 @@ Three measurements, each labelled:
    (``rpm.engine.sample-window``) of its column's rows. The goal: no worker fails (none lost,
    none restarted by its nanny), and the epoch takes at most 1.5x the same epoch from memory
    (numpy arrays: every worker holds the whole training set, on a cluster without a memory
-   limit). Both shuffles: the global one (``shuffle=True``: every window draws from every
-   chunk) and the chunk-local one (``shuffle="chunks"``: the memory arm trains on the same
-   batches through ``shuffle=ChunkOrder(chunks)``). The arms alternate (zarr, memory, memory,
-   zarr, ...); both arms' weights are compared (float64, relative 1e-10).
+   limit). The shuffles of ``--shuffles``: by default the chunk stream (``shuffle="stream"``,
+   made for this: a window reads only the chunks it visits; the memory arm trains on the same
+   batches through ``shuffle=ChunkOrder(chunks, stream=True)``); ``true`` and ``chunks`` read
+   every chunk in every window, from the workers' disks once Dask spilled them. The arms
+   alternate (zarr, memory, memory, zarr, ...); both arms' weights are compared.
 2. **REAL, the client's memory.** During the zarr arm a thread samples the client process's
    resident memory every 5 ms: its peak growth over the value before ``fit`` must stay under
    5 % of the data's bytes (the rows never pass through the client).
@@ -21,14 +22,15 @@ Three measurements, each labelled:
    (the slow worker holds 2/3). The plan follows the speeds either way, so a column fetches
    the rows it lacks from the other worker. gamma = (seconds per iteration, matched) /
    (seconds per iteration, against), goal >= 0.9, for full batch and for mini-batches with
-   the chunk-local shuffle; interleaved repeats, medians. Seconds per iteration count the
-   whole run of ``fit`` (placing the rows included): ``stats["call"]``'s place + blocks over
-   the iterations.
+   the chunk-local shuffle; interleaved repeats, gamma the median of the pairs' ratios.
+   Seconds per iteration count the whole run of ``fit`` (placing the rows included):
+   ``stats["call"]``'s place + blocks over the iterations.
 
 Usage::
 
-    flock -x /tmp/rpm-cpu.lock python benchmarks/dask_data.py                  # ~6 min
-    python benchmarks/dask_data.py --gib 0.1 --memory-limit 100MB --repeats 1  # a quick look
+    python benchmarks/dask_data.py --chunk-mb 4 --window "16 MiB" --hidden 256 --repeats 1
+    python benchmarks/dask_data.py --skip-real --repeats 5           # the EMULATED part alone
+    python benchmarks/dask_data.py --gib 0.3 --memory-limit 1GB --repeats 1 --skip-emulated
 """
 
 from __future__ import annotations
@@ -292,7 +294,8 @@ def placement(args: argparse.Namespace) -> dict:
                     moved[name] = int(r.stats["dask"]["bytes_moved"])
                     del xd, dd
             med = {k: float(np.median(v)) for k, v in per.items()}
-            g = med["matched"] / med["against"]
+            # the median of the interleaved pairs' ratios (the machine's load drifts between pairs)
+            g = float(np.median([m / a for m, a in zip(per["matched"], per["against"])]))
             out.append(
                 {
                     "arm": arm,
