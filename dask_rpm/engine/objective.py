@@ -22,6 +22,7 @@ evaluation runs again: the same value, to rounding.
 from __future__ import annotations
 
 import dataclasses
+import math
 import uuid
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -86,6 +87,7 @@ async def t_evaluate(run: str, spec: BlockSpec, params: list[np.ndarray], keep: 
         for p, q in zip(shard.params, params):
             xb.copyto(p, q)
         shard.finite = all(all_finite(p) for p in shard.params)
+        shard.squares = math.nan  # new weights: the penalty's sum of squares is taken afresh
         state.iteration = spec.first
         with kernel_threads(spec.threads or worker.state.nthreads) as threads:
             res = await run_block(state, spec, inline_work=inline_work)
