@@ -276,6 +276,45 @@ async def _backward(
     return k.ws.grads
 
 
+async def _exchanged(
+    ch: Channel, state: Any, k: _Kernels, it: int, x: np.ndarray, d: np.ndarray, inline: bool
+) -> _Local:
+    """A column of several's iteration up to the update sums: forward to the partial product,
+    the column's sum of the partials with the output deltas and the column error, backward
+    (the step is left to :func:`_modify`, after the horizontal exchange)."""
+    lay = state.layout
+    t_f0, k.spent = time.monotonic(), 0.0
+    partial = await _forward(ch, state, k, it, x, inline)
+    t_f1 = t_f0 + k.spent if k.layered else time.monotonic()
+
+    def finish(u: Any, pen: float) -> tuple[Any, float]:
+        delta2, err = k.ws.output_delta(u, d)
+        return delta2, _with_penalty(lay, err, pen)
+
+    delta2, err, ok = await column_reduce(
+        ch, it, partial, k.ws.u, state.shard.finite, k.penalty(), finish, ch.deadline()
+    )
+    t_b0, k.spent = time.monotonic(), 0.0
+    grads = await _backward(ch, state, k, it, x, delta2, inline)
+    t_b1 = t_b0 + k.spent if k.layered else time.monotonic()
+    return _Local(t_f0, t_f1, t_b0, t_b1, err, ok, grads, False, math.nan, math.nan)
+
+
+async def _modify(
+    state: Any, spec: BlockSpec, k: _Kernels, it: int, summed: Any, loc: _Local, inline: bool
+) -> tuple[float, float]:
+    """The iteration's step on my rows from the summed updates (or, for an evaluation, the
+    summed gradient kept as the result); the clock readings of the modify phase."""
+    if loc.stepped:  # (the step ran with the kernels)
+        return loc.modify_start, loc.modify_end
+    t_m0 = time.monotonic()
+    if spec.step:
+        await state.compute(inline, k.modify, it, summed)
+    else:  # an evaluation (engine.objective): the summed gradient is the result
+        state.gradient = summed
+    return t_m0, time.monotonic()
+
+
 async def run_block(
     state: Any, spec: BlockSpec, log: Any = None, inline_work: float = 2e7
 ) -> BlockResult:
@@ -317,25 +356,11 @@ async def run_block(
             if not data.ready(it):  # a new epoch of mini-batches: this column's rows of it
                 await state.compute(False, data.load, it)  # (off the event loop)
             x, d = data.batch(it)
-            loc = None
             if lone:  # forward to update sums (and the step) in one call: no exchange waits
                 loc = await state.compute(inline, k.local, it, x, d, solo and spec.step)
-                t_f0, t_f1, t_b0, t_b1, err, ok, grads = loc[:7]
             else:
-                t_f0, k.spent = time.monotonic(), 0.0
-                partial = await _forward(ch, state, k, it, x, inline)
-                t_f1 = t_f0 + k.spent if k.layered else time.monotonic()
-
-                def finish(u: Any, pen: float, d: np.ndarray = d) -> tuple[Any, float]:
-                    delta2, err = k.ws.output_delta(u, d)
-                    return delta2, _with_penalty(lay, err, pen)
-
-                delta2, err, ok = await column_reduce(
-                    ch, it, partial, k.ws.u, shard.finite, k.penalty(), finish, ch.deadline()
-                )
-                t_b0, k.spent = time.monotonic(), 0.0
-                grads = await _backward(ch, state, k, it, x, delta2, inline)
-                t_b1 = t_b0 + k.spent if k.layered else time.monotonic()
+                loc = await _exchanged(ch, state, k, it, x, d, inline)
+            t_f0, t_f1, t_b0, t_b1, err, ok, grads = loc[:7]
             summed, col_errors, ok = await row_allreduce(
                 ch, it, grads, sums, err, ok, ch.deadline()
             )
@@ -344,15 +369,7 @@ async def run_block(
                 status = "diverged"
                 break
             errors[it] = total
-            if loc is not None and loc.stepped:  # (the step ran with the kernels)
-                t_m0, t_m1 = loc.modify_start, loc.modify_end
-            else:
-                t_m0 = time.monotonic()
-                if spec.step:
-                    await state.compute(inline, k.modify, it, summed)
-                else:  # an evaluation (engine.objective): the summed gradient is the result
-                    state.gradient = summed
-                t_m1 = time.monotonic()
+            t_m0, t_m1 = await _modify(state, spec, k, it, summed, loc, inline)
             state.iteration = it + 1
             rec = TimingRecord(it, lay.worker, t_f0, t_f1, t_b0, t_b1, t_m0, t_m1)
             records.append(rec)

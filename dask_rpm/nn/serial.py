@@ -80,34 +80,13 @@ def train_arrays(
 
     errors = np.empty(rec.iterations)
     stopped = None
-    order_epoch = -1  # the first mini-batch gathers epoch 0
-    x_e: Any = None  # the epoch's samples in its order (mini-batches)
-    d_e: Any = None
-    # dense numpy samples: each batch's rows gathered into these (no epoch-sized copy, whose
-    # every page faults, and the batch is in the cache for its products, as scikit-learn's)
-    rows = isinstance(x, np.ndarray) and isinstance(d, np.ndarray) and not sched.full_batch
-    if rows:
-        size = min(sched.batch, x.shape[0])
-        x_b, d_b = np.empty((size, *x.shape[1:]), x.dtype), np.empty((size, *d.shape[1:]), d.dtype)
+    batches = _Batches(x, d, sched, be)
     done = 0
     # whether the weights are finite, and their sum W^2 (NaN: not known): each step tells both
     finite, squares = all(all_finite(p) for p in params), math.nan
     mean = bool(rec.alpha) or rec.reduction == "mean"
     for k in range(rec.iterations):
-        if sched.full_batch:
-            xb, db = x, d
-        else:
-            e = sched.epoch(k)
-            if e != order_epoch:  # the epoch's order (and elsewhere its samples, gathered once)
-                order_epoch, order = e, sched.order(e)
-                if not rows:
-                    x_e, d_e = x[be.asarray(order)], d[be.asarray(order)]
-            lo, hi = sched.positions(k)
-            if rows:  # (a permutation's positions: valid indices, no check)
-                xb = np.take(x, order[lo:hi], axis=0, out=x_b[: hi - lo], mode="clip")
-                db = np.take(d, order[lo:hi], axis=0, out=d_b[: hi - lo], mode="clip")
-            else:
-                xb, db = x_e[lo:hi], d_e[lo:hi]
+        xb, db = batches.batch(k)
         u = ws.forward(xb, params)
         delta2, errors[k] = ws.output_delta(u, db)
         if rec.alpha:
@@ -131,20 +110,9 @@ def train_arrays(
             sum_squares=bool(rec.alpha),
         )
         done = k + 1
-        if target_error is not None and errors[k] <= target_error:
-            stopped = f"target error reached at iteration {k}"
+        lr, stopped = _after_step(rec, errors, done, lr, target_error, validator, rules, host)
+        if stopped:
             break
-        if validator is not None and validator.due(done):
-            reason = validator.evaluate(done, host())
-            if reason:
-                stopped = reason
-                break
-        if rules and done % sched.per_epoch == 0:
-            first = done - sched.per_epoch
-            scaled = [errors[k] * rec.error_scale(k) for k in range(first, done)]
-            lr, stopped = _end_epoch(rules, scaled, host(), lr)
-            if stopped:
-                break
     if be.name != "numpy":  # host copies: what the caller gets whatever trained
         params = [xbk.host_copy(p) for p in params]
         state = {k: [xbk.host_copy(a) for a in v] for k, v in state.items()}
@@ -157,6 +125,74 @@ def train_arrays(
         iterations=done,
         recipe=rec,
     )
+
+
+class _Batches:
+    """Each iteration's mini-batch of the prepared samples, in the schedule's order.
+
+    Dense numpy samples: each batch's rows are gathered into two batch-sized buffers (no
+    epoch-sized copy, whose every page faults, and the batch is in the cache for its products,
+    as scikit-learn's); other samples (sparse, another backend): each epoch's samples are
+    gathered once in its order and the batches are slices of those.
+    """
+
+    def __init__(self, x: Any, d: Any, sched: Any, be: Backend) -> None:
+        self.x, self.d, self.sched, self.be = x, d, sched, be
+        self.order_epoch = -1  # the first mini-batch gathers epoch 0
+        self.order: Any = None
+        self.x_e: Any = None  # the epoch's samples in its order (mini-batches)
+        self.d_e: Any = None
+        self.rows = isinstance(x, np.ndarray) and isinstance(d, np.ndarray) and not sched.full_batch
+        if self.rows:
+            size = min(sched.batch, x.shape[0])
+            self.x_b = np.empty((size, *x.shape[1:]), x.dtype)
+            self.d_b = np.empty((size, *d.shape[1:]), d.dtype)
+
+    def batch(self, k: int) -> tuple[Any, Any]:
+        """Iteration ``k``'s samples and targets (full batch: all of them)."""
+        sched, x, d = self.sched, self.x, self.d
+        if sched.full_batch:
+            return x, d
+        e = sched.epoch(k)
+        if e != self.order_epoch:  # the epoch's order (and elsewhere its samples, gathered once)
+            self.order_epoch, self.order = e, sched.order(e)
+            if not self.rows:
+                be = self.be
+                self.x_e, self.d_e = x[be.asarray(self.order)], d[be.asarray(self.order)]
+        lo, hi = sched.positions(k)
+        if self.rows:  # (a permutation's positions: valid indices, no check)
+            order = self.order
+            xb = np.take(x, order[lo:hi], axis=0, out=self.x_b[: hi - lo], mode="clip")
+            db = np.take(d, order[lo:hi], axis=0, out=self.d_b[: hi - lo], mode="clip")
+            return xb, db
+        return self.x_e[lo:hi], self.d_e[lo:hi]
+
+
+def _after_step(
+    rec: Recipe,
+    errors: np.ndarray,
+    done: int,
+    lr: float,
+    target_error: float | None,
+    validator: Validator | None,
+    rules: Sequence[Any],
+    host: Any,
+) -> tuple[float, str | None]:
+    """The checks after step ``done``: the target error, validation where due, the epoch's
+    rules at an epoch's end; the next learning rate, and a reason to stop (None: go on).
+    ``host()`` gives the weights as numpy arrays, taken only where a check reads them."""
+    k = done - 1
+    if target_error is not None and errors[k] <= target_error:
+        return lr, f"target error reached at iteration {k}"
+    if validator is not None and validator.due(done):
+        reason = validator.evaluate(done, host())
+        if reason:
+            return lr, reason
+    per_epoch = rec.schedule.per_epoch
+    if rules and done % per_epoch == 0:
+        scaled = [errors[j] * rec.error_scale(j) for j in range(done - per_epoch, done)]
+        return _end_epoch(rules, scaled, host(), lr)
+    return lr, None
 
 
 def _end_epoch(
