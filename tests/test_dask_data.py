@@ -386,7 +386,10 @@ def test_mini_batches_fetch_their_rows_window_by_window_and_equal_fit_serial(cli
     assert st["window_rows"] == 24 and st["moved"] == []  # nothing whole moves with mini-batches
     loads = sum(f["loads"] for f in st["fetched"].values())
     assert loads > 3 * len(r.plan.planned_workers)  # more than one load an epoch per worker
-    assert st["rows_moved"] > 0 and st["bytes_moved"] == st["rows_moved"] * row
+    # rows_moved counts x's rows from others; bytes_moved x's and d's: a chunk of d that Dask
+    # put on the fetching worker while x's chunk sits elsewhere adds x's bytes alone
+    assert st["rows_moved"] > 0
+    assert st["rows_moved"] * N * 8 <= st["bytes_moved"] <= st["rows_moved"] * row
     # a worker fetches its column's share of an epoch, never the training set
     per_worker = max(f["rows"] for f in st["fetched"].values())
     assert per_worker < 3 * S

@@ -44,7 +44,7 @@ gradients the workers exchange and the validation split as scikit-learn's; ``X``
 CSR / CSC matrix (its rows reach the workers sparse, :mod:`dask_rpm.nn.sparse`), and float32
 ``X`` trains in float32 end to end (kernels, exchanges, ``coefs_``).
 
-Dask's own data, as dask-ml's wrappers take it (:mod:`dask_rpm.estimators._dask`): ``X`` and
+Dask's own data, as dask-ml's wrappers take it (:mod:`dask_rpm.estimators.dask_data`): ``X`` and
 ``y`` may be dask arrays chunked along samples, dask DataFrames / Series, xarray objects backed
 by dask with a ``sample`` dimension, or a zarr store (``fit(store)``: its ``x`` and ``d``). On a
 cluster they stay there - the classes are found and the labels binarized on the workers, the
@@ -90,7 +90,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without scikit-l
 
 from ..nn.chunked import is_chunked
 from ..nn.recipe import forward
-from . import _dask
+from . import dask_data
 from ._base import MLPBase
 from .cnn import CNNClassifier
 from .errors import EstimatorError
@@ -232,7 +232,7 @@ class MLPClassifier(ClassifierMixin, MLPBase):
     def _validate_dask(self, X: Any, y: Any, incremental: bool, reset: bool) -> tuple[Any, Any]:
         """:meth:`_validate_input` of dask ``X`` and labels: the classes found on the workers,
         the labels binarized there (only the classes reach the client)."""
-        X = _dask.features(self, X, reset)
+        X = dask_data.features(self, X, reset)
         if y.ndim == 2 and y.shape[1] == 1:
             y = y[:, 0]
         if y.ndim != 1:
@@ -240,7 +240,7 @@ class MLPClassifier(ClassifierMixin, MLPBase):
                 f"y is a dask array of shape {y.shape}; on a cluster the classifier takes 1-D "
                 f"class labels from dask (multi-label y: compute it, y.compute(), and pass numpy)"
             )
-        found = _dask.unique(self._client(), y)
+        found = dask_data.unique(self._client(), y)
         check_classification_targets(found)  # the type of the labels is the type of their values
         if not hasattr(self, "classes_") or (not self.warm_start and not incremental):
             self._label_binarizer = LabelBinarizer()
@@ -260,7 +260,7 @@ class MLPClassifier(ClassifierMixin, MLPBase):
         if reset:
             kind = self._label_binarizer.y_type_
             self.out_activation_ = "softmax" if kind == "multiclass" else "logistic"
-        return X, _dask.labels(self, y, self._label_binarizer, X.dtype)
+        return X, dask_data.labels(self, y, self._label_binarizer, X.dtype)
 
     def _validation_targets(self, Yv: np.ndarray) -> Any:
         return self._label_binarizer.inverse_transform(Yv)
@@ -288,7 +288,7 @@ class MLPClassifier(ClassifierMixin, MLPBase):
         ``sample`` dimension, or ``y`` left out for a ``Dataset`` / zarr store holding ``x`` and
         ``d``): on a cluster they stay there, the classes found and the labels binarized on the
         workers; without one they are computed first."""
-        X, y = _dask.inputs(self._client(), X, y)
+        X, y = dask_data.inputs(self._client(), X, y)
         return self._fit(X, y, incremental=False, sample_weight=sample_weight)
 
     @available_if(MLPBase._check_solver)
@@ -298,10 +298,10 @@ class MLPClassifier(ClassifierMixin, MLPBase):
     ) -> MLPClassifier:
         """One epoch over ``X, y`` (``classes``: every label, needed on the first call, the
         same on every later one; multi-label ``y`` gives its own)."""
-        X, y = _dask.inputs(self._client(), X, y)
+        X, y = dask_data.inputs(self._client(), X, y)
         if _check_partial_fit_first_call(self, classes):
             self._label_binarizer = LabelBinarizer()
-            if not _dask.is_lazy(y) and type_of_target(y).startswith("multilabel"):
+            if not dask_data.is_lazy(y) and type_of_target(y).startswith("multilabel"):
                 self._label_binarizer.fit(y)
             else:
                 self._label_binarizer.fit(classes)
@@ -335,8 +335,8 @@ class MLPClassifier(ClassifierMixin, MLPBase):
     def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:
         """scikit-learn's mean accuracy of :meth:`predict` on ``X`` against ``y``; for Dask's
         data computed by reductions on the workers."""
-        if is_chunked(X, y) or _dask.is_lazy(sample_weight):
-            return _dask.score(self, X, y, sample_weight, "accuracy")
+        if is_chunked(X, y) or dask_data.is_lazy(sample_weight):
+            return dask_data.score(self, X, y, sample_weight, "accuracy")
         return float(super().score(X, y, sample_weight=sample_weight))
 
 
@@ -426,7 +426,7 @@ class MLPRegressor(RegressorMixin, MLPBase):
 
     def _validate_dask(self, X: Any, y: Any, incremental: bool, reset: bool) -> tuple[Any, Any]:
         """:meth:`_validate_input` of dask ``X`` and ``y`` (numbers; columns in ``X``'s dtype)."""
-        X = _dask.features(self, X, reset)
+        X = dask_data.features(self, X, reset)
         if y.dtype.kind not in "biuf":
             raise EstimatorError(
                 f"y has dtype {y.dtype}; a regressor's targets must be numbers: convert them "
@@ -457,14 +457,14 @@ class MLPRegressor(RegressorMixin, MLPBase):
         """Fit the model to ``X (s, n)`` (an array, or a CSR / CSC matrix) and targets ``y (s,)``
         or ``(s, outputs)`` (one weight per sample in ``sample_weight``, or None: 1 each);
         returns self. ``X`` and ``y`` may be Dask's, as :meth:`MLPClassifier.fit` says."""
-        X, y = _dask.inputs(self._client(), X, y)
+        X, y = dask_data.inputs(self._client(), X, y)
         return self._fit(X, y, incremental=False, sample_weight=sample_weight)
 
     @available_if(MLPBase._check_solver)
     @_fit_context(prefer_skip_nested_validation=True)
     def partial_fit(self, X: Any, y: Any, sample_weight: Any = None) -> MLPRegressor:
         """One epoch over ``X, y``."""
-        X, y = _dask.inputs(self._client(), X, y)
+        X, y = dask_data.inputs(self._client(), X, y)
         return self._fit(X, y, incremental=True, sample_weight=sample_weight)
 
     def predict(self, X: Any) -> Any:
@@ -479,6 +479,6 @@ class MLPRegressor(RegressorMixin, MLPBase):
     def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:
         """scikit-learn's coefficient of determination R^2 of :meth:`predict` on ``X`` against
         ``y``; for Dask's data computed by reductions on the workers."""
-        if is_chunked(X, y) or _dask.is_lazy(sample_weight):
-            return _dask.score(self, X, y, sample_weight, "r2")
+        if is_chunked(X, y) or dask_data.is_lazy(sample_weight):
+            return dask_data.score(self, X, y, sample_weight, "r2")
         return float(super().score(X, y, sample_weight=sample_weight))

@@ -43,7 +43,7 @@ from ..nn.recipe import forward
 from ..nn.serial import train_arrays
 from ..plan.partition import Plan
 from ..progress import MODES
-from . import _dask, lbfgs
+from . import dask_data, lbfgs
 from .errors import EstimatorError
 
 __all__ = ["MLPBase", "ClusterEstimator", "CLUSTER_CONSTRAINTS"]
@@ -126,9 +126,9 @@ class ClusterEstimator(BaseEstimator):
     def _lazy(self, method: str, X: Any) -> Any:
         """``method`` (``predict``, ``predict_proba``, ...) of Dask's ``X`` (a dask array, xarray
         with a ``sample`` dimension, a zarr store's ``x``) as a dask array computed on the
-        workers, one task per chunk (:func:`dask_rpm.estimators._dask.lazy`)."""
+        workers, one task per chunk (:func:`dask_rpm.estimators.dask_data.lazy`)."""
         check_is_fitted(self)
-        return _dask.lazy(self, method, X)
+        return dask_data.lazy(self, method, X)
 
     def __sklearn_clone__(self) -> Any:
         # a client is shared by the clones (GridSearchCV's), not deep-copied: it holds sockets
@@ -213,9 +213,11 @@ class MLPBase(ClusterEstimator):
                 f"goes on with the fitted network's hidden layers {fitted!r}: fit it anew "
                 f"(warm_start=False) to train other sizes"
             )
-        if _dask.is_lazy(sample_weight) and not _dask.is_lazy(X):  # serial: computed with X
-            (sample_weight,) = _dask.compute(None, sample_weight)
-        if _dask.is_lazy(X):  # Dask's data on a cluster (the public methods computed them without)
+        if dask_data.is_lazy(sample_weight) and not dask_data.is_lazy(X):  # serial: computed with X
+            (sample_weight,) = dask_data.compute(None, sample_weight)
+        if dask_data.is_lazy(
+            X
+        ):  # Dask's data on a cluster (the public methods computed them without)
             if sample_weight is not None:
                 raise EstimatorError(
                     "sample_weight with dask X on a cluster is not supported yet; compute X, y and "
@@ -347,8 +349,8 @@ class MLPBase(ClusterEstimator):
         if not self.early_stopping:
             return X, Y, sw, None
         single = is_classifier(self) and Y.shape[1] == 1
-        if _dask.is_lazy(X):  # the same rows by index: the training rows stay on the cluster
-            Xt, Yt, Xv, Yv = _dask.split(
+        if dask_data.is_lazy(X):  # the same rows by index: the training rows stay on the cluster
+            Xt, Yt, Xv, Yv = dask_data.split(
                 self._client(), X, Y, rs, self.validation_fraction, stratify=single
             )
             if Xv.shape[0] < 2:

@@ -51,7 +51,7 @@ from ..nn.chunked import is_chunked
 from ..nn.cnn_records import conv_layers
 from ..nn.convergence import ConvergenceRule
 from ..nn.options import TrainingOptions
-from . import _dask
+from . import dask_data
 from ._base import CLUSTER_CONSTRAINTS, SOLVER_CONSTRAINTS, ClusterEstimator
 from .errors import EstimatorError
 
@@ -303,7 +303,7 @@ class CNNClassifier(ClassifierMixin, ClusterEstimator):
         xarray with a ``sample`` dimension) are computed first: a CNN's images are sent to the
         workers from the client."""
         if is_chunked(X, y):
-            X, y = _dask.images(self._client(), X, y)
+            X, y = dask_data.images(self._client(), X, y)
         first = not (self.warm_start and hasattr(self, "model_"))
         X = self._images(X, reset=first)
         Y = self._targets(y, X.shape[0], reset=first)
@@ -483,8 +483,8 @@ class CNNClassifier(ClassifierMixin, ClusterEstimator):
     def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:
         """scikit-learn's mean accuracy of :meth:`predict`; for Dask's images computed by
         reductions on the workers."""
-        if is_chunked(X, y) or _dask.is_lazy(sample_weight):
-            return _dask.score(self, X, y, sample_weight, "accuracy")
+        if is_chunked(X, y) or dask_data.is_lazy(sample_weight):
+            return dask_data.score(self, X, y, sample_weight, "accuracy")
         return float(super().score(X, y, sample_weight=sample_weight))
 
     def to_torch(self, *, output_layer: bool = True) -> Any:

@@ -1,5 +1,5 @@
 """The estimators' error for data they cannot train on (its own module: :mod:`._base` and
-:mod:`._dask` both raise it)."""
+:mod:`.dask_data` both raise it)."""
 
 from __future__ import annotations
 

@@ -18,13 +18,16 @@ is given for data left on the cluster: their shape and classes, without the rows
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from .batches import ChunkOrder
 from .data import DataError
+from .recipe import holdout
 
 __all__ = [
     "ChunkedPair",
@@ -335,8 +338,6 @@ def chunk_order(chunks: Any, rows: np.ndarray | None = None, stream: bool = Fals
     chunk's training samples are then consecutive, so the training chunks are their counts
     (a chunk left without any is dropped).
     """
-    from .batches import ChunkOrder
-
     sizes = np.asarray([int(c) for c in chunks], dtype=np.int64)
     if rows is not None:
         bounds = np.concatenate([[0], np.cumsum(sizes)])
@@ -350,10 +351,6 @@ def serial_inputs(x: Any, d: Any, options: Any) -> tuple[np.ndarray, np.ndarray,
     ``shuffle="chunks"`` / ``"stream"`` made the chunk-local shuffle / chunk stream over the
     data's chunks, as ``fit`` on
     the cluster does."""
-    import dataclasses
-
-    from .recipe import holdout
-
     pair = as_chunked(x, d)
     xv, dv = computed(pair.x, pair.d)
     o = options.resolved()
