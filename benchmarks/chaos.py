@@ -345,8 +345,11 @@ class LocalInjector(Injector):
         ]
         for name in closed:
             self.cluster.workers.pop(name, None)
-        if closed:
-            self.nannies_replaced += len(closed)
+        # (a closed nanny may also be gone from cluster.workers already: the spec's names
+        # without a nanny are started again by the same call)
+        missing = set(self.cluster.worker_spec) - set(self.cluster.workers)
+        if missing:
+            self.nannies_replaced += len(missing)
             self.cluster.scale(len(self.cluster.worker_spec))  # starts the spec's missing workers
 
     def _pool(self, alive: dict[str, Any]) -> list[str]:
