@@ -20,7 +20,6 @@ import numpy as np
 
 from .._distributed import FIRST_COMPLETED, wait_async
 from ..drpm.remap import migration, sample_changes, stage_pieces
-from ..nn import sparse
 from ..nn.cnn import ConvLayers
 from ..nn.data import DataError
 from ..nn.layers import Layers
@@ -29,14 +28,14 @@ from ..plan.partition import Plan
 from ..records import RemapRecord, remap_record
 from . import store
 from .buddies import BuddyBook
+from .buddy_fields import copy_fields
 from .calls import run_each
 from .checkpoint import StoredCheckpoint
 from .errors import TrainingError, WorkerLostError
 from .layout import exchanges_summary, layouts
 from .options import EngineSettings
 from .records import BlockResult, BlockSpec, Checkpoint, RunSpec
-from .samples import SampleSource
-from .sent import aligned, content_key, sent_samples
+from .sending import SampleSender
 from .tasks import (
     run_abort,
     run_clear,
@@ -124,14 +123,8 @@ class Driver:
         self.recipe = spec.recipe
         self.eps = spec.recipe.learning_rate
         self.dtype = spec.dtype
-        # what this client already sent each worker (engine.sent): a next fit of the same arrays
-        # reuses it; the content key of ``arrays`` is computed at the first send
-        self.sent = sent_samples(client)
-        if plan.workers is not None:  # the cluster's workers now: copies of those gone are freed
-            self.sent.keep_only(plan.workers)
-        self._content: str | None = None
-        self.sample_bytes = 0  # samples scattered to workers in this run
-        self.samples_reused = 0  # sample copies a worker already held from an earlier fit
+        # each worker's samples, and what this client already sent (engine.sending)
+        self.sender = SampleSender(client, plan.workers)
         self.addresses: list[str] = list(plan.workers or ())
         self.gone: set[int] = set()
         self.log = TimingLog()
@@ -168,40 +161,6 @@ class Driver:
         )
         self.exchanges = exchanges_summary(lays)
         return lays
-
-    async def _samples(self, plan: Plan, w: int) -> tuple[SampleSource, Any]:
-        """Worker ``w``'s :class:`~.samples.SampleSource` and what is sent for it: nothing (a file), its
-        column's rows (full batch) or every row (mini-batches); Dask chunks: :mod:`.dask_data`."""
-        if isinstance(self.source, str):
-            return SampleSource("file", path=self.source, rows=self.rows), None
-        if self.source is not None:  # chunks on the cluster: a task on w cuts its rows from them
-            return await self.source.samples(self, plan, w)
-        x, d = self.arrays  # type: ignore[misc]
-        if self._content is None:  # hashed off the event loop: SHA-1 releases the GIL
-            self._content = await asyncio.to_thread(content_key, x, d)
-        # One key per worker, not one broadcast key: the scheduler's active memory manager
-        # (ReduceReplicas, on by default) drops the extra replicas of a broadcast key within
-        # seconds, and losing the worker left holding it would lose the training set for
-        # every recovery.
-        if not self.recipe.schedule.full_batch:
-            part: Any = "all"
-            kind, rows, obj = "arrays", int(x.shape[0]), (x, d)
-        else:
-            part = s0, s1 = plan.rectangle(w).samples
-            kind, rows, obj = "slice", s1 - s0, (x[s0:s1], d[s0:s1])
-        addr = self.addresses[w]
-        copy = self.sent.get(addr, self._content, part)
-        if copy is not None:
-            self.samples_reused += 1
-            return SampleSource(kind), copy
-        sent = await self._scatter_to(obj, w)
-        # the worker's copy, aligned (engine.sent.aligned): the scattered one is freed with `sent`
-        copy = self.client.submit(
-            aligned, sent, key=self._key("samples", self.version, w), workers=[addr], pure=False
-        )
-        self.sent.put(addr, self._content, part, copy, rows, limit=int(x.shape[0]))
-        self.sample_bytes += sparse.nbytes(obj[0]) + int(obj[1].nbytes)
-        return SampleSource(kind), copy
 
     async def _scatter_to(self, obj: Any, w: int) -> Any:
         """Scatter ``obj`` to worker ``w``; a worker that left meanwhile raises :class:`WorkerLostError`.
@@ -242,7 +201,7 @@ class Driver:
                     a.nbytes for v in shard["state"].values() for a in v
                 )
                 weights = await self._scatter_to(shard, w)
-            samples, data = await self._samples(plan, w)
+            samples, data = await self.sender.samples(self, plan, w)
             futures.append(
                 self._submit(
                     t_setup,
@@ -298,7 +257,7 @@ class Driver:
             threads=self.threads,
         )
         if self.book is not None:
-            spec = spec._replace(**await self._copy_fields(self.book))
+            spec = spec._replace(**await copy_fields(self, self.book))
         self.epoch += 1
         futures = {
             w: self._submit(
@@ -308,22 +267,6 @@ class Driver:
         }
         results = await self._watch_block(futures, spec)
         return await self._conclude(spec, results)
-
-    async def _copy_fields(self, book: BuddyBook) -> dict[str, Any]:
-        """The block's buddy-copy fields: ``R``, each worker's buddy, what the workers may drop."""
-        if book.version != self.version:
-            info = await self.client.scheduler.identity(n_workers=-1)
-            hosts = {a: w.get("host", a) for a, w in info["workers"].items()}
-            planned = self._planned_addresses()
-            spare = [
-                a
-                for i, a in enumerate(self.addresses)
-                if i not in self.gone and a not in planned and a in hosts
-            ]
-            book.assign(planned, hosts, self.version, spare)
-        t = self.log.median_iteration_time(max(self.iteration - 20, 0), self.iteration)
-        every, buddies, keep = book.block(self.addresses, t)  # (t: NaN before the first block)
-        return {"copy_every": every, "buddies": buddies, "keep_from": keep}
 
     async def _watch_block(
         self, futures: dict[int, Any], spec: BlockSpec
@@ -581,7 +524,9 @@ class Driver:
         futures = []
         for w, lay in lays.items():
             pieces = stage_pieces(old, new, w, transfers, self.addresses, lost)
-            samples, data = await self._samples(new, w) if w in changed else (None, None)
+            samples, data = (
+                await self.sender.samples(self, new, w) if w in changed else (None, None)
+            )
             futures.append(
                 self._submit(
                     t_stage,

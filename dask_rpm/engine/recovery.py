@@ -203,7 +203,9 @@ async def restore(driver: Driver, new: Plan, point: Restore) -> RemapRecord:
     for w, lay in driver._layouts(new).items():
         pieces = pieces_for(point, lay.rows, driver.addresses[w])
         remote += sum(1 for p in pieces if p[2] != driver.addresses[w])
-        samples, data = await driver._samples(new, w) if w in changed else (None, None)
+        samples, data = (
+            await driver.sender.samples(driver, new, w) if w in changed else (None, None)
+        )
         futures.append(
             driver._submit(
                 t_restore,

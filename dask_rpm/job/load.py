@@ -1,9 +1,9 @@
 """Reading and checking a job file: :func:`load_job` and :func:`check_paths`.
 
 Everything is checked before any worker starts, in the order a reader of
-the file would: the file itself, the data, how long to train, the learning
-settings, where results go, checkpoints, the run options, ``config:`` and
-the workers.
+the file would: the file itself, the data (:mod:`dask_rpm.job.data`), how
+long to train, the learning settings, where results go, checkpoints, the
+run options, ``config:`` and the workers.
 """
 
 from __future__ import annotations
@@ -15,19 +15,17 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import numpy as np
 import yaml
 
 from .. import config as rpm_config
 from .._files import TargetError, check_target, unwritable_reason
 from ..engine.options import RunOptions
-from ..nn.chunked import zarr_path, zarr_variables
 from ..nn.cnn import NetworkSpecError
 from ..nn.cnn_records import conv_layers
-from ..nn.data import DataError, data_shape, image_shape
 from ..nn.options import TrainingOptions
 from ..nn.recipe import RecipeError, recipe
 from ..planners import describe_names, mapping_names
+from .data import data_source, image_file_shape, netcdf_shape, zarr_shape
 from .spec import (
     KEYS,
     OVERWRITE_HINT,
@@ -135,97 +133,6 @@ def _relative_to(path: str) -> Callable[[Any, str], str]:
     return rel
 
 
-def _data(raw: Mapping[str, Any], data: str) -> tuple[int, int, int]:
-    """``(samples, inputs, outputs)`` of the data file."""
-    try:
-        return data_shape(data)
-    except DataError as e:
-        raise JobError(f"job file: data: {e}") from None
-    except (OSError, ValueError) as e:
-        raise JobError(
-            f"job file: data={raw['data']!r} cannot be read as netCDF ({e}); give a netCDF file "
-            f"with x(sample, input) and d(sample, output)"
-        ) from None
-
-
-#: The keys of ``data:`` given as a mapping (a zarr store and its variables).
-_ZARR_KEYS = ("zarr", "x", "d")
-
-
-def _source(
-    raw: Mapping[str, Any], rel: Callable[[Any, str], str]
-) -> tuple[str, tuple[str, str] | None]:
-    """``(path of the data, (x, d) variable names of a zarr store or None for netCDF)``:
-    ``data: FILE.nc``, ``data: STORE.zarr`` or ``data: {zarr: PATH, x: VAR, d: VAR}``."""
-    spec = raw["data"]
-    if not isinstance(spec, Mapping):
-        path = rel(spec, "data")
-        return path, (("x", "d") if zarr_path(path) else None)
-    unknown(spec, _ZARR_KEYS, "data")
-    if "zarr" not in spec:
-        raise bad(
-            "data",
-            dict(spec),
-            "a mapping names a zarr store: zarr: PATH, with optional x: and d: variables",
-            "Write e.g. data: {zarr: train.zarr, x: x, d: d}, or data: FILE.nc for netCDF.",
-        )
-    path = rel(spec["zarr"], "data.zarr")
-    names = []
-    for key in ("x", "d"):
-        v = spec.get(key, key)
-        if not isinstance(v, str) or not v.strip():
-            raise bad(
-                f"data.{key}",
-                v,
-                "expected the name of a variable of the store",
-                f"Write e.g. {key}: {key}.",
-            )
-        names.append(v)
-    return path, (names[0], names[1])
-
-
-def _zarr_data(raw: Mapping[str, Any], path: str, names: tuple[str, str]) -> tuple[int, int, int]:
-    """``(samples, inputs, outputs)`` of a zarr store's variables (1-D class labels: their
-    classes, found by reading the labels alone)."""
-    if "network" in raw:
-        raise JobError(
-            "job file: network: (a CNN) with data in a zarr store; a CNN's images are read from "
-            "a netCDF file (data: images.nc), a zarr store trains an MLP (hidden:)"
-        )
-    try:
-        x, d = zarr_variables(path, *names)
-    except DataError as e:
-        raise JobError(f"job file: data: {e}") from None
-    if x.ndim != 2 or d.ndim not in (1, 2):
-        raise JobError(
-            f"job file: data: the zarr store {path!r} has {names[0]}{x.dims} and "
-            f"{names[1]}{d.dims}; an MLP trains on x(sample, input) and d(sample, output) or 1-D "
-            f"class labels d(sample)"
-        )
-    if x.sizes["sample"] != d.sizes["sample"]:
-        raise JobError(
-            f"job file: data: in the zarr store {path!r} {names[0]} has {x.sizes['sample']} "
-            f"samples and {names[1]} {d.sizes['sample']}; they must have the same samples"
-        )
-    x = x.transpose("sample", ...)
-    if d.ndim == 2:
-        return int(x.shape[0]), int(x.shape[1]), int(d.transpose("sample", ...).shape[1])
-    return int(x.shape[0]), int(x.shape[1]), int(np.unique(d.values).size)
-
-
-def _images(raw: Mapping[str, Any], data: str) -> tuple[int, tuple[int, int, int], int]:
-    """``(samples, (channels, height, width), outputs)`` of a CNN's data file."""
-    try:
-        return image_shape(data)
-    except DataError as e:
-        raise JobError(f"job file: data: {e}") from None
-    except (OSError, ValueError) as e:
-        raise JobError(
-            f"job file: data={raw['data']!r} cannot be read as netCDF ({e}); give a netCDF file "
-            f"with x(sample, channel, height, width) and d(sample, output)"
-        ) from None
-
-
 #: Keys that describe an MLP's layers; a CNN's ``network:`` says them per layer.
 _MLP_KEYS = ("hidden", "activation", "bias")
 
@@ -236,7 +143,7 @@ def _network(
     """``(shape of the data, a CNN's ConvLayers or None, its layer records or None)``: a job
     with ``network:`` trains a CNN on the images of its data file, one with ``hidden:`` an MLP."""
     if "network" not in raw:
-        return _data(raw, data), None, None
+        return netcdf_shape(raw, data), None, None
     given = [k for k in _MLP_KEYS if k in raw]
     if given:
         both = ", ".join(f"{k}={raw[k]!r}" for k in given)
@@ -254,7 +161,7 @@ def _network(
             "Write e.g. network: [{conv: 6, kernel: 5}, relu, {maxpool: 2}, flatten, "
             "{linear: 10}].",
         )
-    s, image, l = _images(raw, data)
+    s, image, l = image_file_shape(raw, data)
     try:
         layers = conv_layers(spec, image, l)
     except NetworkSpecError as e:
@@ -531,9 +438,9 @@ def load_job(path: str | os.PathLike[str], *, overwrite: bool = False) -> Job:
     path = os.fspath(path)
     text, raw = _read(path)
     rel = _relative_to(path)
-    data, data_vars = _source(raw, rel)
+    data, data_vars = data_source(raw, rel)
     if data_vars is not None:
-        shape, conv, network = _zarr_data(raw, data, data_vars), None, None
+        shape, conv, network = zarr_shape(raw, data, data_vars), None, None
     else:
         shape, conv, network = _network(raw, data)
     settings = _train_settings(raw)

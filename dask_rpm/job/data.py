@@ -1,0 +1,110 @@
+"""The ``data:`` section of a job file: where the samples are and the shape they have.
+
+A netCDF file (an MLP's ``x(sample, input)`` and ``d(sample, output)``, or a CNN's images
+``x(sample, channel, height, width)``) or a zarr store and its two variables; each is read
+far enough to know its shape, so a job with bad data is refused before any worker starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from ..nn.chunked import zarr_path, zarr_variables
+from ..nn.data import DataError, data_shape, image_shape
+from .spec import JobError, bad, unknown
+
+__all__ = ["data_source", "image_file_shape", "netcdf_shape", "zarr_shape"]
+
+
+def netcdf_shape(raw: Mapping[str, Any], data: str) -> tuple[int, int, int]:
+    """``(samples, inputs, outputs)`` of the data file."""
+    try:
+        return data_shape(data)
+    except DataError as e:
+        raise JobError(f"job file: data: {e}") from None
+    except (OSError, ValueError) as e:
+        raise JobError(
+            f"job file: data={raw['data']!r} cannot be read as netCDF ({e}); give a netCDF file "
+            f"with x(sample, input) and d(sample, output)"
+        ) from None
+
+
+#: The keys of ``data:`` given as a mapping (a zarr store and its variables).
+_ZARR_KEYS = ("zarr", "x", "d")
+
+
+def data_source(
+    raw: Mapping[str, Any], rel: Callable[[Any, str], str]
+) -> tuple[str, tuple[str, str] | None]:
+    """``(path of the data, (x, d) variable names of a zarr store or None for netCDF)``:
+    ``data: FILE.nc``, ``data: STORE.zarr`` or ``data: {zarr: PATH, x: VAR, d: VAR}``."""
+    spec = raw["data"]
+    if not isinstance(spec, Mapping):
+        path = rel(spec, "data")
+        return path, (("x", "d") if zarr_path(path) else None)
+    unknown(spec, _ZARR_KEYS, "data")
+    if "zarr" not in spec:
+        raise bad(
+            "data",
+            dict(spec),
+            "a mapping names a zarr store: zarr: PATH, with optional x: and d: variables",
+            "Write e.g. data: {zarr: train.zarr, x: x, d: d}, or data: FILE.nc for netCDF.",
+        )
+    path = rel(spec["zarr"], "data.zarr")
+    names = []
+    for key in ("x", "d"):
+        v = spec.get(key, key)
+        if not isinstance(v, str) or not v.strip():
+            raise bad(
+                f"data.{key}",
+                v,
+                "expected the name of a variable of the store",
+                f"Write e.g. {key}: {key}.",
+            )
+        names.append(v)
+    return path, (names[0], names[1])
+
+
+def zarr_shape(raw: Mapping[str, Any], path: str, names: tuple[str, str]) -> tuple[int, int, int]:
+    """``(samples, inputs, outputs)`` of a zarr store's variables (1-D class labels: their
+    classes, found by reading the labels alone)."""
+    if "network" in raw:
+        raise JobError(
+            "job file: network: (a CNN) with data in a zarr store; a CNN's images are read from "
+            "a netCDF file (data: images.nc), a zarr store trains an MLP (hidden:)"
+        )
+    try:
+        x, d = zarr_variables(path, *names)
+    except DataError as e:
+        raise JobError(f"job file: data: {e}") from None
+    if x.ndim != 2 or d.ndim not in (1, 2):
+        raise JobError(
+            f"job file: data: the zarr store {path!r} has {names[0]}{x.dims} and "
+            f"{names[1]}{d.dims}; an MLP trains on x(sample, input) and d(sample, output) or 1-D "
+            f"class labels d(sample)"
+        )
+    if x.sizes["sample"] != d.sizes["sample"]:
+        raise JobError(
+            f"job file: data: in the zarr store {path!r} {names[0]} has {x.sizes['sample']} "
+            f"samples and {names[1]} {d.sizes['sample']}; they must have the same samples"
+        )
+    x = x.transpose("sample", ...)
+    if d.ndim == 2:
+        return int(x.shape[0]), int(x.shape[1]), int(d.transpose("sample", ...).shape[1])
+    return int(x.shape[0]), int(x.shape[1]), int(np.unique(d.values).size)
+
+
+def image_file_shape(raw: Mapping[str, Any], data: str) -> tuple[int, tuple[int, int, int], int]:
+    """``(samples, (channels, height, width), outputs)`` of a CNN's data file."""
+    try:
+        return image_shape(data)
+    except DataError as e:
+        raise JobError(f"job file: data: {e}") from None
+    except (OSError, ValueError) as e:
+        raise JobError(
+            f"job file: data={raw['data']!r} cannot be read as netCDF ({e}); give a netCDF file "
+            f"with x(sample, channel, height, width) and d(sample, output)"
+        ) from None
