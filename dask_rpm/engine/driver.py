@@ -463,7 +463,11 @@ class Driver:
         while True:
             done, _ = await asyncio.wait({task}, timeout=0.5)
             if done:
-                return task.result()
+                try:
+                    return task.result()
+                except Exception:  # the scheduler forgot a finished task whose worker just died
+                    await self._raise_lost(self.iteration, grace=2.0)
+                    raise
             lost = await self._lost()
             if lost:
                 task.cancel()
