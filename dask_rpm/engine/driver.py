@@ -453,8 +453,7 @@ class Driver:
         """A finished task's result; :class:`WorkerLostError` if a planned worker leaves meanwhile.
 
         Fetching a result whose holder has just died would wait for a recomputation that
-        can never happen (the task is pinned to that worker), so the fetch is watched.
-        """
+        can never happen (the task is pinned to that worker), so the fetch is watched."""
 
         async def fetch() -> Any:
             return await future
