@@ -8,7 +8,7 @@ copy of each sender; the sender keeps its own copies from the driver's ``keep_fr
 a worker is lost, its rows of iteration ``k`` are at its buddy, every survivor's rows of ``k``
 are in its own copy, so training goes back to ``k`` and goes on without a restart
 (:func:`restore_point`). The worker's side is :mod:`dask_rpm.engine.copies`; the driver's
-plumbing is in :mod:`dask_rpm.engine.driver` and :mod:`dask_rpm.engine.recovery`.
+plumbing is in :mod:`dask_rpm.engine.buddy_fields` and :mod:`dask_rpm.engine.recovery`.
 
 Everything here is pure (no ``distributed``): the decisions are tested without a cluster.
 """
