@@ -75,7 +75,10 @@ def one_run(client: Any, x: np.ndarray, y: np.ndarray, buddies: bool, a: Any) ->
         "sends_skipped": b.get("sends_skipped"),
         "copy_seconds": b.get("copy_seconds"),
         "copy_memory": b.get("memory"),
-        "shard_memory": r.stats["memory"],
+        # stats["memory"] counts the copies with the shard: the shard alone
+        "shard_memory": {
+            a: v - (b.get("memory") or {}).get(a, 0) for a, v in r.stats["memory"].items()
+        },
     }
 
 

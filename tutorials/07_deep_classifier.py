@@ -66,7 +66,9 @@ def show_rectangles(result: dask_rpm.FitResult) -> None:
     """Each worker's rectangle, its rows of every hidden layer and the bytes it holds."""
     plan = result.plan
     layers = layers_of(_shape(result))
-    memory = result.stats["memory"]
+    # stats["memory"] counts each worker's buddy copies too; the shard alone is the rectangle's
+    copies = result.stats["buddies"].get("memory", {})
+    memory = {a: held - copies.get(a, 0) for a, held in result.stats["memory"].items()}
     print(f"plan: {plan!r}")
     print(f"  network {'-'.join(map(str, layers.shape))} (with the bias input and bias units)")
     for c, col in enumerate(plan.columns):

@@ -113,7 +113,9 @@ def largest_difference(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> floa
 def show_plan(result: dask_rpm.FitResult) -> None:
     """Each worker's column, samples, channels of every stage, and the bytes it holds."""
     plan, layers = result.plan, result.recipe.layers
-    memory = result.stats["memory"]
+    # stats["memory"] counts each worker's buddy copies too; the shard alone is the rectangle's
+    copies = result.stats["buddies"].get("memory", {})
+    memory = {a: held - copies.get(a, 0) for a, held in result.stats["memory"].items()}
     print(f"plan for mini-batches of {BATCH}: {plan!r}")
     print(
         f"  the plan cuts {layers.m} rows (the narrowest stage); stage k's cut at row x is "
