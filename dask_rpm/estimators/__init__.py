@@ -64,7 +64,7 @@ Needs scikit-learn (the optional extra ``sklearn``).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -207,12 +207,21 @@ class MLPClassifier(ClassifierMixin, MLPBase):
         if y.ndim == 2 and y.shape[1] == 1:
             y = column_or_1d(y, warn=True)
         check_classification_targets(y)
+        self._fit_classes(y, lambda: unique_labels(y), incremental, reset)
+        return X, self._label_binarizer.transform(y).astype(X.dtype)
+
+    def _fit_classes(
+        self, fit_on: Any, seen: Callable[[], Any], incremental: bool, reset: bool
+    ) -> None:
+        """A new fit's label binarizer, fitted on ``fit_on``; or, for a warm start or a
+        ``partial_fit``, the check that ``seen()``, this call's classes, fits the classes seen
+        before. With ``reset`` the output activation the binarized targets call for."""
         if not hasattr(self, "classes_") or (not self.warm_start and not incremental):
             self._label_binarizer = LabelBinarizer()
-            self._label_binarizer.fit(y)
+            self._label_binarizer.fit(fit_on)
             self.classes_ = self._label_binarizer.classes_
         else:
-            classes = unique_labels(y)
+            classes = seen()
             if self.warm_start:
                 if set(classes) != set(self.classes_):
                     raise EstimatorError(
@@ -227,7 +236,6 @@ class MLPClassifier(ClassifierMixin, MLPBase):
         if reset:
             kind = self._label_binarizer.y_type_
             self.out_activation_ = "softmax" if kind == "multiclass" else "logistic"
-        return X, self._label_binarizer.transform(y).astype(X.dtype)
 
     def _validate_dask(self, X: Any, y: Any, incremental: bool, reset: bool) -> tuple[Any, Any]:
         """:meth:`_validate_input` of dask ``X`` and labels: the classes found on the workers,
@@ -242,24 +250,7 @@ class MLPClassifier(ClassifierMixin, MLPBase):
             )
         found = dask_data.unique(self._client(), y)
         check_classification_targets(found)  # the type of the labels is the type of their values
-        if not hasattr(self, "classes_") or (not self.warm_start and not incremental):
-            self._label_binarizer = LabelBinarizer()
-            self._label_binarizer.fit(found)
-            self.classes_ = self._label_binarizer.classes_
-        elif self.warm_start:
-            if set(found) != set(self.classes_):
-                raise EstimatorError(
-                    "warm_start can only be used where `y` has the same classes as in the "
-                    f"previous call to fit. Previously got {self.classes_}, `y` has {found}"
-                )
-        elif len(np.setdiff1d(found, self.classes_, assume_unique=True)):
-            raise EstimatorError(
-                f"`y` has classes not in `self.classes_`. `self.classes_` has "
-                f"{self.classes_}. 'y' has {found}."
-            )
-        if reset:
-            kind = self._label_binarizer.y_type_
-            self.out_activation_ = "softmax" if kind == "multiclass" else "logistic"
+        self._fit_classes(found, lambda: found, incremental, reset)
         return X, dask_data.labels(self, y, self._label_binarizer, X.dtype)
 
     def _validation_targets(self, Yv: np.ndarray) -> Any:
