@@ -433,3 +433,35 @@ def test_chunk_local_shuffle_with_labels_and_a_validation_fraction_equals_fit_se
     s = fit_serial(xd, yd, **kw)
     assert _close(r, s) < 1e-10 and list(r.classes) == ["a", "b", "c"]
     assert len(r.validation) == len(s.validation) == 2
+
+
+def test_fit_lets_go_of_the_chunks_it_persisted():
+    """A lazy array's chunks that fit persisted leave the workers when fit returns, without
+    waiting for Python's cyclic garbage collector (the driver holds them in a cycle; with it
+    switched off here they would stay for good). A cluster of its own: nothing else holds them."""
+    import gc
+    import time
+
+    x, d = _data(seed=4711)
+    xd, dd = da.from_array(x, chunks=(40, N)), da.from_array(d, chunks=(40, L))
+    names = {xd.name, dd.name}
+
+    def held(dask_scheduler):
+        return sorted(str(k) for k in dask_scheduler.tasks if any(n in str(k) for n in names))
+
+    gc.collect()
+    gc.disable()
+    try:
+        with (
+            LocalCluster(n_workers=2, threads_per_worker=1, processes=False) as cluster,
+            Client(cluster, set_as_default=False) as client,
+        ):
+            r = dask_rpm.fit(xd, dd, hidden=M, iterations=3, client=client, progress="none")
+            # the client tells the scheduler of released keys in the background: wait for it
+            deadline = time.monotonic() + 30
+            while (left := client.run_on_scheduler(held)) and time.monotonic() < deadline:
+                time.sleep(0.1)
+    finally:
+        gc.enable()
+    assert r.stats["dask"]["chunks"] == 3
+    assert not left, left

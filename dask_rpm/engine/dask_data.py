@@ -78,6 +78,7 @@ class ChunkedRows:
     def __init__(self, x: Any, d: Any, rows: np.ndarray | None, notes: tuple[str, ...]) -> None:
         self.x, self.d, self.rows, self.notes = x, d, rows, notes
         self.bounds = chunk_bounds(x.chunks[0])
+        self.chunk_rows = [int(c) for c in x.chunks[0]]
         by_key = {f.key: f for f in (*futures_of(x), *futures_of(d))}
         # one key per row chunk: both arrays have a single chunk across columns
         self.x_futures = [by_key[k[0]] for k in x.__dask_keys__()]
@@ -148,14 +149,18 @@ class ChunkedRows:
         )
 
     async def collect(self, driver: Any) -> None:
-        """Add what each live worker fetched from others for its mini-batches to :attr:`fetched`
-        (a worker lost on the way took its counts with it)."""
-        if self._reader is None:
-            return
-        got = await driver.client.run(_fetched, driver.run)
-        for address, (rows, nbytes, loads) in got.items():
-            mine = self.fetched.setdefault(address, [0, 0, 0])
-            mine[0], mine[1], mine[2] = mine[0] + rows, mine[1] + nbytes, mine[2] + loads
+        """At the end of the run: add what each live worker fetched from others for its
+        mini-batches to :attr:`fetched` (a worker lost on the way took its counts with it), and
+        let go of the chunks this run persisted. The driver holds this object in a reference
+        cycle: the chunks would stay in the workers' memory until Python's cyclic garbage
+        collector ran. A collection the caller persisted keeps its own references."""
+        if self._reader is not None:
+            got = await driver.client.run(_fetched, driver.run)
+            for address, (rows, nbytes, loads) in got.items():
+                mine = self.fetched.setdefault(address, [0, 0, 0])
+                mine[0], mine[1], mine[2] = mine[0] + rows, mine[1] + nbytes, mine[2] + loads
+        self.x = self.d = None
+        self.x_futures, self.d_futures = [], []
 
     def stats(self) -> dict[str, Any]:
         """``FitResult.stats["dask"]``: the chunks, what moved to whom, the notes.
@@ -168,8 +173,8 @@ class ChunkedRows:
             a: {"rows": r, "bytes": b, "loads": n} for a, (r, b, n) in sorted(self.fetched.items())
         }
         return {
-            "chunks": len(self.x_futures),
-            "chunk_rows": [int(c) for c in self.x.chunks[0]],
+            "chunks": len(self.chunk_rows),
+            "chunk_rows": list(self.chunk_rows),
             "bytes_moved": int(sum(m.nbytes for m in self.moved))
             + int(sum(f["bytes"] for f in fetched.values())),
             "rows_moved": int(sum(f["rows"] for f in fetched.values())),

@@ -450,7 +450,7 @@ async def _fit_async(
         stopped = await loop.run(plans, names)
         clock.lap("blocks")
         params, opt_state = await loop.final_weights(stopped)
-        if isinstance(driver.source, ChunkedRows):  # the rows workers fetched for mini-batches
+        if isinstance(driver.source, ChunkedRows):  # fetched rows counted, chunks let go
             await driver.source.collect(driver)
         clock.lap("gather")
     finally:
