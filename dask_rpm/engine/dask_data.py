@@ -45,6 +45,7 @@ from ..nn.data import DataError
 from ..nn.options import TrainingOptions
 from ..nn.recipe import holdout, one_hot
 from ..planners.chunks import chunk_bounds
+from .peers import call_peer
 from .samples import SampleSource
 
 __all__ = ["ChunkReader", "ChunkedRows", "Moved", "RowServer", "on_cluster", "take_rows"]
@@ -294,10 +295,10 @@ async def _fetch(worker: Any, keys: list[Any], cuts: list[np.ndarray]) -> tuple[
             if holder == worker.address:
                 return holder, items, await _cut(worker, pick, sel)
             try:
-                got = await worker.rpc(holder).rpm_chunk_rows(
-                    keys=pick, rows=[to_serialize(c) for c in sel]
+                got = await call_peer(
+                    worker, holder, "rpm_chunk_rows", keys=pick, rows=[to_serialize(c) for c in sel]
                 )
-            except OSError:  # the holder left: ask the scheduler again
+            except OSError:  # the holder left (PeerLeftError too): ask the scheduler again
                 return holder, items, None
             return holder, items, got
 
