@@ -45,10 +45,11 @@ def _sensitivity(x, d, **kw):
 
 def _placed(client, x, d, chunks, owners):
     """``x`` and ``d`` persisted with row chunk ``i`` (of ``chunks`` rows) on worker
-    ``owners[i]``."""
+    ``owners[i]``. Names of their own (``name=False``): the same data and chunks placed by
+    another test would otherwise be the same keys, still held wherever that test put them."""
     with dask.annotate(workers=lambda key: [owners[key[1]]], allow_other_workers=False):
-        xd = da.from_array(x, chunks=(chunks, x.shape[1])) + 0
-        dd = da.from_array(d, chunks=(chunks, d.shape[1])) + 0
+        xd = da.from_array(x, chunks=(chunks, x.shape[1]), name=False) + 0
+        dd = da.from_array(d, chunks=(chunks, d.shape[1]), name=False) + 0
     return client.persist([xd, dd], optimize_graph=False)
 
 

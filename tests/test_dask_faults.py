@@ -167,7 +167,9 @@ def test_a_killed_worker_and_its_chunks_equal_fit_serial(layout):
             if layout == "columns"
             else [(a, i) for a in addrs for i in range(3) if a != addrs[i]]
         )
-        assert sorted(first) == sorted(want), r.stats["dask"]["moved"]
+        # (at most those: a chunk Dask had already copied to a worker does not move again)
+        assert set(first) <= set(want), r.stats["dask"]["moved"]
+        assert len(first) == len(set(first))  # no chunk moved twice to one worker
     _assert_equal(r, ref)
 
 
