@@ -8,7 +8,7 @@ far enough to know its shape, so a job with bad data is refused before any worke
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -16,20 +16,27 @@ from ..nn.chunked import zarr_path, zarr_variables
 from ..nn.data import DataError, data_shape, image_shape
 from .spec import JobError, bad, unknown
 
+T = TypeVar("T")
+
 __all__ = ["data_source", "image_file_shape", "netcdf_shape", "zarr_shape"]
 
 
-def netcdf_shape(raw: Mapping[str, Any], data: str) -> tuple[int, int, int]:
-    """``(samples, inputs, outputs)`` of the data file."""
+def _read(raw: Mapping[str, Any], read: Callable[[str], T], data: str, layout: str) -> T:
+    """``read(data)``, its errors as one job-file error; ``layout``: the file's variables."""
     try:
-        return data_shape(data)
+        return read(data)
     except DataError as e:
         raise JobError(f"job file: data: {e}") from None
     except (OSError, ValueError) as e:
         raise JobError(
             f"job file: data={raw['data']!r} cannot be read as netCDF ({e}); give a netCDF file "
-            f"with x(sample, input) and d(sample, output)"
+            f"with {layout}"
         ) from None
+
+
+def netcdf_shape(raw: Mapping[str, Any], data: str) -> tuple[int, int, int]:
+    """``(samples, inputs, outputs)`` of the data file."""
+    return _read(raw, data_shape, data, "x(sample, input) and d(sample, output)")
 
 
 #: The keys of ``data:`` given as a mapping (a zarr store and its variables).
@@ -99,12 +106,5 @@ def zarr_shape(raw: Mapping[str, Any], path: str, names: tuple[str, str]) -> tup
 
 def image_file_shape(raw: Mapping[str, Any], data: str) -> tuple[int, tuple[int, int, int], int]:
     """``(samples, (channels, height, width), outputs)`` of a CNN's data file."""
-    try:
-        return image_shape(data)
-    except DataError as e:
-        raise JobError(f"job file: data: {e}") from None
-    except (OSError, ValueError) as e:
-        raise JobError(
-            f"job file: data={raw['data']!r} cannot be read as netCDF ({e}); give a netCDF file "
-            f"with x(sample, channel, height, width) and d(sample, output)"
-        ) from None
+    layout = "x(sample, channel, height, width) and d(sample, output)"
+    return _read(raw, image_shape, data, layout)
