@@ -92,6 +92,7 @@ class ChunkedRows:
         self.fetched: dict[str, list[int]] = {}
         self._served = False  # whether the workers serve rows of chunks (RowServer)
         self._reader: ChunkReader | None = None
+        self._held: tuple[int, dict] | None = None  # (plan version, who holds each chunk)
 
     def _indices(self, a: int, b: int) -> np.ndarray:
         """Data rows of training samples ``[a, b)``."""
@@ -126,10 +127,7 @@ class ChunkedRows:
         need = np.unique(np.searchsorted(self.bounds, idx, side="right") - 1)
         xs = [self.x_futures[j] for j in need]
         ds = [self.d_futures[j] for j in need]
-        try:
-            holders = await driver.client.who_has([*xs, *ds])
-        except CancelledError:  # a chunk lost for good (checked below)
-            holders = {}
+        holders = await self._holders(driver)
         gone = [(int(j), f) for j, f in zip([*need, *need], [*xs, *ds]) if not holders.get(f.key)]
         if gone:  # lost with a worker: Dask recomputes it, if it can (else a clear error now)
             await _recomputable(driver.client, gone)
@@ -148,6 +146,18 @@ class ChunkedRows:
             allow_other_workers=False,
             pure=False,
         )
+
+    async def _holders(self, driver: Any) -> dict:
+        """Who holds each chunk as the plan of ``driver.version`` is placed: asked once per
+        plan, so a chunk that one worker's rows task copied (and that the active memory manager
+        may then thin out) does not count as held elsewhere for the next worker."""
+        if self._held is None or self._held[0] != driver.version:
+            try:
+                held = await driver.client.who_has([*self.x_futures, *self.d_futures])
+            except CancelledError:  # a chunk lost for good (checked by the caller)
+                held = {}
+            self._held = (driver.version, held)
+        return self._held[1]
 
     async def collect(self, driver: Any) -> None:
         """At the end of the run: add what each live worker fetched from others for its

@@ -190,6 +190,7 @@ class Driver:
         lays = self._layouts(plan)
         manifest = start.manifest() if isinstance(start, StoredCheckpoint) else None
         futures, sent = [], 0
+        given = await self.sender.for_workers(self, plan, lays)
         for w, lay in lays.items():
             m0, m1 = lay.rows
             weights: Any
@@ -201,7 +202,7 @@ class Driver:
                     a.nbytes for v in shard["state"].values() for a in v
                 )
                 weights = await self._scatter_to(shard, w)
-            samples, data = await self.sender.samples(self, plan, w)
+            samples, data = given[w]
             futures.append(
                 self._submit(
                     t_setup,
@@ -525,11 +526,10 @@ class Driver:
         self.version += 1
         lays = self._layouts(new)
         futures = []
+        given = await self.sender.for_workers(self, new, [w for w in lays if w in changed])
         for w, lay in lays.items():
             pieces = stage_pieces(old, new, w, transfers, self.addresses, lost)
-            samples, data = (
-                await self.sender.samples(self, new, w) if w in changed else (None, None)
-            )
+            samples, data = given.get(w, (None, None))
             futures.append(
                 self._submit(
                     t_stage,

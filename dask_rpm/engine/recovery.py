@@ -200,12 +200,12 @@ async def restore(driver: Driver, new: Plan, point: Restore) -> RemapRecord:
     }
     driver.version += 1
     futures, remote = [], 0
-    for w, lay in driver._layouts(new).items():
+    lays = driver._layouts(new)
+    given = await driver.sender.for_workers(driver, new, [w for w in lays if w in changed])
+    for w, lay in lays.items():
         pieces = pieces_for(point, lay.rows, driver.addresses[w])
         remote += sum(1 for p in pieces if p[2] != driver.addresses[w])
-        samples, data = (
-            await driver.sender.samples(driver, new, w) if w in changed else (None, None)
-        )
+        samples, data = given.get(w, (None, None))
         futures.append(
             driver._submit(
                 t_restore,

@@ -44,6 +44,13 @@ class SampleSender:
         self.sent_bytes = 0  # samples scattered to workers in this run
         self.reused = 0  # sample copies a worker already held from an earlier fit
 
+    async def for_workers(self, driver: Driver, plan: Plan, ws: Any) -> dict[int, tuple[SampleSource, Any]]:
+        """:meth:`samples` of each worker in ``ws``, all sent before any shard is: the tasks
+        that cut rows from Dask's chunks then wait together, and the scheduler's active memory
+        manager keeps each chunk where a waiting task needs it (a chunk copied to one worker's
+        task could otherwise lose its replica on the worker that holds it for its own rows)."""
+        return {w: await self.samples(driver, plan, w) for w in ws}
+
     async def samples(self, driver: Driver, plan: Plan, w: int) -> tuple[SampleSource, Any]:
         """Worker ``w``'s :class:`~.samples.SampleSource` and what is sent for it: nothing (a file), its
         column's rows (full batch) or every row (mini-batches); Dask chunks: :mod:`.dask_data`."""
