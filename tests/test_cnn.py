@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 
+import dask.array as da
 import numpy as np
 import pytest
 
@@ -470,3 +471,21 @@ def test_a_backend_without_cnn_kernels_is_refused_before_any_work(client4):
             x, y, network=lenet_like(), backend="cupy", loss="cross-entropy", iterations=1,
             client=client4, progress="none",
         )  # fmt: skip
+
+
+def test_dask_images_train_where_their_chunks_are_and_equal_fit_serial(client4):
+    """Images as a dask array chunked along samples (and width: joined, with a note) train on
+    the cluster as rows of flattened images: full batch, and shuffled mini-batches with a
+    held-out fraction computed on the workers."""
+    x, y = problem()
+    net = lenet_like()
+    xd, yd = da.from_array(x, chunks=(8, 2, 8, 4)), da.from_array(y, chunks=8)
+    r = fit(xd, yd, network=net, client=client4, progress="none", **KW)
+    assert_equal(r, serial(x, y, net, KW))
+    assert r.stats["dask"]["chunk_rows"] == [8, 8, 8]
+    kw = {k: v for k, v in KW.items() if k != "iterations"}
+    kw.update(batch_size=6, epochs=2, shuffle=True, validation=0.25)
+    r = fit(xd, yd, network=net, client=client4, progress="none", **kw)
+    assert_equal(r, fit_serial(x, y, network=net, **kw))
+    with pytest.raises(DataError, match=r"x has shape \(24, 128\); a network with conv layers"):
+        fit(xd.reshape(S, -1), yd, network=net, client=client4, progress="none", **KW)

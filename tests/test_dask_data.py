@@ -202,11 +202,42 @@ def test_a_failing_chunk_names_its_key_and_cause(client):
         dask_rpm.fit(bad, d, hidden=M, iterations=2, client=client, progress="none")
 
 
+@pytest.mark.parametrize(
+    "schedule, form",
+    [
+        (dict(iterations=8), "numpy"),  # full batch, the weights sent from the client
+        (dict(epochs=2, batch_size=24, shuffle=True, validation=0.2), "dask"),  # chunked unlike x
+    ],
+)
+def test_sample_weights_ride_with_the_chunks_and_equal_fit_serial(client, schedule, form):
+    x, d = _data()
+    w = np.random.default_rng(4).uniform(0.2, 3.0, S)
+    kw = dict(hidden=M, learning_rate=1e-2, seed=1, sample_weight=w, **schedule)
+    assert _sensitivity(x, d, **kw) < 1e-12  # well conditioned
+    ref = fit_serial(x, d, **kw)
+    assert _close(fit_serial(x, d, **{**kw, "sample_weight": None}), ref) > 1e-4  # they matter
+    given = da.from_array(w, chunks=35) if form == "dask" else w
+    r = dask_rpm.fit(
+        da.from_array(x, chunks=(40, N)),
+        da.from_array(d, chunks=(40, L)),
+        client=client,
+        progress="none",
+        **{**kw, "sample_weight": given},
+    )
+    assert _close(r, ref) < 1e-10 and r.stats["dask"]["chunks"] == 3
+    np.testing.assert_allclose(r.history["error"].values, ref.errors, rtol=1e-10, atol=0)
+
+
 def test_unsupported_options_say_so(client):
     x, d = _data()
     xd = da.from_array(x, chunks=(40, N))
-    with pytest.raises(DataError, match="sample_weight= with dask data"):
-        dask_rpm.fit(xd, d, hidden=M, iterations=2, sample_weight=np.ones(S), client=client)
+    with pytest.raises(DataError, match=r"sample_weight has shape \(119,\); give one number"):
+        dask_rpm.fit(xd, d, hidden=M, iterations=2, sample_weight=np.ones(S - 1), client=client)
+    with pytest.raises(DataError, match="sample_weight must be finite and >= 0"):
+        dask_rpm.fit(xd, d, hidden=M, iterations=2, sample_weight=-np.ones(S), client=client)
+    images = da.zeros((S, 1, 2, 2), chunks=40)
+    with pytest.raises(DataError, match=r"images \(samples, channels, height, width\) train a CNN"):
+        dask_rpm.fit(images, d, hidden=M, iterations=2, client=client)
     with pytest.raises(DataError, match="class labels need loss='cross-entropy'"):
         dask_rpm.fit(xd, da.zeros(S, chunks=40), hidden=M, iterations=2, client=client)
     with pytest.raises(DataError, match="x contains NaN"):

@@ -205,7 +205,7 @@ def test_xarray_and_a_zarr_store_train_and_predict(client, tmp_path):
     np.testing.assert_allclose(pred, theirs.predict(x), rtol=1e-9, atol=1e-12)
 
 
-def test_cnn_predicts_and_scores_dask_images_on_the_workers(client):
+def test_cnn_trains_predicts_and_scores_dask_images_on_the_workers(client):
     rng = np.random.default_rng(0)
     images, labels = rng.normal(size=(60, 1, 6, 6)), rng.integers(0, 3, 60)
     net = [{"conv": 2, "kernel": 3}, "relu", "flatten", {"linear": 3}]
@@ -213,6 +213,7 @@ def test_cnn_predicts_and_scores_dask_images_on_the_workers(client):
     xd = da.from_array(images, chunks=(20, 1, 6, 6))
     yd = da.from_array(labels, chunks=20)
     ours = _quiet(CNNClassifier(client=client, **kw), "fit", xd, yd)
+    assert ours.result_.stats["dask"]["chunks"] == 3  # trained where the chunks are
     arrays = _quiet(CNNClassifier(client=client, **kw), "fit", images, labels)
     for a, b in zip(ours.model_.params, arrays.model_.params):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-14)
@@ -224,12 +225,22 @@ def test_cnn_predicts_and_scores_dask_images_on_the_workers(client):
     assert ours.score(xd, yd) == pytest.approx(arrays.score(images, labels), rel=1e-12)
 
 
+def test_sample_weight_with_dask_data_on_a_cluster_equals_scikit_learn(client):
+    sk_class, our_class, params, x, y = _case("classifier-adam")
+    w = np.random.default_rng(5).uniform(0.5, 2.0, len(x))
+    theirs = _quiet(sk_class(**params), "fit", x, y, sample_weight=w)
+    assert _relative(theirs, _quiet(sk_class(**params), "fit", x, y)) > 1e-4  # the weights matter
+    xd, yd = _dask(x, y)
+    wd = da.from_array(w, chunks=50)  # chunked unlike X: aligned
+    ours = _quiet(our_class(client=client, **params), "fit", xd, yd, sample_weight=wd)
+    assert _relative(ours, theirs) < 1e-9 and ours.result_.stats["dask"]["chunks"] == 3
+    np.testing.assert_allclose(ours.loss_curve_, theirs.loss_curve_, rtol=1e-9)
+
+
 def test_bad_dask_input_is_refused_with_what_is_valid(client):
     x, y = _classes(3)
     xd, yd = _dask(x, y)
     est = MLPClassifier(client=client, hidden_layer_sizes=(4,), max_iter=2)
-    with pytest.raises(EstimatorError, match="sample_weight with dask X on a cluster"):
-        est.fit(xd, yd, sample_weight=np.ones(len(x)))
     with pytest.raises(EstimatorError, match="1-D class labels from dask"):
         est.fit(xd, da.zeros((len(x), 3), chunks=CHUNK))
     with pytest.raises(EstimatorError, match="inputs must be numbers"):

@@ -40,9 +40,10 @@ from distributed import WorkerPlugin, futures_of
 
 from .. import config
 from .._distributed import sync, to_serialize, wait_async
-from ..nn.chunked import LazySamples, as_chunked, chunk_order
+from ..nn.chunked import LazySamples, as_chunked, chunk_order, chunked_weights
 from ..nn.data import DataError
 from ..nn.options import TrainingOptions
+from ..nn.prepare import sample_weights
 from ..nn.recipe import holdout, one_hot
 from ..planners.chunks import chunk_bounds
 from .peers import call_peer
@@ -515,14 +516,18 @@ def on_cluster(
     import dask.array as da  # imported with dask data only
 
     o: Any = training.resolved()  # the rpm.train.* defaults filled in
-    for field, what in (("network", "network="), ("sample_weight", "sample_weight=")):
-        if getattr(o, field) is not None:
-            raise DataError(
-                f"{what} with dask data is not supported yet; compute the arrays first "
-                f"(x.compute(), d.compute()) and pass numpy arrays"
-            )
     pair = as_chunked(x, d)
     xd, dd = pair.x, pair.d
+    image = None
+    if xd.ndim == 4:  # a CNN's images travel as rows, one flattened image each
+        if o.network is None:
+            raise DataError(
+                f"x has shape {xd.shape}: images (samples, channels, height, width) train a "
+                f"CNN: pass network= (conv layers), or give an MLP x as (samples, inputs), "
+                f"e.g. x.reshape(x.shape[0], -1)"
+            )
+        image = (int(xd.shape[1]), int(xd.shape[2]), int(xd.shape[3]))
+        xd = xd.reshape(xd.shape[0], -1)
     classes = None
     if dd.ndim == 1:
         if o.loss != "cross-entropy":
@@ -539,22 +544,32 @@ def on_cluster(
             chunks=(dd.chunks[0], (len(classes),)),
             dtype=np.float64,
         )
+    l = int(dd.shape[1])
+    weights = None
+    if o.sample_weight is not None and o.network is None:  # a CNN's: refused by prepare
+        wd = chunked_weights(o.sample_weight, xd.chunks[0])
+        weights = sample_weights(client.compute(wd, sync=True), int(xd.shape[0]))
+        # the weights ride in the targets' last column (dask_rpm.nn.network), chunk by chunk
+        dd = da.concatenate([dd.astype(np.float64), wd.astype(np.float64)[:, None]], axis=1)
+        dd = dd.rechunk({1: -1})  # one chunk across columns, as the rows' holder takes them
     xd, dd = _persisted(client, [xd, dd], ["x", "d"])
-    _check_values(client, xd, dd, o)
-    s, n, l = int(xd.shape[0]), int(xd.shape[1]), int(dd.shape[1])
-    rows = None
+    _check_values(client, xd, dd[:, :l], o)
+    s, n = int(xd.shape[0]), int(xd.shape[1])
+    rows = held_out = None
     val = o.validation
     if val is not None and not isinstance(val, (tuple, list, bool)):
         rows, held = holdout(s, float(val), int(o.seed))
         xv, dv = client.compute([xd[held], dd[held]], sync=True)
-        training = dataclasses.replace(training, validation=(np.asarray(xv), np.asarray(dv)))
+        held_out = (np.asarray(xv), np.asarray(dv))  # weighted: the held-out rows keep theirs
+        weights = None if weights is None else weights[rows]
         s = len(rows)
     if isinstance(o.shuffle, str) and o.shuffle in ("chunks", "stream"):  # over the chunks
         order = chunk_order(xd.chunks[0], rows, o.shuffle == "stream")
         training = dataclasses.replace(training, shuffle=order)
     holder = ChunkedRows(xd, dd, rows, pair.notes)
     chunks = tuple(int(c) for c in xd.chunks[0]) if rows is None else None
-    return LazySamples((s, n, l), classes, chunks, holder), training
+    lazy = LazySamples((s, n, l), classes, chunks, holder, image, weights, held_out)
+    return lazy, training
 
 
 def _check_values(client: Any, x: Any, d: Any, o: Any) -> None:

@@ -213,16 +213,10 @@ class MLPBase(ClusterEstimator):
                 f"goes on with the fitted network's hidden layers {fitted!r}: fit it anew "
                 f"(warm_start=False) to train other sizes"
             )
-        if dask_data.is_lazy(sample_weight) and not dask_data.is_lazy(X):  # serial: computed with X
-            (sample_weight,) = dask_data.compute(None, sample_weight)
-        if dask_data.is_lazy(
-            X
-        ):  # Dask's data on a cluster (the public methods computed them without)
-            if sample_weight is not None:
-                raise EstimatorError(
-                    "sample_weight with dask X on a cluster is not supported yet; compute X, y and "
-                    "the weights (X.compute(), ...) and pass numpy arrays, or fit without weights"
-                )
+        if dask_data.is_lazy(sample_weight):  # one number per sample: the recipe holds them all
+            client = self._client() if dask_data.is_lazy(X) else None
+            (sample_weight,) = dask_data.compute(client, sample_weight)
+        if dask_data.is_lazy(X):  # Dask's data on a cluster (the public methods computed them without)
             X, Y = self._validate_dask(X, y, incremental, first_pass)
         else:
             X, Y = self._validate_input(X, y, incremental, first_pass)

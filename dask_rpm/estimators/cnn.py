@@ -47,7 +47,7 @@ from sklearn.utils.validation import check_array, check_is_fitted, column_or_1d
 
 from .._version import __version__
 from ..model.cnn import CNNModel
-from ..nn.chunked import is_chunked
+from ..nn.chunked import chunked_inputs, is_chunked
 from ..nn.cnn_records import conv_layers
 from ..nn.convergence import ConvergenceRule
 from ..nn.options import TrainingOptions
@@ -235,9 +235,11 @@ class CNNClassifier(ClassifierMixin, ClusterEstimator):
             )
         return tuple(int(v) for v in dims)  # type: ignore[return-value]
 
-    def _images(self, X: Any, *, reset: bool) -> np.ndarray:
+    def _images(self, X: Any, *, reset: bool) -> Any:
         """``X`` as float64 images ``(samples, channels, height, width)``; on ``reset`` their shape
-        becomes the fitted one, else it must be."""
+        becomes the fitted one, else it must be. A dask array stays one (its values are checked
+        on the workers as training starts)."""
+        lazy = dask_data.is_lazy(X)
         a = X if hasattr(X, "ndim") else np.asarray(X)
         if a.ndim == 2 and self.image_shape is not None:
             c, h, w = self._image_shape_param()
@@ -247,7 +249,7 @@ class CNNClassifier(ClassifierMixin, ClusterEstimator):
                     f"image flattened, {c * h * w} columns: give X of shape (samples, {c * h * w}) "
                     f"or set image_shape to the images' shape"
                 )
-            a = np.asarray(a).reshape(a.shape[0], c, h, w)
+            a = (a if lazy else np.asarray(a)).reshape(a.shape[0], c, h, w)
         if a.ndim != 4:
             hint = (
                 " (or rows of flattened images with image_shape=(channels, height, width))"
@@ -259,7 +261,15 @@ class CNNClassifier(ClassifierMixin, ClusterEstimator):
                 f"channels, height, width){hint}: e.g. X.reshape(-1, 1, 8, 8) for 8x8 "
                 f"grey-scale images"
             )
-        a = check_array(a, allow_nd=True, dtype=np.float64, order="C")
+        if lazy:  # check_array's checks but the values' (checked on the workers)
+            if a.dtype.kind not in "biuf":
+                raise EstimatorError(
+                    f"X has dtype {a.dtype}; images must be numbers: convert them "
+                    f"(X.astype('float64'))"
+                )
+            a = a.astype(np.float64)
+        else:
+            a = check_array(a, allow_nd=True, dtype=np.float64, order="C")
         if reset:
             self.image_shape_ = tuple(int(v) for v in a.shape[1:])
             self.n_features_in_ = int(np.prod(a.shape[1:]))
@@ -270,23 +280,31 @@ class CNNClassifier(ClassifierMixin, ClusterEstimator):
             )
         return a
 
-    def _targets(self, y: Any, n: int, *, reset: bool) -> np.ndarray:
+    def _targets(self, y: Any, X: Any, *, reset: bool) -> Any:
         """One-hot targets ``(samples, classes)`` of labels ``y``; on ``reset`` their classes
-        become ``classes_``."""
-        y = column_or_1d(y, warn=True)
-        if y.shape[0] != n:
+        become ``classes_``. Dask's ``X``: labels found and encoded on the workers."""
+        lazy = dask_data.is_lazy(X)
+        n = X.shape[0]
+        if lazy:
+            y = dask_data.aligned(y, X)
+            if y.ndim == 2 and y.shape[1] == 1:
+                y = y[:, 0]
+        else:
+            y = column_or_1d(y, warn=True)
+        if y.ndim != 1 or y.shape[0] != n:
             raise EstimatorError(
-                f"X has {n} sample(s) but y has {y.shape[0]} label(s); give one per image"
+                f"X has {n} sample(s) but y has shape {tuple(y.shape)}; give one label per image"
             )
-        check_classification_targets(y)
+        found = dask_data.unique(self._client(), y) if lazy else np.unique(y)
+        check_classification_targets(found)
         if reset:
-            self.classes_ = np.unique(y)
+            self.classes_ = found
             if len(self.classes_) < 2:
                 raise EstimatorError(
                     f"y has only one class ({self.classes_[0]!r}); a classifier needs at least 2"
                 )
         else:
-            unseen = np.setdiff1d(np.unique(y), self.classes_)
+            unseen = np.setdiff1d(found, self.classes_)
             if len(unseen):
                 raise EstimatorError(
                     f"y has labels {list(unseen)} that are not in classes_ {list(self.classes_)}; "
@@ -300,13 +318,16 @@ class CNNClassifier(ClassifierMixin, ClusterEstimator):
     def fit(self, X: Any, y: Any) -> CNNClassifier:
         """Fit the network to images ``X`` ``(samples, channels, height, width)`` and labels ``y``
         ``(samples,)``; returns self. Dask's ``X`` and ``y`` (dask arrays chunked along samples,
-        xarray with a ``sample`` dimension) are computed first: a CNN's images are sent to the
-        workers from the client."""
+        xarray with a ``sample`` dimension) train where their chunks are on a cluster, and are
+        computed first without one."""
         if is_chunked(X, y):
-            X, y = dask_data.images(self._client(), X, y)
+            if self._client() is None:
+                X, y = dask_data.images(X, y)
+            else:
+                X = chunked_inputs(X)
         first = not (self.warm_start and hasattr(self, "model_"))
         X = self._images(X, reset=first)
-        Y = self._targets(y, X.shape[0], reset=first)
+        Y = self._targets(y, X, reset=first)
         network = self._network()
         rs = check_random_state(self.random_state)
         # drawn first, for every kind of network: the shuffles are the same for a module and records

@@ -28,7 +28,19 @@ import numpy as np
 from ..nn.chunked import as_chunked, chunked_inputs, is_chunked
 from .errors import EstimatorError
 
-__all__ = ["is_lazy", "inputs", "images", "features", "labels", "split", "lazy", "score", "compute"]
+__all__ = [
+    "aligned",
+    "compute",
+    "features",
+    "images",
+    "inputs",
+    "is_lazy",
+    "labels",
+    "lazy",
+    "score",
+    "split",
+    "unique",
+]
 
 
 def is_lazy(a: Any) -> bool:
@@ -58,14 +70,13 @@ def inputs(client: Any, X: Any, y: Any) -> tuple[Any, Any]:
     return pair.x, pair.d
 
 
-def images(client: Any, X: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:
+def images(X: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:
     """A CNN's Dask images ``X`` (``(samples, channels, height, width)`` or rows of flattened
-    images, chunked along samples) and labels ``y`` computed (on ``client``'s workers when
-    given): a CNN's samples are sent to its workers from the client."""
+    images, chunked along samples) and labels ``y`` computed, for training without a cluster."""
     x = chunked_inputs(X)
     if type(y).__module__.startswith("xarray"):
         y = y.transpose("sample", ...).data
-    xv, yv = compute(client, x, y) if is_lazy(y) else (*compute(client, x), y)
+    xv, yv = compute(None, x, y) if is_lazy(y) else (*compute(None, x), y)
     return np.asarray(xv), np.asarray(yv)
 
 
@@ -138,7 +149,7 @@ def split(
     return X[train], Y[train], np.asarray(xv), np.asarray(yv)
 
 
-def _aligned(y: Any, x: Any) -> Any:
+def aligned(y: Any, x: Any) -> Any:
     """``y`` (dask, xarray with a ``sample`` dimension, or numpy) as a dask array with the row
     chunks of ``x``."""
     import dask.array as da
@@ -194,7 +205,7 @@ def score(est: Any, X: Any, y: Any, sample_weight: Any, kind: str) -> float:
     import dask.array as da
 
     x = chunked_inputs(X)
-    t = _aligned(y, x)
+    t = aligned(y, x)
     if kind == "accuracy" and t.ndim == 2 and t.shape[1] == 1:
         t = t[:, 0]
     pred = lazy(est, "predict", x)

@@ -34,6 +34,7 @@ __all__ = [
     "LazySamples",
     "as_chunked",
     "chunked_inputs",
+    "chunked_weights",
     "computed",
     "is_chunked",
     "zarr_path",
@@ -67,6 +68,12 @@ class LazySamples(NamedTuple):
     classes: np.ndarray | None
     chunks: tuple[int, ...] | None
     holder: Any
+    #: a CNN's image shape ``(channels, height, width)``: each row is one image, flattened
+    image: tuple[int, int, int] | None = None
+    #: the training samples' weights (``sample_weight``), also the targets' last column
+    weights: np.ndarray | None = None
+    #: the validation rows held out on the cluster, ``(x, d)`` (None: no fraction held out)
+    held: tuple[Any, Any] | None = None
 
 
 def zarr_path(x: Any) -> bool:
@@ -173,10 +180,10 @@ def as_chunked(x: Any, d: Any = None) -> ChunkedPair:
         notes.append(note)
     xa = _array(x, "x", da, None)
     da_ = _array(d, "d", da, xa.chunks[0] if xa.ndim else None)
-    if xa.ndim != 2:
+    if xa.ndim not in (2, 4):
         raise DataError(
-            f"x has shape {xa.shape}; dask x must be (samples, inputs) (images for a CNN: not yet "
-            f"from dask arrays, compute them first)"
+            f"x has shape {xa.shape}; dask x must be (samples, inputs), or a CNN's images "
+            f"(samples, channels, height, width)"
         )
     if da_.ndim not in (1, 2):
         raise DataError(f"d must be (samples, outputs) or 1-D labels; got shape {da_.shape}")
@@ -190,9 +197,10 @@ def as_chunked(x: Any, d: Any = None) -> ChunkedPair:
         raise DataError(
             f"x has {xa.shape[0]} samples and d {da_.shape[0]}; they must have the same samples"
         )
-    if len(xa.chunks[1]) > 1:  # a column's rows are whole samples: one chunk across features
-        xa = xa.rechunk({1: -1})
-        notes.append(f"x was chunked along its {xa.shape[1]} inputs; rechunked to whole rows")
+    if any(len(c) > 1 for c in xa.chunks[1:]):  # a column's rows are whole samples
+        xa = xa.rechunk({i: -1 for i in range(1, xa.ndim)})
+        what = "inputs" if xa.ndim == 2 else "channels, height or width"
+        notes.append(f"x was chunked along its {what}; rechunked to whole samples")
     if da_.ndim == 2 and len(da_.chunks[1]) > 1:
         da_ = da_.rechunk({1: -1})
         notes.append("d was chunked along its outputs; rechunked to whole rows")
@@ -220,6 +228,21 @@ def _array(a: Any, name: str, da: Any, rows: Any) -> Any:
     if rows is None or arr.ndim == 0 or arr.shape[0] != sum(rows):
         return da.from_array(arr, chunks=(-1,) * arr.ndim)  # the length check then says why
     return da.from_array(arr, chunks=(rows, *((-1,) * (arr.ndim - 1))))
+
+
+def chunked_weights(w: Any, rows: Any) -> Any:
+    """Sample weights ``w`` (numpy, a dask array or Series, an xarray ``DataArray`` with a
+    ``sample`` dimension) as one 1-D dask array cut into x's row chunks ``rows``."""
+    import dask.array as da  # with dask data only
+
+    if _is_frame(w):
+        w = _frame_array(w, "sample_weight", labels=False)[0]
+    wa = _array(w, "sample_weight", da, rows)
+    if wa.ndim != 1 or wa.shape[0] != sum(rows):
+        raise DataError(
+            f"sample_weight has shape {wa.shape}; give one number per sample: ({sum(rows)},)"
+        )
+    return wa.rechunk({0: rows}) if wa.chunks[0] != tuple(rows) else wa
 
 
 def _open_zarr(path: Any) -> Any:

@@ -32,7 +32,7 @@ from .layers import Layers, layers_of_params
 from .options import TrainingOptions
 from .recipe import Recipe, Validator, holdout, one_hot, recipe
 
-__all__ = ["Prepared", "prepare"]
+__all__ = ["Prepared", "prepare", "sample_weights"]
 
 
 class Prepared(NamedTuple):
@@ -254,33 +254,43 @@ def _check_targets(d: np.ndarray, where: str, rec: Recipe) -> None:
         )
 
 
-def _with_weights(src: _Source, sample_weight: Any, cnn: bool) -> _Source:
-    """``src`` with one weight per sample appended to its targets (:mod:`~dask_rpm.nn.network`),
-    checked: 1-D, one per sample, finite, >= 0 and not all 0. None: ``src`` as it is."""
-    if sample_weight is None:
-        return src
-    if src.x is None or src.d is None or cnn:
-        raise DataError(
-            "sample_weight needs an MLP trained on arrays; with a dataset path or network= "
-            "give every sample weight 1 (leave sample_weight out)"
-        )
+def sample_weights(sample_weight: Any, samples: int) -> np.ndarray:
+    """``sample_weight`` as float64, checked: 1-D, one number per sample, finite, >= 0 and not
+    all 0 (:class:`DataError` saying which)."""
     w = np.asarray(sample_weight)
-    if w.ndim != 1 or w.shape[0] != src.shape[0] or not np.issubdtype(w.dtype, np.number):
+    if w.ndim != 1 or w.shape[0] != samples or not np.issubdtype(w.dtype, np.number):
         raise DataError(
             f"sample_weight has shape {w.shape} ({w.dtype}); give one number per sample: "
-            f"({src.shape[0]},)"
+            f"({samples},)"
         )
     w = w.astype(np.float64)
     if not np.isfinite(w).all() or (w < 0).any():
         raise DataError("sample_weight must be finite and >= 0")
     if not w.any():
         raise DataError("sample_weight is zero for every sample; at least one weight must be > 0")
+    return w
+
+
+def _with_weights(src: _Source, sample_weight: Any, cnn: bool) -> _Source:
+    """``src`` with one weight per sample appended to its targets (:mod:`~dask_rpm.nn.network`),
+    checked (:func:`sample_weights`). None: ``src`` as it is; Dask's data carry theirs already
+    (:func:`~dask_rpm.engine.dask_data.on_cluster`)."""
+    if sample_weight is None or (src.weights is not None and not cnn):
+        return src
+    if src.x is None or src.d is None or cnn:
+        raise DataError(
+            "sample_weight needs an MLP trained on arrays; with a dataset path or network= "
+            "give every sample weight 1 (leave sample_weight out)"
+        )
+    w = sample_weights(sample_weight, src.shape[0])
     return src._replace(d=np.hstack([np.asarray(src.d, dtype=np.float64), w[:, None]]))
 
 
 def _weights_of(src: _Source, dtype: str) -> np.ndarray | None:
     """The training samples' weights (the targets' last column) in ``dtype``, or None."""
     s, _, l = src.shape
+    if src.weights is not None:
+        return np.ascontiguousarray(src.weights, dtype=dtype)
     if src.d is None or src.d.shape[1] == l:
         return None
     return np.ascontiguousarray(src.d[:, -1], dtype=dtype)
@@ -297,23 +307,25 @@ def _images(x: Any, o: Any, given: Any) -> tuple[Any, Any, tuple[int, int, int]]
             f"activations, biases and initial weights (a torch module's own, or seeded for layer "
             f"records): leave {' and '.join(clash)} out"
         )
-    xa = np.asarray(x)
-    if xa.ndim != 4:
+    lazy = isinstance(x, LazySamples)  # Dask's images: rows on the cluster, their shape here
+    xa = None if lazy else np.asarray(x)
+    shape = (x.shape[0], x.shape[1]) if xa is None else xa.shape
+    if (x.image is None) if lazy else xa.ndim != 4:  # type: ignore[union-attr]
         raise DataError(
-            f"x has shape {xa.shape}; a network with conv layers trains on images "
+            f"x has shape {shape}; a network with conv layers trains on images "
             f"(samples, channels, height, width): reshape it, e.g. x.reshape(-1, 1, 8, 8)"
         )
-    image = (int(xa.shape[1]), int(xa.shape[2]), int(xa.shape[3]))
+    image = x.image if xa is None else (int(xa.shape[1]), int(xa.shape[2]), int(xa.shape[3]))
     val = o.validation
     if isinstance(val, (tuple, list)) and len(val) == 2 and np.ndim(val[0]) == 4:
         xv = np.asarray(val[0])
-        if xv.shape[1:] != xa.shape[1:]:
+        if xv.shape[1:] != image:
             raise DataError(
                 f"validation images of shape {xv.shape[1:]}; the training images are {image}"
             )
         val = (xv.reshape(xv.shape[0], -1), val[1])
     o = dataclasses.replace(o, bias=False, activation="relu", validation=val)
-    return xa.reshape(xa.shape[0], -1), o, image
+    return (x if xa is None else xa.reshape(xa.shape[0], -1)), o, image
 
 
 class _Source(NamedTuple):
@@ -324,12 +336,14 @@ class _Source(NamedTuple):
     d: np.ndarray | None
     classes: np.ndarray | None
     shape: tuple[int, int, int]  # (samples, inputs, outputs)
+    weights: np.ndarray | None = None  # Dask's data: the training samples' weights
+    held: tuple[Any, Any] | None = None  # Dask's data: the held-out validation rows
 
 
 def _source(x: Any, d: Any, loss: str | None, classes: Any, load: bool) -> _Source:
     """Arrays with 2-D targets, or the path and shape of a dataset left for the workers."""
     if isinstance(x, LazySamples):  # on the cluster: checked there (dask_rpm.engine.dask_data)
-        return _Source(None, None, None, x.classes, x.shape)
+        return _Source(None, None, None, x.classes, x.shape, x.weights, x.held)
     if isinstance(x, (str, os.PathLike)) and not load:
         path = os.path.abspath(os.fspath(x))
         shape = data_shape(path)
@@ -364,6 +378,8 @@ def _split_validation(
     s, n, l = src.shape
     if validation is None:
         return src, None, None
+    if src.held is not None:  # Dask's data: the fraction held out on the cluster
+        return src, None, src.held
     if not isinstance(validation, (tuple, list)):
         try:
             train_idx, val_idx = holdout(
