@@ -453,6 +453,50 @@ def test_chunk_local_shuffle_with_chunks_on_their_columns_moves_nothing(client):
     assert _close(r, fit_serial(x, d, **{**kw, "shuffle": True})) < 1e-10
 
 
+def test_drpm_remaps_put_the_columns_sample_cuts_on_chunk_boundaries(client):
+    """DRPM remaps (every check, t-line 1.0) on chunks of 6 rows: each new plan's column cuts
+    move onto chunk boundaries (a few rows each, within rpm.planner.chunk-imbalance), so a
+    column reads whole chunks; the result is fit_serial's."""
+    x, d = _data(s=600)
+    kw = dict(hidden=M, iterations=30, learning_rate=1e-3, seed=0)
+    assert _sensitivity(x, d, **kw) < 1e-12
+    with dask.config.set({"rpm.drpm.t-line": 1.0}):
+        r = dask_rpm.fit(
+            da.from_array(x, chunks=(6, N)),
+            da.from_array(d, chunks=(6, L)),
+            mapping="drpm",
+            interval=5,
+            client=client,
+            progress="none",
+            **kw,
+        )
+    assert r.remaps and len(r.plans) == len(r.remaps) + 1
+    for plan in r.plans:
+        cuts = [plan.column_samples(c)[0] for c in range(plan.n_columns)]
+        assert all(c % 6 == 0 for c in cuts), (cuts, plan.notes)
+    assert _close(r, fit_serial(x, d, **kw)) < 1e-10
+
+
+def test_chunk_local_shuffle_fetches_a_column_that_fits_its_window_once(client):
+    """Chunks on another column's worker (turned by one): with the chunk-local shuffle each
+    column's rows are its range's in every epoch, so a range within the sample window is
+    fetched once for the run, not window by window each epoch."""
+    x, d = _data()
+    addresses = dask_rpm.ordered_workers(client.scheduler_info(n_workers=-1))
+    plan = make_plan([1.0, 0.5, 0.25], (N, M, L), S, method="split-1d", workers=addresses)
+    rows = [plan.column_samples(c) for c in range(plan.n_columns)]
+    chunks = tuple(b - a for a, b in rows)
+    owners = [addresses[plan.columns[(c + 1) % plan.n_columns][0]] for c in range(plan.n_columns)]
+    xd, dd = _placed(client, x, d, chunks, owners)
+    kw = dict(hidden=M, epochs=3, batch_size=24, learning_rate=1e-2, seed=2, shuffle="chunks")
+    r = dask_rpm.fit(xd, dd, mapping=plan, client=client, progress="none", **kw)
+    fetched = r.stats["dask"]["fetched"]
+    for c, col in enumerate(plan.columns):
+        got = fetched[addresses[col[0]]]
+        assert got["loads"] == 1 and got["rows"] == chunks[c], (c, got)  # once, all from others
+    assert _close(r, fit_serial(x, d, **{**kw, "shuffle": ChunkOrder(chunks)})) < 1e-10
+
+
 def test_chunk_local_shuffle_with_labels_and_a_validation_fraction_equals_fit_serial(client):
     x, _ = _data()
     y = np.array(["a", "b", "c"])[np.random.default_rng(2).integers(0, 3, S)]

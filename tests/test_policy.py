@@ -20,7 +20,7 @@ from dask_rpm.drpm.policy import (
     predict_step_seconds,
     predict_worker_seconds,
 )
-from dask_rpm.drpm.remap import migration, migration_seconds
+from dask_rpm.drpm.remap import migration, migration_seconds, rows_gained
 from dask_rpm.plan.partition import Plan
 
 SHAPE = (7, 40, 3)
@@ -125,6 +125,21 @@ def test_cost_rule_remaps_when_saving_beats_migration(skewed):
     assert d.cost == pytest.approx(12 * ROW / 1000.0 + 0.01)
     assert d.ratio == 0.25  # predicted, no times given
     assert "column" in d.reason
+
+
+def test_cost_rule_counts_the_sample_rows_a_remap_moves(skewed):
+    """Column 0 widens from 50 to 62 samples: its two workers each gain 12 rows, column 1's
+    narrower range gains none; with ``row_bytes`` those 24 rows are priced at the bandwidth."""
+    plan, speeds = skewed
+    net = dict(kinds=("column",), latency=0.01, bandwidth=1000.0)
+    weights_only = cost_decision(plan, speeds, remaining=10, **net)
+    assert rows_gained(plan, weights_only.plan) == 24
+    rows = cost_decision(plan, speeds, remaining=10, row_bytes=40, **net)
+    assert rows.cost == pytest.approx(weights_only.cost + 24 * 40 / 1000.0)
+    assert "24 sample rows" in rows.reason and "sample rows" not in weights_only.reason
+    assert rows_gained(plan, plan) == 0
+    # rows dear enough to outweigh the saving: kept
+    assert cost_decision(plan, speeds, remaining=10, row_bytes=2000, **net).kind is None
 
 
 def test_cost_rule_keeps_when_migration_dearer(skewed):

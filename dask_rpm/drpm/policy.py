@@ -46,6 +46,7 @@ from .remap import (
     column_remap,
     migration,
     migration_seconds,
+    rows_gained,
     whole_remap,
 )
 from .settings import DRPMSettings
@@ -207,6 +208,7 @@ def cost_decision(
     kinds: Sequence[RemapKind] = ("column", "whole"),
     whole_kwargs: Mapping[str, Any] | None = None,
     settings: DRPMSettings | None = None,
+    row_bytes: int = 0,
 ) -> Decision:
     """Remap only when the predicted saving beats the predicted migration cost.
 
@@ -236,6 +238,10 @@ def cost_decision(
         Extra arguments for :func:`~dask_rpm.drpm.remap.whole_remap`.
     settings
         ``rpm.drpm.*`` (:class:`~dask_rpm.drpm.settings.DRPMSettings`); ``None`` reads them now.
+    row_bytes
+        Bytes of one sample row that reaches a worker whose sample range grows
+        (:func:`~dask_rpm.drpm.remap.rows_gained`), priced at ``bandwidth`` on top of the
+        weights' migration; 0 where every worker already holds every row.
     """
     if remaining < 0:
         raise ValueError(f"remaining iterations must be >= 0, got {remaining}")
@@ -263,9 +269,12 @@ def cost_decision(
         saving = (t_cur - t_new) * remaining
         moves = migration(plan, new, itemsize)
         cost = migration_seconds(moves, latency=latency, bandwidth=bandwidth, concurrent=concurrent)
+        rows = rows_gained(plan, new) if row_bytes else 0
+        cost += rows * row_bytes / bandwidth
         reason = (
             f"{kind}: iteration {t_cur:.4g}s -> {t_new:.4g}s over {remaining} iterations saves "
             f"{saving:.4g}s, migration costs {cost:.4g}s"
+            + (f" ({rows} sample rows included)" if rows else "")
         )
         ok = t_new <= (1 - min_gain) * t_cur and saving > cost
         cands.append(

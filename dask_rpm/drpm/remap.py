@@ -49,6 +49,7 @@ __all__ = [
     "stage_pieces",
     "migration_bytes",
     "migration_seconds",
+    "rows_gained",
     "sample_changes",
     "whole_remap",
 ]
@@ -473,4 +474,18 @@ def sample_changes(old: Plan, new: Plan) -> list[SampleChange]:
         now = new.rectangle(w).samples
         if before.get(key) != now:
             out.append(SampleChange(key, before.get(key), now))  # type: ignore[arg-type]
+    return out
+
+
+def rows_gained(old: Plan, new: Plan) -> int:
+    """Sample rows the workers of ``new`` hold that they did not hold under ``old``: what a remap
+    makes reach them (from other workers, a dataset file or the client), summed over workers."""
+    out = 0
+    for change in sample_changes(old, new):
+        a, b = change.new
+        if change.old is not None:
+            kept = max(0, min(b, change.old[1]) - max(a, change.old[0]))
+        else:
+            kept = 0
+        out += (b - a) - kept
     return out

@@ -506,8 +506,8 @@ class Driver:
         (from the dataset file; from the client for in-memory arrays). The new
         shards are staged on every worker first and switched to together.
         """
-        t0 = time.perf_counter()
-        old = self.plan
+        t0, old = time.perf_counter(), self.plan
+        new = self.sender.snapped(self, new)  # Dask's data: new sample ranges on whole chunks
         if new.workers is None:  # keep the plan bound to addresses (dashboard, results)
             new = new.with_workers(self.addresses)
         itemsize = np.dtype(self.dtype).itemsize

@@ -247,6 +247,7 @@ class DRPMState:
                 "speeds": speeds_col,
                 "whole_speeds": speeds_t2,
                 "remaining": remaining,
+                "row_bytes": driver.sender.row_bytes(driver),
             }
         rates = self._rates(driver, speeds_t2, first, stop)
         if policy == "cost" and rates is not None:  # its whole candidate leaves idle workers too

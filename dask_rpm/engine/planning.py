@@ -7,13 +7,11 @@ import logging
 import time
 from typing import Any
 
-from .. import config
 from ..drpm.settings import DRPMSettings
 from ..nn.cnn import ConvLayers, is_conv
 from ..nn.prepare import Prepared
 from ..plan.partition import Plan, PlanError
 from ..planners import make_plan
-from ..planners.chunks import snap_to_chunks
 from ..probe import probe_async, probe_network
 from .driver import ordered_workers
 from .errors import TrainingError
@@ -210,11 +208,6 @@ async def first_plan(
         idle=opts.mapping == "drpm" and opts.drpm is not None and opts.drpm.idle,
         min_gain=None if opts.drpm is None else opts.drpm.min_gain,
     )
-    chunks = data.lazy.chunks if data.lazy is not None else None
-    sched = data.recipe.schedule
-    if chunks is not None and (sched.full_batch or sched.local) and not isinstance(first, Plan):
-        # Dask's data: a column on whole chunks reads them where they are (engine.dask_data);
-        # mini-batches draw every column's rows from every chunk, so they gain nothing by it,
-        # unless the chunk-local shuffle keeps each column's rows within its range
-        plan = snap_to_chunks(plan, chunks, float(config.get("planner.chunk-imbalance")))
+    if data.lazy is not None and not isinstance(first, Plan):  # Dask's data: on whole chunks
+        plan = data.lazy.holder.snapped(plan, data.recipe.schedule)
     return plan, info, probe_result, given, False

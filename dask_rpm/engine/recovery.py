@@ -191,6 +191,7 @@ async def restore(driver: Driver, new: Plan, point: Restore) -> RemapRecord:
     from there.
     """
     old, k = driver.plan, point.iteration
+    new = driver.sender.snapped(driver, new)  # Dask's data: new sample ranges on whole chunks
     if new.workers is None:
         new = new.with_workers(driver.addresses)
     index = {a: i for i, a in enumerate(driver.addresses)}

@@ -54,7 +54,8 @@ class SampleSource(NamedTuple):
     """Where a worker gets samples from.
 
     ``kind`` is ``"slice"`` (``x``, ``d`` are the column's full-batch range),
-    ``"arrays"`` (``x``, ``d`` are the whole training set), ``"file"``
+    ``"arrays"`` (``x``, ``d`` are the whole training set), ``"range"`` (mini-batches within
+    the column's range, whose rows ``x``, ``d`` are: the chunk-local shuffle), ``"file"``
     (``path``; ``rows`` maps training sample ``i`` to file row ``rows[i]``,
     None: the identity) or ``"chunks"`` (mini-batches: ``reader.take(idx)``
     gives training samples ``idx`` as ``(x, d)``, at most ``reader.window``
@@ -135,6 +136,9 @@ class ColumnData:
             return load_rows(src.path, rows, self.dtype)  # type: ignore[arg-type]
         if src.kind == "chunks":
             return src.reader.take(idx)
+        if src.kind == "range":
+            j = np.asarray(idx) - self.cut[0]
+            return src.x[j], src.d[j]
         raise ValueError(f"a {src.kind!r} sample source cannot serve mini-batches")
 
     def _gather(self, idx: np.ndarray) -> bool:
@@ -213,6 +217,12 @@ class ColumnData:
             self._load_full()
             return
         sched = self.schedule
+        a, b = self.cut
+        if self.source.kind == "chunks" and sched.local and b - a <= self.source.reader.window:
+            # the chunk-local shuffle draws every epoch's rows from the column's own range: held
+            # whole, they are fetched once (from the chunks' holders), not window by window
+            x, d = self.source.reader.take(np.arange(a, b))
+            self.source = SampleSource("range", x=x, d=d)
         e = sched.epoch(iteration)
         stop = self._window_end(iteration)
         idx, self._offsets = sched.epoch_plan(e, self.cut, start=iteration, stop=stop)  # type: ignore[arg-type]

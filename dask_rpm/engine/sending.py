@@ -12,8 +12,11 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from ..nn import sparse
 from ..plan.partition import Plan
+from .dask_data import ChunkedRows
 from .samples import SampleSource
 from .sent import aligned, content_key, sent_samples
 
@@ -44,7 +47,29 @@ class SampleSender:
         self.sent_bytes = 0  # samples scattered to workers in this run
         self.reused = 0  # sample copies a worker already held from an earlier fit
 
-    async def for_workers(self, driver: Driver, plan: Plan, ws: Any) -> dict[int, tuple[SampleSource, Any]]:
+    def snapped(self, driver: Driver, plan: Plan) -> Plan:
+        """``plan`` as the run's samples take it: on Dask's chunks, its column cuts on chunk
+        boundaries where that pays (:meth:`.dask_data.ChunkedRows.snapped`); else as it is."""
+        if isinstance(driver.source, ChunkedRows):
+            return driver.source.snapped(plan, driver.recipe.schedule)
+        return plan
+
+    def row_bytes(self, driver: Driver) -> int:
+        """Bytes of one sample row that a remap makes reach a worker whose sample range grows
+        (DRPM's cost model): 0 where the workers' rows do not follow their ranges (mini-batches
+        on arrays sent whole, or fetched window by window from a file or Dask's chunks)."""
+        sched, src = driver.recipe.schedule, driver.source
+        chunked = isinstance(src, ChunkedRows)
+        if not (sched.full_batch or (sched.local and chunked)):
+            return 0
+        if chunked:
+            return int(src.row_bytes)
+        n, l = driver.layers.n, driver.layers.l
+        return (n + l + int(driver.recipe.net.weighted)) * np.dtype(driver.dtype).itemsize
+
+    async def for_workers(
+        self, driver: Driver, plan: Plan, ws: Any
+    ) -> dict[int, tuple[SampleSource, Any]]:
         """:meth:`samples` of each worker in ``ws``, all sent before any shard is: the tasks
         that cut rows from Dask's chunks then wait together, and the scheduler's active memory
         manager keeps each chunk where a waiting task needs it (a chunk copied to one worker's

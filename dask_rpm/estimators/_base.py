@@ -216,7 +216,8 @@ class MLPBase(ClusterEstimator):
         if dask_data.is_lazy(sample_weight):  # one number per sample: the recipe holds them all
             client = self._client() if dask_data.is_lazy(X) else None
             (sample_weight,) = dask_data.compute(client, sample_weight)
-        if dask_data.is_lazy(X):  # Dask's data on a cluster (the public methods computed them without)
+        # Dask's data on a cluster (without one, the public methods computed them)
+        if dask_data.is_lazy(X):
             X, Y = self._validate_dask(X, y, incremental, first_pass)
         else:
             X, Y = self._validate_input(X, y, incremental, first_pass)
