@@ -25,11 +25,17 @@ Three measurements, each labelled:
    the chunk-local shuffle; interleaved repeats, gamma the median of the pairs' ratios.
    Seconds per iteration count the whole run of ``fit`` (placing the rows included):
    ``stats["call"]``'s place + blocks over the iterations.
+4. **EMULATED, DRPM's remaps on chunks.** Three paced workers of speeds 1 : 0.3 : 0.6, DRPM
+   from a uniform start remapping at every check (t-line 1.0), full batch on chunks of
+   ``--remap-chunk`` rows. Arms: the remaps' sample cuts snapped to chunk boundaries
+   (``rpm.planner.chunk-imbalance`` 0.05, the default) against left where the speeds put them
+   (0). Reported: remaps, the bytes of chunks moved to workers by the remaps (plan versions
+   after the first), seconds per iteration; interleaved repeats, medians.
 
 Usage::
 
     python benchmarks/dask_data.py --chunk-mb 4 --window "16 MiB" --hidden 256 --repeats 1
-    python benchmarks/dask_data.py --skip-real --repeats 5           # the EMULATED part alone
+    python benchmarks/dask_data.py --skip-real --repeats 5           # the EMULATED parts alone
     python benchmarks/dask_data.py --gib 0.3 --memory-limit 1GB --repeats 1 --skip-emulated
 """
 
@@ -322,6 +328,73 @@ def placement(args: argparse.Namespace) -> dict:
     return {"label": label, "speeds": speeds, "samples": s, "shape": shape, "arms": out}
 
 
+def remaps(args: argparse.Namespace) -> dict:
+    """EMULATED: DRPM's remaps on chunks, their new sample cuts snapped to chunk boundaries
+    (``rpm.planner.chunk-imbalance`` 0.05, the default) or left where the speeds put them (0:
+    a cut moves only if the plan's imbalance does not grow)."""
+    import dask
+    import dask.array as da
+    from distributed import Client
+
+    import dask_rpm
+
+    s, hidden, chunk = args.remap_samples, args.placement_hidden, args.remap_chunk
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=(s, N_IN))
+    x[:, -1] = 1.0
+    d = rng.uniform(0.1, 0.9, size=(s, N_OUT))
+    speeds = [1.0, 0.3, 0.6]
+    arms = {"snapped": 0.05, "unsnapped": 0.0}
+    runs: dict[str, list[dict[str, Any]]] = {k: [] for k in arms}
+    with dask_rpm.local_cluster(speeds, scale=0.5, dashboard_address=None) as cluster:
+        label = cluster.emulation_label
+        with Client(cluster, set_as_default=False) as c:
+            for rep in range(args.repeats):
+                for arm in list(arms) if rep % 2 == 0 else list(arms)[::-1]:
+                    cfg = {"rpm.drpm.t-line": 1.0, "rpm.planner.chunk-imbalance": arms[arm]}
+                    tag = f"{arm}-{rep}"
+                    xd = da.from_array(x, chunks=(chunk, N_IN), name=f"rx-{tag}")
+                    dd = da.from_array(d, chunks=(chunk, N_OUT), name=f"rd-{tag}")
+                    with dask.config.set(cfg):
+                        r = dask_rpm.fit(
+                            xd,
+                            dd,
+                            hidden=hidden,
+                            iterations=args.remap_iterations,
+                            learning_rate=1e-6,
+                            mapping="drpm",
+                            interval=8,
+                            client=c,
+                            progress="none",
+                        )
+                    moved = [m for m in r.stats["dask"]["moved"] if m["version"] > 1]
+                    e = _epoch(r)
+                    runs[arm].append(
+                        {
+                            "remaps": len(r.remaps),
+                            "remap_bytes": int(sum(m["nbytes"] for m in moved)),
+                            "ms_per_iteration": (e["place"] + e["blocks"])
+                            / r.history.sizes["iteration"]
+                            * 1e3,
+                            "cuts_on_chunks": all(
+                                p.column_samples(k)[0] % chunk == 0
+                                for p in r.plans[1:]
+                                for k in range(p.n_columns)
+                            ),
+                        }
+                    )
+    for arm, rs in runs.items():
+        print(
+            f"  [EMULATED] remaps, {arm}: "
+            + "; ".join(
+                f"{q['remaps']} remaps, {q['remap_bytes']} B, {q['ms_per_iteration']:.2f} ms/it"
+                for q in rs
+            ),
+            file=sys.stderr,
+        )
+    return {"label": label, "samples": s, "chunk": chunk, "runs": runs}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--gib", type=float, default=1.2, help="size of the zarr store (GiB)")
@@ -337,6 +410,10 @@ def main() -> None:
     p.add_argument("--placement-hidden", type=int, default=128)
     p.add_argument("--placement-iterations", type=int, default=30)
     p.add_argument("--placement-epochs", type=int, default=4)
+    p.add_argument("--remap-samples", type=int, default=8192)
+    p.add_argument("--remap-chunk", type=int, default=128, help="rows per chunk (remaps)")
+    p.add_argument("--remap-iterations", type=int, default=48)
+    p.add_argument("--skip-remaps", action="store_true")
     p.add_argument("--skip-real", action="store_true")
     p.add_argument("--zarr-only", action="store_true", help="REAL: no memory arm")
     p.add_argument("--skip-emulated", action="store_true")
@@ -358,10 +435,25 @@ def main() -> None:
             shutil.rmtree(where, ignore_errors=True)
     if not args.skip_emulated:
         result["emulated"] = placement(args)
+    if not args.skip_remaps:
+        result["remaps"] = remaps(args)
     _report(result)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1, default=str)
+
+
+def _report_remaps(rem: dict[str, Any]) -> None:
+    print(f"\n[EMULATED] DRPM remaps on chunks of {rem['chunk']} rows: {rem['label']}")
+    print("| cuts | remaps | bytes moved by remaps (median) | ms/iteration | cuts on chunks |")
+    print("|---|---|---|---|---|")
+    for arm, rs in rem["runs"].items():
+        print(
+            f"| {arm} | {np.median([q['remaps'] for q in rs]):.0f} | "
+            f"{np.median([q['remap_bytes'] for q in rs]):.0f} | "
+            f"{np.median([q['ms_per_iteration'] for q in rs]):.2f} | "
+            f"{sum(q['cuts_on_chunks'] for q in rs)}/{len(rs)} |"
+        )
 
 
 def _report(result: dict[str, Any]) -> None:
@@ -400,6 +492,8 @@ def _report(result: dict[str, Any]) -> None:
                 f"| {a['arm']} | {s['matched'] * 1e3:.2f} | {s['against'] * 1e3:.2f} | "
                 f"{a['gamma']:.3f} | {a['bytes_moved']['against']} |"
             )
+    if result.get("remaps") is not None:
+        _report_remaps(result["remaps"])
 
 
 if __name__ == "__main__":
