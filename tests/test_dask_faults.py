@@ -302,14 +302,17 @@ def test_drpm_remaps_on_emulated_heterogeneous_workers_equal_fit_serial():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["scattered", "pinned"])
+@pytest.mark.parametrize("how", ["scattered", "scattered, mini-batches", "pinned"])
 def test_chunks_that_cannot_be_computed_again_are_one_clear_error(how):
     """Scattered chunks have no task; chunks pinned (allow_other_workers=False) to the killed
-    worker have no worker left to run theirs: fit says so and how to fix it."""
+    worker have no worker left to run theirs: fit says so and how to fix it, at once (full
+    batch and mini-batches: the workers' readers would ask for the chunk for 120 s)."""
     x, d = _problem()
+    mini = how.endswith("mini-batches")
+    schedule = dict(epochs=20, batch_size=30) if mini else dict(iterations=60)
     with _cluster() as cluster, Client(cluster, set_as_default=False) as c:
         addrs = dask_rpm.ordered_workers(c.scheduler_info(n_workers=-1))
-        if how == "scattered":
+        if how.startswith("scattered"):
             parts = [
                 [c.scatter(a[i * CHUNK : (i + 1) * CHUNK], workers=[addrs[i]]) for i in range(3)]
                 for a in (x, d)
@@ -330,13 +333,13 @@ def test_chunks_that_cannot_be_computed_again_are_one_clear_error(how):
                 xd,
                 dd,
                 hidden=M,
-                iterations=60,
                 learning_rate=LR,
                 mapping="split-1d",
                 client=c,
                 interval=5,
                 callback=killer,
                 progress="none",
+                **schedule,
             )
     assert killer.fired == [10]
     assert "call fit again" in str(err.value)

@@ -127,6 +127,10 @@ class ChunkedRows:
                     self.row_bytes,
                     int(driver.recipe.iterations),
                 )
+            # every chunk may be read: one lost for good is a clear error now, not a reader
+            # asking for it until it gives up
+            everything = np.arange(len(self.x_futures))
+            await self._check_held(driver, everything, self.x_futures, self.d_futures)
             return SampleSource("chunks", reader=self._reader), None
         s0, s1 = plan.rectangle(w).samples
         return SampleSource("slice"), await self._rows(driver, w, self._indices(s0, s1))
@@ -137,10 +141,7 @@ class ChunkedRows:
         need = np.unique(np.searchsorted(self.bounds, idx, side="right") - 1)
         xs = [self.x_futures[j] for j in need]
         ds = [self.d_futures[j] for j in need]
-        holders = await self._holders(driver)
-        gone = [(int(j), f) for j, f in zip([*need, *need], [*xs, *ds]) if not holders.get(f.key)]
-        if gone:  # lost with a worker: Dask recomputes it, if it can (else a clear error now)
-            await _recomputable(driver.client, gone)
+        holders = await self._check_held(driver, need, xs, ds)
         for j, f in zip(need.tolist(), xs):
             if address not in holders.get(f.key, ()):
                 self.moved.append(Moved(address, j, self.chunk_bytes[j], driver.version))
@@ -156,6 +157,16 @@ class ChunkedRows:
             allow_other_workers=False,
             pure=False,
         )
+
+    async def _check_held(self, driver: Any, need: Any, xs: list, ds: list) -> dict:
+        """Who holds each chunk (:meth:`_holders`), after checking that chunks ``need`` (their
+        futures ``xs`` of x, ``ds`` of d) that no worker holds, lost with a worker, are ones
+        Dask computes again (else a clear :class:`DataError`)."""
+        holders = await self._holders(driver)
+        gone = [(int(j), f) for j, f in zip([*need, *need], [*xs, *ds]) if not holders.get(f.key)]
+        if gone:
+            await _recomputable(driver.client, gone)
+        return holders
 
     async def _holders(self, driver: Any) -> dict:
         """Who holds each chunk as the plan of ``driver.version`` is placed: asked once per
