@@ -150,13 +150,44 @@ def test_bad_zarr_data_exits_2_with_one_line(tmp_path, store, capsys, data, need
     assert needle in err and len(err.splitlines()) == 1
 
 
-def test_a_cnn_job_refuses_a_zarr_store(tmp_path, store):
+def test_a_cnn_job_trains_on_the_images_of_a_zarr_store_equal_to_fit_serial(tmp_path, capsys):
+    """Images x(sample, channel, height, width) and 1-D labels in a zarr store: the job's
+    EMULATED workers train from its chunks (the classes found on the workers), the output is
+    fit_serial's, and dask-rpm predict reads the store's images."""
+    rng = np.random.default_rng(3)
+    x, y = rng.normal(size=(24, 2, 8, 8)), rng.integers(0, 3, size=24)
+    path = tmp_path / "images.zarr"
+    dims = ("sample", "channel", "height", "width")
+    xr.Dataset({"x": (dims, x), "y": (("sample",), y)}).chunk({"sample": 8}).to_zarr(path)
+    network = [{"conv": 3, "kernel": 3, "padding": 1}, "relu", {"maxpool": 2}, "flatten"]
+    network += [{"linear": 5}, "tanh", {"linear": 3}]
+    kw = dict(loss="cross-entropy", optimizer="adam", reduction="mean", learning_rate=0.05)
+    job = _job(tmp_path, {"zarr": str(path), "d": "y"}, hidden=None, **{"batch-size": 8})
+    text = {k: v for k, v in yaml.safe_load(job.read_text()).items() if k != "hidden"}
+    text.update(network=network, iterations=8, **{k.replace("_", "-"): v for k, v in kw.items()})
+    job.write_text(yaml.safe_dump(text))
+    assert load_job(job).shape == (24, 2 * 8 * 8, 3)
+    assert main(["train", "--config", str(job)]) == 0
+    ref = fit_serial(x, y, network=network, iterations=8, batch_size=8, seed=0, **kw)
+    with xr.open_dataset(tmp_path / "result.nc", engine="h5netcdf") as ds:
+        got = [ds[n].values for n in ("W1", "b1", "W2", "b2", "V")]
+        errors = ds["error"].values
+    for a, b in zip(got, ref.params):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-14 * np.abs(b).max())
+    np.testing.assert_allclose(errors, ref.errors, rtol=1e-10, atol=0)
+    out = tmp_path / "pred.nc"
+    model = tmp_path / "result.model.nc"
+    assert main(["predict", "--model", str(model), "--data", str(path), "--output", str(out)]) == 0
+    assert "predicted 24 sample(s)" in capsys.readouterr().out
+
+
+def test_a_cnn_job_refuses_rows_in_a_zarr_store(tmp_path, store):
     job = _job(tmp_path, {"zarr": store[0], "x": "pixels", "d": "target"}, hidden=None)
     text = yaml.safe_load(job.read_text())
     text.pop("hidden")
     text["network"] = [{"conv": 2, "kernel": 3}, "flatten", {"linear": 3}]
     job.write_text(yaml.safe_dump(text))
-    with pytest.raises(JobError, match="a CNN's images are read from a netCDF file"):
+    with pytest.raises(JobError, match=r"a CNN trains on images x\(sample, channel, height"):
         load_job(job)
 
 

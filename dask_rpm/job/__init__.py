@@ -65,6 +65,7 @@ A convolutional network (CNN) instead of an MLP: ``network:`` in place of ``hidd
 (``activation:`` and ``bias:`` are then the layers' own); the data file's ``x`` holds images::
 
     data: images.nc             # netCDF with x(sample, channel, height, width), d(sample, output)
+                                # (or a zarr store: data: {zarr: images.zarr, x: x, d: d})
     network:                    # the layers in order, each cut along its output channels
       - {conv: 6, kernel: 5, padding: 2}  # output channels; kernel, stride (1), padding (0), bias (true)
       - relu                    # relu | tanh | sigmoid: after a conv or linear layer

@@ -18,7 +18,7 @@ from .spec import JobError, bad, unknown
 
 T = TypeVar("T")
 
-__all__ = ["data_source", "image_file_shape", "netcdf_shape", "zarr_shape"]
+__all__ = ["data_source", "image_file_shape", "netcdf_shape", "zarr_image_shape", "zarr_shape"]
 
 
 def _read(raw: Mapping[str, Any], read: Callable[[str], T], data: str, layout: str) -> T:
@@ -75,23 +75,23 @@ def data_source(
     return path, (names[0], names[1])
 
 
-def zarr_shape(raw: Mapping[str, Any], path: str, names: tuple[str, str]) -> tuple[int, int, int]:
-    """``(samples, inputs, outputs)`` of a zarr store's variables (1-D class labels: their
-    classes, found by reading the labels alone)."""
-    if "network" in raw:
-        raise JobError(
-            "job file: network: (a CNN) with data in a zarr store; a CNN's images are read from "
-            "a netCDF file (data: images.nc), a zarr store trains an MLP (hidden:)"
-        )
+def _zarr_pair(path: str, names: tuple[str, str], images: bool) -> tuple[Any, Any, int]:
+    """The store's ``x`` and ``d`` (``sample`` first) and the number of outputs (1-D class
+    labels: their classes, found by reading the labels alone); ``images``: a CNN's ``x``."""
     try:
         x, d = zarr_variables(path, *names)
     except DataError as e:
         raise JobError(f"job file: data: {e}") from None
-    if x.ndim != 2 or d.ndim not in (1, 2):
+    want = 4 if images else 2
+    if x.ndim != want or d.ndim not in (1, 2):
+        layout = (
+            "a CNN trains on images x(sample, channel, height, width)"
+            if images
+            else "an MLP trains on x(sample, input)"
+        )
         raise JobError(
             f"job file: data: the zarr store {path!r} has {names[0]}{x.dims} and "
-            f"{names[1]}{d.dims}; an MLP trains on x(sample, input) and d(sample, output) or 1-D "
-            f"class labels d(sample)"
+            f"{names[1]}{d.dims}; {layout} and d(sample, output) or 1-D class labels d(sample)"
         )
     if x.sizes["sample"] != d.sizes["sample"]:
         raise JobError(
@@ -100,8 +100,20 @@ def zarr_shape(raw: Mapping[str, Any], path: str, names: tuple[str, str]) -> tup
         )
     x = x.transpose("sample", ...)
     if d.ndim == 2:
-        return int(x.shape[0]), int(x.shape[1]), int(d.transpose("sample", ...).shape[1])
-    return int(x.shape[0]), int(x.shape[1]), int(np.unique(d.values).size)
+        return x, d, int(d.transpose("sample", ...).shape[1])
+    return x, d, int(np.unique(d.values).size)
+
+
+def zarr_shape(path: str, names: tuple[str, str]) -> tuple[int, int, int]:
+    """``(samples, inputs, outputs)`` of a zarr store's variables for an MLP."""
+    x, _, l = _zarr_pair(path, names, images=False)
+    return int(x.shape[0]), int(x.shape[1]), l
+
+
+def zarr_image_shape(path: str, names: tuple[str, str]) -> tuple[int, tuple[int, int, int], int]:
+    """``(samples, (channels, height, width), outputs)`` of a zarr store's images for a CNN."""
+    x, _, l = _zarr_pair(path, names, images=True)
+    return int(x.shape[0]), (int(x.shape[1]), int(x.shape[2]), int(x.shape[3])), l
 
 
 def image_file_shape(raw: Mapping[str, Any], data: str) -> tuple[int, tuple[int, int, int], int]:

@@ -25,7 +25,7 @@ from ..nn.cnn_records import conv_layers
 from ..nn.options import TrainingOptions
 from ..nn.recipe import RecipeError, recipe
 from ..planners import describe_names, mapping_names
-from .data import data_source, image_file_shape, netcdf_shape, zarr_shape
+from .data import data_source, image_file_shape, netcdf_shape, zarr_image_shape, zarr_shape
 from .spec import (
     KEYS,
     OVERWRITE_HINT,
@@ -138,10 +138,11 @@ _MLP_KEYS = ("hidden", "activation", "bias")
 
 
 def _network(
-    raw: Mapping[str, Any], data: str
+    raw: Mapping[str, Any], data: str, data_vars: tuple[str, str] | None = None
 ) -> tuple[tuple[int, int, int], Any, list[Any] | None]:
     """``(shape of the data, a CNN's ConvLayers or None, its layer records or None)``: a job
-    with ``network:`` trains a CNN on the images of its data file, one with ``hidden:`` an MLP."""
+    with ``network:`` trains a CNN on the images of its data file or zarr store (its variables
+    ``data_vars``), one with ``hidden:`` an MLP."""
     if "network" not in raw:
         return netcdf_shape(raw, data), None, None
     given = [k for k in _MLP_KEYS if k in raw]
@@ -161,7 +162,10 @@ def _network(
             "Write e.g. network: [{conv: 6, kernel: 5}, relu, {maxpool: 2}, flatten, "
             "{linear: 10}].",
         )
-    s, image, l = image_file_shape(raw, data)
+    if data_vars is None:
+        s, image, l = image_file_shape(raw, data)
+    else:
+        s, image, l = zarr_image_shape(data, data_vars)
     try:
         layers = conv_layers(spec, image, l)
     except NetworkSpecError as e:
@@ -439,10 +443,10 @@ def load_job(path: str | os.PathLike[str], *, overwrite: bool = False) -> Job:
     text, raw = _read(path)
     rel = _relative_to(path)
     data, data_vars = data_source(raw, rel)
-    if data_vars is not None:
-        shape, conv, network = zarr_shape(raw, data, data_vars), None, None
+    if data_vars is not None and "network" not in raw:  # an MLP on a zarr store
+        shape, conv, network = zarr_shape(data, data_vars), None, None
     else:
-        shape, conv, network = _network(raw, data)
+        shape, conv, network = _network(raw, data, data_vars)
     settings = _train_settings(raw)
     run_settings = {k: settings.pop(k) for k in ("mapping", "min_workers", "on_worker_loss")}
     output, model, over = _outputs(raw, rel, data)
