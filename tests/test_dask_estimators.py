@@ -225,8 +225,9 @@ def test_cnn_trains_predicts_and_scores_dask_images_on_the_workers(client):
     assert ours.score(xd, yd) == pytest.approx(arrays.score(images, labels), rel=1e-12)
 
 
-def test_sample_weight_with_dask_data_on_a_cluster_equals_scikit_learn(client):
-    sk_class, our_class, params, x, y = _case("classifier-adam")
+@pytest.mark.parametrize("name", ["classifier-adam", "regressor-sgd-early-stopping"])
+def test_sample_weight_with_dask_data_on_a_cluster_equals_scikit_learn(client, name):
+    sk_class, our_class, params, x, y = _case(name)
     w = np.random.default_rng(5).uniform(0.5, 2.0, len(x))
     theirs = _quiet(sk_class(**params), "fit", x, y, sample_weight=w)
     assert _relative(theirs, _quiet(sk_class(**params), "fit", x, y)) > 1e-4  # the weights matter
@@ -235,6 +236,8 @@ def test_sample_weight_with_dask_data_on_a_cluster_equals_scikit_learn(client):
     ours = _quiet(our_class(client=client, **params), "fit", xd, yd, sample_weight=wd)
     assert _relative(ours, theirs) < 1e-9 and ours.result_.stats["dask"]["chunks"] == 3
     np.testing.assert_allclose(ours.loss_curve_, theirs.loss_curve_, rtol=1e-9)
+    if params.get("early_stopping"):  # the held-out rows keep their weights, as scikit-learn's
+        np.testing.assert_allclose(ours.validation_scores_, theirs.validation_scores_, rtol=1e-9)
 
 
 def test_bad_dask_input_is_refused_with_what_is_valid(client):

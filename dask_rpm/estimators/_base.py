@@ -345,7 +345,7 @@ class MLPBase(ClusterEstimator):
             return X, Y, sw, None
         single = is_classifier(self) and Y.shape[1] == 1
         if dask_data.is_lazy(X):  # the same rows by index: the training rows stay on the cluster
-            Xt, Yt, Xv, Yv = dask_data.split(
+            Xt, Yt, Xv, Yv, train, held = dask_data.split(
                 self._client(), X, Y, rs, self.validation_fraction, stratify=single
             )
             if Xv.shape[0] < 2:
@@ -353,7 +353,8 @@ class MLPBase(ClusterEstimator):
                     "The validation set is too small. Increase 'validation_fraction' or the size "
                     "of your dataset."
                 )
-            return Xt, Yt, None, (Xv, self._validation_targets(Yv), None)
+            swt, swv = (None, None) if sw is None else (sw[train], sw[held])
+            return Xt, Yt, swt, (Xv, self._validation_targets(Yv), swv)
         # scikit-learn stratifies on its boolean targets (their names are in its messages)
         stratify = Y.astype(bool) if single else None
         parts = train_test_split(

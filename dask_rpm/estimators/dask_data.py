@@ -132,11 +132,11 @@ def labels(est: Any, y: Any, binarizer: Any, dtype: Any) -> Any:
 
 def split(
     client: Any, X: Any, Y: Any, rs: Any, test_size: float, stratify: bool
-) -> tuple[Any, Any, np.ndarray, np.ndarray]:
+) -> tuple[Any, Any, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """scikit-learn's ``train_test_split(X, Y, random_state=rs, test_size=..., stratify=...)``
     of dask ``X`` and ``Y``: the same rows, from the same draws of ``rs`` (the split depends on
     the number of samples and the strata alone); the training rows as dask arrays, the
-    validation rows computed."""
+    validation rows computed, then the training and validation row indices."""
     from sklearn.model_selection import train_test_split
 
     strata = None
@@ -146,7 +146,7 @@ def split(
         np.arange(X.shape[0]), random_state=rs, test_size=test_size, stratify=strata
     )
     xv, yv = compute(client, X[held], Y[held])
-    return X[train], Y[train], np.asarray(xv), np.asarray(yv)
+    return X[train], Y[train], np.asarray(xv), np.asarray(yv), train, held
 
 
 def aligned(y: Any, x: Any) -> Any:
