@@ -269,6 +269,11 @@ class DRPMState:
         self.checks.append((stop, vec))
         new = self._new_plan(driver, decision, speeds_col, speeds_t2, rates)
         line = f"check at iteration {stop}: t_min/t_max = {decision.ratio:.2f}; {decision.reason}"
+        if new is not None:  # Dask's data: the cuts on chunk boundaries (driver.remap's too)
+            new = driver.sender.snapped(driver, new)
+            if set(new.rectangles) == set(driver.plan.rectangles):
+                new = None
+                line += "; on the data's chunk boundaries that is the current plan: kept"
         if new is not None and decision.kind:
             rec = await driver.remap(new, decision.kind)
             rec["reason"] = decision.reason
