@@ -365,7 +365,9 @@ def on_cluster(
     l = int(dd.shape[1])
     weights = None
     if o.sample_weight is not None and o.network is None:  # a CNN's: refused by prepare
+        # persisted first: brought here and joined to d below, its tasks run once
         wd = chunked_weights(o.sample_weight, xd.chunks[0])
+        (wd,) = _persisted(client, [wd], ["sample_weight"])
         weights = sample_weights(client.compute(wd, sync=True), int(xd.shape[0]))
         # the weights ride in the targets' last column (dask_rpm.nn.network), chunk by chunk
         dd = da.concatenate([dd.astype(np.float64), wd.astype(np.float64)[:, None]], axis=1)
@@ -385,8 +387,7 @@ def on_cluster(
         order = chunk_order(xd.chunks[0], rows, o.shuffle == "stream")
         training = dataclasses.replace(training, shuffle=order)
     holder = ChunkedRows(xd, dd, rows, pair.notes)
-    chunks = tuple(int(c) for c in xd.chunks[0]) if rows is None else None
-    lazy = LazySamples((s, n, l), classes, chunks, holder, image, weights, held_out)
+    lazy = LazySamples((s, n, l), classes, holder, image, weights, held_out)
     return lazy, training
 
 

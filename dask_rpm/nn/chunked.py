@@ -59,14 +59,12 @@ class LazySamples(NamedTuple):
     """Training samples that stay on the cluster, as :func:`~dask_rpm.nn.prepare.prepare` sees them.
 
     ``shape`` is ``(samples, inputs, outputs)`` of the training samples, ``classes`` the labels
-    one-hot encoded (or None), ``chunks`` the rows of each chunk when training sample ``i`` is
-    data row ``i`` (None after a validation split picked rows), and ``holder`` the engine's
-    object that gives each worker its rows.
+    one-hot encoded (or None), and ``holder`` the engine's object that gives each worker its
+    rows (and puts a plan's cuts on its chunks).
     """
 
     shape: tuple[int, int, int]
     classes: np.ndarray | None
-    chunks: tuple[int, ...] | None
     holder: Any
     #: a CNN's image shape ``(channels, height, width)``: each row is one image, flattened
     image: tuple[int, int, int] | None = None

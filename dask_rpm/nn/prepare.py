@@ -307,15 +307,18 @@ def _images(x: Any, o: Any, given: Any) -> tuple[Any, Any, tuple[int, int, int]]
             f"activations, biases and initial weights (a torch module's own, or seeded for layer "
             f"records): leave {' and '.join(clash)} out"
         )
-    lazy = isinstance(x, LazySamples)  # Dask's images: rows on the cluster, their shape here
-    xa = None if lazy else np.asarray(x)
-    shape = (x.shape[0], x.shape[1]) if xa is None else xa.shape
-    if (x.image is None) if lazy else xa.ndim != 4:  # type: ignore[union-attr]
+    if isinstance(x, LazySamples):  # Dask's images: rows on the cluster, their shape here
+        xa, shape, image = None, x.shape[:2], x.image
+    else:
+        xa = np.asarray(x)
+        shape, image = xa.shape, None
+        if xa.ndim == 4:
+            image = (int(xa.shape[1]), int(xa.shape[2]), int(xa.shape[3]))
+    if image is None:
         raise DataError(
             f"x has shape {shape}; a network with conv layers trains on images "
             f"(samples, channels, height, width): reshape it, e.g. x.reshape(-1, 1, 8, 8)"
         )
-    image = x.image if xa is None else (int(xa.shape[1]), int(xa.shape[2]), int(xa.shape[3]))
     val = o.validation
     if isinstance(val, (tuple, list)) and len(val) == 2 and np.ndim(val[0]) == 4:
         xv = np.asarray(val[0])
