@@ -214,6 +214,8 @@ def test_cnn_trains_predicts_and_scores_dask_images_on_the_workers(client):
     yd = da.from_array(labels, chunks=20)
     ours = _quiet(CNNClassifier(client=client, **kw), "fit", xd, yd)
     assert ours.result_.stats["dask"]["chunks"] == 3  # trained where the chunks are
+    with pytest.raises(EstimatorError, match="X has dtype <U32; the inputs must be numbers"):
+        CNNClassifier(client=client, **kw).fit(xd.astype(str), yd)
     arrays = _quiet(CNNClassifier(client=client, **kw), "fit", images, labels)
     for a, b in zip(ours.model_.params, arrays.model_.params):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-14)

@@ -262,11 +262,7 @@ class CNNClassifier(ClassifierMixin, ClusterEstimator):
                 f"grey-scale images"
             )
         if lazy:  # check_array's checks but the values' (checked on the workers)
-            if a.dtype.kind not in "biuf":
-                raise EstimatorError(
-                    f"X has dtype {a.dtype}; images must be numbers: convert them "
-                    f"(X.astype('float64'))"
-                )
+            dask_data.numeric(a)
             a = a.astype(np.float64)
         else:
             a = check_array(a, allow_nd=True, dtype=np.float64, order="C")

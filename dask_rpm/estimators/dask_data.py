@@ -37,6 +37,7 @@ __all__ = [
     "is_lazy",
     "labels",
     "lazy",
+    "numeric",
     "score",
     "split",
     "unique",
@@ -80,14 +81,20 @@ def images(X: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(xv), np.asarray(yv)
 
 
-def features(est: Any, X: Any, reset: bool) -> Any:
-    """scikit-learn's checks of dask ``X`` that ``validate_data`` does on arrays: float64
-    (float32 kept), ``n_features_in_`` set or compared; finite values are checked on the
-    workers when training starts (:func:`dask_rpm.engine.dask_data.on_cluster`)."""
+def numeric(X: Any) -> None:
+    """Dask ``X`` of numbers (its values are checked on the workers as training starts), else an
+    :class:`EstimatorError` saying how to convert it."""
     if X.dtype.kind not in "biuf":
         raise EstimatorError(
             f"X has dtype {X.dtype}; the inputs must be numbers: convert them (X.astype('float64'))"
         )
+
+
+def features(est: Any, X: Any, reset: bool) -> Any:
+    """scikit-learn's checks of dask ``X`` that ``validate_data`` does on arrays: float64
+    (float32 kept), ``n_features_in_`` set or compared; finite values are checked on the
+    workers when training starts (:func:`dask_rpm.engine.dask_data.on_cluster`)."""
+    numeric(X)
     if X.dtype not in (np.float64, np.float32):
         X = X.astype(np.float64)
     n = int(np.prod(X.shape[1:]))
